@@ -1,0 +1,114 @@
+//! `leaseq.v1.QueueService`.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::broker::Broker;
+use crate::dispatch::SubscriptionStream;
+use crate::domain::{AckReq, ExtendReq, Limits, NackReq, NewJob, Subscription};
+use crate::error::Error;
+use crate::pb;
+use crate::pb::queue_service_server::QueueService;
+
+pub struct QueueApi {
+    broker: Arc<Broker>,
+    limits: Limits,
+}
+
+impl QueueApi {
+    pub fn new(broker: Arc<Broker>, limits: Limits) -> Self {
+        QueueApi { broker, limits }
+    }
+}
+
+fn enqueued(e: crate::store::Enqueued) -> pb::EnqueueResponse {
+    pb::EnqueueResponse {
+        job_id: e.job_id.to_string(),
+        duplicate: e.duplicate,
+    }
+}
+
+#[tonic::async_trait]
+impl QueueService for QueueApi {
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn enqueue(
+        &self,
+        request: Request<pb::EnqueueRequest>,
+    ) -> Result<Response<pb::EnqueueResponse>, Status> {
+        let job = NewJob::parse(request.into_inner(), &self.limits)?;
+        let mut results = self.broker.enqueue(vec![job]).await?;
+        let result = results.pop().ok_or(Error::Internal("enqueue lost its result"))?;
+        Ok(Response::new(enqueued(result)))
+    }
+
+    #[instrument(skip_all, fields(jobs = request.get_ref().jobs.len()))]
+    async fn enqueue_batch(
+        &self,
+        request: Request<pb::EnqueueBatchRequest>,
+    ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        let req = request.into_inner();
+        if req.jobs.is_empty() {
+            return Err(Error::invalid("jobs", "at least one job is required").into());
+        }
+        if req.jobs.len() > self.limits.max_batch_jobs {
+            return Err(Error::too_large(
+                "jobs",
+                format!(
+                    "{} jobs, the limit is {} per batch",
+                    req.jobs.len(),
+                    self.limits.max_batch_jobs
+                ),
+            )
+            .into());
+        }
+        let jobs = req
+            .jobs
+            .into_iter()
+            .enumerate()
+            .map(|(i, j)| NewJob::parse(j, &self.limits).map_err(|e| e.in_field(&format!("jobs[{i}]"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let results = self.broker.enqueue(jobs).await?;
+        Ok(Response::new(pb::EnqueueBatchResponse {
+            results: results.into_iter().map(enqueued).collect(),
+        }))
+    }
+
+    type SubscribeStream = SubscriptionStream;
+
+    #[instrument(skip_all, fields(consumer = %request.get_ref().consumer))]
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let sub = Subscription::parse(request.into_inner())?;
+        Ok(Response::new(self.broker.subscribe(sub).await?))
+    }
+
+    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        let req = AckReq::parse(request.get_ref())?;
+        self.broker.ack(req).await?;
+        Ok(Response::new(pb::AckResponse {}))
+    }
+
+    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
+        let req = NackReq::parse(request.into_inner())?;
+        let dead_lettered = self.broker.nack(req).await?;
+        Ok(Response::new(pb::NackResponse { dead_lettered }))
+    }
+
+    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn extend_lease(
+        &self,
+        request: Request<pb::ExtendLeaseRequest>,
+    ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
+        let req = ExtendReq::parse(request.get_ref())?;
+        let at = self.broker.extend(req).await?;
+        Ok(Response::new(pb::ExtendLeaseResponse {
+            lease_expires_at: Some(std::time::SystemTime::from(at).into()),
+        }))
+    }
+}

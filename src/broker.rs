@@ -1,0 +1,257 @@
+//! The broker core that gRPC handlers call: validated requests in, results
+//! out. It owns the group-commit batchers (one per kind of write) and talks to
+//! the dispatcher for wake-ups and credit.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+
+use crate::dispatch::{Dispatcher, SubscriptionStream, wakes_for};
+use crate::domain::{AckReq, ExtendReq, JobId, NackReq, NewJob, QueueName, Subscription};
+use crate::error::{Error, Result};
+use crate::store::batch::Batcher;
+use crate::store::{Enqueued, FailReq, Store};
+
+/// Most rows one group-commit statement carries.
+const MAX_BATCH_ROWS: usize = 2000;
+/// Statements in flight per batcher.
+const BATCH_CONCURRENCY: usize = 4;
+
+pub struct Broker {
+    store: Store,
+    dispatcher: Dispatcher,
+    enqueue: Batcher<Vec<NewJob>, Vec<Enqueued>>,
+    ack: Batcher<AckReq, ()>,
+    nack: Batcher<NackReq, bool>,
+    extend: Batcher<ExtendReq, DateTime<Utc>>,
+    /// Set at the first moment of a drain: new streams are refused.
+    draining: AtomicBool,
+}
+
+impl Broker {
+    pub fn new(store: Store, dispatcher: Dispatcher) -> Arc<Broker> {
+        // Queue rows known to exist, so enqueues create them only once.
+        let known: Arc<Mutex<HashSet<QueueName>>> = Default::default();
+        let enqueue = {
+            let store = store.clone();
+            let dispatcher = dispatcher.clone();
+            Batcher::spawn(
+                "enqueue",
+                MAX_BATCH_ROWS,
+                BATCH_CONCURRENCY,
+                |r: &Vec<NewJob>| r.len(),
+                move |reqs: Vec<Vec<NewJob>>| {
+                    let store = store.clone();
+                    let dispatcher = dispatcher.clone();
+                    let known = known.clone();
+                    async move {
+                        let sizes: Vec<usize> = reqs.iter().map(Vec::len).collect();
+                        let jobs: Vec<NewJob> = reqs.into_iter().flatten().collect();
+                        let new_queues: Vec<QueueName> = {
+                            let known = known.lock().expect("poisoned");
+                            let mut seen = HashSet::new();
+                            jobs.iter()
+                                .map(|j| &j.queue)
+                                .filter(|q| !known.contains(*q) && seen.insert(*q))
+                                .cloned()
+                                .collect()
+                        };
+                        let (results, wakes) = store.enqueue(&jobs, &new_queues).await?;
+                        known.lock().expect("poisoned").extend(new_queues);
+                        dispatcher.wake(wakes);
+                        let mut it = results.into_iter();
+                        Ok(sizes
+                            .into_iter()
+                            .map(|n| Ok(it.by_ref().take(n).collect()))
+                            .collect())
+                    }
+                },
+            )
+        };
+        let ack = {
+            let store = store.clone();
+            let dispatcher = dispatcher.clone();
+            Batcher::spawn(
+                "ack",
+                MAX_BATCH_ROWS,
+                BATCH_CONCURRENCY,
+                |_| 1,
+                move |reqs: Vec<AckReq>| {
+                    let store = store.clone();
+                    let dispatcher = dispatcher.clone();
+                    async move {
+                        let done = store.ack(&reqs).await?;
+                        let ids: HashSet<JobId> = done.iter().map(|s| s.id).collect();
+                        settle_credit(&store, &dispatcher, done.iter().map(|s| (s.broker, s.id)))
+                            .await;
+                        Ok(reqs
+                            .iter()
+                            .map(|r| {
+                                if ids.contains(&r.job_id) {
+                                    Ok(())
+                                } else {
+                                    Err(Error::StaleLease(r.job_id))
+                                }
+                            })
+                            .collect())
+                    }
+                },
+            )
+        };
+        let nack = {
+            let store = store.clone();
+            let dispatcher = dispatcher.clone();
+            Batcher::spawn(
+                "nack",
+                MAX_BATCH_ROWS,
+                BATCH_CONCURRENCY,
+                |_| 1,
+                move |reqs: Vec<NackReq>| {
+                    let store = store.clone();
+                    let dispatcher = dispatcher.clone();
+                    async move {
+                        let fails: Vec<FailReq> = reqs
+                            .iter()
+                            .map(|r| FailReq {
+                                id: r.job_id,
+                                token: r.token,
+                                error: r.error.clone(),
+                                retry_after_ms: r.retry_after_ms,
+                                dead_letter: r.dead_letter,
+                                refund: false,
+                            })
+                            .collect();
+                        let done = store.fail(&fails).await?;
+                        let wakes = wakes_for(&done);
+                        if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
+                            tracing::warn!(error = %e, "wake notification failed");
+                        }
+                        dispatcher.wake(wakes);
+                        settle_credit(&store, &dispatcher, done.iter().map(|f| (f.broker, f.id)))
+                            .await;
+                        Ok(reqs
+                            .iter()
+                            .map(|r| {
+                                done.iter()
+                                    .find(|f| f.id == r.job_id)
+                                    .map(|f| f.death.is_some())
+                                    .ok_or(Error::StaleLease(r.job_id))
+                            })
+                            .collect())
+                    }
+                },
+            )
+        };
+        let extend = {
+            let store = store.clone();
+            let dispatcher = dispatcher.clone();
+            Batcher::spawn(
+                "extend",
+                MAX_BATCH_ROWS,
+                BATCH_CONCURRENCY,
+                |_| 1,
+                move |reqs: Vec<ExtendReq>| {
+                    let store = store.clone();
+                    let dispatcher = dispatcher.clone();
+                    async move {
+                        let done = store.extend(&reqs).await?;
+                        // A broker whose stream holds a job extended on
+                        // another replica learns the new deadline when it
+                        // checks the lease at the old one.
+                        for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
+                            dispatcher.extended(e.id, e.lease_ms);
+                        }
+                        Ok(reqs
+                            .iter()
+                            .map(|r| {
+                                done.iter()
+                                    .find(|e| e.id == r.job_id)
+                                    .map(|e| e.lease_expires_at)
+                                    .ok_or(Error::StaleLease(r.job_id))
+                            })
+                            .collect())
+                    }
+                },
+            )
+        };
+        Arc::new(Broker {
+            store,
+            dispatcher,
+            enqueue,
+            ack,
+            nack,
+            extend,
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        self.enqueue.call(jobs).await
+    }
+
+    pub async fn subscribe(&self, sub: Subscription) -> Result<SubscriptionStream> {
+        if self.is_draining() {
+            return Err(Error::Draining);
+        }
+        // Queue rows carry the default lease; make sure they exist.
+        Store::ensure_queues(&self.store.pool, &sub.queues).await?;
+        Ok(self.dispatcher.subscribe(sub))
+    }
+
+    pub async fn ack(&self, req: AckReq) -> Result<()> {
+        self.ack.call(req).await
+    }
+
+    /// Returns whether the job was dead-lettered.
+    pub async fn nack(&self, req: NackReq) -> Result<bool> {
+        self.nack.call(req).await
+    }
+
+    pub async fn extend(&self, req: ExtendReq) -> Result<DateTime<Utc>> {
+        self.extend.call(req).await
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Refuses new streams, then releases every unsettled job and ends every
+    /// stream with UNAVAILABLE.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.dispatcher.drain().await;
+    }
+}
+
+/// Gives streams their credit back: in-process for our own leases, by NOTIFY
+/// for leases held by streams of other replicas.
+async fn settle_credit(
+    store: &Store,
+    dispatcher: &Dispatcher,
+    settled: impl Iterator<Item = (Option<uuid::Uuid>, JobId)>,
+) {
+    let mut local = Vec::new();
+    let mut remote = Vec::new();
+    for (broker, id) in settled {
+        match broker {
+            Some(b) if b != store.broker_id => remote.push((b, id)),
+            _ => local.push(id),
+        }
+    }
+    dispatcher.settled(local);
+    if !remote.is_empty()
+        && let Err(e) = store.notify_settled(&remote).await
+    {
+        tracing::warn!(error = %e, "settle notification failed; credit returns at lease expiry");
+    }
+}

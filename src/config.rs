@@ -1,0 +1,161 @@
+//! Command line and environment. Every flag has an env twin; `--help` is the
+//! reference.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "leaseq", version, about = "A durable gRPC job queue broker on PostgreSQL")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, env = "LEASEQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the broker.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit (`serve` also applies them).
+    Migrate(DbArgs),
+    /// Enqueue one job (payload from --payload or stdin).
+    Enqueue(crate::cli::EnqueueArgs),
+    /// Subscribe and print jobs as they arrive, acking each.
+    Tail(crate::cli::TailArgs),
+}
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct DbArgs {
+    /// PostgreSQL connection URL. Without it leaseq runs its embedded
+    /// PostgreSQL cluster from the server binaries installed on this machine.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Directory of the embedded cluster (used only without --database-url).
+    /// Default: $XDG_DATA_HOME/leaseq/pg, else ~/.local/share/leaseq/pg.
+    #[arg(long, env = "LEASEQ_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "LEASEQ_LISTEN", default_value = "0.0.0.0:50051")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// PostgreSQL connections in the pool (plus one LISTEN connection).
+    /// Does not grow with the number of streams.
+    #[arg(long, env = "LEASEQ_POOL_SIZE", default_value_t = 10)]
+    pub pool_size: u32,
+    /// Heartbeat interval on idle Subscribe streams.
+    #[arg(long, env = "LEASEQ_HEARTBEAT_INTERVAL", default_value = "15s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Fallback poll: every queue with streams is checked this often even
+    /// without a notification.
+    #[arg(long, env = "LEASEQ_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// How often the reaper looks for expired leases and jobs past their ttl.
+    #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub reap_interval: Duration,
+    /// How often Postgres is probed for the health service.
+    #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub health_interval: Duration,
+    /// On SIGTERM/SIGINT, how long in-flight calls may take before exit.
+    #[arg(long, env = "LEASEQ_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub drain_grace: Duration,
+    /// Largest job payload accepted, in bytes.
+    #[arg(long, env = "LEASEQ_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024)]
+    pub max_payload_bytes: usize,
+    /// Most jobs in one EnqueueBatch.
+    #[arg(long, env = "LEASEQ_MAX_BATCH_JOBS", default_value_t = 1000)]
+    pub max_batch_jobs: usize,
+    /// Largest gRPC request message, in bytes.
+    #[arg(long, env = "LEASEQ_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+    /// HTTP/2 keepalive ping interval.
+    #[arg(long, env = "LEASEQ_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+    /// HTTP/2 keepalive ping timeout.
+    #[arg(long, env = "LEASEQ_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+    /// Close connections after this age (with GOAWAY) so long-lived streams
+    /// rebalance across replicas. Unset = never.
+    #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE", value_parser = parse_duration)]
+    pub max_connection_age: Option<Duration>,
+    /// Grace given to streams on a connection closed for its age.
+    #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
+    pub max_connection_age_grace: Option<Duration>,
+}
+
+impl ServeArgs {
+    /// Defaults, as `leaseq serve` with no flags and no environment.
+    pub fn defaults() -> ServeArgs {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let mut args = Only::parse_from(["leaseq"]).serve;
+        // Ignore the environment for library callers (tests).
+        args.db = DbArgs::default();
+        args
+    }
+}
+
+/// Parses `250ms`, `15s`, `2m`, `1h`, or plain seconds (`1.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 250ms, 15s, 2m, 1h)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?} must be a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("15s").unwrap(), Duration::from_secs(15));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn defaults_parse() {
+        let d = ServeArgs::defaults();
+        assert_eq!(d.listen.port(), 50051);
+        assert_eq!(d.heartbeat_interval, Duration::from_secs(15));
+    }
+}

@@ -1,0 +1,692 @@
+//! Push delivery: streams, credits, batch leasing, release on close.
+//!
+//! One dispatcher task per broker process owns every Subscribe stream of that
+//! process and all credit accounting, so there are no locks: everything else
+//! talks to it through [`Msg`]s. Its loop:
+//!
+//! 1. takes every queued message (subscribe / close, wake-ups from enqueues in
+//!    this process and from LISTEN, settled jobs, extended leases);
+//! 2. fires timers: delayed jobs coming due, local lease deadlines (credit
+//!    comes back when a lease expires), the slow fallback poll;
+//! 3. runs a lease round: for every stream with free credit and every ready
+//!    queue it serves, it asks for exactly that many jobs, and leases for all
+//!    of them in **one statement** (`lease.sql`). Each leased job goes straight
+//!    into its stream: nothing is leased that cannot be sent at once.
+//!
+//! Fairness: a stream's credit is split across its ready queues, starting at a
+//! rotating offset; streams are visited from a rotating offset too. A queue
+//! that returns fewer jobs than asked is "drained" until woken again.
+//!
+//! Credit returns when a job is acked / nacked (here, or on another replica:
+//! see `notify`), or when its lease deadline passes and the database confirms
+//! the lease is over. A closed stream's unsettled jobs are released at once.
+
+mod stream;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
+use tonic::Status;
+use tracing::{debug, info, warn};
+
+pub use stream::SubscriptionStream;
+
+use crate::domain::{JobId, LeaseToken, QueueName, Subscription};
+use crate::pb;
+use crate::store::{FailReq, Leased, Store, Wake, Want};
+
+pub type StreamId = u64;
+
+/// Most jobs one lease statement asks for.
+const MAX_ROUND_JOBS: i32 = 2000;
+/// Most lease statements in a row before the loop looks at messages again.
+const MAX_ROUNDS: usize = 8;
+
+#[derive(Clone, Debug)]
+pub struct DispatchConfig {
+    /// Idle streams get a heartbeat this often.
+    pub heartbeat_interval: Duration,
+    /// Every queue with streams is looked at this often even without a
+    /// wake-up (covers notifications lost while LISTEN reconnected).
+    pub poll_interval: Duration,
+}
+
+pub(crate) enum Msg {
+    Subscribe {
+        id: StreamId,
+        sub: Subscription,
+        tx: mpsc::Sender<stream::Item>,
+    },
+    Closed(StreamId),
+    Wake(Vec<Wake>),
+    WakeAll,
+    Settled(Vec<JobId>),
+    Extended(JobId, i64),
+    LeaseChecked {
+        checked: Vec<JobId>,
+        alive: Vec<(JobId, i64)>,
+    },
+    Drain(oneshot::Sender<()>),
+}
+
+/// Handle to the dispatcher task. Cheap to clone.
+#[derive(Clone)]
+pub struct Dispatcher {
+    /// Unbounded: senders include Drop guards, which cannot wait. Volume is
+    /// bounded by the request rate the server accepts.
+    tx: mpsc::UnboundedSender<Msg>,
+    next_id: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    heartbeat_interval: Duration,
+}
+
+impl Dispatcher {
+    /// Spawns the dispatcher task; it runs until every handle is dropped.
+    pub fn spawn(store: Store, cfg: DispatchConfig) -> Dispatcher {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let state = State {
+            store,
+            me: tx.clone(),
+            streams: HashMap::new(),
+            queues: HashMap::new(),
+            owner: HashMap::new(),
+            deadlines: BinaryHeap::new(),
+            poll_interval: cfg.poll_interval,
+            next_poll: Instant::now() + cfg.poll_interval,
+            retry_at: None,
+            draining: false,
+            round_offset: 0,
+        };
+        tokio::spawn(state.run(rx));
+        Dispatcher {
+            tx,
+            next_id: Default::default(),
+            heartbeat_interval: cfg.heartbeat_interval,
+        }
+    }
+
+    /// Registers a stream; jobs are pushed into the returned stream.
+    pub fn subscribe(&self, sub: Subscription) -> SubscriptionStream {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Capacity = credit (+1 for the final status): a delivery never waits.
+        let (tx, rx) = mpsc::channel(sub.max_in_flight as usize + 1);
+        let _ = self.tx.send(Msg::Subscribe { id, sub, tx });
+        SubscriptionStream::new(rx, self.heartbeat_interval, id, self.tx.clone())
+    }
+
+    /// Jobs became available (delay 0) or will at `delay_ms`.
+    pub fn wake(&self, wakes: Vec<Wake>) {
+        if !wakes.is_empty() {
+            let _ = self.tx.send(Msg::Wake(wakes));
+        }
+    }
+
+    /// Look at every queue (e.g. after LISTEN reconnected).
+    pub fn wake_all(&self) {
+        let _ = self.tx.send(Msg::WakeAll);
+    }
+
+    /// These jobs were settled: their streams get the credit back.
+    pub fn settled(&self, ids: Vec<JobId>) {
+        if !ids.is_empty() {
+            let _ = self.tx.send(Msg::Settled(ids));
+        }
+    }
+
+    /// A lease held by one of our streams was extended by `lease_ms` from now.
+    pub fn extended(&self, id: JobId, lease_ms: i64) {
+        let _ = self.tx.send(Msg::Extended(id, lease_ms));
+    }
+
+    /// Stops delivering, releases every unsettled job (giving the attempt
+    /// back) and ends every stream with UNAVAILABLE. Returns when done.
+    pub async fn drain(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Drain(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+struct Inflight {
+    token: LeaseToken,
+    deadline: Instant,
+    /// A lease check with the database is under way for this job.
+    checking: bool,
+}
+
+struct StreamState {
+    sub: Subscription,
+    tx: mpsc::Sender<stream::Item>,
+    inflight: HashMap<JobId, Inflight>,
+    /// Rotating start among this stream's queues (fairness across queues).
+    rr: usize,
+}
+
+impl StreamState {
+    fn credit(&self) -> i32 {
+        self.sub.max_in_flight as i32 - self.inflight.len() as i32
+    }
+}
+
+#[derive(Default)]
+struct QueueState {
+    /// Streams of this process subscribed to the queue.
+    streams: Vec<StreamId>,
+    /// The queue may have deliverable jobs.
+    ready: bool,
+    /// When its next delayed job is due, if known.
+    due: Option<Instant>,
+    /// Ask the database when its next delayed job is due.
+    check_due: bool,
+}
+
+struct State {
+    store: Store,
+    /// Our own inbox, for background tasks to report back.
+    me: mpsc::UnboundedSender<Msg>,
+    streams: HashMap<StreamId, StreamState>,
+    queues: HashMap<QueueName, QueueState>,
+    /// Which stream holds each job leased by this process.
+    owner: HashMap<JobId, StreamId>,
+    /// Local lease deadlines, earliest first (stale entries are skipped).
+    deadlines: BinaryHeap<Reverse<(Instant, JobId)>>,
+    poll_interval: Duration,
+    next_poll: Instant,
+    /// After a failed lease statement, do not try again before this.
+    retry_at: Option<Instant>,
+    draining: bool,
+    round_offset: usize,
+}
+
+impl State {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        loop {
+            let timer = self.next_timer();
+            tokio::select! {
+                biased;
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { return };
+                    self.handle(msg).await;
+                    while let Ok(msg) = rx.try_recv() {
+                        self.handle(msg).await;
+                    }
+                }
+                _ = sleep_until(timer) => {}
+            }
+            self.fire_timers();
+            if !self.draining {
+                self.lease_rounds().await;
+                self.refresh_due().await;
+            }
+        }
+    }
+
+    fn next_timer(&self) -> Instant {
+        let mut t = self.next_poll;
+        if let Some(r) = self.retry_at {
+            t = t.min(r);
+        }
+        for q in self.queues.values() {
+            if let Some(d) = q.due {
+                t = t.min(d);
+            }
+        }
+        if let Some(Reverse((d, _))) = self.deadlines.peek() {
+            t = t.min(*d);
+        }
+        t
+    }
+
+    async fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Subscribe { id, sub, tx } => {
+                if self.draining {
+                    let _ = tx.try_send(Err(Status::unavailable("broker is shutting down")));
+                    return;
+                }
+                debug!(stream = id, queues = ?sub.queues, consumer = %sub.consumer, "stream opened");
+                for q in &sub.queues {
+                    let qs = self.queues.entry(q.clone()).or_default();
+                    qs.streams.push(id);
+                    qs.ready = true;
+                    qs.check_due = true;
+                }
+                self.streams.insert(
+                    id,
+                    StreamState {
+                        sub,
+                        tx,
+                        inflight: HashMap::new(),
+                        rr: 0,
+                    },
+                );
+            }
+            Msg::Closed(id) => self.close_stream(id),
+            Msg::Wake(wakes) => {
+                let now = Instant::now();
+                for w in wakes {
+                    if let Some(q) = self.queues.get_mut(&w.queue) {
+                        if w.delay_ms <= 0 {
+                            q.ready = true;
+                        } else {
+                            let at = now + Duration::from_millis(w.delay_ms as u64);
+                            q.due = Some(q.due.map_or(at, |d| d.min(at)));
+                        }
+                    }
+                }
+            }
+            Msg::WakeAll => {
+                for q in self.queues.values_mut() {
+                    q.ready = true;
+                    q.check_due = true;
+                }
+            }
+            Msg::Settled(ids) => {
+                for id in ids {
+                    self.forget(id);
+                }
+            }
+            Msg::Extended(id, lease_ms) => {
+                if let Some(stream) = self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
+                    && let Some(f) = stream.inflight.get_mut(&id)
+                {
+                    f.deadline = Instant::now() + Duration::from_millis(lease_ms as u64);
+                    self.deadlines.push(Reverse((f.deadline, id)));
+                }
+            }
+            Msg::LeaseChecked { checked, alive } => {
+                let alive: HashMap<JobId, i64> = alive.into_iter().collect();
+                let now = Instant::now();
+                for id in checked {
+                    match alive.get(&id) {
+                        Some(ms) => {
+                            if let Some(stream) =
+                                self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
+                                && let Some(f) = stream.inflight.get_mut(&id)
+                            {
+                                f.checking = false;
+                                f.deadline = now + Duration::from_millis(*ms as u64);
+                                self.deadlines.push(Reverse((f.deadline, id)));
+                            }
+                        }
+                        // The lease is over (expired and reaped, or settled):
+                        // the stream gets its credit back.
+                        None => self.forget(id),
+                    }
+                }
+            }
+            Msg::Drain(done) => {
+                self.drain().await;
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Removes a job from its stream's in-flight set (its credit returns).
+    fn forget(&mut self, id: JobId) {
+        if let Some(sid) = self.owner.remove(&id)
+            && let Some(stream) = self.streams.get_mut(&sid)
+        {
+            stream.inflight.remove(&id);
+        }
+    }
+
+    fn close_stream(&mut self, id: StreamId) {
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        for q in &stream.sub.queues {
+            if let Some(qs) = self.queues.get_mut(q) {
+                qs.streams.retain(|s| *s != id);
+                if qs.streams.is_empty() {
+                    self.queues.remove(q);
+                }
+            }
+        }
+        let leases: Vec<(JobId, LeaseToken)> = stream
+            .inflight
+            .iter()
+            .map(|(id, f)| (*id, f.token))
+            .collect();
+        for (job, _) in &leases {
+            self.owner.remove(job);
+        }
+        debug!(stream = id, unsettled = leases.len(), "stream closed");
+        if !leases.is_empty() {
+            let store = self.store.clone();
+            let me = self.me.clone();
+            tokio::spawn(async move {
+                release(&store, &me, leases, "consumer stream closed before settling", false).await;
+            });
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        if self.retry_at.is_some_and(|r| r <= now) {
+            self.retry_at = None;
+        }
+        if self.next_poll <= now {
+            self.next_poll = now + self.poll_interval;
+            for q in self.queues.values_mut() {
+                q.ready = true;
+                q.check_due = true;
+            }
+        }
+        for q in self.queues.values_mut() {
+            if q.due.is_some_and(|d| d <= now) {
+                q.due = None;
+                q.ready = true;
+                q.check_due = true;
+            }
+        }
+        // Local lease deadlines: ask the database whether those leases are
+        // really over (another replica may have extended them) and reap them.
+        let mut expired: Vec<(JobId, LeaseToken)> = Vec::new();
+        while let Some(Reverse((at, _))) = self.deadlines.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((at, id))) = self.deadlines.pop() else {
+                break;
+            };
+            if let Some(stream) = self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
+                && let Some(f) = stream.inflight.get_mut(&id)
+                && f.deadline == at
+                && !f.checking
+            {
+                f.checking = true;
+                expired.push((id, f.token));
+            }
+        }
+        if !expired.is_empty() {
+            let store = self.store.clone();
+            let me = self.me.clone();
+            tokio::spawn(check_leases(store, me, expired));
+        }
+    }
+
+    async fn lease_rounds(&mut self) {
+        if self.retry_at.is_some() {
+            return;
+        }
+        for _ in 0..MAX_ROUNDS {
+            let (wants, slots) = self.plan_round();
+            if wants.is_empty() {
+                return;
+            }
+            let leased = match self.store.lease(&wants).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    warn!(error = %e, "lease statement failed; retrying in 1s");
+                    self.retry_at = Some(Instant::now() + Duration::from_secs(1));
+                    return;
+                }
+            };
+            let mut asked: HashMap<QueueName, i32> = HashMap::new();
+            for w in &wants {
+                *asked.entry(w.queue.clone()).or_default() += w.n;
+            }
+            let mut got: HashMap<&str, i32> = HashMap::new();
+            for job in &leased {
+                *got.entry(job.queue.as_str()).or_default() += 1;
+            }
+            let mut more = false;
+            for (q, n) in &asked {
+                let full = got.get(q.as_str()).copied().unwrap_or(0) >= *n;
+                if let Some(qs) = self.queues.get_mut(q) {
+                    qs.ready = full;
+                }
+                more |= full;
+            }
+            self.deliver(leased, &slots);
+            if !more {
+                return;
+            }
+        }
+    }
+
+    /// Decides what each stream with free credit asks of each ready queue.
+    fn plan_round(&mut self) -> (Vec<Want>, Vec<StreamId>) {
+        let mut wants = Vec::new();
+        let mut slots = Vec::new();
+        let mut ids: Vec<StreamId> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        if ids.is_empty() {
+            return (wants, slots);
+        }
+        self.round_offset = self.round_offset.wrapping_add(1);
+        let start = self.round_offset % ids.len();
+        ids.rotate_left(start);
+        let mut total = 0;
+        for sid in ids {
+            let Some(stream) = self.streams.get_mut(&sid) else {
+                continue;
+            };
+            let credit = stream.credit();
+            if credit <= 0 {
+                continue;
+            }
+            let ready: Vec<&QueueName> = stream
+                .sub
+                .queues
+                .iter()
+                .filter(|q| self.queues.get(*q).is_some_and(|qs| qs.ready))
+                .collect();
+            if ready.is_empty() {
+                continue;
+            }
+            let k = ready.len() as i32;
+            let first = stream.rr % ready.len();
+            stream.rr = stream.rr.wrapping_add(1);
+            let slot = slots.len() as i32;
+            slots.push(sid);
+            for i in 0..ready.len() {
+                let q = ready[(first + i) % ready.len()];
+                let n = credit / k + i32::from((i as i32) < credit % k);
+                if n > 0 {
+                    wants.push(Want {
+                        queue: q.clone(),
+                        n,
+                        lease_ms: stream.sub.lease_ms,
+                        slot,
+                        consumer: stream.sub.consumer.clone(),
+                    });
+                }
+            }
+            total += credit;
+            if total >= MAX_ROUND_JOBS {
+                break;
+            }
+        }
+        (wants, slots)
+    }
+
+    fn deliver(&mut self, leased: Vec<Leased>, slots: &[StreamId]) {
+        let now = Instant::now();
+        let mut gone: Vec<StreamId> = Vec::new();
+        for job in leased {
+            let sid = slots[job.slot as usize];
+            let Some(stream) = self.streams.get_mut(&sid) else {
+                continue;
+            };
+            let id = job.id;
+            let deadline = now + Duration::from_millis(job.lease_ms as u64);
+            stream.inflight.insert(
+                id,
+                Inflight {
+                    token: job.token,
+                    deadline,
+                    checking: false,
+                },
+            );
+            self.owner.insert(id, sid);
+            self.deadlines.push(Reverse((deadline, id)));
+            if stream.tx.try_send(Ok(delivery(job))).is_err() {
+                // The client is gone: the stream is closed below and this
+                // job released with its other unsettled ones.
+                gone.push(sid);
+            }
+        }
+        for sid in gone {
+            self.close_stream(sid);
+        }
+    }
+
+    async fn refresh_due(&mut self) {
+        let queues: Vec<QueueName> = self
+            .queues
+            .iter_mut()
+            .filter(|(_, q)| q.check_due)
+            .map(|(name, q)| {
+                q.check_due = false;
+                name.clone()
+            })
+            .collect();
+        if queues.is_empty() {
+            return;
+        }
+        match self.store.next_due(&queues).await {
+            Ok(rows) => {
+                let now = Instant::now();
+                for (name, due) in rows {
+                    if let (Some(q), Some(ms)) = (self.queues.get_mut(&name), due) {
+                        let at = now + Duration::from_millis(ms.max(0) as u64);
+                        q.due = Some(q.due.map_or(at, |d| d.min(at)));
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "next-due query failed; the fallback poll covers it"),
+        }
+    }
+
+    async fn drain(&mut self) {
+        self.draining = true;
+        let mut leases = Vec::new();
+        for stream in self.streams.values() {
+            leases.extend(stream.inflight.iter().map(|(id, f)| (*id, f.token)));
+        }
+        let n = leases.len();
+        release(&self.store, &self.me, leases, "broker shut down before the job was settled", true).await;
+        for (_, stream) in self.streams.drain() {
+            let _ = stream
+                .tx
+                .try_send(Err(Status::unavailable("broker is shutting down; reconnect")));
+        }
+        self.owner.clear();
+        self.queues.clear();
+        info!(released = n, "dispatcher drained");
+    }
+}
+
+fn delivery(job: Leased) -> pb::SubscribeResponse {
+    pb::SubscribeResponse {
+        kind: Some(pb::subscribe_response::Kind::Delivery(pb::Delivery {
+            job: Some(pb::Job {
+                id: job.id.to_string(),
+                queue: job.queue,
+                payload: job.payload,
+                headers: job.headers,
+                priority: job.priority,
+                attempt: job.attempt,
+                enqueued_at: Some(std::time::SystemTime::from(job.enqueued_at).into()),
+                last_error: job.last_error.unwrap_or_default(),
+            }),
+            lease_token: job.token.to_string(),
+            lease_expires_at: Some(std::time::SystemTime::from(job.lease_expires_at).into()),
+        })),
+    }
+}
+
+/// Makes leases available again at once (`fail.sql` with retry 0), waking
+/// this process's dispatcher and other replicas. Retries while the database
+/// is unreachable; if it stays down the leases simply expire.
+async fn release(
+    store: &Store,
+    me: &mpsc::UnboundedSender<Msg>,
+    leases: Vec<(JobId, LeaseToken)>,
+    why: &str,
+    refund: bool,
+) {
+    if leases.is_empty() {
+        return;
+    }
+    let reqs: Vec<FailReq> = leases
+        .into_iter()
+        .map(|(id, token)| FailReq {
+            id,
+            token,
+            error: why.to_owned(),
+            retry_after_ms: Some(0),
+            dead_letter: false,
+            refund,
+        })
+        .collect();
+    for attempt in 0..5u32 {
+        match store.fail(&reqs).await {
+            Ok(done) => {
+                let wakes = wakes_for(&done);
+                if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
+                    warn!(error = %e, "wake notification failed");
+                }
+                let _ = me.send(Msg::Wake(wakes));
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, attempt, "releasing leases failed; retrying");
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+            }
+        }
+    }
+}
+
+/// One wake per queue that got a job back (coalesced).
+pub(crate) fn wakes_for(done: &[crate::store::Failed]) -> Vec<Wake> {
+    let mut min: HashMap<&QueueName, i64> = HashMap::new();
+    for f in done.iter().filter(|f| f.death.is_none()) {
+        let e = min.entry(&f.queue).or_insert(f.retry_ms);
+        *e = (*e).min(f.retry_ms);
+    }
+    min.into_iter()
+        .map(|(q, ms)| Wake {
+            queue: q.clone(),
+            delay_ms: ms,
+        })
+        .collect()
+}
+
+/// Reaps those of `leases` that are past expiry and reports which are still
+/// alive (and for how long) back to the dispatcher.
+async fn check_leases(
+    store: Store,
+    me: mpsc::UnboundedSender<Msg>,
+    leases: Vec<(JobId, LeaseToken)>,
+) {
+    let ids: Vec<JobId> = leases.iter().map(|l| l.0).collect();
+    let result = async {
+        let expired = store.expired_leases(Some(&ids), ids.len() as i64).await?;
+        crate::maintenance::reap(&store, expired, |w| {
+            let _ = me.send(Msg::Wake(w));
+        })
+        .await?;
+        store.lease_status(&leases).await
+    }
+    .await;
+    let alive = match result {
+        Ok(alive) => alive,
+        Err(e) => {
+            warn!(error = %e, "lease check failed; retrying in 1s");
+            // Treat them as alive for another second.
+            ids.iter().map(|id| (*id, 1000)).collect()
+        }
+    };
+    let _ = me.send(Msg::LeaseChecked {
+        checked: ids,
+        alive,
+    });
+}

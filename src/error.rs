@@ -1,0 +1,119 @@
+//! Errors of every layer, and their one mapping to `tonic::Status`.
+//!
+//! Handlers return [`Error`]; the exhaustive `From<Error> for Status` below is
+//! the only place a gRPC code is chosen, so a new variant forces a decision.
+//! Internal details (SQL errors) are logged, never sent to clients.
+
+use std::sync::Arc;
+
+use tonic::{Code, Status};
+
+use crate::domain::JobId;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Error {
+    /// Malformed input. `field` names the request field (e.g. `jobs[2].queue`).
+    #[error("{field}: {rule}")]
+    InvalidArgument { field: String, rule: String },
+    /// A size or count limit was exceeded.
+    #[error("{field}: {rule}")]
+    TooLarge { field: String, rule: String },
+    /// The token is not the job's current lease: the lease expired and the job
+    /// went elsewhere, or the job was already settled.
+    #[error("job {0} is not leased under this lease_token (lease expired, job re-leased or already settled)")]
+    StaleLease(JobId),
+    /// The broker is draining: clients should retry against another replica.
+    #[error("broker is shutting down")]
+    Draining,
+    /// PostgreSQL is unreachable (or the broker is overloaded waiting for it).
+    #[error("database unavailable")]
+    Unavailable(#[source] Arc<sqlx::Error>),
+    /// Any other database error: a bug or an operator problem, logged in full.
+    #[error("database error")]
+    Database(#[source] Arc<sqlx::Error>),
+    /// A broker-internal failure (a background task is gone).
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}
+
+impl Error {
+    pub fn invalid(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+
+    pub fn too_large(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Error::TooLarge {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+
+    /// Prefixes the field name, for errors found inside a nested message
+    /// (`jobs[3]` + `queue` → `jobs[3].queue`).
+    pub fn in_field(self, prefix: &str) -> Self {
+        match self {
+            Error::InvalidArgument { field, rule } => Error::InvalidArgument {
+                field: format!("{prefix}.{field}"),
+                rule,
+            },
+            Error::TooLarge { field, rule } => Error::TooLarge {
+                field: format!("{prefix}.{field}"),
+                rule,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Translates a database error by SQLSTATE class: connection trouble is
+/// UNAVAILABLE (clients retry), anything else is a server fault.
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        let unavailable = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_) => true,
+            // 08: connection exception; 57P01-57P03: admin/crash shutdown,
+            // cannot connect now; 53300: too many connections.
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+            }),
+            _ => false,
+        };
+        if unavailable {
+            Error::Unavailable(Arc::new(e))
+        } else {
+            Error::Database(Arc::new(e))
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        match e {
+            Error::InvalidArgument { .. } => Status::new(Code::InvalidArgument, e.to_string()),
+            Error::TooLarge { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
+            Error::StaleLease(_) => Status::new(Code::FailedPrecondition, e.to_string()),
+            Error::Draining => Status::new(Code::Unavailable, e.to_string()),
+            Error::Unavailable(ref source) => {
+                tracing::warn!(error = %source, "database unavailable");
+                Status::new(Code::Unavailable, e.to_string())
+            }
+            Error::Database(ref source) => {
+                tracing::error!(error = ?source, "database error");
+                Status::new(Code::Internal, e.to_string())
+            }
+            Error::Internal(what) => {
+                tracing::error!(what, "internal error");
+                Status::new(Code::Internal, e.to_string())
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The `leaseq` binary: parse the command line, set up logging, run.
+
+use anyhow::Context;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use leaseq::config::{Cli, Command, DbArgs};
+use leaseq::embedded::{EmbeddedOptions, EmbeddedPostgres};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    leaseq::telemetry::init(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => {
+            let (url, embedded) = database(&args.db).await?;
+            let listener = tokio::net::TcpListener::bind(args.listen)
+                .await
+                .with_context(|| format!("binding {}", args.listen))?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(on_signal(shutdown.clone()));
+            let result = leaseq::server::run(args, &url, listener, shutdown).await;
+            if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
+                info!("stopping embedded PostgreSQL");
+                pg.stop().await?;
+            }
+            result
+        }
+        Command::Migrate(db) => {
+            let (url, embedded) = database(&db).await?;
+            let pool = leaseq::store::connect(&url, 1).await?;
+            leaseq::store::MIGRATOR.run(&pool).await?;
+            pool.close().await;
+            info!("migrations applied");
+            if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
+                pg.stop().await?;
+            }
+            Ok(())
+        }
+        Command::Enqueue(args) => leaseq::cli::enqueue(args).await,
+        Command::Tail(args) => leaseq::cli::tail(args).await,
+    }
+}
+
+/// The database URL: DATABASE_URL / --database-url, or the embedded cluster.
+async fn database(db: &DbArgs) -> anyhow::Result<(String, Option<EmbeddedPostgres>)> {
+    if let Some(url) = &db.database_url {
+        return Ok((url.clone(), None));
+    }
+    let dir = db.data_dir.clone().unwrap_or_else(EmbeddedOptions::default_dir);
+    info!(dir = %dir.display(), "no DATABASE_URL: using the embedded PostgreSQL cluster");
+    let pg = EmbeddedPostgres::start(EmbeddedOptions { dir, durable: true }).await?;
+    Ok((pg.url("leaseq"), Some(pg)))
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+    shutdown.cancel();
+}

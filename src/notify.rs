@@ -1,0 +1,125 @@
+//! The one LISTEN connection of a broker process, and its fan-out.
+//!
+//! It listens on [`WAKE_CHANNEL`] (jobs became available somewhere: wake the
+//! local dispatcher for that queue) and on this broker's settle channel (jobs
+//! leased here were acked / nacked on another replica: give the streams their
+//! credit back). Notifications sent by this process itself are skipped: it
+//! woke its own dispatcher in-process already.
+//!
+//! If the connection drops, sqlx's `PgListener` reconnects and re-LISTENs;
+//! anything sent meanwhile is lost, so after a reconnect every queue is looked
+//! at once (`wake_all`). The dispatcher's slow fallback poll covers the rest.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::dispatch::Dispatcher;
+use crate::domain::{JobId, QueueName};
+use crate::store::{Store, WAKE_CHANNEL, Wake, settle_channel};
+
+/// Connects and LISTENs; returns once listening, so the caller knows no
+/// notification from now on is missed.
+pub async fn listen(store: &Store) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(&store.pool).await?;
+    let settle = settle_channel(store.broker_id);
+    listener
+        .listen_all([WAKE_CHANNEL, settle.as_str()])
+        .await?;
+    Ok(listener)
+}
+
+/// Receives notifications until `shutdown`.
+pub async fn run(
+    store: Store,
+    mut listener: PgListener,
+    dispatcher: Dispatcher,
+    shutdown: CancellationToken,
+) {
+    let me = store.broker_id.simple().to_string();
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            n = listener.try_recv() => n,
+        };
+        match next {
+            Ok(Some(n)) => {
+                if n.channel() == WAKE_CHANNEL {
+                    if let Some(w) = parse_wake(n.payload(), &me) {
+                        dispatcher.wake(vec![w]);
+                    }
+                } else {
+                    let ids: Vec<JobId> = n
+                        .payload()
+                        .split(',')
+                        .filter_map(|s| Uuid::try_parse(s).ok().map(JobId))
+                        .collect();
+                    debug!(jobs = ids.len(), "settled on another replica");
+                    dispatcher.settled(ids);
+                }
+            }
+            Ok(None) => {
+                // Connection lost; the next call reconnects and re-LISTENs.
+                warn!("LISTEN connection lost; reconnecting");
+                reconnected(&mut listener, &shutdown).await;
+                info!("LISTEN connection re-established");
+                dispatcher.wake_all();
+            }
+            Err(e) => {
+                warn!(error = %e, "LISTEN connection failed; retrying");
+                reconnected(&mut listener, &shutdown).await;
+                dispatcher.wake_all();
+            }
+        }
+    }
+}
+
+/// Waits until the listener has a live connection again (or shutdown).
+async fn reconnected(listener: &mut PgListener, shutdown: &CancellationToken) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        // `try_recv` reconnects when needed; a short timeout turns "connected
+        // and idle" into success.
+        let r = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = tokio::time::timeout(Duration::from_millis(50), listener.try_recv()) => r,
+        };
+        match r {
+            Err(_elapsed) => return,
+            Ok(Ok(Some(_))) => return,
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+fn parse_wake(payload: &str, me: &str) -> Option<Wake> {
+    let mut parts = payload.splitn(3, ':');
+    let broker = parts.next()?;
+    if broker == me {
+        return None;
+    }
+    let delay_ms: i64 = parts.next()?.parse().ok()?;
+    let queue = QueueName::parse(parts.next()?)?;
+    Some(Wake { queue, delay_ms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wake_payloads() {
+        let w = parse_wake("abc:0:orders:eu", "me").unwrap();
+        assert_eq!(w.queue.as_str(), "orders:eu");
+        assert_eq!(w.delay_ms, 0);
+        assert!(parse_wake("me:0:orders", "me").is_none());
+        assert!(parse_wake("abc:x:orders", "me").is_none());
+        assert!(parse_wake("garbage", "me").is_none());
+    }
+}

@@ -1,0 +1,226 @@
+//! Assembles and runs a broker: pool, migrations, dispatcher, LISTEN, reaper,
+//! health, reflection and the gRPC server, and shuts it down in order.
+//!
+//! [`run`] takes an already-bound listener (tests bind `127.0.0.1:0`) and a
+//! shutdown token (the binary cancels it on SIGTERM / SIGINT).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+use tracing::{info, warn};
+
+use crate::api::queue::QueueApi;
+use crate::broker::Broker;
+use crate::config::ServeArgs;
+use crate::dispatch::{DispatchConfig, Dispatcher};
+use crate::domain::Limits;
+use crate::pb::queue_service_server::QueueServiceServer;
+use crate::store::{self, MIGRATOR, Store};
+
+/// Health service name that stays SERVING while the process is healthy, even
+/// when PostgreSQL is not: orchestrators use it for liveness, so a database
+/// outage does not restart every replica.
+pub const LIVENESS: &str = "liveness";
+/// Health service name of the queue service.
+pub const QUEUE_SERVICE: &str = "leaseq.v1.QueueService";
+
+/// Runs the broker until `shutdown` is cancelled, then drains: reports
+/// NOT_SERVING, releases every stream's unsettled jobs and ends the streams
+/// with UNAVAILABLE, lets unary calls in flight finish, and returns within
+/// `drain_grace`.
+pub async fn run(
+    cfg: ServeArgs,
+    database_url: &str,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let pool = connect_with_retry(database_url, cfg.pool_size, &shutdown).await?;
+    MIGRATOR.run(&pool).await.context("applying migrations")?;
+    let store = Store::new(pool.clone());
+    info!(broker = %store.broker_id, "migrations applied");
+
+    // Ends the background tasks (LISTEN, reaper, health) after the server.
+    let background = CancellationToken::new();
+    let dispatcher = Dispatcher::spawn(
+        store.clone(),
+        DispatchConfig {
+            heartbeat_interval: cfg.heartbeat_interval,
+            poll_interval: cfg.poll_interval,
+        },
+    );
+    let listen = crate::notify::listen(&store)
+        .await
+        .context("opening the LISTEN connection")?;
+    tokio::spawn(crate::notify::run(
+        store.clone(),
+        listen,
+        dispatcher.clone(),
+        background.clone(),
+    ));
+    tokio::spawn(crate::maintenance::run(
+        store.clone(),
+        dispatcher.clone(),
+        cfg.reap_interval,
+        background.clone(),
+    ));
+    let broker = Broker::new(store.clone(), dispatcher);
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
+    set_ready(&reporter, false).await;
+    // Set once a drain starts: health stays NOT_SERVING from then on.
+    let draining = CancellationToken::new();
+    tokio::spawn(health_loop(
+        store.clone(),
+        reporter.clone(),
+        cfg.health_interval,
+        draining.clone(),
+        background.clone(),
+    ));
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let limits = Limits {
+        max_payload_bytes: cfg.max_payload_bytes,
+        max_batch_jobs: cfg.max_batch_jobs,
+    };
+    let queue_service = QueueServiceServer::new(QueueApi::new(broker.clone(), limits))
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2));
+
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(cfg.keepalive_interval))
+        .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
+        .tcp_nodelay(true);
+    if let Some(age) = cfg.max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
+    if let Some(grace) = cfg.max_connection_age_grace {
+        builder = builder.max_connection_age_grace(grace);
+    }
+    let addr = listener.local_addr()?;
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let stop_server = CancellationToken::new();
+    let mut server = tokio::spawn(
+        builder
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(queue_service)
+            .serve_with_incoming_shutdown(incoming, stop_server.clone().cancelled_owned()),
+    );
+    info!(%addr, "leaseq serving");
+
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        r = &mut server => {
+            background.cancel();
+            r??;
+            anyhow::bail!("gRPC server stopped unexpectedly");
+        }
+    }
+
+    info!(grace = ?cfg.drain_grace, "draining");
+    draining.cancel();
+    set_ready(&reporter, false).await;
+    let drained = tokio::time::timeout(cfg.drain_grace, async {
+        broker.drain().await;
+        stop_server.cancel();
+        server.await
+    })
+    .await;
+    match drained {
+        Ok(Ok(Ok(()))) => info!("drained"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "gRPC server error while draining"),
+        Ok(Err(e)) => warn!(error = %e, "gRPC server task failed"),
+        Err(_) => warn!("drain grace period elapsed; exiting with calls in flight"),
+    }
+    background.cancel();
+    pool.close().await;
+    Ok(())
+}
+
+/// Connects to PostgreSQL, retrying (it may still be starting) until it
+/// answers or `shutdown`.
+async fn connect_with_retry(
+    url: &str,
+    pool_size: u32,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<sqlx::PgPool> {
+    let mut delay = Duration::from_millis(200);
+    let started = tokio::time::Instant::now();
+    loop {
+        match store::connect(url, pool_size).await {
+            Ok(pool) => return Ok(pool),
+            Err(e) if started.elapsed() < Duration::from_secs(60) => {
+                warn!(error = %e, "PostgreSQL not reachable yet; retrying");
+            }
+            Err(e) => return Err(e).context("connecting to PostgreSQL"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => anyhow::bail!("shut down before PostgreSQL was reachable"),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn set_ready(reporter: &HealthReporter, ready: bool) {
+    let status = if ready {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    reporter.set_service_status("", status).await;
+    reporter.set_service_status(QUEUE_SERVICE, status).await;
+}
+
+/// SERVING only while PostgreSQL answers (migrations ran before this starts)
+/// and no drain has begun.
+async fn health_loop(
+    store: Store,
+    reporter: HealthReporter,
+    interval: Duration,
+    draining: CancellationToken,
+    stop: CancellationToken,
+) {
+    let mut last = None;
+    loop {
+        let ok = tokio::time::timeout(Duration::from_secs(2), store.ping())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        let ready = ok && !draining.is_cancelled();
+        if last != Some(ready) {
+            if !ok {
+                warn!("PostgreSQL unreachable: health NOT_SERVING");
+            } else if ready {
+                info!("health SERVING");
+            }
+            set_ready(&reporter, ready).await;
+            last = Some(ready);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = draining.cancelled(), if !draining.is_cancelled() => {}
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Keeps a handle type alias public for tests that embed a broker.
+pub type SharedBroker = Arc<Broker>;

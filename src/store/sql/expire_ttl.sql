@@ -1,0 +1,17 @@
+-- Moves waiting jobs past their ttl to the dead letters with reason 'expired'.
+-- (Leased jobs past their ttl are dead-lettered when their lease ends.)
+with gone as (
+    delete from leaseq.jobs
+    where id in (
+        select id from leaseq.jobs
+        where expires_at <= now() and state = 'available'
+        limit $1
+        for update skip locked
+    )
+    returning id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error
+)
+insert into leaseq.dead_jobs
+    (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason)
+select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, 'expired'
+from gone
+on conflict (id) do nothing

@@ -1,0 +1,59 @@
+-- Ends leases that did not succeed: Nack, a stream closing with unsettled
+-- jobs, a broker draining, an expired lease. Only rows whose current lease
+-- token matches are touched (fencing).
+--
+-- A job is dead-lettered when asked (reason 'nacked'), when its ttl has passed
+-- ('expired'), or when this was its last attempt ('max_attempts'); otherwise it
+-- is made available again after `retry_ms` (null = the queue's exponential
+-- backoff with jitter). `refund` gives the attempt back (the broker, not the
+-- consumer, ended the lease) and never dead-letters for attempts.
+with input as (
+    select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::int8[], $5::bool[], $6::bool[])
+        as i(id, token, error, retry_ms, dead, refund)
+),
+cur as (
+    select j.id, j.queue, j.lease_broker, i.error, i.refund,
+        case
+            when i.dead then 'nacked'
+            when j.expires_at is not null and j.expires_at <= now() then 'expired'
+            when not i.refund and j.attempt >= coalesce(j.max_attempts, q.max_attempts) then 'max_attempts'
+        end as death,
+        coalesce(
+            i.retry_ms,
+            (least(q.backoff_cap_ms, q.backoff_base_ms * power(2, least(greatest(j.attempt - 1, 0), 40)))
+                * (0.5 + random() / 2))::int8
+        ) as retry_ms
+    from input i
+    join leaseq.jobs j on j.id = i.id and j.lease_token = i.token
+    join leaseq.queues q on q.name = j.queue
+    for update of j
+),
+buried as (
+    delete from leaseq.jobs j
+    using cur c
+    where j.id = c.id and c.death is not null
+    returning j.id, j.queue, j.priority, j.payload, j.headers, j.attempt, j.max_attempts,
+        j.dedup_key, j.enqueued_at, c.error, c.death
+),
+dead as (
+    insert into leaseq.dead_jobs
+        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason)
+    select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, error, death
+    from buried
+    on conflict (id) do nothing
+),
+retried as (
+    update leaseq.jobs j set
+        state = 'available',
+        lease_token = null,
+        lease_expires_at = null,
+        lease_broker = null,
+        leased_by = null,
+        last_error = c.error,
+        attempt = case when c.refund then greatest(j.attempt - 1, 0) else j.attempt end,
+        run_at = now() + c.retry_ms * interval '1 millisecond'
+    from cur c
+    where j.id = c.id and c.death is null
+    returning j.id
+)
+select c.id, c.queue, c.lease_broker, c.death, c.retry_ms from cur c

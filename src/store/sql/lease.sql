@@ -1,0 +1,48 @@
+-- Leases jobs for many streams of this broker in one statement.
+--
+-- Each `want` row asks for the jobs numbered (lo, hi] of its queue, in
+-- delivery order (priority desc, run_at, enqueue order), for one stream slot.
+-- Rows are claimed with `for update skip locked`, so concurrent brokers never
+-- take the same job, and each leased job gets a fresh fencing token.
+-- Paused queues and jobs past their ttl are never leased.
+with want as (
+    select * from unnest($1::text[], $2::int4[], $3::int4[], $4::int8[], $5::int4[], $6::text[])
+        as w(queue, lo, hi, lease_ms, slot, consumer)
+),
+per_queue as (
+    select w.queue, max(w.hi) as n, q.default_lease_ms
+    from want w join leaseq.queues q on q.name = w.queue and not q.paused
+    group by w.queue, q.default_lease_ms
+),
+picked as (
+    select j.id, j.queue, pq.default_lease_ms,
+        row_number() over (partition by j.queue order by j.priority desc, j.run_at, j.id) as rn
+    from per_queue pq
+    cross join lateral (
+        select id, queue, priority, run_at
+        from leaseq.jobs
+        where queue = pq.queue
+          and state = 'available'
+          and run_at <= now()
+          and (expires_at is null or expires_at > now())
+        order by priority desc, run_at, id
+        limit pq.n
+        for update skip locked
+    ) j
+),
+assigned as (
+    select p.id, w.slot, w.consumer, coalesce(w.lease_ms, p.default_lease_ms) as lease_ms
+    from picked p
+    join want w on w.queue = p.queue and p.rn > w.lo and p.rn <= w.hi
+)
+update leaseq.jobs j set
+    state = 'leased',
+    attempt = j.attempt + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + a.lease_ms * interval '1 millisecond',
+    lease_broker = $7,
+    leased_by = a.consumer
+from assigned a
+where j.id = a.id
+returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
+    j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at
