@@ -2,7 +2,7 @@
 //! out. It owns the group-commit batchers (one per kind of write) and talks to
 //! the dispatcher for wake-ups and credit.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -131,12 +131,13 @@ impl Broker {
                         dispatcher.wake(wakes);
                         settle_credit(&store, &dispatcher, done.iter().map(|f| (f.broker, f.id)))
                             .await;
+                        let dead: HashMap<JobId, bool> =
+                            done.iter().map(|f| (f.id, f.death.is_some())).collect();
                         Ok(reqs
                             .iter()
                             .map(|r| {
-                                done.iter()
-                                    .find(|f| f.id == r.job_id)
-                                    .map(|f| f.death.is_some())
+                                dead.get(&r.job_id)
+                                    .copied()
                                     .ok_or(Error::StaleLease(r.job_id))
                             })
                             .collect())
@@ -163,12 +164,14 @@ impl Broker {
                         for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
                             dispatcher.extended(e.id, e.lease_ms);
                         }
+                        let until: HashMap<JobId, DateTime<Utc>> =
+                            done.iter().map(|e| (e.id, e.lease_expires_at)).collect();
                         Ok(reqs
                             .iter()
                             .map(|r| {
-                                done.iter()
-                                    .find(|e| e.id == r.job_id)
-                                    .map(|e| e.lease_expires_at)
+                                until
+                                    .get(&r.job_id)
+                                    .copied()
                                     .ok_or(Error::StaleLease(r.job_id))
                             })
                             .collect())

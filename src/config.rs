@@ -33,6 +33,8 @@ pub enum Command {
     Enqueue(crate::cli::EnqueueArgs),
     /// Subscribe and print jobs as they arrive, acking each.
     Tail(crate::cli::TailArgs),
+    /// Load-generate against a running broker (or the raw-SQL baseline).
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Args, Clone, Debug, Default)]

@@ -13,9 +13,11 @@
 //! - [`maintenance`]: lease reaper and ttl expiry.
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
+//! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
 //! - [`config`], [`error`], [`telemetry`], [`cli`]: the rest.
 
 pub mod api;
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod config;

@@ -1,0 +1,492 @@
+//! `leaseq bench`: a load generator against a running broker, and the raw-SQL
+//! baseline it is compared with.
+//!
+//! Every scenario is bounded by `--duration` (and the backlog fill by its
+//! count); it prints a live progress line on stderr and, with `--json`, a
+//! one-line JSON summary as its last line on stdout.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use tokio::sync::Mutex;
+use tonic::transport::Channel;
+
+use crate::pb;
+use crate::pb::queue_service_client::QueueServiceClient;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Scenario {
+    /// EnqueueBatch producers, Subscribe consumers, unary Acks, flat out.
+    Throughput,
+    /// Single-job Enqueue calls from many concurrent clients.
+    Enqueue,
+    /// Enqueue at a fixed --rate; measures enqueue → delivery latency.
+    Latency,
+    /// --streams idle-ish Subscribe streams on one broker, fed at --rate.
+    Streams,
+    /// Fill --backlog jobs first, then run the throughput scenario.
+    Backlog,
+    /// The raw-SQL pattern straight against --database-url (no broker).
+    Baseline,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Broker address.
+    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    #[arg(long, value_enum, default_value_t = Scenario::Throughput)]
+    pub scenario: Scenario,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Print a JSON summary as the last line.
+    #[arg(long)]
+    pub json: bool,
+    /// Producer tasks.
+    #[arg(long, default_value_t = 4)]
+    pub producers: usize,
+    /// Consumer streams.
+    #[arg(long, default_value_t = 4)]
+    pub consumers: usize,
+    /// Jobs per EnqueueBatch (and per raw-SQL transaction in the baseline).
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Credits per consumer stream.
+    #[arg(long, default_value_t = 256)]
+    pub max_in_flight: u32,
+    /// Payload bytes.
+    #[arg(long, default_value_t = 64)]
+    pub payload_bytes: usize,
+    /// Jobs per second for `latency` and `streams`.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Streams for `streams`.
+    #[arg(long, default_value_t = 1000)]
+    pub streams: usize,
+    /// Jobs enqueued before measuring, for `backlog`.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub backlog: u64,
+    /// Queue name (a fresh one per run by default).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Database for `baseline` (and for reading connection counts).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+#[derive(Default)]
+struct Counters {
+    enqueued: AtomicU64,
+    delivered: AtomicU64,
+    acked: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Latency samples in microseconds.
+#[derive(Default)]
+struct Samples(Mutex<Vec<u64>>);
+
+impl Samples {
+    async fn push(&self, us: u64) {
+        self.0.lock().await.push(us);
+    }
+
+    async fn percentiles(&self) -> (f64, f64, f64) {
+        let mut v = self.0.lock().await.clone();
+        if v.is_empty() {
+            return (f64::NAN, f64::NAN, f64::NAN);
+        }
+        v.sort_unstable();
+        let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0;
+        (at(0.5), at(0.99), at(1.0))
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A payload whose first 8 bytes are the send time (µs since the epoch).
+fn payload(size: usize) -> Vec<u8> {
+    let mut p = now_us().to_le_bytes().to_vec();
+    p.resize(size.max(8), b'x');
+    p
+}
+
+fn sent_at(p: &[u8]) -> Option<u64> {
+    p.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.scenario == Scenario::Baseline {
+        return baseline(args).await;
+    }
+    let channel = Channel::from_shared(args.addr.clone())?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {}", args.addr))?;
+    let queue = args
+        .queue
+        .clone()
+        .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
+    let counters = Arc::new(Counters::default());
+    let samples = Arc::new(Samples::default());
+    let stop = Arc::new(AtomicBool::new(false));
+
+    if args.scenario == Scenario::Backlog {
+        fill_backlog(&channel, &queue, &args).await?;
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let consumers = match args.scenario {
+        Scenario::Enqueue => 0,
+        Scenario::Streams => args.streams,
+        _ => args.consumers,
+    };
+    for i in 0..consumers {
+        let mut client = QueueServiceClient::new(channel.clone());
+        let (queue, counters, samples, stop) =
+            (queue.clone(), counters.clone(), samples.clone(), stop.clone());
+        let max_in_flight = if args.scenario == Scenario::Streams {
+            4
+        } else {
+            args.max_in_flight
+        };
+        tasks.spawn(async move {
+            let mut stream = client
+                .subscribe(pb::SubscribeRequest {
+                    queues: vec![queue],
+                    consumer: format!("bench-{i}"),
+                    max_in_flight,
+                    lease: None,
+                })
+                .await?
+                .into_inner();
+            while !stop.load(Ordering::Relaxed) {
+                let msg = tokio::select! {
+                    m = stream.message() => m?,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                };
+                let Some(msg) = msg else { break };
+                let Some(pb::subscribe_response::Kind::Delivery(d)) = msg.kind else {
+                    continue;
+                };
+                let job = d.job.unwrap_or_default();
+                if let Some(t) = sent_at(&job.payload) {
+                    samples.push(now_us().saturating_sub(t)).await;
+                }
+                counters.delivered.fetch_add(1, Ordering::Relaxed);
+                let mut client = client.clone();
+                let counters = counters.clone();
+                tokio::spawn(async move {
+                    let r = client
+                        .ack(pb::AckRequest {
+                            job_id: job.id,
+                            lease_token: d.lease_token,
+                        })
+                        .await;
+                    match r {
+                        Ok(_) => counters.acked.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                });
+            }
+            anyhow::Ok(())
+        });
+    }
+    // Let streams register before producing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.duration);
+    match args.scenario {
+        Scenario::Throughput | Scenario::Backlog => {
+            for _ in 0..args.producers {
+                let mut client = QueueServiceClient::new(channel.clone());
+                let (queue, counters, stop, args) =
+                    (queue.clone(), counters.clone(), stop.clone(), args.clone());
+                tasks.spawn(async move {
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        let jobs = (0..args.batch)
+                            .map(|_| pb::EnqueueRequest {
+                                queue: queue.clone(),
+                                payload: payload(args.payload_bytes),
+                                ..Default::default()
+                            })
+                            .collect();
+                        match client.enqueue_batch(pb::EnqueueBatchRequest { jobs }).await {
+                            Ok(_) => counters
+                                .enqueued
+                                .fetch_add(args.batch as u64, Ordering::Relaxed),
+                            Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                    anyhow::Ok(())
+                });
+            }
+        }
+        Scenario::Enqueue => {
+            // Many clients, each one call at a time: only server-side
+            // coalescing can batch these.
+            for _ in 0..args.producers.max(64) {
+                let mut client = QueueServiceClient::new(channel.clone());
+                let (queue, counters, stop, size) = (
+                    queue.clone(),
+                    counters.clone(),
+                    stop.clone(),
+                    args.payload_bytes,
+                );
+                tasks.spawn(async move {
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        let r = client
+                            .enqueue(pb::EnqueueRequest {
+                                queue: queue.clone(),
+                                payload: payload(size),
+                                ..Default::default()
+                            })
+                            .await;
+                        match r {
+                            Ok(_) => counters.enqueued.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                    anyhow::Ok(())
+                });
+            }
+        }
+        Scenario::Latency | Scenario::Streams => {
+            let client = QueueServiceClient::new(channel.clone());
+            let (queue, counters, stop, size, rate) = (
+                queue.clone(),
+                counters.clone(),
+                stop.clone(),
+                args.payload_bytes,
+                args.rate.max(1),
+            );
+            tasks.spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    tick.tick().await;
+                    let mut client = client.clone();
+                    let queue = queue.clone();
+                    let counters = counters.clone();
+                    tokio::spawn(async move {
+                        let r = client
+                            .enqueue(pb::EnqueueRequest {
+                                queue,
+                                payload: payload(size),
+                                ..Default::default()
+                            })
+                            .await;
+                        match r {
+                            Ok(_) => counters.enqueued.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    });
+                }
+                anyhow::Ok(())
+            });
+        }
+        Scenario::Baseline => unreachable!(),
+    }
+
+    let mut last = (Instant::now(), 0u64);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let done = if consumers == 0 {
+            counters.enqueued.load(Ordering::Relaxed)
+        } else {
+            counters.acked.load(Ordering::Relaxed)
+        };
+        let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
+        last = (Instant::now(), done);
+        eprint!(
+            "\r[{:>4.0}s] enqueued={} delivered={} acked={} errors={} rate={:.0}/s   ",
+            started.elapsed().as_secs_f64(),
+            counters.enqueued.load(Ordering::Relaxed),
+            counters.delivered.load(Ordering::Relaxed),
+            counters.acked.load(Ordering::Relaxed),
+            counters.errors.load(Ordering::Relaxed),
+            rate
+        );
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    eprintln!();
+    tasks.abort_all();
+    let done = if consumers == 0 {
+        counters.enqueued.load(Ordering::Relaxed)
+    } else {
+        counters.acked.load(Ordering::Relaxed)
+    };
+    let (p50, p99, max) = samples.percentiles().await;
+    let jobs_per_s = done as f64 / elapsed;
+    let rss_kb = broker_rss_kb();
+    println!(
+        "scenario={:?} jobs={} seconds={:.1} jobs_per_s={:.0} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} errors={}",
+        args.scenario,
+        done,
+        elapsed,
+        jobs_per_s,
+        p50,
+        p99,
+        max,
+        counters.errors.load(Ordering::Relaxed)
+    );
+    if args.json {
+        println!(
+            "{{\"scenario\":\"{:?}\",\"jobs\":{},\"seconds\":{:.3},\"jobs_per_s\":{:.1},\"p50_ms\":{},\"p99_ms\":{},\"max_ms\":{},\"errors\":{},\"enqueued\":{},\"delivered\":{},\"client_rss_kb\":{}}}",
+            args.scenario,
+            done,
+            elapsed,
+            jobs_per_s,
+            json_num(p50),
+            json_num(p99),
+            json_num(max),
+            counters.errors.load(Ordering::Relaxed),
+            counters.enqueued.load(Ordering::Relaxed),
+            counters.delivered.load(Ordering::Relaxed),
+            rss_kb
+        );
+    }
+    Ok(())
+}
+
+fn json_num(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "null".into()
+    }
+}
+
+/// This process's resident set, from /proc (0 where unavailable).
+fn broker_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn fill_backlog(channel: &Channel, queue: &str, args: &BenchArgs) -> anyhow::Result<()> {
+    let mut client = QueueServiceClient::new(channel.clone());
+    let mut done = 0u64;
+    let started = Instant::now();
+    while done < args.backlog {
+        let n = (args.backlog - done).min(1000) as usize;
+        let jobs = (0..n)
+            .map(|_| pb::EnqueueRequest {
+                queue: queue.to_owned(),
+                payload: vec![b'x'; args.payload_bytes],
+                ..Default::default()
+            })
+            .collect();
+        client
+            .enqueue_batch(pb::EnqueueBatchRequest { jobs })
+            .await?;
+        done += n as u64;
+        if done % 50_000 < 1000 {
+            eprint!("\rbacklog: {done}/{} jobs", args.backlog);
+        }
+    }
+    eprintln!(
+        "\rbacklog: {done} jobs in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The blog-post pattern straight in SQL: insert, lease with `for update skip
+/// locked`, delete. `--batch 1` is one job per transaction.
+async fn baseline(args: BenchArgs) -> anyhow::Result<()> {
+    let url = args
+        .database_url
+        .clone()
+        .context("baseline needs --database-url / DATABASE_URL")?;
+    let workers = args.producers.max(1) * 2;
+    let pool = crate::store::connect(&url, workers as u32 + 1).await?;
+    sqlx::query(
+        "create table if not exists leaseq_bench_raw (
+            id bigserial primary key, payload bytea not null,
+            leased_until timestamptz)",
+    )
+    .execute(&pool)
+    .await?;
+    sqlx::query("truncate leaseq_bench_raw")
+        .execute(&pool)
+        .await?;
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.duration);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let (pool, done, batch, size) = (pool.clone(), done.clone(), args.batch.max(1), args.payload_bytes);
+        tasks.spawn(async move {
+            while Instant::now() < deadline {
+                let payloads: Vec<Vec<u8>> = (0..batch).map(|_| vec![b'x'; size]).collect();
+                sqlx::query("insert into leaseq_bench_raw (payload) select unnest($1::bytea[])")
+                    .bind(payloads)
+                    .execute(&pool)
+                    .await?;
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "update leaseq_bench_raw set leased_until = now() + interval '30 seconds'
+                     where id in (select id from leaseq_bench_raw where leased_until is null
+                                  order by id limit $1 for update skip locked)
+                     returning id",
+                )
+                .bind(batch as i64)
+                .fetch_all(&pool)
+                .await?;
+                sqlx::query("delete from leaseq_bench_raw where id = any($1)")
+                    .bind(&ids)
+                    .execute(&pool)
+                    .await?;
+                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        });
+    }
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        eprint!(
+            "\r[{:>4.0}s] raw-sql jobs={} ",
+            started.elapsed().as_secs_f64(),
+            done.load(Ordering::Relaxed)
+        );
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    eprintln!();
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    let jobs_per_s = n as f64 / elapsed;
+    println!(
+        "scenario=Baseline batch={} workers={} jobs={} seconds={:.1} jobs_per_s={:.0}",
+        args.batch, workers, n, elapsed, jobs_per_s
+    );
+    if args.json {
+        println!(
+            "{{\"scenario\":\"Baseline\",\"batch\":{},\"workers\":{},\"jobs\":{},\"seconds\":{:.3},\"jobs_per_s\":{:.1},\"p50_ms\":null,\"p99_ms\":null}}",
+            args.batch, workers, n, elapsed, jobs_per_s
+        );
+    }
+    sqlx::query("drop table leaseq_bench_raw")
+        .execute(&pool)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! Test harness: a real PostgreSQL (DATABASE_URL, or a shared embedded cluster
+//! under the cargo target dir), a fresh database per test, and brokers over
+//! real gRPC on loopback: in-process ([`TestBroker`]) or as the real binary
+//! ([`BinaryBroker`]).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use leaseq::config::ServeArgs;
+use leaseq::pb;
+use leaseq::pb::queue_service_client::QueueServiceClient;
+use sqlx::PgPool;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+pub type Client = QueueServiceClient<Channel>;
+
+/// URL of a database we may create test databases from.
+static ADMIN_URL: OnceCell<String> = OnceCell::const_new();
+
+async fn admin_url() -> &'static str {
+    ADMIN_URL
+        .get_or_init(|| async {
+            if let Ok(url) = std::env::var("DATABASE_URL") {
+                return url;
+            }
+            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("pg");
+            let pg = leaseq::embedded::EmbeddedPostgres::start(leaseq::embedded::EmbeddedOptions {
+                dir,
+                durable: false,
+            })
+            .await
+            .expect("starting the embedded test cluster");
+            // The shared cluster outlives this process: other test binaries reuse it.
+            let url = pg.url("postgres");
+            std::mem::forget(pg);
+            url
+        })
+        .await
+}
+
+/// `url` with its database name replaced.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    // scheme://authority/dbname
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let path_start = base[scheme_end..].find('/').map(|i| i + scheme_end);
+    let mut out = match path_start {
+        Some(i) => format!("{}/{db}", &base[..i]),
+        None => format!("{base}/{db}"),
+    };
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// A fresh, empty database for one test (migrations run when a broker starts).
+pub struct TestDb {
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let admin = admin_url().await;
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let pool = PgPool::connect(admin).await.expect("admin connection");
+        sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
+            .execute(&pool)
+            .await
+            .expect("create database");
+        pool.close().await;
+        let url = with_database(admin, &name);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .expect("test db connection");
+        leaseq::store::MIGRATOR.run(&pool).await.expect("migrations");
+        TestDb { url, pool }
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+
+    pub async fn live_jobs(&self) -> i64 {
+        self.count("select count(*) from leaseq.jobs").await
+    }
+
+    pub async fn dead_jobs(&self) -> i64 {
+        self.count("select count(*) from leaseq.dead_jobs").await
+    }
+}
+
+/// Settings for fast tests: quick heartbeats and reaping, short drain.
+pub fn test_config() -> ServeArgs {
+    let mut cfg = ServeArgs::defaults();
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.heartbeat_interval = Duration::from_millis(500);
+    cfg.reap_interval = Duration::from_millis(200);
+    cfg.health_interval = Duration::from_millis(200);
+    cfg.drain_grace = Duration::from_secs(5);
+    cfg.pool_size = 5;
+    cfg
+}
+
+/// A broker running in this process, on 127.0.0.1 and an ephemeral port.
+pub struct TestBroker {
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestBroker {
+    pub async fn start(db: &TestDb) -> TestBroker {
+        Self::start_with(db, |_| {}).await
+    }
+
+    pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut ServeArgs)) -> TestBroker {
+        let mut cfg = test_config();
+        tweak(&mut cfg);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let url = db.url.clone();
+        let token = shutdown.clone();
+        let handle =
+            tokio::spawn(async move { leaseq::server::run(cfg, &url, listener, token).await });
+        let broker = TestBroker {
+            addr,
+            shutdown,
+            handle,
+        };
+        wait_serving(addr, Duration::from_secs(20)).await;
+        broker
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(self.addr).await
+    }
+
+    /// Drains and stops the broker; returns once `run` has returned.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(15), self.handle)
+            .await
+            .expect("broker stops within 15s")
+            .expect("broker task")
+            .expect("broker run");
+    }
+
+    /// Begins a drain without waiting for it.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub async fn connect(addr: SocketAddr) -> Client {
+    QueueServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+}
+
+pub async fn health(addr: SocketAddr, service: &str) -> Option<ServingStatus> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .ok()?;
+    let resp = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .ok()?;
+    ServingStatus::try_from(resp.into_inner().status).ok()
+}
+
+/// Waits until the broker reports SERVING (panics after `limit`).
+pub async fn wait_serving(addr: SocketAddr, limit: Duration) {
+    wait_health(addr, "", ServingStatus::Serving, limit).await
+}
+
+pub async fn wait_health(addr: SocketAddr, service: &str, want: ServingStatus, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if health(addr, service).await == Some(want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "broker at {addr} not {want:?} for {service:?} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A job request with defaults.
+pub fn job(queue: &str, payload: &str) -> pb::EnqueueRequest {
+    pb::EnqueueRequest {
+        queue: queue.to_owned(),
+        payload: payload.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+pub async fn enqueue(client: &mut Client, queue: &str, payload: &str) -> String {
+    client
+        .enqueue(job(queue, payload))
+        .await
+        .expect("enqueue")
+        .into_inner()
+        .job_id
+}
+
+pub fn dur(d: Duration) -> prost_types::Duration {
+    d.try_into().unwrap()
+}
+
+/// Opens a stream and waits for its first heartbeat (the subscription is then
+/// registered with the dispatcher).
+pub async fn subscribe(
+    client: &mut Client,
+    queues: &[&str],
+    max_in_flight: u32,
+    lease: Option<Duration>,
+) -> Streaming<pb::SubscribeResponse> {
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest {
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            consumer: "test".into(),
+            max_in_flight,
+            lease: lease.map(dur),
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("first message within 5s")
+        .expect("stream ok")
+        .expect("stream open");
+    assert!(
+        matches!(first.kind, Some(pb::subscribe_response::Kind::Heartbeat(_))),
+        "first message is a heartbeat"
+    );
+    stream
+}
+
+/// The next delivery, skipping heartbeats; panics after `limit`.
+pub async fn next_delivery(
+    stream: &mut Streaming<pb::SubscribeResponse>,
+    limit: Duration,
+) -> pb::Delivery {
+    try_next_delivery(stream, limit)
+        .await
+        .unwrap_or_else(|| panic!("no delivery within {limit:?}"))
+}
+
+/// The next delivery within `limit`, or None.
+pub async fn try_next_delivery(
+    stream: &mut Streaming<pb::SubscribeResponse>,
+    limit: Duration,
+) -> Option<pb::Delivery> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, stream.message()).await.ok()?;
+        match msg.expect("stream error").expect("stream ended").kind {
+            Some(pb::subscribe_response::Kind::Delivery(d)) => return Some(d),
+            _ => continue,
+        }
+    }
+}
+
+pub async fn ack(client: &mut Client, d: &pb::Delivery) -> Result<(), tonic::Status> {
+    client
+        .ack(pb::AckRequest {
+            job_id: d.job.as_ref().unwrap().id.clone(),
+            lease_token: d.lease_token.clone(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// A free loopback port (bind :0, read, release).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The real `leaseq` binary as a child process.
+pub struct BinaryBroker {
+    pub addr: SocketAddr,
+    pub child: tokio::process::Child,
+}
+
+impl BinaryBroker {
+    pub async fn start(db: &TestDb, extra: &[&str]) -> BinaryBroker {
+        let port = free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+            .arg("serve")
+            .args(["--listen", &addr.to_string()])
+            .args(["--database-url", &db.url])
+            .args(["--reap-interval", "200ms", "--health-interval", "200ms"])
+            .args(["--heartbeat-interval", "500ms", "--drain-grace", "5s"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn leaseq");
+        wait_serving(addr, Duration::from_secs(30)).await;
+        BinaryBroker { addr, child }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("running") as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+
+    /// Waits for exit; panics after `limit`.
+    pub async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .expect("broker exits in time")
+            .expect("wait")
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(self.addr).await
+    }
+}
