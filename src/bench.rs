@@ -154,8 +154,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     for i in 0..consumers {
         let mut client = QueueServiceClient::new(channel.clone());
-        let (queue, counters, samples, stop) =
-            (queue.clone(), counters.clone(), samples.clone(), stop.clone());
+        let (queue, counters, samples, stop) = (
+            queue.clone(),
+            counters.clone(),
+            samples.clone(),
+            stop.clone(),
+        );
         let max_in_flight = if args.scenario == Scenario::Streams {
             4
         } else {
@@ -434,7 +438,12 @@ async fn baseline(args: BenchArgs) -> anyhow::Result<()> {
     let deadline = started + Duration::from_secs(args.duration);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (pool, done, batch, size) = (pool.clone(), done.clone(), args.batch.max(1), args.payload_bytes);
+        let (pool, done, batch, size) = (
+            pool.clone(),
+            done.clone(),
+            args.batch.max(1),
+            args.payload_bytes,
+        );
         tasks.spawn(async move {
             while Instant::now() < deadline {
                 let payloads: Vec<Vec<u8>> = (0..batch).map(|_| vec![b'x'; size]).collect();

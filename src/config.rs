@@ -8,7 +8,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "leaseq", version, about = "A durable gRPC job queue broker on PostgreSQL")]
+#[command(
+    name = "leaseq",
+    version,
+    about = "A durable gRPC job queue broker on PostgreSQL"
+)]
 pub struct Cli {
     /// Log format.
     #[arg(long, env = "LEASEQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]

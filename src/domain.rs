@@ -61,8 +61,7 @@ impl QueueName {
         let ok = !s.is_empty()
             && s.len() <= MAX_QUEUE_LEN
             && s.as_bytes()[0].is_ascii_alphanumeric()
-            && s
-                .bytes()
+            && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
         ok.then(|| QueueName(Arc::from(s)))
     }
@@ -151,11 +150,17 @@ pub fn duration_ms(d: &prost_types::Duration, field: &str, max: Duration) -> Res
         return Err(Error::invalid(field, "nanos must be below 1e9"));
     }
     if d.seconds as u64 > max.as_secs() {
-        return Err(Error::invalid(field, format!("must be at most {}s", max.as_secs())));
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {}s", max.as_secs()),
+        ));
     }
     let ms = d.seconds * 1000 + (i64::from(d.nanos) + 999_999) / 1_000_000;
     if ms as u128 > max.as_millis() {
-        return Err(Error::invalid(field, format!("must be at most {}s", max.as_secs())));
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {}s", max.as_secs()),
+        ));
     }
     Ok(ms)
 }
@@ -176,7 +181,10 @@ fn timestamp(t: &prost_types::Timestamp, field: &str) -> Result<DateTime<Utc>> {
         return Err(Error::invalid(field, "nanos must be in [0, 1e9)"));
     }
     if t.seconds < 0 || t.seconds > MAX_SECONDS {
-        return Err(Error::invalid(field, "must be between 1970-01-01 and 9999-12-31"));
+        return Err(Error::invalid(
+            field,
+            "must be between 1970-01-01 and 9999-12-31",
+        ));
     }
     DateTime::from_timestamp(t.seconds, t.nanos as u32)
         .ok_or_else(|| Error::invalid(field, "is not a valid timestamp"))
@@ -185,7 +193,10 @@ fn timestamp(t: &prost_types::Timestamp, field: &str) -> Result<DateTime<Utc>> {
 /// PostgreSQL text cannot hold NUL; reject it at the edge with a clear message.
 fn check_text(s: &str, field: &str, max_len: usize) -> Result<()> {
     if s.len() > max_len {
-        return Err(Error::invalid(field, format!("must be at most {max_len} bytes")));
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {max_len} bytes"),
+        ));
     }
     if s.contains('\0') {
         return Err(Error::invalid(field, "must not contain NUL characters"));
@@ -231,7 +242,10 @@ impl NewJob {
             ));
         }
         if r.headers.len() > MAX_HEADERS {
-            return Err(Error::invalid("headers", format!("at most {MAX_HEADERS} entries")));
+            return Err(Error::invalid(
+                "headers",
+                format!("at most {MAX_HEADERS} entries"),
+            ));
         }
         for (k, v) in &r.headers {
             if k.is_empty() {
@@ -429,7 +443,10 @@ mod tests {
     #[test]
     fn durations() {
         let d = |seconds, nanos| prost_types::Duration { seconds, nanos };
-        assert_eq!(duration_ms(&d(1, 500_000_000), "f", MAX_DELAY).unwrap(), 1500);
+        assert_eq!(
+            duration_ms(&d(1, 500_000_000), "f", MAX_DELAY).unwrap(),
+            1500
+        );
         assert_eq!(duration_ms(&d(0, 1), "f", MAX_DELAY).unwrap(), 1);
         assert!(duration_ms(&d(-1, 0), "f", MAX_DELAY).is_err());
         assert!(duration_ms(&d(0, -1), "f", MAX_DELAY).is_err());

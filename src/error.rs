@@ -22,7 +22,9 @@ pub enum Error {
     TooLarge { field: String, rule: String },
     /// The token is not the job's current lease: the lease expired and the job
     /// went elsewhere, or the job was already settled.
-    #[error("job {0} is not leased under this lease_token (lease expired, job re-leased or already settled)")]
+    #[error(
+        "job {0} is not leased under this lease_token (lease expired, job re-leased or already settled)"
+    )]
     StaleLease(JobId),
     /// The broker is draining: clients should retry against another replica.
     #[error("broker is shutting down")]

@@ -49,7 +49,10 @@ async fn database(db: &DbArgs) -> anyhow::Result<(String, Option<EmbeddedPostgre
     if let Some(url) = &db.database_url {
         return Ok((url.clone(), None));
     }
-    let dir = db.data_dir.clone().unwrap_or_else(EmbeddedOptions::default_dir);
+    let dir = db
+        .data_dir
+        .clone()
+        .unwrap_or_else(EmbeddedOptions::default_dir);
     info!(dir = %dir.display(), "no DATABASE_URL: using the embedded PostgreSQL cluster");
     let pg = EmbeddedPostgres::start(EmbeddedOptions { dir, durable: true }).await?;
     Ok((pg.url("leaseq"), Some(pg)))

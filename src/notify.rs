@@ -26,9 +26,7 @@ use crate::store::{Store, WAKE_CHANNEL, Wake, settle_channel};
 pub async fn listen(store: &Store) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(&store.pool).await?;
     let settle = settle_channel(store.broker_id);
-    listener
-        .listen_all([WAKE_CHANNEL, settle.as_str()])
-        .await?;
+    listener.listen_all([WAKE_CHANNEL, settle.as_str()]).await?;
     Ok(listener)
 }
 

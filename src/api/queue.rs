@@ -39,7 +39,9 @@ impl QueueService for QueueApi {
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
         let job = NewJob::parse(request.into_inner(), &self.limits)?;
         let mut results = self.broker.enqueue(vec![job]).await?;
-        let result = results.pop().ok_or(Error::Internal("enqueue lost its result"))?;
+        let result = results
+            .pop()
+            .ok_or(Error::Internal("enqueue lost its result"))?;
         Ok(Response::new(enqueued(result)))
     }
 
@@ -67,7 +69,9 @@ impl QueueService for QueueApi {
             .jobs
             .into_iter()
             .enumerate()
-            .map(|(i, j)| NewJob::parse(j, &self.limits).map_err(|e| e.in_field(&format!("jobs[{i}]"))))
+            .map(|(i, j)| {
+                NewJob::parse(j, &self.limits).map_err(|e| e.in_field(&format!("jobs[{i}]")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let results = self.broker.enqueue(jobs).await?;
         Ok(Response::new(pb::EnqueueBatchResponse {
@@ -87,14 +91,20 @@ impl QueueService for QueueApi {
     }
 
     #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+    async fn ack(
+        &self,
+        request: Request<pb::AckRequest>,
+    ) -> Result<Response<pb::AckResponse>, Status> {
         let req = AckReq::parse(request.get_ref())?;
         self.broker.ack(req).await?;
         Ok(Response::new(pb::AckResponse {}))
     }
 
     #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
-    async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
+    async fn nack(
+        &self,
+        request: Request<pb::NackRequest>,
+    ) -> Result<Response<pb::NackResponse>, Status> {
         let req = NackReq::parse(request.into_inner())?;
         let dead_lettered = self.broker.nack(req).await?;
         Ok(Response::new(pb::NackResponse { dead_lettered }))

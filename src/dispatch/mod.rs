@@ -361,7 +361,14 @@ impl State {
             let store = self.store.clone();
             let me = self.me.clone();
             tokio::spawn(async move {
-                release(&store, &me, leases, "consumer stream closed before settling", false).await;
+                release(
+                    &store,
+                    &me,
+                    leases,
+                    "consumer stream closed before settling",
+                    false,
+                )
+                .await;
             });
         }
     }
@@ -572,11 +579,18 @@ impl State {
             leases.extend(stream.inflight.iter().map(|(id, f)| (*id, f.token)));
         }
         let n = leases.len();
-        release(&self.store, &self.me, leases, "broker shut down before the job was settled", true).await;
+        release(
+            &self.store,
+            &self.me,
+            leases,
+            "broker shut down before the job was settled",
+            true,
+        )
+        .await;
         for (_, stream) in self.streams.drain() {
-            let _ = stream
-                .tx
-                .try_send(Err(Status::unavailable("broker is shutting down; reconnect")));
+            let _ = stream.tx.try_send(Err(Status::unavailable(
+                "broker is shutting down; reconnect",
+            )));
         }
         self.owner.clear();
         self.queues.clear();

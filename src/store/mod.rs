@@ -214,7 +214,10 @@ impl Store {
             .await?;
             let mut live: HashMap<(String, String), Uuid> = HashMap::new();
             for r in rows {
-                live.insert((r.try_get("queue")?, r.try_get("dedup_key")?), r.try_get("id")?);
+                live.insert(
+                    (r.try_get("queue")?, r.try_get("dedup_key")?),
+                    r.try_get("id")?,
+                );
             }
             pending.clear();
             for i in dups {
@@ -242,7 +245,10 @@ impl Store {
             .collect();
         self.notify_wake(&mut *tx, &wakes).await?;
         tx.commit().await?;
-        let results = results.into_iter().map(|r| r.expect("every job resolved")).collect();
+        let results = results
+            .into_iter()
+            .map(|r| r.expect("every job resolved"))
+            .collect();
         Ok((results, wakes))
     }
 
@@ -382,7 +388,8 @@ impl Store {
                 let queue: String = r.try_get("queue")?;
                 Ok(Failed {
                     id: JobId(r.try_get("id")?),
-                    queue: QueueName::parse(&queue).ok_or(Error::Internal("bad queue name in db"))?,
+                    queue: QueueName::parse(&queue)
+                        .ok_or(Error::Internal("bad queue name in db"))?,
                     broker: r.try_get("lease_broker")?,
                     death: r.try_get("death")?,
                     retry_ms: r.try_get("retry_ms")?,
@@ -424,7 +431,12 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         rows.into_iter()
-            .map(|r| Ok((JobId(r.try_get("id")?), LeaseToken(r.try_get("lease_token")?))))
+            .map(|r| {
+                Ok((
+                    JobId(r.try_get("id")?),
+                    LeaseToken(r.try_get("lease_token")?),
+                ))
+            })
             .collect()
     }
 
@@ -518,6 +530,12 @@ async fn insert_jobs<'e>(
         .fetch_all(exec)
         .await?;
     rows.into_iter()
-        .map(|r| Ok((r.try_get("id")?, r.try_get("queue")?, r.try_get("delay_ms")?)))
+        .map(|r| {
+            Ok((
+                r.try_get("id")?,
+                r.try_get("queue")?,
+                r.try_get("delay_ms")?,
+            ))
+        })
         .collect()
 }
