@@ -23,7 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod domain;
-//TMP pub mod embedded;
+pub mod embedded;
 pub mod error;
 pub mod maintenance;
 pub mod notify;

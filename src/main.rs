@@ -29,14 +29,18 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Migrate(db) => {
             let (url, embedded) = database(&db).await?;
-            let pool = leaseq::store::connect(&url, 1).await?;
-            leaseq::store::MIGRATOR.run(&pool).await?;
-            pool.close().await;
-            info!("migrations applied");
+            let result = async {
+                let pool = leaseq::store::connect(&url, 1).await?;
+                leaseq::store::migrate(&pool).await?;
+                pool.close().await;
+                info!("migrations applied");
+                anyhow::Ok(())
+            }
+            .await;
             if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
                 pg.stop().await?;
             }
-            Ok(())
+            result
         }
         Command::Enqueue(args) => leaseq::cli::enqueue(args).await,
         Command::Tail(args) => leaseq::cli::tail(args).await,

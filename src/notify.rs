@@ -59,6 +59,7 @@ pub async fn run(
                     dispatcher.settled(ids);
                 }
             }
+            _ if shutdown.is_cancelled() => return,
             Ok(None) => {
                 // Connection lost; the next call reconnects and re-LISTENs.
                 warn!("LISTEN connection lost; reconnecting");

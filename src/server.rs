@@ -22,7 +22,7 @@ use crate::config::ServeArgs;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::domain::Limits;
 use crate::pb::queue_service_server::QueueServiceServer;
-use crate::store::{self, MIGRATOR, Store};
+use crate::store::{self, Store};
 
 /// Health service name that stays SERVING while the process is healthy, even
 /// when PostgreSQL is not: orchestrators use it for liveness, so a database
@@ -42,7 +42,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let pool = connect_with_retry(database_url, cfg.pool_size, &shutdown).await?;
-    MIGRATOR.run(&pool).await.context("applying migrations")?;
+    store::migrate(&pool).await.context("applying migrations")?;
     let store = Store::new(pool.clone());
     info!(broker = %store.broker_id, "migrations applied");
 

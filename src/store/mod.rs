@@ -20,6 +20,25 @@ use crate::error::{Error, Result};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// Applies pending migrations. Safe to run from several replicas at once
+/// (sqlx holds an advisory lock while migrating).
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    // The schema must exist before sqlx creates its bookkeeping table in it.
+    for attempt in 0..3 {
+        match sqlx::query("create schema if not exists leaseq")
+            .execute(pool)
+            .await
+        {
+            Ok(_) => break,
+            // Two replicas racing on the catalog: the other one made it.
+            Err(_) if attempt < 2 => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
 /// The channel every broker LISTENs on for wake-ups. Payload:
 /// `<broker id>:<delay ms>:<queue>`.
 pub const WAKE_CHANNEL: &str = "leaseq_wake";
@@ -34,7 +53,13 @@ pub fn settle_channel(broker: Uuid) -> String {
 /// grow with the number of streams.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     let opts: PgConnectOptions = url.parse()?;
-    let opts = opts.application_name("leaseq");
+    // Every statement names its schema; the search path only decides where
+    // sqlx keeps `_sqlx_migrations`: in our schema, whatever the role is
+    // called (a role named `leaseq` would otherwise pick it up via "$user"
+    // half-way through the first migration).
+    let opts = opts
+        .application_name("leaseq")
+        .options([("search_path", "leaseq,public")]);
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(1)

@@ -83,12 +83,10 @@ impl TestDb {
             .expect("create database");
         pool.close().await;
         let url = with_database(admin, &name);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
+        let pool = leaseq::store::connect(&url, 4)
             .await
             .expect("test db connection");
-        leaseq::store::MIGRATOR.run(&pool).await.expect("migrations");
+        leaseq::store::migrate(&pool).await.expect("migrations");
         TestDb { url, pool }
     }
 
