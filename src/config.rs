@@ -48,7 +48,8 @@ pub struct DbArgs {
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,
     /// Directory of the embedded cluster (used only without --database-url).
-    /// Default: $XDG_DATA_HOME/leaseq/pg, else ~/.local/share/leaseq/pg.
+    /// Default: $XDG_DATA_HOME/leaseq/pg, else ~/.local/share/leaseq/pg;
+    /// as root /var/lib/leaseq/pg.
     #[arg(long, env = "LEASEQ_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 }

@@ -39,11 +39,17 @@ pub struct EmbeddedOptions {
 }
 
 impl EmbeddedOptions {
-    /// `$LEASEQ_DATA_DIR`, else `$XDG_DATA_HOME/leaseq/pg`, else
-    /// `$HOME/.local/share/leaseq/pg`, else `./leaseq-data/pg`.
+    /// `$LEASEQ_DATA_DIR`; else, as root, `/var/lib/leaseq/pg` (the server
+    /// runs as another user, who cannot enter root's home); else
+    /// `$XDG_DATA_HOME/leaseq/pg`, `$HOME/.local/share/leaseq/pg`, or
+    /// `./leaseq-data/pg`.
     pub fn default_dir() -> PathBuf {
         if let Some(d) = std::env::var_os("LEASEQ_DATA_DIR") {
             return PathBuf::from(d);
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            return PathBuf::from("/var/lib/leaseq/pg");
         }
         if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
             return PathBuf::from(d).join("leaseq/pg");
@@ -73,6 +79,12 @@ pub enum EmbeddedError {
     Initdb(String),
     #[error("PostgreSQL did not start within 30s; last lines of {log}:\n{tail}")]
     Start { log: String, tail: String },
+    #[error(
+        "running as root, PostgreSQL runs as an unprivileged user who cannot enter {blocked}, \
+         so it cannot use {dir}: choose a data directory elsewhere (--data-dir / LEASEQ_DATA_DIR, \
+         e.g. /var/lib/leaseq/pg)"
+    )]
+    Unreachable { dir: String, blocked: String },
     #[error("no unprivileged user (postgres or nobody) to run PostgreSQL as root")]
     NoUser,
     #[error("database: {0}")]
@@ -188,6 +200,17 @@ fn start_locked(dir: &Path, durable: bool) -> Result<EmbeddedPostgres, EmbeddedE
 
     let bin = find_binaries()?;
     let user = run_as()?;
+    if user.is_some()
+        && let Some(blocked) = dir
+            .ancestors()
+            .skip(1)
+            .find(|a| fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
+    {
+        return Err(EmbeddedError::Unreachable {
+            dir: dir.display().to_string(),
+            blocked: blocked.display().to_string(),
+        });
+    }
     fs::create_dir_all(&socket_dir).map_err(io("creating the socket directory"))?;
     fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700))
         .map_err(io("securing the socket directory"))?;

@@ -16,9 +16,9 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 pub type Client = QueueServiceClient<Channel>;
 
@@ -31,7 +31,9 @@ async fn admin_url() -> &'static str {
             if let Ok(url) = std::env::var("DATABASE_URL") {
                 return url;
             }
-            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("pg");
+            // Under the system temp dir, not target/: when the suite runs as
+            // root the server runs as `postgres`, who must be able to reach it.
+            let dir = std::env::temp_dir().join("leaseq-test-pg");
             let pg = leaseq::embedded::EmbeddedPostgres::start(leaseq::embedded::EmbeddedOptions {
                 dir,
                 durable: false,
@@ -283,7 +285,9 @@ pub async fn try_next_delivery(
 ) -> Option<pb::Delivery> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let msg = tokio::time::timeout_at(deadline, stream.message()).await.ok()?;
+        let msg = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .ok()?;
         match msg.expect("stream error").expect("stream ended").kind {
             Some(pb::subscribe_response::Kind::Delivery(d)) => return Some(d),
             _ => continue,
