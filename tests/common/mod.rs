@@ -331,7 +331,7 @@ impl BinaryBroker {
             .args(["--reap-interval", "200ms", "--health-interval", "200ms"])
             .args(["--heartbeat-interval", "500ms", "--drain-grace", "5s"])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
