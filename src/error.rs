@@ -83,10 +83,26 @@ impl From<sqlx::Error> for Error {
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_) => true,
             // 08: connection exception; 57P01-57P03: admin/crash shutdown,
-            // cannot connect now; 53300: too many connections.
-            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-                code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
-            }),
+            // cannot connect now; 53: insufficient resources (too many
+            // connections, disk full). Any FATAL error ends the session: the
+            // server refused or dropped us (e.g. database not accepting
+            // connections), which is an outage to the client, not a bug.
+            sqlx::Error::Database(db) => {
+                let fatal = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some_and(|e| {
+                        matches!(
+                            e.severity(),
+                            sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+                        )
+                    });
+                fatal
+                    || db.code().is_some_and(|code| {
+                        code.starts_with("08")
+                            || code.starts_with("53")
+                            || matches!(&*code, "57P01" | "57P02" | "57P03")
+                    })
+            }
             _ => false,
         };
         if unavailable {
