@@ -51,8 +51,12 @@ create table leaseq.jobs (
 
 -- What is ready to lease, in delivery order: priority desc, run_at, enqueue order.
 create index jobs_ready on leaseq.jobs (queue, priority desc, run_at, id) where state = 'available';
--- Next delayed job of a queue, to wake at its run_at without polling.
-create index jobs_scheduled on leaseq.jobs (queue, run_at) where state = 'available';
+-- Next delayed job of a queue, to wake at its run_at without polling. Only
+-- jobs scheduled later than their enqueue (delay, run_at, backoff) are in it:
+-- an immediate job has run_at = enqueued_at (one transaction's now()), so the
+-- common case pays for no second index entry.
+create index jobs_scheduled on leaseq.jobs (queue, run_at)
+    where state = 'available' and run_at > enqueued_at;
 -- The reaper's scan for expired leases.
 create index jobs_lease_expiry on leaseq.jobs (lease_expires_at) where state = 'leased';
 -- TTL expiry scan.

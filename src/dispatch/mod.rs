@@ -8,10 +8,13 @@
 //!    this process and from LISTEN, settled jobs, extended leases);
 //! 2. fires timers: delayed jobs coming due, local lease deadlines (credit
 //!    comes back when a lease expires), the slow fallback poll;
-//! 3. runs a lease round: for every stream with free credit and every ready
+//! 3. starts a lease round: for every stream with free credit and every ready
 //!    queue it serves, it asks for exactly that many jobs, and leases for all
-//!    of them in **one statement** (`lease.sql`). Each leased job goes straight
-//!    into its stream: nothing is leased that cannot be sent at once.
+//!    of them in **one statement** (`lease.sql`). The credit asked for is
+//!    reserved while the statement runs, and each leased job goes straight
+//!    into its stream: nothing is leased that cannot be sent at once. Up to
+//!    [`MAX_ROUNDS_IN_FLIGHT`] statements run at once, so credit returned
+//!    while one runs is used by the next without waiting for it.
 //!
 //! Fairness: a stream's credit is split across its ready queues, starting at a
 //! rotating offset; streams are visited from a rotating offset too. A queue
@@ -42,8 +45,8 @@ pub type StreamId = u64;
 
 /// Most jobs one lease statement asks for.
 const MAX_ROUND_JOBS: i32 = 2000;
-/// Most lease statements in a row before the loop looks at messages again.
-const MAX_ROUNDS: usize = 8;
+/// Lease statements running at once.
+const MAX_ROUNDS_IN_FLIGHT: usize = 2;
 
 #[derive(Clone, Debug)]
 pub struct DispatchConfig {
@@ -69,6 +72,8 @@ pub(crate) enum Msg {
         checked: Vec<JobId>,
         alive: Vec<(JobId, i64)>,
     },
+    /// A lease round finished.
+    Leased(Round, crate::error::Result<Vec<Leased>>),
     Drain(oneshot::Sender<()>),
 }
 
@@ -97,6 +102,8 @@ impl Dispatcher {
             next_poll: Instant::now() + cfg.poll_interval,
             retry_at: None,
             draining: false,
+            drained: None,
+            rounds_in_flight: 0,
             round_offset: 0,
         };
         tokio::spawn(state.run(rx));
@@ -165,11 +172,22 @@ struct StreamState {
     inflight: HashMap<JobId, Inflight>,
     /// Rotating start among this stream's queues (fairness across queues).
     rr: usize,
+    /// Credit asked for by lease statements still running.
+    reserved: i32,
+}
+
+/// One lease statement under way: what it asked for, for whom.
+pub(crate) struct Round {
+    wants: Vec<Want>,
+    /// Slot number → stream.
+    slots: Vec<StreamId>,
+    /// Each queue's `seq` when the round was planned.
+    seqs: HashMap<QueueName, u64>,
 }
 
 impl StreamState {
     fn credit(&self) -> i32 {
-        self.sub.max_in_flight as i32 - self.inflight.len() as i32
+        self.sub.max_in_flight as i32 - self.inflight.len() as i32 - self.reserved
     }
 }
 
@@ -183,6 +201,10 @@ struct QueueState {
     due: Option<Instant>,
     /// Ask the database when its next delayed job is due.
     check_due: bool,
+    /// Bumped by every wake-up and every full round: a round that comes back
+    /// short marks the queue drained only if nothing happened since it was
+    /// planned (otherwise a wake-up could be lost between two rounds).
+    seq: u64,
 }
 
 struct State {
@@ -200,6 +222,9 @@ struct State {
     /// After a failed lease statement, do not try again before this.
     retry_at: Option<Instant>,
     draining: bool,
+    /// Who waits for the drain to finish (it runs once no round is in flight).
+    drained: Option<oneshot::Sender<()>>,
+    rounds_in_flight: usize,
     round_offset: usize,
 }
 
@@ -219,8 +244,15 @@ impl State {
                 _ = sleep_until(timer) => {}
             }
             self.fire_timers();
-            if !self.draining {
-                self.lease_rounds().await;
+            if self.draining {
+                if self.rounds_in_flight == 0
+                    && let Some(done) = self.drained.take()
+                {
+                    self.drain().await;
+                    let _ = done.send(());
+                }
+            } else {
+                self.start_rounds();
                 self.refresh_due().await;
             }
         }
@@ -254,6 +286,7 @@ impl State {
                     let qs = self.queues.entry(q.clone()).or_default();
                     qs.streams.push(id);
                     qs.ready = true;
+                    qs.seq += 1;
                     qs.check_due = true;
                 }
                 self.streams.insert(
@@ -263,6 +296,7 @@ impl State {
                         tx,
                         inflight: HashMap::new(),
                         rr: 0,
+                        reserved: 0,
                     },
                 );
             }
@@ -273,6 +307,7 @@ impl State {
                     if let Some(q) = self.queues.get_mut(&w.queue) {
                         if w.delay_ms <= 0 {
                             q.ready = true;
+                            q.seq += 1;
                         } else {
                             let at = now + Duration::from_millis(w.delay_ms as u64);
                             q.due = Some(q.due.map_or(at, |d| d.min(at)));
@@ -283,6 +318,7 @@ impl State {
             Msg::WakeAll => {
                 for q in self.queues.values_mut() {
                     q.ready = true;
+                    q.seq += 1;
                     q.check_due = true;
                 }
             }
@@ -321,9 +357,11 @@ impl State {
                 }
             }
             Msg::Drain(done) => {
-                self.drain().await;
-                let _ = done.send(());
+                // Runs from the loop once no lease statement is in flight.
+                self.draining = true;
+                self.drained = Some(done);
             }
+            Msg::Leased(round, result) => self.finish_round(round, result),
         }
     }
 
@@ -382,6 +420,7 @@ impl State {
             self.next_poll = now + self.poll_interval;
             for q in self.queues.values_mut() {
                 q.ready = true;
+                q.seq += 1;
                 q.check_due = true;
             }
         }
@@ -389,6 +428,7 @@ impl State {
             if q.due.is_some_and(|d| d <= now) {
                 q.due = None;
                 q.ready = true;
+                q.seq += 1;
                 q.check_due = true;
             }
         }
@@ -418,44 +458,70 @@ impl State {
         }
     }
 
-    async fn lease_rounds(&mut self) {
-        if self.retry_at.is_some() {
-            return;
-        }
-        for _ in 0..MAX_ROUNDS {
+    /// Starts lease statements while there is credit, ready queues and room.
+    fn start_rounds(&mut self) {
+        while self.retry_at.is_none() && self.rounds_in_flight < MAX_ROUNDS_IN_FLIGHT {
             let (wants, slots) = self.plan_round();
             if wants.is_empty() {
                 return;
             }
-            let leased = match self.store.lease(&wants).await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    warn!(error = %e, "lease statement failed; retrying in 1s");
-                    self.retry_at = Some(Instant::now() + Duration::from_secs(1));
-                    return;
-                }
-            };
-            let mut asked: HashMap<QueueName, i32> = HashMap::new();
+            let mut seqs = HashMap::new();
             for w in &wants {
-                *asked.entry(w.queue.clone()).or_default() += w.n;
-            }
-            let mut got: HashMap<&str, i32> = HashMap::new();
-            for job in &leased {
-                *got.entry(job.queue.as_str()).or_default() += 1;
-            }
-            let mut more = false;
-            for (q, n) in &asked {
-                let full = got.get(q.as_str()).copied().unwrap_or(0) >= *n;
-                if let Some(qs) = self.queues.get_mut(q) {
-                    qs.ready = full;
+                if let Some(stream) = self.streams.get_mut(&slots[w.slot as usize]) {
+                    stream.reserved += w.n;
                 }
-                more |= full;
+                if let Some(q) = self.queues.get(&w.queue) {
+                    seqs.insert(w.queue.clone(), q.seq);
+                }
             }
-            self.deliver(leased, &slots);
-            if !more {
-                return;
+            let round = Round { wants, slots, seqs };
+            self.rounds_in_flight += 1;
+            let store = self.store.clone();
+            let me = self.me.clone();
+            tokio::spawn(async move {
+                let result = store.lease(&round.wants).await;
+                let _ = me.send(Msg::Leased(round, result));
+            });
+        }
+    }
+
+    fn finish_round(&mut self, round: Round, result: crate::error::Result<Vec<Leased>>) {
+        self.rounds_in_flight -= 1;
+        for w in &round.wants {
+            if let Some(stream) = self.streams.get_mut(&round.slots[w.slot as usize]) {
+                stream.reserved -= w.n;
             }
         }
+        let leased = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                warn!(error = %e, "lease statement failed; retrying in 1s");
+                self.retry_at = Some(Instant::now() + Duration::from_secs(1));
+                return;
+            }
+        };
+        let mut asked: HashMap<&QueueName, i32> = HashMap::new();
+        for w in &round.wants {
+            *asked.entry(&w.queue).or_default() += w.n;
+        }
+        let mut got: HashMap<&str, i32> = HashMap::new();
+        for job in &leased {
+            *got.entry(job.queue.as_str()).or_default() += 1;
+        }
+        for (q, n) in asked {
+            let Some(qs) = self.queues.get_mut(q) else {
+                continue;
+            };
+            if got.get(q.as_str()).copied().unwrap_or(0) >= n {
+                // Full: there may be more.
+                qs.ready = true;
+                qs.seq += 1;
+            } else if round.seqs.get(q) == Some(&qs.seq) {
+                // Short, and nothing woke the queue since: it is drained.
+                qs.ready = false;
+            }
+        }
+        self.deliver(leased, &round.slots);
     }
 
     /// Decides what each stream with free credit asks of each ready queue.
@@ -517,9 +583,13 @@ impl State {
     fn deliver(&mut self, leased: Vec<Leased>, slots: &[StreamId]) {
         let now = Instant::now();
         let mut gone: Vec<StreamId> = Vec::new();
+        let mut orphans: Vec<(JobId, LeaseToken)> = Vec::new();
         for job in leased {
             let sid = slots[job.slot as usize];
             let Some(stream) = self.streams.get_mut(&sid) else {
+                // The stream closed while the statement ran: the consumer
+                // never saw this job, so it goes back with its attempt.
+                orphans.push((job.id, job.token));
                 continue;
             };
             let id = job.id;
@@ -542,6 +612,13 @@ impl State {
         }
         for sid in gone {
             self.close_stream(sid);
+        }
+        if !orphans.is_empty() {
+            let store = self.store.clone();
+            let me = self.me.clone();
+            tokio::spawn(async move {
+                release(&store, &me, orphans, "stream closed before delivery", true).await;
+            });
         }
     }
 

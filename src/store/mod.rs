@@ -366,7 +366,12 @@ impl Store {
                     id: JobId(r.try_get("id")?),
                     queue: r.try_get("queue")?,
                     payload: r.try_get("payload")?,
-                    headers: serde_json::from_str(&headers).unwrap_or_default(),
+                    // Most jobs have no headers: skip the JSON parser for them.
+                    headers: if headers == "{}" {
+                        HashMap::new()
+                    } else {
+                        serde_json::from_str(&headers).unwrap_or_default()
+                    },
                     priority: r.try_get("priority")?,
                     attempt: r.try_get("attempt")?,
                     enqueued_at: r.try_get("enqueued_at")?,
