@@ -46,7 +46,7 @@ pub struct BenchArgs {
     /// Print a JSON summary as the last line.
     #[arg(long)]
     pub json: bool,
-    /// Producer tasks.
+    /// Producer tasks (for `enqueue`: concurrent single-job clients, e.g. 64).
     #[arg(long, default_value_t = 4)]
     pub producers: usize,
     /// Consumer streams.
@@ -241,7 +241,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Enqueue => {
             // Many clients, each one call at a time: only server-side
             // coalescing can batch these.
-            for _ in 0..args.producers.max(64) {
+            for _ in 0..args.producers {
                 let mut client = QueueServiceClient::new(channel.clone());
                 let (queue, counters, stop, size) = (
                     queue.clone(),

@@ -1,231 +1,458 @@
 //! The embedded default: a private PostgreSQL cluster run from the server
-//! binaries installed on this machine, so `leaseq serve` and the test suite
-//! work where PostgreSQL is installed but not set up.
+//! binaries installed on this machine, so that `leaseq serve` and the test
+//! suite work wherever PostgreSQL is installed, even if it is not set up or
+//! running. With a `DATABASE_URL` none of this is used.
 //!
-//! - The cluster lives under one directory (`data/` is PGDATA, `run/` holds
-//!   the Unix socket, `postgres.log` the server log).
-//! - It listens on **no TCP port** (`listen_addresses=''`), only on a socket in
-//!   `run/`, a directory of mode 0700: only its owner (and root) can connect.
-//!   That is why `trust` authentication is safe here.
-//! - PostgreSQL refuses to run as root. When leaseq runs as root, initdb and
-//!   the server run as the `postgres` user (or `nobody`), which owns the
-//!   cluster directory.
-//! - The server is started in its own process group and outlives the broker
-//!   process if that is killed: the next start finds the live postmaster and
-//!   reuses it. `serve` stops it on a clean exit.
-//! - Several processes may start the same cluster at once (test binaries):
-//!   initdb and start are serialised with an exclusive `flock` on `.lock`.
+//! # Layout
+//!
+//! Everything lives under one directory ([`EmbeddedOptions::dir`]):
+//!
+//! - `data/`: the cluster (PGDATA), created by `initdb` on first use;
+//! - `run/`: the Unix socket (`.s.PGSQL.5432`), a directory of mode 0700;
+//! - `postgres.log`: the server's output, appended to;
+//! - `.lock`: an exclusive `flock` held while one process initialises,
+//!   starts or checks the cluster, so that several processes (test binaries
+//!   run in parallel by nextest, a broker restarted in a hurry) can call
+//!   [`EmbeddedPostgres::start`] on the same directory at once.
+//!
+//! # Why `trust` authentication is safe here
+//!
+//! The server listens on **no TCP port** (`listen_addresses=''`), only on the
+//! socket in `run/`. That directory has mode 0700, and the socket itself
+//! `unix_socket_permissions=0700`, so only the user who runs the server (and
+//! root) can connect at all. Whoever can reach the socket could read `data/`
+//! directly anyway, so passwords would add nothing. `initdb` makes `leaseq`
+//! the superuser; [`EmbeddedPostgres::url`] connects as it.
+//!
+//! # Running as root
+//!
+//! PostgreSQL refuses to run as root. When leaseq runs as root, `initdb` and
+//! `postgres` run as the `postgres` user if it exists, else as `nobody`
+//! (set with `setuid`/`setgid` in the child; no `su`/`runuser` needed). Their
+//! directories (`data/`, `run/`, and the cluster directory itself when it
+//! holds nothing but ours) are chowned to that user, and every directory above
+//! must be searchable by it: a cluster under `/root` cannot work, which is why
+//! [`EmbeddedOptions::default_dir`] picks `/var/lib/leaseq/pg` for root, and
+//! why `start` fails with [`EmbeddedError::Unreachable`] (rather than with an
+//! obscure permission error from PostgreSQL) when that does not hold. Root can
+//! still connect to the 0700 socket.
+//!
+//! # Lifetime
+//!
+//! `postgres` is started directly (no `pg_ctl`) as a child in its own process
+//! group, so a Ctrl-C in the broker's terminal reaches the broker, which then
+//! drains and calls [`EmbeddedPostgres::stop`], rather than the server. The
+//! child is never killed on drop: the server outlives the process that
+//! started it. If the broker is killed with `kill -9`, the next `start` finds
+//! the live postmaster (its pid in `data/postmaster.pid` is alive and the
+//! socket answers) and reuses it; the test suite relies on the same to share
+//! one cluster between test processes. A stale `postmaster.pid` (after a
+//! crash or reboot) is handled by PostgreSQL itself when it starts.
 
-use std::ffi::CString;
-use std::fs::{self, OpenOptions};
-use std::os::unix::fs::PermissionsExt;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use tracing::info;
+use tokio::time::Instant;
+use tracing::{info, warn};
 
 /// Where and how to run the cluster.
 #[derive(Clone, Debug)]
 pub struct EmbeddedOptions {
-    /// Cluster directory; created if missing.
+    /// Cluster directory; created if missing. Holds `data/` (PGDATA) and the
+    /// Unix socket.
     pub dir: PathBuf,
-    /// true: fsync and friends on (for `serve`). false: off, for fast tests.
+    /// true for `serve`: fsync and friends on, durable. false for tests:
+    /// `fsync=off`, `synchronous_commit=off`, `full_page_writes=off`, for
+    /// speed; a crash of the machine may then lose or corrupt the cluster.
     pub durable: bool,
 }
 
 impl EmbeddedOptions {
-    /// `$LEASEQ_DATA_DIR`; else, as root, `/var/lib/leaseq/pg` (the server
-    /// runs as another user, who cannot enter root's home); else
-    /// `$XDG_DATA_HOME/leaseq/pg`, `$HOME/.local/share/leaseq/pg`, or
-    /// `./leaseq-data/pg`.
+    /// The documented default directory: `$LEASEQ_DATA_DIR` if set; else, as
+    /// root, `/var/lib/leaseq/pg` (the server runs as another user, who
+    /// cannot enter root's home); else `$XDG_DATA_HOME/leaseq/pg`, else
+    /// `$HOME/.local/share/leaseq/pg`, else `./leaseq-data/pg`.
     pub fn default_dir() -> PathBuf {
-        if let Some(d) = std::env::var_os("LEASEQ_DATA_DIR") {
+        if let Some(d) = non_empty_env("LEASEQ_DATA_DIR") {
             return PathBuf::from(d);
         }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if is_root() {
             return PathBuf::from("/var/lib/leaseq/pg");
         }
-        if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        if let Some(d) = non_empty_env("XDG_DATA_HOME") {
             return PathBuf::from(d).join("leaseq/pg");
         }
-        if let Some(h) = std::env::var_os("HOME") {
+        if let Some(h) = non_empty_env("HOME") {
             return PathBuf::from(h).join(".local/share/leaseq/pg");
         }
         PathBuf::from("leaseq-data/pg")
     }
 }
 
+/// Why the embedded cluster could not be started or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
+    /// No directory holds both `initdb` and `postgres`.
     #[error(
-        "PostgreSQL server binaries (initdb, postgres) not found; searched $LEASEQ_PG_BIN, PATH and {searched}. \
-         Install them (Debian/Ubuntu: apt-get install postgresql; Fedora: dnf install postgresql-server; \
-         macOS: brew install postgresql@16), point LEASEQ_PG_BIN at their directory, or set DATABASE_URL"
+        "PostgreSQL server binaries (initdb, postgres) not found in $LEASEQ_PG_BIN, on PATH or in \
+         /usr/lib/postgresql/*/bin, /usr/pgsql-*/bin, /usr/local/pgsql/bin, \
+         /opt/homebrew/opt/postgresql*/bin, /usr/local/opt/postgresql*/bin; install them \
+         (Debian/Ubuntu: apt-get install postgresql; Fedora: dnf install postgresql-server; \
+         macOS: brew install postgresql@16), point LEASEQ_PG_BIN at their directory, \
+         or set DATABASE_URL (searched: {})",
+        display_paths(.searched)
     )]
-    NotInstalled { searched: String },
+    NotInstalled { searched: Vec<PathBuf> },
+    /// A file system or process operation failed.
     #[error("{context}: {source}")]
     Io {
         context: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("initdb failed: {0}")]
-    Initdb(String),
-    #[error("PostgreSQL did not start within 30s; last lines of {log}:\n{tail}")]
-    Start { log: String, tail: String },
+    /// `initdb` ran and failed.
+    #[error("initdb failed ({status}):\n{stderr}")]
+    Initdb { status: String, stderr: String },
+    /// The server exited or did not accept connections in time.
+    #[error("PostgreSQL did not start: {reason}; last lines of {}:\n{tail}", .log.display())]
+    Start {
+        reason: String,
+        log: PathBuf,
+        tail: String,
+    },
+    /// [`EmbeddedPostgres::stop`]: the server did not exit in time.
+    #[error("PostgreSQL (pid {pid}) did not shut down within {}s", .waited.as_secs())]
+    Timeout { pid: i32, waited: Duration },
+    /// As root: the server's user cannot reach the cluster directory.
     #[error(
-        "running as root, PostgreSQL runs as an unprivileged user who cannot enter {blocked}, \
-         so it cannot use {dir}: choose a data directory elsewhere (--data-dir / LEASEQ_DATA_DIR, \
-         e.g. /var/lib/leaseq/pg)"
+        "running as root, PostgreSQL runs as the unprivileged user {user}, who cannot enter \
+         {}, so it cannot use {}: choose a data directory elsewhere (--data-dir / \
+         LEASEQ_DATA_DIR, e.g. /var/lib/leaseq/pg)",
+        .blocked.display(), .dir.display()
     )]
-    Unreachable { dir: String, blocked: String },
-    #[error("no unprivileged user (postgres or nobody) to run PostgreSQL as root")]
+    Unreachable {
+        user: String,
+        dir: PathBuf,
+        blocked: PathBuf,
+    },
+    /// As root: neither `postgres` nor `nobody` exists.
+    #[error(
+        "running as root, but there is no unprivileged user (postgres or nobody) to run \
+         PostgreSQL as (it refuses to run as root)"
+    )]
     NoUser,
-    #[error("database: {0}")]
+    /// Creating database `leaseq` failed.
+    #[error("embedded PostgreSQL: {0}")]
     Database(#[from] sqlx::Error),
 }
 
+fn display_paths(paths: &[PathBuf]) -> String {
+    let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    shown.join(", ")
+}
+
+/// `map_err` helper: an I/O error with what we were doing.
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> EmbeddedError {
     let context = context.into();
     move |source| EmbeddedError::Io { context, source }
 }
 
-/// A running (or reused) embedded cluster.
+/// The superuser `initdb` creates; all connections use it.
+const USER: &str = "leaseq";
+/// The database [`EmbeddedPostgres::start`] creates.
+const DATABASE: &str = "leaseq";
+const CREATE_DATABASE: &str = "create database leaseq";
+/// Only names the socket file (`.s.PGSQL.5432`): there is no TCP listener.
+/// Passed explicitly so that a `PGPORT` in the environment changes nothing.
+const PORT: u16 = 5432;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a postmaster found running gets to accept a connection before we
+/// try to start our own (which fails with a clear message if it really runs).
+const REUSE_TIMEOUT: Duration = Duration::from_secs(10);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(50);
+
+/// A running (started or reused) embedded cluster.
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
-    dir: PathBuf,
+    data_dir: PathBuf,
     socket_dir: PathBuf,
+    log: PathBuf,
+    /// The postmaster: our child if `started_here`, else from postmaster.pid.
+    pid: i32,
     started_here: bool,
 }
 
-/// The superuser initdb creates; connections use it.
-const USER: &str = "leaseq";
-
 impl EmbeddedPostgres {
-    /// Finds the binaries, initialises the cluster if needed, starts the
-    /// server unless one already runs on this directory, waits until it
-    /// accepts connections, and creates database `leaseq` if missing.
+    /// Finds the binaries, runs `initdb` if the cluster does not exist,
+    /// starts `postgres` unless a live postmaster already runs on this
+    /// directory (then reuses it, e.g. after the broker was killed -9), waits
+    /// until it accepts connections, and creates database `leaseq` if
+    /// missing.
+    ///
+    /// Safe to call concurrently from several processes on the same
+    /// directory: all of this happens under an exclusive `flock` on
+    /// `<dir>/.lock`.
     pub async fn start(opts: EmbeddedOptions) -> Result<EmbeddedPostgres, EmbeddedError> {
         let dir = opts.dir.clone();
-        tokio::task::spawn_blocking(move || start_blocking(&opts))
+        let (dir, lock) = tokio::task::spawn_blocking(move || lock_dir(&dir))
             .await
             .map_err(|e| EmbeddedError::Io {
-                context: format!("starting PostgreSQL under {}", dir.display()),
-                source: std::io::Error::other(e.to_string()),
-            })?
+                context: format!("locking {}", opts.dir.display()),
+                source: std::io::Error::other(e),
+            })??;
+        let result = start_locked(&dir, opts.durable).await;
+        drop(lock);
+        result
     }
 
-    /// sqlx URL of `database` over the private socket.
+    /// sqlx connection URL of `database` over the private Unix socket:
+    /// `postgres://leaseq@localhost:5432/DATABASE?host=/abs/dir/run&sslmode=disable`
+    /// (sqlx takes a `host` parameter starting with `/` as the socket
+    /// directory; `localhost` is a placeholder it then ignores).
     pub fn url(&self, database: &str) -> String {
         format!(
-            "postgres://{USER}@localhost/{database}?host={}",
-            self.socket_dir.display()
+            "postgres://{USER}@localhost:{PORT}/{}?host={}&sslmode=disable",
+            encode(database),
+            encode(&self.socket_dir.to_string_lossy()),
         )
     }
 
+    /// The directory holding the server's Unix socket.
     pub fn socket_dir(&self) -> &Path {
         &self.socket_dir
     }
 
-    /// Whether this call started the server (false: it reused a running one).
+    /// Whether this call started the postmaster (false if it reused a
+    /// running one).
     pub fn started_here(&self) -> bool {
         self.started_here
     }
 
-    /// Fast shutdown of the server (SIGINT to the postmaster), waiting up to 10 s.
+    /// Fast shutdown: SIGINT to the postmaster (open sessions are rolled
+    /// back), then waits up to 10 s for it to exit. Meant for the process
+    /// that started it (`serve` on exit); the tests leave their shared
+    /// cluster running.
     pub async fn stop(self) -> Result<(), EmbeddedError> {
-        let Some(pid) = postmaster_pid(&self.dir.join("data")) else {
+        let pid_file = self.data_dir.join("postmaster.pid");
+        // A reused postmaster may have exited since, and its pid been
+        // recycled: only signal it while postmaster.pid still names it. Our
+        // own child cannot be recycled before we reap it.
+        if !self.started_here && read_pid(&pid_file) != Some(self.pid) {
             return Ok(());
-        };
-        // SAFETY: plain kill(2).
-        unsafe { libc::kill(pid, libc::SIGINT) };
-        for _ in 0..200 {
-            // Reap it if it is our child (else it lingers as a zombie).
-            // SAFETY: waitpid with WNOHANG on a pid; ECHILD when not ours.
-            unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
-            // SAFETY: signal 0 only checks existence.
-            let gone = unsafe { libc::kill(pid, 0) } != 0;
-            if gone || !self.dir.join("data/postmaster.pid").exists() {
+        }
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        if unsafe { libc::kill(self.pid, libc::SIGINT) } != 0 {
+            reap(self.pid);
+            return Ok(());
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            // If it is our child, reap it: a zombie still "exists" for kill(pid, 0).
+            reap(self.pid);
+            if !alive(self.pid) {
+                info!(pid = self.pid, "embedded PostgreSQL stopped");
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            if Instant::now() >= deadline {
+                // postmaster.pid is removed last thing on shutdown: if it is
+                // gone, the server is done (a zombie someone else must reap).
+                if pid_file.exists() {
+                    return Err(EmbeddedError::Timeout {
+                        pid: self.pid,
+                        waited: STOP_TIMEOUT,
+                    });
+                }
+                return Ok(());
+            }
+            tokio::time::sleep(POLL).await;
         }
+    }
+
+    fn connect_options(&self, database: &str) -> Result<PgConnectOptions, sqlx::Error> {
+        // Through the public URL, so that every start checks that it works.
+        self.url(database).parse()
+    }
+
+    /// Polls until the server accepts a connection. `check` is called between
+    /// attempts and ends the wait early with a reason (e.g. the server exited).
+    async fn wait_ready(
+        &self,
+        limit: Duration,
+        mut check: impl FnMut() -> Option<String>,
+    ) -> Result<(), String> {
+        let options = self
+            .connect_options("postgres")
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + limit;
+        loop {
+            let last = match PgConnection::connect_with(&options).await {
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if let Some(reason) = check() {
+                return Err(reason);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no connection within {}s (last error: {last})",
+                    limit.as_secs()
+                ));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Creates database `leaseq` if missing.
+    async fn create_database(&self) -> Result<(), EmbeddedError> {
+        let mut conn = PgConnection::connect_with(&self.connect_options("postgres")?).await?;
+        let exists: bool =
+            sqlx::query_scalar("select exists (select 1 from pg_database where datname = $1)")
+                .bind(DATABASE)
+                .fetch_one(&mut conn)
+                .await?;
+        if !exists {
+            match sqlx::query(CREATE_DATABASE).execute(&mut conn).await {
+                Ok(_) => {}
+                // duplicate_database, unique_violation: another process won
+                // the race (only possible for clients not taking our lock).
+                Err(sqlx::Error::Database(e))
+                    if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let _ = conn.close().await;
         Ok(())
     }
 }
 
-fn start_blocking(opts: &EmbeddedOptions) -> Result<EmbeddedPostgres, EmbeddedError> {
-    let dir = &opts.dir;
+/// Creates and resolves the cluster directory and takes its lock (blocking).
+fn lock_dir(dir: &Path) -> Result<(PathBuf, File), EmbeddedError> {
     fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let dir = fs::canonicalize(dir).map_err(io(format!("resolving {}", dir.display())))?;
+    let lock_path = dir.join(".lock");
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join(".lock"))
-        .map_err(io("opening the cluster lock"))?;
-    // SAFETY: flock on a file descriptor we own; released when `lock` drops.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io("locking the cluster")(std::io::Error::last_os_error()));
+        .open(&lock_path)
+        .map_err(io(format!("opening {}", lock_path.display())))?;
+    loop {
+        // SAFETY: flock on a descriptor we own; the lock is released when
+        // `lock` is closed. std opens files close-on-exec, so the server we
+        // spawn does not inherit it.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok((dir, lock));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(io(format!("locking {}", lock_path.display()))(err));
+        }
     }
-    let result = start_locked(&dir, opts.durable);
-    drop(lock);
-    result
 }
 
-fn start_locked(dir: &Path, durable: bool) -> Result<EmbeddedPostgres, EmbeddedError> {
-    let data = dir.join("data");
-    let socket_dir = dir.join("run");
-    let log = dir.join("postgres.log");
+async fn start_locked(dir: &Path, durable: bool) -> Result<EmbeddedPostgres, EmbeddedError> {
     let mut pg = EmbeddedPostgres {
-        dir: dir.to_path_buf(),
-        socket_dir: socket_dir.clone(),
+        data_dir: dir.join("data"),
+        socket_dir: dir.join("run"),
+        log: dir.join("postgres.log"),
+        pid: 0,
         started_here: false,
     };
-    if let Some(pid) = postmaster_pid(&data)
-        // SAFETY: signal 0 only checks existence.
-        && unsafe { libc::kill(pid, 0) } == 0
-        && block_on_connect(&pg, Duration::from_secs(5)).is_ok()
+
+    if let Some(pid) = read_pid(&pg.data_dir.join("postmaster.pid"))
+        && alive(pid)
     {
-        info!(pid, dir = %dir.display(), "reusing running embedded PostgreSQL");
-        create_database(&pg)?;
-        return Ok(pg);
+        let ready = pg
+            .wait_ready(REUSE_TIMEOUT, || {
+                (!alive(pid)).then(|| "the postmaster exited".to_owned())
+            })
+            .await;
+        match ready {
+            Ok(()) => {
+                info!(pid, dir = %dir.display(), "reusing running embedded PostgreSQL");
+                pg.pid = pid;
+                pg.create_database().await?;
+                return Ok(pg);
+            }
+            Err(reason) => warn!(
+                pid, %reason, dir = %dir.display(),
+                "postmaster.pid names a live process that does not accept connections; starting PostgreSQL"
+            ),
+        }
     }
 
-    let bin = find_binaries()?;
-    let user = run_as()?;
-    if user.is_some()
-        && let Some(blocked) = dir
-            .ancestors()
-            .skip(1)
-            .find(|a| fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
-    {
-        return Err(EmbeddedError::Unreachable {
-            dir: dir.display().to_string(),
-            blocked: blocked.display().to_string(),
+    let (owned_dir, owned_log) = (dir.to_path_buf(), pg.log.clone());
+    let mut child =
+        tokio::task::spawn_blocking(move || spawn_server(&owned_dir, &owned_log, durable))
+            .await
+            .map_err(|e| EmbeddedError::Io {
+                context: "starting PostgreSQL".to_owned(),
+                source: std::io::Error::other(e),
+            })??;
+    pg.pid = i32::try_from(child.id()).map_err(|e| EmbeddedError::Io {
+        context: "postgres pid".to_owned(),
+        source: std::io::Error::other(e),
+    })?;
+    pg.started_here = true;
+    info!(pid = pg.pid, dir = %dir.display(), "started embedded PostgreSQL");
+
+    let ready = pg
+        .wait_ready(READY_TIMEOUT, || match child.try_wait() {
+            Ok(Some(status)) => Some(format!("postgres exited ({status})")),
+            Ok(None) => None,
+            Err(e) => Some(format!("waiting for postgres: {e}")),
+        })
+        .await;
+    // Dropping a std Child neither kills nor waits for it: the server keeps
+    // running after this process exits.
+    drop(child);
+    if let Err(reason) = ready {
+        return Err(EmbeddedError::Start {
+            reason,
+            tail: tail(&pg.log, 20),
+            log: pg.log,
         });
     }
-    fs::create_dir_all(&socket_dir).map_err(io("creating the socket directory"))?;
-    fs::set_permissions(&socket_dir, fs::Permissions::from_mode(0o700))
-        .map_err(io("securing the socket directory"))?;
-    if let Some((uid, gid)) = user {
-        for p in [dir, socket_dir.as_path()] {
-            std::os::unix::fs::chown(p, Some(uid), Some(gid))
-                .map_err(io(format!("chown {}", p.display())))?;
+    pg.create_database().await?;
+    Ok(pg)
+}
+
+/// Prepares the directories, runs initdb if needed and spawns `postgres`
+/// (blocking).
+fn spawn_server(dir: &Path, log: &Path, durable: bool) -> Result<Child, EmbeddedError> {
+    let bin = find_binaries()?;
+    let user = run_as()?;
+    let data = dir.join("data");
+    let socket_dir = dir.join("run");
+
+    if let Some(user) = &user {
+        // The cluster directory itself is chowned only when it holds nothing
+        // but ours: never take over a directory like /tmp or $HOME.
+        if only_ours(dir)? {
+            chown(dir, user)?;
         }
-        if log.exists() {
-            std::os::unix::fs::chown(&log, Some(uid), Some(gid)).map_err(io("chown log"))?;
-        }
+        check_reachable(dir, user)?;
     }
 
+    make_private_dir(&socket_dir, user.as_ref())?;
     if !data.join("PG_VERSION").exists() {
-        let _ = fs::remove_dir_all(&data);
+        if data.exists() {
+            warn!(dir = %data.display(), "removing an incomplete cluster (an interrupted initdb?)");
+            fs::remove_dir_all(&data).map_err(io(format!("removing {}", data.display())))?;
+        }
+        make_private_dir(&data, user.as_ref())?;
         let mut cmd = Command::new(bin.join("initdb"));
         cmd.arg("-D")
             .arg(&data)
@@ -233,209 +460,332 @@ fn start_locked(dir: &Path, durable: bool) -> Result<EmbeddedPostgres, EmbeddedE
         if !durable {
             cmd.arg("--no-sync");
         }
-        as_user(&mut cmd, user);
+        as_user(&mut cmd, dir, user.as_ref());
         let out = cmd
             .stdin(Stdio::null())
             .output()
-            .map_err(io("running initdb"))?;
+            .map_err(io(format!("running {}", bin.join("initdb").display())))?;
         if !out.status.success() {
-            return Err(EmbeddedError::Initdb(
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            ));
+            return Err(EmbeddedError::Initdb {
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim_end().to_owned(),
+            });
         }
-        info!(dir = %dir.display(), "initialised embedded PostgreSQL cluster");
+        info!(dir = %dir.display(), bin = %bin.display(), "initialised embedded PostgreSQL cluster");
+    } else if let Some(user) = &user {
+        chown(&data, user)?;
     }
 
     let logfile = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log)
-        .map_err(io("opening postgres.log"))?;
-    if let Some((uid, gid)) = user {
-        std::os::unix::fs::chown(&log, Some(uid), Some(gid)).map_err(io("chown log"))?;
+        .open(log)
+        .map_err(io(format!("opening {}", log.display())))?;
+    if let Some(user) = &user {
+        chown(log, user)?;
     }
+    let stdout = logfile
+        .try_clone()
+        .map_err(io(format!("opening {}", log.display())))?;
     let mut cmd = Command::new(bin.join("postgres"));
     cmd.arg("-D")
         .arg(&data)
         .arg("-k")
         .arg(&socket_dir)
+        .args(["-p", &PORT.to_string()])
         .args(["-c", "listen_addresses="])
         .args(["-c", "unix_socket_permissions=0700"])
         .args(["-c", "max_connections=300"]);
     if !durable {
-        cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+        cmd.args(["-c", "fsync=off"])
+            .args(["-c", "synchronous_commit=off"])
             .args(["-c", "full_page_writes=off"]);
     }
-    as_user(&mut cmd, user);
-    let child = cmd
-        .process_group(0)
+    as_user(&mut cmd, dir, user.as_ref());
+    cmd.process_group(0)
         .stdin(Stdio::null())
-        .stdout(logfile.try_clone().map_err(io("log"))?)
+        .stdout(stdout)
         .stderr(logfile)
         .spawn()
-        .map_err(io("starting postgres"))?;
-    info!(pid = child.id(), dir = %dir.display(), "started embedded PostgreSQL");
-    // Not waited for: the server must outlive this process if it is killed.
-    drop(child);
-    pg.started_here = true;
-    if block_on_connect(&pg, Duration::from_secs(30)).is_err() {
-        return Err(EmbeddedError::Start {
-            log: log.display().to_string(),
-            tail: tail(&log, 20),
-        });
-    }
-    create_database(&pg)?;
-    Ok(pg)
+        .map_err(io(format!("starting {}", bin.join("postgres").display())))
 }
 
-fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) {
-    if let Some((uid, gid)) = user {
-        cmd.uid(uid).gid(gid);
-        // initdb and postgres look at HOME only for ~/.psqlrc-like files.
-        cmd.env("HOME", "/tmp");
-    }
+/// The unprivileged user PostgreSQL runs as when we are root.
+#[derive(Clone, Debug)]
+struct RunAs {
+    name: &'static str,
+    uid: u32,
+    gid: u32,
 }
 
-/// Some((uid, gid)) of the user to run PostgreSQL as when we are root.
-fn run_as() -> Result<Option<(u32, u32)>, EmbeddedError> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+/// `Some(user)` when we are root, `None` to run as ourselves.
+fn run_as() -> Result<Option<RunAs>, EmbeddedError> {
+    if !is_root() {
         return Ok(None);
     }
-    for name in ["postgres", "nobody"] {
-        let c = CString::new(name).expect("no NUL");
-        // SAFETY: getpwnam returns null or a pointer to static storage that we
-        // read immediately.
-        let pw = unsafe { libc::getpwnam(c.as_ptr()) };
+    for (name, cname) in [("postgres", c"postgres"), ("nobody", c"nobody")] {
+        // SAFETY: getpwnam returns null or a pointer to static storage, read
+        // at once (we are on the one thread doing this under the cluster lock;
+        // a concurrent getpwnam elsewhere could at worst give a wrong user).
+        let pw = unsafe { libc::getpwnam(cname.as_ptr()) };
         if !pw.is_null() {
             // SAFETY: checked non-null above.
             let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-            return Ok(Some((uid, gid)));
+            return Ok(Some(RunAs { name, uid, gid }));
         }
     }
     Err(EmbeddedError::NoUser)
 }
 
+fn as_user(cmd: &mut Command, dir: &Path, user: Option<&RunAs>) {
+    // Started from a directory the server's user can enter (PostgreSQL warns
+    // when it cannot return to its working directory, e.g. /root).
+    cmd.current_dir(dir);
+    if let Some(user) = user {
+        // std drops supplementary groups (setgroups(0)) when root sets a uid.
+        cmd.uid(user.uid).gid(user.gid);
+    }
+}
+
+fn chown(path: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
+    std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid)).map_err(io(format!(
+        "chown {} to {}",
+        path.display(),
+        user.name
+    )))
+}
+
+/// Creates `path` with mode 0700 if missing, else sets 0700; chowns it.
+fn make_private_dir(path: &Path, user: Option<&RunAs>) -> Result<(), EmbeddedError> {
+    if !path.exists() {
+        DirBuilder::new()
+            .mode(0o700)
+            .create(path)
+            .map_err(io(format!("creating {}", path.display())))?;
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+        .map_err(io(format!("securing {}", path.display())))?;
+    if let Some(user) = user {
+        chown(path, user)?;
+    }
+    Ok(())
+}
+
+/// Whether `dir` holds only what this module puts there.
+fn only_ours(dir: &Path) -> Result<bool, EmbeddedError> {
+    let entries = fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
+    for entry in entries {
+        let entry = entry.map_err(io(format!("reading {}", dir.display())))?;
+        if !matches!(
+            entry.file_name().to_str(),
+            Some(".lock" | "data" | "run" | "postgres.log")
+        ) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// As root: fails unless `user` can search `dir` and every directory above.
+fn check_reachable(dir: &Path, user: &RunAs) -> Result<(), EmbeddedError> {
+    for d in dir.ancestors() {
+        let meta = fs::metadata(d).map_err(io(format!("inspecting {}", d.display())))?;
+        let mode = meta.mode();
+        let searchable = if meta.uid() == user.uid {
+            mode & 0o100 != 0
+        } else if meta.gid() == user.gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !searchable {
+            return Err(EmbeddedError::Unreachable {
+                user: user.name.to_owned(),
+                dir: dir.to_path_buf(),
+                blocked: d.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The directory holding both `initdb` and `postgres`.
 fn find_binaries() -> Result<PathBuf, EmbeddedError> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(d) = std::env::var_os("LEASEQ_PG_BIN") {
+    let mut candidates = Vec::new();
+    if let Some(d) = non_empty_env("LEASEQ_PG_BIN") {
         candidates.push(PathBuf::from(d));
     }
     if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path));
+        candidates.extend(std::env::split_paths(&path).filter(|p| p.is_absolute()));
     }
-    let mut globbed = Vec::new();
-    for (parent, prefix, suffix) in [
-        ("/usr/lib/postgresql", "", "bin"),
-        ("/usr", "pgsql-", "bin"),
-        ("/opt/homebrew/opt", "postgresql", "bin"),
-        ("/usr/local/opt", "postgresql", "bin"),
-    ] {
-        if let Ok(entries) = fs::read_dir(parent) {
-            let mut found: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
-                .map(|e| e.path().join(suffix))
-                .collect();
-            // Highest version first.
-            found.sort_by_key(|p| {
-                std::cmp::Reverse(
-                    p.parent()
-                        .and_then(|v| v.file_name())
-                        .map(|v| {
-                            v.to_string_lossy()
-                                .trim_start_matches(|c: char| !c.is_ascii_digit())
-                                .split(|c: char| !c.is_ascii_digit())
-                                .next()
-                                .and_then(|n| n.parse::<u32>().ok())
-                                .unwrap_or(0)
-                        })
-                        .unwrap_or(0),
-                )
-            });
-            globbed.extend(found);
-        }
-    }
-    globbed.push(PathBuf::from("/usr/local/pgsql/bin"));
-    let searched = globbed
+    candidates.extend(versioned_dirs("/usr/lib/postgresql", "", "bin"));
+    candidates.extend(versioned_dirs("/usr", "pgsql-", "bin"));
+    candidates.push(PathBuf::from("/usr/local/pgsql/bin"));
+    candidates.extend(versioned_dirs("/opt/homebrew/opt", "postgresql", "bin"));
+    candidates.extend(versioned_dirs("/usr/local/opt", "postgresql", "bin"));
+    find_binaries_in(candidates)
+}
+
+fn find_binaries_in(candidates: Vec<PathBuf>) -> Result<PathBuf, EmbeddedError> {
+    match candidates
         .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    candidates.extend(globbed);
-    candidates
-        .into_iter()
         .find(|d| d.join("initdb").is_file() && d.join("postgres").is_file())
-        .ok_or(EmbeddedError::NotInstalled { searched })
+    {
+        Some(found) => Ok(found.clone()),
+        None => Err(EmbeddedError::NotInstalled {
+            searched: candidates,
+        }),
+    }
 }
 
-fn postmaster_pid(data: &Path) -> Option<i32> {
-    fs::read_to_string(data.join("postmaster.pid"))
-        .ok()?
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
+/// `<parent>/<prefix><version>/<sub>` for each entry of `parent` named
+/// `<prefix>...`, highest version first.
+fn versioned_dirs(parent: &str, prefix: &str, sub: &str) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(Vec<u32>, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            let rest = name.strip_prefix(prefix)?;
+            let version: Vec<u32> = rest
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            Some((version, e.path().join(sub)))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.into_iter().map(|(_, p)| p).collect()
 }
 
+/// The postmaster pid: the first line of `postmaster.pid`.
+fn read_pid(pid_file: &Path) -> Option<i32> {
+    let text = fs::read_to_string(pid_file).ok()?;
+    text.lines().next()?.trim().parse().ok().filter(|&p| p > 0)
+}
+
+/// Whether a process `pid` exists (EPERM: it does, owned by someone else).
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Reaps `pid` if it is an exited child of ours; no-op otherwise.
+fn reap(pid: i32) {
+    // SAFETY: waitpid with WNOHANG and no status pointer; ECHILD if not ours.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn non_empty_env(key: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(key).filter(|v| !v.is_empty())
+}
+
+/// The last `n` lines of `path` (reading at most its last 64 KiB).
 fn tail(path: &Path, n: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-fn options(pg: &EmbeddedPostgres, database: &str) -> PgConnectOptions {
-    PgConnectOptions::new()
-        .socket(&pg.socket_dir)
-        .username(USER)
-        .database(database)
-}
-
-/// Polls until the server accepts connections (this runs on a blocking
-/// thread, so it drives its own small runtime).
-fn block_on_connect(pg: &EmbeddedPostgres, limit: Duration) -> Result<(), sqlx::Error> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(sqlx::Error::Io)?;
-    rt.block_on(async {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            match PgConnection::connect_with(&options(pg, "postgres")).await {
-                Ok(c) => {
-                    let _ = c.close().await;
-                    return Ok(());
-                }
-                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
+    let read = || -> std::io::Result<String> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
         }
-    })
+        Err(e) => format!("(cannot read it: {e})"),
+    }
 }
 
-fn create_database(pg: &EmbeddedPostgres) -> Result<(), EmbeddedError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(io("runtime"))?;
-    rt.block_on(async {
-        let mut c = PgConnection::connect_with(&options(pg, "postgres")).await?;
-        let exists: bool = sqlx::query_scalar(
-            "select exists (select 1 from pg_database where datname = 'leaseq')",
-        )
-        .fetch_one(&mut c)
-        .await?;
-        if !exists {
-            match sqlx::query("create database leaseq").execute(&mut c).await {
-                Ok(_) => {}
-                // A concurrent process created it first.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
-                Err(e) => return Err(e.into()),
-            }
+/// Percent-encodes everything but unreserved characters and `/`, for a URL
+/// path segment or query value (sqlx decodes both).
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
         }
-        let _ = c.close().await;
-        Ok(())
-    })
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(socket_dir: &str) -> EmbeddedPostgres {
+        EmbeddedPostgres {
+            data_dir: PathBuf::from("/x/data"),
+            socket_dir: PathBuf::from(socket_dir),
+            log: PathBuf::from("/x/postgres.log"),
+            pid: 1,
+            started_here: false,
+        }
+    }
+
+    #[test]
+    fn url_selects_the_socket() {
+        let pg = handle("/tmp/lq pg+1/run");
+        let url = pg.url("t_1");
+        assert_eq!(
+            url,
+            "postgres://leaseq@localhost:5432/t_1?host=/tmp/lq%20pg%2B1/run&sslmode=disable"
+        );
+        let opts: PgConnectOptions = url.parse().expect("parses");
+        assert_eq!(
+            opts.get_socket().map(PathBuf::as_path),
+            Some(Path::new("/tmp/lq pg+1/run"))
+        );
+        assert_eq!(opts.get_port(), 5432);
+        assert_eq!(opts.get_username(), "leaseq");
+        assert_eq!(opts.get_database(), Some("t_1"));
+    }
+
+    #[test]
+    fn not_installed_says_what_to_install() {
+        let err = find_binaries_in(vec![PathBuf::from("/nonexistent/bin")]).expect_err("none");
+        let msg = err.to_string();
+        assert!(matches!(err, EmbeddedError::NotInstalled { .. }), "{msg}");
+        for needle in [
+            "PostgreSQL server binaries (initdb, postgres) not found",
+            "apt-get install postgresql",
+            "dnf install postgresql-server",
+            "brew install postgresql@16",
+            "DATABASE_URL",
+            "/nonexistent/bin",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} missing from: {msg}");
+        }
+    }
+
+    #[test]
+    fn versions_sort_highest_first() {
+        let root = std::env::temp_dir().join(format!("leaseq-vd-{}", std::process::id()));
+        for v in ["9.6", "15", "16", "notes"] {
+            fs::create_dir_all(root.join(v)).expect("mkdir");
+        }
+        let dirs = versioned_dirs(root.to_str().expect("utf-8"), "", "bin");
+        let names: Vec<_> = dirs
+            .iter()
+            .map(|p| {
+                p.parent()
+                    .and_then(Path::file_name)
+                    .and_then(|n| n.to_str())
+            })
+            .collect();
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(names[..3], [Some("16"), Some("15"), Some("9.6")]);
+    }
 }
