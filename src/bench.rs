@@ -175,12 +175,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 })
                 .await?
                 .into_inner();
+            // Runs until aborted at the end of the measurement (a timeout
+            // around `message()` could drop a half-read delivery).
             while !stop.load(Ordering::Relaxed) {
-                let msg = tokio::select! {
-                    m = stream.message() => m?,
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                let Some(msg) = stream.message().await? else {
+                    break;
                 };
-                let Some(msg) = msg else { break };
                 let Some(pb::subscribe_response::Kind::Delivery(d)) = msg.kind else {
                     continue;
                 };

@@ -73,7 +73,9 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEQ_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub poll_interval: Duration,
     /// How often the reaper looks for expired leases and jobs past their ttl.
-    #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    /// Leases of this broker's own streams are reaped at their deadline
+    /// regardless; this pass catches leases of brokers that died.
+    #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub reap_interval: Duration,
     /// How often Postgres is probed for the health service.
     #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration)]

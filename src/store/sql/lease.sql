@@ -43,6 +43,8 @@ update leaseq.jobs j set
     lease_broker = $7,
     leased_by = a.consumer
 from assigned a
-where j.id = a.id
+-- The id list lets the planner reach the rows through the primary key
+-- instead of joining the whole table (it cannot estimate `assigned`).
+where j.id = any(array(select id from assigned)) and j.id = a.id
 returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
     j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at
