@@ -73,9 +73,13 @@ pub struct BenchArgs {
     /// Queue name (a fresh one per run by default).
     #[arg(long)]
     pub queue: Option<String>,
-    /// Database for `baseline` (and for reading connection counts).
+    /// Database for `baseline`, and for `--compare`.
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,
+    /// After the run, run the raw-SQL baseline (batches of 100) against
+    /// --database-url for the same duration and print the ratio.
+    #[arg(long)]
+    pub compare: bool,
 }
 
 #[derive(Default)]
@@ -335,6 +339,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let (p50, p99, max) = samples.percentiles().await;
     let jobs_per_s = done as f64 / elapsed;
+    let baseline_jobs_per_s = if args.compare {
+        let mut b = args.clone();
+        b.batch = 100;
+        Some(baseline_rate(&b).await?)
+    } else {
+        None
+    };
+    let ratio = baseline_jobs_per_s.map(|b| jobs_per_s / b);
+    if let (Some(b), Some(r)) = (baseline_jobs_per_s, ratio) {
+        println!("baseline (raw SQL, batches of 100) jobs_per_s={b:.0} ratio={r:.2}");
+    }
     let rss_kb = broker_rss_kb();
     println!(
         "scenario={:?} jobs={} seconds={:.1} jobs_per_s={:.0} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} errors={}",
@@ -349,7 +364,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     if args.json {
         println!(
-            "{{\"scenario\":\"{:?}\",\"jobs\":{},\"seconds\":{:.3},\"jobs_per_s\":{:.1},\"p50_ms\":{},\"p99_ms\":{},\"max_ms\":{},\"errors\":{},\"enqueued\":{},\"delivered\":{},\"client_rss_kb\":{}}}",
+            "{{\"scenario\":\"{:?}\",\"jobs\":{},\"seconds\":{:.3},\"jobs_per_s\":{:.1},\"p50_ms\":{},\"p99_ms\":{},\"max_ms\":{},\"errors\":{},\"enqueued\":{},\"delivered\":{},\"client_rss_kb\":{},\"baseline_jobs_per_s\":{},\"ratio\":{}}}",
             args.scenario,
             done,
             elapsed,
@@ -360,7 +375,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             counters.errors.load(Ordering::Relaxed),
             counters.enqueued.load(Ordering::Relaxed),
             counters.delivered.load(Ordering::Relaxed),
-            rss_kb
+            rss_kb,
+            baseline_jobs_per_s.map_or("null".into(), |b| format!("{b:.1}")),
+            ratio.map_or("null".into(), |r| format!("{r:.3}")),
         );
     }
     Ok(())
@@ -417,6 +434,18 @@ async fn fill_backlog(channel: &Channel, queue: &str, args: &BenchArgs) -> anyho
 /// The blog-post pattern straight in SQL: insert, lease with `for update skip
 /// locked`, delete. `--batch 1` is one job per transaction.
 async fn baseline(args: BenchArgs) -> anyhow::Result<()> {
+    let jobs_per_s = baseline_rate(&args).await?;
+    if args.json {
+        println!(
+            "{{\"scenario\":\"Baseline\",\"batch\":{},\"jobs_per_s\":{:.1},\"p50_ms\":null,\"p99_ms\":null}}",
+            args.batch, jobs_per_s
+        );
+    }
+    Ok(())
+}
+
+/// Runs the raw-SQL pattern for `--duration` and returns jobs per second.
+async fn baseline_rate(args: &BenchArgs) -> anyhow::Result<f64> {
     let url = args
         .database_url
         .clone()
@@ -488,14 +517,9 @@ async fn baseline(args: BenchArgs) -> anyhow::Result<()> {
         "scenario=Baseline batch={} workers={} jobs={} seconds={:.1} jobs_per_s={:.0}",
         args.batch, workers, n, elapsed, jobs_per_s
     );
-    if args.json {
-        println!(
-            "{{\"scenario\":\"Baseline\",\"batch\":{},\"workers\":{},\"jobs\":{},\"seconds\":{:.3},\"jobs_per_s\":{:.1},\"p50_ms\":null,\"p99_ms\":null}}",
-            args.batch, workers, n, elapsed, jobs_per_s
-        );
-    }
     sqlx::query("drop table leaseq_bench_raw")
         .execute(&pool)
         .await?;
-    Ok(())
+    pool.close().await;
+    Ok(jobs_per_s)
 }

@@ -8,6 +8,7 @@
 pub mod batch;
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -191,6 +192,9 @@ impl Store {
         jobs: &[NewJob],
         new_queues: &[QueueName],
     ) -> Result<(Vec<Enqueued>, Vec<Wake>)> {
+        if new_queues.is_empty() && jobs.iter().all(|j| j.dedup_key.is_none()) {
+            return self.enqueue_simple(jobs).await;
+        }
         let mut tx = self.pool.begin().await?;
         if !new_queues.is_empty() {
             Self::ensure_queues(&mut *tx, new_queues).await?;
@@ -279,6 +283,54 @@ impl Store {
         let results = results
             .into_iter()
             .map(|r| r.expect("every job resolved"))
+            .collect();
+        Ok((results, wakes))
+    }
+
+    /// The common case (no dedup key, every queue known): one statement that
+    /// inserts and NOTIFYs, atomic on its own, so no BEGIN / COMMIT round
+    /// trips. The wake-ups are coalesced in SQL: one per queue, two when the
+    /// batch holds both ready and delayed jobs.
+    async fn enqueue_simple(&self, jobs: &[NewJob]) -> Result<(Vec<Enqueued>, Vec<Wake>)> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "with ins as (\n{}\n),\n\
+                 woke as (\n\
+                     select pg_notify('{WAKE_CHANNEL}', $11 || ':' || min(delay_ms) || ':' || queue)\n\
+                     from ins group by queue, delay_ms > 0\n\
+                 )\n\
+                 select id, queue, delay_ms, (select count(*) from woke) as woken from ins",
+                include_str!("sql/enqueue.sql").trim_end()
+            )
+        });
+        let refs: Vec<&NewJob> = jobs.iter().collect();
+        let broker = self.broker_id.simple().to_string();
+        let inserted = bind_jobs(sqlx::query(SQL.as_str()), &refs)
+            .bind(broker)
+            .fetch_all(&self.pool)
+            .await?;
+        if inserted.len() != jobs.len() {
+            return Err(Error::Internal("enqueue inserted fewer rows than asked"));
+        }
+        let mut wakes: HashMap<(QueueName, bool), i64> = HashMap::new();
+        for r in &inserted {
+            let queue: String = r.try_get("queue")?;
+            let delay_ms: i64 = r.try_get("delay_ms")?;
+            if let Some(q) = QueueName::parse(&queue) {
+                let e = wakes.entry((q, delay_ms > 0)).or_insert(delay_ms);
+                *e = (*e).min(delay_ms);
+            }
+        }
+        let results = jobs
+            .iter()
+            .map(|j| Enqueued {
+                job_id: j.id,
+                duplicate: false,
+            })
+            .collect();
+        let wakes = wakes
+            .into_iter()
+            .map(|((queue, _), delay_ms)| Wake { queue, delay_ms })
             .collect();
         Ok((results, wakes))
     }
@@ -524,45 +576,7 @@ async fn insert_jobs<'e>(
     exec: impl Executor<'e, Database = Postgres>,
     jobs: &[&NewJob],
 ) -> Result<Vec<(Uuid, String, i64)>> {
-    let n = jobs.len();
-    let mut id = Vec::with_capacity(n);
-    let mut queue = Vec::with_capacity(n);
-    let mut priority = Vec::with_capacity(n);
-    let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
-    let mut delay_ms = Vec::with_capacity(n);
-    let mut payload: Vec<&[u8]> = Vec::with_capacity(n);
-    let mut headers = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut dedup = Vec::with_capacity(n);
-    let mut ttl = Vec::with_capacity(n);
-    for j in jobs {
-        id.push(j.id.0);
-        queue.push(j.queue.as_str());
-        priority.push(j.priority);
-        let (at, delay) = match &j.schedule {
-            Schedule::Now => (None, 0i64),
-            Schedule::Delay(ms) => (None, *ms),
-            Schedule::At(t) => (Some(*t), 0),
-        };
-        run_at.push(at);
-        delay_ms.push(delay);
-        payload.push(&j.payload);
-        headers.push(j.headers_json.as_str());
-        max_attempts.push(j.max_attempts);
-        dedup.push(j.dedup_key.as_deref());
-        ttl.push(j.ttl_ms);
-    }
-    let rows = sqlx::query(include_str!("sql/enqueue.sql"))
-        .bind(id)
-        .bind(queue)
-        .bind(priority)
-        .bind(run_at)
-        .bind(delay_ms)
-        .bind(payload)
-        .bind(headers)
-        .bind(max_attempts)
-        .bind(dedup)
-        .bind(ttl)
+    let rows = bind_jobs(sqlx::query(include_str!("sql/enqueue.sql")), jobs)
         .fetch_all(exec)
         .await?;
     rows.into_iter()
@@ -574,4 +588,50 @@ async fn insert_jobs<'e>(
             ))
         })
         .collect()
+}
+
+/// Binds $1..$10 of enqueue.sql: one array per column.
+fn bind_jobs<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    jobs: &[&NewJob],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let n = jobs.len();
+    let mut id = Vec::with_capacity(n);
+    let mut queue = Vec::with_capacity(n);
+    let mut priority = Vec::with_capacity(n);
+    let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+    let mut delay_ms = Vec::with_capacity(n);
+    let mut payload: Vec<Vec<u8>> = Vec::with_capacity(n);
+    let mut headers: Vec<String> = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut dedup: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut ttl = Vec::with_capacity(n);
+    for j in jobs {
+        id.push(j.id.0);
+        queue.push(j.queue.as_str().to_owned());
+        priority.push(j.priority);
+        let (at, delay) = match &j.schedule {
+            Schedule::Now => (None, 0i64),
+            Schedule::Delay(ms) => (None, *ms),
+            Schedule::At(t) => (Some(*t), 0),
+        };
+        run_at.push(at);
+        delay_ms.push(delay);
+        payload.push(j.payload.clone());
+        headers.push(j.headers_json.clone());
+        max_attempts.push(j.max_attempts);
+        dedup.push(j.dedup_key.clone());
+        ttl.push(j.ttl_ms);
+    }
+    query
+        .bind(id)
+        .bind(queue)
+        .bind(priority)
+        .bind(run_at)
+        .bind(delay_ms)
+        .bind(payload)
+        .bind(headers)
+        .bind(max_attempts)
+        .bind(dedup)
+        .bind(ttl)
 }
