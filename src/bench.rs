@@ -90,6 +90,17 @@ struct Counters {
     errors: AtomicU64,
 }
 
+impl Counters {
+    /// Counts an error; the first few are printed so a run explains itself.
+    fn error(&self, e: &tonic::Status) -> u64 {
+        let n = self.errors.fetch_add(1, Ordering::Relaxed);
+        if n < 3 {
+            eprintln!("\nerror: {:?}: {}", e.code(), e.message());
+        }
+        n
+    }
+}
+
 /// Latency samples in microseconds.
 #[derive(Default)]
 struct Samples(Mutex<Vec<u64>>);
@@ -204,7 +215,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                         .await;
                     match r {
                         Ok(_) => counters.acked.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => counters.error(&e),
                     };
                 });
             }
@@ -235,7 +246,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                             Ok(_) => counters
                                 .enqueued
                                 .fetch_add(args.batch as u64, Ordering::Relaxed),
-                            Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => counters.error(&e),
                         };
                     }
                     anyhow::Ok(())
@@ -264,7 +275,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                             .await;
                         match r {
                             Ok(_) => counters.enqueued.fetch_add(1, Ordering::Relaxed),
-                            Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => counters.error(&e),
                         };
                     }
                     anyhow::Ok(())
@@ -298,7 +309,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                             .await;
                         match r {
                             Ok(_) => counters.enqueued.fetch_add(1, Ordering::Relaxed),
-                            Err(_) => counters.errors.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => counters.error(&e),
                         };
                     });
                 }
