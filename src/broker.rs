@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 
 use crate::dispatch::{Dispatcher, SubscriptionStream, wakes_for};
-use crate::domain::{AckReq, ExtendReq, JobId, NackReq, NewJob, QueueName, Subscription};
+use crate::domain::{
+    AckReq, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Subscription,
+};
 use crate::error::{Error, Result};
 use crate::store::batch::Batcher;
 use crate::store::{Enqueued, FailReq, Store};
@@ -84,8 +86,14 @@ impl Broker {
                     async move {
                         let done = store.ack(&reqs).await?;
                         let ids: HashSet<JobId> = done.iter().map(|s| s.id).collect();
-                        settle_credit(&store, &dispatcher, done.iter().map(|s| (s.broker, s.id)))
-                            .await;
+                        let tokens: HashMap<JobId, LeaseToken> =
+                            reqs.iter().map(|r| (r.job_id, r.token)).collect();
+                        settle_credit(
+                            &store,
+                            &dispatcher,
+                            done.iter().map(|s| (s.broker, s.id, tokens[&s.id])),
+                        )
+                        .await;
                         Ok(reqs
                             .iter()
                             .map(|r| {
@@ -129,8 +137,14 @@ impl Broker {
                             tracing::warn!(error = %e, "wake notification failed");
                         }
                         dispatcher.wake(wakes);
-                        settle_credit(&store, &dispatcher, done.iter().map(|f| (f.broker, f.id)))
-                            .await;
+                        let tokens: HashMap<JobId, LeaseToken> =
+                            reqs.iter().map(|r| (r.job_id, r.token)).collect();
+                        settle_credit(
+                            &store,
+                            &dispatcher,
+                            done.iter().map(|f| (f.broker, f.id, tokens[&f.id])),
+                        )
+                        .await;
                         let dead: HashMap<JobId, bool> =
                             done.iter().map(|f| (f.id, f.death.is_some())).collect();
                         Ok(reqs
@@ -241,14 +255,14 @@ impl Broker {
 async fn settle_credit(
     store: &Store,
     dispatcher: &Dispatcher,
-    settled: impl Iterator<Item = (Option<uuid::Uuid>, JobId)>,
+    settled: impl Iterator<Item = (Option<uuid::Uuid>, JobId, LeaseToken)>,
 ) {
     let mut local = Vec::new();
     let mut remote = Vec::new();
-    for (broker, id) in settled {
+    for (broker, id, token) in settled {
         match broker {
-            Some(b) if b != store.broker_id => remote.push((b, id)),
-            _ => local.push(id),
+            Some(b) if b != store.broker_id => remote.push((b, id, token)),
+            _ => local.push((id, token)),
         }
     }
     dispatcher.settled(local);

@@ -18,13 +18,15 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::dispatch::Dispatcher;
-use crate::domain::{JobId, QueueName};
+use crate::domain::{JobId, LeaseToken, QueueName};
 use crate::store::{Store, WAKE_CHANNEL, Wake, settle_channel};
 
 /// Connects and LISTENs; returns once listening, so the caller knows no
 /// notification from now on is missed.
-pub async fn listen(store: &Store) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(&store.pool).await?;
+pub async fn listen(store: &Store, own_pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
+    // Its own one-connection pool: the listener holds that connection for the
+    // life of the process, and must not take one of the working pool's.
+    let mut listener = PgListener::connect_with(own_pool).await?;
     let settle = settle_channel(store.broker_id);
     listener.listen_all([WAKE_CHANNEL, settle.as_str()]).await?;
     Ok(listener)
@@ -50,10 +52,16 @@ pub async fn run(
                         dispatcher.wake(vec![w]);
                     }
                 } else {
-                    let ids: Vec<JobId> = n
+                    let ids: Vec<(JobId, LeaseToken)> = n
                         .payload()
                         .split(',')
-                        .filter_map(|s| Uuid::try_parse(s).ok().map(JobId))
+                        .filter_map(|pair| {
+                            let (id, token) = pair.split_once(':')?;
+                            Some((
+                                JobId(Uuid::try_parse(id).ok()?),
+                                LeaseToken(Uuid::try_parse(token).ok()?),
+                            ))
+                        })
                         .collect();
                     debug!(jobs = ids.len(), "settled on another replica");
                     dispatcher.settled(ids);

@@ -55,7 +55,8 @@ pub async fn run(
             poll_interval: cfg.poll_interval,
         },
     );
-    let listen = crate::notify::listen(&store)
+    let listen_pool = store::connect_listener(database_url).await?;
+    let listen = crate::notify::listen(&store, &listen_pool)
         .await
         .context("opening the LISTEN connection")?;
     tokio::spawn(crate::notify::run(
@@ -152,6 +153,7 @@ pub async fn run(
     }
     background.cancel();
     pool.close().await;
+    listen_pool.close().await;
     Ok(())
 }
 

@@ -66,10 +66,12 @@ pub(crate) enum Msg {
     Closed(StreamId),
     Wake(Vec<Wake>),
     WakeAll,
-    Settled(Vec<JobId>),
+    /// Leases that ended (acked / nacked here or elsewhere). Carries the
+    /// token: a job may already be leased again, to another of our streams.
+    Settled(Vec<(JobId, LeaseToken)>),
     Extended(JobId, i64),
     LeaseChecked {
-        checked: Vec<JobId>,
+        checked: Vec<(JobId, LeaseToken)>,
         alive: Vec<(JobId, i64)>,
     },
     /// A lease round finished.
@@ -137,10 +139,10 @@ impl Dispatcher {
         let _ = self.tx.send(Msg::WakeAll);
     }
 
-    /// These jobs were settled: their streams get the credit back.
-    pub fn settled(&self, ids: Vec<JobId>) {
-        if !ids.is_empty() {
-            let _ = self.tx.send(Msg::Settled(ids));
+    /// These leases were settled: their streams get the credit back.
+    pub fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
+        if !leases.is_empty() {
+            let _ = self.tx.send(Msg::Settled(leases));
         }
     }
 
@@ -321,10 +323,11 @@ impl State {
                     q.seq += 1;
                     q.check_due = true;
                 }
+                self.verify_all_leases();
             }
-            Msg::Settled(ids) => {
-                for id in ids {
-                    self.forget(id);
+            Msg::Settled(leases) => {
+                for (id, token) in leases {
+                    self.forget(id, token);
                 }
             }
             Msg::Extended(id, lease_ms) => {
@@ -338,12 +341,13 @@ impl State {
             Msg::LeaseChecked { checked, alive } => {
                 let alive: HashMap<JobId, i64> = alive.into_iter().collect();
                 let now = Instant::now();
-                for id in checked {
+                for (id, token) in checked {
                     match alive.get(&id) {
                         Some(ms) => {
                             if let Some(stream) =
                                 self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
                                 && let Some(f) = stream.inflight.get_mut(&id)
+                                && f.token == token
                             {
                                 f.checking = false;
                                 f.deadline = now + Duration::from_millis(*ms as u64);
@@ -352,7 +356,7 @@ impl State {
                         }
                         // The lease is over (expired and reaped, or settled):
                         // the stream gets its credit back.
-                        None => self.forget(id),
+                        None => self.forget(id, token),
                     }
                 }
             }
@@ -365,12 +369,38 @@ impl State {
         }
     }
 
-    /// Removes a job from its stream's in-flight set (its credit returns).
-    fn forget(&mut self, id: JobId) {
-        if let Some(sid) = self.owner.remove(&id)
-            && let Some(stream) = self.streams.get_mut(&sid)
+    /// Removes a lease from its stream's in-flight set (its credit returns),
+    /// if it is still the lease that stream holds: the job may have been
+    /// leased again since, to this or another stream.
+    fn forget(&mut self, id: JobId, token: LeaseToken) {
+        let Some(sid) = self.owner.get(&id).copied() else {
+            return;
+        };
+        if let Some(stream) = self.streams.get_mut(&sid)
+            && stream.inflight.get(&id).is_some_and(|f| f.token == token)
         {
             stream.inflight.remove(&id);
+            self.owner.remove(&id);
+        }
+    }
+
+    /// Asks the database about every lease our streams hold (after LISTEN
+    /// reconnected, and at each fallback poll): settle notifications lost
+    /// meanwhile would otherwise keep their credit until the lease expires.
+    fn verify_all_leases(&mut self) {
+        let mut all: Vec<(JobId, LeaseToken)> = Vec::new();
+        for stream in self.streams.values_mut() {
+            for (id, f) in stream.inflight.iter_mut() {
+                if !f.checking {
+                    f.checking = true;
+                    all.push((*id, f.token));
+                }
+            }
+        }
+        for chunk in all.chunks(5000) {
+            let store = self.store.clone();
+            let me = self.me.clone();
+            tokio::spawn(check_leases(store, me, chunk.to_vec()));
         }
     }
 
@@ -392,7 +422,9 @@ impl State {
             .map(|(id, f)| (*id, f.token))
             .collect();
         for (job, _) in &leases {
-            self.owner.remove(job);
+            if self.owner.get(job) == Some(&id) {
+                self.owner.remove(job);
+            }
         }
         debug!(stream = id, unsettled = leases.len(), "stream closed");
         if !leases.is_empty() {
@@ -423,6 +455,7 @@ impl State {
                 q.seq += 1;
                 q.check_due = true;
             }
+            self.verify_all_leases();
         }
         for q in self.queues.values_mut() {
             if q.due.is_some_and(|d| d <= now) {
@@ -586,13 +619,23 @@ impl State {
         let mut orphans: Vec<(JobId, LeaseToken)> = Vec::new();
         for job in leased {
             let sid = slots[job.slot as usize];
-            let Some(stream) = self.streams.get_mut(&sid) else {
+            if !self.streams.contains_key(&sid) {
                 // The stream closed while the statement ran: the consumer
                 // never saw this job, so it goes back with its attempt.
                 orphans.push((job.id, job.token));
                 continue;
-            };
+            }
             let id = job.id;
+            // The job was leased again, so any earlier lease of it by one of
+            // our streams is over (it expired): that stream's credit returns.
+            if let Some(prev) = self.owner.get(&id).copied()
+                && let Some(s) = self.streams.get_mut(&prev)
+            {
+                s.inflight.remove(&id);
+            }
+            let Some(stream) = self.streams.get_mut(&sid) else {
+                continue;
+            };
             let deadline = now + Duration::from_millis(job.lease_ms as u64);
             stream.inflight.insert(
                 id,
@@ -759,6 +802,7 @@ async fn check_leases(
     leases: Vec<(JobId, LeaseToken)>,
 ) {
     let ids: Vec<JobId> = leases.iter().map(|l| l.0).collect();
+    let checked = leases.clone();
     let result = async {
         let expired = store.expired_leases(Some(&ids), ids.len() as i64).await?;
         crate::maintenance::reap(&store, expired, |w| {
@@ -776,8 +820,5 @@ async fn check_leases(
             ids.iter().map(|id| (*id, 1000)).collect()
         }
     };
-    let _ = me.send(Msg::LeaseChecked {
-        checked: ids,
-        alive,
-    });
+    let _ = me.send(Msg::LeaseChecked { checked, alive });
 }

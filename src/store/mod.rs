@@ -45,7 +45,7 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 pub const WAKE_CHANNEL: &str = "leaseq_wake";
 
 /// The channel one broker LISTENs on to hear that jobs it leased were settled
-/// on another replica (payload: comma-separated job ids).
+/// on another replica (payload: comma-separated `job_id:lease_token`).
 pub fn settle_channel(broker: Uuid) -> String {
     format!("leaseq_settle_{}", broker.simple())
 }
@@ -73,6 +73,17 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
         .test_before_acquire(false)
         .connect_with(opts)
         .await
+}
+
+/// A pool of exactly one connection for the LISTEN connection, so it never
+/// takes one of the working pool's connections (and reconnects on its own).
+pub async fn connect_listener(url: &str) -> Result<PgPool, sqlx::Error> {
+    let opts: PgConnectOptions = url.parse()?;
+    Ok(PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(opts.application_name("leaseq")))
 }
 
 /// One enqueue result, in request order.
@@ -359,18 +370,21 @@ impl Store {
 
     /// Tells other brokers that jobs they leased were settled here, so their
     /// streams get the credit back.
-    pub async fn notify_settled(&self, settled: &[(Uuid, JobId)]) -> Result<()> {
+    pub async fn notify_settled(&self, settled: &[(Uuid, JobId, LeaseToken)]) -> Result<()> {
         let mut by_broker: HashMap<Uuid, Vec<String>> = HashMap::new();
-        for (broker, id) in settled {
+        for (broker, id, token) in settled {
             if *broker != self.broker_id {
-                by_broker.entry(*broker).or_default().push(id.to_string());
+                by_broker
+                    .entry(*broker)
+                    .or_default()
+                    .push(format!("{id}:{token}"));
             }
         }
         let mut channels = Vec::new();
         let mut payloads = Vec::new();
         for (broker, ids) in by_broker {
-            // NOTIFY payloads are limited to 8000 bytes: 200 ids is 7400.
-            for chunk in ids.chunks(200) {
+            // NOTIFY payloads are limited to 8000 bytes: 100 pairs is 7400.
+            for chunk in ids.chunks(100) {
                 channels.push(settle_channel(broker));
                 payloads.push(chunk.join(","));
             }
