@@ -96,11 +96,13 @@ impl From<sqlx::Error> for Error {
                             sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
                         )
                     });
+                // 40001 / 40P01: serialization failure, deadlock: transient,
+                // the client retries.
                 fatal
                     || db.code().is_some_and(|code| {
                         code.starts_with("08")
                             || code.starts_with("53")
-                            || matches!(&*code, "57P01" | "57P02" | "57P03")
+                            || matches!(&*code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
                     })
             }
             _ => false,

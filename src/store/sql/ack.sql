@@ -1,6 +1,15 @@
 -- Completes jobs. Only the holder of the current lease token may settle a
 -- job: a stale token matches no row and the caller gets FAILED_PRECONDITION.
+-- Rows are locked in id order first: concurrent settle statements (acks,
+-- nacks, releases, extends) then never deadlock on each other.
+with target as (
+    select j.id
+    from leaseq.jobs j
+    join unnest($1::uuid[], $2::uuid[]) as i(id, token) on j.id = i.id and j.lease_token = i.token
+    order by j.id
+    for update of j
+)
 delete from leaseq.jobs j
-using unnest($1::uuid[], $2::uuid[]) as i(id, token)
-where j.id = i.id and j.lease_token = i.token
+using target t
+where j.id = t.id
 returning j.id, j.lease_broker

@@ -26,6 +26,8 @@ cur as (
     from input i
     join leaseq.jobs j on j.id = i.id and j.lease_token = i.token
     join leaseq.queues q on q.name = j.queue
+    -- Locked in id order, like every settle statement: no deadlocks.
+    order by j.id
     for update of j
 ),
 buried as (
