@@ -168,7 +168,9 @@ pub fn duration_ms(d: &prost_types::Duration, field: &str, max: Duration) -> Res
 /// A lease length: 1 s to 12 h.
 pub fn lease_ms(d: &prost_types::Duration, field: &str) -> Result<i64> {
     let ms = duration_ms(d, field, MAX_LEASE)?;
-    if (ms as u128) < MIN_LEASE.as_millis() {
+    // Compare the exact value, not the rounded milliseconds: 0.9999 s must
+    // not become a 1 s lease.
+    if d.seconds < MIN_LEASE.as_secs() as i64 {
         return Err(Error::invalid(field, "must be between 1s and 12h"));
     }
     Ok(ms)
@@ -453,6 +455,8 @@ mod tests {
         assert!(duration_ms(&d(0, 1_000_000_000), "f", MAX_DELAY).is_err());
         assert!(duration_ms(&d(i64::MAX, 0), "f", MAX_DELAY).is_err());
         assert!(lease_ms(&d(0, 999_000_000), "lease").is_err());
+        assert!(lease_ms(&d(0, 999_999_999), "lease").is_err());
+        assert_eq!(lease_ms(&d(1, 0), "lease").unwrap(), 1000);
         assert_eq!(lease_ms(&d(43200, 0), "lease").unwrap(), 43_200_000);
         assert!(lease_ms(&d(43200, 1), "lease").is_err());
     }

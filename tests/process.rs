@@ -1,0 +1,636 @@
+//! The real `leaseq` binary as a process: SIGTERM drain, kill -9 with no job
+//! lost, health and reflection, `serve --help`, and the `enqueue` / `tail`
+//! client subcommands. Plus health during an in-process drain.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use leaseq::pb;
+use leaseq::pb::subscribe_response::Kind;
+use tokio::time::{Instant, timeout};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// (payload, state, attempt, lease_token) of every live job, in id order.
+async fn job_rows(db: &TestDb) -> Vec<(String, String, i32, Option<String>)> {
+    sqlx::query_as(
+        "select convert_from(payload, 'UTF8'), state, attempt, lease_token::text
+         from leaseq.jobs order by id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("job rows")
+}
+
+/// Reads `stream` until it ends; returns its final status. Panics on a
+/// delivery (none is expected) or when it does not end within `limit`.
+async fn stream_end(
+    stream: &mut tonic::Streaming<pb::SubscribeResponse>,
+    limit: Duration,
+) -> Result<(), tonic::Status> {
+    timeout(limit, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(m)) => {
+                    if let Some(Kind::Delivery(d)) = m.kind {
+                        panic!("delivery while draining: {:?}", d.job.map(|j| j.id));
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(s) => return Err(s),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("stream did not end within {limit:?}"))
+}
+
+/// Polls health for `service` until it is not SERVING (NOT_SERVING, or the
+/// server is unreachable); returns what it saw. Panics after `limit`.
+async fn wait_not_serving(
+    addr: std::net::SocketAddr,
+    service: &str,
+    limit: Duration,
+) -> Option<ServingStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let h = health(addr, service).await;
+        if h != Some(ServingStatus::Serving) {
+            return h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health {service:?} still SERVING {limit:?} after the drain began"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_releases_with_refund_and_exits_zero() {
+    let db = TestDb::new().await;
+    let mut broker = BinaryBroker::start(&db, &[]).await;
+    let addr = broker.addr;
+    let mut client = broker.client().await;
+    for i in 0..3 {
+        enqueue(&mut client, "drain", &format!("d{i}")).await;
+    }
+    let mut stream = subscribe(&mut client, &["drain"], 5, Some(Duration::from_secs(60))).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let d = next_delivery(&mut stream, Duration::from_secs(5)).await;
+        assert_eq!(d.job.as_ref().unwrap().attempt, 1);
+        got.push(d);
+    }
+    let rows = job_rows(&db).await;
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r.1 == "leased" && r.2 == 1), "{rows:?}");
+
+    let signalled = Instant::now();
+    broker.signal(libc::SIGTERM);
+    // Health flips and the stream ends, concurrently.
+    let (seen, end) = tokio::join!(
+        wait_not_serving(addr, "", Duration::from_secs(5)),
+        stream_end(&mut stream, Duration::from_secs(5)),
+    );
+    let status = end.expect_err("the stream must end with a status, not cleanly");
+    assert_eq!(
+        status.code(),
+        Code::Unavailable,
+        "drain ends streams with UNAVAILABLE: {status:?}"
+    );
+    assert!(
+        matches!(seen, None | Some(ServingStatus::NotServing)),
+        "health during drain: {seen:?}"
+    );
+    // Released before the stream was ended: available again at once (not
+    // after the 60 s lease), with the attempt given back.
+    let rows = job_rows(&db).await;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for (payload, state, attempt, token) in &rows {
+        assert_eq!(state, "available", "{payload} after the drain: {rows:?}");
+        assert_eq!(*attempt, 0, "{payload}: the drain refunds the attempt");
+        assert!(token.is_none(), "{payload} still has a lease token");
+    }
+    let exit = broker.wait(Duration::from_secs(10)).await;
+    let took = signalled.elapsed();
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
+    assert!(
+        took < Duration::from_millis(6500),
+        "exited {took:?} after SIGTERM; drain grace is 5s"
+    );
+    assert_eq!(health(addr, "").await, None, "nothing listens after exit");
+    // The settles of the old stream are now stale.
+    drop(stream);
+
+    // Another broker delivers all three, as first attempts.
+    let next = TestBroker::start(&db).await;
+    let mut client = next.client().await;
+    let mut stream = subscribe(&mut client, &["drain"], 5, None).await;
+    let mut payloads = Vec::new();
+    for _ in 0..3 {
+        let d = next_delivery(&mut stream, Duration::from_secs(5)).await;
+        let job = d.job.as_ref().unwrap();
+        assert_eq!(job.attempt, 1, "attempt after a refunded drain");
+        payloads.push(String::from_utf8(job.payload.clone()).unwrap());
+        ack(&mut client, &d).await.expect("ack on the new broker");
+    }
+    payloads.sort();
+    assert_eq!(payloads, ["d0", "d1", "d2"]);
+    // The old tokens no longer settle anything.
+    let stale = ack(&mut client, &got[0]).await.expect_err("stale token");
+    assert_eq!(stale.code(), Code::FailedPrecondition);
+    assert_eq!(db.live_jobs().await, 0);
+    assert_eq!(db.dead_jobs().await, 0);
+    drop(stream);
+    next.stop().await;
+}
+
+#[derive(Default)]
+struct Track {
+    /// Ids whose Ack returned OK.
+    acked_ids: HashSet<String>,
+    acked_payloads: HashSet<String>,
+    /// Payloads one of whose Acks failed (sent to a dying broker).
+    ack_failed: HashSet<String>,
+    deliveries: usize,
+    redeliveries: usize,
+    violations: Vec<String>,
+    /// Stream ends and subscribe failures, for diagnostics.
+    events: Vec<String>,
+}
+
+/// Consumes `queue`, acking each delivery at once, until the stream fails.
+/// With `resubscribe`, opens a new stream whenever one ends (until aborted).
+async fn consume(
+    mut client: Client,
+    queue: &'static str,
+    track: Arc<Mutex<Track>>,
+    resubscribe: bool,
+) {
+    loop {
+        consume_one_stream(&mut client, queue, &track).await;
+        if !resubscribe {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn consume_one_stream(client: &mut Client, queue: &'static str, track: &Arc<Mutex<Track>>) {
+    let resp = client
+        .subscribe(pb::SubscribeRequest {
+            queues: vec![queue.into()],
+            consumer: "kill9".into(),
+            max_in_flight: 10,
+            lease: Some(dur(Duration::from_secs(2))),
+        })
+        .await;
+    let mut stream = match resp {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            track
+                .lock()
+                .unwrap()
+                .events
+                .push(format!("subscribe failed: {e:?}"));
+            return;
+        }
+    };
+    loop {
+        let msg = match stream.message().await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => {
+                track.lock().unwrap().events.push("stream ended".into());
+                return;
+            }
+            Err(e) => {
+                track
+                    .lock()
+                    .unwrap()
+                    .events
+                    .push(format!("stream failed: {e:?}"));
+                return;
+            }
+        };
+        let Some(Kind::Delivery(d)) = msg.kind else {
+            continue;
+        };
+        let job = d.job.clone().unwrap();
+        {
+            let mut t = track.lock().unwrap();
+            t.deliveries += 1;
+            if job.attempt > 1 {
+                t.redeliveries += 1;
+            }
+            if t.acked_ids.contains(&job.id) {
+                t.violations.push(format!(
+                    "job {} ({}) delivered again (attempt {}) after an Ack returned OK",
+                    job.id,
+                    String::from_utf8_lossy(&job.payload),
+                    job.attempt
+                ));
+            }
+        }
+        match ack(client, &d).await {
+            Ok(()) => {
+                let mut t = track.lock().unwrap();
+                t.acked_ids.insert(job.id);
+                t.acked_payloads
+                    .insert(String::from_utf8(job.payload).unwrap());
+            }
+            // The broker died under this Ack: it may or may not have
+            // committed. If it did not, the job comes back.
+            Err(_) => {
+                track
+                    .lock()
+                    .unwrap()
+                    .ack_failed
+                    .insert(String::from_utf8(job.payload).unwrap());
+            }
+        }
+    }
+}
+
+async fn wait_acked(track: &Arc<Mutex<Track>>, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let have = track.lock().unwrap().acked_payloads.len();
+        if have >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {have} of {n} payloads acked within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until every payload is acked, or had an Ack fail, and no job is
+/// live any more.
+async fn wait_all_settled(track: &Arc<Mutex<Track>>, db: &TestDb, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let missing: Vec<String> = {
+            let t = track.lock().unwrap();
+            (0..n)
+                .map(|i| format!("p{i:03}"))
+                .filter(|p| !t.acked_payloads.contains(p) && !t.ack_failed.contains(p))
+                .collect()
+        };
+        let live = db.live_jobs().await;
+        if missing.is_empty() && live == 0 {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
+                "select convert_from(payload, 'UTF8'), state, attempt,
+                    concat_ws(' ', 'lease left', lease_expires_at - now(), 'broker', lease_broker,
+                        'run_at - now', run_at - now())
+                 from leaseq.jobs order by id",
+            )
+            .fetch_all(&db.pool)
+            .await
+            .expect("live rows");
+            let t = track.lock().unwrap();
+            panic!(
+                "within {limit:?}: never acked {missing:?}; {live} jobs still live \
+                 (payload, state, attempt, details): {rows:?}; \
+                 {} deliveries, failed acks {:?}, stream events {:?}",
+                t.deliveries, t.ack_failed, t.events
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_consumption_loses_no_job() {
+    const N: usize = 200;
+    let db = TestDb::new().await;
+    let mut first = BinaryBroker::start(&db, &[]).await;
+    let mut client = first.client().await;
+    let jobs: Vec<pb::EnqueueRequest> = (0..N).map(|i| job("k9", &format!("p{i:03}"))).collect();
+    let resp = client
+        .enqueue_batch(pb::EnqueueBatchRequest { jobs })
+        .await
+        .expect("enqueue batch")
+        .into_inner();
+    assert_eq!(resp.results.len(), N);
+    assert_eq!(db.live_jobs().await, N as i64);
+
+    let track: Arc<Mutex<Track>> = Default::default();
+    let consumer = tokio::spawn(consume(client.clone(), "k9", track.clone(), false));
+    wait_acked(&track, N / 2, Duration::from_secs(15)).await;
+    first.signal(libc::SIGKILL);
+    let exit = first.wait(Duration::from_secs(5)).await;
+    assert!(!exit.success(), "killed: {exit:?}");
+    timeout(Duration::from_secs(5), consumer)
+        .await
+        .expect("consumer notices the dead broker")
+        .expect("consumer task");
+    let acked_at_kill = {
+        let mut t = track.lock().unwrap();
+        // Phase 1 ends with the stream failing: expected.
+        t.events.clear();
+        t.acked_payloads.len()
+    };
+    assert!(
+        acked_at_kill < N,
+        "all acked before the kill; nothing tested"
+    );
+
+    // A new broker on the same database: the dead one's leases expire (2 s)
+    // and everything not acked comes back.
+    let second = BinaryBroker::start(&db, &[]).await;
+    let consumer = tokio::spawn(consume(second.client().await, "k9", track.clone(), true));
+    wait_all_settled(&track, &db, N, Duration::from_secs(20)).await;
+    consumer.abort();
+    let _ = consumer.await;
+
+    {
+        let t = track.lock().unwrap();
+        assert!(t.violations.is_empty(), "{}", t.violations.join("\n"));
+        assert!(
+            t.events.is_empty(),
+            "streams on the healthy second broker failed: {:?}",
+            t.events
+        );
+        // Every payload was acked with an OK answer, except possibly the one
+        // whose Ack was in flight when the broker died (the consumer acks one at
+        // a time): that Ack committed without its answer reaching us, so the job
+        // is gone (not live, not dead) and never came back.
+        let never_ok: Vec<&String> = (0..N)
+            .map(|i| format!("p{i:03}"))
+            .filter(|p| !t.acked_payloads.contains(p))
+            .map(|p| t.ack_failed.get(&p).expect("settled"))
+            .collect();
+        assert!(
+            never_ok.len() <= 1,
+            "more than the one in-flight Ack unaccounted for: {never_ok:?}"
+        );
+        assert_eq!(
+            t.acked_ids.len(),
+            t.acked_payloads.len(),
+            "one id per payload"
+        );
+        eprintln!(
+            "kill -9: {acked_at_kill} acked before the kill, {} deliveries, {} redeliveries, \
+             {} failed acks, in-flight ack committed unanswered: {never_ok:?}",
+            t.deliveries,
+            t.redeliveries,
+            t.ack_failed.len()
+        );
+    }
+    assert_eq!(db.live_jobs().await, 0);
+    assert_eq!(db.dead_jobs().await, 0);
+}
+
+async fn list_services_v1(url: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .expect("url")
+        .connect()
+        .await
+        .expect("reflection v1 connect");
+    let mut client = ServerReflectionClient::new(channel);
+    let reqs = vec![
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                "leaseq.v1.QueueService".into(),
+            )),
+        },
+    ];
+    let mut resp = client
+        .server_reflection_info(tokio_stream::iter(reqs))
+        .await
+        .expect("reflection v1")
+        .into_inner();
+    let mut next = async || -> ServerReflectionResponse {
+        timeout(Duration::from_secs(5), resp.message())
+            .await
+            .expect("reflection v1 answers")
+            .expect("reflection v1 ok")
+            .expect("reflection v1 response")
+    };
+    let Some(MessageResponse::ListServicesResponse(list)) = next().await.message_response else {
+        panic!("v1: not a ListServices response");
+    };
+    let Some(MessageResponse::FileDescriptorResponse(files)) = next().await.message_response else {
+        panic!("v1: no file descriptor for leaseq.v1.QueueService");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    list.service.into_iter().map(|s| s.name).collect()
+}
+
+async fn list_services_v1alpha(url: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1alpha::{ServerReflectionRequest, ServerReflectionResponse};
+
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .expect("url")
+        .connect()
+        .await
+        .expect("reflection v1alpha connect");
+    let mut client = ServerReflectionClient::new(channel);
+    let reqs = vec![
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                "leaseq.v1.QueueService".into(),
+            )),
+        },
+    ];
+    let mut resp = client
+        .server_reflection_info(tokio_stream::iter(reqs))
+        .await
+        .expect("reflection v1alpha")
+        .into_inner();
+    let mut next = async || -> ServerReflectionResponse {
+        timeout(Duration::from_secs(5), resp.message())
+            .await
+            .expect("reflection v1alpha answers")
+            .expect("reflection v1alpha ok")
+            .expect("reflection v1alpha response")
+    };
+    let Some(MessageResponse::ListServicesResponse(list)) = next().await.message_response else {
+        panic!("v1alpha: not a ListServices response");
+    };
+    let Some(MessageResponse::FileDescriptorResponse(files)) = next().await.message_response else {
+        panic!("v1alpha: no file descriptor for leaseq.v1.QueueService");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    list.service.into_iter().map(|s| s.name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_on_the_binary() {
+    let db = TestDb::new().await;
+    let mut broker = BinaryBroker::start(&db, &[]).await;
+    for service in ["", "leaseq.v1.QueueService", "liveness"] {
+        assert_eq!(
+            health(broker.addr, service).await,
+            Some(ServingStatus::Serving),
+            "health {service:?}"
+        );
+    }
+    let url = format!("http://{}", broker.addr);
+    for (version, services) in [
+        ("v1", list_services_v1(&url).await),
+        ("v1alpha", list_services_v1alpha(&url).await),
+    ] {
+        for want in ["leaseq.v1.QueueService", "grpc.health.v1.Health"] {
+            assert!(
+                services.iter().any(|s| s == want),
+                "reflection {version} lists {services:?}, not {want}"
+            );
+        }
+    }
+    broker.signal(libc::SIGTERM);
+    assert!(broker.wait(Duration::from_secs(10)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_not_serving_from_the_start_of_an_in_process_drain() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let addr = broker.addr;
+    let mut client = broker.client().await;
+    enqueue(&mut client, "hd", "held").await;
+    let mut stream = subscribe(&mut client, &["hd"], 1, Some(Duration::from_secs(60))).await;
+    let _held = next_delivery(&mut stream, Duration::from_secs(5)).await;
+    assert_eq!(health(addr, "").await, Some(ServingStatus::Serving));
+
+    broker.begin_shutdown();
+    let started = Instant::now();
+    let mut polls = Vec::new();
+    // From the first poll on, never SERVING; stop once unreachable.
+    while started.elapsed() < Duration::from_secs(2) {
+        let all = (
+            health(addr, "").await,
+            health(addr, "leaseq.v1.QueueService").await,
+        );
+        polls.push(all);
+        assert!(
+            matches!(all.0, None | Some(ServingStatus::NotServing))
+                && matches!(all.1, None | Some(ServingStatus::NotServing)),
+            "health after begin_shutdown ({:?} in): {polls:?}",
+            started.elapsed()
+        );
+        if all == (None, None) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let end = stream_end(&mut stream, Duration::from_secs(5)).await;
+    assert_eq!(
+        end.expect_err("stream ends with a status").code(),
+        Code::Unavailable
+    );
+    broker.stop().await;
+    let rows = job_rows(&db).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1, "available", "{rows:?}");
+    assert_eq!(rows[0].2, 0, "attempt refunded: {rows:?}");
+}
+
+#[test]
+fn serve_help_documents_listen_and_database_url() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+        .args(["serve", "--help"])
+        .env_remove("DATABASE_URL")
+        .env_remove("LEASEQ_LISTEN")
+        .output()
+        .expect("run leaseq serve --help");
+    assert!(out.status.success(), "{:?}", out.status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "--listen",
+        "LEASEQ_LISTEN",
+        "--database-url",
+        "DATABASE_URL",
+    ] {
+        assert!(text.contains(want), "`serve --help` lacks {want}:\n{text}");
+    }
+}
+
+/// Runs the binary with `args`; returns (success, stdout). Bounded.
+async fn leaseq(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = timeout(
+        Duration::from_secs(15),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+            .args(args)
+            .env_remove("LEASEQ_ADDR")
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("leaseq {args:?} did not finish within 15s"))
+    .expect("run leaseq");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_enqueue_then_tail() {
+    let db = TestDb::new().await;
+    let mut broker = BinaryBroker::start(&db, &[]).await;
+    let url = format!("http://{}", broker.addr);
+
+    let (status, out, err) = leaseq(&[
+        "enqueue",
+        "--addr",
+        &url,
+        "--queue",
+        "q",
+        "--payload",
+        "hello",
+    ])
+    .await;
+    assert!(status.success(), "enqueue: {status:?}\n{err}");
+    let id = out.trim();
+    uuid::Uuid::parse_str(id).unwrap_or_else(|_| panic!("enqueue printed {out:?}, not a UUID"));
+    assert_eq!(db.live_jobs().await, 1);
+
+    let (status, out, err) =
+        leaseq(&["tail", "--addr", &url, "--queue", "q", "--count", "1"]).await;
+    assert!(status.success(), "tail: {status:?}\n{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("hello"))
+        .unwrap_or_else(|| panic!("tail printed no line with the payload: {out:?}"));
+    assert!(
+        line.contains(id),
+        "tail line {line:?} lacks the job id {id}"
+    );
+    // tail acks what it prints.
+    assert_eq!(db.live_jobs().await, 0);
+
+    broker.signal(libc::SIGTERM);
+    assert!(broker.wait(Duration::from_secs(10)).await.success());
+}
