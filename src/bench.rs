@@ -361,7 +361,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let (Some(b), Some(r)) = (baseline_jobs_per_s, ratio) {
         println!("baseline (raw SQL, batches of 100) jobs_per_s={b:.0} ratio={r:.2}");
     }
-    let rss_kb = broker_rss_kb();
+    let rss_kb = own_rss_kb();
     println!(
         "scenario={:?} jobs={} seconds={:.1} jobs_per_s={:.0} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} errors={}",
         args.scenario,
@@ -403,7 +403,7 @@ fn json_num(x: f64) -> String {
 }
 
 /// This process's resident set, from /proc (0 where unavailable).
-fn broker_rss_kb() -> u64 {
+fn own_rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

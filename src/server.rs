@@ -4,7 +4,6 @@
 //! [`run`] takes an already-bound listener (tests bind `127.0.0.1:0`) and a
 //! shutdown token (the binary cancels it on SIGTERM / SIGINT).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -223,6 +222,3 @@ async fn health_loop(
         }
     }
 }
-
-/// Keeps a handle type alias public for tests that embed a broker.
-pub type SharedBroker = Arc<Broker>;

@@ -100,6 +100,27 @@ pub struct Wake {
     pub delay_ms: i64,
 }
 
+/// Coalesces wake-ups: per queue, the earliest ready job and the earliest
+/// delayed one (at most two notifications per queue per batch).
+#[derive(Default)]
+struct Wakes(HashMap<(QueueName, bool), i64>);
+
+impl Wakes {
+    fn add(&mut self, queue: &str, delay_ms: i64) {
+        if let Some(q) = QueueName::parse(queue) {
+            let e = self.0.entry((q, delay_ms > 0)).or_insert(delay_ms);
+            *e = (*e).min(delay_ms);
+        }
+    }
+
+    fn into_vec(self) -> Vec<Wake> {
+        self.0
+            .into_iter()
+            .map(|((queue, _), delay_ms)| Wake { queue, delay_ms })
+            .collect()
+    }
+}
+
 /// What one stream slot wants from one queue in a lease round.
 #[derive(Clone, Debug)]
 pub struct Want {
@@ -211,7 +232,7 @@ impl Store {
             Self::ensure_queues(&mut *tx, new_queues).await?;
         }
         let mut results: Vec<Option<Enqueued>> = vec![None; jobs.len()];
-        let mut wakes: HashMap<(QueueName, bool), i64> = HashMap::new();
+        let mut wakes = Wakes::default();
         let mut pending: Vec<usize> = (0..jobs.len()).collect();
         // A skipped duplicate whose live job was settled before we looked it
         // up is inserted again; this converges in a round or two.
@@ -224,10 +245,7 @@ impl Store {
             let mut by_id: HashMap<Uuid, i64> = HashMap::with_capacity(inserted.len());
             for (id, queue, delay_ms) in inserted {
                 by_id.insert(id, delay_ms);
-                if let Some(q) = QueueName::parse(&queue) {
-                    let e = wakes.entry((q, delay_ms > 0)).or_insert(delay_ms);
-                    *e = (*e).min(delay_ms);
-                }
+                wakes.add(&queue, delay_ms);
             }
             let mut dups: Vec<usize> = Vec::new();
             for &i in &pending {
@@ -285,10 +303,7 @@ impl Store {
         if !pending.is_empty() {
             return Err(Error::Internal("dedup lookup did not converge"));
         }
-        let wakes: Vec<Wake> = wakes
-            .into_iter()
-            .map(|((queue, _), delay_ms)| Wake { queue, delay_ms })
-            .collect();
+        let wakes = wakes.into_vec();
         self.notify_wake(&mut *tx, &wakes).await?;
         tx.commit().await?;
         let results = results
@@ -323,14 +338,10 @@ impl Store {
         if inserted.len() != jobs.len() {
             return Err(Error::Internal("enqueue inserted fewer rows than asked"));
         }
-        let mut wakes: HashMap<(QueueName, bool), i64> = HashMap::new();
+        let mut wakes = Wakes::default();
         for r in &inserted {
             let queue: String = r.try_get("queue")?;
-            let delay_ms: i64 = r.try_get("delay_ms")?;
-            if let Some(q) = QueueName::parse(&queue) {
-                let e = wakes.entry((q, delay_ms > 0)).or_insert(delay_ms);
-                *e = (*e).min(delay_ms);
-            }
+            wakes.add(&queue, r.try_get("delay_ms")?);
         }
         let results = jobs
             .iter()
@@ -339,10 +350,7 @@ impl Store {
                 duplicate: false,
             })
             .collect();
-        let wakes = wakes
-            .into_iter()
-            .map(|((queue, _), delay_ms)| Wake { queue, delay_ms })
-            .collect();
+        let wakes = wakes.into_vec();
         Ok((results, wakes))
     }
 
