@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use tokio::sync::Mutex;
+use std::sync::Mutex;
 use tonic::transport::Channel;
 
 use crate::pb;
@@ -31,6 +31,16 @@ pub enum Scenario {
     Backlog,
     /// The raw-SQL pattern straight against --database-url (no broker).
     Baseline,
+}
+
+/// How consumers settle their jobs.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum AckMode {
+    /// One unary Ack call per job.
+    Unary,
+    /// AckBatch calls: each consumer sends what it has finished as one call,
+    /// one call in flight at a time.
+    Batch,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -55,6 +65,13 @@ pub struct BenchArgs {
     /// Jobs per EnqueueBatch (and per raw-SQL transaction in the baseline).
     #[arg(long, default_value_t = 100)]
     pub batch: usize,
+    /// How consumers ack: one Ack per job, or AckBatch.
+    #[arg(long, value_enum, default_value_t = AckMode::Unary)]
+    pub ack: AckMode,
+    /// Print a line with the rate of the last N seconds (and, with
+    /// --database-url, the size of leaseq.jobs) every N seconds: for soaks.
+    #[arg(long)]
+    pub report_every: Option<u64>,
     /// Credits per consumer stream.
     #[arg(long, default_value_t = 256)]
     pub max_in_flight: u32,
@@ -106,12 +123,12 @@ impl Counters {
 struct Samples(Mutex<Vec<u64>>);
 
 impl Samples {
-    async fn push(&self, us: u64) {
-        self.0.lock().await.push(us);
+    fn push(&self, us: u64) {
+        self.0.lock().expect("poisoned").push(us);
     }
 
-    async fn percentiles(&self) -> (f64, f64, f64) {
-        let mut v = self.0.lock().await.clone();
+    fn percentiles(&self) -> (f64, f64, f64) {
+        let mut v = self.0.lock().expect("poisoned").clone();
         if v.is_empty() {
             return (f64::NAN, f64::NAN, f64::NAN);
         }
@@ -180,6 +197,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         } else {
             args.max_in_flight
         };
+        let acks = (args.ack == AckMode::Batch).then(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(ack_batches(client.clone(), rx, counters.clone()));
+            tx
+        });
         tasks.spawn(async move {
             let mut stream = client
                 .subscribe(pb::SubscribeRequest {
@@ -201,9 +223,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 };
                 let job = d.job.unwrap_or_default();
                 if let Some(t) = sent_at(&job.payload) {
-                    samples.push(now_us().saturating_sub(t)).await;
+                    samples.push(now_us().saturating_sub(t));
                 }
                 counters.delivered.fetch_add(1, Ordering::Relaxed);
+                if let Some(acks) = &acks {
+                    let _ = acks.send(pb::AckRequest {
+                        job_id: job.id,
+                        lease_token: d.lease_token,
+                    });
+                    continue;
+                }
                 let mut client = client.clone();
                 let counters = counters.clone();
                 tokio::spawn(async move {
@@ -319,6 +348,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Baseline => unreachable!(),
     }
 
+    let report_pool = match (&args.report_every, &args.database_url) {
+        (Some(_), Some(url)) => Some(crate::store::connect(url, 1).await?),
+        _ => None,
+    };
+    let mut report = (Instant::now(), 0u64);
     let mut last = (Instant::now(), 0u64);
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -327,6 +361,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         } else {
             counters.acked.load(Ordering::Relaxed)
         };
+        if let Some(every) = args.report_every
+            && report.0.elapsed() >= Duration::from_secs(every)
+        {
+            let rate = (done - report.1) as f64 / report.0.elapsed().as_secs_f64();
+            report = (Instant::now(), done);
+            let size = match &report_pool {
+                Some(pool) => {
+                    sqlx::query_scalar::<_, i64>("select pg_total_relation_size('leaseq.jobs')")
+                        .fetch_one(pool)
+                        .await
+                        .map_or_else(
+                            |e| e.to_string(),
+                            |b| format!("{:.1} MiB", b as f64 / 1048576.0),
+                        )
+                }
+                None => "n/a".into(),
+            };
+            eprintln!(
+                "\nreport t={:.0}s jobs_per_s={rate:.0} jobs_table={size}",
+                started.elapsed().as_secs_f64()
+            );
+        }
         let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
         last = (Instant::now(), done);
         eprint!(
@@ -348,7 +404,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         counters.acked.load(Ordering::Relaxed)
     };
-    let (p50, p99, max) = samples.percentiles().await;
+    let (p50, p99, max) = samples.percentiles();
     let jobs_per_s = done as f64 / elapsed;
     let baseline_jobs_per_s = if args.compare {
         let mut b = args.clone();
@@ -533,4 +589,38 @@ async fn baseline_rate(args: &BenchArgs) -> anyhow::Result<f64> {
         .await?;
     pool.close().await;
     Ok(jobs_per_s)
+}
+
+/// Acks a consumer's finished jobs with AckBatch: whatever piled up while the
+/// previous call ran goes in the next one (group commit on the client side).
+async fn ack_batches(
+    mut client: QueueServiceClient<Channel>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<pb::AckRequest>,
+    counters: Arc<Counters>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut acks = vec![first];
+        while acks.len() < 1000 {
+            match rx.try_recv() {
+                Ok(a) => acks.push(a),
+                Err(_) => break,
+            }
+        }
+        let n = acks.len() as u64;
+        match client.ack_batch(pb::AckBatchRequest { acks }).await {
+            Ok(r) => {
+                let ok = r
+                    .into_inner()
+                    .results
+                    .iter()
+                    .filter(|r| r.code == 0)
+                    .count() as u64;
+                counters.acked.fetch_add(ok, Ordering::Relaxed);
+                counters.errors.fetch_add(n - ok, Ordering::Relaxed);
+            }
+            Err(e) => {
+                counters.error(&e);
+            }
+        }
+    }
 }

@@ -25,7 +25,8 @@ pub struct Broker {
     store: Store,
     dispatcher: Dispatcher,
     enqueue: Batcher<Vec<NewJob>, Vec<Enqueued>>,
-    ack: Batcher<AckReq, ()>,
+    /// One request per Ack or AckBatch call; one result per ack in it.
+    ack: Batcher<Vec<AckReq>, Vec<Result<()>>>,
     nack: Batcher<NackReq, bool>,
     extend: Batcher<ExtendReq, DateTime<Utc>>,
     /// Set at the first moment of a drain: new streams are refused.
@@ -79,29 +80,37 @@ impl Broker {
                 "ack",
                 MAX_BATCH_ROWS,
                 BATCH_CONCURRENCY,
-                |_| 1,
-                move |reqs: Vec<AckReq>| {
+                |r: &Vec<AckReq>| r.len(),
+                move |reqs: Vec<Vec<AckReq>>| {
                     let store = store.clone();
                     let dispatcher = dispatcher.clone();
                     async move {
-                        let done = store.ack(&reqs).await?;
-                        let ids: HashSet<JobId> = done.iter().map(|s| s.id).collect();
-                        let tokens: HashMap<JobId, LeaseToken> =
-                            reqs.iter().map(|r| (r.job_id, r.token)).collect();
+                        let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
+                        let done = store.ack(&all).await?;
+                        // Keyed by (job, token): two acks of one job with
+                        // different tokens may share a statement, and only
+                        // the current token's ack succeeded.
+                        let acked: HashSet<(JobId, LeaseToken)> =
+                            done.iter().map(|s| (s.id, s.token)).collect();
                         settle_credit(
                             &store,
                             &dispatcher,
-                            done.iter().map(|s| (s.broker, s.id, tokens[&s.id])),
+                            done.iter().map(|s| (s.broker, s.id, s.token)),
                         )
                         .await;
                         Ok(reqs
                             .iter()
-                            .map(|r| {
-                                if ids.contains(&r.job_id) {
-                                    Ok(())
-                                } else {
-                                    Err(Error::StaleLease(r.job_id))
-                                }
+                            .map(|batch| {
+                                Ok(batch
+                                    .iter()
+                                    .map(|r| {
+                                        if acked.contains(&(r.job_id, r.token)) {
+                                            Ok(())
+                                        } else {
+                                            Err(Error::StaleLease(r.job_id))
+                                        }
+                                    })
+                                    .collect())
                             })
                             .collect())
                     }
@@ -226,7 +235,15 @@ impl Broker {
     }
 
     pub async fn ack(&self, req: AckReq) -> Result<()> {
-        self.ack.call(req).await
+        self.ack_many(vec![req])
+            .await?
+            .pop()
+            .ok_or(Error::Internal("ack lost its result"))?
+    }
+
+    /// Acks many jobs in one group-commit unit; one result per ack, in order.
+    pub async fn ack_many(&self, reqs: Vec<AckReq>) -> Result<Vec<Result<()>>> {
+        self.ack.call(reqs).await
     }
 
     /// Returns whether the job was dead-lettered.

@@ -77,6 +77,12 @@ pub struct ServeArgs {
     /// regardless; this pass catches leases of brokers that died.
     #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub reap_interval: Duration,
+    /// How often the jobs table's dead tuples are checked; it is vacuumed
+    /// (by one replica at a time) past 10,000 + 20 % of its live rows, since
+    /// autovacuum's default once-a-minute visit is far too slow for a queue
+    /// table. 0 = leave it to autovacuum.
+    #[arg(long, env = "LEASEQ_VACUUM_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub vacuum_interval: Duration,
     /// How often Postgres is probed for the health service.
     #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub health_interval: Duration,

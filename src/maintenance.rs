@@ -1,4 +1,5 @@
-//! Background upkeep every broker runs: the lease reaper and ttl expiry.
+//! Background upkeep every broker runs: the lease reaper, ttl expiry, and
+//! vacuuming of the jobs table.
 //!
 //! All replicas run it; statements skip rows another replica holds and check
 //! the lease token under a row lock, so running it twice is harmless. The
@@ -88,4 +89,66 @@ async fn pass(store: &Store, dispatcher: &Dispatcher) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Advisory lock key held while one replica vacuums (`leaseq` in ASCII).
+const VACUUM_LOCK: i64 = 0x6c65_6173_6571;
+
+/// Keeps `leaseq.jobs` vacuumed. Every job leaves two dead tuples behind (the
+/// leased version and the deleted one), and autovacuum looks at a database
+/// only once a minute by default (`autovacuum_naptime`): at queue rates that
+/// is hundreds of thousands of dead index entries, which every lease scan has
+/// to step over (measured: 2-3x the database CPU per job; see
+/// docs/BENCHMARKS.md). So every `interval` this checks the table's dead
+/// tuples and vacuums it past `10,000 + 20 % of live tuples`: often when the
+/// table is small, rarely when a deep backlog makes each vacuum expensive.
+/// One replica at a time (an advisory lock); `skip_locked` yields to a
+/// running autovacuum.
+pub async fn vacuum_loop(store: Store, interval: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match vacuum_if_needed(&store).await {
+            Ok(Some(dead)) => debug!(dead, "vacuumed leaseq.jobs"),
+            Ok(None) => {}
+            Err(e) => warn!(error = %e, "vacuum check failed"),
+        }
+    }
+}
+
+/// Vacuums the jobs table if it has enough dead tuples and no other replica
+/// is at it. Returns the dead tuple count it acted on.
+pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
+    let (dead, live): (i64, i64) = sqlx::query_as(
+        "select n_dead_tup, n_live_tup from pg_stat_user_tables \
+         where relid = 'leaseq.jobs'::regclass",
+    )
+    .fetch_one(&store.pool)
+    .await?;
+    if dead < 10_000 + live / 5 {
+        return Ok(None);
+    }
+    // Session-level lock and VACUUM (which cannot run in a transaction) on
+    // one connection; the lock goes with the connection if it dies.
+    let mut conn = store.pool.acquire().await?;
+    let locked: bool = sqlx::query_scalar("select pg_try_advisory_lock($1)")
+        .bind(VACUUM_LOCK)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !locked {
+        return Ok(None);
+    }
+    let result = sqlx::query("vacuum (skip_locked) leaseq.jobs")
+        .execute(&mut *conn)
+        .await;
+    sqlx::query("select pg_advisory_unlock($1)")
+        .bind(VACUUM_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    result?;
+    Ok(Some(dead))
 }

@@ -70,6 +70,13 @@ pub async fn run(
         cfg.reap_interval,
         background.clone(),
     ));
+    if !cfg.vacuum_interval.is_zero() {
+        tokio::spawn(crate::maintenance::vacuum_loop(
+            store.clone(),
+            cfg.vacuum_interval,
+            background.clone(),
+        ));
+    }
     let broker = Broker::new(store.clone(), dispatcher);
 
     let (reporter, health_service) = tonic_health::server::health_reporter();

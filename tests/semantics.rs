@@ -1678,3 +1678,170 @@ async fn a_broker_with_a_pool_of_one_still_serves() {
     );
     assert!(delivered, "a broker with --pool-size 1 did not deliver");
 }
+
+// ---------------------------------------------------------------------------
+// AckBatch: many acks in one call, each with the unary Ack's outcome.
+
+fn ack_of(d: &pb::Delivery) -> pb::AckRequest {
+    pb::AckRequest {
+        job_id: id_of(d),
+        lease_token: d.lease_token.clone(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_batch_settles_each_entry_on_its_own_and_returns_credit() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let jobs = (0..6).map(|i| job("ab", &format!("{i}"))).collect();
+    c.enqueue_batch(pb::EnqueueBatchRequest { jobs })
+        .await
+        .unwrap();
+    let mut s = subscribe(&mut c, &["ab"], 3, Some(secs(60))).await;
+    let first = take(&mut s, 3, S5).await;
+    assert_quiet(&mut s, ms(500), "a 4th job with 3 credits").await;
+
+    // A stale token (random) for a held job fails alone; the rest succeed.
+    let mut acks: Vec<pb::AckRequest> = first.iter().map(ack_of).collect();
+    let mut stale = ack_of(&first[2]);
+    stale.lease_token = Uuid::new_v4().to_string();
+    acks.insert(2, stale);
+    let results = c
+        .ack_batch(pb::AckBatchRequest { acks: acks.clone() })
+        .await
+        .expect("ack batch")
+        .into_inner()
+        .results;
+    assert_eq!(results.len(), 4, "one result per entry");
+    for (r, a) in results.iter().zip(&acks) {
+        assert_eq!(r.job_id, a.job_id, "results are in request order");
+    }
+    let codes: Vec<i32> = results.iter().map(|r| r.code).collect();
+    assert_eq!(
+        codes,
+        vec![0, 0, Code::FailedPrecondition as i32, 0],
+        "the stale entry fails alone: {results:?}"
+    );
+    assert!(results[2].message.contains("lease_token"), "{results:?}");
+    assert!(results[0].message.is_empty());
+    assert_eq!(db.live_jobs().await, 3, "three acked jobs deleted");
+
+    // All three credits came back: the next three arrive, nothing more.
+    let next = take(&mut s, 3, S5).await;
+    let firsts: HashSet<String> = first.iter().map(id_of).collect();
+    assert!(next.iter().all(|d| !firsts.contains(&id_of(d))));
+    // Acking the spent leases again: each is FAILED_PRECONDITION.
+    let again = c
+        .ack_batch(pb::AckBatchRequest {
+            acks: first.iter().map(ack_of).collect(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert!(
+        again
+            .iter()
+            .all(|r| r.code == Code::FailedPrecondition as i32),
+        "{again:?}"
+    );
+    c.ack_batch(pb::AckBatchRequest {
+        acks: next.iter().map(ack_of).collect(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(db.live_jobs().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_ack_batch_acks_nothing() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start_with(&db, |cfg| cfg.max_batch_jobs = 5).await;
+    let mut c = broker.client().await;
+    c.enqueue_batch(pb::EnqueueBatchRequest {
+        jobs: (0..2).map(|i| job("mab", &format!("{i}"))).collect(),
+    })
+    .await
+    .unwrap();
+    let mut s = subscribe(&mut c, &["mab"], 2, Some(secs(60))).await;
+    let held = take(&mut s, 2, S5).await;
+
+    let mut bad = ack_of(&held[1]);
+    bad.job_id = "not-a-uuid".into();
+    let cases: Vec<(Vec<pb::AckRequest>, Code, &str)> = vec![
+        (vec![], Code::InvalidArgument, "acks:"),
+        (
+            vec![ack_of(&held[0]), bad],
+            Code::InvalidArgument,
+            "acks[1].job_id:",
+        ),
+        (
+            vec![ack_of(&held[0]); 6],
+            Code::ResourceExhausted,
+            "acks: 6 acks, the limit is 5",
+        ),
+    ];
+    for (acks, code, message) in cases {
+        let e = c
+            .ack_batch(pb::AckBatchRequest { acks })
+            .await
+            .expect_err("rejected");
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().starts_with(message), "{:?}", e.message());
+        assert_eq!(db.live_jobs().await, 2, "nothing acked by a rejected call");
+    }
+    assert_eq!(leased_in(&db.pool, "mab").await, 2, "both leases intact");
+}
+
+// ---------------------------------------------------------------------------
+// Upkeep: the broker vacuums the jobs table itself once it has enough dead
+// tuples, without waiting for autovacuum's once-a-minute visit.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_vacuums_the_jobs_table_past_its_dead_tuple_threshold() {
+    let db = TestDb::new().await;
+    // Autovacuum must not be the one that does it.
+    sqlx::query("alter table leaseq.jobs set (autovacuum_enabled = false)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let broker =
+        TestBroker::start_with(&db, |cfg| cfg.vacuum_interval = Duration::from_millis(200)).await;
+    let vacuums = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select vacuum_count from pg_stat_user_tables where relid = 'leaseq.jobs'::regclass",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let before = vacuums().await;
+    // Below the threshold (10,000 dead tuples): left alone.
+    let mut conn = db.pool.acquire().await.unwrap();
+    for sql in [
+        "insert into leaseq.jobs (id, queue, run_at, payload) \
+         select gen_random_uuid(), 'vac', now(), '' from generate_series(1, 5000)",
+        "delete from leaseq.jobs",
+        "select pg_stat_force_next_flush()",
+    ] {
+        sqlx::query(sql).execute(&mut *conn).await.unwrap();
+    }
+    tokio::time::sleep(secs(2)).await;
+    assert_eq!(vacuums().await, before, "vacuumed below the threshold");
+    // Past it: vacuumed within a few checks.
+    for sql in [
+        "insert into leaseq.jobs (id, queue, run_at, payload) \
+         select gen_random_uuid(), 'vac', now(), '' from generate_series(1, 12000)",
+        "delete from leaseq.jobs",
+        "select pg_stat_force_next_flush()",
+    ] {
+        sqlx::query(sql).execute(&mut *conn).await.unwrap();
+    }
+    drop(conn);
+    eventually(secs(15), "a vacuum of leaseq.jobs", || async {
+        vacuums().await > before
+    })
+    .await;
+    drop(broker);
+}

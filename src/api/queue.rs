@@ -100,6 +100,51 @@ impl QueueService for QueueApi {
         Ok(Response::new(pb::AckResponse {}))
     }
 
+    #[instrument(skip_all, fields(acks = request.get_ref().acks.len()))]
+    async fn ack_batch(
+        &self,
+        request: Request<pb::AckBatchRequest>,
+    ) -> Result<Response<pb::AckBatchResponse>, Status> {
+        let req = request.into_inner();
+        if req.acks.is_empty() {
+            return Err(Error::invalid("acks", "at least one ack is required").into());
+        }
+        if req.acks.len() > self.limits.max_batch_jobs {
+            return Err(Error::too_large(
+                "acks",
+                format!(
+                    "{} acks, the limit is {} per batch",
+                    req.acks.len(),
+                    self.limits.max_batch_jobs
+                ),
+            )
+            .into());
+        }
+        let acks = req
+            .acks
+            .iter()
+            .enumerate()
+            .map(|(i, a)| AckReq::parse(a).map_err(|e| e.in_field(&format!("acks[{i}]"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let results = self.broker.ack_many(acks).await?;
+        Ok(Response::new(pb::AckBatchResponse {
+            results: req
+                .acks
+                .into_iter()
+                .zip(results)
+                .map(|(a, r)| {
+                    // The per-entry status, mapped like the unary Ack's.
+                    let status = r.err().map(Status::from);
+                    pb::AckResult {
+                        job_id: a.job_id,
+                        code: status.as_ref().map_or(0, |s| s.code() as i32),
+                        message: status.map(|s| s.message().to_owned()).unwrap_or_default(),
+                    }
+                })
+                .collect(),
+        }))
+    }
+
     #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn nack(
         &self,

@@ -152,6 +152,8 @@ pub struct Leased {
 #[derive(Clone, Debug)]
 pub struct Settled {
     pub id: JobId,
+    /// The lease that was settled.
+    pub token: LeaseToken,
     /// The broker that leased the job (its stream's credit must come back).
     pub broker: Option<Uuid>,
 }
@@ -476,6 +478,7 @@ impl Store {
             .map(|r| {
                 Ok(Settled {
                     id: JobId(r.try_get("id")?),
+                    token: LeaseToken(r.try_get("lease_token")?),
                     broker: r.try_get("lease_broker")?,
                 })
             })

@@ -12,4 +12,4 @@ with target as (
 delete from leaseq.jobs j
 using target t
 where j.id = t.id
-returning j.id, j.lease_broker
+returning j.id, j.lease_token, j.lease_broker
