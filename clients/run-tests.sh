@@ -101,42 +101,65 @@ trap 'exit 130' INT TERM
 if [ -z "${DATABASE_URL:-}" ]; then
     export LEASEQ_DATA_DIR="$work/pg"
 fi
-port="$("$py/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-export LEASEQ_ADDR="127.0.0.1:$port"
-echo "--- starting the broker on $LEASEQ_ADDR (${DATABASE_URL:+DATABASE_URL}${DATABASE_URL:-embedded PostgreSQL in $work/pg})"
-# The tests' timings need prompt reaping and short drains; the same flags as
+echo "--- starting the broker (${DATABASE_URL:+DATABASE_URL}${DATABASE_URL:-embedded PostgreSQL in $work/pg})"
+# Port 0: the broker reports the port it bound in its "leaseq serving" log
+# line (JSON, so it can be read reliably); nothing can take it in between.
+# The tests' timings need prompt reaping and short drains: the same flags as
 # the brokers the test suites start themselves.
-RUST_LOG="${RUST_LOG:-warn}" "$LEASEQ_BIN" serve --listen "$LEASEQ_ADDR" \
+RUST_LOG="warn,leaseq::server=info" "$LEASEQ_BIN" serve --listen 127.0.0.1:0 --log-format json \
     --heartbeat-interval 1s --reap-interval 200ms --health-interval 200ms --drain-grace 5s \
     </dev/null >"$work/broker.log" 2>&1 &
 broker_pid=$!
 
-# SERVING on leaseq.v1.QueueService: migrations applied and PostgreSQL answers.
-"$py/.venv/bin/python" - "$LEASEQ_ADDR" "$broker_pid" <<'EOF'
-import os, sys, time
+# Then SERVING on leaseq.v1.QueueService: migrations applied, PostgreSQL answers.
+LEASEQ_ADDR="$("$py/.venv/bin/python" - "$work/broker.log" "$broker_pid" <<'EOF_PY'
+import json, os, sys, time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-addr, pid = sys.argv[1], int(sys.argv[2])
+log, pid = sys.argv[1], int(sys.argv[2])
 deadline = time.monotonic() + 120  # a first start runs initdb
+
+
+def alive_or_exit():
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit("the broker exited before serving")
+    if time.monotonic() > deadline:
+        sys.exit("the broker was not SERVING within 120 s")
+
+
+addr = None
+while addr is None:
+    with open(log) as f:
+        for line in f:
+            try:
+                fields = json.loads(line).get("fields", {})
+            except ValueError:
+                continue
+            if fields.get("message") == "leaseq serving":
+                addr = fields["addr"]
+    if addr is None:
+        alive_or_exit()
+        time.sleep(0.2)  # a log file has no event to await
+
 with grpc.insecure_channel(addr) as ch:
     stub = health_pb2_grpc.HealthStub(ch)
+    req = health_pb2.HealthCheckRequest(service="leaseq.v1.QueueService")
     while True:
         try:
-            req = health_pb2.HealthCheckRequest(service="leaseq.v1.QueueService")
             if stub.Check(req, timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
                 break
         except grpc.RpcError:
             pass
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            sys.exit("the broker exited before serving")
-        if time.monotonic() > deadline:
-            sys.exit("the broker was not SERVING within 120 s")
+        alive_or_exit()
         time.sleep(0.2)
-print("broker SERVING")
-EOF
+print(addr)
+EOF_PY
+)"
+export LEASEQ_ADDR
+echo "broker SERVING on $LEASEQ_ADDR"
 
 # --- the suites; both run, whatever the first gave
 set +e

@@ -12,9 +12,9 @@
 const { spawn } = require('node:child_process');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
+const readline = require('node:readline');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { jobFromDelivery } = require('../src/client');
@@ -26,17 +26,6 @@ const Health = grpc.loadPackageDefinition(
 
 /** A queue of the test's own, so tests sharing a broker never meet. */
 const queueName = (prefix = 'js') => `${prefix}-${crypto.randomBytes(6).toString('hex')}`;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 /** The broker's health status for the queue service, or null if unreachable. */
 function health(addr) {
@@ -51,6 +40,7 @@ function health(addr) {
 
 // Where brokers started by this process keep their data, decided once.
 let dbEnvCache = null;
+let ownTmp = null; // a data directory this process made, removed by suiteBroker's stop
 function dbEnv() {
   if (dbEnvCache) return dbEnvCache;
   if (process.env.DATABASE_URL) dbEnvCache = { DATABASE_URL: process.env.DATABASE_URL };
@@ -58,21 +48,28 @@ function dbEnv() {
   else {
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'leaseq-js-'));
     fs.chmodSync(tmp, 0o755); // as root the cluster runs as `postgres`, which must enter it
+    ownTmp = tmp;
     dbEnvCache = { LEASEQ_DATA_DIR: path.join(tmp, 'pg') };
   }
   return dbEnvCache;
 }
 
-/** The real `leaseq serve` as a child process. */
+/**
+ * The real `leaseq serve` as a child process.
+ *
+ * The first start binds port 0 and reads the port from the broker's own
+ * "leaseq serving" log line: a port picked here and bound later could be
+ * taken meanwhile by a broker of a parallel test file, whose health check
+ * would then answer for ours. A restart binds the same port again.
+ */
 class Broker {
-  constructor(port) {
-    this.port = port;
-    this.addr = `127.0.0.1:${port}`;
+  constructor() {
+    this.addr = null;
     this.child = null;
   }
 
   static async start() {
-    const b = new Broker(await freePort());
+    const b = new Broker();
     await b.start();
     return b;
   }
@@ -80,14 +77,40 @@ class Broker {
   async start(timeoutMs = 60000) {
     const bin = process.env.LEASEQ_BIN || path.join(REPO, 'target', 'debug', 'leaseq');
     fs.accessSync(bin, fs.constants.X_OK); // throws naming the path: run `cargo build` or set LEASEQ_BIN
-    const env = { ...process.env, RUST_LOG: process.env.RUST_LOG || 'warn', ...dbEnv() };
+    const env = { ...process.env, ...dbEnv(), RUST_LOG: 'warn,leaseq::server=info' };
     if (!dbEnv().DATABASE_URL) delete env.DATABASE_URL;
-    const args = ['serve', '--listen', this.addr, '--heartbeat-interval', '1s', '--reap-interval', '200ms',
-      '--health-interval', '200ms', '--drain-grace', '5s'];
-    this.child = spawn(bin, args, { env, stdio: ['ignore', 'ignore', 'inherit'] });
-    const exited = new Promise((resolve) => this.child.once('exit', (code) => resolve(code)));
-    this.exited = exited;
+    const args = ['serve', '--listen', this.addr || '127.0.0.1:0', '--log-format', 'json',
+      '--heartbeat-interval', '1s', '--reap-interval', '200ms', '--health-interval', '200ms',
+      '--drain-grace', '5s'];
+    this.child = spawn(bin, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    this.exited = new Promise((resolve) => this.child.once('exit', (code) => resolve(code)));
     const deadline = Date.now() + timeoutMs;
+    this.addr = await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`broker did not start serving within ${timeoutMs} ms`)), timeoutMs);
+      const lines = readline.createInterface({ input: this.child.stderr });
+      lines.on('line', (line) => {
+        let event;
+        try {
+          event = JSON.parse(line);
+        } catch {
+          process.stderr.write(`${line}\n`);
+          return;
+        }
+        if (event.fields?.message === 'leaseq serving') {
+          clearTimeout(timer);
+          resolve(event.fields.addr);
+        } else if (event.level === 'WARN' || event.level === 'ERROR') {
+          process.stderr.write(`${line}\n`);
+        }
+      });
+      lines.on('close', () => {
+        clearTimeout(timer);
+        reject(new Error('broker exited before serving'));
+      });
+    }).catch((e) => {
+      this.child.kill('SIGKILL');
+      throw e;
+    });
     for (;;) {
       if ((await health(this.addr)) === 'SERVING') return;
       if (this.child.exitCode !== null) throw new Error(`broker exited with ${this.child.exitCode} before serving`);
@@ -119,7 +142,15 @@ class Broker {
 /** The suite's broker: LEASEQ_ADDR, or one started for this test file. */
 async function suiteBroker() {
   if (process.env.LEASEQ_ADDR) return { addr: process.env.LEASEQ_ADDR, stop: async () => {} };
-  return Broker.start();
+  const b = await Broker.start();
+  return {
+    addr: b.addr,
+    // The first broker started the embedded cluster, and stops it on exit.
+    stop: async () => {
+      await b.stop();
+      if (ownTmp) fs.rmSync(ownTmp, { recursive: true, force: true });
+    },
+  };
 }
 
 /** The first job a fresh raw Subscribe stream on `queue` receives. */

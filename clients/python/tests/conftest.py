@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,12 +29,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICE = "leaseq.v1.QueueService"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def health(addr: str, timeout: float = 1.0):
@@ -47,27 +44,42 @@ def health(addr: str, timeout: float = 1.0):
 
 
 class Broker:
-    """The real ``leaseq serve`` as a child process."""
+    """The real ``leaseq serve`` as a child process.
 
-    def __init__(self, db_env: dict[str, str], port: int | None = None) -> None:
+    The first start binds port 0 and reads the port from the broker's own
+    "leaseq serving" log line: a port picked here and bound later could be
+    taken meanwhile by a broker of a parallel test run, whose health check
+    would then answer for ours. A restart binds the same port again.
+    """
+
+    def __init__(self, db_env: dict[str, str]) -> None:
         self.db_env = db_env
-        self.port = port or free_port()
-        self.addr = f"127.0.0.1:{self.port}"
+        self.addr: str | None = None
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> None:
         binary = os.environ.get("LEASEQ_BIN") or str(REPO / "target/debug/leaseq")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no broker binary at {binary}: run `cargo build` or set LEASEQ_BIN")
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn"), **self.db_env}
+        env = {**os.environ, **self.db_env, "RUST_LOG": "warn,leaseq::server=info"}
         if "DATABASE_URL" not in self.db_env:
             env.pop("DATABASE_URL", None)
         self.proc = subprocess.Popen(
-            [binary, "serve", "--listen", self.addr,
+            [binary, "serve", "--listen", self.addr or "127.0.0.1:0", "--log-format", "json",
              "--heartbeat-interval", "1s", "--reap-interval", "200ms",
              "--health-interval", "200ms", "--drain-grace", "5s"],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
         )
+        bound: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read_log, args=(self.proc, bound), daemon=True).start()
+        try:
+            self.addr = bound.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            pytest.fail(f"broker did not start serving within {timeout}s")
+        if self.addr is None:
+            pytest.fail(f"broker exited with {self.proc.wait()} before serving")
         deadline = time.monotonic() + timeout
         while health(self.addr) != health_pb2.HealthCheckResponse.SERVING:
             if self.proc.poll() is not None:
@@ -76,6 +88,22 @@ class Broker:
                 self.kill()
                 pytest.fail(f"broker at {self.addr} not SERVING within {timeout}s")
             time.sleep(0.1)  # polling a process we do not control: no event to await
+
+    @staticmethod
+    def _read_log(proc: subprocess.Popen, bound: queue.Queue) -> None:
+        """Reports the bound address (None at EOF); passes warnings on to stderr."""
+        for line in proc.stderr:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                sys.stderr.write(line)
+                continue
+            fields = event.get("fields", {})
+            if fields.get("message") == "leaseq serving":
+                bound.put(fields["addr"])
+            elif event.get("level") in ("WARN", "ERROR"):
+                sys.stderr.write(line)
+        bound.put(None)
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (drain), then waits for the exit code."""
