@@ -101,7 +101,11 @@ trap 'exit 130' INT TERM
 if [ -z "${DATABASE_URL:-}" ]; then
     export LEASEQ_DATA_DIR="$work/pg"
 fi
-echo "--- starting the broker (${DATABASE_URL:+DATABASE_URL}${DATABASE_URL:-embedded PostgreSQL in $work/pg})"
+if [ -n "${DATABASE_URL:-}" ]; then
+    echo "--- starting the broker on \$DATABASE_URL"  # not printed: it may hold a password
+else
+    echo "--- starting the broker on embedded PostgreSQL in $work/pg"
+fi
 # Port 0: the broker reports the port it bound in its "leaseq serving" log
 # line (JSON, so it can be read reliably); nothing can take it in between.
 # The tests' timings need prompt reaping and short drains: the same flags as

@@ -185,6 +185,8 @@ class Worker {
     if (outcome === 'late') {
       for (const abort of this.#aborts) abort(new Error('worker stop grace ran out'));
       this.log.warn(`leaseq worker: ${this.#jobs.size} handler(s) still running after the grace; abandoned`);
+      // No longer ours: nothing waits for them again.
+      this.#jobs.clear();
     }
   }
 

@@ -139,6 +139,11 @@ class Worker:
                     call.cancel()
                 if not self._stopping.is_set():
                     await self._pause(self._backoff.delay())
+        except asyncio.CancelledError:
+            # run() itself cancelled: no grace, the handlers go too.
+            for task in self._jobs:
+                task.cancel()
+            raise
         finally:
             await self._finish_jobs()
 

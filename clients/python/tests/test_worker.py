@@ -192,6 +192,35 @@ def test_stop_grace_cancels_a_handler_and_releases_its_job(addr):
     run(body())
 
 
+def test_cancelling_run_cancels_handlers_at_once(addr):
+    async def body():
+        q = queue_name()
+        async with Client(addr) as c:
+            r = await c.enqueue(q, b"x")
+            started, cancelled = asyncio.Event(), asyncio.Event()
+
+            async def handler(job):
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+
+            # A grace far longer than the test's timeout: cancelling must not wait for it.
+            w = Worker(c, [q], handler, lease=30, grace=3600)
+            task = asyncio.create_task(w.run())
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert cancelled.is_set()
+            again = await first_delivery(c, q)
+            assert (again.id, again.attempt) == (r.job_id, 2)
+
+    run(body())
+
+
 def test_worker_survives_a_broker_restart(private_broker):
     async def body():
         q = queue_name()
