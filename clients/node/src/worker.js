@@ -83,6 +83,9 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
  * - The stream is reopened after any retryable failure, with exponential
  *   backoff and jitter between backoffInitialMs and backoffMaxMs (reset once
  *   a stream is established). run() rejects for the codes in FATAL_CODES.
+ * - A stream with no message (delivery or heartbeat) for idleTimeoutMs is
+ *   taken for dead and reopened; it must exceed the broker's
+ *   --heartbeat-interval (15 s by default). null disables the check.
  * - stop(): take no new jobs, let running handlers finish for up to graceMs,
  *   then close the stream, which makes the broker release every job this
  *   worker has not settled (handlers still running are abandoned: their
@@ -104,10 +107,11 @@ class Worker {
       graceMs = 30000,
       backoffInitialMs = 100,
       backoffMaxMs = 10000,
+      idleTimeoutMs = 60000,
       log = console, // anything with warn(); warnings only
     } = opts;
     if (!(maxInFlight >= 1)) throw new RangeError('maxInFlight: must be at least 1');
-    Object.assign(this, { client, queues, handler, maxInFlight, leaseMs, consumer, graceMs, log });
+    Object.assign(this, { client, queues, handler, maxInFlight, leaseMs, consumer, graceMs, idleTimeoutMs, log });
     this.#backoff = new Backoff(backoffInitialMs, backoffMaxMs);
     this.#stopped = new Promise((resolve) => (this.#signalStop = resolve));
     // Bounds running handlers to maxInFlight. Credit alone would not: after
@@ -149,7 +153,20 @@ class Worker {
       });
       let error = null;
       let open = true;
+      // Heartbeats stopped: a hung broker or a silently dropped connection.
+      // Cancelling ends the stream (CANCELLED, retried) and run() reopens it.
+      let idle = null;
+      const watch = () => {
+        if (this.idleTimeoutMs == null) return;
+        clearTimeout(idle);
+        idle = setTimeout(() => {
+          this.log.warn(`leaseq worker: no message on the stream for ${this.idleTimeoutMs} ms; reconnecting`);
+          call.cancel();
+        }, this.idleTimeoutMs);
+      };
+      watch();
       call.on('data', (msg) => {
+        watch();
         // The broker's first message is a heartbeat sent once the
         // subscription is registered: the stream is up.
         this.#backoff.reset();
@@ -162,6 +179,7 @@ class Worker {
       // 'status' comes last, whatever the outcome.
       call.on('status', () => {
         open = false;
+        clearTimeout(idle);
         resolve(error);
       });
       this.#stopped.then(async () => {

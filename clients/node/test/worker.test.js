@@ -19,7 +19,23 @@ after(async () => {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // Warnings are expected in several tests (reconnects, lost leases): keep them
 // out of the test output but available to assertions.
-const quiet = () => ({ lines: [], warn(...a) { this.lines.push(a.join(' ')); } });
+function quiet() {
+  const lines = [];
+  const waiters = [];
+  return {
+    lines,
+    warn(...a) {
+      const line = a.join(' ');
+      lines.push(line);
+      for (const w of waiters) if (w.re.test(line)) w.resolve(line);
+    },
+    /** Resolves once a warning matching `re` was logged. */
+    waitFor(re) {
+      const seen = lines.find((l) => re.test(l));
+      return seen ? Promise.resolve(seen) : new Promise((resolve) => waiters.push({ re, resolve }));
+    },
+  };
+}
 
 // Whether the job enqueued with `dedupKey` was acked or dead-lettered: only
 // then is its key free again (a waiting or leased job keeps it).
@@ -191,4 +207,38 @@ test('worker with a bad queue name fails fast', { timeout: 30000 }, async () => 
     assert.match(err.details, /queues/);
     return true;
   });
+});
+
+test('a silent stream is reopened', { timeout: 60000 }, async () => {
+  const own = await Broker.start();
+  const c = new Client(own.addr);
+  let w;
+  try {
+    const q = queueName();
+    const got = new Inbox();
+    const log = quiet();
+    w = new Worker(c, [q], async (job) => got.put(job), {
+      leaseMs: 5000, idleTimeoutMs: 3000, backoffInitialMs: 50, backoffMaxMs: 500, log,
+    });
+    const run = w.run();
+    await c.enqueue(q, 'before');
+    assert.equal((await got.get()).payload.toString(), 'before');
+
+    // A hung broker: the connection stays up, heartbeats stop.
+    own.child.kill('SIGSTOP');
+    try {
+      await log.waitFor(/no message on the stream/);
+    } finally {
+      own.child.kill('SIGCONT');
+    }
+
+    await retryUnavailable(() => c.enqueue(q, 'after'));
+    while ((await got.get()).payload.toString() !== 'after');
+    w.stop();
+    await run;
+  } finally {
+    w?.stop();
+    c.close();
+    await own.stop();
+  }
 });

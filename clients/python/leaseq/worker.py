@@ -79,6 +79,9 @@ class Worker:
       backoff and jitter between ``backoff_initial`` and ``backoff_max``
       seconds (reset once a stream is established). ``run()`` raises
       ``grpc.aio.AioRpcError`` for the codes in :data:`FATAL_CODES`.
+    - A stream with no message (delivery or heartbeat) for ``idle_timeout``
+      seconds is taken for dead and reopened; it must exceed the broker's
+      ``--heartbeat-interval`` (15 s by default). None disables the check.
     - ``stop()``: take no new jobs, let running handlers finish for up to
       ``grace`` seconds (cancelling the rest), then close the stream, which
       makes the broker release every job this worker has not settled.
@@ -96,6 +99,7 @@ class Worker:
         grace: Seconds = 30.0,
         backoff_initial: Seconds = 0.1,
         backoff_max: Seconds = 10.0,
+        idle_timeout: Optional[Seconds] = 60.0,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight: must be at least 1")
@@ -107,6 +111,7 @@ class Worker:
         self._consumer = consumer
         self._grace = _seconds(grace)
         self._backoff = Backoff(_seconds(backoff_initial), _seconds(backoff_max))
+        self._idle_timeout = None if idle_timeout is None else _seconds(idle_timeout)
         # Set by stop(); everything that takes new work checks it.
         self._stopping = asyncio.Event()
         # Bounds running handlers to max_in_flight. Credit alone would not:
@@ -172,7 +177,16 @@ class Worker:
             stopping.cancel()
 
     async def _read(self, call) -> None:
-        async for msg in call:
+        while True:
+            try:
+                msg = await asyncio.wait_for(call.read(), self._idle_timeout)
+            except asyncio.TimeoutError:
+                # Heartbeats stopped: a hung broker or a silently dropped
+                # connection. The timeout cancelled the call; start afresh.
+                log.warning("no message on the stream for %ss; reconnecting", self._idle_timeout)
+                return
+            if msg is grpc.aio.EOF:
+                break
             # The broker's first message is a heartbeat sent once the
             # subscription is registered: the stream is up.
             self._backoff.reset()

@@ -1,6 +1,9 @@
 """Worker behaviour against a real broker process."""
 
 import asyncio
+import logging
+import os
+import signal
 
 import grpc
 import pytest
@@ -258,3 +261,48 @@ def test_worker_with_a_bad_queue_name_fails_fast(addr):
             assert "queues" in e.value.details()
 
     run(body())
+
+
+class _LogEvent(logging.Handler):
+    """Sets an asyncio.Event when the worker logs a message containing ``text``
+    (the worker logs from the event loop's thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text, self.event = text, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def test_a_silent_stream_is_reopened(private_broker):
+    async def body():
+        q = queue_name()
+        pid = private_broker.proc.pid
+        watchdog = _LogEvent("no message on the stream")
+        logging.getLogger("leaseq.worker").addHandler(watchdog)
+        try:
+            async with Client(private_broker.addr) as c:
+                got: asyncio.Queue = asyncio.Queue()
+                w = Worker(c, [q], got.put, lease=5, idle_timeout=3, backoff_initial=0.05, backoff_max=0.5)
+                task = asyncio.create_task(w.run())
+                await c.enqueue(q, b"before")
+                assert (await got.get()).payload == b"before"
+
+                # A hung broker: the connection stays up, heartbeats stop.
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    await watchdog.event.wait()
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+
+                await retry_unavailable(lambda: c.enqueue(q, b"after"))
+                while (await got.get()).payload != b"after":
+                    pass
+                w.stop()
+                await task
+        finally:
+            logging.getLogger("leaseq.worker").removeHandler(watchdog)
+
+    run(body(), timeout=60)
