@@ -97,6 +97,7 @@ class Worker {
   #signalStop;
   #slots;
   #jobs = new Set(); // promises of running job tasks, across streams
+  #aborts = new Set(); // abort functions of the running job tasks
   #backoff;
 
   constructor(client, queues, handler, opts = {}) {
@@ -135,11 +136,22 @@ class Worker {
         if (this.#stopping) break;
         if (err && FATAL_CODES.has(err.code)) throw err;
         this.log.warn(`leaseq worker: subscribe stream ${err ? `failed (${err.code}: ${err.details})` : 'ended'}; reconnecting`);
-        await Promise.race([sleep(this.#backoff.delay()), this.#stopped]);
+        await this.#pause(this.#backoff.delay());
       }
     } finally {
       await this.#finishJobs();
     }
+  }
+
+  // Sleeps, waking early (and leaving no timer behind) if stop() is called.
+  #pause(ms) {
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.#stopped.then(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
   }
 
   // Reads one stream; resolves with its error (null if it ended cleanly)
@@ -207,8 +219,6 @@ class Worker {
       this.#jobs.clear();
     }
   }
-
-  #aborts = new Set(); // abort functions of the running jobs
 
   async #job(job) {
     const controller = new AbortController();
