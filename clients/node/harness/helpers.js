@@ -1,0 +1,215 @@
+'use strict';
+// Test harness: a real leaseq broker process over real PostgreSQL.
+//
+// - LEASEQ_ADDR (set by clients/run-tests.sh): the broker most tests use.
+//   Without it, each test file starts one.
+// - Brokers started here run LEASEQ_BIN (default: the repository's
+//   target/debug/leaseq) on 127.0.0.1 and a free port, against DATABASE_URL
+//   if set, else the embedded cluster in LEASEQ_DATA_DIR (a fresh temporary
+//   directory if unset). A second broker on the same directory reuses the
+//   running cluster, so the restart test does not initialise another one.
+
+const { spawn } = require('node:child_process');
+const crypto = require('node:crypto');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const readline = require('node:readline');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const { jobFromDelivery } = require('../src/client');
+
+const REPO = path.resolve(__dirname, '..', '..', '..');
+const Health = grpc.loadPackageDefinition(
+  protoLoader.loadSync(path.join(__dirname, 'health.proto'), { enums: String }),
+).grpc.health.v1.Health;
+
+/** A queue of the test's own, so tests sharing a broker never meet. */
+const queueName = (prefix = 'js') => `${prefix}-${crypto.randomBytes(6).toString('hex')}`;
+
+/** The broker's health status for the queue service, or null if unreachable. */
+function health(addr) {
+  const client = new Health(addr, grpc.credentials.createInsecure());
+  return new Promise((resolve) => {
+    client.check({ service: 'leaseq.v1.QueueService' }, { deadline: Date.now() + 1000 }, (err, resp) => {
+      client.close();
+      resolve(err ? null : resp.status);
+    });
+  });
+}
+
+// Where brokers started by this process keep their data, decided once.
+let dbEnvCache = null;
+let ownTmp = null; // a data directory this process made, removed by suiteBroker's stop
+function dbEnv() {
+  if (dbEnvCache) return dbEnvCache;
+  if (process.env.DATABASE_URL) dbEnvCache = { DATABASE_URL: process.env.DATABASE_URL };
+  else if (process.env.LEASEQ_DATA_DIR) dbEnvCache = { LEASEQ_DATA_DIR: process.env.LEASEQ_DATA_DIR };
+  else {
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'leaseq-js-'));
+    fs.chmodSync(tmp, 0o755); // as root the cluster runs as `postgres`, which must enter it
+    ownTmp = tmp;
+    dbEnvCache = { LEASEQ_DATA_DIR: path.join(tmp, 'pg') };
+  }
+  return dbEnvCache;
+}
+
+/**
+ * The real `leaseq serve` as a child process.
+ *
+ * The first start binds port 0 and reads the port from the broker's own
+ * "leaseq serving" log line: a port picked here and bound later could be
+ * taken meanwhile by a broker of a parallel test file, whose health check
+ * would then answer for ours. A restart binds the same port again.
+ */
+class Broker {
+  constructor() {
+    this.addr = null;
+    this.child = null;
+  }
+
+  static async start() {
+    const b = new Broker();
+    await b.start();
+    return b;
+  }
+
+  async start(timeoutMs = 60000) {
+    const bin = process.env.LEASEQ_BIN || path.join(REPO, 'target', 'debug', 'leaseq');
+    fs.accessSync(bin, fs.constants.X_OK); // throws naming the path: run `cargo build` or set LEASEQ_BIN
+    const env = { ...process.env, ...dbEnv(), RUST_LOG: 'warn,leaseq::server=info' };
+    if (!dbEnv().DATABASE_URL) delete env.DATABASE_URL;
+    const args = ['serve', '--listen', this.addr || '127.0.0.1:0', '--log-format', 'json',
+      '--heartbeat-interval', '1s', '--reap-interval', '200ms', '--health-interval', '200ms',
+      '--drain-grace', '5s'];
+    this.child = spawn(bin, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    this.exited = new Promise((resolve) => this.child.once('exit', (code) => resolve(code)));
+    const deadline = Date.now() + timeoutMs;
+    this.addr = await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`broker did not start serving within ${timeoutMs} ms`)), timeoutMs);
+      const lines = readline.createInterface({ input: this.child.stderr });
+      lines.on('line', (line) => {
+        let event;
+        try {
+          event = JSON.parse(line);
+        } catch {
+          process.stderr.write(`${line}\n`);
+          return;
+        }
+        if (event.fields?.message === 'leaseq serving') {
+          clearTimeout(timer);
+          resolve(event.fields.addr);
+        } else if (event.level === 'WARN' || event.level === 'ERROR') {
+          process.stderr.write(`${line}\n`);
+        }
+      });
+      lines.on('close', () => {
+        clearTimeout(timer);
+        reject(new Error('broker exited before serving'));
+      });
+    }).catch((e) => {
+      this.child.kill('SIGKILL');
+      throw e;
+    });
+    for (;;) {
+      if ((await health(this.addr)) === 'SERVING') return;
+      if (this.child.exitCode !== null) throw new Error(`broker exited with ${this.child.exitCode} before serving`);
+      if (Date.now() > deadline) {
+        this.child.kill('SIGKILL');
+        throw new Error(`broker at ${this.addr} not SERVING within ${timeoutMs} ms`);
+      }
+      // Polling a process we do not control: there is no event to await.
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  /** SIGTERM (drain); resolves to the exit code. */
+  async stop(timeoutMs = 30000) {
+    if (this.child.exitCode !== null) return this.child.exitCode;
+    this.child.kill('SIGTERM');
+    let timer;
+    const late = new Promise((resolve) => (timer = setTimeout(resolve, timeoutMs, 'late')));
+    const code = await Promise.race([this.exited, late]);
+    clearTimeout(timer);
+    if (code === 'late') {
+      this.child.kill('SIGKILL');
+      throw new Error(`broker did not exit within ${timeoutMs} ms of SIGTERM`);
+    }
+    return code;
+  }
+}
+
+/** The suite's broker: LEASEQ_ADDR, or one started for this test file. */
+async function suiteBroker() {
+  if (process.env.LEASEQ_ADDR) return { addr: process.env.LEASEQ_ADDR, stop: async () => {} };
+  const b = await Broker.start();
+  return {
+    addr: b.addr,
+    // The first broker started the embedded cluster, and stops it on exit.
+    stop: async () => {
+      await b.stop();
+      if (ownTmp) fs.rmSync(ownTmp, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The first job a fresh raw Subscribe stream on `queue` receives. */
+function firstDelivery(client, queue, timeoutMs = 10000) {
+  const call = client.subscribe([queue], { maxInFlight: 1 });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`no delivery on ${queue} within ${timeoutMs} ms`)), timeoutMs);
+    call.on('data', (msg) => {
+      if (msg.kind !== 'delivery') return;
+      clearTimeout(timer);
+      resolve(jobFromDelivery(msg.delivery));
+    });
+    call.on('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
+  }).finally(() => {
+    call.cancel();
+  });
+}
+
+/**
+ * fn(), retried on UNAVAILABLE for up to limitMs: what a producer does while
+ * a broker restarts (its channel fails calls at once until reconnected).
+ */
+async function retryUnavailable(fn, limitMs = 15000) {
+  const deadline = Date.now() + limitMs;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (e) {
+      if (e.code !== grpc.status.UNAVAILABLE || Date.now() > deadline) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+/** A promise with its resolve function, for waiting on an event. */
+function deferred() {
+  let resolve;
+  const promise = new Promise((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+/** An unbounded async queue: put() from handlers, get() in the test. */
+class Inbox {
+  #items = [];
+  #waiters = [];
+
+  put(item) {
+    const w = this.#waiters.shift();
+    if (w) w(item);
+    else this.#items.push(item);
+  }
+
+  get() {
+    if (this.#items.length) return Promise.resolve(this.#items.shift());
+    return new Promise((resolve) => this.#waiters.push(resolve));
+  }
+}
+
+module.exports = { Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, health, retryUnavailable };

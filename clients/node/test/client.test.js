@@ -1,0 +1,83 @@
+'use strict';
+// Client calls against a real broker: results, and documented status codes.
+const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
+const { after, before, test } = require('node:test');
+const { Client, status } = require('../src');
+const { suiteBroker, queueName, firstDelivery } = require('../harness/helpers');
+
+let broker;
+let client;
+before(async () => {
+  broker = await suiteBroker();
+  client = new Client(broker.addr);
+});
+after(async () => {
+  client.close();
+  await broker.stop();
+});
+
+test('enqueue then delivery carries every field', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const r = await client.enqueue(q, 'hello', { headers: { 'content-type': 'text/plain' }, priority: 3 });
+  assert.equal(r.duplicate, false);
+  const job = await firstDelivery(client, q);
+  assert.deepEqual([job.id, job.queue, job.payload.toString()], [r.jobId, q, 'hello']);
+  assert.deepEqual(job.headers, { 'content-type': 'text/plain' });
+  assert.deepEqual([job.priority, job.attempt, job.lastError], [3, 1, '']);
+  assert.ok(job.leaseToken);
+  assert.ok(job.leaseExpiresAt > job.enqueuedAt);
+});
+
+test('dedup key returns the live job', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const a = await client.enqueue(q, '1', { dedupKey: 'k' });
+  const b = await client.enqueue(q, '2', { dedupKey: 'k' });
+  assert.deepEqual(b, { jobId: a.jobId, duplicate: true });
+});
+
+test('enqueueBatch keeps order', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const results = await client.enqueueBatch([0, 1, 2, 3, 4].map((i) => ({ queue: q, payload: `j${i}` })));
+  assert.equal(new Set(results.map((r) => r.jobId)).size, 5);
+  const job = await firstDelivery(client, q);
+  assert.deepEqual([job.id, job.payload.toString()], [results[0].jobId, 'j0']);
+});
+
+test('extendLease, nack and fencing', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const r = await client.enqueue(q, 'y');
+  const call = client.subscribe([q], { maxInFlight: 1, leaseMs: 5000 });
+  call.on('error', () => {}); // the CANCELLED at the end is ours
+  try {
+    const d = await new Promise((resolve) => call.on('data', (m) => m.kind === 'delivery' && resolve(m.delivery)));
+    assert.equal(d.job.id, r.jobId);
+    const expires = await client.extendLease(d.job.id, d.leaseToken, 60000);
+    // Same machine, so the database clock and ours agree closely.
+    assert.ok(expires - Date.now() > 30000, `lease extended to ${expires.toISOString()}`);
+    // A malformed token is bad input, naming the field.
+    await assert.rejects(client.ack(d.job.id, 'not-a-token'), { code: status.INVALID_ARGUMENT, details: /lease_token/ });
+    // A well-formed token that is not the current one changes nothing.
+    await assert.rejects(client.ack(d.job.id, crypto.randomUUID()), { code: status.FAILED_PRECONDITION });
+    assert.equal(await client.nack(d.job.id, d.leaseToken, 'gave up', { deadLetter: true }), true);
+    // Settled: the token is no longer current.
+    await assert.rejects(client.ack(d.job.id, d.leaseToken), { code: status.FAILED_PRECONDITION });
+  } finally {
+    call.cancel();
+  }
+});
+
+for (const bad of ['bad name', '', '-leading-dash', 'x'.repeat(129)]) {
+  test(`bad queue name ${JSON.stringify(bad.slice(0, 20))} is INVALID_ARGUMENT`, { timeout: 30000 }, async () => {
+    await assert.rejects(client.enqueue(bad, 'x'), (err) => {
+      assert.equal(err.code, status.INVALID_ARGUMENT);
+      assert.match(err.details, /queue/);
+      return true;
+    });
+    await assert.rejects(client.enqueueBatch([{ queue: 'fine' }, { queue: bad }]), (err) => {
+      assert.equal(err.code, status.INVALID_ARGUMENT);
+      assert.match(err.details, /jobs\[1\]\.queue/);
+      return true;
+    });
+  });
+}

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Runs the Python and Node client test suites against a real broker.
+#
+#   clients/run-tests.sh
+#
+# - The broker: $LEASEQ_BIN if set, else `cargo build` at the repository root
+#   and target/debug/leaseq. It runs as a process on 127.0.0.1 and a free
+#   port, on $DATABASE_URL if set, else on its embedded PostgreSQL cluster in
+#   a fresh temporary directory (the server binaries are installed with
+#   apt-get when missing, as .ci/run does).
+# - Dependencies, installed when missing or out of date: a virtualenv in
+#   clients/python/.venv with the package and its test extras, and
+#   clients/node/node_modules from package-lock.json (`npm ci`).
+# - Runs pytest, then `node --test`, whatever the first one gave; stops the
+#   broker with SIGTERM and removes the temporary directory on any exit.
+#   Exits non-zero if any test failed, after a `clients: N passed, N failed`
+#   line.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+py="$here/python"
+node="$here/node"
+
+# --- the broker binary
+if [ -z "${LEASEQ_BIN:-}" ]; then
+    echo "--- cargo build (the broker)"
+    (cd "$repo" && cargo build --quiet --bin leaseq)
+    LEASEQ_BIN="${CARGO_TARGET_DIR:-$repo/target}/debug/leaseq"
+fi
+[ -x "$LEASEQ_BIN" ] || { echo "no broker binary at $LEASEQ_BIN" >&2; exit 1; }
+export LEASEQ_BIN
+
+have_pg_bins() {
+    command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1 && return 0
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+if [ -z "${DATABASE_URL:-}" ] && ! have_pg_bins; then
+    echo "--- installing PostgreSQL server binaries"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends postgresql
+fi
+
+# --- Python dependencies
+stamp_of() { cat "$@" | cksum | cut -d' ' -f1; }
+if [ ! -x "$py/.venv/bin/python" ]; then
+    echo "--- python3 -m venv clients/python/.venv"
+    if ! python3 -m venv "$py/.venv"; then
+        # Debian's python3 ships venv's pip separately.
+        rm -rf "$py/.venv"
+        if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv
+            python3 -m venv "$py/.venv"
+        else
+            echo "python3 -m venv failed: install the venv module (Debian: apt-get install python3-venv)" >&2
+            exit 1
+        fi
+    fi
+fi
+pystamp="$(stamp_of "$py/pyproject.toml")"
+if [ "$(cat "$py/.venv/.leaseq-deps" 2>/dev/null)" != "$pystamp" ]; then
+    echo "--- pip install -e clients/python[test]"
+    "$py/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$py[test]"
+    echo "$pystamp" >"$py/.venv/.leaseq-deps"
+fi
+
+# --- Node dependencies
+if [ ! -f "$node/node_modules/.package-lock.json" ] || [ "$node/package-lock.json" -nt "$node/node_modules/.package-lock.json" ]; then
+    echo "--- npm ci (clients/node)"
+    (cd "$node" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# --- the broker process
+work="$(mktemp -d "${TMPDIR:-/tmp}/leaseq-clients.XXXXXX")"
+# As root the embedded cluster runs as `postgres`, which must be able to enter
+# every directory above it (mktemp makes this one 0700).
+chmod 755 "$work"
+broker_pid=""
+cleanup() {
+    local rc=$?
+    if [ -n "$broker_pid" ] && kill -0 "$broker_pid" 2>/dev/null; then
+        kill -TERM "$broker_pid"
+        # Drain grace is 5 s; then the embedded cluster shuts down.
+        for _ in $(seq 1 300); do kill -0 "$broker_pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$broker_pid" 2>/dev/null; then
+            echo "broker did not exit after SIGTERM; killing it" >&2
+            kill -KILL "$broker_pid"
+        fi
+        wait "$broker_pid" 2>/dev/null || true
+    fi
+    if [ "$rc" -ne 0 ] && [ -s "$work/broker.log" ]; then
+        echo "--- last lines of the broker's log" >&2
+        tail -n 30 "$work/broker.log" >&2
+    fi
+    rm -rf "$work"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ -z "${DATABASE_URL:-}" ]; then
+    export LEASEQ_DATA_DIR="$work/pg"
+fi
+if [ -n "${DATABASE_URL:-}" ]; then
+    echo "--- starting the broker on \$DATABASE_URL"  # not printed: it may hold a password
+else
+    echo "--- starting the broker on embedded PostgreSQL in $work/pg"
+fi
+# Port 0: the broker reports the port it bound in its "leaseq serving" log
+# line (JSON, so it can be read reliably); nothing can take it in between.
+# The tests' timings need prompt reaping and short drains: the same flags as
+# the brokers the test suites start themselves.
+RUST_LOG="warn,leaseq::server=info" "$LEASEQ_BIN" serve --listen 127.0.0.1:0 --log-format json \
+    --heartbeat-interval 1s --reap-interval 200ms --health-interval 200ms --drain-grace 5s \
+    </dev/null >"$work/broker.log" 2>&1 &
+broker_pid=$!
+
+# Then SERVING on leaseq.v1.QueueService: migrations applied, PostgreSQL answers.
+LEASEQ_ADDR="$("$py/.venv/bin/python" - "$work/broker.log" "$broker_pid" <<'EOF_PY'
+import json, os, sys, time
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 120  # a first start runs initdb
+
+
+def alive_or_exit():
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit("the broker exited before serving")
+    if time.monotonic() > deadline:
+        sys.exit("the broker was not SERVING within 120 s")
+
+
+addr = None
+while addr is None:
+    with open(log) as f:
+        for line in f:
+            try:
+                fields = json.loads(line).get("fields", {})
+            except ValueError:
+                continue
+            if fields.get("message") == "leaseq serving":
+                addr = fields["addr"]
+    if addr is None:
+        alive_or_exit()
+        time.sleep(0.2)  # a log file has no event to await
+
+with grpc.insecure_channel(addr) as ch:
+    stub = health_pb2_grpc.HealthStub(ch)
+    req = health_pb2.HealthCheckRequest(service="leaseq.v1.QueueService")
+    while True:
+        try:
+            if stub.Check(req, timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                break
+        except grpc.RpcError:
+            pass
+        alive_or_exit()
+        time.sleep(0.2)
+print(addr)
+EOF_PY
+)"
+export LEASEQ_ADDR
+echo "broker SERVING on $LEASEQ_ADDR"
+
+# --- the suites; both run, whatever the first gave
+set +e
+echo "--- pytest (clients/python)"
+(cd "$py" && .venv/bin/python -m pytest -q -p no:cacheprovider 2>&1) | tee "$work/pytest.log"
+py_rc=${PIPESTATUS[0]}
+echo "--- node --test (clients/node)"
+(cd "$node" && node --test 2>&1) | tee "$work/node.log"
+node_rc=${PIPESTATUS[0]}
+set -e
+
+count() { grep -Eo "$1" "$2" | grep -Eo '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
+passed=$(( $(count '[0-9]+ passed' "$work/pytest.log") + $(count '^# pass [0-9]+' "$work/node.log") ))
+failed=$(( $(count '[0-9]+ (failed|error)' "$work/pytest.log") + $(count '^# fail [0-9]+' "$work/node.log") ))
+echo "--- summary: pytest exit $py_rc, node --test exit $node_rc"
+echo "clients: $passed passed, $failed failed"
+[ "$py_rc" -eq 0 ] && [ "$node_rc" -eq 0 ]
