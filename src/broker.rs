@@ -61,6 +61,7 @@ impl Broker {
                                 .collect()
                         };
                         let (results, wakes) = store.enqueue(&jobs, &new_queues).await?;
+                        store.metrics.on_enqueued(&results);
                         known.lock().expect("poisoned").extend(new_queues);
                         dispatcher.wake(wakes);
                         let mut it = results.into_iter();
@@ -85,6 +86,7 @@ impl Broker {
                     let dispatcher = dispatcher.clone();
                     async move {
                         let done = store.ack(&reqs).await?;
+                        store.metrics.on_settled(&store.metrics.acked, reqs.len(), done.len(), 0);
                         let ids: HashSet<JobId> = done.iter().map(|s| s.id).collect();
                         let tokens: HashMap<JobId, LeaseToken> =
                             reqs.iter().map(|r| (r.job_id, r.token)).collect();
@@ -132,6 +134,8 @@ impl Broker {
                             })
                             .collect();
                         let done = store.fail(&fails).await?;
+                        let dead = done.iter().filter(|f| f.death.is_some()).count();
+                        store.metrics.on_settled(&store.metrics.nacked, reqs.len(), done.len(), dead);
                         let wakes = wakes_for(&done);
                         if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
                             tracing::warn!(error = %e, "wake notification failed");
@@ -172,6 +176,7 @@ impl Broker {
                     let dispatcher = dispatcher.clone();
                     async move {
                         let done = store.extend(&reqs).await?;
+                        store.metrics.stale_tokens.add(reqs.len() - done.len());
                         // A broker whose stream holds a job extended on
                         // another replica learns the new deadline when it
                         // checks the lease at the old one.
