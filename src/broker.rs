@@ -86,7 +86,9 @@ impl Broker {
                     let dispatcher = dispatcher.clone();
                     async move {
                         let done = store.ack(&reqs).await?;
-                        store.metrics.on_settled(&store.metrics.acked, reqs.len(), done.len(), 0);
+                        store
+                            .metrics
+                            .on_settled(&store.metrics.acked, reqs.len(), done.len(), 0);
                         let ids: HashSet<JobId> = done.iter().map(|s| s.id).collect();
                         let tokens: HashMap<JobId, LeaseToken> =
                             reqs.iter().map(|r| (r.job_id, r.token)).collect();
@@ -135,7 +137,12 @@ impl Broker {
                             .collect();
                         let done = store.fail(&fails).await?;
                         let dead = done.iter().filter(|f| f.death.is_some()).count();
-                        store.metrics.on_settled(&store.metrics.nacked, reqs.len(), done.len(), dead);
+                        store.metrics.on_settled(
+                            &store.metrics.nacked,
+                            reqs.len(),
+                            done.len(),
+                            dead,
+                        );
                         let wakes = wakes_for(&done);
                         if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
                             tracing::warn!(error = %e, "wake notification failed");

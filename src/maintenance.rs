@@ -41,7 +41,9 @@ pub async fn reap(
         .collect();
     let done = store.fail(&reqs).await?;
     let dead = done.iter().filter(|f| f.death.is_some()).count();
-    store.metrics.on_settled(&store.metrics.lease_expired, done.len(), done.len(), dead);
+    store
+        .metrics
+        .on_settled(&store.metrics.lease_expired, done.len(), done.len(), dead);
     let wakes = wakes_for(&done);
     store.notify_wake(&store.pool, &wakes).await?;
     wake(wakes);

@@ -91,7 +91,9 @@ const WAIT_BOUNDS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
     1800.0, 3600.0,
 ];
-const BATCH_BOUNDS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0];
+const BATCH_BOUNDS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0,
+];
 
 /// This broker's Subscribe streams per queue: how many, and the credit
 /// (`max_in_flight`) they hold in total. Each replica knows only its own.
@@ -289,17 +291,21 @@ impl Metrics {
         );
         let gauges = self.gauges.lock().expect("poisoned");
         let per_queue: [(&str, &str, fn(&QueueRow) -> Option<f64>); 8] = [
-            ("leaseq_queue_available_jobs", "Jobs deliverable now.", |q| {
-                Some(q.available as f64)
-            }),
+            (
+                "leaseq_queue_available_jobs",
+                "Jobs deliverable now.",
+                |q| Some(q.available as f64),
+            ),
             (
                 "leaseq_queue_scheduled_jobs",
                 "Jobs waiting for a later run_at.",
                 |q| Some(q.scheduled as f64),
             ),
-            ("leaseq_queue_leased_jobs", "Jobs delivered and unsettled.", |q| {
-                Some(q.leased as f64)
-            }),
+            (
+                "leaseq_queue_leased_jobs",
+                "Jobs delivered and unsettled.",
+                |q| Some(q.leased as f64),
+            ),
             ("leaseq_queue_dead_jobs", "Jobs in the dead letters.", |q| {
                 Some(q.dead as f64)
             }),
@@ -308,11 +314,9 @@ impl Metrics {
                 "How long the longest-waiting deliverable job has been deliverable (0 when none).",
                 |q| Some(q.oldest_age_ms.unwrap_or(0) as f64 / 1000.0),
             ),
-            (
-                "leaseq_queue_paused",
-                "1 when the queue is paused.",
-                |q| Some(if q.paused { 1.0 } else { 0.0 }),
-            ),
+            ("leaseq_queue_paused", "1 when the queue is paused.", |q| {
+                Some(if q.paused { 1.0 } else { 0.0 })
+            }),
             (
                 "leaseq_queue_streams",
                 "Subscribe streams on the queue held by this broker.",
@@ -374,11 +378,9 @@ pub async fn serve(
                 let metrics = metrics.clone();
                 tokio::spawn(async move {
                     // A client that sends nothing is dropped after 10 s.
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(10),
-                        respond(stream, &metrics),
-                    )
-                    .await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), respond(stream, &metrics))
+                            .await;
                 });
             }
             Err(e) => {
@@ -432,7 +434,12 @@ async fn respond(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()
     }
 }
 
-async fn write(stream: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
+async fn write(
+    stream: &mut TcpStream,
+    status: &str,
+    ctype: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()

@@ -149,8 +149,9 @@ fn decode_token(token: &str, kind: char) -> Result<Option<String>> {
 fn decode_job_token(token: &str, kind: char) -> Result<Option<Uuid>> {
     decode_token(token, kind)?
         .map(|k| {
-            Uuid::try_parse(&k)
-                .map_err(|_| Error::invalid("page_token", "is not a token from a previous response"))
+            Uuid::try_parse(&k).map_err(|_| {
+                Error::invalid("page_token", "is not a token from a previous response")
+            })
         })
         .transpose()
 }
@@ -231,7 +232,10 @@ type Selector = (Option<Vec<JobId>>, Option<QueueName>);
 fn selector(r: &pb::DeadLettersSelector) -> Result<Selector> {
     let queue = optional_queue(&r.queue, "queue")?;
     match (r.ids.is_empty(), r.all) {
-        (true, false) => Err(Error::invalid("ids, all", "give ids, or all = true with queue")),
+        (true, false) => Err(Error::invalid(
+            "ids, all",
+            "give ids, or all = true with queue",
+        )),
         (false, true) => Err(Error::invalid("ids, all", "give ids or all, not both")),
         (true, true) => match queue {
             Some(q) => Ok((None, Some(q))),
@@ -426,7 +430,11 @@ impl AdminService for AdminApi {
         let limit = page_size(r.page_size, "page_size")?;
         // Live and dead listings have their own tokens: ids are keys of
         // different tables.
-        let kind = if state == Some(JobState::Dead) { 'd' } else { 'j' };
+        let kind = if state == Some(JobState::Dead) {
+            'd'
+        } else {
+            'j'
+        };
         let after = decode_job_token(&r.page_token, kind)?;
         if let Some(q) = &queue
             && !sql::queue_exists(self.store(), q).await?
@@ -497,7 +505,8 @@ impl AdminService for AdminApi {
         {
             return Err(unknown_queue(q).into());
         }
-        let (moved, matched) = sql::requeue_dead(self.store(), ids.as_deref(), queue.as_ref()).await?;
+        let (moved, matched) =
+            sql::requeue_dead(self.store(), ids.as_deref(), queue.as_ref()).await?;
         let requeued: i64 = moved.iter().map(|(_, n)| n).sum();
         if requeued > 0 {
             self.wake(moved.into_iter().map(|(q, _)| q)).await?;
@@ -536,11 +545,9 @@ impl AdminService for AdminApi {
     ) -> Result<Response<Self::WatchQueuesStream>, Status> {
         let r = request.into_inner();
         if r.queues.len() > MAX_SUBSCRIBE_QUEUES {
-            return Err(Error::invalid(
-                "queues",
-                format!("at most {MAX_SUBSCRIBE_QUEUES} queues"),
-            )
-            .into());
+            return Err(
+                Error::invalid("queues", format!("at most {MAX_SUBSCRIBE_QUEUES} queues")).into(),
+            );
         }
         let names = r
             .queues
@@ -589,7 +596,14 @@ impl AdminService for AdminApi {
                 let counts: Vec<(String, [i64; 6], bool)> = rows
                     .iter()
                     .map(|q| {
-                        let c = [q.available, q.scheduled, q.leased, q.dead, q.streams, q.consumers];
+                        let c = [
+                            q.available,
+                            q.scheduled,
+                            q.leased,
+                            q.dead,
+                            q.streams,
+                            q.consumers,
+                        ];
                         (q.name.clone(), c, q.paused)
                     })
                     .collect();
@@ -625,7 +639,10 @@ mod tests {
     #[test]
     fn page_tokens_round_trip_and_are_kind_bound() {
         let t = encode_token('q', "emails.high");
-        assert_eq!(decode_token(&t, 'q').unwrap().as_deref(), Some("emails.high"));
+        assert_eq!(
+            decode_token(&t, 'q').unwrap().as_deref(),
+            Some("emails.high")
+        );
         assert!(decode_token(&t, 'j').is_err());
         assert!(decode_token("zz", 'q').is_err());
         assert!(decode_token("abc", 'q').is_err());

@@ -284,7 +284,10 @@ impl State {
                     return;
                 }
                 debug!(stream = id, queues = ?sub.queues, consumer = %sub.consumer, "stream opened");
-                self.store.metrics.streams.opened(&sub.queues, sub.max_in_flight);
+                self.store
+                    .metrics
+                    .streams
+                    .opened(&sub.queues, sub.max_in_flight);
                 for q in &sub.queues {
                     let qs = self.queues.entry(q.clone()).or_default();
                     qs.streams.push(id);

@@ -186,9 +186,11 @@ pub async fn queue_stats(
 
 /// One queue, or None when it does not exist.
 pub async fn queue(store: &Store, name: &QueueName) -> Result<Option<QueueRow>> {
-    Ok(queue_stats(store, Some(std::slice::from_ref(name)), None, 1)
-        .await?
-        .pop())
+    Ok(
+        queue_stats(store, Some(std::slice::from_ref(name)), None, 1)
+            .await?
+            .pop(),
+    )
 }
 
 /// Changes a queue's settings; creates the queue first when `create`.
@@ -333,7 +335,9 @@ pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
     let token: Option<Uuid> = row.try_get("lease_token")?;
     Ok(Some(Cancelled {
         queue: row.try_get("queue")?,
-        lease: token.map(|t| Ok::<_, Error>((row.try_get("lease_broker")?, LeaseToken(t)))).transpose()?,
+        lease: token
+            .map(|t| Ok::<_, Error>((row.try_get("lease_broker")?, LeaseToken(t))))
+            .transpose()?,
     }))
 }
 
