@@ -39,6 +39,8 @@ pub enum Command {
     Tail(crate::cli::TailArgs),
     /// Load-generate against a running broker (or the raw-SQL baseline).
     Bench(crate::bench::BenchArgs),
+    #[command(flatten)]
+    Admin(crate::cli::admin::AdminCommand),
 }
 
 #[derive(Args, Clone, Debug, Default)]
