@@ -290,50 +290,50 @@ impl Metrics {
             "Jobs per lease statement (statements that leased at least one).",
         );
         let gauges = self.gauges.lock().expect("poisoned");
-        let per_queue: [(&str, &str, fn(&QueueRow) -> Option<f64>); 8] = [
+        type Gauge = (&'static str, &'static str, fn(&QueueRow) -> f64);
+        let per_queue: [Gauge; 8] = [
             (
                 "leaseq_queue_available_jobs",
                 "Jobs deliverable now.",
-                |q| Some(q.available as f64),
+                |q| q.available as f64,
             ),
             (
                 "leaseq_queue_scheduled_jobs",
                 "Jobs waiting for a later run_at.",
-                |q| Some(q.scheduled as f64),
+                |q| q.scheduled as f64,
             ),
             (
                 "leaseq_queue_leased_jobs",
                 "Jobs delivered and unsettled.",
-                |q| Some(q.leased as f64),
+                |q| q.leased as f64,
             ),
             ("leaseq_queue_dead_jobs", "Jobs in the dead letters.", |q| {
-                Some(q.dead as f64)
+                q.dead as f64
             }),
             (
                 "leaseq_queue_oldest_available_age_seconds",
                 "How long the longest-waiting deliverable job has been deliverable (0 when none).",
-                |q| Some(q.oldest_age_ms.unwrap_or(0) as f64 / 1000.0),
+                |q| q.oldest_age_ms.unwrap_or(0) as f64 / 1000.0,
             ),
             ("leaseq_queue_paused", "1 when the queue is paused.", |q| {
-                Some(if q.paused { 1.0 } else { 0.0 })
+                if q.paused { 1.0 } else { 0.0 }
             }),
             (
                 "leaseq_queue_streams",
                 "Subscribe streams on the queue held by this broker.",
-                |q| Some(q.streams as f64),
+                |q| q.streams as f64,
             ),
             (
                 "leaseq_queue_free_credits",
                 "This broker's streams' max_in_flight on the queue minus the jobs of the queue they hold (a stream on several queues counts on each).",
-                |q| Some((q.credit - q.leased_here).max(0) as f64),
+                |q| (q.credit - q.leased_here).max(0) as f64,
             ),
         ];
         for (name, help, f) in per_queue {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            // Queue names are [A-Za-z0-9._:-]: nothing to escape in a label.
             for q in gauges.iter() {
-                if let Some(v) = f(q) {
-                    let _ = writeln!(out, "{name}{{queue=\"{}\"}} {v}", q.name);
-                }
+                let _ = writeln!(out, "{name}{{queue=\"{}\"}} {}", q.name, f(q));
             }
         }
         out

@@ -706,13 +706,51 @@ async fn watch_streams_end_unavailable_on_drain() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_health_is_reported_with_its_own_name() {
+async fn admin_service_has_its_own_health_name_and_is_in_reflection() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
     assert_eq!(
         health(broker.addr, "leaseq.v1.AdminService").await,
         Some(ServingStatus::Serving)
     );
+    use tonic_reflection::pb::v1;
+    let channel = Channel::from_shared(broker.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut r = v1::server_reflection_client::ServerReflectionClient::new(channel);
+    let req = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "leaseq.v1.AdminService".into(),
+            ),
+        ),
+    };
+    let msg = r
+        .server_reflection_info(tokio_stream::once(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    let Some(v1::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =
+        msg.message_response
+    else {
+        panic!("no descriptor for leaseq.v1.AdminService: {msg:?}")
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    broker.begin_shutdown();
+    wait_health(
+        broker.addr,
+        "leaseq.v1.AdminService",
+        ServingStatus::NotServing,
+        S5,
+    )
+    .await;
 }
 
 /// Every bad input: the code, the field named first in the message, and

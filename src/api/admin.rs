@@ -131,7 +131,7 @@ fn decode_token(token: &str, kind: char) -> Result<Option<String>> {
         return Ok(None);
     }
     let bad = || Error::invalid("page_token", "is not a token from a previous response");
-    if token.len() % 2 != 0 || token.len() > 1024 {
+    if !token.len().is_multiple_of(2) || token.len() > 1024 {
         return Err(bad());
     }
     let bytes: Vec<u8> = (0..token.len())

@@ -288,7 +288,7 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
                         "CREATED",
                     ],
                     queues.iter().map(|q| {
-                        let s = q.settings.clone().unwrap_or_default();
+                        let s = q.settings.unwrap_or_default();
                         vec![
                             q.name.clone(),
                             yes_no(s.paused),
@@ -594,7 +594,7 @@ fn print_stats(queues: &[pb::QueueInfo]) {
             "PAUSED",
         ],
         queues.iter().map(|q| {
-            let s = q.stats.clone().unwrap_or_default();
+            let s = q.stats.unwrap_or_default();
             vec![
                 q.name.clone(),
                 s.available.to_string(),
@@ -740,8 +740,8 @@ fn opt_ts(t: Option<&prost_types::Timestamp>) -> Value {
 }
 
 fn queue_json(q: &pb::QueueInfo) -> Value {
-    let s = q.settings.clone().unwrap_or_default();
-    let st = q.stats.clone().unwrap_or_default();
+    let s = q.settings.unwrap_or_default();
+    let st = q.stats.unwrap_or_default();
     json!({
         "name": q.name,
         "paused": s.paused,
