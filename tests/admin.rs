@@ -743,14 +743,19 @@ async fn admin_service_has_its_own_health_name_and_is_in_reflection() {
         panic!("no descriptor for leaseq.v1.AdminService: {msg:?}")
     };
     assert!(!files.file_descriptor_proto.is_empty());
+    // Not SERVING from the first moment of a drain (a stream keeps the
+    // server up while it drains).
+    let mut c = broker.client().await;
+    let _s = subscribe(&mut c, &["h"], 1, None).await;
     broker.begin_shutdown();
-    wait_health(
-        broker.addr,
-        "leaseq.v1.AdminService",
-        ServingStatus::NotServing,
-        S5,
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + S5;
+    while health(broker.addr, "leaseq.v1.AdminService").await == Some(ServingStatus::Serving) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still SERVING 5s into a drain"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Every bad input: the code, the field named first in the message, and
