@@ -142,8 +142,8 @@ pub struct Metrics {
     pub lease_expired: Counter,
     pub dead_lettered: Counter,
     pub stale_tokens: Counter,
-    /// Database time from enqueue (or run_at, for delayed jobs) to first
-    /// delivery.
+    /// Database time from enqueue to first delivery (a requested delay
+    /// included).
     pub delivery_wait: Histogram,
     /// Jobs per group-commit enqueue statement.
     pub enqueue_batch: Histogram,
@@ -277,7 +277,7 @@ impl Metrics {
         self.delivery_wait.render(
             &mut out,
             "leaseq_delivery_wait_seconds",
-            "Time from enqueue (or run_at) to first delivery, database clock.",
+            "Time from enqueue to first delivery (delays included), database clock.",
         );
         self.enqueue_batch.render(
             &mut out,
