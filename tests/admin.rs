@@ -1330,3 +1330,51 @@ async fn bad_input_gets_the_documented_code_and_changes_nothing() {
     assert!(failures.is_empty(), "{failures:#?}");
     assert_eq!(snapshot().await, before, "bad input changed something");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_with_big_payloads_end_early_and_still_walk_every_job() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let big = "x".repeat(1024 * 1024);
+    let mut want = Vec::new();
+    for _ in 0..4 {
+        let jobs: Vec<_> = (0..5).map(|_| job("big", &big)).collect();
+        let r = c
+            .enqueue_batch(pb::EnqueueBatchRequest { jobs })
+            .await
+            .unwrap()
+            .into_inner();
+        want.extend(r.results.into_iter().map(|r| r.job_id));
+    }
+    want.sort();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    let mut token = String::new();
+    for _ in 0..40 {
+        let page = a
+            .list_jobs(pb::ListJobsRequest {
+                queue: "big".into(),
+                page_size: 1000,
+                page_token: token.clone(),
+                include_payload: true,
+                ..Default::default()
+            })
+            .await
+            .expect("a page within the client's default 4 MiB limit")
+            .into_inner();
+        pages += 1;
+        assert!(page.jobs.iter().all(|j| j.payload.len() == big.len()));
+        seen.extend(page.jobs.into_iter().map(|j| j.id));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, want);
+    assert!(
+        pages >= 10,
+        "{pages} pages: at most ~2 MiB of payloads per page"
+    );
+}

@@ -215,9 +215,9 @@ fn job_info(j: JobRow) -> pb::JobInfo {
     }
 }
 
-fn jobs_page(rows: Vec<JobRow>, limit: i64, kind: char) -> pb::ListJobsResponse {
+fn jobs_page(rows: Vec<JobRow>, more: bool, kind: char) -> pb::ListJobsResponse {
     let next_page_token = match rows.last() {
-        Some(last) if rows.len() as i64 == limit => encode_token(kind, &last.id.to_string()),
+        Some(last) if more => encode_token(kind, &last.id.to_string()),
         _ => String::new(),
     };
     pb::ListJobsResponse {
@@ -441,7 +441,7 @@ impl AdminService for AdminApi {
         {
             return Err(unknown_queue(q).into());
         }
-        let rows = sql::list_jobs(
+        let (rows, more) = sql::list_jobs(
             self.store(),
             queue.as_ref(),
             state,
@@ -450,7 +450,7 @@ impl AdminService for AdminApi {
             r.include_payload,
         )
         .await?;
-        Ok(Response::new(jobs_page(rows, limit, kind)))
+        Ok(Response::new(jobs_page(rows, more, kind)))
     }
 
     #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]

@@ -283,8 +283,13 @@ pub async fn get_job(store: &Store, id: JobId) -> Result<Option<JobRow>> {
     row.as_ref().map(job_row).transpose()
 }
 
-/// A page of jobs in id (= enqueue) order after `after`. `state` None = every
-/// live job; Some(Dead) = dead letters.
+/// Payload bytes one page carries at most (plus one payload): a page of big
+/// payloads ends early instead of exceeding the 4 MiB default receive limit
+/// of gRPC clients (with the default 1 MiB payload limit).
+pub const PAGE_PAYLOAD_BUDGET: i64 = 2 * 1024 * 1024;
+
+/// A page of jobs in id (= enqueue) order after `after`, and whether there
+/// may be more. `state` None = every live job; Some(Dead) = dead letters.
 pub async fn list_jobs(
     store: &Store,
     queue: Option<&QueueName>,
@@ -292,7 +297,7 @@ pub async fn list_jobs(
     after: Option<Uuid>,
     limit: i64,
     include_payload: bool,
-) -> Result<Vec<JobRow>> {
+) -> Result<(Vec<JobRow>, bool)> {
     let payload = if include_payload { "true" } else { "false" };
     let sql = if state == Some(JobState::Dead) {
         format!(
@@ -313,14 +318,28 @@ pub async fn list_jobs(
             LIVE_COLUMNS.replace("$P", payload)
         )
     };
+    // Keep rows while the payload bytes before them are under the budget.
+    let sql = format!(
+        "select * from (\
+             select p.*, count(*) over () as fetched, \
+                 sum(octet_length(p.payload)) over (order by p.id) - octet_length(p.payload) as bytes_before \
+             from ({sql}) p\
+         ) s where s.bytes_before < $5 order by s.id"
+    );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(queue.map(QueueName::as_str))
         .bind(after)
         .bind(limit)
         .bind(state.map(JobState::sql))
+        .bind(PAGE_PAYLOAD_BUDGET)
         .fetch_all(&store.pool)
         .await?;
-    rows.iter().map(job_row).collect()
+    let fetched: i64 = match rows.first() {
+        Some(r) => r.try_get("fetched")?,
+        None => 0,
+    };
+    let more = fetched == limit || (rows.len() as i64) < fetched;
+    Ok((rows.iter().map(job_row).collect::<Result<_>>()?, more))
 }
 
 /// Deletes a live job. None = no live job with that id.
