@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/leaseq/v1/queue.proto"];
+    let protos = ["proto/leaseq/v1/queue.proto", "proto/leaseq/v1/admin.proto"];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

@@ -62,6 +62,7 @@ impl Broker {
                                 .collect()
                         };
                         let (results, wakes) = store.enqueue(&jobs, &new_queues).await?;
+                        store.metrics.on_enqueued(&results);
                         known.lock().expect("poisoned").extend(new_queues);
                         dispatcher.wake(wakes);
                         let mut it = results.into_iter();
@@ -87,6 +88,9 @@ impl Broker {
                     async move {
                         let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
                         let done = store.ack(&all).await?;
+                        store
+                            .metrics
+                            .on_settled(&store.metrics.acked, all.len(), done.len(), 0);
                         // Keyed by (job, token): two acks of one job with
                         // different tokens may share a statement, and only
                         // the current token's ack succeeded.
@@ -141,6 +145,13 @@ impl Broker {
                             })
                             .collect();
                         let done = store.fail(&fails).await?;
+                        let dead = done.iter().filter(|f| f.death.is_some()).count();
+                        store.metrics.on_settled(
+                            &store.metrics.nacked,
+                            reqs.len(),
+                            done.len(),
+                            dead,
+                        );
                         let wakes = wakes_for(&done);
                         if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
                             tracing::warn!(error = %e, "wake notification failed");
@@ -181,6 +192,7 @@ impl Broker {
                     let dispatcher = dispatcher.clone();
                     async move {
                         let done = store.extend(&reqs).await?;
+                        store.metrics.stale_tokens.add(reqs.len() - done.len());
                         // A broker whose stream holds a job extended on
                         // another replica learns the new deadline when it
                         // checks the lease at the old one.

@@ -39,6 +39,8 @@ pub enum Command {
     Tail(crate::cli::TailArgs),
     /// Load-generate against a running broker (or the raw-SQL baseline).
     Bench(crate::bench::BenchArgs),
+    #[command(flatten)]
+    Admin(crate::cli::admin::AdminCommand),
 }
 
 #[derive(Args, Clone, Debug, Default)]
@@ -111,6 +113,13 @@ pub struct ServeArgs {
     /// Grace given to streams on a connection closed for its age.
     #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
     pub max_connection_age_grace: Option<Duration>,
+    /// Serve Prometheus metrics at http://ADDR/metrics. Unset = off.
+    #[arg(long, env = "LEASEQ_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the per-queue metric gauges are recomputed (one statistics
+    /// query each time, not one per scrape).
+    #[arg(long, env = "LEASEQ_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub metrics_interval: Duration,
 }
 
 impl ServeArgs {

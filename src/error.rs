@@ -26,6 +26,9 @@ pub enum Error {
         "job {0} is not leased under this lease_token (lease expired, job re-leased or already settled)"
     )]
     StaleLease(JobId),
+    /// An unknown queue or job, named (admin lookups).
+    #[error("{0}")]
+    NotFound(String),
     /// The broker is draining: clients should retry against another replica.
     #[error("broker is shutting down")]
     Draining,
@@ -121,6 +124,7 @@ impl From<Error> for Status {
             Error::InvalidArgument { .. } => Status::new(Code::InvalidArgument, e.to_string()),
             Error::TooLarge { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
             Error::StaleLease(_) => Status::new(Code::FailedPrecondition, e.to_string()),
+            Error::NotFound(_) => Status::new(Code::NotFound, e.to_string()),
             Error::Draining => Status::new(Code::Unavailable, e.to_string()),
             Error::Unavailable(ref source) => {
                 tracing::warn!(error = %source, "database unavailable");

@@ -2,7 +2,8 @@
 //!
 //! A map of the modules, from the wire inwards:
 //!
-//! - [`api`]: the tonic services; thin handlers that validate and convert.
+//! - [`api`]: the tonic services (queue, admin); thin handlers that validate
+//!   and convert.
 //! - [`domain`]: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
 //!   and every input rule.
 //! - [`broker`]: the core the handlers call; owns the group-commit batchers.
@@ -11,6 +12,7 @@
 //! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
 //! - [`notify`]: the one LISTEN connection and its fan-out.
 //! - [`maintenance`]: lease reaper and ttl expiry.
+//! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
 //! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
@@ -26,6 +28,7 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod maintenance;
+pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod store;

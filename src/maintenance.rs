@@ -41,6 +41,10 @@ pub async fn reap(
         })
         .collect();
     let done = store.fail(&reqs).await?;
+    let dead = done.iter().filter(|f| f.death.is_some()).count();
+    store
+        .metrics
+        .on_settled(&store.metrics.lease_expired, done.len(), done.len(), dead);
     let wakes = wakes_for(&done);
     store.notify_wake(&store.pool, &wakes).await?;
     wake(wakes);
@@ -81,6 +85,7 @@ async fn pass(store: &Store, dispatcher: &Dispatcher) -> Result<()> {
     }
     loop {
         let n = store.expire_ttl(BATCH).await?;
+        store.metrics.dead_lettered.add(n as usize);
         if n > 0 {
             debug!(expired = n, "jobs past their ttl dead-lettered");
         }

@@ -15,11 +15,13 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
+use crate::api::admin::AdminApi;
 use crate::api::queue::QueueApi;
 use crate::broker::Broker;
 use crate::config::ServeArgs;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::domain::Limits;
+use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::queue_service_server::QueueServiceServer;
 use crate::store::{self, Store};
 
@@ -29,6 +31,8 @@ use crate::store::{self, Store};
 pub const LIVENESS: &str = "liveness";
 /// Health service name of the queue service.
 pub const QUEUE_SERVICE: &str = "leaseq.v1.QueueService";
+/// Health service name of the admin service (same readiness as the queue service).
+pub const ADMIN_SERVICE: &str = "leaseq.v1.AdminService";
 
 /// Runs the broker until `shutdown` is cancelled, then drains: reports
 /// NOT_SERVING, releases every stream's unsettled jobs and ends the streams
@@ -109,6 +113,18 @@ pub async fn run(
     let queue_service = QueueServiceServer::new(QueueApi::new(broker.clone(), limits))
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2));
+    let admin_service = AdminServiceServer::new(AdminApi::new(broker.clone(), draining.clone()))
+        .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2));
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = crate::metrics::bind(addr).await?;
+        info!(addr = %listener.local_addr()?, "metrics on /metrics");
+        tokio::spawn(crate::metrics::serve(
+            store.clone(),
+            listener,
+            cfg.metrics_interval,
+            background.clone(),
+        ));
+    }
 
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(cfg.keepalive_interval))
@@ -129,6 +145,7 @@ pub async fn run(
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(queue_service)
+            .add_service(admin_service)
             .serve_with_incoming_shutdown(incoming, stop_server.clone().cancelled_owned()),
     );
     info!(%addr, "leaseq serving");
@@ -196,6 +213,7 @@ async fn set_ready(reporter: &HealthReporter, ready: bool) {
     };
     reporter.set_service_status("", status).await;
     reporter.set_service_status(QUEUE_SERVICE, status).await;
+    reporter.set_service_status(ADMIN_SERVICE, status).await;
 }
 
 /// SERVING only while PostgreSQL answers (migrations ran before this starts)

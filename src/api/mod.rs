@@ -1,4 +1,5 @@
 //! gRPC services: thin handlers that validate, call the broker core and
 //! convert back. Errors become `tonic::Status` only via `From<Error>`.
 
+pub mod admin;
 pub mod queue;

@@ -1,4 +1,7 @@
-//! Client-side subcommands: `leaseq enqueue` and `leaseq tail`.
+//! Client-side subcommands: `leaseq enqueue` and `leaseq tail`; the operator
+//! commands are in [`admin`].
+
+pub mod admin;
 
 use std::io::Read;
 use std::time::Duration;

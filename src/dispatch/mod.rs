@@ -284,6 +284,10 @@ impl State {
                     return;
                 }
                 debug!(stream = id, queues = ?sub.queues, consumer = %sub.consumer, "stream opened");
+                self.store
+                    .metrics
+                    .streams
+                    .opened(&sub.queues, sub.max_in_flight);
                 for q in &sub.queues {
                     let qs = self.queues.entry(q.clone()).or_default();
                     qs.streams.push(id);
@@ -408,6 +412,8 @@ impl State {
         let Some(stream) = self.streams.remove(&id) else {
             return;
         };
+        let (queues, credit) = (&stream.sub.queues, stream.sub.max_in_flight);
+        self.store.metrics.streams.closed(queues, credit);
         for q in &stream.sub.queues {
             if let Some(qs) = self.queues.get_mut(q) {
                 qs.streams.retain(|s| *s != id);
@@ -554,6 +560,7 @@ impl State {
                 qs.ready = false;
             }
         }
+        self.store.metrics.on_leased(&leased);
         self.deliver(leased, &round.slots);
     }
 
@@ -708,6 +715,8 @@ impl State {
         )
         .await;
         for (_, stream) in self.streams.drain() {
+            let (queues, credit) = (&stream.sub.queues, stream.sub.max_in_flight);
+            self.store.metrics.streams.closed(queues, credit);
             let _ = stream.tx.try_send(Err(Status::unavailable(
                 "broker is shutting down; reconnect",
             )));
@@ -764,6 +773,8 @@ async fn release(
     for attempt in 0..5u32 {
         match store.fail(&reqs).await {
             Ok(done) => {
+                let dead = done.iter().filter(|f| f.death.is_some()).count();
+                store.metrics.dead_lettered.add(dead);
                 let wakes = wakes_for(&done);
                 if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
                     warn!(error = %e, "wake notification failed");

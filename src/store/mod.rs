@@ -5,6 +5,7 @@
 //! batchers in [`batch`] and the dispatcher) always work on many rows per
 //! statement. Errors become [`crate::error::Error`] by SQLSTATE class.
 
+pub mod admin;
 pub mod batch;
 
 use std::collections::HashMap;
@@ -193,6 +194,8 @@ pub struct Store {
     pub pool: PgPool,
     /// This broker process's id: stamped on the leases it takes.
     pub broker_id: Uuid,
+    /// This broker's counters, histograms and stream registry.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Store {
@@ -200,6 +203,7 @@ impl Store {
         Store {
             pool,
             broker_id: Uuid::new_v4(),
+            metrics: Default::default(),
         }
     }
 

@@ -1,0 +1,651 @@
+//! `leaseq.v1.AdminService`: queues, jobs and dead letters for operators.
+//!
+//! Handlers validate (INVALID_ARGUMENT names the field), call
+//! [`crate::store::admin`], and convert. Unknown queues and jobs are
+//! `Error::NotFound`. Queues that get jobs back (resume, requeue) are woken on
+//! every replica the way enqueue does: in-process and by NOTIFY.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::{info, instrument, warn};
+use uuid::Uuid;
+
+use crate::broker::Broker;
+use crate::domain::{self, JobId, MAX_ATTEMPTS, MAX_DELAY, MAX_SUBSCRIBE_QUEUES, QueueName};
+use crate::error::{Error, Result};
+use crate::pb;
+use crate::pb::admin_service_server::AdminService;
+use crate::store::Wake;
+use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
+
+/// Page size when the request says 0, and the most a page may hold.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
+pub const MAX_PAGE_SIZE: u32 = 1000;
+/// Most ids in one dead-letter selector.
+pub const MAX_SELECTOR_IDS: usize = 1000;
+/// WatchQueues: default and bounds of the push interval, and how often job
+/// counts are sampled to push on change.
+pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(5);
+pub const MIN_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+pub const MAX_WATCH_INTERVAL: Duration = Duration::from_secs(3600);
+const WATCH_SAMPLE: Duration = Duration::from_secs(1);
+/// Most queues one WatchQueues message carries when watching every queue.
+const WATCH_ALL_LIMIT: i64 = 1000;
+
+pub struct AdminApi {
+    broker: Arc<Broker>,
+    /// Cancelled at the start of a drain: WatchQueues streams end with
+    /// UNAVAILABLE so the server can stop.
+    draining: CancellationToken,
+}
+
+impl AdminApi {
+    pub fn new(broker: Arc<Broker>, draining: CancellationToken) -> Self {
+        AdminApi { broker, draining }
+    }
+
+    fn store(&self) -> &crate::store::Store {
+        self.broker.store()
+    }
+
+    async fn queue_info(&self, name: &QueueName) -> Result<pb::QueueInfo> {
+        sql::queue(self.store(), name)
+            .await?
+            .map(queue_info)
+            .ok_or_else(|| unknown_queue(name))
+    }
+
+    /// Wakes the queue's streams here and on every replica.
+    async fn wake(&self, queues: impl IntoIterator<Item = QueueName>) -> Result<()> {
+        let wakes: Vec<Wake> = queues
+            .into_iter()
+            .map(|queue| Wake { queue, delay_ms: 0 })
+            .collect();
+        self.store().notify_wake(&self.store().pool, &wakes).await?;
+        self.broker.dispatcher().wake(wakes);
+        Ok(())
+    }
+
+    /// Resumes and wakes: ready jobs at once, and the next delayed job at its
+    /// run_at (a dispatcher may have dropped that timer while paused).
+    async fn resumed(&self, name: &QueueName) -> Result<()> {
+        self.wake([name.clone()]).await?;
+        let due = self.store().next_due(std::slice::from_ref(name)).await?;
+        let wakes: Vec<Wake> = due
+            .into_iter()
+            .filter_map(|(queue, ms)| ms.map(|delay_ms| Wake { queue, delay_ms }))
+            .collect();
+        self.store().notify_wake(&self.store().pool, &wakes).await?;
+        self.broker.dispatcher().wake(wakes);
+        Ok(())
+    }
+}
+
+fn unknown_queue(name: &QueueName) -> Error {
+    Error::NotFound(format!("queue {name:?} does not exist"))
+}
+
+fn queue_field(s: &str, field: &str) -> Result<QueueName> {
+    if s.is_empty() {
+        return Err(Error::invalid(field, "is required"));
+    }
+    QueueName::parse_field(s, field)
+}
+
+fn optional_queue(s: &str, field: &str) -> Result<Option<QueueName>> {
+    if s.is_empty() {
+        Ok(None)
+    } else {
+        QueueName::parse_field(s, field).map(Some)
+    }
+}
+
+fn page_size(n: u32, field: &str) -> Result<i64> {
+    match n {
+        0 => Ok(i64::from(DEFAULT_PAGE_SIZE)),
+        n if n <= MAX_PAGE_SIZE => Ok(i64::from(n)),
+        _ => Err(Error::invalid(
+            field,
+            format!("must be at most {MAX_PAGE_SIZE}"),
+        )),
+    }
+}
+
+/// Page tokens are opaque to clients: a kind letter and the last key seen,
+/// hex-encoded. The kind stops a token of one listing being used in another.
+fn encode_token(kind: char, key: &str) -> String {
+    let mut out = String::with_capacity(2 + key.len() * 2);
+    for b in format!("{kind}:{key}").bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+fn decode_token(token: &str, kind: char) -> Result<Option<String>> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || Error::invalid("page_token", "is not a token from a previous response");
+    if !token.len().is_multiple_of(2) || token.len() > 1024 {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    let s = String::from_utf8(bytes).map_err(|_| bad())?;
+    let key = s
+        .strip_prefix(kind)
+        .and_then(|s| s.strip_prefix(':'))
+        .ok_or_else(bad)?;
+    Ok(Some(key.to_owned()))
+}
+
+fn decode_job_token(token: &str, kind: char) -> Result<Option<Uuid>> {
+    decode_token(token, kind)?
+        .map(|k| {
+            Uuid::try_parse(&k).map_err(|_| {
+                Error::invalid("page_token", "is not a token from a previous response")
+            })
+        })
+        .transpose()
+}
+
+fn proto_duration(ms: i64) -> Option<prost_types::Duration> {
+    Duration::from_millis(ms.max(0) as u64).try_into().ok()
+}
+
+fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
+    std::time::SystemTime::from(t).into()
+}
+
+pub fn queue_info(q: QueueRow) -> pb::QueueInfo {
+    pb::QueueInfo {
+        settings: Some(pb::QueueSettings {
+            default_lease: proto_duration(q.default_lease_ms),
+            max_attempts: q.max_attempts,
+            backoff_base: proto_duration(q.backoff_base_ms),
+            backoff_cap: proto_duration(q.backoff_cap_ms),
+            completed_retention: q.completed_retention_ms.and_then(proto_duration),
+            paused: q.paused,
+        }),
+        stats: Some(pb::QueueStats {
+            available: q.available,
+            scheduled: q.scheduled,
+            leased: q.leased,
+            dead: q.dead,
+            oldest_available_age: q.oldest_age_ms.and_then(proto_duration),
+            streams: q.streams,
+            consumers: q.consumers,
+        }),
+        created_at: Some(ts(q.created_at)),
+        name: q.name,
+    }
+}
+
+fn job_info(j: JobRow) -> pb::JobInfo {
+    pb::JobInfo {
+        id: j.id.to_string(),
+        queue: j.queue,
+        state: match j.state {
+            JobState::Available => pb::JobState::Available,
+            JobState::Scheduled => pb::JobState::Scheduled,
+            JobState::Leased => pb::JobState::Leased,
+            JobState::Dead => pb::JobState::Dead,
+        } as i32,
+        payload: j.payload,
+        headers: j.headers,
+        priority: j.priority,
+        attempt: j.attempt,
+        max_attempts: j.max_attempts.unwrap_or(0),
+        dedup_key: j.dedup_key.unwrap_or_default(),
+        enqueued_at: Some(ts(j.enqueued_at)),
+        run_at: j.run_at.map(ts),
+        expires_at: j.expires_at.map(ts),
+        last_error: j.last_error.unwrap_or_default(),
+        leased_by: j.leased_by.unwrap_or_default(),
+        lease_expires_at: j.lease_expires_at.map(ts),
+        dead_reason: j.dead_reason.unwrap_or_default(),
+        died_at: j.died_at.map(ts),
+    }
+}
+
+fn jobs_page(rows: Vec<JobRow>, more: bool, kind: char) -> pb::ListJobsResponse {
+    let next_page_token = match rows.last() {
+        Some(last) if more => encode_token(kind, &last.id.to_string()),
+        _ => String::new(),
+    };
+    pb::ListJobsResponse {
+        jobs: rows.into_iter().map(job_info).collect(),
+        next_page_token,
+    }
+}
+
+/// A validated dead-letter selector: (ids, queue).
+type Selector = (Option<Vec<JobId>>, Option<QueueName>);
+
+fn selector(r: &pb::DeadLettersSelector) -> Result<Selector> {
+    let queue = optional_queue(&r.queue, "queue")?;
+    match (r.ids.is_empty(), r.all) {
+        (true, false) => Err(Error::invalid(
+            "ids, all",
+            "give ids, or all = true with queue",
+        )),
+        (false, true) => Err(Error::invalid("ids, all", "give ids or all, not both")),
+        (true, true) => match queue {
+            Some(q) => Ok((None, Some(q))),
+            None => Err(Error::invalid("queue", "is required with all = true")),
+        },
+        (false, false) => {
+            if r.ids.len() > MAX_SELECTOR_IDS {
+                return Err(Error::invalid(
+                    "ids",
+                    format!("at most {MAX_SELECTOR_IDS} ids"),
+                ));
+            }
+            let ids = r
+                .ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| JobId::parse_field(id, &format!("ids[{i}]")))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((Some(ids), queue))
+        }
+    }
+}
+
+/// Validates an UpdateQueueRequest into a settings change.
+fn queue_update(r: &pb::UpdateQueueRequest) -> Result<QueueUpdate> {
+    let max_attempts = match r.max_attempts {
+        None => None,
+        Some(n) if (1..=MAX_ATTEMPTS).contains(&n) => Some(n),
+        Some(_) => {
+            return Err(Error::invalid(
+                "max_attempts",
+                format!("must be 1 to {MAX_ATTEMPTS}"),
+            ));
+        }
+    };
+    let update = QueueUpdate {
+        default_lease_ms: r
+            .default_lease
+            .as_ref()
+            .map(|d| domain::lease_ms(d, "default_lease"))
+            .transpose()?,
+        max_attempts,
+        backoff_base_ms: r
+            .backoff_base
+            .as_ref()
+            .map(|d| domain::duration_ms(d, "backoff_base", MAX_DELAY))
+            .transpose()?,
+        backoff_cap_ms: r
+            .backoff_cap
+            .as_ref()
+            .map(|d| domain::duration_ms(d, "backoff_cap", MAX_DELAY))
+            .transpose()?,
+        // Zero clears it.
+        completed_retention_ms: r
+            .completed_retention
+            .as_ref()
+            .map(|d| domain::duration_ms(d, "completed_retention", MAX_DELAY))
+            .transpose()?
+            .map(|ms| (ms > 0).then_some(ms)),
+        paused: r.paused,
+    };
+    Ok(update)
+}
+
+type WatchStream = ReceiverStream<Result<pb::WatchQueuesResponse, Status>>;
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    #[instrument(skip_all)]
+    async fn list_queues(
+        &self,
+        request: Request<pb::ListQueuesRequest>,
+    ) -> Result<Response<pb::ListQueuesResponse>, Status> {
+        let r = request.into_inner();
+        let limit = page_size(r.page_size, "page_size")?;
+        let after = decode_token(&r.page_token, 'q')?;
+        let rows = sql::queue_stats(self.store(), None, after.as_deref(), limit).await?;
+        let next_page_token = match rows.last() {
+            Some(last) if rows.len() as i64 == limit => encode_token('q', &last.name),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListQueuesResponse {
+            queues: rows.into_iter().map(queue_info).collect(),
+            next_page_token,
+        }))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn get_queue(
+        &self,
+        request: Request<pb::GetQueueRequest>,
+    ) -> Result<Response<pb::QueueInfo>, Status> {
+        let name = queue_field(&request.get_ref().queue, "queue")?;
+        Ok(Response::new(self.queue_info(&name).await?))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn update_queue(
+        &self,
+        request: Request<pb::UpdateQueueRequest>,
+    ) -> Result<Response<pb::QueueInfo>, Status> {
+        let r = request.into_inner();
+        let name = queue_field(&r.queue, "queue")?;
+        let update = queue_update(&r)?;
+        if !sql::update_queue(self.store(), &name, &update, r.create).await? {
+            return Err(unknown_queue(&name).into());
+        }
+        info!(queue = %name, ?update, "queue settings changed");
+        if update.paused == Some(false) {
+            self.resumed(&name).await?;
+        }
+        Ok(Response::new(self.queue_info(&name).await?))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn pause_queue(
+        &self,
+        request: Request<pb::PauseQueueRequest>,
+    ) -> Result<Response<pb::QueueInfo>, Status> {
+        let name = queue_field(&request.get_ref().queue, "queue")?;
+        let update = QueueUpdate {
+            paused: Some(true),
+            ..Default::default()
+        };
+        if !sql::update_queue(self.store(), &name, &update, false).await? {
+            return Err(unknown_queue(&name).into());
+        }
+        info!(queue = %name, "queue paused");
+        Ok(Response::new(self.queue_info(&name).await?))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn resume_queue(
+        &self,
+        request: Request<pb::ResumeQueueRequest>,
+    ) -> Result<Response<pb::QueueInfo>, Status> {
+        let name = queue_field(&request.get_ref().queue, "queue")?;
+        let update = QueueUpdate {
+            paused: Some(false),
+            ..Default::default()
+        };
+        if !sql::update_queue(self.store(), &name, &update, false).await? {
+            return Err(unknown_queue(&name).into());
+        }
+        self.resumed(&name).await?;
+        info!(queue = %name, "queue resumed");
+        Ok(Response::new(self.queue_info(&name).await?))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn purge_queue(
+        &self,
+        request: Request<pb::PurgeQueueRequest>,
+    ) -> Result<Response<pb::PurgeQueueResponse>, Status> {
+        let name = queue_field(&request.get_ref().queue, "queue")?;
+        let purged = sql::purge_queue(self.store(), &name)
+            .await?
+            .ok_or_else(|| unknown_queue(&name))?;
+        info!(queue = %name, purged, "queue purged");
+        Ok(Response::new(pb::PurgeQueueResponse {
+            purged: purged as i64,
+        }))
+    }
+
+    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let id = JobId::parse_field(&request.get_ref().job_id, "job_id")?;
+        let job = sql::get_job(self.store(), id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("job {id} does not exist")))?;
+        Ok(Response::new(job_info(job)))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let r = request.into_inner();
+        let queue = optional_queue(&r.queue, "queue")?;
+        let state = match pb::JobState::try_from(r.state) {
+            Ok(pb::JobState::Unspecified) => None,
+            Ok(pb::JobState::Available) => Some(JobState::Available),
+            Ok(pb::JobState::Scheduled) => Some(JobState::Scheduled),
+            Ok(pb::JobState::Leased) => Some(JobState::Leased),
+            Ok(pb::JobState::Dead) => Some(JobState::Dead),
+            Err(_) => return Err(Error::invalid("state", "is not a JobState").into()),
+        };
+        let limit = page_size(r.page_size, "page_size")?;
+        // Live and dead listings have their own tokens: ids are keys of
+        // different tables.
+        let kind = if state == Some(JobState::Dead) {
+            'd'
+        } else {
+            'j'
+        };
+        let after = decode_job_token(&r.page_token, kind)?;
+        if let Some(q) = &queue
+            && !sql::queue_exists(self.store(), q).await?
+        {
+            return Err(unknown_queue(q).into());
+        }
+        let (rows, more) = sql::list_jobs(
+            self.store(),
+            queue.as_ref(),
+            state,
+            after,
+            limit,
+            r.include_payload,
+        )
+        .await?;
+        Ok(Response::new(jobs_page(rows, more, kind)))
+    }
+
+    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        let id = JobId::parse_field(&request.get_ref().job_id, "job_id")?;
+        let done = sql::cancel_job(self.store(), id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("job {id} is not a live job")))?;
+        info!(job_id = %id, queue = %done.queue, leased = done.lease.is_some(), "job cancelled");
+        let was_leased = done.lease.is_some();
+        // The stream holding it gets its credit back, as after an Ack.
+        if let Some((broker, token)) = done.lease {
+            match broker {
+                Some(b) if b != self.store().broker_id => {
+                    if let Err(e) = self.store().notify_settled(&[(b, id, token)]).await {
+                        warn!(error = %e, "settle notification failed; credit returns at lease expiry");
+                    }
+                }
+                _ => self.broker.dispatcher().settled(vec![(id, token)]),
+            }
+        }
+        Ok(Response::new(pb::CancelJobResponse { was_leased }))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let r = request.into_inner();
+        self.list_jobs(Request::new(pb::ListJobsRequest {
+            queue: r.queue,
+            state: pb::JobState::Dead as i32,
+            page_size: r.page_size,
+            page_token: r.page_token,
+            include_payload: r.include_payload,
+        }))
+        .await
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn requeue_dead_letters(
+        &self,
+        request: Request<pb::DeadLettersSelector>,
+    ) -> Result<Response<pb::RequeueDeadLettersResponse>, Status> {
+        let (ids, queue) = selector(request.get_ref())?;
+        if let (None, Some(q)) = (&ids, &queue)
+            && !sql::queue_exists(self.store(), q).await?
+        {
+            return Err(unknown_queue(q).into());
+        }
+        let (moved, matched) =
+            sql::requeue_dead(self.store(), ids.as_deref(), queue.as_ref()).await?;
+        let requeued: i64 = moved.iter().map(|(_, n)| n).sum();
+        if requeued > 0 {
+            self.wake(moved.into_iter().map(|(q, _)| q)).await?;
+        }
+        info!(requeued, matched, "dead letters requeued");
+        Ok(Response::new(pb::RequeueDeadLettersResponse {
+            requeued,
+            skipped_duplicates: matched - requeued,
+        }))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn purge_dead_letters(
+        &self,
+        request: Request<pb::DeadLettersSelector>,
+    ) -> Result<Response<pb::PurgeDeadLettersResponse>, Status> {
+        let (ids, queue) = selector(request.get_ref())?;
+        if let (None, Some(q)) = (&ids, &queue)
+            && !sql::queue_exists(self.store(), q).await?
+        {
+            return Err(unknown_queue(q).into());
+        }
+        let purged = sql::purge_dead(self.store(), ids.as_deref(), queue.as_ref()).await?;
+        info!(purged, "dead letters purged");
+        Ok(Response::new(pb::PurgeDeadLettersResponse {
+            purged: purged as i64,
+        }))
+    }
+
+    type WatchQueuesStream = WatchStream;
+
+    #[instrument(skip_all)]
+    async fn watch_queues(
+        &self,
+        request: Request<pb::WatchQueuesRequest>,
+    ) -> Result<Response<Self::WatchQueuesStream>, Status> {
+        let r = request.into_inner();
+        if r.queues.len() > MAX_SUBSCRIBE_QUEUES {
+            return Err(
+                Error::invalid("queues", format!("at most {MAX_SUBSCRIBE_QUEUES} queues")).into(),
+            );
+        }
+        let names = r
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| queue_field(q, &format!("queues[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        let interval = match &r.interval {
+            None => DEFAULT_WATCH_INTERVAL,
+            Some(d) => {
+                let ms = domain::duration_ms(d, "interval", MAX_WATCH_INTERVAL)?;
+                if ms < MIN_WATCH_INTERVAL.as_millis() as i64 {
+                    return Err(Error::invalid("interval", "must be between 1s and 1h").into());
+                }
+                Duration::from_millis(ms as u64)
+            }
+        };
+        let store = self.store().clone();
+        let names = (!names.is_empty()).then_some(names);
+        if let Some(names) = &names {
+            let found = sql::queue_stats(&store, Some(names), None, names.len() as i64).await?;
+            if let Some(missing) = names
+                .iter()
+                .find(|n| !found.iter().any(|f| f.name == n.as_str()))
+            {
+                return Err(unknown_queue(missing).into());
+            }
+        }
+        // Small buffer: a slow watcher makes the sampler wait, it does not
+        // make it queue snapshots.
+        let (tx, rx) = mpsc::channel(2);
+        let draining = self.draining.clone();
+        tokio::spawn(async move {
+            let mut last: Option<Vec<(String, [i64; 6], bool)>> = None;
+            let mut last_sent = tokio::time::Instant::now();
+            loop {
+                let limit = names.as_ref().map_or(WATCH_ALL_LIMIT, |n| n.len() as i64);
+                let rows = match sql::queue_stats(&store, names.as_deref(), None, limit).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+                // Ages change every sample; a push "on change" is about counts.
+                let counts: Vec<(String, [i64; 6], bool)> = rows
+                    .iter()
+                    .map(|q| {
+                        let c = [
+                            q.available,
+                            q.scheduled,
+                            q.leased,
+                            q.dead,
+                            q.streams,
+                            q.consumers,
+                        ];
+                        (q.name.clone(), c, q.paused)
+                    })
+                    .collect();
+                if last.as_ref() != Some(&counts) || last_sent.elapsed() >= interval {
+                    let msg = pb::WatchQueuesResponse {
+                        queues: rows.into_iter().map(queue_info).collect(),
+                        sent_at: Some(std::time::SystemTime::now().into()),
+                    };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        return; // the watcher is gone
+                    }
+                    last = Some(counts);
+                    last_sent = tokio::time::Instant::now();
+                }
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = draining.cancelled() => {
+                        let _ = tx.send(Err(Status::unavailable("broker is shutting down; reconnect"))).await;
+                        return;
+                    }
+                    _ = tokio::time::sleep(WATCH_SAMPLE.min(interval)) => {}
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_are_kind_bound() {
+        let t = encode_token('q', "emails.high");
+        assert_eq!(
+            decode_token(&t, 'q').unwrap().as_deref(),
+            Some("emails.high")
+        );
+        assert!(decode_token(&t, 'j').is_err());
+        assert!(decode_token("zz", 'q').is_err());
+        assert!(decode_token("abc", 'q').is_err());
+        assert_eq!(decode_token("", 'q').unwrap(), None);
+    }
+}

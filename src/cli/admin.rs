@@ -1,0 +1,802 @@
+//! Operator subcommands over `leaseq.v1.AdminService`: `stats`, `queues`,
+//! `jobs`, `job`, `dlq`, `pause`, `resume`, `purge`, `queue update`.
+//!
+//! Human tables by default, `-o json` for scripts (one JSON document per
+//! command; `stats --watch` prints one per line). Exit codes: 0 ok, 1 error,
+//! 2 usage (clap, or INVALID_ARGUMENT from the broker), 3 not found,
+//! 4 broker unreachable or unavailable.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::config::parse_duration;
+use crate::pb;
+use crate::pb::admin_service_client::AdminServiceClient;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Broker address.
+    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// Operator commands (flattened into the top-level subcommands).
+#[derive(Subcommand, Debug)]
+pub enum AdminCommand {
+    /// Live queue statistics: jobs by state, oldest waiting age, streams.
+    Stats(StatsArgs),
+    /// Queues and their settings.
+    Queues(QueuesArgs),
+    /// List jobs (live by default; --state dead for dead letters).
+    Jobs(JobsArgs),
+    /// Show or cancel one job.
+    Job {
+        #[command(subcommand)]
+        cmd: JobCmd,
+    },
+    /// Dead letters: list, requeue, purge.
+    Dlq {
+        #[command(subcommand)]
+        cmd: DlqCmd,
+    },
+    /// Pause a queue: it accepts jobs but delivers none.
+    Pause(QueueArg),
+    /// Resume a paused queue.
+    Resume(QueueArg),
+    /// Delete a queue's waiting jobs (leased jobs are left alone).
+    Purge(PurgeArgs),
+    /// Change a queue's settings.
+    Queue {
+        #[command(subcommand)]
+        cmd: QueueCmd,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only these queues (default: all).
+    pub queues: Vec<String>,
+    /// Keep printing: at once, whenever counts change, and every --interval.
+    #[arg(long, short)]
+    pub watch: bool,
+    /// With --watch: longest time between two updates (1s to 1h).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub interval: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct QueuesArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum StateArg {
+    Available,
+    Scheduled,
+    Leased,
+    Dead,
+}
+
+#[derive(Args, Debug)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only this queue.
+    #[arg(long, short)]
+    pub queue: Option<String>,
+    /// Only jobs in this state (default: every live job).
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
+    /// Most jobs to print (pages are fetched until then).
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Include payloads.
+    #[arg(long)]
+    pub payload: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobCmd {
+    /// Show a live or dead job, with its payload.
+    Get(JobIdArg),
+    /// Delete a live job (its holder's Ack then fails).
+    Cancel(JobIdArg),
+}
+
+#[derive(Args, Debug)]
+pub struct JobIdArg {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub job_id: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DlqCmd {
+    /// List dead letters.
+    List(DlqListArgs),
+    /// Move dead letters back to their queue (attempt 0).
+    Requeue(DlqSelectArgs),
+    /// Delete dead letters for good.
+    Purge(DlqSelectArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DlqListArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(long, short)]
+    pub queue: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    #[arg(long)]
+    pub payload: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DlqSelectArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The queue (required with --all).
+    #[arg(long, short)]
+    pub queue: Option<String>,
+    /// Every dead letter of --queue.
+    #[arg(long, requires = "queue", conflicts_with = "ids")]
+    pub all: bool,
+    /// Dead letter ids.
+    #[arg(required_unless_present = "all")]
+    pub ids: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct QueueArg {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub queue: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub queue: String,
+    /// Confirm: purging deletes jobs.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QueueCmd {
+    /// Change settings; only the flags given change.
+    Update(QueueUpdateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct QueueUpdateArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub queue: String,
+    /// Default lease (1s to 12h).
+    #[arg(long, value_parser = parse_duration)]
+    pub default_lease: Option<Duration>,
+    /// Deliveries before dead-lettering (1 to 1000).
+    #[arg(long)]
+    pub max_attempts: Option<i32>,
+    #[arg(long, value_parser = parse_duration)]
+    pub backoff_base: Option<Duration>,
+    #[arg(long, value_parser = parse_duration)]
+    pub backoff_cap: Option<Duration>,
+    /// Retention of completed jobs (stored, not yet enforced; 0 clears).
+    #[arg(long, value_parser = parse_duration)]
+    pub retention: Option<Duration>,
+    /// Create the queue if it does not exist.
+    #[arg(long)]
+    pub create: bool,
+}
+
+/// A failure with its exit code.
+struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Self {
+        let code = match s.code() {
+            Code::NotFound => 3,
+            Code::InvalidArgument => 2,
+            Code::Unavailable | Code::DeadlineExceeded => 4,
+            _ => 1,
+        };
+        Failure {
+            code,
+            message: format!("{:?}: {}", s.code(), s.message()),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure {
+            code: 1,
+            message: format!("{e:#}"),
+        }
+    }
+}
+
+fn usage(message: impl Into<String>) -> Failure {
+    Failure {
+        code: 2,
+        message: message.into(),
+    }
+}
+
+/// Runs an operator command; returns the process exit code.
+pub async fn run(cmd: AdminCommand) -> i32 {
+    match dispatch(cmd).await {
+        Ok(()) => 0,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            f.code
+        }
+    }
+}
+
+async fn connect(c: &ClientArgs) -> Result<AdminServiceClient<Channel>, Failure> {
+    let endpoint = Channel::from_shared(c.addr.clone())
+        .map_err(|e| usage(format!("--addr {:?}: {e}", c.addr)))?
+        .connect_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|e| Failure {
+        code: 4,
+        message: format!("connecting to {}: {e}", c.addr),
+    })?;
+    Ok(AdminServiceClient::new(channel).max_decoding_message_size(256 * 1024 * 1024))
+}
+
+async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
+    match cmd {
+        AdminCommand::Stats(a) => stats(a).await,
+        AdminCommand::Queues(a) => {
+            let mut admin = connect(&a.client).await?;
+            let queues = all_queues(&mut admin).await?;
+            match a.client.output {
+                Output::Json => print_json(&Value::Array(queues.iter().map(queue_json).collect())),
+                Output::Table => print_table(
+                    &[
+                        "QUEUE",
+                        "PAUSED",
+                        "LEASE",
+                        "MAX_ATTEMPTS",
+                        "BACKOFF",
+                        "RETENTION",
+                        "CREATED",
+                    ],
+                    queues.iter().map(|q| {
+                        let s = q.settings.unwrap_or_default();
+                        vec![
+                            q.name.clone(),
+                            yes_no(s.paused),
+                            human_dur(s.default_lease.as_ref()),
+                            s.max_attempts.to_string(),
+                            format!(
+                                "{}..{}",
+                                human_dur(s.backoff_base.as_ref()),
+                                human_dur(s.backoff_cap.as_ref())
+                            ),
+                            s.completed_retention
+                                .as_ref()
+                                .map_or("-".into(), |d| human_dur(Some(d))),
+                            q.created_at.as_ref().map_or("-".into(), rfc3339),
+                        ]
+                    }),
+                ),
+            }
+            Ok(())
+        }
+        AdminCommand::Jobs(a) => {
+            let state = a.state.map(|s| match s {
+                StateArg::Available => pb::JobState::Available,
+                StateArg::Scheduled => pb::JobState::Scheduled,
+                StateArg::Leased => pb::JobState::Leased,
+                StateArg::Dead => pb::JobState::Dead,
+            });
+            let mut admin = connect(&a.client).await?;
+            let jobs = list_jobs(
+                &mut admin,
+                a.queue.unwrap_or_default(),
+                state.unwrap_or(pb::JobState::Unspecified),
+                a.limit,
+                a.payload,
+            )
+            .await?;
+            print_jobs(&jobs, a.client.output, a.payload);
+            Ok(())
+        }
+        AdminCommand::Job { cmd } => match cmd {
+            JobCmd::Get(a) => {
+                let mut admin = connect(&a.client).await?;
+                let job = admin
+                    .get_job(pb::GetJobRequest { job_id: a.job_id })
+                    .await?
+                    .into_inner();
+                match a.client.output {
+                    Output::Json => print_json(&job_json(&job, true)),
+                    Output::Table => {
+                        let v = job_json(&job, true);
+                        if let Value::Object(m) = v {
+                            for (k, v) in m {
+                                let v = match v {
+                                    Value::String(s) => s,
+                                    Value::Null => "-".into(),
+                                    other => other.to_string(),
+                                };
+                                println!("{k:<17} {v}");
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            }
+            JobCmd::Cancel(a) => {
+                let mut admin = connect(&a.client).await?;
+                let r = admin
+                    .cancel_job(pb::CancelJobRequest {
+                        job_id: a.job_id.clone(),
+                    })
+                    .await?
+                    .into_inner();
+                match a.client.output {
+                    Output::Json => {
+                        print_json(&json!({"job_id": a.job_id, "was_leased": r.was_leased}))
+                    }
+                    Output::Table => println!(
+                        "cancelled {}{}",
+                        a.job_id,
+                        if r.was_leased { " (was leased)" } else { "" }
+                    ),
+                }
+                Ok(())
+            }
+        },
+        AdminCommand::Dlq { cmd } => match cmd {
+            DlqCmd::List(a) => {
+                let mut admin = connect(&a.client).await?;
+                let jobs = list_jobs(
+                    &mut admin,
+                    a.queue.unwrap_or_default(),
+                    pb::JobState::Dead,
+                    a.limit,
+                    a.payload,
+                )
+                .await?;
+                print_jobs(&jobs, a.client.output, a.payload);
+                Ok(())
+            }
+            DlqCmd::Requeue(a) => {
+                let mut admin = connect(&a.client).await?;
+                let r = admin.requeue_dead_letters(selector(&a)).await?.into_inner();
+                match a.client.output {
+                    Output::Json => print_json(&json!({
+                        "requeued": r.requeued,
+                        "skipped_duplicates": r.skipped_duplicates,
+                    })),
+                    Output::Table => println!(
+                        "requeued {} (skipped {}: a live job holds the same dedup_key)",
+                        r.requeued, r.skipped_duplicates
+                    ),
+                }
+                Ok(())
+            }
+            DlqCmd::Purge(a) => {
+                let mut admin = connect(&a.client).await?;
+                let r = admin.purge_dead_letters(selector(&a)).await?.into_inner();
+                match a.client.output {
+                    Output::Json => print_json(&json!({"purged": r.purged})),
+                    Output::Table => println!("purged {}", r.purged),
+                }
+                Ok(())
+            }
+        },
+        AdminCommand::Pause(a) => {
+            let mut admin = connect(&a.client).await?;
+            let q = admin
+                .pause_queue(pb::PauseQueueRequest { queue: a.queue })
+                .await?
+                .into_inner();
+            print_queue_result(&q, a.client.output, "paused");
+            Ok(())
+        }
+        AdminCommand::Resume(a) => {
+            let mut admin = connect(&a.client).await?;
+            let q = admin
+                .resume_queue(pb::ResumeQueueRequest { queue: a.queue })
+                .await?
+                .into_inner();
+            print_queue_result(&q, a.client.output, "resumed");
+            Ok(())
+        }
+        AdminCommand::Purge(a) => {
+            if !a.yes {
+                return Err(usage("purge deletes the queue's waiting jobs: add --yes"));
+            }
+            let mut admin = connect(&a.client).await?;
+            let r = admin
+                .purge_queue(pb::PurgeQueueRequest {
+                    queue: a.queue.clone(),
+                })
+                .await?
+                .into_inner();
+            match a.client.output {
+                Output::Json => print_json(&json!({"queue": a.queue, "purged": r.purged})),
+                Output::Table => println!("purged {} jobs from {}", r.purged, a.queue),
+            }
+            Ok(())
+        }
+        AdminCommand::Queue {
+            cmd: QueueCmd::Update(a),
+        } => {
+            let d = |d: Option<Duration>| d.and_then(|d| d.try_into().ok());
+            let mut admin = connect(&a.client).await?;
+            let q = admin
+                .update_queue(pb::UpdateQueueRequest {
+                    queue: a.queue,
+                    default_lease: d(a.default_lease),
+                    max_attempts: a.max_attempts,
+                    backoff_base: d(a.backoff_base),
+                    backoff_cap: d(a.backoff_cap),
+                    completed_retention: d(a.retention),
+                    paused: None,
+                    create: a.create,
+                })
+                .await?
+                .into_inner();
+            print_queue_result(&q, a.client.output, "updated");
+            Ok(())
+        }
+    }
+}
+
+fn selector(a: &DlqSelectArgs) -> pb::DeadLettersSelector {
+    pb::DeadLettersSelector {
+        queue: a.queue.clone().unwrap_or_default(),
+        ids: a.ids.clone(),
+        all: a.all,
+    }
+}
+
+async fn all_queues(
+    admin: &mut AdminServiceClient<Channel>,
+) -> Result<Vec<pb::QueueInfo>, Failure> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = admin
+            .list_queues(pb::ListQueuesRequest {
+                page_size: 1000,
+                page_token: token,
+            })
+            .await?
+            .into_inner();
+        out.extend(page.queues);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+async fn list_jobs(
+    admin: &mut AdminServiceClient<Channel>,
+    queue: String,
+    state: pb::JobState,
+    limit: usize,
+    include_payload: bool,
+) -> Result<Vec<pb::JobInfo>, Failure> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    while out.len() < limit {
+        let page = admin
+            .list_jobs(pb::ListJobsRequest {
+                queue: queue.clone(),
+                state: state as i32,
+                page_size: (limit - out.len()).min(1000) as u32,
+                page_token: token,
+                include_payload,
+            })
+            .await?
+            .into_inner();
+        out.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    Ok(out)
+}
+
+async fn stats(a: StatsArgs) -> Result<(), Failure> {
+    let mut admin = connect(&a.client).await?;
+    if !a.watch {
+        let queues = if a.queues.is_empty() {
+            all_queues(&mut admin).await?
+        } else {
+            let mut out = Vec::new();
+            for q in &a.queues {
+                out.push(
+                    admin
+                        .get_queue(pb::GetQueueRequest { queue: q.clone() })
+                        .await?
+                        .into_inner(),
+                );
+            }
+            out
+        };
+        match a.client.output {
+            Output::Json => print_json(&Value::Array(queues.iter().map(queue_json).collect())),
+            Output::Table => print_stats(&queues),
+        }
+        return Ok(());
+    }
+    let interval: prost_types::Duration = a
+        .interval
+        .try_into()
+        .map_err(|_| usage("--interval is out of range"))?;
+    let mut stream = admin
+        .watch_queues(pb::WatchQueuesRequest {
+            queues: a.queues,
+            interval: Some(interval),
+        })
+        .await?
+        .into_inner();
+    while let Some(msg) = stream.message().await? {
+        let at = msg.sent_at.as_ref().map_or("-".into(), rfc3339);
+        match a.client.output {
+            Output::Json => println!(
+                "{}",
+                json!({"sent_at": at, "queues": msg.queues.iter().map(queue_json).collect::<Vec<_>>()})
+            ),
+            Output::Table => {
+                println!("-- {at}");
+                print_stats(&msg.queues);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_stats(queues: &[pb::QueueInfo]) {
+    print_table(
+        &[
+            "QUEUE",
+            "AVAILABLE",
+            "SCHEDULED",
+            "LEASED",
+            "DEAD",
+            "OLDEST",
+            "STREAMS",
+            "CONSUMERS",
+            "PAUSED",
+        ],
+        queues.iter().map(|q| {
+            let s = q.stats.unwrap_or_default();
+            vec![
+                q.name.clone(),
+                s.available.to_string(),
+                s.scheduled.to_string(),
+                s.leased.to_string(),
+                s.dead.to_string(),
+                s.oldest_available_age
+                    .as_ref()
+                    .map_or("-".into(), |d| human_dur(Some(d))),
+                s.streams.to_string(),
+                s.consumers.to_string(),
+                yes_no(q.settings.as_ref().is_some_and(|s| s.paused)),
+            ]
+        }),
+    );
+}
+
+fn print_queue_result(q: &pb::QueueInfo, output: Output, what: &str) {
+    match output {
+        Output::Json => print_json(&queue_json(q)),
+        Output::Table => println!("{what} {}", q.name),
+    }
+}
+
+fn print_jobs(jobs: &[pb::JobInfo], output: Output, payload: bool) {
+    match output {
+        Output::Json => print_json(&Value::Array(
+            jobs.iter().map(|j| job_json(j, payload)).collect(),
+        )),
+        Output::Table => {
+            let mut head = vec![
+                "ID", "QUEUE", "STATE", "PRIO", "ATTEMPT", "ENQUEUED", "ERROR",
+            ];
+            if payload {
+                head.push("PAYLOAD");
+            }
+            print_table(
+                &head,
+                jobs.iter().map(|j| {
+                    let mut row = vec![
+                        j.id.clone(),
+                        j.queue.clone(),
+                        state_name(j.state()).into(),
+                        j.priority.to_string(),
+                        j.attempt.to_string(),
+                        j.enqueued_at.as_ref().map_or("-".into(), rfc3339),
+                        truncate(&j.last_error, 40),
+                    ];
+                    if payload {
+                        row.push(truncate(&String::from_utf8_lossy(&j.payload), 60));
+                    }
+                    row
+                }),
+            );
+        }
+    }
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+fn print_table(head: &[&str], rows: impl Iterator<Item = Vec<String>>) {
+    let rows: Vec<Vec<String>> = rows.collect();
+    let mut width: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = width[i]));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(head.to_vec());
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    let s = s.replace(['\n', '\r', '\t'], " ");
+    if s.chars().count() <= n {
+        s
+    } else {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
+}
+
+fn state_name(s: pb::JobState) -> &'static str {
+    match s {
+        pb::JobState::Unspecified => "unknown",
+        pb::JobState::Available => "available",
+        pb::JobState::Scheduled => "scheduled",
+        pb::JobState::Leased => "leased",
+        pb::JobState::Dead => "dead",
+    }
+}
+
+fn secs_f64(d: &prost_types::Duration) -> f64 {
+    d.seconds as f64 + f64::from(d.nanos) / 1e9
+}
+
+fn human_dur(d: Option<&prost_types::Duration>) -> String {
+    let Some(d) = d else { return "-".into() };
+    let s = secs_f64(d);
+    if s < 1.0 {
+        format!("{}ms", (s * 1000.0).round())
+    } else if s < 120.0 {
+        format!("{}s", (s * 10.0).round() / 10.0)
+    } else if s < 7200.0 {
+        format!("{}m", (s / 6.0).round() / 10.0)
+    } else {
+        format!("{}h", (s / 360.0).round() / 10.0)
+    }
+}
+
+fn rfc3339(t: &prost_types::Timestamp) -> String {
+    DateTime::<Utc>::from_timestamp(t.seconds, t.nanos.max(0) as u32)
+        .map_or_else(|| "-".into(), |t| t.to_rfc3339())
+}
+
+fn opt_secs(d: Option<&prost_types::Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(secs_f64(d)))
+}
+
+fn opt_ts(t: Option<&prost_types::Timestamp>) -> Value {
+    t.map_or(Value::Null, |t| Value::String(rfc3339(t)))
+}
+
+fn queue_json(q: &pb::QueueInfo) -> Value {
+    let s = q.settings.unwrap_or_default();
+    let st = q.stats.unwrap_or_default();
+    json!({
+        "name": q.name,
+        "paused": s.paused,
+        "available": st.available,
+        "scheduled": st.scheduled,
+        "leased": st.leased,
+        "dead": st.dead,
+        "oldest_available_age_seconds": opt_secs(st.oldest_available_age.as_ref()),
+        "streams": st.streams,
+        "consumers": st.consumers,
+        "default_lease_seconds": opt_secs(s.default_lease.as_ref()),
+        "max_attempts": s.max_attempts,
+        "backoff_base_seconds": opt_secs(s.backoff_base.as_ref()),
+        "backoff_cap_seconds": opt_secs(s.backoff_cap.as_ref()),
+        "completed_retention_seconds": opt_secs(s.completed_retention.as_ref()),
+        "created_at": opt_ts(q.created_at.as_ref()),
+    })
+}
+
+fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
+    let none_if_empty = |s: &str| {
+        if s.is_empty() {
+            Value::Null
+        } else {
+            Value::String(s.to_owned())
+        }
+    };
+    let mut v = json!({
+        "id": j.id,
+        "queue": j.queue,
+        "state": state_name(j.state()),
+        "priority": j.priority,
+        "attempt": j.attempt,
+        "max_attempts": if j.max_attempts == 0 { Value::Null } else { json!(j.max_attempts) },
+        "dedup_key": none_if_empty(&j.dedup_key),
+        "headers": j.headers,
+        "enqueued_at": opt_ts(j.enqueued_at.as_ref()),
+        "run_at": opt_ts(j.run_at.as_ref()),
+        "expires_at": opt_ts(j.expires_at.as_ref()),
+        "last_error": none_if_empty(&j.last_error),
+        "leased_by": none_if_empty(&j.leased_by),
+        "lease_expires_at": opt_ts(j.lease_expires_at.as_ref()),
+        "dead_reason": none_if_empty(&j.dead_reason),
+        "died_at": opt_ts(j.died_at.as_ref()),
+    });
+    if payload {
+        // Text payloads as text; anything else as hex, so JSON stays valid.
+        v["payload"] = match std::str::from_utf8(&j.payload) {
+            Ok(s) => Value::String(s.to_owned()),
+            Err(_) => Value::Null,
+        };
+        if v["payload"].is_null() {
+            v["payload_hex"] =
+                Value::String(j.payload.iter().map(|b| format!("{b:02x}")).collect());
+        }
+    }
+    v
+}

@@ -1,0 +1,418 @@
+//! SQL of the admin API: queue settings and statistics, job inspection,
+//! cancellation, dead-letter requeue and purge. Long statements are in
+//! `sql/admin_*.sql`.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use uuid::Uuid;
+
+use super::Store;
+use crate::domain::{JobId, LeaseToken, QueueName};
+use crate::error::{Error, Result};
+
+/// A queue's settings and live statistics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueRow {
+    pub name: String,
+    pub default_lease_ms: i64,
+    pub max_attempts: i32,
+    pub backoff_base_ms: i64,
+    pub backoff_cap_ms: i64,
+    pub completed_retention_ms: Option<i64>,
+    pub paused: bool,
+    pub created_at: DateTime<Utc>,
+    pub available: i64,
+    pub scheduled: i64,
+    pub leased: i64,
+    /// Leased by this broker's streams.
+    pub leased_here: i64,
+    pub dead: i64,
+    pub consumers: i64,
+    pub oldest_age_ms: Option<i64>,
+    /// This broker's streams on the queue and their total max_in_flight.
+    pub streams: i64,
+    pub credit: i64,
+}
+
+/// Settings to change; `None` leaves a setting as it is.
+#[derive(Clone, Debug, Default)]
+pub struct QueueUpdate {
+    pub default_lease_ms: Option<i64>,
+    pub max_attempts: Option<i32>,
+    pub backoff_base_ms: Option<i64>,
+    pub backoff_cap_ms: Option<i64>,
+    /// Some(None) clears it.
+    pub completed_retention_ms: Option<Option<i64>>,
+    pub paused: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Available,
+    Scheduled,
+    Leased,
+    Dead,
+}
+
+impl JobState {
+    fn sql(self) -> &'static str {
+        match self {
+            JobState::Available => "available",
+            JobState::Scheduled => "scheduled",
+            JobState::Leased => "leased",
+            JobState::Dead => "dead",
+        }
+    }
+}
+
+/// A live or dead job.
+#[derive(Clone, Debug)]
+pub struct JobRow {
+    pub id: JobId,
+    pub queue: String,
+    pub state: JobState,
+    pub payload: Vec<u8>,
+    pub headers: HashMap<String, String>,
+    pub priority: i32,
+    pub attempt: i32,
+    pub max_attempts: Option<i32>,
+    pub dedup_key: Option<String>,
+    pub enqueued_at: DateTime<Utc>,
+    pub run_at: Option<DateTime<Utc>>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub leased_by: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub dead_reason: Option<String>,
+    pub died_at: Option<DateTime<Utc>>,
+}
+
+/// A cancelled job: its queue, and the lease it had (whose stream's credit
+/// must come back).
+#[derive(Clone, Debug)]
+pub struct Cancelled {
+    pub queue: String,
+    pub lease: Option<(Option<Uuid>, LeaseToken)>,
+}
+
+// Live jobs: `state` says 'scheduled' for waiting jobs not yet due. $P says
+// whether to return payloads.
+const LIVE_COLUMNS: &str = "id, queue, \
+    case when state = 'available' and run_at > now() then 'scheduled' else state end as state, \
+    case when $P then payload else ''::bytea end as payload, headers::text as headers, \
+    priority, attempt, max_attempts, dedup_key, enqueued_at, run_at, expires_at, last_error, \
+    leased_by, lease_expires_at, null::text as reason, null::timestamptz as died_at";
+const DEAD_COLUMNS: &str = "id, queue, 'dead' as state, \
+    case when $P then payload else ''::bytea end as payload, headers::text as headers, \
+    priority, attempt, max_attempts, dedup_key, enqueued_at, null::timestamptz as run_at, \
+    null::timestamptz as expires_at, last_error, null::text as leased_by, \
+    null::timestamptz as lease_expires_at, reason, died_at";
+
+fn job_row(r: &PgRow) -> Result<JobRow> {
+    let headers: String = r.try_get("headers")?;
+    let state: String = r.try_get("state")?;
+    Ok(JobRow {
+        id: JobId(r.try_get("id")?),
+        queue: r.try_get("queue")?,
+        state: match state.as_str() {
+            "available" => JobState::Available,
+            "scheduled" => JobState::Scheduled,
+            "leased" => JobState::Leased,
+            "dead" => JobState::Dead,
+            _ => return Err(Error::Internal("unknown job state in the database")),
+        },
+        payload: r.try_get("payload")?,
+        headers: serde_json::from_str(&headers).unwrap_or_default(),
+        priority: r.try_get("priority")?,
+        attempt: r.try_get("attempt")?,
+        max_attempts: r.try_get("max_attempts")?,
+        dedup_key: r.try_get("dedup_key")?,
+        enqueued_at: r.try_get("enqueued_at")?,
+        run_at: r.try_get("run_at")?,
+        expires_at: r.try_get("expires_at")?,
+        last_error: r.try_get("last_error")?,
+        leased_by: r.try_get("leased_by")?,
+        lease_expires_at: r.try_get("lease_expires_at")?,
+        dead_reason: r.try_get("reason")?,
+        died_at: r.try_get("died_at")?,
+    })
+}
+
+fn queue_row(store: &Store, r: &PgRow) -> Result<QueueRow> {
+    let name: String = r.try_get("name")?;
+    let (streams, credit) = store.metrics.streams.get(&name);
+    Ok(QueueRow {
+        default_lease_ms: r.try_get("default_lease_ms")?,
+        max_attempts: r.try_get("max_attempts")?,
+        backoff_base_ms: r.try_get("backoff_base_ms")?,
+        backoff_cap_ms: r.try_get("backoff_cap_ms")?,
+        completed_retention_ms: r.try_get("completed_retention_ms")?,
+        paused: r.try_get("paused")?,
+        created_at: r.try_get("created_at")?,
+        available: r.try_get("available")?,
+        scheduled: r.try_get("scheduled")?,
+        leased: r.try_get("leased")?,
+        leased_here: r.try_get("leased_here")?,
+        dead: r.try_get("dead")?,
+        consumers: r.try_get("consumers")?,
+        oldest_age_ms: r.try_get("oldest_age_ms")?,
+        streams,
+        credit,
+        name,
+    })
+}
+
+/// Statistics of the named queues (`names`), or of a page of all queues in
+/// name order after `after`.
+pub async fn queue_stats(
+    store: &Store,
+    names: Option<&[QueueName]>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<QueueRow>> {
+    let names: Option<Vec<&str>> = names.map(|n| n.iter().map(QueueName::as_str).collect());
+    let rows = sqlx::query(include_str!("sql/admin_queue_stats.sql"))
+        .bind(names)
+        .bind(after)
+        .bind(limit)
+        .bind(store.broker_id)
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter().map(|r| queue_row(store, r)).collect()
+}
+
+/// One queue, or None when it does not exist.
+pub async fn queue(store: &Store, name: &QueueName) -> Result<Option<QueueRow>> {
+    Ok(
+        queue_stats(store, Some(std::slice::from_ref(name)), None, 1)
+            .await?
+            .pop(),
+    )
+}
+
+/// Changes a queue's settings; creates the queue first when `create`.
+/// Returns false when the queue does not exist (and `create` is false).
+pub async fn update_queue(
+    store: &Store,
+    name: &QueueName,
+    update: &QueueUpdate,
+    create: bool,
+) -> Result<bool> {
+    let mut tx = store.pool.begin().await?;
+    if create {
+        Store::ensure_queues(&mut *tx, std::slice::from_ref(name)).await?;
+    }
+    let Some(cur) = sqlx::query(
+        "select backoff_base_ms, backoff_cap_ms from leaseq.queues where name = $1 for update",
+    )
+    .bind(name.as_str())
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(false);
+    };
+    // The rule spans two settings, so it is checked on the merged values.
+    let base = update
+        .backoff_base_ms
+        .unwrap_or(cur.try_get("backoff_base_ms")?);
+    let cap = update
+        .backoff_cap_ms
+        .unwrap_or(cur.try_get("backoff_cap_ms")?);
+    if base > cap {
+        return Err(Error::invalid(
+            "backoff_base",
+            format!("must not exceed backoff_cap ({base} ms > {cap} ms)"),
+        ));
+    }
+    sqlx::query(
+        "update leaseq.queues set \
+            default_lease_ms = coalesce($2, default_lease_ms), \
+            max_attempts = coalesce($3, max_attempts), \
+            backoff_base_ms = $4, \
+            backoff_cap_ms = $5, \
+            completed_retention_ms = case when $6 then $7 else completed_retention_ms end, \
+            paused = coalesce($8, paused) \
+         where name = $1",
+    )
+    .bind(name.as_str())
+    .bind(update.default_lease_ms)
+    .bind(update.max_attempts)
+    .bind(base)
+    .bind(cap)
+    .bind(update.completed_retention_ms.is_some())
+    .bind(update.completed_retention_ms.flatten())
+    .bind(update.paused)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Deletes the queue's waiting jobs (ready and scheduled). None = no such
+/// queue. Rows being leased right now are locked; the delete waits for them
+/// and then skips them, since they are no longer 'available'.
+pub async fn purge_queue(store: &Store, name: &QueueName) -> Result<Option<u64>> {
+    let row = sqlx::query(
+        "with q as (select name from leaseq.queues where name = $1), \
+         gone as (delete from leaseq.jobs where queue = $1 and state = 'available' returning 1) \
+         select (select count(*) from q) as found, (select count(*) from gone) as purged",
+    )
+    .bind(name.as_str())
+    .fetch_one(&store.pool)
+    .await?;
+    let found: i64 = row.try_get("found")?;
+    let purged: i64 = row.try_get("purged")?;
+    Ok((found > 0).then_some(purged as u64))
+}
+
+/// A live job, else a dead one, else None.
+pub async fn get_job(store: &Store, id: JobId) -> Result<Option<JobRow>> {
+    let sql = format!(
+        "select {} from leaseq.jobs where id = $1 \
+         union all select {} from leaseq.dead_jobs where id = $1",
+        LIVE_COLUMNS.replace("$P", "true"),
+        DEAD_COLUMNS.replace("$P", "true"),
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&store.pool)
+        .await?;
+    row.as_ref().map(job_row).transpose()
+}
+
+/// Payload bytes one page carries at most (plus one payload): a page of big
+/// payloads ends early instead of exceeding the 4 MiB default receive limit
+/// of gRPC clients (with the default 1 MiB payload limit).
+pub const PAGE_PAYLOAD_BUDGET: i64 = 2 * 1024 * 1024;
+
+/// A page of jobs in id (= enqueue) order after `after`, and whether there
+/// may be more. `state` None = every live job; Some(Dead) = dead letters.
+pub async fn list_jobs(
+    store: &Store,
+    queue: Option<&QueueName>,
+    state: Option<JobState>,
+    after: Option<Uuid>,
+    limit: i64,
+    include_payload: bool,
+) -> Result<(Vec<JobRow>, bool)> {
+    let payload = if include_payload { "true" } else { "false" };
+    let sql = if state == Some(JobState::Dead) {
+        format!(
+            "select {} from leaseq.dead_jobs \
+             where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) \
+             order by id limit $3",
+            DEAD_COLUMNS.replace("$P", payload)
+        )
+    } else {
+        // The state filter is on the derived state, so 'available' means
+        // deliverable now and 'scheduled' waiting for its run_at.
+        format!(
+            "select * from (select {} from leaseq.jobs \
+             where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) \
+               and ($4::text is null or state = case when $4 = 'leased' then 'leased' else 'available' end)) j \
+             where ($4::text is null or j.state = $4) \
+             order by id limit $3",
+            LIVE_COLUMNS.replace("$P", payload)
+        )
+    };
+    // Keep rows while the payload bytes before them are under the budget.
+    let sql = format!(
+        "select * from (\
+             select p.*, count(*) over () as fetched, \
+                 sum(octet_length(p.payload)) over (order by p.id) - octet_length(p.payload) as bytes_before \
+             from ({sql}) p\
+         ) s where s.bytes_before < $5 order by s.id"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(queue.map(QueueName::as_str))
+        .bind(after)
+        .bind(limit)
+        .bind(state.map(JobState::sql))
+        .bind(PAGE_PAYLOAD_BUDGET)
+        .fetch_all(&store.pool)
+        .await?;
+    let fetched: i64 = match rows.first() {
+        Some(r) => r.try_get("fetched")?,
+        None => 0,
+    };
+    let more = fetched == limit || (rows.len() as i64) < fetched;
+    Ok((rows.iter().map(job_row).collect::<Result<_>>()?, more))
+}
+
+/// Deletes a live job. None = no live job with that id.
+pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
+    let row = sqlx::query(
+        "delete from leaseq.jobs where id = $1 returning queue, lease_token, lease_broker",
+    )
+    .bind(id.0)
+    .fetch_optional(&store.pool)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let token: Option<Uuid> = row.try_get("lease_token")?;
+    Ok(Some(Cancelled {
+        queue: row.try_get("queue")?,
+        lease: token
+            .map(|t| Ok::<_, Error>((row.try_get("lease_broker")?, LeaseToken(t))))
+            .transpose()?,
+    }))
+}
+
+/// Does the queue exist?
+pub async fn queue_exists(store: &Store, name: &QueueName) -> Result<bool> {
+    Ok(
+        sqlx::query_scalar::<_, bool>("select exists(select 1 from leaseq.queues where name = $1)")
+            .bind(name.as_str())
+            .fetch_one(&store.pool)
+            .await?,
+    )
+}
+
+/// Moves dead letters back to their queues (see admin_requeue.sql). Returns
+/// (jobs requeued per queue, dead letters matched).
+pub async fn requeue_dead(
+    store: &Store,
+    ids: Option<&[JobId]>,
+    queue: Option<&QueueName>,
+) -> Result<(Vec<(QueueName, i64)>, i64)> {
+    let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(|i| i.0).collect());
+    let rows = sqlx::query(include_str!("sql/admin_requeue.sql"))
+        .bind(ids)
+        .bind(queue.map(QueueName::as_str))
+        .fetch_all(&store.pool)
+        .await?;
+    let mut matched = 0;
+    let mut moved = Vec::new();
+    for r in rows {
+        let q: Option<String> = r.try_get("queue")?;
+        match q {
+            None => matched = r.try_get("matched")?,
+            Some(q) => moved.push((
+                QueueName::parse(&q).ok_or(Error::Internal("bad queue name in db"))?,
+                r.try_get("n")?,
+            )),
+        }
+    }
+    Ok((moved, matched))
+}
+
+/// Deletes dead letters: the listed ids (within `queue` if given), or every
+/// one of `queue`.
+pub async fn purge_dead(
+    store: &Store,
+    ids: Option<&[JobId]>,
+    queue: Option<&QueueName>,
+) -> Result<u64> {
+    let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(|i| i.0).collect());
+    let done = sqlx::query(
+        "delete from leaseq.dead_jobs \
+         where ($1::uuid[] is null or id = any($1)) and ($2::text is null or queue = $2)",
+    )
+    .bind(ids)
+    .bind(queue.map(QueueName::as_str))
+    .execute(&store.pool)
+    .await?;
+    Ok(done.rows_affected())
+}

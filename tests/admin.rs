@@ -1,0 +1,1380 @@
+//! `leaseq.v1.AdminService` over real gRPC and a real PostgreSQL: every RPC,
+//! a bad-input table, pause / resume, requeue, pagination and WatchQueues.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use leaseq::pb;
+use leaseq::pb::admin_service_client::AdminServiceClient;
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+type Admin = AdminServiceClient<Channel>;
+
+const S5: Duration = Duration::from_secs(5);
+
+async fn admin(broker: &TestBroker) -> Admin {
+    AdminServiceClient::connect(broker.url())
+        .await
+        .expect("admin connect")
+}
+
+async fn get_queue(a: &mut Admin, q: &str) -> pb::QueueInfo {
+    a.get_queue(pb::GetQueueRequest { queue: q.into() })
+        .await
+        .expect("get_queue")
+        .into_inner()
+}
+
+fn stats(q: &pb::QueueInfo) -> &pb::QueueStats {
+    q.stats.as_ref().expect("stats")
+}
+
+fn secs(n: u64) -> Option<prost_types::Duration> {
+    Some(dur(Duration::from_secs(n)))
+}
+
+async fn nack_dead(c: &mut Client, d: &pb::Delivery, why: &str) {
+    let r = c
+        .nack(pb::NackRequest {
+            job_id: d.job.as_ref().unwrap().id.clone(),
+            lease_token: d.lease_token.clone(),
+            error: why.into(),
+            retry_after: None,
+            dead_letter: true,
+        })
+        .await
+        .expect("nack")
+        .into_inner();
+    assert!(r.dead_lettered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_stats_count_jobs_by_state_and_this_brokers_streams() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    for i in 0..2 {
+        enqueue(&mut c, "stats", &format!("{i}")).await;
+    }
+    c.enqueue(pb::EnqueueRequest {
+        delay: secs(3600),
+        ..job("stats", "later")
+    })
+    .await
+    .unwrap();
+    enqueue(&mut c, "other", "x").await;
+
+    let q = get_queue(&mut a, "stats").await;
+    let s = stats(&q);
+    assert_eq!((s.available, s.scheduled, s.leased, s.dead), (2, 1, 0, 0));
+    assert_eq!((s.streams, s.consumers), (0, 0));
+    assert!(s.oldest_available_age.is_some());
+    let settings = q.settings.as_ref().unwrap();
+    assert_eq!(settings.max_attempts, 20);
+    assert_eq!(settings.default_lease, secs(30));
+    assert!(!settings.paused);
+
+    // One stream holding one job, and one dead letter.
+    let mut s1 = subscribe(&mut c, &["stats"], 1, None).await;
+    let d = next_delivery(&mut s1, S5).await;
+    let mut s2 = subscribe(&mut c, &["stats"], 1, None).await;
+    let d2 = next_delivery(&mut s2, S5).await;
+    nack_dead(&mut c, &d2, "poison").await;
+    let q = get_queue(&mut a, "stats").await;
+    let s = stats(&q);
+    assert_eq!(
+        (s.available, s.scheduled, s.leased, s.dead),
+        (0, 1, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.streams, 2);
+    assert_eq!(s.consumers, 1, "both streams are named \"test\"");
+    assert!(s.oldest_available_age.is_none());
+    ack(&mut c, &d).await.unwrap();
+    drop((s1, s2));
+
+    let all = a
+        .list_queues(pb::ListQueuesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<_> = all.queues.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(names, ["other", "stats"]);
+    assert!(all.next_page_token.is_empty());
+    assert_eq!(stats(&all.queues[0]).available, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_queues_pages_through_every_queue_once() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let jobs: Vec<_> = (0..23).map(|i| job(&format!("q{i:02}"), "x")).collect();
+    c.enqueue_batch(pb::EnqueueBatchRequest { jobs })
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10 {
+        let page = a
+            .list_queues(pb::ListQueuesRequest {
+                page_size: 5,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.queues.len() <= 5);
+        seen.extend(page.queues.into_iter().map(|q| q.name));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    let want: Vec<String> = (0..23).map(|i| format!("q{i:02}")).collect();
+    assert_eq!(seen, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_queue_changes_only_the_fields_set() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    enqueue(&mut c, "cfg", "x").await;
+    let q = a
+        .update_queue(pb::UpdateQueueRequest {
+            queue: "cfg".into(),
+            default_lease: secs(90),
+            max_attempts: Some(3),
+            completed_retention: secs(86400),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = q.settings.unwrap();
+    assert_eq!(s.default_lease, secs(90));
+    assert_eq!(s.max_attempts, 3);
+    assert_eq!(s.backoff_base, secs(1), "unchanged");
+    assert_eq!(s.backoff_cap, secs(3600), "unchanged");
+    assert_eq!(s.completed_retention, secs(86400));
+    let row: (i64, i32, Option<i64>) = sqlx::query_as(
+        "select default_lease_ms, max_attempts, completed_retention_ms from leaseq.queues where name = 'cfg'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(row, (90_000, 3, Some(86_400_000)));
+
+    // The new default lease is what a delivery gets.
+    let mut s = subscribe(&mut c, &["cfg"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    let rows: Vec<(f64,)> = sqlx::query_as(
+        "select extract(epoch from lease_expires_at - now())::float8 from leaseq.jobs",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(rows[0].0 > 60.0, "lease of {}s", rows[0].0);
+    ack(&mut c, &d).await.unwrap();
+
+    // Zero retention clears it; base above the (merged) cap is refused.
+    let q = a
+        .update_queue(pb::UpdateQueueRequest {
+            queue: "cfg".into(),
+            completed_retention: secs(0),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(q.settings.unwrap().completed_retention, None);
+    let e = a
+        .update_queue(pb::UpdateQueueRequest {
+            queue: "cfg".into(),
+            backoff_base: secs(7200),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("backoff_base:"), "{}", e.message());
+
+    // Unknown queue: NOT_FOUND, unless asked to create it.
+    let e = a
+        .update_queue(pb::UpdateQueueRequest {
+            queue: "fresh".into(),
+            max_attempts: Some(5),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let q = a
+        .update_queue(pb::UpdateQueueRequest {
+            queue: "fresh".into(),
+            max_attempts: Some(5),
+            create: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(q.settings.unwrap().max_attempts, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_queue_accepts_jobs_but_delivers_none_until_resumed() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    enqueue(&mut c, "p", "first").await;
+    let q = a
+        .pause_queue(pb::PauseQueueRequest { queue: "p".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(q.settings.unwrap().paused);
+    let mut s = subscribe(&mut c, &["p"], 10, None).await;
+    enqueue(&mut c, "p", "second").await;
+    assert!(
+        try_next_delivery(&mut s, Duration::from_millis(1500))
+            .await
+            .is_none(),
+        "a paused queue delivered"
+    );
+    assert_eq!(stats(&get_queue(&mut a, "p").await).available, 2);
+
+    let q = a
+        .resume_queue(pb::ResumeQueueRequest { queue: "p".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!q.settings.unwrap().paused);
+    // Woken at once: well before the 10 s fallback poll.
+    let got: HashSet<_> = [
+        next_delivery(&mut s, S5).await,
+        next_delivery(&mut s, S5).await,
+    ]
+    .into_iter()
+    .map(|d| String::from_utf8(d.job.unwrap().payload).unwrap())
+    .collect();
+    assert_eq!(got, HashSet::from(["first".into(), "second".into()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_wakes_streams_on_another_replica() {
+    let db = TestDb::new().await;
+    let b1 = TestBroker::start(&db).await;
+    let b2 = TestBroker::start(&db).await;
+    let mut c1 = b1.client().await;
+    let mut a2 = admin(&b2).await;
+    enqueue(&mut c1, "rp", "x").await;
+    a2.pause_queue(pb::PauseQueueRequest { queue: "rp".into() })
+        .await
+        .unwrap();
+    let mut s = subscribe(&mut c1, &["rp"], 1, None).await;
+    assert!(
+        try_next_delivery(&mut s, Duration::from_millis(1000))
+            .await
+            .is_none()
+    );
+    a2.resume_queue(pb::ResumeQueueRequest { queue: "rp".into() })
+        .await
+        .unwrap();
+    next_delivery(&mut s, S5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_queue_deletes_waiting_jobs_and_leaves_leased_ones() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    for i in 0..4 {
+        enqueue(&mut c, "pq", &format!("{i}")).await;
+    }
+    c.enqueue(pb::EnqueueRequest {
+        delay: secs(3600),
+        ..job("pq", "later")
+    })
+    .await
+    .unwrap();
+    enqueue(&mut c, "keep", "other queue").await;
+    let mut s = subscribe(&mut c, &["pq"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    let r = a
+        .purge_queue(pb::PurgeQueueRequest { queue: "pq".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.purged, 4, "3 ready + 1 scheduled");
+    assert_eq!(
+        db.live_jobs().await,
+        2,
+        "the leased job and the other queue's"
+    );
+    ack(&mut c, &d).await.expect("the leased job is still held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_job_finds_live_and_dead_jobs() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let mut req = job("gj", "payload-1");
+    req.headers
+        .insert("traceparent".into(), "00-abc-def-01".into());
+    req.dedup_key = "k1".into();
+    req.priority = 7;
+    let id = c.enqueue(req).await.unwrap().into_inner().job_id;
+    let j = a
+        .get_job(pb::GetJobRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(j.state(), pb::JobState::Available);
+    assert_eq!(j.payload, b"payload-1");
+    assert_eq!(j.headers["traceparent"], "00-abc-def-01");
+    assert_eq!((j.priority, j.attempt, j.dedup_key.as_str()), (7, 0, "k1"));
+    assert!(j.run_at.is_some() && j.enqueued_at.is_some());
+
+    let mut s = subscribe(&mut c, &["gj"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    let j = a
+        .get_job(pb::GetJobRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(j.state(), pb::JobState::Leased);
+    assert_eq!((j.attempt, j.leased_by.as_str()), (1, "test"));
+    assert!(j.lease_expires_at.is_some());
+
+    nack_dead(&mut c, &d, "broken").await;
+    let j = a
+        .get_job(pb::GetJobRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(j.state(), pb::JobState::Dead);
+    assert_eq!(
+        (j.dead_reason.as_str(), j.last_error.as_str()),
+        ("nacked", "broken")
+    );
+    assert!(j.died_at.is_some());
+    assert_eq!(j.payload, b"payload-1");
+
+    let e = a
+        .get_job(pb::GetJobRequest {
+            job_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_jobs_pagination_walks_every_job_exactly_once() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let mut want = Vec::new();
+    for batch in 0..3 {
+        let jobs: Vec<_> = (0..50)
+            .map(|i| {
+                job(
+                    if i % 3 == 0 { "lj-b" } else { "lj-a" },
+                    &format!("{batch}-{i}"),
+                )
+            })
+            .collect();
+        let r = c
+            .enqueue_batch(pb::EnqueueBatchRequest { jobs })
+            .await
+            .unwrap()
+            .into_inner();
+        want.extend(r.results.into_iter().map(|r| r.job_id));
+    }
+    let walk = |queue: &'static str, state: pb::JobState, page_size: u32| {
+        let mut a = a.clone();
+        async move {
+            let mut ids = Vec::new();
+            let mut token = String::new();
+            for _ in 0..200 {
+                let page = a
+                    .list_jobs(pb::ListJobsRequest {
+                        queue: queue.into(),
+                        state: state as i32,
+                        page_size,
+                        page_token: token.clone(),
+                        include_payload: false,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert!(page.jobs.len() <= page_size as usize);
+                assert!(page.jobs.iter().all(|j| j.payload.is_empty()));
+                ids.extend(page.jobs.into_iter().map(|j| j.id));
+                token = page.next_page_token;
+                if token.is_empty() {
+                    return ids;
+                }
+            }
+            panic!("pagination did not end");
+        }
+    };
+    let all = walk("", pb::JobState::Unspecified, 7).await;
+    let mut sorted = want.clone();
+    sorted.sort();
+    assert_eq!(all, sorted, "every job once, in enqueue (id) order");
+    let a_ids = walk("lj-a", pb::JobState::Unspecified, 10).await;
+    let b_ids = walk("lj-b", pb::JobState::Available, 1000).await;
+    assert_eq!(a_ids.len() + b_ids.len(), 150);
+    assert_eq!(b_ids.len(), 51);
+    assert!(walk("lj-b", pb::JobState::Leased, 10).await.is_empty());
+
+    // A page boundary exactly at the end gives one empty last page, not an error.
+    let exact = walk("lj-b", pb::JobState::Available, 51).await;
+    assert_eq!(exact.len(), 51);
+
+    // State filters see the derived state.
+    let mut s = subscribe(&mut c, &["lj-b"], 2, None).await;
+    next_delivery(&mut s, S5).await;
+    next_delivery(&mut s, S5).await;
+    assert_eq!(walk("lj-b", pb::JobState::Leased, 10).await.len(), 2);
+    assert_eq!(walk("lj-b", pb::JobState::Available, 10).await.len(), 49);
+
+    // Payloads on request.
+    let page = a
+        .list_jobs(pb::ListJobsRequest {
+            queue: "lj-a".into(),
+            page_size: 1,
+            include_payload: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!page.jobs[0].payload.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_job_fences_its_holder_and_returns_the_credit() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let waiting = enqueue(&mut c, "cj", "first").await;
+    enqueue(&mut c, "cj", "second").await;
+    let mut s = subscribe(&mut c, &["cj"], 1, Some(Duration::from_secs(600))).await;
+    let d = next_delivery(&mut s, S5).await;
+    let held = d.job.as_ref().unwrap().id.clone();
+    assert_eq!(held, waiting);
+    let r = a
+        .cancel_job(pb::CancelJobRequest {
+            job_id: held.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.was_leased);
+    let e = ack(&mut c, &d).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    // The stream's only credit came back with the cancel: the second job
+    // arrives without waiting for the 600 s lease.
+    let d2 = next_delivery(&mut s, S5).await;
+    assert_eq!(d2.job.unwrap().payload, b"second");
+    let e = a
+        .cancel_job(pb::CancelJobRequest { job_id: held })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_list_requeue_deliver_again_and_purge() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    for i in 0..3 {
+        enqueue(&mut c, "dl", &format!("{i}")).await;
+    }
+    let mut s = subscribe(&mut c, &["dl"], 3, None).await;
+    for _ in 0..3 {
+        let d = next_delivery(&mut s, S5).await;
+        nack_dead(&mut c, &d, "bad").await;
+    }
+    let list = a
+        .list_dead_letters(pb::ListDeadLettersRequest {
+            queue: "dl".into(),
+            page_size: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.jobs.len(), 2);
+    assert!(list.jobs.iter().all(|j| j.state() == pb::JobState::Dead));
+    let rest = a
+        .list_dead_letters(pb::ListDeadLettersRequest {
+            queue: "dl".into(),
+            page_size: 2,
+            page_token: list.next_page_token.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rest.jobs.len(), 1);
+    assert!(rest.next_page_token.is_empty());
+    // A dead-letter token is not accepted by the live listing.
+    let e = a
+        .list_jobs(pb::ListJobsRequest {
+            page_token: list.next_page_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Requeue one by id: delivered again, attempt counting from 1.
+    let one = list.jobs[0].id.clone();
+    let r = a
+        .requeue_dead_letters(pb::DeadLettersSelector {
+            ids: vec![one.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.requeued, r.skipped_duplicates), (1, 0));
+    let d = next_delivery(&mut s, S5).await;
+    let j = d.job.as_ref().unwrap();
+    assert_eq!((j.id.as_str(), j.attempt), (one.as_str(), 1));
+    assert_eq!(j.last_error, "bad");
+    ack(&mut c, &d).await.unwrap();
+
+    // Requeue the whole queue.
+    let r = a
+        .requeue_dead_letters(pb::DeadLettersSelector {
+            queue: "dl".into(),
+            all: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.requeued, 2);
+    assert_eq!(db.dead_jobs().await, 0);
+    for _ in 0..2 {
+        let d = next_delivery(&mut s, S5).await;
+        nack_dead(&mut c, &d, "still bad").await;
+    }
+    let r = a
+        .purge_dead_letters(pb::DeadLettersSelector {
+            queue: "dl".into(),
+            all: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.purged, 2);
+    assert_eq!(db.dead_jobs().await, 0);
+    assert_eq!(db.live_jobs().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_skips_a_dead_letter_whose_dedup_key_is_live() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    c.enqueue(pb::EnqueueRequest {
+        dedup_key: "k".into(),
+        ..job("dd", "old")
+    })
+    .await
+    .unwrap();
+    let mut s = subscribe(&mut c, &["dd"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    nack_dead(&mut c, &d, "x").await;
+    drop(s);
+    // The key is free again; a new job takes it.
+    c.enqueue(pb::EnqueueRequest {
+        dedup_key: "k".into(),
+        ..job("dd", "new")
+    })
+    .await
+    .unwrap();
+    let r = a
+        .requeue_dead_letters(pb::DeadLettersSelector {
+            queue: "dd".into(),
+            all: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.requeued, r.skipped_duplicates), (0, 1));
+    assert_eq!((db.live_jobs().await, db.dead_jobs().await), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_queues_pushes_a_snapshot_then_changes() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    enqueue(&mut c, "w", "1").await;
+    let mut watch = a
+        .watch_queues(pb::WatchQueuesRequest {
+            queues: vec!["w".into()],
+            // Pushes below come from changes, not from this interval.
+            interval: secs(3600),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(S5, watch.message())
+        .await
+        .expect("first push")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.queues.len(), 1);
+    assert_eq!(stats(&first.queues[0]).available, 1);
+    enqueue(&mut c, "w", "2").await;
+    let next = tokio::time::timeout(S5, watch.message())
+        .await
+        .expect("a push after the change")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stats(&next.queues[0]).available, 2);
+
+    // A short interval pushes even without changes.
+    let mut w2 = a
+        .watch_queues(pb::WatchQueuesRequest {
+            queues: vec![],
+            interval: secs(1),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        let m = tokio::time::timeout(S5, w2.message())
+            .await
+            .expect("periodic push")
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.queues.len(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_end_unavailable_on_drain() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut a = admin(&broker).await;
+    let mut watch = a
+        .watch_queues(pb::WatchQueuesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    watch.message().await.unwrap().unwrap();
+    broker.begin_shutdown();
+    let status = loop {
+        match tokio::time::timeout(S5, watch.message()).await {
+            Err(_) => panic!("watch not ended within 5s of a drain"),
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("ended without a status"),
+            Ok(Err(s)) => break s,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_service_has_its_own_health_name_and_is_in_reflection() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    assert_eq!(
+        health(broker.addr, "leaseq.v1.AdminService").await,
+        Some(ServingStatus::Serving)
+    );
+    use tonic_reflection::pb::v1;
+    let channel = Channel::from_shared(broker.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut r = v1::server_reflection_client::ServerReflectionClient::new(channel);
+    let req = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "leaseq.v1.AdminService".into(),
+            ),
+        ),
+    };
+    let msg = r
+        .server_reflection_info(tokio_stream::once(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    let Some(v1::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =
+        msg.message_response
+    else {
+        panic!("no descriptor for leaseq.v1.AdminService: {msg:?}")
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    // Not SERVING from the first moment of a drain (a stream keeps the
+    // server up while it drains).
+    let mut c = broker.client().await;
+    let _s = subscribe(&mut c, &["h"], 1, None).await;
+    broker.begin_shutdown();
+    let deadline = tokio::time::Instant::now() + S5;
+    while health(broker.addr, "leaseq.v1.AdminService").await == Some(ServingStatus::Serving) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still SERVING 5s into a drain"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every bad input: the code, the field named first in the message, and
+/// nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_documented_code_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let live = enqueue(&mut c, "bi", "x").await;
+    let mut s = subscribe(&mut c, &["bi"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    nack_dead(&mut c, &d, "x").await;
+    enqueue(&mut c, "bi", "y").await;
+    drop(s);
+    let snapshot = || async {
+        let q: Vec<(String, i64, i32, i64, i64, bool)> = sqlx::query_as(
+            "select name, default_lease_ms, max_attempts, backoff_base_ms, backoff_cap_ms, paused \
+             from leaseq.queues order by name",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        (q, db.live_jobs().await, db.dead_jobs().await)
+    };
+    let before = snapshot().await;
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let bad_q = "-bad".to_string();
+    let long_q = "q".repeat(129);
+    let d = |s: i64, n: i32| {
+        Some(prost_types::Duration {
+            seconds: s,
+            nanos: n,
+        })
+    };
+
+    let upd = |f: fn(&mut pb::UpdateQueueRequest)| {
+        let mut r = pb::UpdateQueueRequest {
+            queue: "bi".into(),
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    };
+    let cases: Vec<(&str, Code, &str, tonic::Result<()>)> = vec![
+        (
+            "get_queue empty",
+            Code::InvalidArgument,
+            "queue:",
+            a.get_queue(pb::GetQueueRequest {
+                queue: String::new(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "get_queue bad name",
+            Code::InvalidArgument,
+            "queue:",
+            a.get_queue(pb::GetQueueRequest {
+                queue: bad_q.clone(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "get_queue long name",
+            Code::InvalidArgument,
+            "queue:",
+            a.get_queue(pb::GetQueueRequest {
+                queue: long_q.clone(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "get_queue unknown",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.get_queue(pb::GetQueueRequest {
+                queue: "nope".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_queues page_size",
+            Code::InvalidArgument,
+            "page_size:",
+            a.list_queues(pb::ListQueuesRequest {
+                page_size: 1001,
+                page_token: String::new(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_queues token",
+            Code::InvalidArgument,
+            "page_token:",
+            a.list_queues(pb::ListQueuesRequest {
+                page_size: 0,
+                page_token: "zz".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "update unknown",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.update_queue(pb::UpdateQueueRequest {
+                queue: "nope".into(),
+                max_attempts: Some(3),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "update bad name",
+            Code::InvalidArgument,
+            "queue:",
+            a.update_queue(pb::UpdateQueueRequest {
+                queue: bad_q.clone(),
+                create: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "update max_attempts 0",
+            Code::InvalidArgument,
+            "max_attempts:",
+            a.update_queue(upd(|r| r.max_attempts = Some(0)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update max_attempts 1001",
+            Code::InvalidArgument,
+            "max_attempts:",
+            a.update_queue(upd(|r| r.max_attempts = Some(1001)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update lease too short",
+            Code::InvalidArgument,
+            "default_lease:",
+            a.update_queue(upd(|r| {
+                r.default_lease = Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 999_999_999,
+                })
+            }))
+            .await
+            .map(drop),
+        ),
+        (
+            "update lease too long",
+            Code::InvalidArgument,
+            "default_lease:",
+            a.update_queue(upd(|r| {
+                r.default_lease = Some(prost_types::Duration {
+                    seconds: 43201,
+                    nanos: 0,
+                })
+            }))
+            .await
+            .map(drop),
+        ),
+        (
+            "update negative base",
+            Code::InvalidArgument,
+            "backoff_base:",
+            a.update_queue(upd(|r| {
+                r.backoff_base = Some(prost_types::Duration {
+                    seconds: -1,
+                    nanos: 0,
+                })
+            }))
+            .await
+            .map(drop),
+        ),
+        (
+            "update bad nanos cap",
+            Code::InvalidArgument,
+            "backoff_cap:",
+            a.update_queue(upd(|r| {
+                r.backoff_cap = Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 1_000_000_000,
+                })
+            }))
+            .await
+            .map(drop),
+        ),
+        (
+            "update base > cap",
+            Code::InvalidArgument,
+            "backoff_base:",
+            a.update_queue(upd(|r| {
+                r.backoff_base = Some(prost_types::Duration {
+                    seconds: 10,
+                    nanos: 0,
+                });
+                r.backoff_cap = Some(prost_types::Duration {
+                    seconds: 5,
+                    nanos: 0,
+                });
+            }))
+            .await
+            .map(drop),
+        ),
+        (
+            "update retention too long",
+            Code::InvalidArgument,
+            "completed_retention:",
+            a.update_queue(upd(|r| {
+                r.completed_retention = Some(prost_types::Duration {
+                    seconds: 400 * 86400 * 365,
+                    nanos: 0,
+                })
+            }))
+            .await
+            .map(drop),
+        ),
+        (
+            "pause unknown",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.pause_queue(pb::PauseQueueRequest {
+                queue: "nope".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "pause empty",
+            Code::InvalidArgument,
+            "queue:",
+            a.pause_queue(pb::PauseQueueRequest {
+                queue: String::new(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "resume unknown",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.resume_queue(pb::ResumeQueueRequest {
+                queue: "nope".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "resume bad",
+            Code::InvalidArgument,
+            "queue:",
+            a.resume_queue(pb::ResumeQueueRequest {
+                queue: bad_q.clone(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "purge unknown",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.purge_queue(pb::PurgeQueueRequest {
+                queue: "nope".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "purge empty",
+            Code::InvalidArgument,
+            "queue:",
+            a.purge_queue(pb::PurgeQueueRequest {
+                queue: String::new(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "get_job empty",
+            Code::InvalidArgument,
+            "job_id:",
+            a.get_job(pb::GetJobRequest {
+                job_id: String::new(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "get_job not a uuid",
+            Code::InvalidArgument,
+            "job_id:",
+            a.get_job(pb::GetJobRequest {
+                job_id: "123".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "get_job unknown",
+            Code::NotFound,
+            "job ",
+            a.get_job(pb::GetJobRequest {
+                job_id: unknown.clone(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_jobs bad queue",
+            Code::InvalidArgument,
+            "queue:",
+            a.list_jobs(pb::ListJobsRequest {
+                queue: bad_q.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_jobs unknown queue",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.list_jobs(pb::ListJobsRequest {
+                queue: "nope".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_jobs state",
+            Code::InvalidArgument,
+            "state:",
+            a.list_jobs(pb::ListJobsRequest {
+                state: 99,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_jobs page_size",
+            Code::InvalidArgument,
+            "page_size:",
+            a.list_jobs(pb::ListJobsRequest {
+                page_size: 5000,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_jobs token",
+            Code::InvalidArgument,
+            "page_token:",
+            a.list_jobs(pb::ListJobsRequest {
+                page_token: "6a3a6e6f74".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "list_dead token kind",
+            Code::InvalidArgument,
+            "page_token:",
+            a.list_dead_letters(pb::ListDeadLettersRequest {
+                page_token: "713a6262".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "cancel empty",
+            Code::InvalidArgument,
+            "job_id:",
+            a.cancel_job(pb::CancelJobRequest {
+                job_id: String::new(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "cancel unknown",
+            Code::NotFound,
+            "job ",
+            a.cancel_job(pb::CancelJobRequest {
+                job_id: unknown.clone(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "requeue nothing",
+            Code::InvalidArgument,
+            "ids, all:",
+            a.requeue_dead_letters(pb::DeadLettersSelector {
+                queue: "bi".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "requeue both",
+            Code::InvalidArgument,
+            "ids, all:",
+            a.requeue_dead_letters(pb::DeadLettersSelector {
+                ids: vec![live.clone()],
+                all: true,
+                queue: "bi".into(),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "requeue all no queue",
+            Code::InvalidArgument,
+            "queue:",
+            a.requeue_dead_letters(pb::DeadLettersSelector {
+                all: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "requeue bad id",
+            Code::InvalidArgument,
+            "ids[1]:",
+            a.requeue_dead_letters(pb::DeadLettersSelector {
+                ids: vec![live.clone(), "x".into()],
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "requeue too many",
+            Code::InvalidArgument,
+            "ids:",
+            a.requeue_dead_letters(pb::DeadLettersSelector {
+                ids: vec![live.clone(); 1001],
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "requeue unknown queue",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.requeue_dead_letters(pb::DeadLettersSelector {
+                queue: "nope".into(),
+                all: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "purge dead nothing",
+            Code::InvalidArgument,
+            "ids, all:",
+            a.purge_dead_letters(pb::DeadLettersSelector::default())
+                .await
+                .map(drop),
+        ),
+        (
+            "purge dead all no queue",
+            Code::InvalidArgument,
+            "queue:",
+            a.purge_dead_letters(pb::DeadLettersSelector {
+                all: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "purge dead bad queue",
+            Code::InvalidArgument,
+            "queue:",
+            a.purge_dead_letters(pb::DeadLettersSelector {
+                all: true,
+                queue: bad_q.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "watch bad queue",
+            Code::InvalidArgument,
+            "queues[1]:",
+            a.watch_queues(pb::WatchQueuesRequest {
+                queues: vec!["bi".into(), bad_q.clone()],
+                interval: None,
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "watch unknown queue",
+            Code::NotFound,
+            "queue \"nope\"",
+            a.watch_queues(pb::WatchQueuesRequest {
+                queues: vec!["nope".into()],
+                interval: None,
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "watch interval short",
+            Code::InvalidArgument,
+            "interval:",
+            a.watch_queues(pb::WatchQueuesRequest {
+                queues: vec![],
+                interval: d(0, 999_000_000),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "watch interval long",
+            Code::InvalidArgument,
+            "interval:",
+            a.watch_queues(pb::WatchQueuesRequest {
+                queues: vec![],
+                interval: d(3601, 0),
+            })
+            .await
+            .map(drop),
+        ),
+        (
+            "watch too many",
+            Code::InvalidArgument,
+            "queues:",
+            a.watch_queues(pb::WatchQueuesRequest {
+                queues: vec!["bi".into(); 65],
+                interval: None,
+            })
+            .await
+            .map(drop),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, code, prefix, result) in cases {
+        match result {
+            Ok(()) => failures.push(format!("{what}: succeeded")),
+            Err(s) if s.code() != code || !s.message().starts_with(prefix) => {
+                failures.push(format!("{what}: {:?} {:?}", s.code(), s.message()))
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert_eq!(snapshot().await, before, "bad input changed something");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_with_big_payloads_end_early_and_still_walk_every_job() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let big = "x".repeat(1024 * 1024);
+    let mut want = Vec::new();
+    for _ in 0..4 {
+        let jobs: Vec<_> = (0..5).map(|_| job("big", &big)).collect();
+        let r = c
+            .enqueue_batch(pb::EnqueueBatchRequest { jobs })
+            .await
+            .unwrap()
+            .into_inner();
+        want.extend(r.results.into_iter().map(|r| r.job_id));
+    }
+    want.sort();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    let mut token = String::new();
+    for _ in 0..40 {
+        let page = a
+            .list_jobs(pb::ListJobsRequest {
+                queue: "big".into(),
+                page_size: 1000,
+                page_token: token.clone(),
+                include_payload: true,
+                ..Default::default()
+            })
+            .await
+            .expect("a page within the client's default 4 MiB limit")
+            .into_inner();
+        pages += 1;
+        assert!(page.jobs.iter().all(|j| j.payload.len() == big.len()));
+        seen.extend(page.jobs.into_iter().map(|j| j.id));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, want);
+    assert!(
+        pages >= 10,
+        "{pages} pages: at most ~2 MiB of payloads per page"
+    );
+}
