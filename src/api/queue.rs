@@ -32,7 +32,7 @@ fn enqueued(e: crate::store::Enqueued) -> pb::EnqueueResponse {
 
 #[tonic::async_trait]
 impl QueueService for QueueApi {
-    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    #[instrument(level = "debug", skip_all, fields(queue = %request.get_ref().queue))]
     async fn enqueue(
         &self,
         request: Request<pb::EnqueueRequest>,
@@ -45,7 +45,7 @@ impl QueueService for QueueApi {
         Ok(Response::new(enqueued(result)))
     }
 
-    #[instrument(skip_all, fields(jobs = request.get_ref().jobs.len()))]
+    #[instrument(level = "debug", skip_all, fields(jobs = request.get_ref().jobs.len()))]
     async fn enqueue_batch(
         &self,
         request: Request<pb::EnqueueBatchRequest>,
@@ -81,7 +81,7 @@ impl QueueService for QueueApi {
 
     type SubscribeStream = SubscriptionStream;
 
-    #[instrument(skip_all, fields(consumer = %request.get_ref().consumer))]
+    #[instrument(level = "debug", skip_all, fields(consumer = %request.get_ref().consumer))]
     async fn subscribe(
         &self,
         request: Request<pb::SubscribeRequest>,
@@ -90,7 +90,7 @@ impl QueueService for QueueApi {
         Ok(Response::new(self.broker.subscribe(sub).await?))
     }
 
-    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn ack(
         &self,
         request: Request<pb::AckRequest>,
@@ -100,7 +100,7 @@ impl QueueService for QueueApi {
         Ok(Response::new(pb::AckResponse {}))
     }
 
-    #[instrument(skip_all, fields(acks = request.get_ref().acks.len()))]
+    #[instrument(level = "debug", skip_all, fields(acks = request.get_ref().acks.len()))]
     async fn ack_batch(
         &self,
         request: Request<pb::AckBatchRequest>,
@@ -145,7 +145,7 @@ impl QueueService for QueueApi {
         }))
     }
 
-    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn nack(
         &self,
         request: Request<pb::NackRequest>,
@@ -155,7 +155,7 @@ impl QueueService for QueueApi {
         Ok(Response::new(pb::NackResponse { dead_lettered }))
     }
 
-    #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
+    #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
     async fn extend_lease(
         &self,
         request: Request<pb::ExtendLeaseRequest>,
