@@ -32,9 +32,10 @@ impl Broker {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let shutdown = CancellationToken::new();
         let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle = tokio::spawn(async move {
-            leaseq::server::run(test_config(), &url, listener, token).await
-        });
+        let handle =
+            tokio::spawn(
+                async move { leaseq::server::run(test_config(), &url, listener, token).await },
+            );
         wait_serving(addr, Duration::from_secs(20)).await;
         Broker { shutdown, handle }
     }
@@ -114,7 +115,10 @@ async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
         if ok {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "not within {limit:?}: {sql}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {limit:?}: {sql}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -131,18 +135,35 @@ async fn client_calls_round_trip() {
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
 
     let a = client
-        .enqueue(Job::new("calls", "a").header("k", "v").priority(3).dedup_key("d1"))
+        .enqueue(
+            Job::new("calls", "a")
+                .header("k", "v")
+                .priority(3)
+                .dedup_key("d1"),
+        )
         .await
         .unwrap();
     assert!(!a.duplicate);
-    let again = client.enqueue(Job::new("calls", "a2").dedup_key("d1")).await.unwrap();
-    assert_eq!((again.job_id.as_str(), again.duplicate), (a.job_id.as_str(), true));
+    let again = client
+        .enqueue(Job::new("calls", "a2").dedup_key("d1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.job_id.as_str(), again.duplicate),
+        (a.job_id.as_str(), true)
+    );
     let batch = client
-        .enqueue_batch([Job::new("calls", "b"), Job::new("calls", "c").max_attempts(1)])
+        .enqueue_batch([
+            Job::new("calls", "b"),
+            Job::new("calls", "c").max_attempts(1),
+        ])
         .await
         .unwrap();
     assert_eq!(batch.len(), 2);
-    let bad = client.enqueue(Job::new("bad queue", "x")).await.unwrap_err();
+    let bad = client
+        .enqueue(Job::new("bad queue", "x"))
+        .await
+        .unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
     assert!(bad.message().starts_with("queue:"), "{}", bad.message());
 
@@ -161,11 +182,22 @@ async fn client_calls_round_trip() {
         .unwrap();
     assert!(until > chrono::Utc::now() + chrono::Duration::seconds(50));
     client.ack(&first.id, &got[0].lease_token).await.unwrap();
-    let stale = client.ack(&first.id, &got[0].lease_token).await.unwrap_err();
+    let stale = client
+        .ack(&first.id, &got[0].lease_token)
+        .await
+        .unwrap_err();
     assert_eq!(stale.code(), Code::FailedPrecondition);
     let b = got[1].job.clone().unwrap();
     let dead = client
-        .nack(&b.id, &got[1].lease_token, "nope", Nack { retry_after: None, dead_letter: true })
+        .nack(
+            &b.id,
+            &got[1].lease_token,
+            "nope",
+            Nack {
+                retry_after: None,
+                dead_letter: true,
+            },
+        )
         .await
         .unwrap();
     assert!(dead);
@@ -192,11 +224,17 @@ async fn worker_acks_jobs_its_handler_completes() {
         },
     );
     for i in 0..5 {
-        client.enqueue(Job::new("mail", format!("m{i}"))).await.unwrap();
+        client
+            .enqueue(Job::new("mail", format!("m{i}")))
+            .await
+            .unwrap();
     }
     let mut seen = HashSet::new();
     while seen.len() < 5 {
-        let p = tokio::time::timeout(S10, rx.recv()).await.expect("5 jobs handled").unwrap();
+        let p = tokio::time::timeout(S10, rx.recv())
+            .await
+            .expect("5 jobs handled")
+            .unwrap();
         seen.insert(p);
     }
     worker.stop(S10).await.expect("clean stop");
@@ -212,8 +250,11 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Started before any broker listens on `addr`.
     let worker = Running::spawn(
-        Worker::new(Client::connect_lazy(format!("http://{addr}")).unwrap(), ["jobs"])
-            .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500)),
+        Worker::new(
+            Client::connect_lazy(format!("http://{addr}")).unwrap(),
+            ["jobs"],
+        )
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500)),
         move |d| {
             let tx = tx.clone();
             async move {
@@ -225,7 +266,10 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
     let first = Broker::start(&db, addr).await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     client.enqueue(Job::new("jobs", "before")).await.unwrap();
-    let got = tokio::time::timeout(S10, rx.recv()).await.expect("handled").unwrap();
+    let got = tokio::time::timeout(S10, rx.recv())
+        .await
+        .expect("handled")
+        .unwrap();
     assert_eq!(got, "before");
     // Acked before the drain (a drain releases what is not yet settled).
     until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
@@ -294,10 +338,15 @@ async fn lease_is_extended_while_the_handler_runs() {
             .await
             .unwrap();
     assert_eq!(state, "leased");
-    assert!(expires > first_expiry + chrono::Duration::seconds(1), "extended: {expires} vs {first_expiry}");
+    assert!(
+        expires > first_expiry + chrono::Duration::seconds(1),
+        "extended: {expires} vs {first_expiry}"
+    );
     until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
     assert!(
-        common::try_next_delivery(&mut competitor, Duration::from_millis(300)).await.is_none(),
+        common::try_next_delivery(&mut competitor, Duration::from_millis(300))
+            .await
+            .is_none(),
         "never redelivered"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -320,28 +369,41 @@ async fn handler_errors_and_panics_are_nacked_with_their_text() {
         .await
         .unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let worker = Running::spawn(Worker::new(client.clone(), ["flaky"]).concurrency(2), move |d| {
-        let tx = tx.clone();
-        async move {
-            if d.attempt == 1 {
-                if payload(&d) == "panic" {
-                    panic!("index out of range at row 9");
+    let worker = Running::spawn(
+        Worker::new(client.clone(), ["flaky"]).concurrency(2),
+        move |d| {
+            let tx = tx.clone();
+            async move {
+                if d.attempt == 1 {
+                    if payload(&d) == "panic" {
+                        panic!("index out of range at row 9");
+                    }
+                    return Err(anyhow::anyhow!("disk full").context("writing report"));
                 }
-                return Err(anyhow::anyhow!("disk full").context("writing report"));
+                tx.send((payload(&d), d.attempt, d.last_error.clone()))
+                    .unwrap();
+                Ok(())
             }
-            tx.send((payload(&d), d.attempt, d.last_error.clone())).unwrap();
-            Ok(())
-        }
-    });
+        },
+    );
     let mut got = Vec::new();
     for _ in 0..2 {
-        got.push(tokio::time::timeout(S10, rx.recv()).await.expect("retried").unwrap());
+        got.push(
+            tokio::time::timeout(S10, rx.recv())
+                .await
+                .expect("retried")
+                .unwrap(),
+        );
     }
     got.sort();
     assert_eq!(
         got,
         vec![
-            ("fail".to_owned(), 2, Some("writing report: disk full".to_owned())),
+            (
+                "fail".to_owned(),
+                2,
+                Some("writing report: disk full".to_owned())
+            ),
             (
                 "panic".to_owned(),
                 2,
@@ -375,24 +437,34 @@ async fn concurrency_is_bounded() {
     let done = Arc::new(AtomicUsize::new(0));
     let worker = {
         let (running, peak, done) = (running.clone(), peak.clone(), done.clone());
-        Running::spawn(Worker::new(client.clone(), ["par"]).concurrency(LIMIT as u32), move |_| {
-            let (running, peak, done) = (running.clone(), peak.clone(), done.clone());
-            async move {
-                let mut now = 0;
-                running.send_modify(|n| {
-                    *n += 1;
-                    now = *n;
-                });
-                peak.fetch_max(now, Ordering::SeqCst);
-                let mut rx = running.subscribe();
-                let _ = tokio::time::timeout(Duration::from_secs(1), rx.wait_for(|n| *n > LIMIT)).await;
-                running.send_modify(|n| *n -= 1);
-                done.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            }
-        })
+        Running::spawn(
+            Worker::new(client.clone(), ["par"]).concurrency(LIMIT as u32),
+            move |_| {
+                let (running, peak, done) = (running.clone(), peak.clone(), done.clone());
+                async move {
+                    let mut now = 0;
+                    running.send_modify(|n| {
+                        *n += 1;
+                        now = *n;
+                    });
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    let mut rx = running.subscribe();
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), rx.wait_for(|n| *n > LIMIT))
+                            .await;
+                    running.send_modify(|n| *n -= 1);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
     };
-    until(&db, "select count(*) = 0 from leaseq.jobs", Duration::from_secs(30)).await;
+    until(
+        &db,
+        "select count(*) = 0 from leaseq.jobs",
+        Duration::from_secs(30),
+    )
+    .await;
     worker.stop(S10).await.expect("clean stop");
     assert_eq!(done.load(Ordering::SeqCst), JOBS);
     assert_eq!(peak.load(Ordering::SeqCst), LIMIT, "peak concurrency");
@@ -411,7 +483,9 @@ async fn graceful_stop_lets_running_handlers_finish_and_starts_no_new_job() {
     let mut worker = {
         let started = started.clone();
         Running::spawn(
-            Worker::new(client.clone(), ["stop"]).concurrency(2).grace(S10),
+            Worker::new(client.clone(), ["stop"])
+                .concurrency(2)
+                .grace(S10),
             move |d| {
                 let started = started.clone();
                 let started_tx = started_tx.clone();
@@ -426,17 +500,33 @@ async fn graceful_stop_lets_running_handlers_finish_and_starts_no_new_job() {
         )
     };
     client.enqueue(Job::new("stop", "running")).await.unwrap();
-    tokio::time::timeout(S10, started_rx.recv()).await.expect("started").unwrap();
+    tokio::time::timeout(S10, started_rx.recv())
+        .await
+        .expect("started")
+        .unwrap();
     worker.begin_stop().await;
     // Delivered to the stopping worker (it has a free credit) but not run.
     let late = client.enqueue(Job::new("stop", "late")).await.unwrap();
-    until(&db, "select count(*) = 1 from leaseq.jobs where payload = 'late' and state = 'leased'", S10).await;
-    assert!(!worker.handle.is_finished(), "waits for the running handler");
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.jobs where payload = 'late' and state = 'leased'",
+        S10,
+    )
+    .await;
+    assert!(
+        !worker.handle.is_finished(),
+        "waits for the running handler"
+    );
     release_tx.send(true).unwrap();
     worker.stop(S10).await.expect("clean stop");
     assert_eq!(*started.lock().unwrap(), vec!["running".to_owned()]);
     // The running job was acked; the late one released when the stream closed.
-    until(&db, "select count(*) = 1 from leaseq.jobs where state = 'available'", S10).await;
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.jobs where state = 'available'",
+        S10,
+    )
+    .await;
     let id: String = sqlx::query_scalar("select id::text from leaseq.jobs")
         .fetch_one(&db.pool)
         .await
@@ -464,9 +554,17 @@ async fn grace_elapsed_cancels_the_handler_and_releases_its_job() {
         },
     );
     client.enqueue(Job::new("stuck", "forever")).await.unwrap();
-    tokio::time::timeout(S10, started_rx.recv()).await.expect("started").unwrap();
+    tokio::time::timeout(S10, started_rx.recv())
+        .await
+        .expect("started")
+        .unwrap();
     worker.stop(S10).await.expect("stops after the grace");
-    until(&db, "select count(*) = 1 from leaseq.jobs where state = 'available'", S10).await;
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.jobs where state = 'available'",
+        S10,
+    )
+    .await;
     broker.stop().await;
 }
 
@@ -489,6 +587,10 @@ async fn unfixable_errors_end_the_worker() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().starts_with("concurrency:"), "{}", err.message());
+    assert!(
+        err.message().starts_with("concurrency:"),
+        "{}",
+        err.message()
+    );
     broker.stop().await;
 }

@@ -101,13 +101,11 @@ async fn delayed_job_wakes_the_stream_when_due() {
     let d = next_delivery(&mut stream, S5).await;
     assert_eq!(d.job.as_ref().unwrap().id, id.to_string());
     // Not before its run_at (database clock).
-    let early: bool = sqlx::query_scalar(
-        "select run_at > now() from leaseq.jobs where id = $1",
-    )
-    .bind(id)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let early: bool = sqlx::query_scalar("select run_at > now() from leaseq.jobs where id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert!(!early, "delivered before run_at");
     broker.stop().await;
 }
@@ -140,7 +138,10 @@ async fn options_are_stored_like_grpc_enqueue() {
     assert_eq!(row.get::<Vec<u8>, _>("payload"), vec![0u8, 0xff]);
     assert_eq!(row.get::<String, _>("headers"), r#"{"a": "b"}"#);
     assert_eq!(row.get::<Option<i32>, _>("max_attempts"), Some(4));
-    assert_eq!(row.get::<Option<String>, _>("dedup_key").as_deref(), Some("k"));
+    assert_eq!(
+        row.get::<Option<String>, _>("dedup_key").as_deref(),
+        Some("k")
+    );
     assert_eq!(row.get::<i32, _>("attempt"), 0);
     assert_eq!(row.get::<f64, _>("delay_s"), 3600.0);
     assert_eq!(row.get::<f64, _>("ttl_s"), 7200.0);
@@ -153,12 +154,15 @@ async fn options_are_stored_like_grpc_enqueue() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    let (max_attempts, dedup, expires): (Option<i32>, Option<String>, Option<chrono::DateTime<chrono::Utc>>) =
-        sqlx::query_as("select max_attempts, dedup_key, expires_at from leaseq.jobs where id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let (max_attempts, dedup, expires): (
+        Option<i32>,
+        Option<String>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    ) = sqlx::query_as("select max_attempts, dedup_key, expires_at from leaseq.jobs where id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!((max_attempts, dedup, expires), (None, None, None));
     // The queue row was created once, with defaults.
     assert_eq!(
@@ -185,9 +189,21 @@ async fn bad_arguments_raise_naming_the_argument_and_insert_nothing() {
             "payload: is 1048577 bytes, the limit is 1048576 bytes",
             "54000",
         ),
-        ("'q', 'x', headers => '[]'", "headers: must be a JSON object", "22023"),
-        ("'q', 'x', headers => '{\"a\":1}'", "headers[\"a\"]: must be a string", "22023"),
-        ("'q', 'x', headers => '{\"\":\"v\"}'", "headers: keys must not be empty", "22023"),
+        (
+            "'q', 'x', headers => '[]'",
+            "headers: must be a JSON object",
+            "22023",
+        ),
+        (
+            "'q', 'x', headers => '{\"a\":1}'",
+            "headers[\"a\"]: must be a string",
+            "22023",
+        ),
+        (
+            "'q', 'x', headers => '{\"\":\"v\"}'",
+            "headers: keys must not be empty",
+            "22023",
+        ),
         (
             "'q', 'x', headers => (select jsonb_object_agg(i::text, 'v') from generate_series(1, 65) i)",
             "headers: at most 64 entries",
@@ -203,28 +219,72 @@ async fn bad_arguments_raise_naming_the_argument_and_insert_nothing() {
             "headers[\"k\"]: must be at most 16384 bytes",
             "22023",
         ),
-        ("'q', 'x', priority => null", "priority: must not be null", "22023"),
+        (
+            "'q', 'x', priority => null",
+            "priority: must not be null",
+            "22023",
+        ),
         (
             "'q', 'x', delay => interval '1 s', run_at => now()",
             "delay, run_at: set at most one of them",
             "22023",
         ),
-        ("'q', 'x', delay => interval '-1 s'", "delay: must not be negative", "22023"),
-        ("'q', 'x', delay => interval '11 years'", "delay: must be at most", "22023"),
-        ("'q', 'x', run_at => 'infinity'", "run_at: must be between", "22023"),
-        ("'q', 'x', run_at => '1960-01-01'", "run_at: must be between", "22023"),
-        ("'q', 'x', dedup_key => repeat('k', 513)", "dedup_key: must be at most 512 bytes", "22023"),
-        ("'q', 'x', max_attempts => 1001", "max_attempts: must be 0", "22023"),
-        ("'q', 'x', max_attempts => -1", "max_attempts: must be 0", "22023"),
-        ("'q', 'x', ttl => interval '-1 s'", "ttl: must not be negative", "22023"),
-        ("'q', 'x', ttl => interval '11 years'", "ttl: must be at most", "22023"),
+        (
+            "'q', 'x', delay => interval '-1 s'",
+            "delay: must not be negative",
+            "22023",
+        ),
+        (
+            "'q', 'x', delay => interval '11 years'",
+            "delay: must be at most",
+            "22023",
+        ),
+        (
+            "'q', 'x', run_at => 'infinity'",
+            "run_at: must be between",
+            "22023",
+        ),
+        (
+            "'q', 'x', run_at => '1960-01-01'",
+            "run_at: must be between",
+            "22023",
+        ),
+        (
+            "'q', 'x', dedup_key => repeat('k', 513)",
+            "dedup_key: must be at most 512 bytes",
+            "22023",
+        ),
+        (
+            "'q', 'x', max_attempts => 1001",
+            "max_attempts: must be 0",
+            "22023",
+        ),
+        (
+            "'q', 'x', max_attempts => -1",
+            "max_attempts: must be 0",
+            "22023",
+        ),
+        (
+            "'q', 'x', ttl => interval '-1 s'",
+            "ttl: must not be negative",
+            "22023",
+        ),
+        (
+            "'q', 'x', ttl => interval '11 years'",
+            "ttl: must be at most",
+            "22023",
+        ),
     ];
     for (args, message, code) in cases {
-        let err = sqlx::query(sqlx::AssertSqlSafe(format!("select leaseq.enqueue({args})")))
-            .execute(&db.pool)
-            .await
-            .expect_err(args);
-        let db_err = err.as_database_error().unwrap_or_else(|| panic!("{args}: {err}"));
+        let err = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "select leaseq.enqueue({args})"
+        )))
+        .execute(&db.pool)
+        .await
+        .expect_err(args);
+        let db_err = err
+            .as_database_error()
+            .unwrap_or_else(|| panic!("{args}: {err}"));
         assert!(
             db_err.message().starts_with(message) || db_err.message().contains(message),
             "{args}: got {:?}, want {message:?}",
@@ -254,10 +314,15 @@ async fn dedup_returns_the_live_job_until_it_is_acked() {
         }
     };
     let first = enqueue("billing", "one").await;
-    assert_eq!(enqueue("billing", "two").await, first, "same key, same queue");
+    assert_eq!(
+        enqueue("billing", "two").await,
+        first,
+        "same key, same queue"
+    );
     assert_ne!(enqueue("other", "three").await, first, "keys are per queue");
     assert_eq!(
-        db.count("select count(*) from leaseq.jobs where queue = 'billing'").await,
+        db.count("select count(*) from leaseq.jobs where queue = 'billing'")
+            .await,
         1
     );
 
@@ -283,11 +348,12 @@ async fn ids_are_v7_and_sort_in_enqueue_order() {
     let mut tx = db.pool.begin().await.unwrap();
     let mut ids = Vec::new();
     for i in 0..40 {
-        let id: Uuid = sqlx::query_scalar("select leaseq.enqueue('ordered', convert_to($1, 'UTF8'))")
-            .bind(i.to_string())
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let id: Uuid =
+            sqlx::query_scalar("select leaseq.enqueue('ordered', convert_to($1, 'UTF8'))")
+                .bind(i.to_string())
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
         assert_eq!(id.get_version_num(), 7, "{id}");
         ids.push(id);
     }
@@ -296,13 +362,12 @@ async fn ids_are_v7_and_sort_in_enqueue_order() {
     sorted.sort();
     assert_eq!(sorted, ids, "ids sort in the order the calls were made");
     // Its timestamp is the database's now, to the second.
-    let skew: f64 = sqlx::query_scalar(
-        "select abs(extract(epoch from clock_timestamp()) * 1000 - $1::float8)",
-    )
-    .bind(ids[0].get_timestamp().unwrap().to_unix().0 as f64 * 1000.0)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let skew: f64 =
+        sqlx::query_scalar("select abs(extract(epoch from clock_timestamp()) * 1000 - $1::float8)")
+            .bind(ids[0].get_timestamp().unwrap().to_unix().0 as f64 * 1000.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert!(skew < 60_000.0, "uuid timestamp off by {skew} ms");
 
     // Same priority and run_at (one transaction): delivered in id order.

@@ -1,4 +1,5 @@
-//! Client-side subcommands: `leaseq enqueue` and `leaseq tail`.
+//! Client-side subcommands: `leaseq enqueue` and `leaseq tail` here, one
+//! file per further command ([`work`]).
 
 use std::io::Read;
 use std::time::Duration;
@@ -8,6 +9,8 @@ use clap::Args;
 
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
+
+pub mod work;
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {

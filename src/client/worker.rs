@@ -139,7 +139,9 @@ impl Worker {
             )));
         }
         if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
-            return Err(Status::invalid_argument("lease: must be between 1s and 12h"));
+            return Err(Status::invalid_argument(
+                "lease: must be between 1s and 12h",
+            ));
         }
         let ctx = Arc::new(Ctx {
             client: self.client.clone(),
@@ -453,7 +455,11 @@ struct Backoff {
 
 impl Backoff {
     fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff { min, max, next: min }
+        Backoff {
+            min,
+            max,
+            next: min,
+        }
     }
 
     /// The wait before the next try: the current step scaled by [0.5, 1).
@@ -497,7 +503,10 @@ mod tests {
         let waits: Vec<Duration> = (0..6).map(|_| b.next()).collect();
         for (i, w) in waits.iter().enumerate() {
             let step = Duration::from_millis(100 * (1 << i)).min(Duration::from_secs(1));
-            assert!(*w >= step / 2 && *w < step, "wait {i} = {w:?}, step {step:?}");
+            assert!(
+                *w >= step / 2 && *w < step,
+                "wait {i} = {w:?}, step {step:?}"
+            );
         }
         b.reset();
         assert!(b.next() < Duration::from_millis(100));
