@@ -341,3 +341,40 @@ async fn sigterm_drains_and_leases_are_extended_while_the_command_runs() {
     assert_eq!(d.job.unwrap().payload, b"b");
     broker.stop().await;
 }
+
+#[test]
+fn help_documents_flags_env_twins_and_job_variables() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+        .args(["work", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--addr",
+        "LEASEQ_ADDR",
+        "--queue",
+        "LEASEQ_WORK_QUEUE",
+        "--concurrency",
+        "LEASEQ_WORK_CONCURRENCY",
+        "--lease",
+        "LEASEQ_WORK_LEASE",
+        "--grace",
+        "LEASEQ_WORK_GRACE",
+        "--consumer",
+        "LEASEQ_WORK_CONSUMER",
+        "--stderr-tail",
+        "LEASEQ_WORK_STDERR_TAIL",
+        "LEASEQ_JOB_ID",
+        "LEASEQ_HEADER_CONTENT_TYPE",
+    ] {
+        assert!(help.contains(needle), "help mentions {needle}");
+    }
+    // A concurrency of 0 could never run a job: refused up front.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+        .args(["work", "--queue", "q", "--concurrency", "0", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--concurrency"));
+}

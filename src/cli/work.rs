@@ -44,7 +44,20 @@ const JOB_VARS: &[&str] = &[
 ];
 const HEADER_PREFIX: &str = "LEASEQ_HEADER_";
 
+/// Shown by `leaseq work --help`: what CMD gets and what its exit means.
+const AFTER_HELP: &str = "\
+CMD runs once per job with the payload on stdin and, in its environment:
+  LEASEQ_JOB_ID, LEASEQ_QUEUE, LEASEQ_ATTEMPT (1 on first delivery),
+  LEASEQ_PRIORITY, LEASEQ_ENQUEUED_AT (RFC 3339, UTC),
+  LEASEQ_LAST_ERROR (only on a retry), LEASEQ_HEADERS (all headers, JSON),
+  LEASEQ_HEADER_<NAME> per header (upper-cased, other characters as _:
+  content-type -> LEASEQ_HEADER_CONTENT_TYPE).
+Exit 0 acks the job; any other exit nacks it with the tail of CMD's stderr.
+The lease is extended while CMD runs. SIGTERM / SIGINT: no new command starts,
+running ones get --grace to finish, then leaseq work exits.";
+
 #[derive(Args, Debug)]
+#[command(after_help = AFTER_HELP)]
 pub struct WorkArgs {
     /// Broker address.
     #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
@@ -59,7 +72,8 @@ pub struct WorkArgs {
     )]
     pub queue: Vec<String>,
     /// Commands running at once (also the stream's credit).
-    #[arg(long, short, env = "LEASEQ_WORK_CONCURRENCY", default_value_t = 1)]
+    #[arg(long, short, env = "LEASEQ_WORK_CONCURRENCY", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
     /// Lease per job, extended every half lease while CMD runs (1s to 12h).
     #[arg(long, env = "LEASEQ_WORK_LEASE", default_value = "30s", value_parser = crate::config::parse_duration)]
