@@ -594,3 +594,87 @@ async fn unfixable_errors_end_the_worker() {
     );
     broker.stop().await;
 }
+
+#[tokio::test]
+async fn handler_running_across_a_restart_keeps_the_bound_and_the_job_is_redone() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let first = Broker::start(&db, addr).await;
+    let client = Client::connect_lazy(format!("http://{addr}")).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel();
+    let (release_tx, release_rx) = watch::channel(false);
+    let worker = {
+        let calls = calls.clone();
+        Running::spawn(
+            Worker::new(client.clone(), ["redo"])
+                .concurrency(1)
+                .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500)),
+            move |_| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let started_tx = started_tx.clone();
+                let mut release = release_rx.clone();
+                async move {
+                    started_tx.send(n).unwrap();
+                    if n == 1 {
+                        let _ = release.wait_for(|r| *r).await;
+                    }
+                    Ok(())
+                }
+            },
+        )
+    };
+    client.enqueue(Job::new("redo", "x")).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(S10, started_rx.recv()).await.unwrap(),
+        Some(1)
+    );
+    let token: String = sqlx::query_scalar("select lease_token::text from leaseq.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+
+    // The drain releases the job under the running handler; the next broker
+    // leases it again to the reconnected worker.
+    first.stop().await;
+    let second = Broker::start(&db, addr).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let re_leased: bool = sqlx::query_scalar(
+            "select coalesce(bool_and(state = 'leased' and lease_token::text <> $1), true) \
+             from leaseq.jobs",
+        )
+        .bind(&token)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if re_leased {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "re-leased to the worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Delivered, but not started: the first handler still holds the only
+    // slot. (Watched for a bounded time: it must not happen.)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), started_rx.recv())
+            .await
+            .is_err(),
+        "a second handler started while the first still runs"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The first handler's ack is refused (stale token); the redelivery then
+    // runs and is acked.
+    release_tx.send(true).unwrap();
+    assert_eq!(
+        tokio::time::timeout(S10, started_rx.recv()).await.unwrap(),
+        Some(2)
+    );
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    worker.stop(S10).await.expect("clean stop");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    second.stop().await;
+}
