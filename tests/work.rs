@@ -378,3 +378,36 @@ fn help_documents_flags_env_twins_and_job_variables() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--concurrency"));
 }
+
+#[tokio::test]
+async fn command_exit_settles_even_if_a_background_child_keeps_its_pipes() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let out = Scratch::new();
+    // The background sleep inherits stdin and stderr and outlives CMD.
+    let (mut work, _lines) = spawn_work(
+        &broker,
+        &out.0,
+        &["--queue", "bg"],
+        r#"sleep 30 & echo "$!" > "$OUT/bg.pid"; echo "gave up" >&2; exit 1"#,
+    );
+    let mut client = broker.client().await;
+    let mut req = job("bg", "x");
+    req.max_attempts = 1;
+    client.enqueue(req).await.unwrap();
+    until(&db, "select count(*) = 1 from leaseq.dead_jobs", S20).await;
+    let error: String = sqlx::query_scalar("select last_error from leaseq.dead_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(error, "exit code 1: gave up");
+    if let Ok(pid) = std::fs::read_to_string(out.path("bg.pid")) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            // SAFETY: kill(2) on the sleep the script started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    sigterm(&work);
+    assert!(exit_status(&mut work, S20).await.success());
+    broker.stop().await;
+}

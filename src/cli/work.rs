@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::process::{ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -43,6 +43,9 @@ const JOB_VARS: &[&str] = &[
     "LEASEQ_HEADERS",
 ];
 const HEADER_PREFIX: &str = "LEASEQ_HEADER_";
+/// How long after CMD exits its stderr may still be read (output buffered in
+/// the pipe, or a child of CMD still writing).
+const STDERR_LINGER: Duration = Duration::from_secs(1);
 
 /// Shown by `leaseq work --help`: what CMD gets and what its exit means.
 const AFTER_HELP: &str = "\
@@ -181,32 +184,44 @@ impl Command {
         };
         let stderr = child.stderr.take();
         let keep = self.stderr_tail;
-        let collect = async move {
-            let mut tail: Vec<u8> = Vec::new();
-            let Some(mut stderr) = stderr else {
-                return tail;
-            };
-            let mut out = tokio::io::stderr();
-            let mut buf = [0u8; 8192];
-            loop {
-                match stderr.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        // Passed through, so CMD's logs are not lost.
-                        let _ = out.write_all(&buf[..n]).await;
-                        tail.extend_from_slice(&buf[..n]);
-                        if tail.len() > 2 * keep {
-                            tail.drain(..tail.len() - keep);
+        // The last `keep` bytes (up to twice that between trims) of stderr,
+        // shared so they can be read even if the pipe never closes.
+        let tail = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let collect = {
+            let tail = tail.clone();
+            async move {
+                let Some(mut stderr) = stderr else { return };
+                let mut out = tokio::io::stderr();
+                let mut buf = [0u8; 8192];
+                loop {
+                    match stderr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            // Passed through, so CMD's logs are not lost.
+                            let _ = out.write_all(&buf[..n]).await;
+                            let mut t = tail.lock().expect("poisoned");
+                            t.extend_from_slice(&buf[..n]);
+                            if t.len() > 2 * keep {
+                                let cut = t.len() - keep;
+                                t.drain(..cut);
+                            }
                         }
                     }
                 }
             }
-            if tail.len() > keep {
-                tail.drain(..tail.len() - keep);
-            }
-            tail
         };
-        let ((), tail, status) = tokio::join!(feed, collect, child.wait());
+        // Tasks of their own, so CMD's exit decides when the job is done: a
+        // background process CMD left behind may hold its stdin or stderr
+        // open indefinitely (its stderr is still passed through meanwhile).
+        let feed = tokio::spawn(feed);
+        let mut collect = tokio::spawn(collect);
+        let status = child.wait().await;
+        feed.abort();
+        let _ = tokio::time::timeout(STDERR_LINGER, &mut collect).await;
+        let tail = {
+            let t = tail.lock().expect("poisoned");
+            t[t.len().saturating_sub(keep)..].to_vec()
+        };
         let status = status.map_err(|e| format!("waiting for {:?}: {e}", self.argv[0]))?;
         if status.success() {
             return Ok(());
