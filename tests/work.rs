@@ -401,11 +401,11 @@ async fn command_exit_settles_even_if_a_background_child_keeps_its_pipes() {
         .await
         .unwrap();
     assert_eq!(error, "exit code 1: gave up");
-    if let Ok(pid) = std::fs::read_to_string(out.path("bg.pid")) {
-        if let Ok(pid) = pid.trim().parse::<i32>() {
-            // SAFETY: kill(2) on the sleep the script started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+    if let Ok(pid) = std::fs::read_to_string(out.path("bg.pid"))
+        && let Ok(pid) = pid.trim().parse::<i32>()
+    {
+        // SAFETY: kill(2) on the sleep the script started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     sigterm(&work);
     assert!(exit_status(&mut work, S20).await.success());
