@@ -37,6 +37,9 @@ pub enum Command {
     Enqueue(crate::cli::EnqueueArgs),
     /// Subscribe and print jobs as they arrive, acking each.
     Tail(crate::cli::TailArgs),
+    /// Run a command once per job (payload on stdin, job fields in LEASEQ_*
+    /// variables): exit 0 acks, anything else nacks with its stderr's tail.
+    Work(crate::cli::work::WorkArgs),
     /// Load-generate against a running broker (or the raw-SQL baseline).
     Bench(crate::bench::BenchArgs),
     #[command(flatten)]

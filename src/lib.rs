@@ -16,12 +16,14 @@
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
 //! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
+//! - [`client`]: the Rust client library: `Client` and the reconnecting `Worker`.
 //! - [`config`], [`error`], [`telemetry`], [`cli`]: the rest.
 
 pub mod api;
 pub mod bench;
 pub mod broker;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod dispatch;
 pub mod domain;

@@ -44,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Enqueue(args) => leaseq::cli::enqueue(args).await,
         Command::Tail(args) => leaseq::cli::tail(args).await,
+        Command::Work(args) => leaseq::cli::work::run(args).await,
         Command::Bench(args) => leaseq::bench::run(args).await,
         Command::Admin(cmd) => std::process::exit(leaseq::cli::admin::run(cmd).await),
     }

@@ -1,5 +1,5 @@
-//! Client-side subcommands: `leaseq enqueue` and `leaseq tail`; the operator
-//! commands are in [`admin`].
+//! Client-side subcommands: `leaseq enqueue` and `leaseq tail` here, one
+//! file per further command: [`work`], and the operator commands in [`admin`].
 
 pub mod admin;
 
@@ -11,6 +11,8 @@ use clap::Args;
 
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
+
+pub mod work;
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
