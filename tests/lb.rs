@@ -78,6 +78,15 @@ impl Balancer {
     /// Starts HAProxy in front of `servers` (the config's leaseq-1 and
     /// leaseq-2) and waits until both are UP.
     async fn start(servers: [SocketAddr; 2], stream_timeout: &str) -> Balancer {
+        Self::start_expecting(servers, stream_timeout, &["leaseq-1", "leaseq-2"]).await
+    }
+
+    /// Starts HAProxy and waits until the servers named in `up` are UP.
+    async fn start_expecting(
+        servers: [SocketAddr; 2],
+        stream_timeout: &str,
+        up: &[&str],
+    ) -> Balancer {
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/haproxy.cfg");
         let dir = std::env::temp_dir().join(format!("leaseq-lb-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -107,7 +116,7 @@ impl Balancer {
             socket,
             child,
         };
-        for name in ["leaseq-1", "leaseq-2"] {
+        for name in up {
             lb.wait_status(name, |s| s.status == "UP", Duration::from_secs(20))
                 .await;
         }
@@ -208,6 +217,8 @@ struct Ledger {
     ack_unknown: HashSet<String>,
     /// Streams that ended (error or end) and were opened again.
     resubscribes: u32,
+    /// How streams ended: status code (or "end") -> count.
+    stream_ends: HashMap<String, u32>,
     /// Deliveries, and those of an attempt after the first (redeliveries).
     deliveries: u32,
     redeliveries: u32,
@@ -319,7 +330,20 @@ async fn consume(
                 })) => d,
                 Ok(Some(_)) => continue,
                 // The stream ended: resubscribe.
-                Ok(None) | Err(_) => break,
+                Ok(None) => {
+                    *ledger
+                        .lock()
+                        .unwrap()
+                        .stream_ends
+                        .entry("end".into())
+                        .or_default() += 1;
+                    break;
+                }
+                Err(s) => {
+                    let code = format!("{:?}: {}", s.code(), s.message());
+                    *ledger.lock().unwrap().stream_ends.entry(code).or_default() += 1;
+                    break;
+                }
             };
             let job = delivery.job.as_ref().expect("delivery has a job");
             {
@@ -472,13 +496,14 @@ async fn assert_nothing_lost(db: &TestDb, produced: &HashMap<String, String>, le
     }
     eprintln!(
         "{} jobs, {} acked once, {unknown} with an Ack applied but unanswered; \
-         {} deliveries, {} redeliveries, {} stale acks, {} resubscribes",
+         {} deliveries, {} redeliveries, {} stale acks, {} resubscribes; streams ended {:?}",
         produced.len(),
         ledger.acked.len(),
         ledger.deliveries,
         ledger.redeliveries,
         ledger.stale,
-        ledger.resubscribes
+        ledger.resubscribes,
+        ledger.stream_ends
     );
 }
 
@@ -724,4 +749,41 @@ async fn quiet_streams_outlive_the_balancer_timeout_only_with_heartbeats() {
         .await
         .expect_err("the balancer cuts a stream quiet for longer than its timeout");
     assert_ne!(err.code(), Code::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connection_age_moves_streams_to_a_replica_added_later() {
+    let db = TestDb::new().await;
+    let age = [
+        "--max-connection-age",
+        "2s",
+        "--max-connection-age-grace",
+        "1s",
+    ];
+    let b1 = BinaryBroker::start(&db, &age).await;
+    // Replica 2's address is in the balancer's config before it runs.
+    let addr2: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let lb = Balancer::start_expecting([b1.addr, addr2], "60s", &["leaseq-1"]).await;
+
+    // Every stream lands on the only replica there is.
+    let consumers = Consumers::start(&lb, 4).await;
+    lb.wait_status("leaseq-1", |s| s.current >= 4, Duration::from_secs(10))
+        .await;
+
+    // Scale up. Streams are long-lived: without a connection age they would
+    // stay on replica 1. With one, replica 1 closes the balancer's
+    // connection (GOAWAY, then the grace), the streams on it end, the
+    // consumers re-subscribe and leastconn sends them to the new replica.
+    let b2 = BinaryBroker::start_at(&db, addr2, &age).await;
+    lb.wait_status("leaseq-2", |s| s.status == "UP", Duration::from_secs(20))
+        .await;
+    lb.wait_status("leaseq-2", |s| s.current >= 1, Duration::from_secs(20))
+        .await;
+    let ledger = consumers.stop().await;
+    assert!(
+        ledger.resubscribes >= 1,
+        "streams re-subscribed after the age"
+    );
+    eprintln!("streams ended with {:?}", ledger.stream_ends);
+    drop(b2);
 }
