@@ -5,8 +5,9 @@
 //! balancer. One replica is killed with SIGKILL, or drained with SIGTERM, or
 //! loses PostgreSQL; the balancer takes it out of rotation (read back from
 //! HAProxy's admin socket), consumers re-subscribe, every job is acked exactly
-//! once, and jobs keep flowing. A last test shows why the balancer's stream
-//! timeout must exceed the heartbeat interval.
+//! once, and jobs keep flowing. Two more tests show why the balancer's stream
+//! timeout must exceed the heartbeat interval, and how `--max-connection-age`
+//! moves streams to a replica added later.
 //!
 //! Without the haproxy binary these tests fail (they do not skip): `.ci/run`
 //! installs it.
@@ -110,15 +111,30 @@ impl Balancer {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn haproxy");
-        let lb = Balancer {
+        let mut lb = Balancer {
             addr,
             dir,
             socket,
             child,
         };
+        let deadline = Instant::now() + Duration::from_secs(20);
         for name in up {
-            lb.wait_status(name, |s| s.status == "UP", Duration::from_secs(20))
-                .await;
+            loop {
+                // A config HAProxy rejects ends the process: say so at once
+                // (Drop prints its log) rather than time out.
+                if let Some(exit) = lb.child.try_wait().expect("haproxy status") {
+                    panic!("haproxy exited at start: {exit}");
+                }
+                let stat = lb.stats().await.and_then(|mut m| m.remove(*name));
+                if stat.as_ref().is_some_and(|s| s.status == "UP") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "haproxy server {name} not UP within 20s: {stat:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
         lb
     }
@@ -184,10 +200,10 @@ impl Balancer {
 impl Drop for Balancer {
     fn drop(&mut self) {
         // kill_on_drop ends the process; its log helps when a test failed.
-        if std::thread::panicking() {
-            if let Ok(log) = std::fs::read_to_string(self.dir.join("haproxy.log")) {
-                eprintln!("--- haproxy log\n{log}");
-            }
+        if std::thread::panicking()
+            && let Ok(log) = std::fs::read_to_string(self.dir.join("haproxy.log"))
+        {
+            eprintln!("--- haproxy log\n{log}");
         }
         let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -574,6 +590,7 @@ async fn lose_a_replica_mid_flow(loss: Loss) {
     let producer = tokio::spawn(produce(lb.addr, 400..800, produced.clone()));
     consumers.wait_acked(100, Duration::from_secs(60)).await;
 
+    let lost_at = Instant::now();
     match loss {
         Loss::Kill => b1.signal(libc::SIGKILL),
         Loss::Drain => b1.signal(libc::SIGTERM),
@@ -581,6 +598,7 @@ async fn lose_a_replica_mid_flow(loss: Loss) {
     let down = lb
         .wait_status("leaseq-1", |s| s.status == "DOWN", Duration::from_secs(15))
         .await;
+    eprintln!("{loss:?}: leaseq-1 DOWN after {:?}", lost_at.elapsed());
     let exit = b1.wait(Duration::from_secs(15)).await;
     match loss {
         Loss::Kill => assert_eq!(down.check_status, "L4CON", "killed: {down:?}"),
@@ -609,7 +627,8 @@ async fn lose_a_replica_mid_flow(loss: Loss) {
         ledger.resubscribes >= 1,
         "consumers of the lost replica re-subscribed"
     );
-    assert_nothing_lost(&db, &produced.lock().unwrap(), &ledger).await;
+    let produced = produced.lock().unwrap().clone();
+    assert_nothing_lost(&db, &produced, &ledger).await;
     if loss == Loss::Drain {
         // A drain gives the attempt back: no delivery counted a second one.
         assert_eq!(ledger.redeliveries, 0, "drain releases are not attempts");
