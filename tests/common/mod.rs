@@ -322,8 +322,13 @@ pub struct BinaryBroker {
 
 impl BinaryBroker {
     pub async fn start(db: &TestDb, extra: &[&str]) -> BinaryBroker {
-        let port = free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Self::start_at(db, addr, extra).await
+    }
+
+    /// Like [`BinaryBroker::start`], on an address chosen beforehand (e.g.
+    /// one a load balancer's config already names).
+    pub async fn start_at(db: &TestDb, addr: SocketAddr, extra: &[&str]) -> BinaryBroker {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
             .arg("serve")
             .args(["--listen", &addr.to_string()])
