@@ -134,6 +134,28 @@ class AckResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AckBatchRequest(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[AckRequest]
+    def __init__(self, acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ...) -> None: ...
+
+class AckBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class AckResult(_message.Message):
+    __slots__ = ("job_id", "code", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    code: int
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class NackRequest(_message.Message):
     __slots__ = ("job_id", "lease_token", "error", "retry_after", "dead_letter")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

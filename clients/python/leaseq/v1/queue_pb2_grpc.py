@@ -57,6 +57,11 @@ class QueueServiceStub(object):
                 request_serializer=leaseq_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
                 response_deserializer=leaseq_dot_v1_dot_queue__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.AckBatch = channel.unary_unary(
+                '/leaseq.v1.QueueService/AckBatch',
+                request_serializer=leaseq_dot_v1_dot_queue__pb2.AckBatchRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_queue__pb2.AckBatchResponse.FromString,
+                _registered_method=True)
         self.Nack = channel.unary_unary(
                 '/leaseq.v1.QueueService/Nack',
                 request_serializer=leaseq_dot_v1_dot_queue__pb2.NackRequest.SerializeToString,
@@ -104,6 +109,16 @@ class QueueServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AckBatch(self, request, context):
+        """Acks many jobs in one call (like SQS DeleteMessageBatch or Pub/Sub
+        Acknowledge): each ack succeeds or fails on its own, with the result the
+        unary Ack would have given. For consumers settling thousands of jobs a
+        second, it removes a round trip per job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Nack(self, request, context):
         """The job failed: retries it later, or moves it to the dead letters.
         """
@@ -140,6 +155,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Ack,
                     request_deserializer=leaseq_dot_v1_dot_queue__pb2.AckRequest.FromString,
                     response_serializer=leaseq_dot_v1_dot_queue__pb2.AckResponse.SerializeToString,
+            ),
+            'AckBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckBatch,
+                    request_deserializer=leaseq_dot_v1_dot_queue__pb2.AckBatchRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_queue__pb2.AckBatchResponse.SerializeToString,
             ),
             'Nack': grpc.unary_unary_rpc_method_handler(
                     servicer.Nack,
@@ -263,6 +283,33 @@ class QueueService(object):
             '/leaseq.v1.QueueService/Ack',
             leaseq_dot_v1_dot_queue__pb2.AckRequest.SerializeToString,
             leaseq_dot_v1_dot_queue__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leaseq.v1.QueueService/AckBatch',
+            leaseq_dot_v1_dot_queue__pb2.AckBatchRequest.SerializeToString,
+            leaseq_dot_v1_dot_queue__pb2.AckBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
