@@ -1,0 +1,25 @@
+//! The Python and Node client suites (`clients/run-tests.sh`: pytest and
+//! `node --test`) against this build's `leaseq` binary, so that `cargo test`
+//! is the one command that runs every test. Needs python3 (with pip/venv) and
+//! node (with npm); the script installs the clients' dependencies from PyPI
+//! and npm on first use and prints each runner's summary.
+
+use std::process::Command;
+
+#[test]
+fn the_python_and_node_clients_pass_their_suites_against_a_live_broker() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let status = Command::new("bash")
+        .arg(format!("{root}/clients/run-tests.sh"))
+        .current_dir(root)
+        .env("LEASEQ_BIN", env!("CARGO_BIN_EXE_leaseq"))
+        // The suites start their own broker on an embedded cluster unless
+        // told otherwise; the Rust suite's DATABASE_URL is for that suite.
+        .env_remove("DATABASE_URL")
+        .status()
+        .expect("running clients/run-tests.sh (needs bash)");
+    assert!(
+        status.success(),
+        "the client suites failed ({status}); their output is above"
+    );
+}
