@@ -123,6 +123,38 @@ impl Client {
         Ok(())
     }
 
+    /// Acks many jobs in one call: `(job_id, lease_token)` pairs in, one
+    /// result per pair out, each what [`Client::ack`] would have returned.
+    /// The outer error is for the call itself (e.g. an invalid pair, which
+    /// fails the whole call and acks nothing).
+    pub async fn ack_batch(
+        &self,
+        acks: &[(String, String)],
+    ) -> Result<Vec<Result<(), Status>>, Status> {
+        let resp = self
+            .queue
+            .clone()
+            .ack_batch(pb::AckBatchRequest {
+                acks: acks
+                    .iter()
+                    .map(|(job_id, lease_token)| pb::AckRequest {
+                        job_id: job_id.clone(),
+                        lease_token: lease_token.clone(),
+                    })
+                    .collect(),
+            })
+            .await?
+            .into_inner();
+        Ok(resp
+            .results
+            .into_iter()
+            .map(|r| match r.code {
+                0 => Ok(()),
+                code => Err(Status::new(tonic::Code::from(code), r.message)),
+            })
+            .collect())
+    }
+
     /// The job failed: `error` is kept as its `last_error`. Returns whether
     /// the job went to the dead letters.
     pub async fn nack(
