@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::cli::ClientChannel;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::sync::Mutex;
-use tonic::transport::Channel;
 
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
@@ -74,12 +74,14 @@ pub struct BenchArgs {
     #[arg(long)]
     pub queue: Option<String>,
     /// Database for `baseline`, and for `--compare`.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// After the run, run the raw-SQL baseline (batches of 100) against
     /// --database-url for the same duration and print the ratio.
     #[arg(long)]
     pub compare: bool,
+    #[command(flatten)]
+    pub security: crate::cli::ClientSecurity,
 }
 
 #[derive(Default)]
@@ -145,10 +147,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == Scenario::Baseline {
         return baseline(args).await;
     }
-    let channel = Channel::from_shared(args.addr.clone())?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {}", args.addr))?;
+    let channel = crate::cli::connect(&args.addr, &args.security).await?;
     let queue = args
         .queue
         .clone()
@@ -414,7 +413,11 @@ fn own_rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-async fn fill_backlog(channel: &Channel, queue: &str, args: &BenchArgs) -> anyhow::Result<()> {
+async fn fill_backlog(
+    channel: &ClientChannel,
+    queue: &str,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
     let mut client = QueueServiceClient::new(channel.clone());
     let mut done = 0u64;
     let started = Instant::now();

@@ -45,6 +45,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Enqueue(args) => leaseq::cli::enqueue(args).await,
         Command::Tail(args) => leaseq::cli::tail(args).await,
         Command::Bench(args) => leaseq::bench::run(args).await,
+        Command::HashToken(args) => leaseq::cli::hash_token(args),
     }
 }
 
