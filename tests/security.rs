@@ -649,8 +649,12 @@ async fn per_connection_concurrency_limit_sheds_with_resource_exhausted() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The connection's one slot is busy: the next call is shed at once.
-    let s = client.enqueue(job("q", "shed")).await.unwrap_err();
+    // The connection's one slot is busy: the next call is shed at once
+    // (not queued behind the held one, which would time out here).
+    let s = tokio::time::timeout(Duration::from_secs(5), client.enqueue(job("q", "shed")))
+        .await
+        .expect("shed at once, not queued")
+        .unwrap_err();
     assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
     // Another connection still gets its own slot (health answers on it).
     assert!(health(broker.addr, "").await.is_some());
