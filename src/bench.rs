@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::cli::ClientChannel;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::sync::Mutex;
 
+use crate::cli::ClientChannel;
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
 
