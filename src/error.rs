@@ -136,7 +136,15 @@ impl From<Error> for Status {
             Error::TooLarge { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
             Error::StaleLease(_) => Status::new(Code::FailedPrecondition, e.to_string()),
             Error::Unauthenticated(_) => Status::new(Code::Unauthenticated, e.to_string()),
-            Error::PermissionDenied { .. } => Status::new(Code::PermissionDenied, e.to_string()),
+            Error::PermissionDenied {
+                ref token,
+                action,
+                ref scope,
+            } => {
+                // An audit trail of refusals: the token's name, never its secret.
+                tracing::info!(token, %action, scope, "permission denied");
+                Status::new(Code::PermissionDenied, e.to_string())
+            }
             Error::LimitReached { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
             Error::Draining => Status::new(Code::Unavailable, e.to_string()),
             Error::Unavailable(ref source) => {
