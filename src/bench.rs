@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use std::sync::Mutex;
-use tonic::transport::Channel;
 
+use crate::cli::ClientChannel;
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
 
@@ -91,12 +91,14 @@ pub struct BenchArgs {
     #[arg(long)]
     pub queue: Option<String>,
     /// Database for `baseline`, and for `--compare`.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// After the run, run the raw-SQL baseline (batches of 100) against
     /// --database-url for the same duration and print the ratio.
     #[arg(long)]
     pub compare: bool,
+    #[command(flatten)]
+    pub security: crate::cli::ClientSecurity,
 }
 
 #[derive(Default)]
@@ -162,10 +164,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == Scenario::Baseline {
         return baseline(args).await;
     }
-    let channel = Channel::from_shared(args.addr.clone())?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {}", args.addr))?;
+    let channel = crate::cli::connect(&args.addr, &args.security).await?;
     let queue = args
         .queue
         .clone()
@@ -470,7 +469,11 @@ fn own_rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-async fn fill_backlog(channel: &Channel, queue: &str, args: &BenchArgs) -> anyhow::Result<()> {
+async fn fill_backlog(
+    channel: &ClientChannel,
+    queue: &str,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
     let mut client = QueueServiceClient::new(channel.clone());
     let mut done = 0u64;
     let started = Instant::now();
@@ -594,7 +597,7 @@ async fn baseline_rate(args: &BenchArgs) -> anyhow::Result<f64> {
 /// Acks a consumer's finished jobs with AckBatch: whatever piled up while the
 /// previous call ran goes in the next one (group commit on the client side).
 async fn ack_batches(
-    mut client: QueueServiceClient<Channel>,
+    mut client: QueueServiceClient<ClientChannel>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<pb::AckRequest>,
     counters: Arc<Counters>,
 ) {

@@ -44,13 +44,18 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     #[command(flatten)]
     Admin(crate::cli::admin::AdminCommand),
+    /// Print the SHA-256 of a token (read from stdin) for the --auth-file,
+    /// or with --generate make a new random token and print both.
+    HashToken(crate::cli::HashTokenArgs),
 }
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct DbArgs {
     /// PostgreSQL connection URL. Without it leaseq runs its embedded
     /// PostgreSQL cluster from the server binaries installed on this machine.
-    #[arg(long, env = "DATABASE_URL")]
+    /// Prefer the environment variable: command lines are visible to other
+    /// users. (`--help` does not print its value: it may hold a password.)
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Directory of the embedded cluster (used only without --database-url).
     /// Default: $XDG_DATA_HOME/leaseq/pg, else ~/.local/share/leaseq/pg;
@@ -123,6 +128,45 @@ pub struct ServeArgs {
     /// query each time, not one per scrape).
     #[arg(long, env = "LEASEQ_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub metrics_interval: Duration,
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+/// TLS, authentication and connection limits of `serve` (docs/SECURITY.md).
+#[derive(Args, Clone, Debug)]
+pub struct SecurityArgs {
+    /// Serve TLS with this certificate chain (PEM). Needs --tls-key.
+    /// Without it the gRPC port is plaintext.
+    #[arg(long, env = "LEASEQ_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of --tls-cert (PEM).
+    #[arg(long, env = "LEASEQ_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate signed by this CA (PEM).
+    #[arg(long, env = "LEASEQ_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Bearer tokens and their per-queue grants (JSON, see docs/SECURITY.md).
+    /// Without it authentication is OFF: any client may do anything.
+    #[arg(long, env = "LEASEQ_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// Most Subscribe streams open on this broker at once, over all
+    /// connections; beyond it Subscribe fails with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "LEASEQ_MAX_STREAMS", default_value_t = 10_000)]
+    pub max_streams: usize,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: most calls (unary or
+    /// streaming) open at once on one connection. A client over it waits for
+    /// a free slot (or gets REFUSED_STREAM if it ignores the setting).
+    #[arg(
+        long,
+        env = "LEASEQ_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = 2000
+    )]
+    pub max_streams_per_connection: u32,
+    /// Most calls being processed at once per connection; beyond it a call
+    /// fails at once with RESOURCE_EXHAUSTED instead of queueing. Unset = no
+    /// limit beyond --max-streams-per-connection.
+    #[arg(long, env = "LEASEQ_CONCURRENCY_LIMIT_PER_CONNECTION")]
+    pub concurrency_limit_per_connection: Option<usize>,
 }
 
 impl ServeArgs {

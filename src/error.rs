@@ -29,6 +29,20 @@ pub enum Error {
     /// An unknown queue or job, named (admin lookups).
     #[error("{0}")]
     NotFound(String),
+    /// No valid bearer token. The message never contains the token.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A valid token whose grants do not cover the request. `token` is the
+    /// token's name from the auth file, never its secret.
+    #[error("token {token:?} has no {action} permission on {scope}")]
+    PermissionDenied {
+        token: String,
+        action: crate::auth::Action,
+        scope: String,
+    },
+    /// A broker-wide limit (`limit` names the flag) was reached.
+    #[error("{limit}: {what}")]
+    LimitReached { limit: &'static str, what: String },
     /// The broker is draining: clients should retry against another replica.
     #[error("broker is shutting down")]
     Draining,
@@ -125,6 +139,17 @@ impl From<Error> for Status {
             Error::TooLarge { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
             Error::StaleLease(_) => Status::new(Code::FailedPrecondition, e.to_string()),
             Error::NotFound(_) => Status::new(Code::NotFound, e.to_string()),
+            Error::Unauthenticated(_) => Status::new(Code::Unauthenticated, e.to_string()),
+            Error::PermissionDenied {
+                ref token,
+                action,
+                ref scope,
+            } => {
+                // An audit trail of refusals: the token's name, never its secret.
+                tracing::info!(token, %action, scope, "permission denied");
+                Status::new(Code::PermissionDenied, e.to_string())
+            }
+            Error::LimitReached { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
             Error::Draining => Status::new(Code::Unavailable, e.to_string()),
             Error::Unavailable(ref source) => {
                 tracing::warn!(error = %source, "database unavailable");

@@ -17,9 +17,13 @@
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
 //! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
 //! - [`client`]: the Rust client library: `Client` and the reconnecting `Worker`.
+//! - [`auth`], [`tls`], [`limits`]: bearer tokens and per-queue grants, TLS
+//!   and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
+//! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
 //! - [`config`], [`error`], [`telemetry`], [`cli`]: the rest.
 
 pub mod api;
+pub mod auth;
 pub mod bench;
 pub mod broker;
 pub mod cli;
@@ -29,12 +33,15 @@ pub mod dispatch;
 pub mod domain;
 pub mod embedded;
 pub mod error;
+pub mod fuzzing;
+pub mod limits;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 
 /// Generated protobuf and gRPC code for `leaseq.v1`.
 pub mod pb {

@@ -47,6 +47,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Work(args) => leaseq::cli::work::run(args).await,
         Command::Bench(args) => leaseq::bench::run(args).await,
         Command::Admin(cmd) => std::process::exit(leaseq::cli::admin::run(cmd).await),
+        Command::HashToken(args) => leaseq::cli::hash_token(args),
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
@@ -44,6 +45,28 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Security settings are read before anything starts, so a bad file stops
+    // the broker instead of serving without the protection asked for.
+    let tls = crate::tls::server_config(&cfg.security)?;
+    let auth = match &cfg.security.auth_file {
+        Some(path) => {
+            let tokens = crate::auth::TokenSet::load(path)?;
+            info!(path = %path.display(), tokens = tokens.len(), "bearer-token authentication on");
+            crate::auth::Authenticator::new(Some(tokens))
+        }
+        None => {
+            warn!(
+                "authentication is OFF (no --auth-file): any client that reaches this port may enqueue, consume and settle on every queue"
+            );
+            crate::auth::Authenticator::new(None)
+        }
+    };
+    if tls.is_none() {
+        warn!(
+            "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
+        );
+    }
+
     let pool = connect_with_retry(database_url, cfg.pool_size, &shutdown).await?;
     store::migrate(&pool).await.context("applying migrations")?;
     let store = Store::new(pool.clone());
@@ -110,11 +133,17 @@ pub async fn run(
         max_payload_bytes: cfg.max_payload_bytes,
         max_batch_jobs: cfg.max_batch_jobs,
     };
-    let queue_service = QueueServiceServer::new(QueueApi::new(broker.clone(), limits))
+    let queue_api = QueueApi::new(broker.clone(), limits)
+        .with_stream_limit(crate::limits::StreamLimit::new(cfg.security.max_streams));
+    let queue_service = QueueServiceServer::new(queue_api)
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2));
-    let admin_service = AdminServiceServer::new(AdminApi::new(broker.clone(), draining.clone()))
-        .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2));
+    // Admin calls need a token with the `admin` action (when auth is on).
+    let admin_service = InterceptedService::new(
+        AdminServiceServer::new(AdminApi::new(broker.clone(), draining.clone()))
+            .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2)),
+        crate::auth::AdminGate::new(auth.clone()),
+    );
     if let Some(addr) = cfg.metrics_listen {
         let listener = crate::metrics::bind(addr).await?;
         info!(addr = %listener.local_addr()?, "metrics on /metrics");
@@ -125,6 +154,9 @@ pub async fn run(
             background.clone(),
         ));
     }
+    // Authentication runs before the body is decoded; health and reflection
+    // are not wrapped, so probes and grpcurl's `list` work without a token.
+    let queue_service = InterceptedService::new(queue_service, auth);
 
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(cfg.keepalive_interval))
@@ -135,6 +167,19 @@ pub async fn run(
     }
     if let Some(grace) = cfg.max_connection_age_grace {
         builder = builder.max_connection_age_grace(grace);
+    }
+    builder = builder.max_concurrent_streams(cfg.security.max_streams_per_connection);
+    if let Some(limit) = cfg.security.concurrency_limit_per_connection {
+        // Shed instead of queueing: a call over the limit fails at once with
+        // RESOURCE_EXHAUSTED rather than waiting behind the others.
+        builder = builder
+            .concurrency_limit_per_connection(limit)
+            .load_shed(true);
+    }
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .context("--tls-cert / --tls-key / --tls-client-ca")?;
     }
     let addr = listener.local_addr()?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

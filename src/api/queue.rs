@@ -5,21 +5,37 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use crate::auth::{Action, Identity};
 use crate::broker::Broker;
 use crate::dispatch::SubscriptionStream;
 use crate::domain::{AckReq, ExtendReq, Limits, NackReq, NewJob, Subscription};
 use crate::error::Error;
+use crate::limits::{Limited, StreamLimit};
 use crate::pb;
 use crate::pb::queue_service_server::QueueService;
 
+/// Served wrapped in [`crate::auth::Authenticator`]: every handler reads the
+/// caller's [`Identity`] and checks its grants after validating the request
+/// and before anything changes.
 pub struct QueueApi {
     broker: Arc<Broker>,
     limits: Limits,
+    streams: StreamLimit,
 }
 
 impl QueueApi {
     pub fn new(broker: Arc<Broker>, limits: Limits) -> Self {
-        QueueApi { broker, limits }
+        QueueApi {
+            broker,
+            limits,
+            streams: StreamLimit::new(usize::MAX),
+        }
+    }
+
+    /// Caps open Subscribe streams on this broker (`--max-streams`).
+    pub fn with_stream_limit(mut self, streams: StreamLimit) -> Self {
+        self.streams = streams;
+        self
     }
 }
 
@@ -37,7 +53,9 @@ impl QueueService for QueueApi {
         &self,
         request: Request<pb::EnqueueRequest>,
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
+        let who = Identity::of(&request)?;
         let job = NewJob::parse(request.into_inner(), &self.limits)?;
+        who.require(Action::Enqueue, [&job.queue])?;
         let mut results = self.broker.enqueue(vec![job]).await?;
         let result = results
             .pop()
@@ -50,6 +68,7 @@ impl QueueService for QueueApi {
         &self,
         request: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        let who = Identity::of(&request)?;
         let req = request.into_inner();
         if req.jobs.is_empty() {
             return Err(Error::invalid("jobs", "at least one job is required").into());
@@ -73,21 +92,26 @@ impl QueueService for QueueApi {
                 NewJob::parse(j, &self.limits).map_err(|e| e.in_field(&format!("jobs[{i}]")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        who.require(Action::Enqueue, jobs.iter().map(|j| &j.queue))?;
         let results = self.broker.enqueue(jobs).await?;
         Ok(Response::new(pb::EnqueueBatchResponse {
             results: results.into_iter().map(enqueued).collect(),
         }))
     }
 
-    type SubscribeStream = SubscriptionStream;
+    type SubscribeStream = Limited<SubscriptionStream>;
 
     #[instrument(level = "debug", skip_all, fields(consumer = %request.get_ref().consumer))]
     async fn subscribe(
         &self,
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let who = Identity::of(&request)?;
         let sub = Subscription::parse(request.into_inner())?;
-        Ok(Response::new(self.broker.subscribe(sub).await?))
+        who.require(Action::Consume, &sub.queues)?;
+        let permit = self.streams.acquire()?;
+        let stream = self.broker.subscribe(sub).await?;
+        Ok(Response::new(Limited::new(stream, permit)))
     }
 
     #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -96,6 +120,8 @@ impl QueueService for QueueApi {
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
         let req = AckReq::parse(request.get_ref())?;
+        // The lease token is the capability for its job (docs/SECURITY.md).
+        Identity::of(&request)?.require_somewhere(Action::Consume)?;
         self.broker.ack(req).await?;
         Ok(Response::new(pb::AckResponse {}))
     }
@@ -105,6 +131,7 @@ impl QueueService for QueueApi {
         &self,
         request: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::AckBatchResponse>, Status> {
+        let who = Identity::of(&request)?;
         let req = request.into_inner();
         if req.acks.is_empty() {
             return Err(Error::invalid("acks", "at least one ack is required").into());
@@ -126,6 +153,8 @@ impl QueueService for QueueApi {
             .enumerate()
             .map(|(i, a)| AckReq::parse(a).map_err(|e| e.in_field(&format!("acks[{i}]"))))
             .collect::<Result<Vec<_>, _>>()?;
+        // As for Ack: each lease token is the capability for its job.
+        who.require_somewhere(Action::Consume)?;
         let results = self.broker.ack_many(acks).await?;
         Ok(Response::new(pb::AckBatchResponse {
             results: req
@@ -150,6 +179,7 @@ impl QueueService for QueueApi {
         &self,
         request: Request<pb::NackRequest>,
     ) -> Result<Response<pb::NackResponse>, Status> {
+        Identity::of(&request)?.require_somewhere(Action::Consume)?;
         let req = NackReq::parse(request.into_inner())?;
         let dead_lettered = self.broker.nack(req).await?;
         Ok(Response::new(pb::NackResponse { dead_lettered }))
@@ -161,6 +191,7 @@ impl QueueService for QueueApi {
         request: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
         let req = ExtendReq::parse(request.get_ref())?;
+        Identity::of(&request)?.require_somewhere(Action::Consume)?;
         let at = self.broker.extend(req).await?;
         Ok(Response::new(pb::ExtendLeaseResponse {
             lease_expires_at: Some(std::time::SystemTime::from(at).into()),

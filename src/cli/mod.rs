@@ -12,7 +12,11 @@ use clap::Args;
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
 
+mod connect;
+mod hash_token;
 pub mod work;
+pub use connect::{ClientChannel, ClientSecurity, connect};
+pub use hash_token::{HashTokenArgs, run as hash_token};
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
@@ -37,6 +41,8 @@ pub struct EnqueueArgs {
     /// Header as KEY=VALUE (repeatable).
     #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
+    #[command(flatten)]
+    pub security: ClientSecurity,
 }
 
 #[derive(Args, Debug)]
@@ -56,12 +62,12 @@ pub struct TailArgs {
     /// Exit after this many jobs.
     #[arg(long)]
     pub count: Option<u64>,
+    #[command(flatten)]
+    pub security: ClientSecurity,
 }
 
 pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
-    let mut client = QueueServiceClient::connect(args.addr.clone())
-        .await
-        .with_context(|| format!("connecting to {}", args.addr))?;
+    let mut client = QueueServiceClient::new(connect(&args.addr, &args.security).await?);
     let payload = match args.payload {
         Some(p) => p.into_bytes(),
         None => {
@@ -98,9 +104,7 @@ pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
 }
 
 pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
-    let mut client = QueueServiceClient::connect(args.addr.clone())
-        .await
-        .with_context(|| format!("connecting to {}", args.addr))?;
+    let mut client = QueueServiceClient::new(connect(&args.addr, &args.security).await?);
     let mut stream = client
         .subscribe(pb::SubscribeRequest {
             queues: args.queue,

@@ -23,6 +23,10 @@ pub type Item = Result<pb::SubscribeResponse, Status>;
 
 pub struct SubscriptionStream {
     rx: mpsc::Receiver<Item>,
+    /// The first message has been sent. It is always a heartbeat, even when
+    /// a delivery is already waiting: clients (and tests) use it to know the
+    /// subscription is registered.
+    greeted: bool,
     heartbeat: Pin<Box<Sleep>>,
     interval: Duration,
     _guard: CloseGuard,
@@ -37,9 +41,9 @@ impl SubscriptionStream {
     ) -> Self {
         SubscriptionStream {
             rx,
-            // The first message is a heartbeat, sent at once: it tells the
-            // client the subscription is registered and the stream is live.
-            heartbeat: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            greeted: false,
+            // Reset when the first message (a heartbeat) goes out.
+            heartbeat: Box::pin(tokio::time::sleep(interval)),
             interval,
             _guard: CloseGuard { id, dispatcher },
         }
@@ -59,6 +63,12 @@ impl Stream for SubscriptionStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let this = self.get_mut();
+        if !this.greeted {
+            this.greeted = true;
+            let next = Instant::now() + this.interval;
+            this.heartbeat.as_mut().reset(next);
+            return Poll::Ready(Some(Ok(heartbeat())));
+        }
         if let Poll::Ready(item) = this.rx.poll_recv(cx) {
             let next = Instant::now() + this.interval;
             this.heartbeat.as_mut().reset(next);
