@@ -1,6 +1,7 @@
-//! The real `leaseq` binary as a process: SIGTERM drain, kill -9 with no job
-//! lost, health and reflection, `serve --help`, and the `enqueue` / `tail`
-//! client subcommands. Plus health during an in-process drain.
+//! The broker's lifecycle and health. The real `leaseq` binary as a process:
+//! SIGTERM drain, kill -9 with no job lost, health and reflection,
+//! `serve --help`, and the `enqueue` / `tail` client subcommands. In process:
+//! health during a drain and through a database outage.
 
 mod common;
 
@@ -414,6 +415,54 @@ async fn health_not_serving_from_the_start_of_an_in_process_drain() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].1, "available", "{rows:?}");
     assert_eq!(rows[0].2, 0, "attempt refunded: {rows:?}");
+}
+
+/// PostgreSQL becoming unreachable under a running broker: health follows it,
+/// clients see UNAVAILABLE, and the broker recovers by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_is_not_serving_then_recovers() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut s = subscribe(&mut c, &["out"], 4, None).await;
+    db.cut_off().await;
+    wait_health(
+        broker.addr,
+        "",
+        ServingStatus::NotServing,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        health(broker.addr, "liveness").await,
+        Some(ServingStatus::Serving),
+        "liveness stays SERVING through a database outage"
+    );
+    let err = c.enqueue(job("out", "x")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    db.allow_connections(true).await;
+    wait_health(
+        broker.addr,
+        "",
+        ServingStatus::Serving,
+        Duration::from_secs(15),
+    )
+    .await;
+    // Enqueues work again and the open stream is served again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        match c.enqueue(job("out", "after")).await {
+            Ok(r) => break r.into_inner().job_id,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                assert_eq!(e.code(), Code::Unavailable);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("enqueue still failing: {e:?}"),
+        }
+    };
+    let d = next_delivery(&mut s, Duration::from_secs(15)).await;
+    assert_eq!(d.job.unwrap().id, id);
 }
 
 #[test]

@@ -1430,19 +1430,7 @@ async fn credit_settled_elsewhere_during_a_listen_outage_comes_back() {
 
     // A loses every connection and cannot reconnect for a moment; meanwhile
     // the job is acked through B.
-    let dbname: String = sqlx::query_scalar("select current_database()")
-        .fetch_one(&side)
-        .await
-        .unwrap();
-    // A database cannot refuse connections while we are connected to it.
-    let admin = PgPool::connect(&with_database(&db.url, "postgres"))
-        .await
-        .expect("admin connection");
-    let alter = |allow: bool| format!("alter database {dbname} with allow_connections {allow}");
-    sqlx::query(sqlx::AssertSqlSafe(alter(false)))
-        .execute(&admin)
-        .await
-        .unwrap();
+    db.allow_connections(false).await;
     for pid in &a_pids {
         sqlx::query("select pg_terminate_backend($1)")
             .bind(*pid)
@@ -1459,10 +1447,7 @@ async fn credit_settled_elsewhere_during_a_listen_outage_comes_back() {
         }
         break;
     }
-    sqlx::query(sqlx::AssertSqlSafe(alter(true)))
-        .execute(&admin)
-        .await
-        .unwrap();
+    db.allow_connections(true).await;
     acked.expect("ack through B during A's outage");
 
     // A is back (listening again on a new connection), and a new job waits.

@@ -75,6 +75,8 @@ pub fn with_database(url: &str, db: &str) -> String {
 /// A fresh, empty database for one test (migrations run when a broker starts).
 pub struct TestDb {
     pub url: String,
+    /// The database's name (also the last segment of `url`).
+    pub name: String,
     pub pool: PgPool,
 }
 
@@ -93,7 +95,46 @@ impl TestDb {
             .await
             .expect("test db connection");
         leaseq::store::migrate(&pool).await.expect("migrations");
-        TestDb { url, pool }
+        TestDb { url, name, pool }
+    }
+
+    /// A connection pool to the cluster's `postgres` database: this one
+    /// cannot be altered from a connection to itself.
+    async fn admin(&self) -> PgPool {
+        PgPool::connect(&with_database(&self.url, "postgres"))
+            .await
+            .expect("admin connection")
+    }
+
+    /// Lets new connections to this database in again, or refuses them
+    /// (connections already open are not touched).
+    pub async fn allow_connections(&self, allow: bool) {
+        let admin = self.admin().await;
+        let name = &self.name;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "alter database {name} allow_connections {allow}"
+        )))
+        .execute(&admin)
+        .await
+        .expect("alter database allow_connections");
+        admin.close().await;
+    }
+
+    /// Cuts this database off, as an outage would: no new connections, and
+    /// every open one (the brokers', this pool's) ended. Undo with
+    /// `allow_connections(true)`.
+    pub async fn cut_off(&self) {
+        self.allow_connections(false).await;
+        let admin = self.admin().await;
+        sqlx::query(
+            "select pg_terminate_backend(pid) from pg_stat_activity
+             where datname = $1 and pid <> pg_backend_pid()",
+        )
+        .bind(&self.name)
+        .execute(&admin)
+        .await
+        .expect("terminate backends");
+        admin.close().await;
     }
 
     pub async fn count(&self, sql: &'static str) -> i64 {
