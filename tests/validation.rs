@@ -104,9 +104,11 @@ impl Fixture {
         let db = TestDb::new().await;
         let broker = TestBroker::start(&db).await;
         let mut client = broker.client().await;
-        enqueue(&mut client, "held", "held-payload").await;
-        // A long lease: the job stays leased for the whole table.
+        // A long lease: the job stays leased for the whole table. The stream
+        // opens first: `subscribe` expects its first message to be the
+        // heartbeat, which a job already waiting can overtake.
         let mut stream = subscribe(&mut client, &["held"], 1, Some(Duration::from_secs(600))).await;
+        enqueue(&mut client, "held", "held-payload").await;
         let d = next_delivery(&mut stream, Duration::from_secs(5)).await;
         let held_id = d.job.as_ref().unwrap().id.clone();
         let held_token = d.lease_token.clone();

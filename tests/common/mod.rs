@@ -190,21 +190,20 @@ impl TestDb {
             .expect("leased count")
     }
 
-    /// Everything a request could have changed (queues, live jobs, dead jobs),
-    /// as one comparable string.
+    /// Everything a request could have changed, as one comparable string:
+    /// every column of every queue, live job and dead job (payloads as
+    /// their md5, so 1 MiB payloads stay cheap to compare).
     pub async fn fingerprint(&self) -> String {
         sqlx::query_scalar::<_, String>(
             r#"select concat_ws(E'\n--\n',
-            (select coalesce(string_agg(concat_ws('|', name, default_lease_ms, max_attempts, paused), ',' order by name), '')
-               from leaseq.queues),
-            (select coalesce(string_agg(concat_ws('|', id, queue, state, priority, run_at, attempt,
-                        coalesce(max_attempts::text, '-'), coalesce(dedup_key, '-'),
-                        coalesce(expires_at::text, '-'), coalesce(last_error, '-'),
-                        coalesce(lease_token::text, '-'), coalesce(lease_expires_at::text, '-'),
-                        coalesce(leased_by, '-'), md5(payload), headers::text), ',' order by id), '')
-               from leaseq.jobs),
-            (select coalesce(string_agg(concat_ws('|', id, reason, attempt, coalesce(last_error, '-')), ',' order by id), '')
-               from leaseq.dead_jobs))"#,
+                (select coalesce(string_agg(to_jsonb(q)::text, ',' order by name), '')
+                   from leaseq.queues q),
+                (select coalesce(string_agg((to_jsonb(j) - 'payload')::text || md5(payload), ','
+                                            order by id), '')
+                   from leaseq.jobs j),
+                (select coalesce(string_agg((to_jsonb(d) - 'payload')::text || md5(payload), ','
+                                            order by id), '')
+                   from leaseq.dead_jobs d))"#,
         )
         .fetch_one(&self.pool)
         .await
