@@ -1,7 +1,10 @@
 //! Test harness: a real PostgreSQL (DATABASE_URL, or a shared embedded cluster
-//! under the cargo target dir), a fresh database per test, and brokers over
+//! under the system temp dir), a fresh database per test, and brokers over
 //! real gRPC on loopback: in-process ([`TestBroker`]) or as the real binary
-//! ([`BinaryBroker`]).
+//! ([`BinaryBroker`]). Also the helpers several test files share: waiting on
+//! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
+//! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
+//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]) and reflection.
 #![allow(dead_code)]
 
 use std::future::Future;
