@@ -713,49 +713,22 @@ async fn admin_service_has_its_own_health_name_and_is_in_reflection() {
         health(broker.addr, "leaseq.v1.AdminService").await,
         Some(ServingStatus::Serving)
     );
-    use tonic_reflection::pb::v1;
-    let channel = Channel::from_shared(broker.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut r = v1::server_reflection_client::ServerReflectionClient::new(channel);
-    let req = v1::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(
-            v1::server_reflection_request::MessageRequest::FileContainingSymbol(
-                "leaseq.v1.AdminService".into(),
-            ),
-        ),
-    };
-    let msg = r
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .message()
-        .await
-        .unwrap()
-        .unwrap();
-    let Some(v1::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =
-        msg.message_response
-    else {
-        panic!("no descriptor for leaseq.v1.AdminService: {msg:?}")
-    };
-    assert!(!files.file_descriptor_proto.is_empty());
+    let r = reflection_v1(broker.addr, "leaseq.v1.AdminService").await;
+    assert!(
+        r.services.iter().any(|s| s == "leaseq.v1.AdminService"),
+        "{:?}",
+        r.services
+    );
+    assert!(
+        !r.files.is_empty(),
+        "no descriptor for leaseq.v1.AdminService"
+    );
     // Not SERVING from the first moment of a drain (a stream keeps the
     // server up while it drains).
     let mut c = broker.client().await;
     let _s = subscribe(&mut c, &["h"], 1, None).await;
     broker.begin_shutdown();
-    let deadline = tokio::time::Instant::now() + S5;
-    while health(broker.addr, "leaseq.v1.AdminService").await == Some(ServingStatus::Serving) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still SERVING 5s into a drain"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_not_serving(broker.addr, "leaseq.v1.AdminService", S5).await;
 }
 
 /// Every bad input: the code, the field named first in the message, and

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestDb, test_config, wait_serving};
+use common::{TestDb, test_config, until, wait_serving};
 use leaseq::client::{Client, Delivery, Job, Nack, Worker};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -108,21 +108,6 @@ impl Running {
 }
 
 /// Polls the database until `sql` (a boolean query) holds; panics after `limit`.
-async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let ok: bool = sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap();
-        if ok {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {limit:?}: {sql}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn payload(d: &Delivery) -> String {
     String::from_utf8(d.payload.clone()).unwrap()
 }

@@ -658,35 +658,7 @@ async fn replicas_without_postgres_leave_rotation_while_alive_and_return() {
     let lb = Balancer::start([b1.addr, b2.addr], "60s").await;
 
     // Cut this test's database off: no new connections, existing ones ended.
-    let name: String = sqlx::query_scalar("select current_database()")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    let admin = sqlx::PgPool::connect(&with_database(&db.url, "postgres"))
-        .await
-        .unwrap();
-    let allow = |on: bool| {
-        let (admin, name) = (admin.clone(), name.clone());
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "alter database {name} allow_connections {on}"
-            )))
-            .execute(&admin)
-            .await
-            .unwrap();
-            if !on {
-                sqlx::query(
-                    "select pg_terminate_backend(pid) from pg_stat_activity
-                     where datname = $1 and pid <> pg_backend_pid()",
-                )
-                .bind(&name)
-                .execute(&admin)
-                .await
-                .unwrap();
-            }
-        }
-    };
-    allow(false).await;
+    db.cut_off().await;
     for name in ["leaseq-1", "leaseq-2"] {
         let s = lb
             .wait_status(name, |s| s.status == "DOWN", Duration::from_secs(20))
@@ -702,7 +674,7 @@ async fn replicas_without_postgres_leave_rotation_while_alive_and_return() {
             "liveness stays SERVING: no restart for a database outage"
         );
     }
-    allow(true).await;
+    db.allow_connections(true).await;
     for name in ["leaseq-1", "leaseq-2"] {
         lb.wait_status(name, |s| s.status == "UP", Duration::from_secs(30))
             .await;
@@ -714,7 +686,6 @@ async fn replicas_without_postgres_leave_rotation_while_alive_and_return() {
     let d = next_delivery(&mut s, Duration::from_secs(10)).await;
     assert_eq!(d.job.as_ref().unwrap().id, id);
     ack(&mut c, &d).await.expect("ack");
-    admin.close().await;
 }
 
 /// Subscribe through the balancer and read heartbeats for `idle`; returns

@@ -1,6 +1,7 @@
-//! The real `leaseq` binary as a process: SIGTERM drain, kill -9 with no job
-//! lost, health and reflection, `serve --help`, and the `enqueue` / `tail`
-//! client subcommands. Plus health during an in-process drain.
+//! The broker's lifecycle and health. The real `leaseq` binary as a process:
+//! SIGTERM drain, kill -9 with no job lost, health and reflection,
+//! `serve --help`, and the `enqueue` / `tail` client subcommands. In process:
+//! health during a drain and through a database outage.
 
 mod common;
 
@@ -14,61 +15,6 @@ use leaseq::pb::subscribe_response::Kind;
 use tokio::time::{Instant, timeout};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-/// (payload, state, attempt, lease_token) of every live job, in id order.
-async fn job_rows(db: &TestDb) -> Vec<(String, String, i32, Option<String>)> {
-    sqlx::query_as(
-        "select convert_from(payload, 'UTF8'), state, attempt, lease_token::text
-         from leaseq.jobs order by id",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .expect("job rows")
-}
-
-/// Reads `stream` until it ends; returns its final status. Panics on a
-/// delivery (none is expected) or when it does not end within `limit`.
-async fn stream_end(
-    stream: &mut tonic::Streaming<pb::SubscribeResponse>,
-    limit: Duration,
-) -> Result<(), tonic::Status> {
-    timeout(limit, async {
-        loop {
-            match stream.message().await {
-                Ok(Some(m)) => {
-                    if let Some(Kind::Delivery(d)) = m.kind {
-                        panic!("delivery while draining: {:?}", d.job.map(|j| j.id));
-                    }
-                }
-                Ok(None) => return Ok(()),
-                Err(s) => return Err(s),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("stream did not end within {limit:?}"))
-}
-
-/// Polls health for `service` until it is not SERVING (NOT_SERVING, or the
-/// server is unreachable); returns what it saw. Panics after `limit`.
-async fn wait_not_serving(
-    addr: std::net::SocketAddr,
-    service: &str,
-    limit: Duration,
-) -> Option<ServingStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let h = health(addr, service).await;
-        if h != Some(ServingStatus::Serving) {
-            return h;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "health {service:?} still SERVING {limit:?} after the drain began"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_releases_with_refund_and_exits_zero() {
@@ -86,7 +32,7 @@ async fn sigterm_drains_releases_with_refund_and_exits_zero() {
         assert_eq!(d.job.as_ref().unwrap().attempt, 1);
         got.push(d);
     }
-    let rows = job_rows(&db).await;
+    let rows = db.job_rows().await;
     assert_eq!(rows.len(), 3);
     assert!(rows.iter().all(|r| r.1 == "leased" && r.2 == 1), "{rows:?}");
 
@@ -109,7 +55,7 @@ async fn sigterm_drains_releases_with_refund_and_exits_zero() {
     );
     // Released before the stream was ended: available again at once (not
     // after the 60 s lease), with the attempt given back.
-    let rows = job_rows(&db).await;
+    let rows = db.job_rows().await;
     assert_eq!(rows.len(), 3, "{rows:?}");
     for (payload, state, attempt, token) in &rows {
         assert_eq!(state, "available", "{payload} after the drain: {rows:?}");
@@ -347,7 +293,7 @@ async fn kill_9_mid_consumption_loses_no_job() {
 
     // A new broker on the same database: the dead one's leases expire (2 s)
     // and everything not acked comes back.
-    let second = BinaryBroker::start(&db, &[]).await;
+    let mut second = BinaryBroker::start(&db, &[]).await;
     let consumer = tokio::spawn(consume(second.client().await, "k9", track.clone(), true));
     wait_all_settled(&track, &db, N, Duration::from_secs(20)).await;
     consumer.abort();
@@ -389,98 +335,10 @@ async fn kill_9_mid_consumption_loses_no_job() {
     }
     assert_eq!(db.live_jobs().await, 0);
     assert_eq!(db.dead_jobs().await, 0);
-}
-
-async fn list_services_v1(url: &str) -> Vec<String> {
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
-
-    let channel = tonic::transport::Channel::from_shared(url.to_owned())
-        .expect("url")
-        .connect()
-        .await
-        .expect("reflection v1 connect");
-    let mut client = ServerReflectionClient::new(channel);
-    let reqs = vec![
-        ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        },
-        ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::FileContainingSymbol(
-                "leaseq.v1.QueueService".into(),
-            )),
-        },
-    ];
-    let mut resp = client
-        .server_reflection_info(tokio_stream::iter(reqs))
-        .await
-        .expect("reflection v1")
-        .into_inner();
-    let mut next = async || -> ServerReflectionResponse {
-        timeout(Duration::from_secs(5), resp.message())
-            .await
-            .expect("reflection v1 answers")
-            .expect("reflection v1 ok")
-            .expect("reflection v1 response")
-    };
-    let Some(MessageResponse::ListServicesResponse(list)) = next().await.message_response else {
-        panic!("v1: not a ListServices response");
-    };
-    let Some(MessageResponse::FileDescriptorResponse(files)) = next().await.message_response else {
-        panic!("v1: no file descriptor for leaseq.v1.QueueService");
-    };
-    assert!(!files.file_descriptor_proto.is_empty());
-    list.service.into_iter().map(|s| s.name).collect()
-}
-
-async fn list_services_v1alpha(url: &str) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1alpha::{ServerReflectionRequest, ServerReflectionResponse};
-
-    let channel = tonic::transport::Channel::from_shared(url.to_owned())
-        .expect("url")
-        .connect()
-        .await
-        .expect("reflection v1alpha connect");
-    let mut client = ServerReflectionClient::new(channel);
-    let reqs = vec![
-        ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        },
-        ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::FileContainingSymbol(
-                "leaseq.v1.QueueService".into(),
-            )),
-        },
-    ];
-    let mut resp = client
-        .server_reflection_info(tokio_stream::iter(reqs))
-        .await
-        .expect("reflection v1alpha")
-        .into_inner();
-    let mut next = async || -> ServerReflectionResponse {
-        timeout(Duration::from_secs(5), resp.message())
-            .await
-            .expect("reflection v1alpha answers")
-            .expect("reflection v1alpha ok")
-            .expect("reflection v1alpha response")
-    };
-    let Some(MessageResponse::ListServicesResponse(list)) = next().await.message_response else {
-        panic!("v1alpha: not a ListServices response");
-    };
-    let Some(MessageResponse::FileDescriptorResponse(files)) = next().await.message_response else {
-        panic!("v1alpha: no file descriptor for leaseq.v1.QueueService");
-    };
-    assert!(!files.file_descriptor_proto.is_empty());
-    list.service.into_iter().map(|s| s.name).collect()
+    // The broker that recovered the dead one's jobs still drains cleanly.
+    second.signal(libc::SIGTERM);
+    let exit = second.wait(Duration::from_secs(10)).await;
+    assert!(exit.success(), "exit status after SIGTERM: {exit:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,17 +352,22 @@ async fn health_and_reflection_on_the_binary() {
             "health {service:?}"
         );
     }
-    let url = format!("http://{}", broker.addr);
-    for (version, services) in [
-        ("v1", list_services_v1(&url).await),
-        ("v1alpha", list_services_v1alpha(&url).await),
+    let symbol = "leaseq.v1.QueueService";
+    for (version, r) in [
+        ("v1", reflection_v1(broker.addr, symbol).await),
+        ("v1alpha", reflection_v1alpha(broker.addr, symbol).await),
     ] {
-        for want in ["leaseq.v1.QueueService", "grpc.health.v1.Health"] {
+        for want in [symbol, "grpc.health.v1.Health"] {
             assert!(
-                services.iter().any(|s| s == want),
-                "reflection {version} lists {services:?}, not {want}"
+                r.services.iter().any(|s| s == want),
+                "reflection {version} lists {:?}, not {want}",
+                r.services
             );
         }
+        assert!(
+            !r.files.is_empty(),
+            "reflection {version}: no file for {symbol}"
+        );
     }
     broker.signal(libc::SIGTERM);
     assert!(broker.wait(Duration::from_secs(10)).await.success());
@@ -548,10 +411,58 @@ async fn health_not_serving_from_the_start_of_an_in_process_drain() {
         Code::Unavailable
     );
     broker.stop().await;
-    let rows = job_rows(&db).await;
+    let rows = db.job_rows().await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].1, "available", "{rows:?}");
     assert_eq!(rows[0].2, 0, "attempt refunded: {rows:?}");
+}
+
+/// PostgreSQL becoming unreachable under a running broker: health follows it,
+/// clients see UNAVAILABLE, and the broker recovers by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_is_not_serving_then_recovers() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut s = subscribe(&mut c, &["out"], 4, None).await;
+    db.cut_off().await;
+    wait_health(
+        broker.addr,
+        "",
+        ServingStatus::NotServing,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        health(broker.addr, "liveness").await,
+        Some(ServingStatus::Serving),
+        "liveness stays SERVING through a database outage"
+    );
+    let err = c.enqueue(job("out", "x")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    db.allow_connections(true).await;
+    wait_health(
+        broker.addr,
+        "",
+        ServingStatus::Serving,
+        Duration::from_secs(15),
+    )
+    .await;
+    // Enqueues work again and the open stream is served again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        match c.enqueue(job("out", "after")).await {
+            Ok(r) => break r.into_inner().job_id,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                assert_eq!(e.code(), Code::Unavailable);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("enqueue still failing: {e:?}"),
+        }
+    };
+    let d = next_delivery(&mut s, Duration::from_secs(15)).await;
+    assert_eq!(d.job.unwrap().id, id);
 }
 
 #[test]
@@ -625,8 +536,8 @@ async fn cli_enqueue_then_tail() {
         .find(|l| l.contains("hello"))
         .unwrap_or_else(|| panic!("tail printed no line with the payload: {out:?}"));
     assert!(
-        line.contains(id),
-        "tail line {line:?} lacks the job id {id}"
+        line.contains(id) && line.contains("payload=hello"),
+        "tail line {line:?} lacks the job id {id} or payload=hello"
     );
     // tail acks what it prints.
     assert_eq!(db.live_jobs().await, 0);

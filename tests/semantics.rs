@@ -14,14 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
+use leaseq::config::ServeArgs;
 use leaseq::pb;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tonic::Code;
-use tonic::Streaming;
 use uuid::Uuid;
-
-type Stream = Streaming<pb::SubscribeResponse>;
 
 const S5: Duration = Duration::from_secs(5);
 
@@ -31,18 +29,6 @@ fn ms(n: u64) -> Duration {
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-fn job_of(d: &pb::Delivery) -> &pb::Job {
-    d.job.as_ref().expect("delivery carries a job")
-}
-
-fn id_of(d: &pb::Delivery) -> String {
-    job_of(d).id.clone()
-}
-
-fn payload_of(d: &pb::Delivery) -> String {
-    String::from_utf8(job_of(d).payload.clone()).expect("utf-8 payload")
 }
 
 fn to_system(t: &prost_types::Timestamp) -> SystemTime {
@@ -108,46 +94,21 @@ async fn db_clock(db: &TestDb) -> SystemTime {
     t.into()
 }
 
-/// A live job's (state, attempt, lease token), or None once it left the table.
-async fn live_row(db: &TestDb, id: &str) -> Option<(String, i32, Option<Uuid>)> {
-    sqlx::query_as("select state, attempt, lease_token from leaseq.jobs where id = $1")
-        .bind(Uuid::parse_str(id).unwrap())
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap()
+/// No fallback poll within a test: only NOTIFY (or a due time) wakes a stream.
+fn no_poll(c: &mut ServeArgs) {
+    c.poll_interval = secs(60);
 }
 
-/// A dead job's (reason, attempt, last_error).
-async fn dead_row(db: &TestDb, id: &str) -> Option<(String, i32, Option<String>)> {
-    sqlx::query_as("select reason, attempt, last_error from leaseq.dead_jobs where id = $1")
-        .bind(Uuid::parse_str(id).unwrap())
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap()
-}
-
-async fn leased_in(pool: &PgPool, queue: &str) -> i64 {
-    sqlx::query_scalar("select count(*) from leaseq.jobs where state = 'leased' and queue = $1")
-        .bind(queue)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-/// Polls `check` (a database observation) until it holds; panics after `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if check().await {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(ms(25)).await;
-    }
+/// Two replicas on one database, each configured by `tweak`, with a client
+/// of each.
+async fn two_replicas(
+    db: &TestDb,
+    tweak: fn(&mut ServeArgs),
+) -> (TestBroker, TestBroker, Client, Client) {
+    let a = TestBroker::start_with(db, tweak).await;
+    let b = TestBroker::start_with(db, tweak).await;
+    let (ca, cb) = (a.client().await, b.client().await);
+    (a, b, ca, cb)
 }
 
 /// Samples a count query in the background and keeps its maximum.
@@ -186,7 +147,7 @@ impl MaxSampler {
 
 /// The next delivery on any of `streams` (index, delivery), or None after `limit`.
 async fn next_on_any(
-    streams: &mut [&mut Stream],
+    streams: &mut [&mut JobStream],
     limit: Duration,
 ) -> Option<(usize, pb::Delivery)> {
     let deadline = tokio::time::Instant::now() + limit;
@@ -209,26 +170,6 @@ async fn next_on_any(
         futs = rest;
     }
     None
-}
-
-/// Waits for `n` deliveries on `s`, each within `limit`.
-async fn take(s: &mut Stream, n: usize, limit: Duration) -> Vec<pb::Delivery> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(next_delivery(s, limit).await);
-    }
-    out
-}
-
-/// Asserts nothing is delivered on `s` for `window`.
-async fn assert_quiet(s: &mut Stream, window: Duration, why: &str) {
-    if let Some(d) = try_next_delivery(s, window).await {
-        panic!(
-            "{why}: unexpected delivery of {:?} (attempt {})",
-            payload_of(&d),
-            job_of(&d).attempt
-        );
-    }
 }
 
 /// Backend pids of this test database whose connection is named `app`.
@@ -363,7 +304,7 @@ async fn a_stream_never_holds_more_than_max_in_flight() {
     let mut seen: HashSet<String> = held.iter().map(id_of).collect();
     assert_eq!(seen.len(), 3);
     assert_quiet(&mut s, secs(1), "a 4th job with 3 credits").await;
-    assert_eq!(leased_in(&db.pool, "fc").await, 3, "exactly 3 leased rows");
+    assert_eq!(db.leased_in("fc").await, 3, "exactly 3 leased rows");
 
     // One ack lets exactly one more through.
     ack(&mut c, &held.remove(0)).await.unwrap();
@@ -371,7 +312,7 @@ async fn a_stream_never_holds_more_than_max_in_flight() {
     assert!(seen.insert(id_of(&d)), "a job delivered twice");
     held.push(d);
     assert_quiet(&mut s, ms(700), "two jobs for one credit").await;
-    assert_eq!(leased_in(&db.pool, "fc").await, 3);
+    assert_eq!(db.leased_in("fc").await, 3);
 
     // Drain the rest one ack at a time; never more than 3 held.
     let mut done = 1;
@@ -395,10 +336,7 @@ async fn a_stream_never_holds_more_than_max_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn competing_streams_on_two_replicas_get_each_job_once() {
     let db = TestDb::new().await;
-    let a = TestBroker::start(&db).await;
-    let b = TestBroker::start(&db).await;
-    let mut ca = a.client().await;
-    let mut cb = b.client().await;
+    let (_a, _b, mut ca, mut cb) = two_replicas(&db, |_| {}).await;
     let mut s1 = subscribe(&mut ca, &["shared"], 4, Some(secs(60))).await;
     let mut s2 = subscribe(&mut ca, &["shared"], 4, Some(secs(60))).await;
     let mut s3 = subscribe(&mut cb, &["shared"], 4, Some(secs(60))).await;
@@ -463,8 +401,9 @@ async fn an_expired_lease_is_redelivered_and_its_token_fenced() {
         second.lease_token, first.lease_token,
         "a new lease, a new token"
     );
-    assert!(
-        !job_of(&second).last_error.is_empty(),
+    assert_eq!(
+        job_of(&second).last_error,
+        "lease expired",
         "the expiry is recorded as last_error"
     );
 
@@ -479,7 +418,7 @@ async fn an_expired_lease_is_redelivered_and_its_token_fenced() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "stale extend: {e:?}");
-    let (state, attempt, token) = live_row(&db, &id).await.expect("still live");
+    let (state, attempt, token) = db.live_row(&id).await.expect("still live");
     assert_eq!((state.as_str(), attempt), ("leased", 2));
     assert_eq!(
         token.map(|t| t.to_string()),
@@ -488,7 +427,7 @@ async fn an_expired_lease_is_redelivered_and_its_token_fenced() {
     assert_eq!(db.dead_jobs().await, 0);
 
     ack(&mut c, &second).await.expect("the current token acks");
-    assert!(live_row(&db, &id).await.is_none());
+    assert!(db.live_row(&id).await.is_none());
 }
 
 /// Two streams of one broker on one queue, max_in_flight 1 each: a job whose
@@ -553,8 +492,8 @@ async fn expired_job_moved_credit_intact(
     c: &mut Client,
     queue: &str,
     j1: &str,
-    mut s1: Stream,
-    mut s2: Stream,
+    mut s1: JobStream,
+    mut s2: JobStream,
 ) {
     let (first, again) = next_on_any(&mut [&mut s1, &mut s2], S5)
         .await
@@ -563,7 +502,7 @@ async fn expired_job_moved_credit_intact(
     assert_eq!(job_of(&again).attempt, 2);
     let j2 = enqueue(c, queue, "2").await;
     let Some((second, d2)) = next_on_any(&mut [&mut s1, &mut s2], secs(3)).await else {
-        let row = live_row(db, &j2).await;
+        let row = db.live_row(&j2).await;
         panic!(
             "job 2 never delivered (in the database: {row:?}): stream {} holds job 1, and \
              stream {} lost its credit when its expired job 1 was re-leased to the other",
@@ -619,7 +558,7 @@ async fn extend_lease_keeps_the_job_and_fences_stale_tokens() {
     // 1 s lease, extended at ~0.6 s and ~1.2 s: still ours past 2 s.
     let left = secs(2).saturating_sub(t0.elapsed()) + ms(300);
     assert_quiet(&mut s, left, "an extended lease was redelivered").await;
-    let (state, attempt, token) = live_row(&db, &id).await.expect("live");
+    let (state, attempt, token) = db.live_row(&id).await.expect("live");
     assert_eq!((state.as_str(), attempt), ("leased", 1));
     assert_eq!(token.map(|t| t.to_string()), Some(d.lease_token.clone()));
 
@@ -666,7 +605,7 @@ async fn extend_lease_keeps_the_job_and_fences_stale_tokens() {
 async fn nack_retries_at_once_or_after_retry_after() {
     let db = TestDb::new().await;
     // No fallback poll within the test: retries are woken at their run_at.
-    let broker = TestBroker::start_with(&db, |c| c.poll_interval = secs(60)).await;
+    let broker = TestBroker::start_with(&db, no_poll).await;
     let mut c = broker.client().await;
     let id = enqueue(&mut c, "nack", "x").await;
     let mut s = subscribe(&mut c, &["nack"], 1, Some(secs(30))).await;
@@ -702,7 +641,7 @@ async fn nack_retries_at_once_or_after_retry_after() {
     nack(&mut c, &d2, "boom-2", Some(ms(1500)), false)
         .await
         .unwrap();
-    let (state, _, _) = live_row(&db, &id).await.expect("live");
+    let (state, _, _) = db.live_row(&id).await.expect("live");
     assert_eq!(state, "available");
     assert_quiet(
         &mut s,
@@ -724,7 +663,7 @@ async fn nack_retries_at_once_or_after_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nack_without_retry_after_uses_the_queue_backoff() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.poll_interval = secs(60)).await;
+    let broker = TestBroker::start_with(&db, no_poll).await;
     let mut c = broker.client().await;
     enqueue(&mut c, "backoff", "x").await;
     let mut s = subscribe(&mut c, &["backoff"], 1, Some(secs(30))).await;
@@ -740,7 +679,24 @@ async fn nack_without_retry_after_uses_the_queue_backoff() {
     );
     assert_eq!(job_of(&again).attempt, 2);
     assert_eq!(job_of(&again).last_error, "flaky");
-    ack(&mut c, &again).await.unwrap();
+
+    // The backoff grows with the attempt: after the third, 4 s × [0.5, 1),
+    // longer than any first-attempt backoff.
+    nack(&mut c, &again, "flaky", Some(Duration::ZERO), false)
+        .await
+        .unwrap();
+    let third = next_delivery(&mut s, S5).await;
+    assert_eq!(job_of(&third).attempt, 3);
+    let t = Instant::now();
+    nack(&mut c, &third, "flaky", None, false).await.unwrap();
+    let fourth = next_delivery(&mut s, secs(6)).await;
+    let waited = t.elapsed();
+    assert!(
+        waited >= ms(1800) && waited <= ms(4500),
+        "backoff after the third attempt: {waited:?}"
+    );
+    assert_eq!(job_of(&fourth).attempt, 4);
+    ack(&mut c, &fourth).await.unwrap();
 }
 
 // ---------------------------------------------------------------------------
@@ -768,10 +724,10 @@ async fn the_last_failed_attempt_and_dead_letter_requests_go_to_the_dead_letters
         .unwrap();
     assert!(r2.dead_lettered, "the last attempt failed");
     assert_eq!(
-        dead_row(&db, &id).await,
+        db.dead_row(&id).await,
         Some(("max_attempts".into(), 2, Some("e2".into())))
     );
-    assert!(live_row(&db, &id).await.is_none());
+    assert!(db.live_row(&id).await.is_none());
     let payload: Vec<u8> = sqlx::query_scalar("select payload from leaseq.dead_jobs where id = $1")
         .bind(Uuid::parse_str(&id).unwrap())
         .fetch_one(&db.pool)
@@ -792,7 +748,7 @@ async fn the_last_failed_attempt_and_dead_letter_requests_go_to_the_dead_letters
     let r = nack(&mut c, &d, "poison", None, true).await.unwrap();
     assert!(r.dead_lettered);
     assert_eq!(
-        dead_row(&db, &give_up).await,
+        db.dead_row(&give_up).await,
         Some(("nacked".into(), 1, Some("poison".into())))
     );
     assert_eq!(db.live_jobs().await, 0);
@@ -815,7 +771,7 @@ async fn lease_expiry_on_the_last_attempt_dead_letters_and_returns_credit() {
     // credit comes back for the next job.
     let d2 = next_delivery(&mut s, S5).await;
     assert_eq!(id_of(&d2), next, "the expired job is not redelivered");
-    let dead = dead_row(&db, &id).await.expect("dead-lettered");
+    let dead = db.dead_row(&id).await.expect("dead-lettered");
     assert_eq!((dead.0.as_str(), dead.1), ("max_attempts", 1));
     assert!(dead.2.is_some_and(|e| !e.is_empty()), "last_error recorded");
     let e = ack(&mut c, &d).await.unwrap_err();
@@ -830,7 +786,7 @@ async fn lease_expiry_on_the_last_attempt_dead_letters_and_returns_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_jobs_are_delivered_at_run_at_without_a_poll() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.poll_interval = secs(60)).await;
+    let broker = TestBroker::start_with(&db, no_poll).await;
     let mut c = broker.client().await;
     let mut s = subscribe(&mut c, &["later"], 4, Some(secs(30))).await;
 
@@ -870,11 +826,7 @@ async fn delayed_jobs_are_delivered_at_run_at_without_a_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_future_run_at_is_honoured_for_streams_that_subscribe_later_and_on_other_replicas() {
     let db = TestDb::new().await;
-    let slow = |c: &mut leaseq::config::ServeArgs| c.poll_interval = secs(60);
-    let a = TestBroker::start_with(&db, slow).await;
-    let b = TestBroker::start_with(&db, slow).await;
-    let mut ca = a.client().await;
-    let mut cb = b.client().await;
+    let (_a, _b, mut ca, mut cb) = two_replicas(&db, no_poll).await;
 
     let t = Instant::now();
     let at: prost_types::Timestamp = (SystemTime::now() + ms(1500)).into();
@@ -1193,7 +1145,7 @@ async fn a_disconnected_consumers_jobs_are_released_at_once() {
     let mut gone = broker.client().await;
     let mut s = subscribe(&mut gone, &["rel"], 3, Some(secs(60))).await;
     let held: HashSet<String> = take(&mut s, 3, S5).await.iter().map(id_of).collect();
-    assert_eq!(leased_in(&db.pool, "rel").await, 3);
+    assert_eq!(db.leased_in("rel").await, 3);
     // The consumer crashes: its stream and connection go away.
     drop(s);
     drop(gone);
@@ -1243,11 +1195,7 @@ async fn cancelling_a_stream_on_a_live_connection_releases_its_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settling_on_another_replica_returns_the_streams_credit() {
     let db = TestDb::new().await;
-    let slow = |c: &mut leaseq::config::ServeArgs| c.poll_interval = secs(60);
-    let a = TestBroker::start_with(&db, slow).await;
-    let b = TestBroker::start_with(&db, slow).await;
-    let mut ca = a.client().await;
-    let mut cb = b.client().await;
+    let (_a, _b, mut ca, mut cb) = two_replicas(&db, no_poll).await;
     for i in 1..=3 {
         enqueue(&mut cb, "rep", &format!("{i}")).await;
     }
@@ -1292,10 +1240,7 @@ async fn settling_on_another_replica_returns_the_streams_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_extended_on_another_replica_is_not_taken_back() {
     let db = TestDb::new().await;
-    let a = TestBroker::start(&db).await;
-    let b = TestBroker::start(&db).await;
-    let mut ca = a.client().await;
-    let mut cb = b.client().await;
+    let (_a, _b, mut ca, mut cb) = two_replicas(&db, |_| {}).await;
     let id = enqueue(&mut ca, "ext2", "1").await;
     let mut s = subscribe(&mut ca, &["ext2"], 1, Some(secs(1))).await;
     let d = next_delivery(&mut s, S5).await;
@@ -1312,7 +1257,7 @@ async fn a_lease_extended_on_another_replica_is_not_taken_back() {
         "extended job redelivered",
     )
     .await;
-    let (state, attempt, token) = live_row(&db, &id).await.expect("live");
+    let (state, attempt, token) = db.live_row(&id).await.expect("live");
     assert_eq!((state.as_str(), attempt), ("leased", 1));
     assert_eq!(token.map(|t| t.to_string()), Some(d.lease_token.clone()));
     // Settled on B: A's stream gets its credit back.
@@ -1325,11 +1270,7 @@ async fn a_lease_extended_on_another_replica_is_not_taken_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_on_one_replica_wakes_streams_on_another() {
     let db = TestDb::new().await;
-    let slow = |c: &mut leaseq::config::ServeArgs| c.poll_interval = secs(60);
-    let a = TestBroker::start_with(&db, slow).await;
-    let b = TestBroker::start_with(&db, slow).await;
-    let mut ca = a.client().await;
-    let mut cb = b.client().await;
+    let (_a, _b, mut ca, mut cb) = two_replicas(&db, no_poll).await;
     let mut s = subscribe(&mut ca, &["wake"], 4, Some(secs(30))).await;
     for i in 0..3 {
         let t = Instant::now();
@@ -1354,7 +1295,7 @@ async fn a_waiting_job_past_its_ttl_is_dead_lettered_as_expired() {
     let t = Instant::now();
     let id = c.enqueue(r).await.unwrap().into_inner().job_id;
     let took = eventually(secs(4), "the job expires", || async {
-        dead_row(&db, &id).await.is_some()
+        db.dead_row(&id).await.is_some()
     })
     .await;
     assert!(
@@ -1363,7 +1304,7 @@ async fn a_waiting_job_past_its_ttl_is_dead_lettered_as_expired() {
         t.elapsed()
     );
     assert!(took <= ms(2500), "expired only after {took:?}");
-    let (reason, attempt, _) = dead_row(&db, &id).await.unwrap();
+    let (reason, attempt, _) = db.dead_row(&id).await.unwrap();
     assert_eq!((reason.as_str(), attempt), ("expired", 0));
     assert_eq!(db.live_jobs().await, 0);
     let mut s = subscribe(&mut c, &["ttl"], 1, None).await;
@@ -1384,10 +1325,10 @@ async fn a_leased_job_past_its_ttl_is_not_redelivered() {
     // The lease (2 s) outlives the ttl (1.5 s): when it runs out the job is
     // expired, not retried.
     eventually(secs(5), "the job is dead-lettered", || async {
-        dead_row(&db, &id).await.is_some()
+        db.dead_row(&id).await.is_some()
     })
     .await;
-    assert_eq!(dead_row(&db, &id).await.unwrap().0, "expired");
+    assert_eq!(db.dead_row(&id).await.unwrap().0, "expired");
     assert_quiet(&mut s, ms(500), "a job past its ttl was redelivered").await;
 }
 
@@ -1397,8 +1338,7 @@ async fn a_leased_job_past_its_ttl_is_not_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
     let db = TestDb::new().await;
-    let slow = |c: &mut leaseq::config::ServeArgs| c.poll_interval = secs(60);
-    let a = TestBroker::start_with(&db, slow).await;
+    let a = TestBroker::start_with(&db, no_poll).await;
     // Before B starts, the only LISTEN connection is A's.
     let a_listen = listen_backends(&db.pool).await;
     assert_eq!(
@@ -1407,7 +1347,7 @@ async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
         "one LISTEN connection per broker: {a_listen:?}"
     );
     let (a_pid, a_query) = a_listen[0].clone();
-    let b = TestBroker::start_with(&db, slow).await;
+    let b = TestBroker::start_with(&db, no_poll).await;
     assert_eq!(listen_backends(&db.pool).await.len(), 2);
     let mut ca = a.client().await;
     let mut cb = b.client().await;
@@ -1490,19 +1430,7 @@ async fn credit_settled_elsewhere_during_a_listen_outage_comes_back() {
 
     // A loses every connection and cannot reconnect for a moment; meanwhile
     // the job is acked through B.
-    let dbname: String = sqlx::query_scalar("select current_database()")
-        .fetch_one(&side)
-        .await
-        .unwrap();
-    // A database cannot refuse connections while we are connected to it.
-    let admin = PgPool::connect(&with_database(&db.url, "postgres"))
-        .await
-        .expect("admin connection");
-    let alter = |allow: bool| format!("alter database {dbname} with allow_connections {allow}");
-    sqlx::query(sqlx::AssertSqlSafe(alter(false)))
-        .execute(&admin)
-        .await
-        .unwrap();
+    db.allow_connections(false).await;
     for pid in &a_pids {
         sqlx::query("select pg_terminate_backend($1)")
             .bind(*pid)
@@ -1519,10 +1447,7 @@ async fn credit_settled_elsewhere_during_a_listen_outage_comes_back() {
         }
         break;
     }
-    sqlx::query(sqlx::AssertSqlSafe(alter(true)))
-        .execute(&admin)
-        .await
-        .unwrap();
+    db.allow_connections(true).await;
     acked.expect("ack through B during A's outage");
 
     // A is back (listening again on a new connection), and a new job waits.
@@ -1608,7 +1533,7 @@ async fn connections_do_not_grow_with_streams() {
         .unwrap();
     let mut got = 0;
     while got < 50 {
-        let mut refs: Vec<&mut Stream> = streams.iter_mut().collect();
+        let mut refs: Vec<&mut JobStream> = streams.iter_mut().collect();
         let (_, d) = next_on_any(&mut refs, S5).await.expect("deliveries");
         ack(&mut c, &d).await.unwrap();
         got += 1;
@@ -1791,7 +1716,7 @@ async fn a_malformed_ack_batch_acks_nothing() {
         assert!(e.message().starts_with(message), "{:?}", e.message());
         assert_eq!(db.live_jobs().await, 2, "nothing acked by a rejected call");
     }
-    assert_eq!(leased_in(&db.pool, "mab").await, 2, "both leases intact");
+    assert_eq!(db.leased_in("mab").await, 2, "both leases intact");
 }
 
 // ---------------------------------------------------------------------------

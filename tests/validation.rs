@@ -77,26 +77,6 @@ fn row<R>(name: impl Into<String>, req: R, want: Want) -> Row<R> {
     }
 }
 
-/// Everything a request could have changed, as one comparable string.
-async fn fingerprint(db: &TestDb) -> String {
-    sqlx::query_scalar::<_, String>(
-        r#"select concat_ws(E'\n--\n',
-            (select coalesce(string_agg(concat_ws('|', name, default_lease_ms, max_attempts, paused), ',' order by name), '')
-               from leaseq.queues),
-            (select coalesce(string_agg(concat_ws('|', id, queue, state, priority, run_at, attempt,
-                        coalesce(max_attempts::text, '-'), coalesce(dedup_key, '-'),
-                        coalesce(expires_at::text, '-'), coalesce(last_error, '-'),
-                        coalesce(lease_token::text, '-'), coalesce(lease_expires_at::text, '-'),
-                        coalesce(leased_by, '-'), md5(payload), headers::text), ',' order by id), '')
-               from leaseq.jobs),
-            (select coalesce(string_agg(concat_ws('|', id, reason, attempt, coalesce(last_error, '-')), ',' order by id), '')
-               from leaseq.dead_jobs))"#,
-    )
-    .fetch_one(&db.pool)
-    .await
-    .expect("fingerprint")
-}
-
 /// The task reading the holding stream: returns what it saw that it should
 /// not have, and the stream (kept open until the held job is acked).
 type Reader = tokio::task::JoinHandle<(Vec<String>, Streaming<pb::SubscribeResponse>)>;
@@ -124,9 +104,11 @@ impl Fixture {
         let db = TestDb::new().await;
         let broker = TestBroker::start(&db).await;
         let mut client = broker.client().await;
-        enqueue(&mut client, "held", "held-payload").await;
-        // A long lease: the job stays leased for the whole table.
+        // A long lease: the job stays leased for the whole table. The stream
+        // opens first: `subscribe` expects its first message to be the
+        // heartbeat, which a job already waiting can overtake.
         let mut stream = subscribe(&mut client, &["held"], 1, Some(Duration::from_secs(600))).await;
+        enqueue(&mut client, "held", "held-payload").await;
         let d = next_delivery(&mut stream, Duration::from_secs(5)).await;
         let held_id = d.job.as_ref().unwrap().id.clone();
         let held_token = d.lease_token.clone();
@@ -179,7 +161,7 @@ impl Fixture {
 
         let live = db.live_jobs().await;
         let dead = db.dead_jobs().await;
-        let state = fingerprint(&db).await;
+        let state = db.fingerprint().await;
         Fixture {
             db,
             broker,
@@ -216,7 +198,7 @@ impl Fixture {
                 .unwrap_or_else(|_| panic!("{label}: no answer within 15s"));
             let live = self.db.live_jobs().await;
             let dead = self.db.dead_jobs().await;
-            let state = fingerprint(&self.db).await;
+            let state = self.db.fingerprint().await;
             match (&want, res) {
                 (Want::Ok(n), Ok(())) => {
                     if live != self.live + n || dead != self.dead {
@@ -351,6 +333,99 @@ fn abbreviate(s: &str) -> String {
     }
 }
 
+impl<R> Row<R> {
+    fn map<S>(self, f: impl FnOnce(R) -> S) -> Row<S> {
+        row(self.name, f(self.req), self.want)
+    }
+}
+
+/// One change to a valid request, named.
+type Edit<'a, R> = (&'a str, &'a dyn Fn(&mut R));
+
+/// A row per edit, each applied to a copy of `base`, all expecting `want`.
+fn rows<R: Clone>(base: &R, want: Want, edits: &[Edit<R>]) -> Vec<Row<R>> {
+    edits
+        .iter()
+        .map(|(name, edit)| {
+            let mut req = base.clone();
+            edit(&mut req);
+            row(*name, req, want.clone())
+        })
+        .collect()
+}
+
+/// A row per value of one field (`set` stores it in a copy of `base`), all
+/// expecting `want`; rows are named "`field` `value name`".
+fn each<R: Clone, V>(
+    field: &str,
+    base: &R,
+    values: Vec<(&str, V)>,
+    set: impl Fn(&mut R, V),
+    want: &Want,
+) -> Vec<Row<R>> {
+    values
+        .into_iter()
+        .map(|(name, v)| {
+            let mut req = base.clone();
+            set(&mut req, v);
+            row(format!("{field} {name}"), req, want.clone())
+        })
+        .collect()
+}
+
+/// Durations that every Duration field with the ten-year limit (delay, ttl,
+/// retry_after) rejects: they share one rule.
+fn bad_durations() -> Vec<(&'static str, Option<PDuration>)> {
+    vec![
+        ("-1s", pd(-1, 0)),
+        ("-1ns", pd(0, -1)),
+        ("1s -1ns (mixed signs)", pd(1, -1)),
+        ("nanos 1e9", pd(0, 1_000_000_000)),
+        ("nanos i32::MAX", pd(0, i32::MAX)),
+        ("11 years", pd(ELEVEN_YEARS_S, 0)),
+        ("limit + 1ns", pd(max_delay_s(), 1)),
+        ("i64::MAX s", pd(i64::MAX, 0)),
+        ("i64::MIN s", pd(i64::MIN, 0)),
+    ]
+}
+
+/// Durations those fields accept.
+fn ok_durations() -> Vec<(&'static str, Option<PDuration>)> {
+    vec![
+        ("zero", pd(0, 0)),
+        ("10 years", pd(TEN_YEARS_S, 0)),
+        ("exactly the limit", pd(max_delay_s(), 0)),
+    ]
+}
+
+/// Leases that every lease field (Subscribe, ExtendLease) rejects: outside
+/// [1 s, 12 h]. The ones that would shorten a live lease come last, so that
+/// if one were wrongly accepted on the held job, the rows before it still
+/// see the job leased.
+fn bad_leases() -> Vec<(&'static str, Option<PDuration>)> {
+    vec![
+        ("12h + 1s", pd(TWELVE_HOURS_S + 1, 0)),
+        ("12h + 1ns", pd(TWELVE_HOURS_S, 1)),
+        ("-1s", pd(-1, 0)),
+        ("-1ns", pd(0, -1)),
+        ("nanos 1e9", pd(0, 1_000_000_000)),
+        ("i64::MAX", pd(i64::MAX, 0)),
+        ("i64::MIN", pd(i64::MIN, 0)),
+        ("zero", pd(0, 0)),
+        ("999ms", pd(0, 999_000_000)),
+        ("999ms + 1ns", pd(0, 999_000_001)),
+        ("1ns under 1s", pd(0, 999_999_999)),
+    ]
+}
+
+/// Leases those fields accept.
+fn ok_leases() -> Vec<(&'static str, Option<PDuration>)> {
+    vec![
+        ("exactly 1s", pd(1, 0)),
+        ("exactly 12h", pd(TWELVE_HOURS_S, 0)),
+    ]
+}
+
 fn headers(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
         .iter()
@@ -362,371 +437,227 @@ fn many_headers(n: usize) -> HashMap<String, String> {
     (0..n).map(|i| (format!("h{i}"), "v".to_owned())).collect()
 }
 
+/// The held job's (id, lease token).
+type Held = (String, String);
+
+/// Runs one RPC's table on a fresh [`Fixture`]: `rows` is given the held
+/// job, `call` sends one request.
+async fn check_table<R, F, Fut>(rpc: &str, rows: impl FnOnce(&Held) -> Vec<Row<R>>, call: F)
+where
+    F: FnMut(Client, R) -> Fut,
+    Fut: Future<Output = Result<(), Status>>,
+{
+    let mut fx = Fixture::new().await;
+    let held = (fx.held_id.clone(), fx.held_token.clone());
+    fx.run(rpc, rows(&held), call).await;
+    fx.finish().await;
+}
+
 /// Enqueue cases: `queue` is where bad rows aim, accepted rows go to
-/// `ok_queue` (distinct dedup keys so each creates a job).
+/// `ok_queue` (each creates a job).
 fn enqueue_rows(queue: &str, ok_queue: &str) -> Vec<Row<pb::EnqueueRequest>> {
-    let base = |q: &str| job(q, "x");
-    let bad_req = |f: &dyn Fn(&mut pb::EnqueueRequest)| {
-        let mut r = base(queue);
-        f(&mut r);
-        r
-    };
-    let ok_req = |f: &dyn Fn(&mut pb::EnqueueRequest)| {
-        let mut r = base(ok_queue);
-        f(&mut r);
-        r
-    };
-    let q = |s: &str| s.to_owned();
-    let mut rows = vec![
-        // queue
-        row(
-            "queue empty",
-            bad_req(&|r| r.queue.clear()),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 129 chars",
-            bad_req(&|r| r.queue = "q".repeat(129)),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 'a b'",
-            bad_req(&|r| r.queue = q("a b")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 'é'",
-            bad_req(&|r| r.queue = q("é")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 'aé'",
-            bad_req(&|r| r.queue = q("aé")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 'a/b'",
-            bad_req(&|r| r.queue = q("a/b")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue '.a'",
-            bad_req(&|r| r.queue = q(".a")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue '-a'",
-            bad_req(&|r| r.queue = q("-a")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue '_a'",
-            bad_req(&|r| r.queue = q("_a")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue ':a'",
-            bad_req(&|r| r.queue = q(":a")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue with NUL",
-            bad_req(&|r| r.queue = q("a\0b")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue with newline",
-            bad_req(&|r| r.queue = q("a\n")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 'a*'",
-            bad_req(&|r| r.queue = q("a*")),
-            bad(INVALID, "queue:"),
-        ),
-        row(
-            "queue 128 chars + 'é'",
-            bad_req(&|r| r.queue = format!("{}é", "q".repeat(126))),
-            bad(INVALID, "queue:"),
-        ),
-        // payload
-        row(
-            "payload 1 MiB + 1",
-            bad_req(&|r| r.payload = vec![7; MIB + 1]),
-            bad(TOO_BIG, "payload"),
-        ),
-        row(
-            "payload 2 MiB",
-            bad_req(&|r| r.payload = vec![7; 2 * MIB]),
-            bad(TOO_BIG, "payload"),
-        ),
-        // headers
-        row(
-            "header empty key",
-            bad_req(&|r| r.headers = headers(&[("", "v")])),
-            bad(INVALID, "headers"),
-        ),
-        row(
-            "header NUL in key",
-            bad_req(&|r| r.headers = headers(&[("a\0b", "v")])),
-            bad(INVALID, "headers["),
-        ),
-        row(
-            "header NUL in value",
-            bad_req(&|r| r.headers = headers(&[("k", "a\0b")])),
-            bad(INVALID, "headers[\"k\"]"),
-        ),
-        row(
-            "65 headers",
-            bad_req(&|r| r.headers = many_headers(65)),
-            bad(INVALID, "headers"),
-        ),
-        row(
-            "header value 16 KiB + 1",
-            bad_req(&|r| r.headers = headers(&[("k", &"v".repeat(16 * 1024 + 1))])),
-            bad(INVALID, "headers[\"k\"]"),
-        ),
-        row(
-            "header key 257 bytes",
-            bad_req(&|r| r.headers = headers(&[(&"k".repeat(257), "v")])),
-            bad(INVALID, format!("headers[\"{}\"] key", "k".repeat(257))),
-        ),
-        // delay
-        row(
-            "delay -1s",
-            bad_req(&|r| r.delay = pd(-1, 0)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay -1ns",
-            bad_req(&|r| r.delay = pd(0, -1)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay 1s -1ns (mixed signs)",
-            bad_req(&|r| r.delay = pd(1, -1)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay nanos 1e9",
-            bad_req(&|r| r.delay = pd(0, 1_000_000_000)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay nanos i32::MAX",
-            bad_req(&|r| r.delay = pd(0, i32::MAX)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay 11 years",
-            bad_req(&|r| r.delay = pd(ELEVEN_YEARS_S, 0)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay limit + 1ns",
-            bad_req(&|r| r.delay = pd(max_delay_s(), 1)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay i64::MAX s",
-            bad_req(&|r| r.delay = pd(i64::MAX, 0)),
-            bad(INVALID, "delay:"),
-        ),
-        row(
-            "delay i64::MIN s",
-            bad_req(&|r| r.delay = pd(i64::MIN, 0)),
-            bad(INVALID, "delay:"),
-        ),
-        // delay and run_at
-        row(
-            "delay and run_at",
-            bad_req(&|r| {
+    let bad_base = job(queue, "x");
+    let ok_base = job(ok_queue, "x");
+    let invalid = |text: &str| bad(INVALID, text);
+    let long_key = "k".repeat(257);
+    let mut out = Vec::new();
+    out.extend(rows(
+        &bad_base,
+        invalid("queue:"),
+        &[
+            ("queue empty", &|r| r.queue.clear()),
+            ("queue 129 chars", &|r| r.queue = "q".repeat(129)),
+            ("queue 'a b'", &|r| r.queue = "a b".into()),
+            ("queue 'é'", &|r| r.queue = "é".into()),
+            ("queue 'aé'", &|r| r.queue = "aé".into()),
+            ("queue 'a/b'", &|r| r.queue = "a/b".into()),
+            ("queue '.a'", &|r| r.queue = ".a".into()),
+            ("queue '-a'", &|r| r.queue = "-a".into()),
+            ("queue '_a'", &|r| r.queue = "_a".into()),
+            ("queue ':a'", &|r| r.queue = ":a".into()),
+            ("queue with NUL", &|r| r.queue = "a\0b".into()),
+            ("queue with newline", &|r| r.queue = "a\n".into()),
+            ("queue 'a*'", &|r| r.queue = "a*".into()),
+            ("queue 128 chars + 'é'", &|r| {
+                r.queue = format!("{}é", "q".repeat(126))
+            }),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        bad(TOO_BIG, "payload"),
+        &[
+            ("payload 1 MiB + 1", &|r| r.payload = vec![7; MIB + 1]),
+            ("payload 2 MiB", &|r| r.payload = vec![7; 2 * MIB]),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("headers"),
+        &[
+            ("header empty key", &|r| r.headers = headers(&[("", "v")])),
+            ("65 headers", &|r| r.headers = many_headers(65)),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("headers["),
+        &[("header NUL in key", &|r| {
+            r.headers = headers(&[("a\0b", "v")])
+        })],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("headers[\"k\"]"),
+        &[
+            ("header NUL in value", &|r| {
+                r.headers = headers(&[("k", "a\0b")])
+            }),
+            ("header value 16 KiB + 1", &|r| {
+                r.headers = headers(&[("k", &"v".repeat(16 * 1024 + 1))])
+            }),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid(&format!("headers[\"{long_key}\"] key")),
+        &[("header key 257 bytes", &|r| {
+            r.headers = headers(&[(&long_key, "v")])
+        })],
+    ));
+    let set_delay = |r: &mut pb::EnqueueRequest, d| r.delay = d;
+    out.extend(each(
+        "delay",
+        &bad_base,
+        bad_durations(),
+        set_delay,
+        &invalid("delay:"),
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("delay, run_at"),
+        &[
+            ("delay and run_at", &|r| {
                 r.delay = pd(1, 0);
                 r.run_at = ts(0, 0);
             }),
-            bad(INVALID, "delay, run_at"),
-        ),
-        row(
-            "zero delay and run_at",
-            bad_req(&|r| {
+            ("zero delay and run_at", &|r| {
                 r.delay = pd(0, 0);
                 r.run_at = ts(YEAR_9999_END, 0);
             }),
-            bad(INVALID, "delay, run_at"),
-        ),
-        // run_at
-        row(
-            "run_at nanos -1",
-            bad_req(&|r| r.run_at = ts(1_700_000_000, -1)),
-            bad(INVALID, "run_at"),
-        ),
-        row(
-            "run_at nanos 1e9",
-            bad_req(&|r| r.run_at = ts(1_700_000_000, 1_000_000_000)),
-            bad(INVALID, "run_at"),
-        ),
-        row(
-            "run_at year 10000",
-            bad_req(&|r| r.run_at = ts(YEAR_9999_END + 1, 0)),
-            bad(INVALID, "run_at"),
-        ),
-        row(
-            "run_at i64::MAX",
-            bad_req(&|r| r.run_at = ts(i64::MAX, 0)),
-            bad(INVALID, "run_at"),
-        ),
-        row(
-            "run_at -1s (1969)",
-            bad_req(&|r| r.run_at = ts(-1, 0)),
-            bad(INVALID, "run_at"),
-        ),
-        row(
-            "run_at i64::MIN",
-            bad_req(&|r| r.run_at = ts(i64::MIN, 0)),
-            bad(INVALID, "run_at"),
-        ),
-        // dedup_key
-        row(
-            "dedup_key 513 bytes",
-            bad_req(&|r| r.dedup_key = "k".repeat(513)),
-            bad(INVALID, "dedup_key"),
-        ),
-        row(
-            "dedup_key 257 x 'é' (514 bytes)",
-            bad_req(&|r| r.dedup_key = "é".repeat(257)),
-            bad(INVALID, "dedup_key"),
-        ),
-        row(
-            "dedup_key with NUL",
-            bad_req(&|r| r.dedup_key = q("a\0b")),
-            bad(INVALID, "dedup_key"),
-        ),
-        // max_attempts
-        row(
-            "max_attempts -1",
-            bad_req(&|r| r.max_attempts = -1),
-            bad(INVALID, "max_attempts"),
-        ),
-        row(
-            "max_attempts i32::MIN",
-            bad_req(&|r| r.max_attempts = i32::MIN),
-            bad(INVALID, "max_attempts"),
-        ),
-        row(
-            "max_attempts 1001",
-            bad_req(&|r| r.max_attempts = 1001),
-            bad(INVALID, "max_attempts"),
-        ),
-        row(
-            "max_attempts i32::MAX",
-            bad_req(&|r| r.max_attempts = i32::MAX),
-            bad(INVALID, "max_attempts"),
-        ),
-        // ttl
-        row(
-            "ttl -1s",
-            bad_req(&|r| r.ttl = pd(-1, 0)),
-            bad(INVALID, "ttl"),
-        ),
-        row(
-            "ttl -1ns",
-            bad_req(&|r| r.ttl = pd(0, -1)),
-            bad(INVALID, "ttl"),
-        ),
-        row(
-            "ttl nanos 1e9",
-            bad_req(&|r| r.ttl = pd(0, 1_000_000_000)),
-            bad(INVALID, "ttl"),
-        ),
-        row(
-            "ttl 11 years",
-            bad_req(&|r| r.ttl = pd(ELEVEN_YEARS_S, 0)),
-            bad(INVALID, "ttl"),
-        ),
-        row(
-            "ttl i64::MAX s",
-            bad_req(&|r| r.ttl = pd(i64::MAX, 0)),
-            bad(INVALID, "ttl"),
-        ),
-    ];
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("run_at"),
+        &[
+            ("run_at nanos -1", &|r| r.run_at = ts(1_700_000_000, -1)),
+            ("run_at nanos 1e9", &|r| {
+                r.run_at = ts(1_700_000_000, 1_000_000_000)
+            }),
+            ("run_at year 10000", &|r| {
+                r.run_at = ts(YEAR_9999_END + 1, 0)
+            }),
+            ("run_at i64::MAX", &|r| r.run_at = ts(i64::MAX, 0)),
+            ("run_at -1s (1969)", &|r| r.run_at = ts(-1, 0)),
+            ("run_at i64::MIN", &|r| r.run_at = ts(i64::MIN, 0)),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("dedup_key"),
+        &[
+            ("dedup_key 513 bytes", &|r| r.dedup_key = "k".repeat(513)),
+            ("dedup_key 257 x 'é' (514 bytes)", &|r| {
+                r.dedup_key = "é".repeat(257)
+            }),
+            ("dedup_key with NUL", &|r| r.dedup_key = "a\0b".into()),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("max_attempts"),
+        &[
+            ("max_attempts -1", &|r| r.max_attempts = -1),
+            ("max_attempts i32::MIN", &|r| r.max_attempts = i32::MIN),
+            ("max_attempts 1001", &|r| r.max_attempts = 1001),
+            ("max_attempts i32::MAX", &|r| r.max_attempts = i32::MAX),
+        ],
+    ));
+    let set_ttl = |r: &mut pb::EnqueueRequest, d| r.ttl = d;
+    out.extend(each(
+        "ttl",
+        &bad_base,
+        bad_durations(),
+        set_ttl,
+        &invalid("ttl"),
+    ));
+
     // Boundary values that must be accepted.
-    let ok = |name: &str, r: pb::EnqueueRequest| row(name, r, Want::Ok(1));
-    rows.extend([
-        ok(
-            "queue exactly 128 chars",
-            ok_req(&|r| r.queue = "q".repeat(128)),
-        ),
-        ok(
-            "queue of every allowed class",
-            ok_req(&|r| r.queue = q("Az09.b_c:d-e")),
-        ),
-        ok(
-            "queue starting with a digit",
-            ok_req(&|r| r.queue = q("9lives")),
-        ),
-        ok(
-            "payload exactly 1 MiB",
-            ok_req(&|r| r.payload = vec![7; MIB]),
-        ),
-        ok("empty payload", ok_req(&|r| r.payload.clear())),
-        ok("64 headers", ok_req(&|r| r.headers = many_headers(64))),
-        ok(
-            "header value exactly 16 KiB",
-            ok_req(&|r| r.headers = headers(&[("k", &"v".repeat(16 * 1024))])),
-        ),
-        ok(
-            "header key exactly 256 bytes",
-            ok_req(&|r| r.headers = headers(&[(&"k".repeat(256), "v")])),
-        ),
-        ok(
-            "header empty value, unicode",
-            ok_req(&|r| r.headers = headers(&[("k", ""), ("ключ", "значение ✓")])),
-        ),
-        ok("delay zero", ok_req(&|r| r.delay = pd(0, 0))),
-        ok("delay 1ns", ok_req(&|r| r.delay = pd(0, 1))),
-        ok("delay 10 years", ok_req(&|r| r.delay = pd(TEN_YEARS_S, 0))),
-        ok(
-            "delay exactly the limit",
-            ok_req(&|r| r.delay = pd(max_delay_s(), 0)),
-        ),
-        ok(
-            "run_at 9999-12-31T23:59:59.999999999",
-            ok_req(&|r| r.run_at = ts(YEAR_9999_END, 999_999_999)),
-        ),
-        ok("run_at 1970 (past)", ok_req(&|r| r.run_at = ts(0, 0))),
-        ok(
-            "dedup_key exactly 512 bytes",
-            ok_req(&|r| r.dedup_key = "k".repeat(512)),
-        ),
-        ok(
-            "dedup_key 256 x 'é' (512 bytes)",
-            ok_req(&|r| r.dedup_key = "é".repeat(256)),
-        ),
-        ok("max_attempts 0 (default)", ok_req(&|r| r.max_attempts = 0)),
-        ok("max_attempts 1", ok_req(&|r| r.max_attempts = 1)),
-        ok("max_attempts 1000", ok_req(&|r| r.max_attempts = 1000)),
-        ok("ttl zero (never)", ok_req(&|r| r.ttl = pd(0, 0))),
-        ok("ttl 10 years", ok_req(&|r| r.ttl = pd(TEN_YEARS_S, 0))),
-        ok("priority i32::MIN", ok_req(&|r| r.priority = i32::MIN)),
-        ok("priority i32::MAX", ok_req(&|r| r.priority = i32::MAX)),
-    ]);
-    rows
+    out.extend(rows(
+        &ok_base,
+        Want::Ok(1),
+        &[
+            ("queue exactly 128 chars", &|r| r.queue = "q".repeat(128)),
+            ("queue of every allowed class", &|r| {
+                r.queue = "Az09.b_c:d-e".into()
+            }),
+            ("queue starting with a digit", &|r| {
+                r.queue = "9lives".into()
+            }),
+            ("payload exactly 1 MiB", &|r| r.payload = vec![7; MIB]),
+            ("empty payload", &|r| r.payload.clear()),
+            ("64 headers", &|r| r.headers = many_headers(64)),
+            ("header value exactly 16 KiB", &|r| {
+                r.headers = headers(&[("k", &"v".repeat(16 * 1024))])
+            }),
+            ("header key exactly 256 bytes", &|r| {
+                r.headers = headers(&[(&"k".repeat(256), "v")])
+            }),
+            ("header empty value, unicode", &|r| {
+                r.headers = headers(&[("k", ""), ("ключ", "значение ✓")])
+            }),
+            ("delay 1ns", &|r| r.delay = pd(0, 1)),
+            ("run_at 9999-12-31T23:59:59.999999999", &|r| {
+                r.run_at = ts(YEAR_9999_END, 999_999_999)
+            }),
+            ("run_at 1970 (past)", &|r| r.run_at = ts(0, 0)),
+            ("dedup_key exactly 512 bytes", &|r| {
+                r.dedup_key = "k".repeat(512)
+            }),
+            ("dedup_key 256 x 'é' (512 bytes)", &|r| {
+                r.dedup_key = "é".repeat(256)
+            }),
+            ("max_attempts 0 (default)", &|r| r.max_attempts = 0),
+            ("max_attempts 1", &|r| r.max_attempts = 1),
+            ("max_attempts 1000", &|r| r.max_attempts = 1000),
+            ("priority i32::MIN", &|r| r.priority = i32::MIN),
+            ("priority i32::MAX", &|r| r.priority = i32::MAX),
+        ],
+    ));
+    out.extend(each(
+        "delay",
+        &ok_base,
+        ok_durations(),
+        set_delay,
+        &Want::Ok(1),
+    ));
+    out.extend(each("ttl", &ok_base, ok_durations(), set_ttl, &Want::Ok(1)));
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_bad_input_table() {
-    let mut fx = Fixture::new().await;
-    let rows = enqueue_rows("held", "accepted");
-    fx.run("Enqueue", rows, |mut c, r| async move {
-        c.enqueue(r).await.map(|_| ())
-    })
+    check_table(
+        "Enqueue",
+        |_| enqueue_rows("held", "accepted"),
+        |mut c, r| async move { c.enqueue(r).await.map(|_| ()) },
+    )
     .await;
-    fx.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_batch_bad_input_table() {
-    let mut fx = Fixture::new().await;
     let batch = |jobs: Vec<pb::EnqueueRequest>| pb::EnqueueBatchRequest { jobs };
     let good = |n: usize, queue: &str| -> Vec<pb::EnqueueRequest> {
         (0..n).map(|i| job(queue, &format!("b{i}"))).collect()
@@ -799,19 +730,22 @@ async fn enqueue_batch_bad_input_table() {
         Want::Ok(1000),
     ));
 
-    fx.run("EnqueueBatch", rows, |mut c, r| async move {
-        let want = r.jobs.len();
-        let resp = c.enqueue_batch(r).await?.into_inner();
-        if resp.results.len() != want {
-            return Err(Status::internal(format!(
-                "{} results for {want} jobs",
-                resp.results.len()
-            )));
-        }
-        Ok(())
-    })
+    check_table(
+        "EnqueueBatch",
+        |_| rows,
+        |mut c, r| async move {
+            let want = r.jobs.len();
+            let resp = c.enqueue_batch(r).await?.into_inner();
+            if resp.results.len() != want {
+                return Err(Status::internal(format!(
+                    "{} results for {want} jobs",
+                    resp.results.len()
+                )));
+            }
+            Ok(())
+        },
+    )
     .await;
-    fx.finish().await;
 }
 
 fn sub(queues: &[&str]) -> pb::SubscribeRequest {
@@ -823,561 +757,337 @@ fn sub(queues: &[&str]) -> pb::SubscribeRequest {
     }
 }
 
+fn subscribe_rows() -> Vec<Row<pb::SubscribeRequest>> {
+    let bad_base = sub(&["held"]);
+    // Accepted rows subscribe to an empty queue so they lease nothing.
+    let ok_base = sub(&["empty"]);
+    let names = |n: usize| (0..n).map(|i| format!("q{i}")).collect::<Vec<_>>();
+    let queues = |qs: &[&str]| qs.iter().map(|q| q.to_string()).collect::<Vec<_>>();
+    let invalid = |text: &str| bad(INVALID, text);
+    let mut out = Vec::new();
+    out.extend(rows(
+        &bad_base,
+        invalid("queues"),
+        &[
+            ("no queues", &|r| r.queues.clear()),
+            ("65 queues", &|r| r.queues = names(65)),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("queues[0]"),
+        &[
+            ("queues[0] empty", &|r| r.queues = queues(&[""])),
+            ("queues[0] '.a'", &|r| r.queues = queues(&[".a"])),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("queues[1]"),
+        &[
+            ("queues[1] 'a b'", &|r| r.queues = queues(&["held", "a b"])),
+            ("queues[1] duplicate", &|r| {
+                r.queues = queues(&["held", "held"])
+            }),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("queues[2]"),
+        &[
+            ("queues[2] 129 chars", &|r| {
+                r.queues = queues(&["held", "x", &"q".repeat(129)])
+            }),
+            ("queues[2] duplicate of [0]", &|r| {
+                r.queues = queues(&["a", "b", "a"])
+            }),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("queues[3]"),
+        &[("queues[3] 'é'", &|r| {
+            r.queues = queues(&["a", "b", "c", "é"])
+        })],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("max_in_flight"),
+        &[
+            ("max_in_flight 10001", &|r| r.max_in_flight = 10_001),
+            ("max_in_flight u32::MAX", &|r| r.max_in_flight = u32::MAX),
+        ],
+    ));
+    let set_lease = |r: &mut pb::SubscribeRequest, l| r.lease = l;
+    out.extend(each(
+        "lease",
+        &bad_base,
+        bad_leases(),
+        set_lease,
+        &invalid("lease"),
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("consumer"),
+        &[
+            ("consumer with NUL", &|r| r.consumer = "pod\0x".into()),
+            ("consumer 257 bytes", &|r| r.consumer = "c".repeat(257)),
+            ("consumer 129 x 'é' (258 bytes)", &|r| {
+                r.consumer = "é".repeat(129)
+            }),
+        ],
+    ));
+    // Accepted.
+    out.extend(rows(
+        &ok_base,
+        Want::Ok(0),
+        &[
+            ("64 queues", &|r| r.queues = names(64)),
+            ("max_in_flight 10000", &|r| r.max_in_flight = 10_000),
+            ("max_in_flight 0 (default)", &|r| r.max_in_flight = 0),
+            ("lease absent", &|r| r.lease = None),
+            ("consumer exactly 256 bytes", &|r| {
+                r.consumer = "c".repeat(256)
+            }),
+            ("consumer empty", &|r| r.consumer.clear()),
+            ("queue exactly 128 chars", &|r| {
+                r.queues = vec!["e".repeat(128)]
+            }),
+        ],
+    ));
+    out.extend(each(
+        "lease",
+        &ok_base,
+        ok_leases(),
+        set_lease,
+        &Want::Ok(0),
+    ));
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_bad_input_table() {
-    let mut fx = Fixture::new().await;
-    let with = |f: &dyn Fn(&mut pb::SubscribeRequest)| {
-        let mut r = sub(&["held"]);
-        f(&mut r);
-        r
-    };
-    // Accepted rows subscribe to empty queues so they lease nothing.
-    let ok_with = |f: &dyn Fn(&mut pb::SubscribeRequest)| {
-        let mut r = sub(&["empty"]);
-        f(&mut r);
-        r
-    };
-    let names = |n: usize| (0..n).map(|i| format!("q{i}")).collect::<Vec<_>>();
-    let rows = vec![
-        row(
-            "no queues",
-            with(&|r| r.queues.clear()),
-            bad(INVALID, "queues"),
-        ),
-        row(
-            "queues[0] empty",
-            with(&|r| r.queues = vec![String::new()]),
-            bad(INVALID, "queues[0]"),
-        ),
-        row(
-            "queues[0] '.a'",
-            with(&|r| r.queues = vec![".a".into()]),
-            bad(INVALID, "queues[0]"),
-        ),
-        row(
-            "queues[1] 'a b'",
-            with(&|r| r.queues = vec!["held".into(), "a b".into()]),
-            bad(INVALID, "queues[1]"),
-        ),
-        row(
-            "queues[2] 129 chars",
-            with(&|r| r.queues = vec!["held".into(), "x".into(), "q".repeat(129)]),
-            bad(INVALID, "queues[2]"),
-        ),
-        row(
-            "queues[3] 'é'",
-            with(&|r| r.queues = vec!["a".into(), "b".into(), "c".into(), "é".into()]),
-            bad(INVALID, "queues[3]"),
-        ),
-        row(
-            "queues[1] duplicate",
-            with(&|r| r.queues = vec!["held".into(), "held".into()]),
-            bad(INVALID, "queues[1]"),
-        ),
-        row(
-            "queues[2] duplicate of [0]",
-            with(&|r| r.queues = vec!["a".into(), "b".into(), "a".into()]),
-            bad(INVALID, "queues[2]"),
-        ),
-        row(
-            "65 queues",
-            with(&|r| r.queues = names(65)),
-            bad(INVALID, "queues"),
-        ),
-        row(
-            "max_in_flight 10001",
-            with(&|r| r.max_in_flight = 10_001),
-            bad(INVALID, "max_in_flight"),
-        ),
-        row(
-            "max_in_flight u32::MAX",
-            with(&|r| r.max_in_flight = u32::MAX),
-            bad(INVALID, "max_in_flight"),
-        ),
-        row(
-            "lease zero",
-            with(&|r| r.lease = pd(0, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 999ms",
-            with(&|r| r.lease = pd(0, 999_000_000)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 1ns under 1s",
-            with(&|r| r.lease = pd(0, 999_999_999)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 999ms + 1ns",
-            with(&|r| r.lease = pd(0, 999_000_001)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 12h + 1s",
-            with(&|r| r.lease = pd(TWELVE_HOURS_S + 1, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 12h + 1ns",
-            with(&|r| r.lease = pd(TWELVE_HOURS_S, 1)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease -1s",
-            with(&|r| r.lease = pd(-1, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease -1ns",
-            with(&|r| r.lease = pd(0, -1)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease nanos 1e9",
-            with(&|r| r.lease = pd(0, 1_000_000_000)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease i64::MAX",
-            with(&|r| r.lease = pd(i64::MAX, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "consumer with NUL",
-            with(&|r| r.consumer = "pod\0x".into()),
-            bad(INVALID, "consumer"),
-        ),
-        row(
-            "consumer 257 bytes",
-            with(&|r| r.consumer = "c".repeat(257)),
-            bad(INVALID, "consumer"),
-        ),
-        row(
-            "consumer 129 x 'é' (258 bytes)",
-            with(&|r| r.consumer = "é".repeat(129)),
-            bad(INVALID, "consumer"),
-        ),
-        // Accepted.
-        row("64 queues", ok_with(&|r| r.queues = names(64)), Want::Ok(0)),
-        row(
-            "max_in_flight 10000",
-            ok_with(&|r| r.max_in_flight = 10_000),
-            Want::Ok(0),
-        ),
-        row(
-            "max_in_flight 0 (default)",
-            ok_with(&|r| r.max_in_flight = 0),
-            Want::Ok(0),
-        ),
-        row(
-            "lease exactly 1s",
-            ok_with(&|r| r.lease = pd(1, 0)),
-            Want::Ok(0),
-        ),
-        row(
-            "lease exactly 12h",
-            ok_with(&|r| r.lease = pd(TWELVE_HOURS_S, 0)),
-            Want::Ok(0),
-        ),
-        row("lease absent", ok_with(&|r| r.lease = None), Want::Ok(0)),
-        row(
-            "consumer exactly 256 bytes",
-            ok_with(&|r| r.consumer = "c".repeat(256)),
-            Want::Ok(0),
-        ),
-        row(
-            "consumer empty",
-            ok_with(&|r| r.consumer.clear()),
-            Want::Ok(0),
-        ),
-        row(
-            "queue exactly 128 chars",
-            ok_with(&|r| r.queues = vec!["e".repeat(128)]),
-            Want::Ok(0),
-        ),
-    ];
-    fx.run("Subscribe", rows, |mut c, r| async move {
-        // A bad request must fail the call itself; a stream that opens and
-        // then fails is reported as UNKNOWN so the row's code check catches it.
-        let mut s = c.subscribe(r).await?.into_inner();
-        match tokio::time::timeout(Duration::from_secs(5), s.message()).await {
-            Ok(Ok(Some(_))) => Ok(()),
-            Ok(Ok(None)) => Err(Status::unknown("stream opened, then ended at once")),
-            Ok(Err(e)) => Err(Status::unknown(format!(
-                "stream opened, then failed: {e:?}"
-            ))),
-            Err(_) => Err(Status::unknown("stream opened, no message within 5s")),
-        }
-    })
+    check_table(
+        "Subscribe",
+        |_| subscribe_rows(),
+        |mut c, r| async move {
+            // A bad request must fail the call itself; a stream that opens and
+            // then fails is reported as UNKNOWN so the row's code check catches it.
+            let mut s = c.subscribe(r).await?.into_inner();
+            match tokio::time::timeout(Duration::from_secs(5), s.message()).await {
+                Ok(Ok(Some(_))) => Ok(()),
+                Ok(Ok(None)) => Err(Status::unknown("stream opened, then ended at once")),
+                Ok(Err(e)) => Err(Status::unknown(format!(
+                    "stream opened, then failed: {e:?}"
+                ))),
+                Err(_) => Err(Status::unknown("stream opened, no message within 5s")),
+            }
+        },
+    )
     .await;
-    fx.finish().await;
 }
 
 /// The (job_id, lease_token) rows common to Ack, Nack and ExtendLease.
 /// `held` is a real leased job with its token: rows that pair it with a bad
 /// or wrong other field could do damage if validation or fencing were broken.
-fn id_token_rows(held: &(String, String)) -> Vec<(String, String, String, Want)> {
-    let (h, t) = held.clone();
+fn id_token_rows((h, t): &Held) -> Vec<Row<Held>> {
     let (u, r) = Fixture::unknown();
-    let s = |x: &str| x.to_owned();
+    let ids = |name: &str, id: &str, token: &str, want: Want| {
+        row(name, (id.to_owned(), token.to_owned()), want)
+    };
+    let invalid = |text: &str| bad(INVALID, text);
+    let stale = || bad(STALE, "lease_token");
     vec![
-        (s("job_id empty"), s(""), t.clone(), bad(INVALID, "job_id")),
-        (
-            s("job_id not a UUID"),
-            s("not-a-uuid"),
-            t.clone(),
-            bad(INVALID, "job_id"),
+        ids("job_id empty", "", t, invalid("job_id")),
+        ids("job_id not a UUID", "not-a-uuid", t, invalid("job_id")),
+        ids("job_id a number", "12345", t, invalid("job_id")),
+        ids(
+            "job_id UUID + garbage",
+            &format!("{h}x"),
+            t,
+            invalid("job_id"),
         ),
-        (
-            s("job_id a number"),
-            s("12345"),
-            t.clone(),
-            bad(INVALID, "job_id"),
+        ids(
+            "job_id UUID with NUL",
+            &format!("{h}\0"),
+            t,
+            invalid("job_id"),
         ),
-        (
-            s("job_id UUID + garbage"),
-            format!("{h}x"),
-            t.clone(),
-            bad(INVALID, "job_id"),
+        ids("job_id and token empty", "", "", invalid("job_id")),
+        ids("lease_token empty", h, "", invalid("lease_token")),
+        ids(
+            "lease_token not a UUID",
+            h,
+            "not-a-token",
+            invalid("lease_token"),
         ),
-        (
-            s("job_id UUID with NUL"),
-            format!("{h}\0"),
-            t.clone(),
-            bad(INVALID, "job_id"),
-        ),
-        (
-            s("job_id and token empty"),
-            s(""),
-            s(""),
-            bad(INVALID, "job_id"),
-        ),
-        (
-            s("lease_token empty"),
-            h.clone(),
-            s(""),
-            bad(INVALID, "lease_token"),
-        ),
-        (
-            s("lease_token not a UUID"),
-            h.clone(),
-            s("not-a-token"),
-            bad(INVALID, "lease_token"),
-        ),
-        (
-            s("lease_token truncated"),
-            h.clone(),
-            t[..30].to_owned(),
-            bad(INVALID, "lease_token"),
-        ),
-        (
-            s("lease_token with NUL"),
-            h.clone(),
-            format!("{t}\0"),
-            bad(INVALID, "lease_token"),
+        ids("lease_token truncated", h, &t[..30], invalid("lease_token")),
+        ids(
+            "lease_token with NUL",
+            h,
+            &format!("{t}\0"),
+            invalid("lease_token"),
         ),
         // Well-formed but not the current lease: fencing.
-        (
-            s("unknown job id, unknown token"),
-            u.clone(),
-            r.clone(),
-            bad(STALE, "lease_token"),
-        ),
-        (
-            s("unknown job id, the held job's token"),
-            u.clone(),
-            t.clone(),
-            bad(STALE, "lease_token"),
-        ),
-        (
-            s("held job id, wrong token"),
-            h.clone(),
-            r.clone(),
-            bad(STALE, "lease_token"),
-        ),
-        (
-            s("held job id, its job id as token"),
-            h.clone(),
-            h.clone(),
-            bad(STALE, "lease_token"),
-        ),
+        ids("unknown job id, unknown token", &u, &r, stale()),
+        ids("unknown job id, the held job's token", &u, t, stale()),
+        ids("held job id, wrong token", h, &r, stale()),
+        ids("held job id, its job id as token", h, h, stale()),
     ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_bad_input_table() {
-    let mut fx = Fixture::new().await;
-    let held = (fx.held_id.clone(), fx.held_token.clone());
-    let rows = id_token_rows(&held)
-        .into_iter()
-        .map(|(name, job_id, lease_token, want)| {
-            row(
-                name,
-                pb::AckRequest {
-                    job_id,
-                    lease_token,
-                },
-                want,
-            )
-        })
-        .collect();
-    fx.run(
+    check_table(
         "Ack",
-        rows,
+        |held| {
+            id_token_rows(held)
+                .into_iter()
+                .map(|r| {
+                    r.map(|(job_id, lease_token)| pb::AckRequest {
+                        job_id,
+                        lease_token,
+                    })
+                })
+                .collect()
+        },
         |mut c, r| async move { c.ack(r).await.map(|_| ()) },
     )
     .await;
-    fx.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nack_bad_input_table() {
-    let mut fx = Fixture::new().await;
-    let (h, t) = (fx.held_id.clone(), fx.held_token.clone());
-    let nack = |job_id: &str, lease_token: &str| pb::NackRequest {
-        job_id: job_id.to_owned(),
-        lease_token: lease_token.to_owned(),
+fn nack_rows(held: &Held) -> Vec<Row<pb::NackRequest>> {
+    let nack = |(job_id, lease_token): Held| pb::NackRequest {
+        job_id,
+        lease_token,
         error: "boom".into(),
         retry_after: None,
         dead_letter: false,
     };
-    let mut rows: Vec<Row<pb::NackRequest>> = id_token_rows(&(h.clone(), t.clone()))
+    let mut out: Vec<Row<pb::NackRequest>> = id_token_rows(held)
         .into_iter()
-        .map(|(name, id, token, want)| row(name, nack(&id, &token), want))
+        .map(|r| r.map(nack))
         .collect();
     // The same with dead_letter: a broken check would bury the held job.
-    rows.extend(id_token_rows(&(h.clone(), t.clone())).into_iter().map(
-        |(name, id, token, want)| {
-            let mut r = nack(&id, &token);
-            r.dead_letter = true;
-            row(format!("{name} (dead_letter)"), r, want)
-        },
-    ));
-    // Bad fields with the held job's real id and token.
-    let with = |f: &dyn Fn(&mut pb::NackRequest)| {
-        let mut r = nack(&h, &t);
-        f(&mut r);
+    out.extend(id_token_rows(held).into_iter().map(|r| {
+        let mut r = r.map(nack);
+        r.name.push_str(" (dead_letter)");
+        r.req.dead_letter = true;
         r
-    };
-    rows.extend([
-        row(
-            "error 64 KiB + 1",
-            with(&|r| r.error = "e".repeat(64 * 1024 + 1)),
-            bad(INVALID, "error"),
-        ),
-        row(
-            "error 1 MiB",
-            with(&|r| r.error = "e".repeat(MIB)),
-            bad(INVALID, "error"),
-        ),
-        row(
-            "error with NUL",
-            with(&|r| r.error = "bad\0thing".into()),
-            bad(INVALID, "error"),
-        ),
-        row(
-            "error with NUL, dead_letter",
-            with(&|r| {
+    }));
+    // Bad fields with the held job's real id and token.
+    let held_base = nack(held.clone());
+    out.extend(rows(
+        &held_base,
+        bad(INVALID, "error"),
+        &[
+            ("error 64 KiB + 1", &|r| r.error = "e".repeat(64 * 1024 + 1)),
+            ("error 1 MiB", &|r| r.error = "e".repeat(MIB)),
+            ("error with NUL", &|r| r.error = "bad\0thing".into()),
+            ("error with NUL, dead_letter", &|r| {
                 r.error = "\0".into();
                 r.dead_letter = true;
             }),
-            bad(INVALID, "error"),
-        ),
-        row(
-            "retry_after -1s",
-            with(&|r| r.retry_after = pd(-1, 0)),
-            bad(INVALID, "retry_after"),
-        ),
-        row(
-            "retry_after -1ns",
-            with(&|r| r.retry_after = pd(0, -1)),
-            bad(INVALID, "retry_after"),
-        ),
-        row(
-            "retry_after nanos 1e9",
-            with(&|r| r.retry_after = pd(0, 1_000_000_000)),
-            bad(INVALID, "retry_after"),
-        ),
-        row(
-            "retry_after 11 years",
-            with(&|r| r.retry_after = pd(ELEVEN_YEARS_S, 0)),
-            bad(INVALID, "retry_after"),
-        ),
-        row(
-            "retry_after i64::MAX",
-            with(&|r| r.retry_after = pd(i64::MAX, 0)),
-            bad(INVALID, "retry_after"),
-        ),
-    ]);
+        ],
+    ));
+    let set_retry = |r: &mut pb::NackRequest, d| r.retry_after = d;
+    let want = bad(INVALID, "retry_after");
+    out.extend(each(
+        "retry_after",
+        &held_base,
+        bad_durations(),
+        set_retry,
+        &want,
+    ));
     // Boundary values pass validation: with an unknown id they reach the
     // fencing check (FAILED_PRECONDITION), not INVALID_ARGUMENT.
-    let (u, r) = Fixture::unknown();
-    let unknown_with = |f: &dyn Fn(&mut pb::NackRequest)| {
-        let mut req = nack(&u, &r);
-        f(&mut req);
-        req
-    };
-    rows.extend([
-        row(
-            "error exactly 64 KiB (unknown id)",
-            unknown_with(&|r| r.error = "e".repeat(64 * 1024)),
-            bad(STALE, "lease_token"),
-        ),
-        row(
-            "error empty (unknown id)",
-            unknown_with(&|r| r.error.clear()),
-            bad(STALE, "lease_token"),
-        ),
-        row(
-            "retry_after zero (unknown id)",
-            unknown_with(&|r| r.retry_after = pd(0, 0)),
-            bad(STALE, "lease_token"),
-        ),
-        row(
-            "retry_after 10 years (unknown id)",
-            unknown_with(&|r| r.retry_after = pd(TEN_YEARS_S, 0)),
-            bad(STALE, "lease_token"),
-        ),
-        row(
-            "retry_after exactly the limit (unknown id)",
-            unknown_with(&|r| r.retry_after = pd(max_delay_s(), 0)),
-            bad(STALE, "lease_token"),
-        ),
-    ]);
-    fx.run("Nack", rows, |mut c, r| async move {
+    let unknown_base = nack(Fixture::unknown());
+    let stale = bad(STALE, "lease_token");
+    out.extend(rows(
+        &unknown_base,
+        stale.clone(),
+        &[
+            ("error exactly 64 KiB (unknown id)", &|r| {
+                r.error = "e".repeat(64 * 1024)
+            }),
+            ("error empty (unknown id)", &|r| r.error.clear()),
+        ],
+    ));
+    out.extend(each(
+        "retry_after (unknown id)",
+        &unknown_base,
+        ok_durations(),
+        set_retry,
+        &stale,
+    ));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_bad_input_table() {
+    check_table("Nack", nack_rows, |mut c, r| async move {
         c.nack(r).await.map(|_| ())
     })
     .await;
-    fx.finish().await;
+}
+
+fn extend_rows(held: &Held) -> Vec<Row<pb::ExtendLeaseRequest>> {
+    let extend = |(job_id, lease_token): Held| pb::ExtendLeaseRequest {
+        job_id,
+        lease_token,
+        lease: pd(60, 0),
+    };
+    let mut out: Vec<Row<pb::ExtendLeaseRequest>> = id_token_rows(held)
+        .into_iter()
+        .map(|r| r.map(extend))
+        .collect();
+    let set_lease = |r: &mut pb::ExtendLeaseRequest, l| r.lease = l;
+    let invalid = bad(INVALID, "lease");
+    let stale = bad(STALE, "lease_token");
+    // Validation comes before fencing: with an unknown id, a bad lease is
+    // INVALID_ARGUMENT and a good one FAILED_PRECONDITION.
+    let unknown_base = extend(Fixture::unknown());
+    out.extend(each(
+        "(unknown id) lease",
+        &unknown_base,
+        bad_leases(),
+        set_lease,
+        &invalid,
+    ));
+    out.extend(each(
+        "(unknown id) lease",
+        &unknown_base,
+        ok_leases(),
+        set_lease,
+        &stale,
+    ));
+    // Only the long boundary: a fencing bug must not cut the held lease short.
+    let mut wrong_token = extend((held.0.clone(), Fixture::unknown().1));
+    wrong_token.lease = pd(TWELVE_HOURS_S, 0);
+    out.push(row(
+        "lease 12h, wrong token on the held job",
+        wrong_token,
+        stale,
+    ));
+    // Last, with the held job's id and token: if one of these is wrongly
+    // accepted it changes the held job's lease.
+    let held_base = extend(held.clone());
+    out.push(row(
+        "lease missing",
+        pb::ExtendLeaseRequest {
+            lease: None,
+            ..held_base.clone()
+        },
+        invalid.clone(),
+    ));
+    out.extend(each("lease", &held_base, bad_leases(), set_lease, &invalid));
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_lease_bad_input_table() {
-    let mut fx = Fixture::new().await;
-    let (h, t) = (fx.held_id.clone(), fx.held_token.clone());
-    let extend = |job_id: &str, lease_token: &str| pb::ExtendLeaseRequest {
-        job_id: job_id.to_owned(),
-        lease_token: lease_token.to_owned(),
-        lease: pd(60, 0),
-    };
-    let mut rows: Vec<Row<pb::ExtendLeaseRequest>> = id_token_rows(&(h.clone(), t.clone()))
-        .into_iter()
-        .map(|(name, id, token, want)| row(name, extend(&id, &token), want))
-        .collect();
-    let with = |f: &dyn Fn(&mut pb::ExtendLeaseRequest)| {
-        let mut r = extend(&h, &t);
-        f(&mut r);
-        r
-    };
-    rows.extend([
-        row(
-            "lease missing",
-            with(&|r| r.lease = None),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease zero",
-            with(&|r| r.lease = pd(0, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 999ms",
-            with(&|r| r.lease = pd(0, 999_000_000)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 12h + 1s",
-            with(&|r| r.lease = pd(TWELVE_HOURS_S + 1, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 12h + 1ns",
-            with(&|r| r.lease = pd(TWELVE_HOURS_S, 1)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease -1s",
-            with(&|r| r.lease = pd(-1, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease -1ns",
-            with(&|r| r.lease = pd(0, -1)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease nanos 1e9",
-            with(&|r| r.lease = pd(0, 1_000_000_000)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease i64::MAX",
-            with(&|r| r.lease = pd(i64::MAX, 0)),
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease i64::MIN",
-            with(&|r| r.lease = pd(i64::MIN, 0)),
-            bad(INVALID, "lease"),
-        ),
-    ]);
-    let (u, r) = Fixture::unknown();
-    rows.extend([
-        row(
-            "lease exactly 1s (unknown id)",
-            pb::ExtendLeaseRequest {
-                lease: pd(1, 0),
-                ..extend(&u, &r)
-            },
-            bad(STALE, "lease_token"),
-        ),
-        row(
-            "lease exactly 12h (unknown id)",
-            pb::ExtendLeaseRequest {
-                lease: pd(TWELVE_HOURS_S, 0),
-                ..extend(&u, &r)
-            },
-            bad(STALE, "lease_token"),
-        ),
-        row(
-            "lease 12h, wrong token on the held job",
-            pb::ExtendLeaseRequest {
-                lease: pd(TWELVE_HOURS_S, 0),
-                ..extend(&h, &r)
-            },
-            bad(STALE, "lease_token"),
-        ),
-        // Just under the 1 s minimum: validation must reject it before the
-        // fencing check is reached.
-        row(
-            "lease 1ns under 1s (unknown id)",
-            pb::ExtendLeaseRequest {
-                lease: pd(0, 999_999_999),
-                ..extend(&u, &r)
-            },
-            bad(INVALID, "lease"),
-        ),
-        row(
-            "lease 999ms + 1ns (unknown id)",
-            pb::ExtendLeaseRequest {
-                lease: pd(0, 999_000_001),
-                ..extend(&u, &r)
-            },
-            bad(INVALID, "lease"),
-        ),
-        // Last, because if it is wrongly accepted it cuts the held job's
-        // lease to 1 s and later rows would see an expired lease.
-        row(
-            "lease 1ns under 1s (held job, its token)",
-            with(&|r| r.lease = pd(0, 999_999_999)),
-            bad(INVALID, "lease"),
-        ),
-    ]);
-    fx.run("ExtendLease", rows, |mut c, r| async move {
+    check_table("ExtendLease", extend_rows, |mut c, r| async move {
         c.extend_lease(r).await.map(|_| ())
     })
     .await;
-    fx.finish().await;
 }

@@ -87,21 +87,6 @@ async fn until_line(lines: &mut mpsc::UnboundedReceiver<String>, text: &str, lim
     .unwrap_or_else(|_| panic!("no {text:?} within {limit:?}"))
 }
 
-async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let ok: bool = sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap();
-        if ok {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {limit:?}: {sql}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn until_file(path: &Path, limit: Duration) {
     let deadline = tokio::time::Instant::now() + limit;
     while !path.exists() {

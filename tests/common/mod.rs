@@ -1,12 +1,16 @@
 //! Test harness: a real PostgreSQL (DATABASE_URL, or a shared embedded cluster
-//! under the cargo target dir), a fresh database per test, and brokers over
+//! under the system temp dir), a fresh database per test, and brokers over
 //! real gRPC on loopback: in-process ([`TestBroker`]) or as the real binary
-//! ([`BinaryBroker`]).
+//! ([`BinaryBroker`]). Also the helpers several test files share: waiting on
+//! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
+//! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
+//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]) and reflection.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use leaseq::config::ServeArgs;
 use leaseq::pb;
@@ -21,6 +25,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 pub type Client = QueueServiceClient<Channel>;
+
+/// A Subscribe response stream.
+pub type JobStream = Streaming<pb::SubscribeResponse>;
 
 /// URL of a database we may create test databases from.
 static ADMIN_URL: OnceCell<String> = OnceCell::const_new();
@@ -71,6 +78,8 @@ pub fn with_database(url: &str, db: &str) -> String {
 /// A fresh, empty database for one test (migrations run when a broker starts).
 pub struct TestDb {
     pub url: String,
+    /// The database's name (also the last segment of `url`).
+    pub name: String,
     pub pool: PgPool,
 }
 
@@ -89,7 +98,46 @@ impl TestDb {
             .await
             .expect("test db connection");
         leaseq::store::migrate(&pool).await.expect("migrations");
-        TestDb { url, pool }
+        TestDb { url, name, pool }
+    }
+
+    /// A connection pool to the cluster's `postgres` database: this one
+    /// cannot be altered from a connection to itself.
+    async fn admin(&self) -> PgPool {
+        PgPool::connect(&with_database(&self.url, "postgres"))
+            .await
+            .expect("admin connection")
+    }
+
+    /// Lets new connections to this database in again, or refuses them
+    /// (connections already open are not touched).
+    pub async fn allow_connections(&self, allow: bool) {
+        let admin = self.admin().await;
+        let name = &self.name;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "alter database {name} allow_connections {allow}"
+        )))
+        .execute(&admin)
+        .await
+        .expect("alter database allow_connections");
+        admin.close().await;
+    }
+
+    /// Cuts this database off, as an outage would: no new connections, and
+    /// every open one (the brokers', this pool's) ended. Undo with
+    /// `allow_connections(true)`.
+    pub async fn cut_off(&self) {
+        self.allow_connections(false).await;
+        let admin = self.admin().await;
+        sqlx::query(
+            "select pg_terminate_backend(pid) from pg_stat_activity
+             where datname = $1 and pid <> pg_backend_pid()",
+        )
+        .bind(&self.name)
+        .execute(&admin)
+        .await
+        .expect("terminate backends");
+        admin.close().await;
     }
 
     pub async fn count(&self, sql: &'static str) -> i64 {
@@ -106,6 +154,92 @@ impl TestDb {
     pub async fn dead_jobs(&self) -> i64 {
         self.count("select count(*) from leaseq.dead_jobs").await
     }
+
+    /// A live job's (state, attempt, lease token), or None once it left the table.
+    pub async fn live_row(&self, id: &str) -> Option<(String, i32, Option<uuid::Uuid>)> {
+        sqlx::query_as("select state, attempt, lease_token from leaseq.jobs where id = $1")
+            .bind(uuid::Uuid::parse_str(id).expect("job id is a UUID"))
+            .fetch_optional(&self.pool)
+            .await
+            .expect("live row")
+    }
+
+    /// A dead job's (reason, attempt, last_error).
+    pub async fn dead_row(&self, id: &str) -> Option<(String, i32, Option<String>)> {
+        sqlx::query_as("select reason, attempt, last_error from leaseq.dead_jobs where id = $1")
+            .bind(uuid::Uuid::parse_str(id).expect("job id is a UUID"))
+            .fetch_optional(&self.pool)
+            .await
+            .expect("dead row")
+    }
+
+    /// (payload, state, attempt, lease_token) of every live job, in id order.
+    pub async fn job_rows(&self) -> Vec<(String, String, i32, Option<String>)> {
+        sqlx::query_as(
+            "select convert_from(payload, 'UTF8'), state, attempt, lease_token::text
+             from leaseq.jobs order by id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("job rows")
+    }
+
+    /// How many jobs of `queue` are leased.
+    pub async fn leased_in(&self, queue: &str) -> i64 {
+        sqlx::query_scalar("select count(*) from leaseq.jobs where state = 'leased' and queue = $1")
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await
+            .expect("leased count")
+    }
+
+    /// Everything a request could have changed, as one comparable string:
+    /// every column of every queue, live job and dead job (payloads as
+    /// their md5, so 1 MiB payloads stay cheap to compare).
+    pub async fn fingerprint(&self) -> String {
+        sqlx::query_scalar::<_, String>(
+            r#"select concat_ws(E'\n--\n',
+                (select coalesce(string_agg(to_jsonb(q)::text, ',' order by name), '')
+                   from leaseq.queues q),
+                (select coalesce(string_agg((to_jsonb(j) - 'payload')::text || md5(payload), ','
+                                            order by id), '')
+                   from leaseq.jobs j),
+                (select coalesce(string_agg((to_jsonb(d) - 'payload')::text || md5(payload), ','
+                                            order by id), '')
+                   from leaseq.dead_jobs d))"#,
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("fingerprint")
+    }
+}
+
+/// Polls `check` until it holds; returns how long that took. Panics after
+/// `limit`, naming `what`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `sql` (a boolean query) is true on `db`; panics after `limit`.
+pub async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
+    eventually(limit, sql, || async {
+        sqlx::query_scalar::<_, bool>(sql)
+            .fetch_one(&db.pool)
+            .await
+            .expect(sql)
+    })
+    .await;
 }
 
 /// Settings for fast tests: quick heartbeats and reaping, short drain.
@@ -195,6 +329,27 @@ pub async fn health(addr: SocketAddr, service: &str) -> Option<ServingStatus> {
         .await
         .ok()?;
     ServingStatus::try_from(resp.into_inner().status).ok()
+}
+
+/// Polls health for `service` until it is not SERVING (NOT_SERVING, or the
+/// server is unreachable); returns what it saw. Panics after `limit`.
+pub async fn wait_not_serving(
+    addr: SocketAddr,
+    service: &str,
+    limit: Duration,
+) -> Option<ServingStatus> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let h = health(addr, service).await;
+        if h != Some(ServingStatus::Serving) {
+            return h;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "health {service:?} still SERVING after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until the broker reports SERVING (panics after `limit`).
@@ -295,6 +450,59 @@ pub async fn try_next_delivery(
     }
 }
 
+/// Waits for `n` deliveries on `s`, each within `limit`.
+pub async fn take(s: &mut JobStream, n: usize, limit: Duration) -> Vec<pb::Delivery> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(next_delivery(s, limit).await);
+    }
+    out
+}
+
+/// Asserts nothing is delivered on `s` for `window`.
+pub async fn assert_quiet(s: &mut JobStream, window: Duration, why: &str) {
+    if let Some(d) = try_next_delivery(s, window).await {
+        panic!(
+            "{why}: unexpected delivery of {:?} (attempt {})",
+            String::from_utf8_lossy(&job_of(&d).payload),
+            job_of(&d).attempt
+        );
+    }
+}
+
+/// Reads `stream` until it ends; returns its final status (`Ok` for a clean
+/// end). Panics on a delivery (none is expected) or when it does not end
+/// within `limit`.
+pub async fn stream_end(stream: &mut JobStream, limit: Duration) -> Result<(), tonic::Status> {
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(m)) => {
+                    if let Some(pb::subscribe_response::Kind::Delivery(d)) = m.kind {
+                        panic!("delivery on an ending stream: {:?}", d.job.map(|j| j.id));
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(s) => return Err(s),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("stream did not end within {limit:?}"))
+}
+
+pub fn job_of(d: &pb::Delivery) -> &pb::Job {
+    d.job.as_ref().expect("delivery carries a job")
+}
+
+pub fn id_of(d: &pb::Delivery) -> String {
+    job_of(d).id.clone()
+}
+
+pub fn payload_of(d: &pb::Delivery) -> String {
+    String::from_utf8(job_of(d).payload.clone()).expect("utf-8 payload")
+}
+
 pub async fn ack(client: &mut Client, d: &pb::Delivery) -> Result<(), tonic::Status> {
     client
         .ack(pb::AckRequest {
@@ -368,4 +576,72 @@ impl BinaryBroker {
     pub async fn client(&self) -> Client {
         connect(self.addr).await
     }
+}
+
+/// What gRPC server reflection answers: the services it lists, and the file
+/// descriptors it returns for one symbol.
+#[derive(Debug)]
+pub struct Reflection {
+    pub services: Vec<String>,
+    pub files: Vec<Vec<u8>>,
+}
+
+// v1 and v1alpha are the same protocol in two generated modules with no
+// common trait, so one body serves both through a macro.
+macro_rules! reflect {
+    ($version:ident, $addr:expr, $symbol:expr) => {{
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::$version::{ServerReflectionRequest, ServerReflectionResponse};
+
+        let version = stringify!($version);
+        let channel = Channel::from_shared(format!("http://{}", $addr))
+            .expect("url")
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("reflection {version}: connect: {e}"));
+        let request = |m: MessageRequest| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(m),
+        };
+        let reqs = vec![
+            request(MessageRequest::ListServices(String::new())),
+            request(MessageRequest::FileContainingSymbol($symbol.to_owned())),
+        ];
+        let mut resp = ServerReflectionClient::new(channel)
+            .server_reflection_info(tokio_stream::iter(reqs))
+            .await
+            .unwrap_or_else(|e| panic!("reflection {version}: {e:?}"))
+            .into_inner();
+        let mut next = async || -> ServerReflectionResponse {
+            tokio::time::timeout(Duration::from_secs(5), resp.message())
+                .await
+                .unwrap_or_else(|_| panic!("reflection {version}: no answer within 5s"))
+                .unwrap_or_else(|e| panic!("reflection {version}: {e:?}"))
+                .unwrap_or_else(|| panic!("reflection {version}: stream ended"))
+        };
+        let Some(MessageResponse::ListServicesResponse(list)) = next().await.message_response
+        else {
+            panic!("reflection {version}: not a ListServices response");
+        };
+        let Some(MessageResponse::FileDescriptorResponse(files)) = next().await.message_response
+        else {
+            panic!("reflection {version}: no file descriptor for {}", $symbol);
+        };
+        Reflection {
+            services: list.service.into_iter().map(|s| s.name).collect(),
+            files: files.file_descriptor_proto,
+        }
+    }};
+}
+
+/// Asks reflection v1 for its services and the file defining `symbol`.
+pub async fn reflection_v1(addr: SocketAddr, symbol: &str) -> Reflection {
+    reflect!(v1, addr, symbol)
+}
+
+/// As [`reflection_v1`], over the older v1alpha protocol.
+pub async fn reflection_v1alpha(addr: SocketAddr, symbol: &str) -> Reflection {
+    reflect!(v1alpha, addr, symbol)
 }
