@@ -251,8 +251,14 @@ struct Consumers {
 }
 
 impl Consumers {
-    /// `n` consumers of the balancer, each a re-subscribe loop.
+    /// `n` consumers of the balancer, each a re-subscribe loop, with the
+    /// short [`LEASE`].
     async fn start(lb: &Balancer, n: usize) -> Consumers {
+        Self::start_with_lease(lb, n, LEASE).await
+    }
+
+    /// Consumers whose leases last `lease`.
+    async fn start_with_lease(lb: &Balancer, n: usize, lease: Duration) -> Consumers {
         let ledger = Arc::new(Mutex::new(Ledger::default()));
         let (tx, progress) = watch::channel(0);
         let tx = Arc::new(tx);
@@ -262,6 +268,7 @@ impl Consumers {
             let client = lb_client(lb.addr).await;
             tasks.spawn(consume(
                 format!("c{i}"),
+                lease,
                 client,
                 ledger.clone(),
                 tx.clone(),
@@ -306,6 +313,7 @@ impl Consumers {
 /// again, which the balancer routes to a replica that is up.
 async fn consume(
     name: String,
+    lease: Duration,
     mut client: Client,
     ledger: Arc<Mutex<Ledger>>,
     progress: Arc<watch::Sender<usize>>,
@@ -323,7 +331,7 @@ async fn consume(
                 queues: vec![QUEUE.into()],
                 consumer: name.clone(),
                 max_in_flight: 8,
-                lease: Some(dur(LEASE)),
+                lease: Some(dur(lease)),
             }) => r,
         };
         let mut stream = match subscribed {
@@ -576,12 +584,20 @@ enum Loss {
 /// balancer, a backlog so that every stream holds unsettled jobs, then
 /// replica 1 goes away mid-flow.
 async fn lose_a_replica_mid_flow(loss: Loss) {
+    // A kill is recovered by lease expiry, so leases are short. A drain
+    // releases its jobs itself: with leases far longer than the test, any
+    // delivery of a second attempt is the drain's doing (a short lease could
+    // also run out on a loaded machine and muddy that check).
+    let lease = match loss {
+        Loss::Kill => LEASE,
+        Loss::Drain => Duration::from_secs(60),
+    };
     let db = TestDb::new().await;
     let mut b1 = BinaryBroker::start(&db, &[]).await;
     let b2 = BinaryBroker::start(&db, &[]).await;
     let lb = Balancer::start([b1.addr, b2.addr], "60s").await;
 
-    let mut consumers = Consumers::start(&lb, 4).await;
+    let mut consumers = Consumers::start_with_lease(&lb, 4, lease).await;
     // leastconn spreads the four streams over both replicas.
     wait_streams_on_both(&lb).await;
 
