@@ -184,6 +184,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Rows this broker has written to the jobs table so far (inserted,
+    /// leased, settled, released or expired): it leaves dead tuples only
+    /// when this moves, which is how the vacuum loop stays silent when idle.
+    pub fn job_writes(&self) -> u64 {
+        self.enqueued.get()
+            + self.delivered.get()
+            + self.acked.get()
+            + self.nacked.get()
+            + self.lease_expired.get()
+            + self.dead_lettered.get()
+    }
+
     /// Counts an enqueue statement's results.
     pub fn on_enqueued(&self, results: &[crate::store::Enqueued]) {
         let dups = results.iter().filter(|r| r.duplicate).count();
