@@ -313,10 +313,7 @@ async fn postgres_crash_and_restart_under_load() {
 
     for (down, up) in &outages {
         let errors = h.errors_between(*down, *up);
-        let wrong: Vec<_> = errors
-            .iter()
-            .filter(|e| e.1 != Code::Unavailable)
-            .collect();
+        let wrong: Vec<_> = errors.iter().filter(|e| e.1 != Code::Unavailable).collect();
         assert!(
             wrong.is_empty(),
             "while Postgres was down clients saw {wrong:?} (all errors: {errors:?})"
@@ -467,7 +464,6 @@ async fn paused_consumer_is_fenced() {
         .expect("enqueue")
         .into_inner()
         .job_id;
-    h.enqueue_ok("held-by-worker", &id);
     let dir = log_dir("sigstop");
     let marker = dir.join(format!("held-{}", uuid::Uuid::new_v4().simple()));
     let worker_log = dir.join("worker.log");
@@ -476,8 +472,21 @@ async fn paused_consumer_is_fenced() {
         m = marker.display()
     );
     let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
-        .args(["work", "--addr", &format!("http://{addr}"), "--queue", "stop"])
-        .args(["--lease", "2s", "--grace", "5s", "--consumer", "faults-worker"])
+        .args([
+            "work",
+            "--addr",
+            &format!("http://{addr}"),
+            "--queue",
+            "stop",
+        ])
+        .args([
+            "--lease",
+            "2s",
+            "--grace",
+            "5s",
+            "--consumer",
+            "faults-worker",
+        ])
         .args(["--", "sh", "-c", &script])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::null())
@@ -489,14 +498,20 @@ async fn paused_consumer_is_fenced() {
     let pid = worker.id().expect("worker pid") as i32;
     let deadline = Instant::now() + Duration::from_secs(15);
     while !marker.exists() {
-        assert!(Instant::now() < deadline, "leaseq work never ran its command");
+        assert!(
+            Instant::now() < deadline,
+            "leaseq work never ran its command"
+        );
         sleep(Duration::from_millis(20)).await;
     }
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let f = h.fault("SIGSTOP consumer", None);
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), id);
-    let first_token = lease_of(&db.pool, &id).await.expect("leased by the worker").0;
+    let first_token = lease_of(&db.pool, &id)
+        .await
+        .expect("leased by the worker")
+        .0;
     // Another consumer is ready; once the worker's 2 s lease has run out the
     // job is leased again, to this stream or (its credit came back with the
     // expiry) to the stopped worker's.
@@ -508,10 +523,16 @@ async fn paused_consumer_is_fenced() {
             Some((token, by)) if !token.is_empty() && token != first_token => break by,
             _ => {}
         }
-        assert!(Instant::now() < deadline, "the stopped worker's lease never expired");
+        assert!(
+            Instant::now() < deadline,
+            "the stopped worker's lease never expired"
+        );
         sleep(Duration::from_millis(20)).await;
     };
     if holder == "test" {
+        // (When the worker's own stream got it back, its Ack is not in
+        // this history: the job is only checked to be gone below.)
+        h.enqueue_ok("held-by-worker", &id);
         let d = next_delivery(&mut stream, Duration::from_secs(10)).await;
         let rec = h.delivered(sid, 0, Duration::from_secs(30), &d);
         assert_eq!(rec.id, id);
@@ -546,7 +567,11 @@ async fn paused_consumer_is_fenced() {
     let log = std::fs::read_to_string(&worker_log).unwrap();
     // Settled exactly once: by this test's Ack, or by the worker's Ack of
     // its second lease.
-    assert_eq!(lease_of(&db.pool, &id).await, None, "job still live:\n{log}");
+    assert_eq!(
+        lease_of(&db.pool, &id).await,
+        None,
+        "job still live:\n{log}"
+    );
     assert_eq!(db.dead_jobs().await, 0);
     eprintln!("FAULTS sigstop: second lease held by {holder:?}");
     drop(stream);
@@ -584,7 +609,11 @@ async fn paused_consumer_is_fenced() {
         })
         .await
         .expect_err("a late ExtendLease is refused");
-    assert_eq!(late_extend.code(), Code::FailedPrecondition, "{late_extend:?}");
+    assert_eq!(
+        late_extend.code(),
+        Code::FailedPrecondition,
+        "{late_extend:?}"
+    );
     let late_ack = load::ack(&mut client, &first.id, &first.token).await;
     h.ack_result(&first, 0, &late_ack);
     assert_eq!(
@@ -607,13 +636,12 @@ async fn paused_consumer_is_fenced() {
 
 /// (lease_token, leased_by) of a leased job; None once it is gone.
 async fn lease_of(pool: &PgPool, id: &str) -> Option<(String, String)> {
-    let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
-        "select lease_token::text, leased_by from leaseq.jobs where id = $1::uuid",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await
-    .expect("lease_of");
+    let row: Option<(Option<String>, Option<String>)> =
+        sqlx::query_as("select lease_token::text, leased_by from leaseq.jobs where id = $1::uuid")
+            .bind(id)
+            .fetch_optional(pool)
+            .await
+            .expect("lease_of");
     row.map(|(t, b)| (t.unwrap_or_default(), b.unwrap_or_default()))
 }
 
@@ -697,7 +725,10 @@ async fn skewed_broker_clocks() {
         reps.push(r);
     }
     // The fault is real: each broker's log is stamped with its skewed clock.
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
     for (i, skew) in [3600i64, -3600].into_iter().enumerate() {
         let text = std::fs::read_to_string(logs.join(format!("broker{i}-1.log"))).unwrap();
         let t = first_log_time(&text)
@@ -728,11 +759,18 @@ async fn skewed_broker_clocks() {
     let mut worst = 0i64;
     for d in h.deliveries() {
         let received_us = start_us + d.t.as_micros() as i64;
-        let lease_us = if d.broker == usize::MAX { 30_000_000 } else { 2_000_000 };
+        let lease_us = if d.broker == usize::MAX {
+            30_000_000
+        } else {
+            2_000_000
+        };
         let off = d.expires_us - received_us - lease_us;
         worst = worst.max(off.abs());
     }
-    eprintln!("FAULTS clock-skew: worst lease end vs receive time + lease: {:.2}s", worst as f64 / 1e6);
+    eprintln!(
+        "FAULTS clock-skew: worst lease end vs receive time + lease: {:.2}s",
+        worst as f64 / 1e6
+    );
     assert!(
         worst < 3_000_000,
         "a lease's end was {:.1}s off receive time + lease",
@@ -742,4 +780,94 @@ async fn skewed_broker_clocks() {
         r.signal(libc::SIGTERM);
         r.wait(Duration::from_secs(10)).await;
     }
+}
+
+/// The checker itself: a history with one planted anomaly of each kind is
+/// reported as such, and explained duplicates are not anomalies.
+#[test]
+fn checker_finds_planted_anomalies() {
+    let h = History::new();
+    let second = Duration::from_secs(1);
+    // A delivery of job `id` under `token`, leased at `start` s (database
+    // time) for 2 s.
+    let deliver = |stream: u64, id: &str, token: &str, start: i64| {
+        let d = pb::Delivery {
+            job: Some(pb::Job {
+                id: id.into(),
+                payload: id.as_bytes().to_vec(),
+                attempt: 1,
+                ..Default::default()
+            }),
+            lease_token: token.into(),
+            lease_expires_at: Some(prost_types::Timestamp {
+                seconds: start + 2,
+                nanos: 0,
+            }),
+        };
+        h.delivered(stream, 0, 2 * second, &d)
+    };
+    let ok: Result<(), tonic::Status> = Ok(());
+    for id in [
+        "lost",
+        "overlap",
+        "after-ack",
+        "twice",
+        "expired",
+        "cut",
+        "nacked",
+    ] {
+        h.enqueue_ok(id, id);
+    }
+    let s1 = h.stream_opened(0);
+    let s2 = h.stream_opened(0);
+
+    deliver(s1, "lost", "l1", 100);
+
+    let a = deliver(s1, "overlap", "o1", 100);
+    let b = deliver(s2, "overlap", "o2", 101);
+    h.ack_result(&a, 0, &Err(tonic::Status::failed_precondition("stale")));
+    h.ack_result(&b, 0, &ok);
+
+    let a = deliver(s1, "after-ack", "a1", 100);
+    h.ack_result(&a, 0, &ok);
+    let b = deliver(s2, "after-ack", "a2", 103);
+    h.ack_result(&b, 0, &Err(tonic::Status::failed_precondition("stale")));
+
+    let a = deliver(s1, "twice", "t1", 100);
+    let b = deliver(s2, "twice", "t2", 103);
+    h.ack_result(&a, 0, &ok);
+    h.ack_result(&b, 0, &ok);
+
+    // Explained: the second lease began when the first had expired...
+    let a = deliver(s1, "expired", "e1", 100);
+    let b = deliver(s2, "expired", "e2", 102);
+    h.ack_result(&a, 0, &Err(tonic::Status::failed_precondition("stale")));
+    h.ack_result(&b, 0, &ok);
+    // ... the first was nacked before the second was received ...
+    let a = deliver(s1, "nacked", "n1", 100);
+    h.nack_sent(&a);
+    let b = deliver(s2, "nacked", "n2", 100);
+    h.ack_result(&b, 0, &ok);
+    // ... or its stream was dropped before.
+    let s3 = h.stream_opened(0);
+    deliver(s3, "cut", "c1", 100);
+    h.stream_dropped(s3);
+    let b = deliver(s2, "cut", "c2", 101);
+    h.ack_result(&b, 0, &ok);
+
+    let r = h.check(&Default::default(), &Default::default());
+    assert_eq!(r.lost.len(), 1, "{r:#?}");
+    assert!(r.lost[0].starts_with("lost"), "{r:#?}");
+    assert_eq!(r.lease_overlap.len(), 1, "{r:#?}");
+    assert!(r.lease_overlap[0].starts_with("overlap"), "{r:#?}");
+    assert_eq!(r.acked_twice.len(), 1, "{r:#?}");
+    assert!(r.acked_twice[0].starts_with("twice"), "{r:#?}");
+    // "after-ack", and "twice" (its second lease came after an Ack too).
+    assert_eq!(r.redelivered_after_ack.len(), 2, "{r:#?}");
+    assert_eq!(
+        (r.dup_expiry, r.dup_nack, r.dup_closed),
+        (1, 1, 1),
+        "{r:#?}"
+    );
+    assert_eq!(r.anomalies().len(), 4, "{:#?}", r.anomalies());
 }

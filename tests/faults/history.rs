@@ -64,8 +64,6 @@ struct Inner {
     /// token -> local time the Nack was sent.
     nack_sent: HashMap<String, Duration>,
     nack_ok: usize,
-    /// token -> latest expiry an ExtendLease returned.
-    extended: HashMap<String, i64>,
     /// stream -> (broker, opened at)
     streams: HashMap<u64, (usize, Duration)>,
     /// stream -> local time the client dropped it (it releases its jobs).
@@ -154,7 +152,13 @@ impl History {
         self.with(|h| h.errors.push(("subscribe", code, t)));
     }
 
-    pub fn delivered(&self, stream: u64, broker: usize, lease: Duration, d: &pb::Delivery) -> Delivered {
+    pub fn delivered(
+        &self,
+        stream: u64,
+        broker: usize,
+        lease: Duration,
+        d: &pb::Delivery,
+    ) -> Delivered {
         let job = d.job.as_ref().expect("delivery has a job");
         let expires_us = ts_us(d.lease_expires_at.as_ref().expect("lease_expires_at"));
         let rec = Delivered {
@@ -178,7 +182,8 @@ impl History {
             Ok(()) => h.ack_ok.push((d.id.clone(), d.token.clone(), broker, t)),
             Err(s) if s.code() == Code::FailedPrecondition => h.ack_stale += 1,
             Err(s) => {
-                h.ack_unknown.push((d.id.clone(), d.token.clone(), s.code()));
+                h.ack_unknown
+                    .push((d.id.clone(), d.token.clone(), s.code()));
                 h.errors.push(("ack", s.code(), t));
             }
         });
@@ -194,14 +199,6 @@ impl History {
         self.with(|h| match r {
             Ok(()) => h.nack_ok += 1,
             Err(s) => h.errors.push(("nack", s.code(), t)),
-        });
-    }
-
-    pub fn extended(&self, token: &str, expires: &prost_types::Timestamp) {
-        let us = ts_us(expires);
-        self.with(|h| {
-            let e = h.extended.entry(token.to_owned()).or_insert(us);
-            *e = (*e).max(us);
         });
     }
 
@@ -233,7 +230,12 @@ impl History {
     /// Waits for an Ack OK after `since` (on `broker` if given): the
     /// system works again after a fault. Returns the seconds it took from
     /// `since`; panics after `limit`.
-    pub async fn wait_recovered(&self, broker: Option<usize>, since: Duration, limit: Duration) -> f64 {
+    pub async fn wait_recovered(
+        &self,
+        broker: Option<usize>,
+        since: Duration,
+        limit: Duration,
+    ) -> f64 {
         let deadline = Instant::now() + limit;
         loop {
             let first = self.with(|h| {
@@ -255,17 +257,7 @@ impl History {
     }
 
     pub fn acked_count(&self) -> usize {
-        self.with(|h| {
-            h.ack_ok
-                .iter()
-                .map(|a| &a.0)
-                .collect::<HashSet<_>>()
-                .len()
-        })
-    }
-
-    pub fn enqueued_count(&self) -> usize {
-        self.with(|h| h.enq_ok.len())
+        self.with(|h| h.ack_ok.iter().map(|a| &a.0).collect::<HashSet<_>>().len())
     }
 
     pub fn deliveries(&self) -> Vec<Delivered> {
@@ -319,6 +311,9 @@ impl History {
         r.nacks = h.nack_ok;
         r.dead = dead.len();
         r.faults = h.faults.len();
+        for f in &h.faults {
+            *r.fault_kinds.entry(f.kind).or_default() += 1;
+        }
 
         for (payload, id) in &h.enq_ok {
             if acks_per_id.contains_key(id.as_str()) || dead.contains(id) {
@@ -373,12 +368,8 @@ impl History {
                     continue;
                 }
                 r.duplicates += 1;
-                let expires = h
-                    .extended
-                    .get(&d1.token)
-                    .copied()
-                    .unwrap_or(d1.expires_us)
-                    .max(d1.expires_us);
+                // The test's consumers never extend a lease.
+                let expires = d1.expires_us;
                 if d2.start_us >= expires {
                     r.dup_expiry += 1;
                     continue;
@@ -441,6 +432,7 @@ pub struct Report {
     pub enqueue_unknown: usize,
     pub deliveries: usize,
     pub faults: usize,
+    pub fault_kinds: BTreeMap<&'static str, usize>,
     pub duplicates: usize,
     pub dup_expiry: usize,
     pub dup_nack: usize,
@@ -465,7 +457,7 @@ impl Report {
     /// One line of figures, for the test output and docs/RELIABILITY.md.
     pub fn figures(&self, name: &str, wall: Duration) -> String {
         format!(
-            "FAULTS {name}: jobs={} enqueue_unknown={} deliveries={} faults={} duplicates={} \
+            "FAULTS {name}: jobs={} enqueue_unknown={} deliveries={} faults={} {:?} duplicates={} \
              (expiry={} nack={} closed={}) nacks={} dead={} ack_unknown={} ack_stale={} \
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} \
              recovery_max_s={:.2} wall_s={:.1}",
@@ -473,6 +465,7 @@ impl Report {
             self.enqueue_unknown,
             self.deliveries,
             self.faults,
+            self.fault_kinds,
             self.duplicates,
             self.dup_expiry,
             self.dup_nack,
@@ -490,8 +483,8 @@ impl Report {
         )
     }
 
-    /// Panics with every anomaly found.
-    pub fn assert_ok(&self) {
+    /// Every invariant broken, one entry per kind (empty: all hold).
+    pub fn anomalies(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for (what, list) in [
             ("lost", &self.lost),
@@ -506,6 +499,12 @@ impl Report {
                 problems.push(format!("{} {what}: {shown:#?}", list.len()));
             }
         }
+        problems
+    }
+
+    /// Panics with every anomaly found.
+    pub fn assert_ok(&self) {
+        let problems = self.anomalies();
         assert!(problems.is_empty(), "{}", problems.join("\n"));
         assert!(self.enqueued > 0, "no job enqueued: nothing was tested");
     }

@@ -357,7 +357,11 @@ pub async fn final_drain(
     let mut client = lazy_client(addr);
     let lease = Duration::from_secs(30);
     'outer: loop {
-        assert!(Instant::now() < deadline, "final drain did not finish within {limit:?}: {} jobs left", live(db, queue).await);
+        assert!(
+            Instant::now() < deadline,
+            "final drain did not finish within {limit:?}: {} jobs left",
+            live(db, queue).await
+        );
         let mut stream = match client
             .subscribe(pb::SubscribeRequest {
                 queues: vec![queue.into()],

@@ -24,7 +24,8 @@ pub struct PrivatePg {
 
 impl PrivatePg {
     pub async fn start() -> PrivatePg {
-        let root = std::env::temp_dir().join(format!("leaseq-faults-{}", uuid::Uuid::new_v4().simple()));
+        let root =
+            std::env::temp_dir().join(format!("leaseq-faults-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&root).expect("mkdir");
         // World-searchable: as root the server runs as `postgres`.
         use std::os::unix::fs::PermissionsExt;
@@ -149,7 +150,7 @@ fn pg_bin() -> PathBuf {
             Some((v, e.path().join("bin")))
         })
         .collect();
-    versioned.sort_by(|a, b| b.0.cmp(&a.0));
+    versioned.sort_by_key(|v| std::cmp::Reverse(v.0));
     candidates.extend(versioned.into_iter().map(|v| v.1));
     candidates.push("/usr/local/pgsql/bin".into());
     candidates
