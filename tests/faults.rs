@@ -241,7 +241,12 @@ async fn sigterm_drains_under_load() {
         victim = (victim + 1) % reps.len();
     }
     assert!(streams_ended > 0, "no stream was open on a drained broker");
-    load.finish("sigterm", &db.pool, addrs[0], "term").await;
+    let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
+    assert!(
+        report.errors_not_unavailable().is_empty(),
+        "a draining or stopped broker must answer UNAVAILABLE: {:?}",
+        report.errors
+    );
 }
 
 /// Polls the overall health of `addrs` every 50 ms; keeps what it saw.
@@ -427,18 +432,28 @@ async fn terminated_backends_under_load() {
     assert!(killed.0 >= 2, "no LISTEN backend was terminated");
     assert!(killed.1 >= 1, "no pool backend was terminated");
     let worst = latencies.iter().copied().fold(0.0, f64::max);
+    latencies.sort_by(f64::total_cmp);
     eprintln!(
-        "FAULTS terminate-backend: listen_killed={} pool_killed={} probe_latency_max_s={worst:.2} \
-         probe_latencies_s={latencies:.2?}",
-        killed.0, killed.1
+        "FAULTS terminate-backend: listen_killed={} pool_killed={} probes={} \
+         probe_latency_median_s={:.2} probe_latency_max_s={worst:.2}",
+        killed.0,
+        killed.1,
+        latencies.len(),
+        latencies[latencies.len() / 2]
     );
     assert!(
-        worst <= POLL.as_secs_f64() + 1.0,
+        worst <= POLL.as_secs_f64() + 1.5,
         "a wake-up took {worst:.2}s after the LISTEN connection died; fallback poll is {POLL:?}"
     );
     drop(probe);
-    load.finish("terminate-backend", &admin, addrs[0], "term4")
+    let report = load
+        .finish("terminate-backend", &admin, addrs[0], "term4")
         .await;
+    assert!(
+        report.errors_not_unavailable().is_empty(),
+        "a terminated backend must look like an outage (UNAVAILABLE): {:?}",
+        report.errors
+    );
     drop(reps);
 }
 
@@ -665,6 +680,11 @@ async fn cut_streams_and_racing_consumers() {
     sleep(fault_seconds()).await;
     let report = load.finish("cut-streams", &db.pool, addrs[0], "race").await;
     assert!(report.dup_closed > 0, "no cut stream's job came back");
+    assert!(
+        report.errors.is_empty(),
+        "client cuts are no errors, yet clients saw: {:?}",
+        report.errors
+    );
     b0.stop().await;
     b1.stop().await;
 }
@@ -753,6 +773,11 @@ async fn skewed_broker_clocks() {
     sleep(fault_seconds()).await;
     let report = load.finish("clock-skew", &db.pool, addrs[0], "skew").await;
     assert!(report.dup_expiry > 0, "no stalled job came back by expiry");
+    assert!(
+        report.errors.is_empty(),
+        "no fault but the clocks, yet clients saw errors: {:?}",
+        report.errors
+    );
 
     // Each lease ran for what was asked, by the database's (true) clock.
     let start_us = wall_start.duration_since(UNIX_EPOCH).unwrap().as_micros() as i64;
@@ -771,8 +796,10 @@ async fn skewed_broker_clocks() {
         "FAULTS clock-skew: worst lease end vs receive time + lease: {:.2}s",
         worst as f64 / 1e6
     );
+    // Seconds of scheduling delay on a busy machine are fine; an hour, or
+    // a lease that already ended or lasts far longer, is not.
     assert!(
-        worst < 3_000_000,
+        worst < 10_000_000,
         "a lease's end was {:.1}s off receive time + lease",
         worst as f64 / 1e6
     );

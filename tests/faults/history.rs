@@ -314,6 +314,9 @@ impl History {
         for f in &h.faults {
             *r.fault_kinds.entry(f.kind).or_default() += 1;
         }
+        for (op, code, _) in &h.errors {
+            *r.errors.entry(format!("{op} {code:?}")).or_default() += 1;
+        }
 
         for (payload, id) in &h.enq_ok {
             if acks_per_id.contains_key(id.as_str()) || dead.contains(id) {
@@ -433,6 +436,8 @@ pub struct Report {
     pub deliveries: usize,
     pub faults: usize,
     pub fault_kinds: BTreeMap<&'static str, usize>,
+    /// Errors clients saw, by "operation code".
+    pub errors: BTreeMap<String, usize>,
     pub duplicates: usize,
     pub dup_expiry: usize,
     pub dup_nack: usize,
@@ -460,7 +465,7 @@ impl Report {
             "FAULTS {name}: jobs={} enqueue_unknown={} deliveries={} faults={} {:?} duplicates={} \
              (expiry={} nack={} closed={}) nacks={} dead={} ack_unknown={} ack_stale={} \
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} \
-             recovery_max_s={:.2} wall_s={:.1}",
+             recovery_max_s={:.2} wall_s={:.1} client_errors={:?}",
             self.enqueued,
             self.enqueue_unknown,
             self.deliveries,
@@ -480,6 +485,7 @@ impl Report {
             self.redelivered_after_ack.len(),
             self.recovery_max_s,
             wall.as_secs_f64(),
+            self.errors,
         )
     }
 
@@ -500,6 +506,14 @@ impl Report {
             }
         }
         problems
+    }
+
+    /// Client errors other than UNAVAILABLE (what clients retry on).
+    pub fn errors_not_unavailable(&self) -> Vec<(&String, &usize)> {
+        self.errors
+            .iter()
+            .filter(|(k, _)| !k.ends_with(" Unavailable"))
+            .collect()
     }
 
     /// Panics with every anomaly found.
