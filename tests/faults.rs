@@ -242,8 +242,16 @@ async fn sigterm_drains_under_load() {
     }
     assert!(streams_ended > 0, "no stream was open on a drained broker");
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
+    // UNAVAILABLE, except that a call racing the connection's close after
+    // the drain fails in the client as CANCELLED (outcome unknown, and the
+    // history treats it so).
+    let other: Vec<_> = report
+        .errors_not_unavailable()
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with(" Cancelled"))
+        .collect();
     assert!(
-        report.errors_not_unavailable().is_empty(),
+        other.is_empty(),
         "a draining or stopped broker must answer UNAVAILABLE: {:?}",
         report.errors
     );
@@ -572,6 +580,7 @@ async fn paused_consumer_is_fenced() {
         );
         sleep(Duration::from_millis(50)).await;
     }
+    let _ = std::fs::remove_file(&marker);
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let exit = timeout(Duration::from_secs(10), worker.wait())
@@ -842,6 +851,7 @@ fn checker_finds_planted_anomalies() {
         "expired",
         "cut",
         "nacked",
+        "nack-refused",
     ] {
         h.enqueue_ok(id, id);
     }
@@ -875,6 +885,12 @@ fn checker_finds_planted_anomalies() {
     h.nack_sent(&a);
     let b = deliver(s2, "nacked", "n2", 100);
     h.ack_result(&b, 0, &ok);
+    // (A Nack refused as stale released nothing: overlap again.)
+    let a = deliver(s1, "nack-refused", "r1", 100);
+    h.nack_sent(&a);
+    h.nack_result(&a, &Err(tonic::Status::failed_precondition("stale")));
+    let b = deliver(s2, "nack-refused", "r2", 101);
+    h.ack_result(&b, 0, &ok);
     // ... or its stream was dropped before.
     let s3 = h.stream_opened(0);
     deliver(s3, "cut", "c1", 100);
@@ -882,11 +898,16 @@ fn checker_finds_planted_anomalies() {
     let b = deliver(s2, "cut", "c2", 101);
     h.ack_result(&b, 0, &ok);
 
+    // Delivered, acked, never enqueued.
+    let a = deliver(s1, "ghost", "g1", 100);
+    h.ack_result(&a, 0, &ok);
+
     let r = h.check(&Default::default(), &Default::default());
     assert_eq!(r.lost.len(), 1, "{r:#?}");
     assert!(r.lost[0].starts_with("lost"), "{r:#?}");
-    assert_eq!(r.lease_overlap.len(), 1, "{r:#?}");
-    assert!(r.lease_overlap[0].starts_with("overlap"), "{r:#?}");
+    assert_eq!(r.lease_overlap.len(), 2, "{r:#?}");
+    assert!(r.lease_overlap[0].starts_with("nack-refused"), "{r:#?}");
+    assert!(r.lease_overlap[1].starts_with("overlap"), "{r:#?}");
     assert_eq!(r.acked_twice.len(), 1, "{r:#?}");
     assert!(r.acked_twice[0].starts_with("twice"), "{r:#?}");
     // "after-ack", and "twice" (its second lease came after an Ack too).
@@ -896,5 +917,6 @@ fn checker_finds_planted_anomalies() {
         (1, 1, 1),
         "{r:#?}"
     );
-    assert_eq!(r.anomalies().len(), 4, "{:#?}", r.anomalies());
+    assert_eq!(r.phantom.len(), 1, "{r:#?}");
+    assert_eq!(r.anomalies().len(), 5, "{:#?}", r.anomalies());
 }

@@ -194,10 +194,15 @@ impl History {
         self.with(|h| h.nack_sent.insert(d.token.clone(), t));
     }
 
-    pub fn nack_result(&self, r: &Result<(), tonic::Status>) {
+    pub fn nack_result(&self, d: &Delivered, r: &Result<(), tonic::Status>) {
         let t = self.now();
         self.with(|h| match r {
             Ok(()) => h.nack_ok += 1,
+            // Refused: it released nothing, so it explains no redelivery.
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                h.nack_sent.remove(&d.token);
+            }
+            // Outcome unknown: it may have released the job.
             Err(s) => h.errors.push(("nack", s.code(), t)),
         });
     }

@@ -278,7 +278,7 @@ pub async fn consumer(
                 .await
                 .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
                 .map(|_| ());
-                history.nack_result(&r);
+                history.nack_result(&rec, &r);
             } else {
                 let r = ack(&mut client, &rec.id, &rec.token).await;
                 history.ack_result(&rec, broker, &r);
