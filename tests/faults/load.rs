@@ -356,23 +356,26 @@ pub async fn final_drain(
     let deadline = started + limit;
     let mut client = lazy_client(addr);
     let lease = Duration::from_secs(30);
+    let mut reported = false;
     'outer: loop {
         assert!(
             Instant::now() < deadline,
             "final drain did not finish within {limit:?}: {} jobs left",
             live(db, queue).await
         );
-        let mut stream = match client
-            .subscribe(pb::SubscribeRequest {
+        let opened = timeout(
+            Duration::from_secs(5),
+            client.subscribe(pb::SubscribeRequest {
                 queues: vec![queue.into()],
                 consumer: "final-drain".into(),
                 max_in_flight: 256,
                 lease: Some(dur(lease)),
-            })
-            .await
-        {
-            Ok(s) => s.into_inner(),
-            Err(_) => {
+            }),
+        )
+        .await;
+        let mut stream = match opened {
+            Ok(Ok(s)) => s.into_inner(),
+            _ => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -382,6 +385,21 @@ pub async fn final_drain(
             if live(db, queue).await == 0 {
                 history.stream_dropped(sid);
                 break 'outer;
+            }
+            if !reported && started.elapsed() > Duration::from_secs(3) {
+                // Slow: say what is left, for a post mortem.
+                reported = true;
+                let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
+                    "select id::text, state, attempt, concat_ws(' ', 'lease left',
+                        lease_expires_at - now(), 'broker', lease_broker, 'by', leased_by,
+                        'run_at - now', run_at - now())
+                     from leaseq.jobs where queue = $1 order by id limit 20",
+                )
+                .bind(queue)
+                .fetch_all(db)
+                .await
+                .unwrap_or_default();
+                eprintln!("final drain of {queue} slow after 3 s; left: {rows:?}");
             }
             let msg = match timeout(Duration::from_millis(500), stream.message()).await {
                 Err(_) => continue,
