@@ -55,16 +55,18 @@ impl Load {
     ) -> Load {
         let producers_stop = CancellationToken::new();
         let consumers_stop = CancellationToken::new();
+        // Jobs: up to twice what the fault phase needs, since the load also
+        // runs while the test starts and while it waits for recoveries.
         let max = (fault_seconds().as_secs_f64() * f64::from(rate) * 2.0) as usize;
         let pace = Duration::from_secs_f64(2.0 / f64::from(rate));
-        let producers = ["a", "b"]
+        let producers = ["pa", "pb"]
             .into_iter()
-            .map(|p| {
+            .map(|prefix| {
                 tokio::spawn(producer(
                     history.clone(),
                     addrs.to_vec(),
                     queue,
-                    if p == "a" { "pa" } else { "pb" },
+                    prefix,
                     max / 2,
                     pace,
                     producers_stop.clone(),
@@ -242,13 +244,14 @@ async fn sigterm_drains_under_load() {
     }
     assert!(streams_ended > 0, "no stream was open on a drained broker");
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
-    // UNAVAILABLE, except that a call racing the connection's close after
-    // the drain fails in the client as CANCELLED (outcome unknown, and the
-    // history treats it so).
+    // UNAVAILABLE, except that a call racing the connection's close at the
+    // end of the drain fails in the client as CANCELLED, or rarely INTERNAL
+    // (an HTTP/2 reset: the broker logs no error for it). Both are unknown
+    // outcomes to the client, and the history treats them so.
     let other: Vec<_> = report
         .errors_not_unavailable()
         .into_iter()
-        .filter(|(k, _)| !k.ends_with(" Cancelled"))
+        .filter(|(k, _)| !k.ends_with(" Cancelled") && !k.ends_with(" Internal"))
         .collect();
     assert!(
         other.is_empty(),
@@ -282,7 +285,15 @@ fn health_monitor(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_crash_and_restart_under_load() {
     let pg = pg::PrivatePg::start().await;
-    let reps = start_replicas(&pg.url, 2, &[], "pgcrash").await;
+    let logs = log_dir("pgcrash");
+    let mut reps = Vec::new();
+    for i in 0..2 {
+        // Health transitions are logged at info.
+        let mut r =
+            Replica::new(i, &pg.url, &[], logs.clone()).env("RUST_LOG", "warn,leaseq::server=info");
+        r.start().await;
+        reps.push(r);
+    }
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let pool = admin_pool(&pg.url).await;
     let h = History::new();
@@ -299,8 +310,27 @@ async fn postgres_crash_and_restart_under_load() {
         let f = h.fault("postgres stop -m immediate", None);
         let down = h.now();
         pg.stop_immediate();
-        for a in &addrs {
-            wait_health(*a, "", ServingStatus::NotServing, Duration::from_secs(10)).await;
+        for (i, a) in addrs.iter().enumerate() {
+            // Like wait_health, but says what it saw when it fails.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut seen = Vec::new();
+            loop {
+                let h = health(*a, "").await;
+                if h == Some(ServingStatus::NotServing) {
+                    break;
+                }
+                if seen.last() != Some(&h) {
+                    seen.push(h);
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "broker {i} ({a}) not NOT_SERVING 10 s after `pg_ctl stop -m immediate` \
+                     (outage {}); health seen: {seen:?}; pg_ctl status: {}",
+                    outages.len() + 1,
+                    pg.status()
+                );
+                sleep(Duration::from_millis(50)).await;
+            }
             assert_eq!(
                 health(*a, "liveness").await,
                 Some(ServingStatus::Serving),

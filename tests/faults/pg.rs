@@ -73,6 +73,23 @@ impl PrivatePg {
         );
     }
 
+    /// `pg_ctl status` output, for diagnostics.
+    pub fn status(&self) -> String {
+        match self
+            .pg_ctl()
+            .args(["status", "-D"])
+            .arg(self.dir.join("data"))
+            .output()
+        {
+            Ok(out) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => format!("pg_ctl status: {e}"),
+        }
+    }
+
     /// `pg_ctl start` with the options `leaseq::embedded` starts it with
     /// (its private socket, no TCP), waiting until it accepts connections.
     pub fn start_again(&self) {
