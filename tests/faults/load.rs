@@ -1,0 +1,449 @@
+//! Load for the fault runs: broker replicas as real processes, producers
+//! and consumers that record everything into a [`History`], and the final
+//! drain by a clean consumer.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use leaseq::pb;
+use leaseq::pb::queue_service_client::QueueServiceClient;
+use leaseq::pb::subscribe_response::Kind;
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use super::history::History;
+use crate::common::{dur, free_port, wait_serving};
+
+pub type Client = QueueServiceClient<Channel>;
+
+/// How long the fault phase of each test runs: `LEASEQ_FAULT_SECONDS`
+/// (default 8, kept short for CI).
+pub fn fault_seconds() -> Duration {
+    let s: f64 = std::env::var("LEASEQ_FAULT_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8.0);
+    Duration::from_secs_f64(s.max(1.0))
+}
+
+/// A client on `addr` that connects lazily and reconnects by itself.
+pub fn lazy_client(addr: SocketAddr) -> Client {
+    let ch = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1))
+        .connect_lazy();
+    QueueServiceClient::new(ch)
+}
+
+/// Where brokers' logs go: one file per process start, kept for a post mortem.
+pub fn log_dir(test: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{test}"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// One broker replica: the real binary, on a fixed loopback address so it
+/// can be restarted where clients look for it.
+pub struct Replica {
+    pub index: usize,
+    pub addr: SocketAddr,
+    url: String,
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
+    logs: PathBuf,
+    starts: usize,
+    pub child: Option<tokio::process::Child>,
+}
+
+impl Replica {
+    pub fn new(index: usize, db_url: &str, extra: &[&str], logs: PathBuf) -> Replica {
+        Replica {
+            index,
+            addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            url: db_url.to_owned(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
+            logs,
+            starts: 0,
+            child: None,
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Replica {
+        self.env.push((k.to_owned(), v.to_owned()));
+        self
+    }
+
+    /// Spawns the process; returns without waiting for it to serve.
+    pub fn spawn(&mut self) {
+        self.starts += 1;
+        let log = std::fs::File::create(
+            self.logs
+                .join(format!("broker{}-{}.log", self.index, self.starts)),
+        )
+        .unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+            .arg("serve")
+            .args(["--listen", &self.addr.to_string()])
+            .args(["--database-url", &self.url])
+            .args(["--reap-interval", "200ms", "--health-interval", "200ms"])
+            .args(["--heartbeat-interval", "500ms", "--drain-grace", "5s"])
+            .args(["--pool-size", "5"])
+            .args(&self.extra)
+            .env("RUST_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn leaseq serve");
+        self.child = Some(child);
+    }
+
+    pub async fn start(&mut self) {
+        self.spawn();
+        wait_serving(self.addr, Duration::from_secs(30)).await;
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().and_then(|c| c.id()).expect("running") as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill({sig})");
+    }
+
+    /// Waits for the process to exit; panics after `limit`.
+    pub async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let status = timeout(limit, child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("broker {} did not exit within {limit:?}", self.index))
+            .expect("wait");
+        self.child = None;
+        status
+    }
+}
+
+/// What a consumer does with each delivery (fractions of deliveries).
+#[derive(Clone, Copy)]
+pub struct Behaviour {
+    /// Nack with retry_after 0.
+    pub nack: f64,
+    /// Hold the job and never settle it: it comes back when the lease expires.
+    pub stall: f64,
+    /// Drop the stream at once, the job unsettled (a client cut mid-lease).
+    pub cut: f64,
+    pub lease: Duration,
+    pub credit: u32,
+    /// Upper bound of the simulated work per job.
+    pub work: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            nack: 0.03,
+            stall: 0.02,
+            cut: 0.0,
+            lease: Duration::from_secs(2),
+            credit: 8,
+            work: Duration::from_millis(5),
+        }
+    }
+}
+
+/// A small xorshift generator: reproducible enough, no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Consumes `queue` through the brokers at `addrs` (starting with `home`,
+/// moving to the next one when a stream cannot be opened), recording
+/// everything, until `stop`. Reconnects after every stream end.
+pub async fn consumer(
+    history: History,
+    addrs: Vec<SocketAddr>,
+    home: usize,
+    queue: &'static str,
+    b: Behaviour,
+    seed: u64,
+    stop: CancellationToken,
+) {
+    let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
+    let mut rng = Rng::new(seed);
+    let mut broker = home;
+    while !stop.is_cancelled() {
+        let mut client = clients[broker].clone();
+        let opened = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = timeout(Duration::from_secs(5), client.subscribe(pb::SubscribeRequest {
+                queues: vec![queue.into()],
+                consumer: format!("faults-{seed}"),
+                max_in_flight: b.credit,
+                lease: Some(dur(b.lease)),
+            })) => r,
+        };
+        let mut stream = match opened {
+            Ok(Ok(s)) => s.into_inner(),
+            Ok(Err(s)) => {
+                history.subscribe_err(s.code());
+                broker = (broker + 1) % clients.len();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(_) => {
+                history.subscribe_err(Code::DeadlineExceeded);
+                broker = (broker + 1) % clients.len();
+                continue;
+            }
+        };
+        let sid = history.stream_opened(broker);
+        // Away from home (it was down), go back after a while, so that a
+        // restarted broker gets its consumers back.
+        let away = tokio::time::sleep(if broker == home {
+            Duration::MAX / 4
+        } else {
+            Duration::from_secs(1)
+        });
+        tokio::pin!(away);
+        loop {
+            let msg = tokio::select! {
+                _ = stop.cancelled() => {
+                    history.stream_dropped(sid);
+                    return;
+                }
+                _ = &mut away => {
+                    history.stream_dropped(sid);
+                    break;
+                }
+                m = stream.message() => m,
+            };
+            let d = match msg {
+                Ok(Some(m)) => match m.kind {
+                    Some(Kind::Delivery(d)) => d,
+                    _ => continue,
+                },
+                Ok(None) => {
+                    history.stream_ended(sid, None);
+                    break;
+                }
+                Err(s) => {
+                    history.stream_ended(sid, Some(s.code()));
+                    break;
+                }
+            };
+            let rec = history.delivered(sid, broker, b.lease, &d);
+            let roll = rng.next_f64();
+            if roll < b.cut {
+                history.fault("client cut", Some(broker));
+                history.stream_dropped(sid);
+                break;
+            } else if roll < b.cut + b.stall {
+                continue;
+            }
+            if !b.work.is_zero() {
+                tokio::time::sleep(b.work.mul_f64(rng.next_f64())).await;
+            }
+            if roll < b.cut + b.stall + b.nack {
+                history.nack_sent(&rec);
+                let r = timeout(
+                    Duration::from_secs(10),
+                    client.nack(pb::NackRequest {
+                        job_id: rec.id.clone(),
+                        lease_token: rec.token.clone(),
+                        error: "faults: nacked on purpose".into(),
+                        retry_after: Some(dur(Duration::ZERO)),
+                        dead_letter: false,
+                    }),
+                )
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
+                .map(|_| ());
+                history.nack_result(&rec, &r);
+            } else {
+                let r = ack(&mut client, &rec.id, &rec.token).await;
+                history.ack_result(&rec, broker, &r);
+            }
+        }
+        // The stream is gone (its Drop ran above or below); go back home.
+        drop(stream);
+        broker = home;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn ack(client: &mut Client, id: &str, token: &str) -> Result<(), tonic::Status> {
+    timeout(
+        Duration::from_secs(10),
+        client.ack(pb::AckRequest {
+            job_id: id.to_owned(),
+            lease_token: token.to_owned(),
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("ack timed out")))
+    .map(|_| ())
+}
+
+/// Enqueues unique payloads `{prefix}{n}` round-robin across `addrs` until
+/// `stop` or `max` jobs, at most one every `pace`.
+pub async fn producer(
+    history: History,
+    addrs: Vec<SocketAddr>,
+    queue: &'static str,
+    prefix: &'static str,
+    max: usize,
+    pace: Duration,
+    stop: CancellationToken,
+) {
+    let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
+    let mut tick = tokio::time::interval(pace);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for n in 0..max {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let payload = format!("{prefix}{n:06}");
+        let mut c = clients[n % clients.len()].clone();
+        let r = timeout(
+            Duration::from_secs(10),
+            c.enqueue(pb::EnqueueRequest {
+                queue: queue.into(),
+                payload: payload.clone().into_bytes(),
+                ..Default::default()
+            }),
+        )
+        .await;
+        match r {
+            Ok(Ok(resp)) => history.enqueue_ok(&payload, &resp.into_inner().job_id),
+            Ok(Err(s)) => history.enqueue_err(&payload, s.code()),
+            Err(_) => history.enqueue_err(&payload, Code::DeadlineExceeded),
+        }
+    }
+}
+
+/// The clean consumer at the end: takes everything left in `queue` through
+/// `addr` and acks it (recorded), until the jobs table holds nothing of the
+/// queue. Jobs leased by dead brokers come back when their leases expire.
+pub async fn final_drain(
+    history: &History,
+    db: &sqlx::PgPool,
+    addr: SocketAddr,
+    queue: &'static str,
+    limit: Duration,
+) -> Duration {
+    let started = Instant::now();
+    let deadline = started + limit;
+    let mut client = lazy_client(addr);
+    let lease = Duration::from_secs(30);
+    let mut reported = false;
+    'outer: loop {
+        assert!(
+            Instant::now() < deadline,
+            "final drain did not finish within {limit:?}: {} jobs left",
+            live(db, queue).await
+        );
+        let opened = timeout(
+            Duration::from_secs(5),
+            client.subscribe(pb::SubscribeRequest {
+                queues: vec![queue.into()],
+                consumer: "final-drain".into(),
+                max_in_flight: 256,
+                lease: Some(dur(lease)),
+            }),
+        )
+        .await;
+        let mut stream = match opened {
+            Ok(Ok(s)) => s.into_inner(),
+            _ => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let sid = history.stream_opened(usize::MAX);
+        loop {
+            if live(db, queue).await == 0 {
+                history.stream_dropped(sid);
+                break 'outer;
+            }
+            if !reported && started.elapsed() > Duration::from_secs(3) {
+                // Slow: say what is left, for a post mortem.
+                reported = true;
+                let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
+                    "select id::text, state, attempt, concat_ws(' ', 'lease left',
+                        lease_expires_at - now(), 'broker', lease_broker, 'by', leased_by,
+                        'run_at - now', run_at - now())
+                     from leaseq.jobs where queue = $1 order by id limit 20",
+                )
+                .bind(queue)
+                .fetch_all(db)
+                .await
+                .unwrap_or_default();
+                eprintln!("final drain of {queue} slow after 3 s; left: {rows:?}");
+            }
+            let msg = match timeout(Duration::from_millis(500), stream.message()).await {
+                Err(_) => continue,
+                Ok(m) => m,
+            };
+            let d = match msg {
+                Ok(Some(m)) => match m.kind {
+                    Some(Kind::Delivery(d)) => d,
+                    _ => continue,
+                },
+                Ok(None) => {
+                    history.stream_ended(sid, None);
+                    continue 'outer;
+                }
+                Err(s) => {
+                    history.stream_ended(sid, Some(s.code()));
+                    continue 'outer;
+                }
+            };
+            let rec = history.delivered(sid, usize::MAX, lease, &d);
+            let r = ack(&mut client, &rec.id, &rec.token).await;
+            history.ack_result(&rec, usize::MAX, &r);
+        }
+    }
+    started.elapsed()
+}
+
+pub async fn live(db: &sqlx::PgPool, queue: &str) -> i64 {
+    sqlx::query_scalar("select count(*) from leaseq.jobs where queue = $1")
+        .bind(queue)
+        .fetch_one(db)
+        .await
+        .expect("live jobs")
+}
+
+/// Ids in the dead letters and in the jobs table, for the checker.
+pub async fn final_ids(pool: &sqlx::PgPool) -> (HashSet<String>, HashSet<String>) {
+    let dead: Vec<String> = sqlx::query_scalar("select id::text from leaseq.dead_jobs")
+        .fetch_all(pool)
+        .await
+        .expect("dead ids");
+    let live: Vec<String> = sqlx::query_scalar("select id::text from leaseq.jobs")
+        .fetch_all(pool)
+        .await
+        .expect("live ids");
+    (dead.into_iter().collect(), live.into_iter().collect())
+}

@@ -1,0 +1,181 @@
+//! A private PostgreSQL cluster that a test may stop and start with
+//! `pg_ctl`, never the shared test cluster (other test processes use it).
+//!
+//! It is started by `leaseq::embedded` in a fresh directory under /tmp
+//! (reachable by the `postgres` user when the tests run as root) in durable
+//! mode: `pg_ctl stop -m immediate` is a crash, and the embedded test
+//! settings (`fsync=off`, `synchronous_commit=off`) would lose commits
+//! already answered, which is the product's configuration neither in
+//! `serve` nor in any sane deployment.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use leaseq::embedded::{EmbeddedOptions, EmbeddedPostgres};
+
+pub struct PrivatePg {
+    /// `/tmp/leaseq-faults-<uuid>`; the cluster is in `pg/` below it.
+    root: PathBuf,
+    dir: PathBuf,
+    bin: PathBuf,
+    pub url: String,
+}
+
+impl PrivatePg {
+    pub async fn start() -> PrivatePg {
+        let root =
+            std::env::temp_dir().join(format!("leaseq-faults-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root).expect("mkdir");
+        // World-searchable: as root the server runs as `postgres`.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let dir = root.join("pg");
+        let pg = EmbeddedPostgres::start(EmbeddedOptions {
+            dir: dir.clone(),
+            durable: true,
+        })
+        .await
+        .expect("starting a private cluster");
+        let url = pg.url("leaseq");
+        // pg_ctl stops it from now on (or Drop does).
+        std::mem::forget(pg);
+        PrivatePg {
+            root,
+            dir,
+            bin: pg_bin(),
+            url,
+        }
+    }
+
+    fn pg_ctl(&self) -> Command {
+        let mut cmd = Command::new(self.bin.join("pg_ctl"));
+        cmd.current_dir(&self.dir).stdin(Stdio::null());
+        if let Some((uid, gid)) = server_user() {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd
+    }
+
+    /// `pg_ctl stop -m immediate`: every backend is killed at once, no
+    /// checkpoint (a crash, recovered from the WAL at the next start).
+    pub fn stop_immediate(&self) {
+        let out = self
+            .pg_ctl()
+            .args(["stop", "-w", "-t", "30", "-m", "immediate", "-D"])
+            .arg(self.dir.join("data"))
+            .output()
+            .expect("run pg_ctl stop");
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `pg_ctl status` output, for diagnostics.
+    pub fn status(&self) -> String {
+        match self
+            .pg_ctl()
+            .args(["status", "-D"])
+            .arg(self.dir.join("data"))
+            .output()
+        {
+            Ok(out) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => format!("pg_ctl status: {e}"),
+        }
+    }
+
+    /// `pg_ctl start` with the options `leaseq::embedded` starts it with
+    /// (its private socket, no TCP), waiting until it accepts connections.
+    pub fn start_again(&self) {
+        let opts = format!(
+            "-k {} -p 5432 -c listen_addresses= -c unix_socket_permissions=0700 -c max_connections=300",
+            self.dir.join("run").display()
+        );
+        let out = self
+            .pg_ctl()
+            .args(["start", "-w", "-t", "60", "-D"])
+            .arg(self.dir.join("data"))
+            .arg("-l")
+            .arg(self.dir.join("postgres.log"))
+            .args(["-o", &opts])
+            // pg_ctl's server keeps our stdout open otherwise.
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run pg_ctl start");
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let _ = self
+            .pg_ctl()
+            .args(["stop", "-w", "-t", "30", "-m", "fast", "-D"])
+            .arg(self.dir.join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// As root, the (uid, gid) the server runs as (`postgres`, else `nobody`,
+/// as in `leaseq::embedded`); None otherwise.
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    for name in [c"postgres", c"nobody"] {
+        // SAFETY: getpwnam returns null or static storage, read at once.
+        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+        if !pw.is_null() {
+            // SAFETY: checked non-null.
+            return Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) });
+        }
+    }
+    None
+}
+
+/// The directory with `pg_ctl` and `postgres`, searched like
+/// `leaseq::embedded` searches for `initdb`.
+fn pg_bin() -> PathBuf {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(d) = std::env::var_os("LEASEQ_PG_BIN").filter(|d| !d.is_empty()) {
+        candidates.push(d.into());
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path));
+    }
+    let mut versioned: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((v, e.path().join("bin")))
+        })
+        .collect();
+    versioned.sort_by_key(|v| std::cmp::Reverse(v.0));
+    candidates.extend(versioned.into_iter().map(|v| v.1));
+    candidates.push("/usr/local/pgsql/bin".into());
+    candidates
+        .into_iter()
+        .find(|d| is_file(&d.join("pg_ctl")) && is_file(&d.join("postgres")))
+        .unwrap_or_else(|| panic!("pg_ctl not found (set LEASEQ_PG_BIN)"))
+}
+
+fn is_file(p: &Path) -> bool {
+    p.is_file()
+}
