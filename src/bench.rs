@@ -68,6 +68,14 @@ pub struct BenchArgs {
     /// How consumers ack: one Ack per job, or AckBatch.
     #[arg(long, value_enum, default_value_t = AckMode::Unary)]
     pub ack: AckMode,
+    /// The broker's process id: report its CPU time per job (Linux /proc).
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
+    /// The PostgreSQL postmaster's process id (first line of
+    /// `postmaster.pid` in the data directory): report the CPU time of the
+    /// whole cluster (postmaster, backends, vacuum workers) per job.
+    #[arg(long)]
+    pub postgres_pid: Option<u32>,
     /// Print a line with the rate of the last N seconds (and, with
     /// --database-url, the size of leaseq.jobs) every N seconds: for soaks.
     #[arg(long)]
@@ -253,6 +261,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     // Let streams register before producing.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    let cpu_before = CpuTimes::read(&args);
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.duration);
     match args.scenario {
@@ -395,6 +404,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = CpuTimes::read(&args).since(&cpu_before);
     stop.store(true, Ordering::Relaxed);
     eprintln!();
     tasks.abort_all();
@@ -415,6 +425,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let ratio = baseline_jobs_per_s.map(|b| jobs_per_s / b);
     if let (Some(b), Some(r)) = (baseline_jobs_per_s, ratio) {
         println!("baseline (raw SQL, batches of 100) jobs_per_s={b:.0} ratio={r:.2}");
+    }
+    if done > 0 {
+        let per_job = |secs: Option<f64>| {
+            secs.map_or("n/a".to_owned(), |s| {
+                format!("{:.1}", s * 1e6 / done as f64)
+            })
+        };
+        println!(
+            "cpu_us_per_job broker={} client={} postgres={}",
+            per_job(cpu.broker),
+            per_job(cpu.client),
+            per_job(cpu.postgres)
+        );
     }
     let rss_kb = own_rss_kb();
     println!(
@@ -626,4 +649,78 @@ async fn ack_batches(
             }
         }
     }
+}
+
+/// CPU seconds (user + system) consumed so far by the broker, this process,
+/// and the PostgreSQL cluster, read from Linux's /proc (None elsewhere, or
+/// when the pid was not given).
+struct CpuTimes {
+    broker: Option<f64>,
+    client: Option<f64>,
+    postgres: Option<f64>,
+}
+
+impl CpuTimes {
+    fn read(args: &BenchArgs) -> CpuTimes {
+        CpuTimes {
+            broker: args.broker_pid.and_then(|p| proc_cpu(p, true)),
+            client: proc_cpu(std::process::id(), false),
+            postgres: args.postgres_pid.and_then(cluster_cpu),
+        }
+    }
+
+    fn since(&self, before: &CpuTimes) -> CpuTimes {
+        let d = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
+        CpuTimes {
+            broker: d(self.broker, before.broker),
+            client: d(self.client, before.client),
+            postgres: d(self.postgres, before.postgres),
+        }
+    }
+}
+
+/// Fields of /proc/PID/stat after the command name.
+fn proc_stat(pid: u32) -> Option<Vec<u64>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect(),
+    )
+}
+
+/// CPU seconds of a process; with `children`, also of its exited children.
+fn proc_cpu(pid: u32, children: bool) -> Option<f64> {
+    let f = proc_stat(pid)?;
+    // utime, stime, cutime, cstime are fields 14-17 (11-14 after the name).
+    let ticks = f.get(11)? + f.get(12)? + if children { f.get(13)? + f.get(14)? } else { 0 };
+    Some(ticks as f64 / clock_ticks())
+}
+
+/// CPU seconds of a PostgreSQL cluster: its postmaster with every exited
+/// child (vacuum workers, closed backends), plus its live children.
+fn cluster_cpu(postmaster: u32) -> Option<f64> {
+    let mut total = proc_cpu(postmaster, true)?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(f) = proc_stat(pid)
+            && f.get(1) == Some(&u64::from(postmaster))
+        {
+            total += (f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0)) as f64 / clock_ticks();
+        }
+    }
+    Some(total)
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
 }
