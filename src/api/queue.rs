@@ -39,6 +39,35 @@ impl QueueApi {
     }
 }
 
+/// Checks a repeated request field's size (1 to `max` entries) and parses
+/// each entry, naming the entry in errors (`jobs[3].queue: ...`). Nothing is
+/// acted on unless every entry is valid.
+fn parse_batch<T, U>(
+    field: &str,
+    noun: &str,
+    items: Vec<T>,
+    max: usize,
+    parse: impl Fn(T) -> Result<U, Error>,
+) -> Result<Vec<U>, Error> {
+    if items.is_empty() {
+        return Err(Error::invalid(
+            field,
+            format!("at least one {noun} is required"),
+        ));
+    }
+    if items.len() > max {
+        return Err(Error::too_large(
+            field,
+            format!("{} {field}, the limit is {max} per batch", items.len()),
+        ));
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| parse(item).map_err(|e| e.in_field(&format!("{field}[{i}]"))))
+        .collect()
+}
+
 fn enqueued(e: crate::store::Enqueued) -> pb::EnqueueResponse {
     pb::EnqueueResponse {
         job_id: e.job_id.to_string(),
@@ -70,28 +99,9 @@ impl QueueService for QueueApi {
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
         let who = Identity::of(&request)?;
         let req = request.into_inner();
-        if req.jobs.is_empty() {
-            return Err(Error::invalid("jobs", "at least one job is required").into());
-        }
-        if req.jobs.len() > self.limits.max_batch_jobs {
-            return Err(Error::too_large(
-                "jobs",
-                format!(
-                    "{} jobs, the limit is {} per batch",
-                    req.jobs.len(),
-                    self.limits.max_batch_jobs
-                ),
-            )
-            .into());
-        }
-        let jobs = req
-            .jobs
-            .into_iter()
-            .enumerate()
-            .map(|(i, j)| {
-                NewJob::parse(j, &self.limits).map_err(|e| e.in_field(&format!("jobs[{i}]")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let jobs = parse_batch("jobs", "job", req.jobs, self.limits.max_batch_jobs, |j| {
+            NewJob::parse(j, &self.limits)
+        })?;
         who.require(Action::Enqueue, jobs.iter().map(|j| &j.queue))?;
         let results = self.broker.enqueue(jobs).await?;
         Ok(Response::new(pb::EnqueueBatchResponse {
@@ -133,39 +143,22 @@ impl QueueService for QueueApi {
     ) -> Result<Response<pb::AckBatchResponse>, Status> {
         let who = Identity::of(&request)?;
         let req = request.into_inner();
-        if req.acks.is_empty() {
-            return Err(Error::invalid("acks", "at least one ack is required").into());
-        }
-        if req.acks.len() > self.limits.max_batch_jobs {
-            return Err(Error::too_large(
-                "acks",
-                format!(
-                    "{} acks, the limit is {} per batch",
-                    req.acks.len(),
-                    self.limits.max_batch_jobs
-                ),
-            )
-            .into());
-        }
-        let acks = req
-            .acks
-            .iter()
-            .enumerate()
-            .map(|(i, a)| AckReq::parse(a).map_err(|e| e.in_field(&format!("acks[{i}]"))))
-            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<String> = req.acks.iter().map(|a| a.job_id.clone()).collect();
+        let acks = parse_batch("acks", "ack", req.acks, self.limits.max_batch_jobs, |a| {
+            AckReq::parse(&a)
+        })?;
         // As for Ack: each lease token is the capability for its job.
         who.require_somewhere(Action::Consume)?;
         let results = self.broker.ack_many(acks).await?;
         Ok(Response::new(pb::AckBatchResponse {
-            results: req
-                .acks
+            results: ids
                 .into_iter()
                 .zip(results)
-                .map(|(a, r)| {
+                .map(|(job_id, r)| {
                     // The per-entry status, mapped like the unary Ack's.
                     let status = r.err().map(Status::from);
                     pb::AckResult {
-                        job_id: a.job_id,
+                        job_id,
                         code: status.as_ref().map_or(0, |s| s.code() as i32),
                         message: status.map(|s| s.message().to_owned()).unwrap_or_default(),
                     }
