@@ -128,23 +128,71 @@ impl Counters {
     }
 }
 
-/// Latency samples in microseconds.
-#[derive(Default)]
-struct Samples(Mutex<Vec<u64>>);
+/// Latency samples in microseconds, as a histogram of fixed size (a
+/// 10-minute soak records tens of millions): 10 µs buckets below 100 ms,
+/// 1 ms buckets up to 60 s, one bucket beyond; the maximum is exact.
+struct Samples(Mutex<(Vec<u64>, u64)>);
+
+const FINE_US: u64 = 10;
+const FINE_BUCKETS: u64 = 10_000;
+const COARSE_US: u64 = 1_000;
+const COARSE_BUCKETS: u64 = 59_900;
+
+impl Default for Samples {
+    fn default() -> Self {
+        Samples(Mutex::new((
+            vec![0; (FINE_BUCKETS + COARSE_BUCKETS + 1) as usize],
+            0,
+        )))
+    }
+}
 
 impl Samples {
-    fn push(&self, us: u64) {
-        self.0.lock().expect("poisoned").push(us);
+    fn bucket(us: u64) -> usize {
+        let fine_end = FINE_US * FINE_BUCKETS;
+        let b = if us < fine_end {
+            us / FINE_US
+        } else {
+            (FINE_BUCKETS + (us - fine_end) / COARSE_US).min(FINE_BUCKETS + COARSE_BUCKETS)
+        };
+        b as usize
     }
 
+    /// The middle of a bucket, in µs.
+    fn value(b: usize) -> u64 {
+        let b = b as u64;
+        if b < FINE_BUCKETS {
+            b * FINE_US + FINE_US / 2
+        } else {
+            FINE_US * FINE_BUCKETS + (b - FINE_BUCKETS) * COARSE_US + COARSE_US / 2
+        }
+    }
+
+    fn push(&self, us: u64) {
+        let mut g = self.0.lock().expect("poisoned");
+        g.0[Self::bucket(us)] += 1;
+        g.1 = g.1.max(us);
+    }
+
+    /// p50, p99 and max in milliseconds.
     fn percentiles(&self) -> (f64, f64, f64) {
-        let mut v = self.0.lock().expect("poisoned").clone();
-        if v.is_empty() {
+        let g = self.0.lock().expect("poisoned");
+        let n: u64 = g.0.iter().sum();
+        if n == 0 {
             return (f64::NAN, f64::NAN, f64::NAN);
         }
-        v.sort_unstable();
-        let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0;
-        (at(0.5), at(0.99), at(1.0))
+        let at = |p: f64| {
+            let rank = ((n - 1) as f64 * p).round() as u64;
+            let mut seen = 0;
+            for (b, c) in g.0.iter().enumerate() {
+                seen += c;
+                if seen > rank {
+                    return Self::value(b).min(g.1) as f64 / 1000.0;
+                }
+            }
+            g.1 as f64 / 1000.0
+        };
+        (at(0.5), at(0.99), g.1 as f64 / 1000.0)
     }
 }
 
@@ -723,4 +771,26 @@ fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Samples;
+
+    #[test]
+    fn percentiles_within_a_bucket() {
+        let s = Samples::default();
+        // 1 µs .. 200 ms in steps of 20 µs: fine and coarse buckets.
+        for us in (1..=200_000).step_by(20) {
+            s.push(us);
+        }
+        s.push(90_000_000); // beyond the last bucket
+        let (p50, p99, max) = s.percentiles();
+        assert!((p50 - 100.0).abs() <= 1.0, "p50 {p50}");
+        assert!((p99 - 198.0).abs() <= 1.0, "p99 {p99}");
+        assert_eq!(max, 90_000.0);
+        let small = Samples::default();
+        small.push(1234);
+        assert_eq!(small.percentiles(), (1.234, 1.234, 1.234));
+    }
 }
