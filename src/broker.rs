@@ -14,7 +14,7 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 use crate::store::batch::Batcher;
-use crate::store::{Enqueued, FailReq, Store};
+use crate::store::{Enqueued, FailReq, Store, Wake};
 
 /// Most rows one group-commit statement carries.
 const MAX_BATCH_ROWS: usize = 2000;
@@ -102,6 +102,23 @@ impl Broker {
                             done.iter().map(|s| (s.broker, s.id, s.token)),
                         )
                         .await;
+                        // Queues with a concurrency limit have a free slot:
+                        // wake their consumers on every replica.
+                        let freed: HashSet<&QueueName> =
+                            done.iter().filter_map(|s| s.slot_freed.as_ref()).collect();
+                        if !freed.is_empty() {
+                            let wakes: Vec<Wake> = freed
+                                .into_iter()
+                                .map(|q| Wake {
+                                    queue: q.clone(),
+                                    delay_ms: 0,
+                                })
+                                .collect();
+                            if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
+                                tracing::warn!(error = %e, "wake notification failed");
+                            }
+                            dispatcher.wake(wakes);
+                        }
                         Ok(reqs
                             .iter()
                             .map(|batch| {

@@ -960,6 +960,62 @@ async fn bad_input_gets_the_documented_code_and_changes_nothing() {
             .map(drop),
         ),
         (
+            "update concurrency limit negative",
+            Code::InvalidArgument,
+            "concurrency_limit:",
+            a.update_queue(upd(|r| r.concurrency_limit = Some(-1)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update concurrency limit too big",
+            Code::InvalidArgument,
+            "concurrency_limit:",
+            a.update_queue(upd(|r| r.concurrency_limit = Some(1_000_001)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update rate limit negative",
+            Code::InvalidArgument,
+            "rate_limit:",
+            a.update_queue(upd(|r| r.rate_limit = Some(-5.0)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update rate limit NaN",
+            Code::InvalidArgument,
+            "rate_limit:",
+            a.update_queue(upd(|r| r.rate_limit = Some(f64::NAN)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update rate limit infinite",
+            Code::InvalidArgument,
+            "rate_limit:",
+            a.update_queue(upd(|r| r.rate_limit = Some(f64::INFINITY)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update rate limit too slow",
+            Code::InvalidArgument,
+            "rate_limit:",
+            a.update_queue(upd(|r| r.rate_limit = Some(0.0001)))
+                .await
+                .map(drop),
+        ),
+        (
+            "update rate burst negative",
+            Code::InvalidArgument,
+            "rate_burst:",
+            a.update_queue(upd(|r| r.rate_burst = Some(-1)))
+                .await
+                .map(drop),
+        ),
+        (
             "pause unknown",
             Code::NotFound,
             "queue \"nope\"",

@@ -173,6 +173,9 @@ pub fn queue_info(q: QueueRow) -> pb::QueueInfo {
             backoff_cap: proto_duration(q.backoff_cap_ms),
             completed_retention: q.completed_retention_ms.and_then(proto_duration),
             paused: q.paused,
+            concurrency_limit: q.concurrency_limit.unwrap_or(0),
+            rate_limit: q.rate_limit.unwrap_or(0.0),
+            rate_burst: q.rate_burst.unwrap_or(0),
         }),
         stats: Some(pb::QueueStats {
             available: q.available,
@@ -259,6 +262,37 @@ fn selector(r: &pb::DeadLettersSelector) -> Result<Selector> {
     }
 }
 
+/// Largest concurrency limit, rate limit (jobs/s) and burst.
+const MAX_LIMIT: i32 = 1_000_000;
+/// Smallest rate limit: one job every 1,000 s.
+const MIN_RATE: f64 = 0.001;
+
+/// A concurrency limit or burst: 0 clears it.
+fn limit_field(n: i32, field: &str) -> Result<Option<i32>> {
+    match n {
+        0 => Ok(None),
+        1..=MAX_LIMIT => Ok(Some(n)),
+        _ => Err(Error::invalid(
+            field,
+            format!("must be 1 to {MAX_LIMIT}, or 0 for none"),
+        )),
+    }
+}
+
+/// A rate limit in jobs per second: 0 clears it.
+fn rate_field(r: f64) -> Result<Option<f64>> {
+    if r == 0.0 {
+        Ok(None)
+    } else if (MIN_RATE..=f64::from(MAX_LIMIT)).contains(&r) {
+        Ok(Some(r))
+    } else {
+        Err(Error::invalid(
+            "rate_limit",
+            format!("must be {MIN_RATE} to {MAX_LIMIT} jobs per second, or 0 for none"),
+        ))
+    }
+}
+
 /// Validates an UpdateQueueRequest into a settings change.
 fn queue_update(r: &pb::UpdateQueueRequest) -> Result<QueueUpdate> {
     let max_attempts = match r.max_attempts {
@@ -296,6 +330,15 @@ fn queue_update(r: &pb::UpdateQueueRequest) -> Result<QueueUpdate> {
             .transpose()?
             .map(|ms| (ms > 0).then_some(ms)),
         paused: r.paused,
+        concurrency_limit: r
+            .concurrency_limit
+            .map(|n| limit_field(n, "concurrency_limit"))
+            .transpose()?,
+        rate_limit: r.rate_limit.map(rate_field).transpose()?,
+        rate_burst: r
+            .rate_burst
+            .map(|n| limit_field(n, "rate_burst"))
+            .transpose()?,
     };
     Ok(update)
 }
@@ -346,6 +389,13 @@ impl AdminService for AdminApi {
         info!(queue = %name, ?update, "queue settings changed");
         if update.paused == Some(false) {
             self.resumed(&name).await?;
+        } else if update.concurrency_limit.is_some()
+            || update.rate_limit.is_some()
+            || update.rate_burst.is_some()
+        {
+            // A raised or removed limit lets waiting jobs go at once, on
+            // every replica.
+            self.wake([name.clone()]).await?;
         }
         Ok(Response::new(self.queue_info(&name).await?))
     }

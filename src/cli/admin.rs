@@ -205,6 +205,16 @@ pub struct QueueUpdateArgs {
     /// Retention of completed jobs (stored, not yet enforced; 0 clears).
     #[arg(long, value_parser = parse_duration)]
     pub retention: Option<Duration>,
+    /// Most jobs leased at once, across replicas (0 removes the limit).
+    #[arg(long)]
+    pub concurrency_limit: Option<i32>,
+    /// Jobs started per second, across replicas (0 removes the limit).
+    #[arg(long)]
+    pub rate_limit: Option<f64>,
+    /// Jobs that may start at once after a quiet spell (0 = the default,
+    /// max(1, ceil(rate))).
+    #[arg(long)]
+    pub rate_burst: Option<i32>,
     /// Create the queue if it does not exist.
     #[arg(long)]
     pub create: bool,
@@ -285,6 +295,7 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
                         "MAX_ATTEMPTS",
                         "BACKOFF",
                         "RETENTION",
+                        "LIMITS",
                         "CREATED",
                     ],
                     queues.iter().map(|q| {
@@ -302,6 +313,7 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
                             s.completed_retention
                                 .as_ref()
                                 .map_or("-".into(), |d| human_dur(Some(d))),
+                            limits(&s),
                             q.created_at.as_ref().map_or("-".into(), rfc3339),
                         ]
                     }),
@@ -463,6 +475,9 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
                     completed_retention: d(a.retention),
                     paused: None,
                     create: a.create,
+                    concurrency_limit: a.concurrency_limit,
+                    rate_limit: a.rate_limit,
+                    rate_burst: a.rate_burst,
                 })
                 .await?
                 .into_inner();
@@ -739,6 +754,22 @@ fn opt_ts(t: Option<&prost_types::Timestamp>) -> Value {
     t.map_or(Value::Null, |t| Value::String(rfc3339(t)))
 }
 
+/// "5 leased, 10/s burst 10", or "-" without limits.
+fn limits(s: &pb::QueueSettings) -> String {
+    let mut parts = Vec::new();
+    if s.concurrency_limit > 0 {
+        parts.push(format!("{} leased", s.concurrency_limit));
+    }
+    if s.rate_limit > 0.0 {
+        parts.push(format!("{}/s burst {}", s.rate_limit, s.rate_burst));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 fn queue_json(q: &pb::QueueInfo) -> Value {
     let s = q.settings.unwrap_or_default();
     let st = q.stats.unwrap_or_default();
@@ -757,6 +788,9 @@ fn queue_json(q: &pb::QueueInfo) -> Value {
         "backoff_base_seconds": opt_secs(s.backoff_base.as_ref()),
         "backoff_cap_seconds": opt_secs(s.backoff_cap.as_ref()),
         "completed_retention_seconds": opt_secs(s.completed_retention.as_ref()),
+        "concurrency_limit": (s.concurrency_limit > 0).then_some(s.concurrency_limit),
+        "rate_limit": (s.rate_limit > 0.0).then_some(s.rate_limit),
+        "rate_burst": (s.rate_burst > 0).then_some(s.rate_burst),
         "created_at": opt_ts(q.created_at.as_ref()),
     })
 }

@@ -39,7 +39,7 @@ pub use stream::SubscriptionStream;
 
 use crate::domain::{JobId, LeaseToken, QueueName, Subscription};
 use crate::pb;
-use crate::store::{FailReq, Leased, Store, Wake, Want};
+use crate::store::{FailReq, LeaseOutcome, Leased, Store, Wake, Want};
 
 pub type StreamId = u64;
 
@@ -75,7 +75,7 @@ pub(crate) enum Msg {
         alive: Vec<(JobId, i64)>,
     },
     /// A lease round finished.
-    Leased(Round, crate::error::Result<Vec<Leased>>),
+    Leased(Round, crate::error::Result<LeaseOutcome>),
     Drain(oneshot::Sender<()>),
 }
 
@@ -187,6 +187,53 @@ pub(crate) struct Round {
     seqs: HashMap<QueueName, u64>,
 }
 
+impl Round {
+    /// Leases what the round asks for: unlimited queues in one statement,
+    /// queues with limits in a transaction that takes turns with other
+    /// replicas (`store::limits`), both at once.
+    async fn lease(
+        &self,
+        store: &Store,
+        limited: &[QueueName],
+    ) -> crate::error::Result<LeaseOutcome> {
+        let (slow, fast): (Vec<Want>, Vec<Want>) = self
+            .wants
+            .iter()
+            .cloned()
+            .partition(|w| limited.contains(&w.queue));
+        let (a, b) = tokio::join!(
+            async {
+                if fast.is_empty() {
+                    Ok(LeaseOutcome::default())
+                } else {
+                    store.lease(&fast).await
+                }
+            },
+            async {
+                if slow.is_empty() {
+                    Ok(LeaseOutcome::default())
+                } else {
+                    store.lease_limited(&slow).await
+                }
+            }
+        );
+        // Jobs leased by one half are delivered even if the other failed.
+        match (a, b) {
+            (Ok(mut a), Ok(b)) => {
+                a.jobs.extend(b.jobs);
+                a.limited.extend(b.limited);
+                a.caps.extend(b.caps);
+                Ok(a)
+            }
+            (Ok(a), Err(e)) | (Err(e), Ok(a)) if !a.jobs.is_empty() => {
+                warn!(error = %e, "half of a lease round failed");
+                Ok(a)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        }
+    }
+}
+
 impl StreamState {
     fn credit(&self) -> i32 {
         self.sub.max_in_flight as i32 - self.inflight.len() as i32 - self.reserved
@@ -207,6 +254,11 @@ struct QueueState {
     /// short marks the queue drained only if nothing happened since it was
     /// planned (otherwise a wake-up could be lost between two rounds).
     seq: u64,
+    /// The queue has a concurrency or rate limit: lease it through
+    /// `Store::lease_limited`. Learnt from lease rounds.
+    limited: bool,
+    /// Its rate limit cut the last round: look again then.
+    limit_due: Option<Instant>,
 }
 
 struct State {
@@ -266,7 +318,7 @@ impl State {
             t = t.min(r);
         }
         for q in self.queues.values() {
-            if let Some(d) = q.due {
+            for d in [q.due, q.limit_due].into_iter().flatten() {
                 t = t.min(d);
             }
         }
@@ -470,6 +522,11 @@ impl State {
                 q.seq += 1;
                 q.check_due = true;
             }
+            if q.limit_due.is_some_and(|d| d <= now) {
+                q.limit_due = None;
+                q.ready = true;
+                q.seq += 1;
+            }
         }
         // Local lease deadlines: ask the database whether those leases are
         // really over (another replica may have extended them) and reap them.
@@ -505,12 +562,16 @@ impl State {
                 return;
             }
             let mut seqs = HashMap::new();
+            let mut limited = Vec::new();
             for w in &wants {
                 if let Some(stream) = self.streams.get_mut(&slots[w.slot as usize]) {
                     stream.reserved += w.n;
                 }
-                if let Some(q) = self.queues.get(&w.queue) {
-                    seqs.insert(w.queue.clone(), q.seq);
+                if let Some(q) = self.queues.get(&w.queue)
+                    && seqs.insert(w.queue.clone(), q.seq).is_none()
+                    && q.limited
+                {
+                    limited.push(w.queue.clone());
                 }
             }
             let round = Round { wants, slots, seqs };
@@ -518,27 +579,54 @@ impl State {
             let store = self.store.clone();
             let me = self.me.clone();
             tokio::spawn(async move {
-                let result = store.lease(&round.wants).await;
+                let result = round.lease(&store, &limited).await;
                 let _ = me.send(Msg::Leased(round, result));
             });
         }
     }
 
-    fn finish_round(&mut self, round: Round, result: crate::error::Result<Vec<Leased>>) {
+    fn finish_round(&mut self, round: Round, result: crate::error::Result<LeaseOutcome>) {
         self.rounds_in_flight -= 1;
         for w in &round.wants {
             if let Some(stream) = self.streams.get_mut(&round.slots[w.slot as usize]) {
                 stream.reserved -= w.n;
             }
         }
-        let leased = match result {
-            Ok(rows) => rows,
+        let LeaseOutcome {
+            jobs: leased,
+            limited,
+            caps,
+        } = match result {
+            Ok(outcome) => outcome,
             Err(e) => {
                 warn!(error = %e, "lease statement failed; retrying in 1s");
                 self.retry_at = Some(Instant::now() + Duration::from_secs(1));
                 return;
             }
         };
+        // Queues whose limits changed since we last looked go to the other
+        // path at once (the bumped seq keeps them ready below).
+        for q in limited {
+            if let Some(qs) = self.queues.get_mut(&q) {
+                qs.limited = true;
+                qs.ready = true;
+                qs.seq += 1;
+            }
+        }
+        let now = Instant::now();
+        for cap in caps {
+            if let Some(qs) = self.queues.get_mut(&cap.queue) {
+                if cap.unlimited {
+                    qs.limited = false;
+                    qs.ready = true;
+                    qs.seq += 1;
+                }
+                if let Some(ms) = cap.retry_ms {
+                    let at = now + Duration::from_millis(ms as u64);
+                    qs.limit_due = Some(qs.limit_due.map_or(at, |d| d.min(at)));
+                }
+            }
+        }
         let mut asked: HashMap<&QueueName, i32> = HashMap::new();
         for w in &round.wants {
             *asked.entry(&w.queue).or_default() += w.n;
@@ -790,12 +878,21 @@ async fn release(
     }
 }
 
-/// One wake per queue that got a job back (coalesced).
+/// One wake per queue that got a job back (coalesced), and an immediate one
+/// per queue with a concurrency limit (a slot freed, whatever became of the
+/// job).
 pub(crate) fn wakes_for(done: &[crate::store::Failed]) -> Vec<Wake> {
     let mut min: HashMap<&QueueName, i64> = HashMap::new();
-    for f in done.iter().filter(|f| f.death.is_none()) {
-        let e = min.entry(&f.queue).or_insert(f.retry_ms);
-        *e = (*e).min(f.retry_ms);
+    for f in done {
+        let ms = if f.slot_freed {
+            0
+        } else if f.death.is_none() {
+            f.retry_ms
+        } else {
+            continue;
+        };
+        let e = min.entry(&f.queue).or_insert(ms);
+        *e = (*e).min(ms);
     }
     min.into_iter()
         .map(|(q, ms)| Wake {

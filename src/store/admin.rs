@@ -23,6 +23,10 @@ pub struct QueueRow {
     pub backoff_cap_ms: i64,
     pub completed_retention_ms: Option<i64>,
     pub paused: bool,
+    pub concurrency_limit: Option<i32>,
+    pub rate_limit: Option<f64>,
+    /// The effective bucket size when there is a rate limit.
+    pub rate_burst: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub available: i64,
     pub scheduled: i64,
@@ -47,6 +51,12 @@ pub struct QueueUpdate {
     /// Some(None) clears it.
     pub completed_retention_ms: Option<Option<i64>>,
     pub paused: Option<bool>,
+    /// Some(None) removes the limit.
+    pub concurrency_limit: Option<Option<i32>>,
+    /// Some(None) removes the limit (and the burst). Refills the bucket.
+    pub rate_limit: Option<Option<f64>>,
+    /// Some(None) = the default, max(1, ceil(rate_limit)). Refills the bucket.
+    pub rate_burst: Option<Option<i32>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +161,9 @@ fn queue_row(store: &Store, r: &PgRow) -> Result<QueueRow> {
         backoff_cap_ms: r.try_get("backoff_cap_ms")?,
         completed_retention_ms: r.try_get("completed_retention_ms")?,
         paused: r.try_get("paused")?,
+        concurrency_limit: r.try_get("concurrency_limit")?,
+        rate_limit: r.try_get("rate_limit")?,
+        rate_burst: r.try_get("rate_burst")?,
         created_at: r.try_get("created_at")?,
         available: r.try_get("available")?,
         scheduled: r.try_get("scheduled")?,
@@ -234,7 +247,11 @@ pub async fn update_queue(
             backoff_base_ms = $4, \
             backoff_cap_ms = $5, \
             completed_retention_ms = case when $6 then $7 else completed_retention_ms end, \
-            paused = coalesce($8, paused) \
+            paused = coalesce($8, paused), \
+            concurrency_limit = case when $9 then $10 else concurrency_limit end, \
+            rate_limit = case when $11 then $12 else rate_limit end, \
+            rate_burst = case when $11 and $12 is null then null when $13 then $14 else rate_burst end, \
+            rate_tokens = case when $11 or $13 then null else rate_tokens end \
          where name = $1",
     )
     .bind(name.as_str())
@@ -245,6 +262,12 @@ pub async fn update_queue(
     .bind(update.completed_retention_ms.is_some())
     .bind(update.completed_retention_ms.flatten())
     .bind(update.paused)
+    .bind(update.concurrency_limit.is_some())
+    .bind(update.concurrency_limit.flatten())
+    .bind(update.rate_limit.is_some())
+    .bind(update.rate_limit.flatten())
+    .bind(update.rate_burst.is_some())
+    .bind(update.rate_burst.flatten())
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

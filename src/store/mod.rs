@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod batch;
+pub mod limits;
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -149,6 +150,21 @@ pub struct Leased {
     pub lease_expires_at: DateTime<Utc>,
 }
 
+/// What a lease round got.
+#[derive(Debug, Default)]
+pub struct LeaseOutcome {
+    pub jobs: Vec<Leased>,
+    /// Wanted queues the round skipped because they have limits.
+    pub limited: Vec<QueueName>,
+    /// For a round of limited queues: how the limits cut each queue's ask.
+    pub caps: Vec<limits::Cap>,
+}
+
+enum LeaseRow {
+    Job(Leased),
+    Limited(QueueName),
+}
+
 /// Outcome of a settle (ack / fail) that matched the current token.
 #[derive(Clone, Debug)]
 pub struct Settled {
@@ -157,6 +173,8 @@ pub struct Settled {
     pub token: LeaseToken,
     /// The broker that leased the job (its stream's credit must come back).
     pub broker: Option<Uuid>,
+    /// The job's queue, if it has a concurrency limit (a slot just freed).
+    pub slot_freed: Option<QueueName>,
 }
 
 /// One lease to end unsuccessfully (see fail.sql).
@@ -178,6 +196,8 @@ pub struct Failed {
     /// Some(reason) when dead-lettered.
     pub death: Option<String>,
     pub retry_ms: i64,
+    /// The queue has a concurrency limit: a slot just freed.
+    pub slot_freed: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -414,8 +434,30 @@ impl Store {
         Ok(())
     }
 
-    /// Leases jobs for a dispatcher round (see lease.sql).
-    pub async fn lease(&self, wants: &[Want]) -> Result<Vec<Leased>> {
+    /// Leases jobs for a dispatcher round of unlimited queues (see
+    /// lease.sql). Wanted queues that turn out to have limits are skipped and
+    /// named in [`LeaseOutcome::limited`]: they go through
+    /// [`Store::lease_limited`].
+    pub async fn lease(&self, wants: &[Want]) -> Result<LeaseOutcome> {
+        let rows = self.lease_rows(&self.pool, wants, false).await?;
+        let mut out = LeaseOutcome::default();
+        for row in rows {
+            match row {
+                LeaseRow::Job(j) => out.jobs.push(j),
+                LeaseRow::Limited(q) => out.limited.push(q),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs lease.sql. With `include_limited` the caller holds the limited
+    /// queues' row locks and has trimmed `wants` to what their limits allow.
+    async fn lease_rows<'e>(
+        &self,
+        exec: impl Executor<'e, Database = Postgres>,
+        wants: &[Want],
+        include_limited: bool,
+    ) -> Result<Vec<LeaseRow>> {
         let mut queues = Vec::with_capacity(wants.len());
         let mut lo = Vec::with_capacity(wants.len());
         let mut hi = Vec::with_capacity(wants.len());
@@ -441,16 +483,24 @@ impl Store {
             .bind(slot)
             .bind(consumer)
             .bind(self.broker_id)
-            .fetch_all(&self.pool)
+            .bind(include_limited)
+            .fetch_all(exec)
             .await?;
         rows.into_iter()
             .map(|r| {
+                let slot: i32 = r.try_get("slot")?;
+                let queue: String = r.try_get("queue")?;
+                if slot < 0 {
+                    let q =
+                        QueueName::parse(&queue).ok_or(Error::Internal("bad queue name in db"))?;
+                    return Ok(LeaseRow::Limited(q));
+                }
                 let headers: String = r.try_get("headers")?;
-                Ok(Leased {
-                    slot: r.try_get("slot")?,
+                Ok(LeaseRow::Job(Leased {
+                    slot,
                     lease_ms: r.try_get("lease_ms")?,
                     id: JobId(r.try_get("id")?),
-                    queue: r.try_get("queue")?,
+                    queue,
                     payload: r.try_get("payload")?,
                     // Most jobs have no headers: skip the JSON parser for them.
                     headers: if headers == "{}" {
@@ -464,7 +514,7 @@ impl Store {
                     last_error: r.try_get("last_error")?,
                     token: LeaseToken(r.try_get("lease_token")?),
                     lease_expires_at: r.try_get("lease_expires_at")?,
-                })
+                }))
             })
             .collect()
     }
@@ -484,6 +534,9 @@ impl Store {
                     id: JobId(r.try_get("id")?),
                     token: LeaseToken(r.try_get("lease_token")?),
                     broker: r.try_get("lease_broker")?,
+                    slot_freed: r
+                        .try_get::<Option<String>, _>("slot_freed")?
+                        .and_then(|q| QueueName::parse(&q)),
                 })
             })
             .collect()
@@ -510,6 +563,7 @@ impl Store {
                     broker: r.try_get("lease_broker")?,
                     death: r.try_get("death")?,
                     retry_ms: r.try_get("retry_ms")?,
+                    slot_freed: r.try_get("slot_freed")?,
                 })
             })
             .collect()

@@ -2,8 +2,10 @@
 -- job: a stale token matches no row and the caller gets FAILED_PRECONDITION.
 -- Rows are locked in id order first: concurrent settle statements (acks,
 -- nacks, releases, extends) then never deadlock on each other.
+-- `slot_freed` names the queue when it has a concurrency limit: its waiting
+-- consumers (on any replica) are woken, since a slot just freed.
 with target as (
-    select j.id
+    select j.id, j.queue
     from leaseq.jobs j
     join unnest($1::uuid[], $2::uuid[]) as i(id, token) on j.id = i.id and j.lease_token = i.token
     order by j.id
@@ -11,5 +13,6 @@ with target as (
 )
 delete from leaseq.jobs j
 using target t
+left join leaseq.queues q on q.name = t.queue and q.concurrency_limit is not null
 where j.id = t.id
-returning j.id, j.lease_token, j.lease_broker
+returning j.id, j.lease_token, j.lease_broker, q.name as slot_freed

@@ -7,12 +7,15 @@
 -- is made available again after `retry_ms` (null = the queue's exponential
 -- backoff with jitter). `refund` gives the attempt back (the broker, not the
 -- consumer, ended the lease) and never dead-letters for attempts.
+-- `slot_freed`: the queue has a concurrency limit, so its waiting consumers
+-- are woken at once whatever happens to the job.
 with input as (
     select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::int8[], $5::bool[], $6::bool[])
         as i(id, token, error, retry_ms, dead, refund)
 ),
 cur as (
     select j.id, j.queue, j.lease_broker, i.error, i.refund,
+        q.concurrency_limit is not null as slot_freed,
         case
             when i.dead then 'nacked'
             when j.expires_at is not null and j.expires_at <= now() then 'expired'
@@ -58,4 +61,4 @@ retried as (
     where j.id = c.id and c.death is null
     returning j.id
 )
-select c.id, c.queue, c.lease_broker, c.death, c.retry_ms from cur c
+select c.id, c.queue, c.lease_broker, c.death, c.retry_ms, c.slot_freed from cur c

@@ -5,6 +5,11 @@
 -- Rows are claimed with `for update skip locked`, so concurrent brokers never
 -- take the same job, and each leased job gets a fresh fencing token.
 -- Paused queues and jobs past their ttl are never leased.
+--
+-- Queues with a concurrency or rate limit are leased only when $8 is true:
+-- the caller (store/limits.rs) has then locked their queue rows and trimmed
+-- the asks to what the limits allow. Otherwise such a queue is skipped and
+-- reported by a marker row (slot -1) so the dispatcher sends it there.
 with want as (
     select * from unnest($1::text[], $2::int4[], $3::int4[], $4::int8[], $5::int4[], $6::text[])
         as w(queue, lo, hi, lease_ms, slot, consumer)
@@ -12,6 +17,7 @@ with want as (
 per_queue as (
     select w.queue, max(w.hi) as n, q.default_lease_ms
     from want w join leaseq.queues q on q.name = w.queue and not q.paused
+        and ($8 or (q.concurrency_limit is null and q.rate_limit is null))
     group by w.queue, q.default_lease_ms
 ),
 picked as (
@@ -34,19 +40,28 @@ assigned as (
     select p.ctid, p.id, w.slot, w.consumer, coalesce(w.lease_ms, p.default_lease_ms) as lease_ms
     from picked p
     join want w on w.queue = p.queue and p.rn > w.lo and p.rn <= w.hi
+),
+leased as (
+    update leaseq.jobs j set
+        state = 'leased',
+        attempt = j.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + a.lease_ms * interval '1 millisecond',
+        lease_broker = $7,
+        leased_by = a.consumer
+    from assigned a
+    -- Rows are reached by ctid (a parameterised Tid Scan per row): we hold their
+    -- row locks, so the tuple cannot have moved, and the planner can neither
+    -- hash-join the whole table (it cannot estimate `assigned`) nor re-probe the
+    -- primary key with an id array per row, which cost half the statement.
+    where j.ctid = a.ctid
+    returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
+        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at
 )
-update leaseq.jobs j set
-    state = 'leased',
-    attempt = j.attempt + 1,
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + a.lease_ms * interval '1 millisecond',
-    lease_broker = $7,
-    leased_by = a.consumer
-from assigned a
--- Rows are reached by ctid (a parameterised Tid Scan per row): we hold their
--- row locks, so the tuple cannot have moved, and the planner can neither
--- hash-join the whole table (it cannot estimate `assigned`) nor re-probe the
--- primary key with an id array per row, which cost half the statement.
-where j.ctid = a.ctid
-returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
-    j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at
+select * from leased
+union all
+select -1, null, null, q.name, null, null, null, null, null, null, null, null
+from leaseq.queues q
+where not $8
+  and q.name in (select queue from want)
+  and (q.concurrency_limit is not null or q.rate_limit is not null)

@@ -1,0 +1,164 @@
+//! Per-queue concurrency and rate limits, enforced in the lease path across
+//! every replica.
+//!
+//! Unlimited queues are leased by one statement with no queue lock
+//! ([`Store::lease`]); it skips queues that have limits and names them, and
+//! the dispatcher sends those here. A limited round is one transaction:
+//!
+//! 1. lock the queues' rows (`for update`, in name order): replicas leasing
+//!    the same limited queue take turns;
+//! 2. read what the limits allow (`limits.sql`) in a snapshot taken after
+//!    the lock, so the previous holder's leases and bucket are seen;
+//! 3. lease at most that many (`lease.sql`, asks trimmed);
+//! 4. take the leased jobs out of the rate buckets; commit.
+//!
+//! A concurrency limit counts unexpired leases, so at no moment do more than
+//! `concurrency_limit` consumers hold a job of the queue. A slot that frees
+//! (ack, nack, dead letter, reaped lease) wakes every replica's streams on
+//! the queue (see `wakes_for` and the ack path). A rate limit is a token
+//! bucket: when a round was cut by it, the dispatcher comes back when the
+//! next token is due.
+
+use std::collections::{BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::{LeaseOutcome, LeaseRow, Store, Want};
+use crate::domain::QueueName;
+use crate::error::Result;
+
+/// How the limits of one queue shaped a limited lease round.
+#[derive(Clone, Debug)]
+pub struct Cap {
+    pub queue: QueueName,
+    /// The queue has no limits any more: use the fast path again.
+    pub unlimited: bool,
+    /// The rate limit cut the round: the next token is due in this many ms.
+    pub retry_ms: Option<i64>,
+}
+
+struct Allowance {
+    /// Jobs the round may lease (None = no limit applies).
+    n: Option<i64>,
+    rate: Option<f64>,
+    tokens: Option<f64>,
+    at: DateTime<Utc>,
+    paused: bool,
+}
+
+impl Store {
+    /// Leases for queues that have limits (see the module docs).
+    pub async fn lease_limited(&self, wants: &[Want]) -> Result<LeaseOutcome> {
+        let names: Vec<&str> = wants
+            .iter()
+            .map(|w| w.queue.as_str())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("select 1 from leaseq.queues where name = any($1) order by name for update")
+            .bind(&names)
+            .execute(&mut *tx)
+            .await?;
+        let mut allow: HashMap<String, Allowance> = HashMap::new();
+        for r in sqlx::query(include_str!("sql/limits.sql"))
+            .bind(&names)
+            .fetch_all(&mut *tx)
+            .await?
+        {
+            let slots: Option<i64> = r.try_get("slots")?;
+            let tokens: Option<f64> = r.try_get("tokens")?;
+            let by_rate = tokens.map(|t| t.floor() as i64);
+            let n = match (slots, by_rate) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            allow.insert(
+                r.try_get("name")?,
+                Allowance {
+                    n: n.map(|n| n.max(0)),
+                    rate: r.try_get("rate_limit")?,
+                    tokens,
+                    at: r.try_get("at")?,
+                    paused: r.try_get("paused")?,
+                },
+            );
+        }
+        // Each queue's asks are numbered (lo, hi] in delivery order: keep the
+        // first `n` of them.
+        let mut asked: HashMap<&QueueName, i64> = HashMap::new();
+        let mut trimmed = Vec::with_capacity(wants.len());
+        for w in wants {
+            let lo = *asked.get(&w.queue).unwrap_or(&0);
+            asked.insert(&w.queue, lo + i64::from(w.n));
+            let cap = allow
+                .get(w.queue.as_str())
+                .and_then(|a| a.n)
+                .unwrap_or(i64::MAX);
+            let n = (lo + i64::from(w.n)).min(cap) - lo;
+            if n > 0 {
+                trimmed.push(Want {
+                    n: n as i32,
+                    ..w.clone()
+                });
+            }
+        }
+        let mut out = LeaseOutcome::default();
+        if !trimmed.is_empty() {
+            for row in self.lease_rows(&mut *tx, &trimmed, true).await? {
+                if let LeaseRow::Job(j) = row {
+                    out.jobs.push(j);
+                }
+            }
+        }
+        let mut got: HashMap<&str, i64> = HashMap::new();
+        for j in &out.jobs {
+            *got.entry(j.queue.as_str()).or_default() += 1;
+        }
+        // Take what was leased out of the rate buckets.
+        let (mut bq, mut bt, mut ba) = (Vec::new(), Vec::new(), Vec::new());
+        for (name, a) in &allow {
+            if let Some(t) = a.tokens {
+                bq.push(name.as_str());
+                bt.push(t - *got.get(name.as_str()).unwrap_or(&0) as f64);
+                ba.push(a.at);
+            }
+        }
+        if !bq.is_empty() {
+            sqlx::query(
+                "update leaseq.queues q set rate_tokens = u.tokens, rate_at = u.at \
+                 from unnest($1::text[], $2::float8[], $3::timestamptz[]) as u(name, tokens, at) \
+                 where q.name = u.name",
+            )
+            .bind(&bq)
+            .bind(&bt)
+            .bind(&ba)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        for (name, a) in &allow {
+            let Some(queue) = QueueName::parse(name) else {
+                continue;
+            };
+            let leased = *got.get(name.as_str()).unwrap_or(&0);
+            let wanted = *asked.get(&queue).unwrap_or(&0);
+            // Cut by the rate limit: it allowed less than was asked and all
+            // of that was taken. Come back when the next token is due.
+            let retry_ms = match (a.rate, a.tokens) {
+                (Some(rate), Some(tokens)) if !a.paused && wanted > leased => {
+                    let left = tokens - leased as f64;
+                    (left < 1.0).then(|| ((1.0 - left) / rate * 1000.0).ceil().max(1.0) as i64)
+                }
+                _ => None,
+            };
+            out.caps.push(Cap {
+                unlimited: a.n.is_none() && a.rate.is_none(),
+                queue,
+                retry_ms,
+            });
+        }
+        Ok(out)
+    }
+}
