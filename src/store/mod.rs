@@ -469,7 +469,9 @@ impl Store {
             .collect()
     }
 
-    /// Completes jobs whose token is current. Returns the ones deleted.
+    /// Completes jobs whose token is current: deletes them, and keeps a
+    /// record of those whose queue has a completed retention (see ack.sql).
+    /// Returns the ones completed.
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
         let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
         let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
