@@ -580,6 +580,16 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Deletes up to `limit` completed records past their queue's retention
+    /// (see expire_completed.sql). Returns how many.
+    pub async fn expire_completed(&self, limit: i64) -> Result<u64> {
+        let done = sqlx::query(include_str!("sql/expire_completed.sql"))
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Milliseconds until each queue's next delayed job (None: no such job).
     pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<(QueueName, Option<i64>)>> {
         let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
