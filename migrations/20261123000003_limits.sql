@@ -14,3 +14,6 @@ alter table leaseq.queues
     add column rate_burst integer check (rate_burst >= 1),
     add column rate_tokens double precision,
     add column rate_at timestamptz;
+
+-- Ack looks up the queues with a concurrency limit once per statement.
+create index queues_limited on leaseq.queues (name) where concurrency_limit is not null;

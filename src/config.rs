@@ -87,6 +87,13 @@ pub struct ServeArgs {
     /// regardless; this pass catches leases of brokers that died.
     #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub reap_interval: Duration,
+    /// How often completed jobs kept for their queue's completed_retention
+    /// are deleted once older than it (every replica does; a pass deletes in
+    /// batches of 10,000 until none is due). Records outlive their retention
+    /// by up to this long. 0 = this broker deletes none (leave it to other
+    /// replicas).
+    #[arg(long, env = "LEASEQ_RETENTION_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub retention_interval: Duration,
     /// How often the jobs table's dead tuples are checked; it is vacuumed
     /// (by one replica at a time) past 10,000 + 20 % of its live rows, since
     /// autovacuum's default once-a-minute visit is far too slow for a queue

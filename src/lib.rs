@@ -11,7 +11,8 @@
 //!   group-commit machinery.
 //! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
 //! - [`notify`]: the one LISTEN connection and its fan-out.
-//! - [`maintenance`]: lease reaper, ttl expiry, and vacuuming the jobs table.
+//! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
+//!   and vacuuming the jobs table.
 //! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.

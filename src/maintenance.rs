@@ -1,5 +1,5 @@
-//! Background upkeep every broker runs: the lease reaper, ttl expiry, and
-//! vacuuming of the jobs table.
+//! Background upkeep every broker runs: the lease reaper, ttl expiry,
+//! retention of completed jobs, and vacuuming of the jobs table.
 //!
 //! All replicas run it; statements skip rows another replica holds and check
 //! the lease token under a row lock, so running it twice is harmless. The
@@ -94,6 +94,41 @@ async fn pass(store: &Store, dispatcher: &Dispatcher) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Most completed records one retention statement deletes.
+const RETENTION_BATCH: i64 = 10_000;
+
+/// Deletes completed records (`leaseq.completed_jobs`) once older than their
+/// queue's `completed_retention`, and every record of a queue whose retention
+/// was cleared, every `interval` until `shutdown`. Each pass deletes in
+/// batches of [`RETENTION_BATCH`] until none is left. Every replica runs it;
+/// a statement skips the rows another replica is deleting.
+pub async fn retention_loop(store: Store, interval: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        loop {
+            match store.expire_completed(RETENTION_BATCH).await {
+                Ok(n) => {
+                    if n > 0 {
+                        debug!(deleted = n, "completed jobs past their retention deleted");
+                    }
+                    if (n as i64) < RETENTION_BATCH || shutdown.is_cancelled() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "completed-job retention pass failed");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Advisory lock key held while one replica vacuums (`leaseq` in ASCII).

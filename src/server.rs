@@ -97,6 +97,13 @@ pub async fn run(
         cfg.reap_interval,
         background.clone(),
     ));
+    if !cfg.retention_interval.is_zero() {
+        tokio::spawn(crate::maintenance::retention_loop(
+            store.clone(),
+            cfg.retention_interval,
+            background.clone(),
+        ));
+    }
     if !cfg.vacuum_interval.is_zero() {
         tokio::spawn(crate::maintenance::vacuum_loop(
             store.clone(),

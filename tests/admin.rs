@@ -632,6 +632,295 @@ async fn requeue_skips_a_dead_letter_whose_dedup_key_is_live() {
     assert_eq!((db.live_jobs().await, db.dead_jobs().await), (1, 1));
 }
 
+/// Sets a queue's completed retention (creating the queue); 0 clears it.
+async fn set_retention(a: &mut Admin, queue: &str, retention: Duration) {
+    a.update_queue(pb::UpdateQueueRequest {
+        queue: queue.into(),
+        completed_retention: Some(dur(retention)),
+        create: true,
+        ..Default::default()
+    })
+    .await
+    .expect("update_queue");
+}
+
+async fn get_job_state(a: &mut Admin, id: &str) -> Result<pb::JobInfo, tonic::Status> {
+    a.get_job(pb::GetJobRequest { job_id: id.into() })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Enqueues one job on `queue`, takes it on a fresh stream and acks it.
+/// Returns its id.
+async fn enqueue_and_ack(c: &mut Client, queue: &str, payload: &str) -> String {
+    let id = enqueue(c, queue, payload).await;
+    let mut s = subscribe(c, &[queue], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(id_of(&d), id);
+    ack(c, &d).await.expect("ack");
+    id
+}
+
+async fn completed_rows(db: &TestDb, queue: &str) -> i64 {
+    sqlx::query_scalar("select count(*) from leaseq.completed_jobs where queue = $1")
+        .bind(queue)
+        .fetch_one(&db.pool)
+        .await
+        .expect("completed rows")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_jobs_of_a_queue_with_retention_are_kept_as_completed() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    set_retention(&mut a, "kept", Duration::from_secs(3600)).await;
+
+    let mut req = job("kept", "done-1");
+    req.headers
+        .insert("traceparent".into(), "00-abc-def-01".into());
+    req.priority = 3;
+    req.dedup_key = "k1".into();
+    let id = c.enqueue(req).await.unwrap().into_inner().job_id;
+    let mut s = subscribe(&mut c, &["kept"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    // A failed first attempt: its error stays on the record.
+    c.nack(pb::NackRequest {
+        job_id: id.clone(),
+        lease_token: d.lease_token.clone(),
+        error: "flaky".into(),
+        retry_after: Some(dur(Duration::ZERO)),
+        dead_letter: false,
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        completed_rows(&db, "kept").await,
+        0,
+        "a nack is no completion"
+    );
+    let d = next_delivery(&mut s, S5).await;
+    ack(&mut c, &d).await.unwrap();
+
+    let j = get_job_state(&mut a, &id)
+        .await
+        .expect("a kept job is found");
+    assert_eq!(j.state(), pb::JobState::Completed);
+    assert_eq!(
+        (j.queue.as_str(), j.payload.as_slice()),
+        ("kept", &b"done-1"[..])
+    );
+    assert_eq!(j.headers["traceparent"], "00-abc-def-01");
+    assert_eq!((j.priority, j.attempt, j.dedup_key.as_str()), (3, 2, "k1"));
+    assert_eq!(
+        (j.last_error.as_str(), j.completed_by.as_str()),
+        ("flaky", "test")
+    );
+    assert!(j.enqueued_at.is_some() && j.completed_at.is_some());
+    assert!(j.lease_expires_at.is_none() && j.died_at.is_none() && j.leased_by.is_empty());
+    drop(s);
+
+    // ListJobs(COMPLETED) pages through them; the live listing does not show
+    // them, and a completed-listing token is not a live-listing token.
+    let mut want = vec![id.clone()];
+    for i in 0..2 {
+        want.push(enqueue_and_ack(&mut c, "kept", &format!("more-{i}")).await);
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut first_token = None;
+    for _ in 0..10 {
+        let page = a
+            .list_jobs(pb::ListJobsRequest {
+                queue: "kept".into(),
+                state: pb::JobState::Completed as i32,
+                page_size: 2,
+                page_token: token.clone(),
+                include_payload: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.jobs.len() <= 2);
+        assert!(
+            page.jobs
+                .iter()
+                .all(|j| j.state() == pb::JobState::Completed)
+        );
+        assert!(page.jobs.iter().all(|j| !j.payload.is_empty()));
+        seen.extend(page.jobs.into_iter().map(|j| j.id));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+        first_token.get_or_insert(token.clone());
+    }
+    want.sort();
+    assert_eq!(seen, want, "every completed job once, in id order");
+    let live = a
+        .list_jobs(pb::ListJobsRequest {
+            queue: "kept".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(live.jobs.is_empty(), "{:?}", live.jobs);
+    let e = a
+        .list_jobs(pb::ListJobsRequest {
+            page_token: first_token.expect("two pages"),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Cancelled and dead-lettered jobs of the same queue are not completions.
+    let cancelled = enqueue(&mut c, "kept", "cancel me").await;
+    a.cancel_job(pb::CancelJobRequest {
+        job_id: cancelled.clone(),
+    })
+    .await
+    .unwrap();
+    let dead = enqueue(&mut c, "kept", "poison").await;
+    let mut s = subscribe(&mut c, &["kept"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(id_of(&d), dead);
+    nack_dead(&mut c, &d, "poison").await;
+    assert_eq!(
+        get_job_state(&mut a, &dead).await.unwrap().state(),
+        pb::JobState::Dead
+    );
+    assert_eq!(
+        get_job_state(&mut a, &cancelled).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(completed_rows(&db, "kept").await, 3);
+
+    // A completed job's dedup key is free, as after a plain ack.
+    let r = c
+        .enqueue(pb::EnqueueRequest {
+            dedup_key: "k1".into(),
+            ..job("kept", "again")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.duplicate);
+
+    // A queue without retention: an acked job is gone at once.
+    let gone = enqueue_and_ack(&mut c, "plain", "x").await;
+    let e = get_job_state(&mut a, &gone).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(completed_rows(&db, "plain").await, 0);
+    let none = a
+        .list_jobs(pb::ListJobsRequest {
+            queue: "plain".into(),
+            state: pb::JobState::Completed as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.jobs.is_empty() && none.next_page_token.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_jobs_are_deleted_once_past_their_queues_retention() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start_with(&db, |cfg| {
+        cfg.retention_interval = Duration::from_millis(100);
+    })
+    .await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    for q in ["short", "cleared", "long"] {
+        set_retention(&mut a, q, Duration::from_secs(3600)).await;
+    }
+    let short = enqueue_and_ack(&mut c, "short", "s").await;
+    let cleared = enqueue_and_ack(&mut c, "cleared", "c").await;
+    let long = enqueue_and_ack(&mut c, "long", "l").await;
+    for id in [&short, &cleared, &long] {
+        assert_eq!(
+            get_job_state(&mut a, id).await.unwrap().state(),
+            pb::JobState::Completed
+        );
+    }
+    let completed_at = |j: pb::JobInfo| {
+        let t = j.completed_at.expect("completed_at");
+        chrono::DateTime::from_timestamp(t.seconds, t.nanos as u32).unwrap()
+    };
+    let short_done = completed_at(get_job_state(&mut a, &short).await.unwrap());
+
+    // A shorter retention applies to the records already kept: deleted once
+    // a second old (by the database clock), not before.
+    set_retention(&mut a, "short", Duration::from_secs(1)).await;
+    // A cleared retention keeps nothing.
+    set_retention(&mut a, "cleared", Duration::ZERO).await;
+    eventually(
+        Duration::from_secs(20),
+        "records past retention deleted",
+        || async {
+            completed_rows(&db, "short").await == 0 && completed_rows(&db, "cleared").await == 0
+        },
+    )
+    .await;
+    let age: f64 = sqlx::query_scalar("select extract(epoch from now() - $1)::float8")
+        .bind(short_done)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        age >= 1.0,
+        "deleted when {age}s old, before its 1s retention"
+    );
+    for id in [&short, &cleared] {
+        let e = get_job_state(&mut a, id).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+    }
+    // The retention loop ran many times meanwhile; the hour-long record stays.
+    assert_eq!(
+        get_job_state(&mut a, &long).await.unwrap().state(),
+        pb::JobState::Completed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_queue_deletes_the_queues_completed_jobs() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    for q in ["pc", "other"] {
+        set_retention(&mut a, q, Duration::from_secs(3600)).await;
+    }
+    let done: Vec<String> = [
+        enqueue_and_ack(&mut c, "pc", "1").await,
+        enqueue_and_ack(&mut c, "pc", "2").await,
+    ]
+    .into();
+    let other = enqueue_and_ack(&mut c, "other", "3").await;
+    enqueue(&mut c, "pc", "waiting").await;
+    let r = a
+        .purge_queue(pb::PurgeQueueRequest { queue: "pc".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.purged, r.purged_completed), (1, 2));
+    for id in &done {
+        let e = get_job_state(&mut a, id).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+    }
+    assert_eq!(completed_rows(&db, "pc").await, 0);
+    assert_eq!(
+        get_job_state(&mut a, &other).await.unwrap().state(),
+        pb::JobState::Completed,
+        "another queue's records stay"
+    );
+    assert_eq!(db.live_jobs().await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_queues_pushes_a_snapshot_then_changes() {
     let db = TestDb::new().await;

@@ -233,3 +233,58 @@ async fn stats_watch_prints_a_json_line_per_update() {
     assert_eq!(second["queues"][0]["available"], 2);
     child.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_jobs_are_listed_shown_and_purged() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let addr = broker.url();
+    let a = addr.as_str();
+    let mut c = broker.client().await;
+    let q = cli(
+        a,
+        &[
+            "queue",
+            "update",
+            "kq",
+            "--retention",
+            "1h",
+            "--create",
+            "-o",
+            "json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(q["completed_retention_seconds"], 3600.0);
+    let id = enqueue(&mut c, "kq", "done").await;
+    let mut s = subscribe(&mut c, &["kq"], 1, None).await;
+    let d = next_delivery(&mut s, S5).await;
+    ack(&mut c, &d).await.unwrap();
+
+    let jobs = cli(
+        a,
+        &["jobs", "--state", "completed", "--payload", "-o", "json"],
+    )
+    .await
+    .json();
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(
+        (&jobs[0]["id"], &jobs[0]["state"], &jobs[0]["payload"]),
+        (
+            &Value::from(id.as_str()),
+            &Value::from("completed"),
+            &Value::from("done")
+        )
+    );
+    let job = cli(a, &["job", "get", &id, "-o", "json"]).await.json();
+    assert_eq!(job["completed_by"], "test");
+    assert!(job["completed_at"].is_string(), "{job}");
+    let r = cli(a, &["purge", "kq", "--yes", "-o", "json"]).await.json();
+    assert_eq!(
+        (&r["purged"], &r["purged_completed"]),
+        (&Value::from(0), &Value::from(1))
+    );
+    assert_eq!(cli(a, &["job", "get", &id]).await.code, 3);
+}

@@ -200,6 +200,7 @@ fn job_info(j: JobRow) -> pb::JobInfo {
             JobState::Scheduled => pb::JobState::Scheduled,
             JobState::Leased => pb::JobState::Leased,
             JobState::Dead => pb::JobState::Dead,
+            JobState::Completed => pb::JobState::Completed,
         } as i32,
         payload: j.payload,
         headers: j.headers,
@@ -215,6 +216,8 @@ fn job_info(j: JobRow) -> pb::JobInfo {
         lease_expires_at: j.lease_expires_at.map(ts),
         dead_reason: j.dead_reason.unwrap_or_default(),
         died_at: j.died_at.map(ts),
+        completed_at: j.completed_at.map(ts),
+        completed_by: j.completed_by.unwrap_or_default(),
     }
 }
 
@@ -444,9 +447,10 @@ impl AdminService for AdminApi {
         let purged = sql::purge_queue(self.store(), &name)
             .await?
             .ok_or_else(|| unknown_queue(&name))?;
-        info!(queue = %name, purged, "queue purged");
+        info!(queue = %name, purged = purged.waiting, completed = purged.completed, "queue purged");
         Ok(Response::new(pb::PurgeQueueResponse {
-            purged: purged as i64,
+            purged: purged.waiting as i64,
+            purged_completed: purged.completed as i64,
         }))
     }
 
@@ -475,15 +479,16 @@ impl AdminService for AdminApi {
             Ok(pb::JobState::Scheduled) => Some(JobState::Scheduled),
             Ok(pb::JobState::Leased) => Some(JobState::Leased),
             Ok(pb::JobState::Dead) => Some(JobState::Dead),
+            Ok(pb::JobState::Completed) => Some(JobState::Completed),
             Err(_) => return Err(Error::invalid("state", "is not a JobState").into()),
         };
         let limit = page_size(r.page_size, "page_size")?;
-        // Live and dead listings have their own tokens: ids are keys of
-        // different tables.
-        let kind = if state == Some(JobState::Dead) {
-            'd'
-        } else {
-            'j'
+        // Live, dead and completed listings have their own tokens: ids are
+        // keys of different tables.
+        let kind = match state {
+            Some(JobState::Dead) => 'd',
+            Some(JobState::Completed) => 'c',
+            _ => 'j',
         };
         let after = decode_job_token(&r.page_token, kind)?;
         if let Some(q) = &queue

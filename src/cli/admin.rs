@@ -41,7 +41,8 @@ pub enum AdminCommand {
     Stats(StatsArgs),
     /// Queues and their settings.
     Queues(QueuesArgs),
-    /// List jobs (live by default; --state dead for dead letters).
+    /// List jobs (live by default; --state dead for dead letters, --state
+    /// completed for completed jobs kept for the queue's retention).
     Jobs(JobsArgs),
     /// Show or cancel one job.
     Job {
@@ -57,7 +58,8 @@ pub enum AdminCommand {
     Pause(QueueArg),
     /// Resume a paused queue.
     Resume(QueueArg),
-    /// Delete a queue's waiting jobs (leased jobs are left alone).
+    /// Delete a queue's waiting jobs and its completed jobs kept for
+    /// retention (leased jobs are left alone).
     Purge(PurgeArgs),
     /// Change a queue's settings.
     Queue {
@@ -92,6 +94,7 @@ pub enum StateArg {
     Scheduled,
     Leased,
     Dead,
+    Completed,
 }
 
 #[derive(Args, Debug)]
@@ -114,7 +117,7 @@ pub struct JobsArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum JobCmd {
-    /// Show a live or dead job, with its payload.
+    /// Show a live, dead or completed job, with its payload.
     Get(JobIdArg),
     /// Delete a live job (its holder's Ack then fails).
     Cancel(JobIdArg),
@@ -202,7 +205,8 @@ pub struct QueueUpdateArgs {
     pub backoff_base: Option<Duration>,
     #[arg(long, value_parser = parse_duration)]
     pub backoff_cap: Option<Duration>,
-    /// Retention of completed jobs (stored, not yet enforced; 0 clears).
+    /// Keep acked jobs this long (`jobs --state completed`, `job get`); 0
+    /// clears it: acked jobs are then deleted at once.
     #[arg(long, value_parser = parse_duration)]
     pub retention: Option<Duration>,
     /// Most jobs leased at once, across replicas (0 removes the limit).
@@ -327,6 +331,7 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
                 StateArg::Scheduled => pb::JobState::Scheduled,
                 StateArg::Leased => pb::JobState::Leased,
                 StateArg::Dead => pb::JobState::Dead,
+                StateArg::Completed => pb::JobState::Completed,
             });
             let mut admin = connect(&a.client).await?;
             let jobs = list_jobs(
@@ -445,7 +450,9 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
         }
         AdminCommand::Purge(a) => {
             if !a.yes {
-                return Err(usage("purge deletes the queue's waiting jobs: add --yes"));
+                return Err(usage(
+                    "purge deletes the queue's waiting and completed jobs: add --yes",
+                ));
             }
             let mut admin = connect(&a.client).await?;
             let r = admin
@@ -455,8 +462,15 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
                 .await?
                 .into_inner();
             match a.client.output {
-                Output::Json => print_json(&json!({"queue": a.queue, "purged": r.purged})),
-                Output::Table => println!("purged {} jobs from {}", r.purged, a.queue),
+                Output::Json => print_json(&json!({
+                    "queue": a.queue,
+                    "purged": r.purged,
+                    "purged_completed": r.purged_completed,
+                })),
+                Output::Table => println!(
+                    "purged {} waiting and {} completed jobs from {}",
+                    r.purged, r.purged_completed, a.queue
+                ),
             }
             Ok(())
         }
@@ -720,6 +734,7 @@ fn state_name(s: pb::JobState) -> &'static str {
         pb::JobState::Scheduled => "scheduled",
         pb::JobState::Leased => "leased",
         pb::JobState::Dead => "dead",
+        pb::JobState::Completed => "completed",
     }
 }
 
@@ -820,6 +835,8 @@ fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
         "lease_expires_at": opt_ts(j.lease_expires_at.as_ref()),
         "dead_reason": none_if_empty(&j.dead_reason),
         "died_at": opt_ts(j.died_at.as_ref()),
+        "completed_at": opt_ts(j.completed_at.as_ref()),
+        "completed_by": none_if_empty(&j.completed_by),
     });
     if payload {
         // Text payloads as text; anything else as hex, so JSON stays valid.

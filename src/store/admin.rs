@@ -1,6 +1,6 @@
-//! SQL of the admin API: queue settings and statistics, job inspection,
-//! cancellation, dead-letter requeue and purge. Long statements are in
-//! `sql/admin_*.sql`.
+//! SQL of the admin API: queue settings and statistics, job inspection
+//! (live, dead and completed jobs), cancellation, dead-letter requeue and
+//! purge. Long statements are in `sql/admin_*.sql`.
 
 use std::collections::HashMap;
 
@@ -65,6 +65,8 @@ pub enum JobState {
     Scheduled,
     Leased,
     Dead,
+    /// Acked and kept for the queue's completed retention.
+    Completed,
 }
 
 impl JobState {
@@ -74,11 +76,12 @@ impl JobState {
             JobState::Scheduled => "scheduled",
             JobState::Leased => "leased",
             JobState::Dead => "dead",
+            JobState::Completed => "completed",
         }
     }
 }
 
-/// A live or dead job.
+/// A live, dead or completed job.
 #[derive(Clone, Debug)]
 pub struct JobRow {
     pub id: JobId,
@@ -98,6 +101,8 @@ pub struct JobRow {
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub dead_reason: Option<String>,
     pub died_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub completed_by: Option<String>,
 }
 
 /// A cancelled job: its queue, and the lease it had (whose stream's credit
@@ -114,12 +119,20 @@ const LIVE_COLUMNS: &str = "id, queue, \
     case when state = 'available' and run_at > now() then 'scheduled' else state end as state, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, enqueued_at, run_at, expires_at, last_error, \
-    leased_by, lease_expires_at, null::text as reason, null::timestamptz as died_at";
+    leased_by, lease_expires_at, null::text as reason, null::timestamptz as died_at, \
+    null::timestamptz as completed_at, null::text as completed_by";
 const DEAD_COLUMNS: &str = "id, queue, 'dead' as state, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, enqueued_at, null::timestamptz as run_at, \
     null::timestamptz as expires_at, last_error, null::text as leased_by, \
-    null::timestamptz as lease_expires_at, reason, died_at";
+    null::timestamptz as lease_expires_at, reason, died_at, null::timestamptz as completed_at, \
+    null::text as completed_by";
+const COMPLETED_COLUMNS: &str = "id, queue, 'completed' as state, \
+    case when $P then payload else ''::bytea end as payload, headers::text as headers, \
+    priority, attempt, max_attempts, dedup_key, enqueued_at, null::timestamptz as run_at, \
+    null::timestamptz as expires_at, last_error, null::text as leased_by, \
+    null::timestamptz as lease_expires_at, null::text as reason, null::timestamptz as died_at, \
+    completed_at, completed_by";
 
 fn job_row(r: &PgRow) -> Result<JobRow> {
     let headers: String = r.try_get("headers")?;
@@ -132,6 +145,7 @@ fn job_row(r: &PgRow) -> Result<JobRow> {
             "scheduled" => JobState::Scheduled,
             "leased" => JobState::Leased,
             "dead" => JobState::Dead,
+            "completed" => JobState::Completed,
             _ => return Err(Error::Internal("unknown job state in the database")),
         },
         payload: r.try_get("payload")?,
@@ -148,6 +162,8 @@ fn job_row(r: &PgRow) -> Result<JobRow> {
         lease_expires_at: r.try_get("lease_expires_at")?,
         dead_reason: r.try_get("reason")?,
         died_at: r.try_get("died_at")?,
+        completed_at: r.try_get("completed_at")?,
+        completed_by: r.try_get("completed_by")?,
     })
 }
 
@@ -274,30 +290,49 @@ pub async fn update_queue(
     Ok(true)
 }
 
-/// Deletes the queue's waiting jobs (ready and scheduled). None = no such
-/// queue. Rows being leased right now are locked; the delete waits for them
-/// and then skips them, since they are no longer 'available'.
-pub async fn purge_queue(store: &Store, name: &QueueName) -> Result<Option<u64>> {
+/// What PurgeQueue deleted.
+#[derive(Clone, Copy, Debug)]
+pub struct Purged {
+    /// Waiting jobs.
+    pub waiting: u64,
+    /// Completed jobs kept for the queue's retention.
+    pub completed: u64,
+}
+
+/// Deletes the queue's waiting jobs (ready and scheduled) and its completed
+/// records. None = no such queue. Rows being leased right now are locked;
+/// the delete waits for them and then skips them, since they are no longer
+/// 'available'. A job acked after this statement's snapshot is recorded as
+/// completed and stays.
+pub async fn purge_queue(store: &Store, name: &QueueName) -> Result<Option<Purged>> {
     let row = sqlx::query(
         "with q as (select name from leaseq.queues where name = $1), \
-         gone as (delete from leaseq.jobs where queue = $1 and state = 'available' returning 1) \
-         select (select count(*) from q) as found, (select count(*) from gone) as purged",
+         gone as (delete from leaseq.jobs where queue = $1 and state = 'available' returning 1), \
+         done as (delete from leaseq.completed_jobs where queue = $1 returning 1) \
+         select (select count(*) from q) as found, (select count(*) from gone) as purged, \
+             (select count(*) from done) as completed",
     )
     .bind(name.as_str())
     .fetch_one(&store.pool)
     .await?;
     let found: i64 = row.try_get("found")?;
-    let purged: i64 = row.try_get("purged")?;
-    Ok((found > 0).then_some(purged as u64))
+    let waiting: i64 = row.try_get("purged")?;
+    let completed: i64 = row.try_get("completed")?;
+    Ok((found > 0).then_some(Purged {
+        waiting: waiting as u64,
+        completed: completed as u64,
+    }))
 }
 
-/// A live job, else a dead one, else None.
+/// A live job, else a dead one, else a completed one, else None.
 pub async fn get_job(store: &Store, id: JobId) -> Result<Option<JobRow>> {
     let sql = format!(
         "select {} from leaseq.jobs where id = $1 \
-         union all select {} from leaseq.dead_jobs where id = $1",
+         union all select {} from leaseq.dead_jobs where id = $1 \
+         union all select {} from leaseq.completed_jobs where id = $1",
         LIVE_COLUMNS.replace("$P", "true"),
         DEAD_COLUMNS.replace("$P", "true"),
+        COMPLETED_COLUMNS.replace("$P", "true"),
     );
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id.0)
@@ -312,7 +347,8 @@ pub async fn get_job(store: &Store, id: JobId) -> Result<Option<JobRow>> {
 pub const PAGE_PAYLOAD_BUDGET: i64 = 2 * 1024 * 1024;
 
 /// A page of jobs in id (= enqueue) order after `after`, and whether there
-/// may be more. `state` None = every live job; Some(Dead) = dead letters.
+/// may be more. `state` None = every live job; Some(Dead) = dead letters;
+/// Some(Completed) = completed jobs kept for their queue's retention.
 pub async fn list_jobs(
     store: &Store,
     queue: Option<&QueueName>,
@@ -322,12 +358,18 @@ pub async fn list_jobs(
     include_payload: bool,
 ) -> Result<(Vec<JobRow>, bool)> {
     let payload = if include_payload { "true" } else { "false" };
-    let sql = if state == Some(JobState::Dead) {
+    // Dead and completed jobs each have a table of their own.
+    let kept = match state {
+        Some(JobState::Dead) => Some(("dead_jobs", DEAD_COLUMNS)),
+        Some(JobState::Completed) => Some(("completed_jobs", COMPLETED_COLUMNS)),
+        _ => None,
+    };
+    let sql = if let Some((table, columns)) = kept {
         format!(
-            "select {} from leaseq.dead_jobs \
+            "select {} from leaseq.{table} \
              where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) \
              order by id limit $3",
-            DEAD_COLUMNS.replace("$P", payload)
+            columns.replace("$P", payload)
         )
     } else {
         // The state filter is on the derived state, so 'available' means

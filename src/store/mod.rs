@@ -519,7 +519,9 @@ impl Store {
             .collect()
     }
 
-    /// Completes jobs whose token is current. Returns the ones deleted.
+    /// Completes jobs whose token is current: deletes them, and keeps a
+    /// record of those whose queue has a completed retention (see ack.sql).
+    /// Returns the ones completed.
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
         let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
         let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
@@ -626,6 +628,16 @@ impl Store {
     /// Dead-letters waiting jobs past their ttl; returns how many.
     pub async fn expire_ttl(&self, limit: i64) -> Result<u64> {
         let done = sqlx::query(include_str!("sql/expire_ttl.sql"))
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Deletes up to `limit` completed records past their queue's retention
+    /// (see expire_completed.sql). Returns how many.
+    pub async fn expire_completed(&self, limit: i64) -> Result<u64> {
+        let done = sqlx::query(include_str!("sql/expire_completed.sql"))
             .bind(limit)
             .execute(&self.pool)
             .await?;

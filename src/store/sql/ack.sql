@@ -2,17 +2,48 @@
 -- job: a stale token matches no row and the caller gets FAILED_PRECONDITION.
 -- Rows are locked in id order first: concurrent settle statements (acks,
 -- nacks, releases, extends) then never deadlock on each other.
--- `slot_freed` names the queue when it has a concurrency limit: its waiting
--- consumers (on any replica) are woken, since a slot just freed.
-with target as (
-    select j.id, j.queue
+--
+-- A job of a queue with completed_retention_ms > 0 is copied to
+-- leaseq.completed_jobs by this same statement (the retention loop in
+-- src/maintenance.rs deletes it later). This is the hottest statement of the
+-- broker, so queues without retention pay only for one lookup of the
+-- retaining queues per statement (a partial index, empty unless some queue
+-- retains) and an insert of no rows: their payloads and headers are not
+-- carried past the lock (the CASEs below).
+--
+-- `slot_freed` names the job's queue when it has a concurrency limit: its
+-- waiting consumers (on any replica) are woken, since a slot just freed.
+with retaining as (
+    select array(select q.name from leaseq.queues q where q.completed_retention_ms > 0) as queues,
+        array(select q.name from leaseq.queues q where q.concurrency_limit is not null) as limited
+),
+target as (
+    select j.id, k.keep,
+        case when k.keep then j.payload end as payload,
+        case when k.keep then j.headers end as headers,
+        j.queue, j.priority, j.attempt, j.max_attempts, j.dedup_key, j.enqueued_at, j.last_error,
+        j.leased_by,
+        case when j.queue = any(r.limited) then j.queue end as slot_freed
     from leaseq.jobs j
     join unnest($1::uuid[], $2::uuid[]) as i(id, token) on j.id = i.id and j.lease_token = i.token
+    cross join retaining r
+    cross join lateral (select j.queue = any(r.queues) as keep) k
     order by j.id
     for update of j
+),
+kept as (
+    -- Job ids are never reused, so a conflict cannot happen; should one
+    -- anyway, the ack still succeeds.
+    insert into leaseq.completed_jobs
+        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at,
+         last_error, completed_by)
+    select t.id, t.queue, t.priority, t.payload, t.headers, t.attempt, t.max_attempts, t.dedup_key,
+        t.enqueued_at, t.last_error, t.leased_by
+    from target t
+    where t.keep
+    on conflict (id) do nothing
 )
 delete from leaseq.jobs j
 using target t
-left join leaseq.queues q on q.name = t.queue and q.concurrency_limit is not null
 where j.id = t.id
-returning j.id, j.lease_token, j.lease_broker, q.name as slot_freed
+returning j.id, j.lease_token, j.lease_broker, t.slot_freed
