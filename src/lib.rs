@@ -7,8 +7,9 @@
 //! - [`domain`]: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
 //!   and every input rule.
 //! - [`broker`]: the core the handlers call; owns the group-commit batchers.
-//! - [`store`]: every SQL statement (`src/store/sql/`), and the [`store::batch`]
-//!   group-commit machinery.
+//! - [`store`]: every SQL statement (`src/store/sql/`), the [`store::batch`]
+//!   group-commit machinery, and [`store::limits`] (per-queue concurrency and
+//!   rate limits in the lease path).
 //! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
 //! - [`notify`]: the one LISTEN connection and its fan-out.
 //! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
@@ -19,7 +20,8 @@
 //! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
 //! - [`client`]: the Rust client library: `Client` and the reconnecting `Worker`.
 //! - [`auth`], [`tls`], [`limits`]: bearer tokens and per-queue grants, TLS
-//!   and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
+//!   and mutual TLS, the broker-wide stream cap (docs/SECURITY.md; not the
+//!   per-queue limits, which are in [`store::limits`]).
 //! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
 //! - [`config`], [`error`], [`telemetry`], [`cli`]: the rest.
 
