@@ -190,4 +190,18 @@ impl QueueService for QueueApi {
             lease_expires_at: Some(std::time::SystemTime::from(at).into()),
         }))
     }
+
+    type ConsumeStream = std::pin::Pin<
+        Box<dyn futures_core::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>,
+    >;
+
+    async fn consume(
+        &self,
+        _request: Request<tonic::Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        // The contract is fixed; the server side lands with the settle path.
+        Err(Status::unimplemented(
+            "Consume is not served by this build yet",
+        ))
+    }
 }
