@@ -17,6 +17,8 @@
 //! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
+//! - [`pgconn`]: DATABASE_URL (libpq's URI and keyword/value forms), the PG*
+//!   variables and TLS to PostgreSQL, read into sqlx's connect options.
 //! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
 //! - [`client`]: the Rust client library: `Client` and the reconnecting `Worker`.
 //! - [`auth`], [`tls`], [`limits`]: bearer tokens and per-queue grants, TLS
@@ -41,6 +43,7 @@ pub mod limits;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
+pub mod pgconn;
 pub mod server;
 pub mod store;
 pub mod telemetry;
