@@ -29,12 +29,16 @@
 //! or `hostaddr`), PGHOST and PGHOSTADDR are both left out, so a PGHOSTADDR
 //! left in a shell cannot redirect a DATABASE_URL that names its host. An
 //! empty value, in the string or the environment, counts as not given.
+//! sqlx reads PGOPTIONS itself, so when the string has `options` too both
+//! are sent, the string's last (a setting in both takes the string's value;
+//! libpq would drop PGOPTIONS).
 //!
 //! # TLS
 //!
-//! `sslmode` as libpq: `disable`, `allow` (sqlx has no `allow`; it is
-//! treated as `prefer`, which connects wherever `allow` does and encrypts
-//! when the server can), `prefer` (the default), `require`, `verify-ca`,
+//! `sslmode` as libpq: `disable`, `allow` (sqlx has no `allow`, and would
+//! take it as `disable`; leaseq treats it as `prefer`, which encrypts when
+//! the server can and connects without TLS when it cannot), `prefer` (the
+//! default), `require`, `verify-ca`,
 //! `verify-full`. Over a Unix socket sslmode is ignored, as in libpq. As in
 //! libpq, `require` with a root certificate behaves as `verify-ca`;
 //! `verify-ca`/`verify-full` need `sslrootcert` (default
