@@ -14,6 +14,8 @@
 //!   rate limits in the lease path).
 //! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
 //! - [`notify`]: the one LISTEN connection and its fan-out.
+//! - [`pgconn`]: DATABASE_URL (libpq's URI and keyword/value forms), the PG*
+//!   variables and TLS to PostgreSQL, read into sqlx's connect options.
 //! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
 //!   and vacuuming the jobs table.
 //! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
@@ -35,6 +37,7 @@ pub mod fuzzing;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
+pub mod pgconn;
 pub mod server;
 pub mod store;
 pub mod stream_limit;

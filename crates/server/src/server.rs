@@ -241,6 +241,10 @@ async fn connect_with_retry(
     loop {
         match store::connect(url, pool_size).await {
             Ok(pool) => return Ok(pool),
+            // Wrong settings or a TLS failure: waiting will not fix them.
+            Err(e) if crate::pgconn::is_permanent(&e) => {
+                return Err(e).context("connecting to PostgreSQL");
+            }
             Err(e) if started.elapsed() < Duration::from_secs(60) => {
                 warn!(error = %e, "PostgreSQL not reachable yet; retrying");
             }

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Executor, Postgres, Row};
 use uuid::Uuid;
 
@@ -53,39 +53,32 @@ pub fn settle_channel(broker: Uuid) -> String {
 }
 
 /// Opens the connection pool. The pool is small and fixed: connections do not
-/// grow with the number of streams.
+/// grow with the number of streams. `url` is what the user passed
+/// (DATABASE_URL: a URI or keyword/value string, empty for PG* alone), read
+/// with the PG* variables by [`crate::pgconn`], which also adds leaseq's
+/// session settings (application_name, search_path, jit).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    let opts: PgConnectOptions = url.parse()?;
-    // Every statement names its schema; the search path only decides where
-    // sqlx keeps `_sqlx_migrations`: in our schema, whatever the role is
-    // called (a role named `leaseq` would otherwise pick it up via "$user"
-    // half-way through the first migration).
-    let opts = opts.application_name("leaseq").options([
-        ("search_path", "leaseq,public"),
-        // Short OLTP statements: JIT compiling one (PostgreSQL does when
-        // a big table makes its cost estimate high) costs ~0.5 s.
-        ("jit", "off"),
-    ]);
+    let target = crate::pgconn::connect_options(url)?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(1)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(target.acquire_timeout())
         // No ping before each use: it doubles the statements of an idle
         // broker; a dead connection surfaces as an error and is replaced.
         .test_before_acquire(false)
-        .connect_with(opts)
+        .connect_with(target.options()?)
         .await
 }
 
 /// A pool of exactly one connection for the LISTEN connection, so it never
 /// takes one of the working pool's connections (and reconnects on its own).
 pub async fn connect_listener(url: &str) -> Result<PgPool, sqlx::Error> {
-    let opts: PgConnectOptions = url.parse()?;
+    let target = crate::pgconn::connect_options(url)?;
     Ok(PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(opts.application_name("leaseq")))
+        .acquire_timeout(target.acquire_timeout())
+        .connect_lazy_with(target.options()?))
 }
 
 /// One enqueue result, in request order.
