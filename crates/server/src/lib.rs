@@ -9,6 +9,8 @@
 //! - [`domain`]: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
 //!   and every input rule.
 //! - [`broker`]: the core the handlers call; owns the group-commit batchers.
+//! - [`settle`]: ending leases (ack, nack, release, expiry) and waking
+//!   queues: the statements, the credit, the NOTIFYs, the metrics.
 //! - [`store`]: every SQL statement (`src/store/sql/`), the [`store::batch`]
 //!   group-commit machinery, and [`store::limits`] (per-queue concurrency and
 //!   rate limits in the lease path).
@@ -39,6 +41,7 @@ pub mod metrics;
 pub mod notify;
 pub mod pgconn;
 pub mod server;
+pub mod settle;
 pub mod store;
 pub mod stream_limit;
 pub mod tls;
