@@ -447,16 +447,18 @@ impl Core {
                         .get(q)
                         .is_some_and(|qs| !qs.ready && !qs.limited)
                 });
-            // Take the whole offer back, then offer what is free now. Claims
-            // already taken (not reported yet) still hold their credit.
-            let unclaimed = self.offers.set(id, 0);
+            // In one step under the book's lock (a claim may land any time):
+            // offer what is free now. Claims already taken (not reported
+            // yet) still hold their credit.
+            let (unclaimed, target) = self.offers.adjust(id, |unclaimed| {
+                let claimed = stream.offered - unclaimed;
+                let free = stream.max_in_flight
+                    - stream.inflight.len() as i32
+                    - stream.reserved
+                    - claimed;
+                if idle { free } else { 0 }
+            });
             let claimed = stream.offered - unclaimed;
-            let free =
-                stream.max_in_flight - stream.inflight.len() as i32 - stream.reserved - claimed;
-            let target = if idle { free.max(0) } else { 0 };
-            if target > 0 {
-                self.offers.set(id, target);
-            }
             let stream = self.streams.get_mut(&id).expect("looked up above");
             stream.offered = claimed + target;
         }

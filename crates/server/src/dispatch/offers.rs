@@ -120,14 +120,24 @@ impl Offers {
         book.streams.remove(&id).map_or(0, |o| o.credit)
     }
 
-    /// Sets what a stream offers to `credit`; returns what it offered and
-    /// nobody had claimed until now.
-    pub(super) fn set(&self, id: StreamId, credit: i32) -> i32 {
+    /// Sets what a stream offers, in one step: `target` gets what it offered
+    /// and nobody has claimed yet, and returns the new offer. Returns
+    /// `(unclaimed before, offered now)`.
+    pub(super) fn adjust(&self, id: StreamId, target: impl FnOnce(i32) -> i32) -> (i32, i32) {
         let mut book = self.0.lock().expect("poisoned");
         match book.streams.get_mut(&id) {
-            Some(o) => std::mem::replace(&mut o.credit, credit.max(0)),
-            None => 0,
+            Some(o) => {
+                let before = o.credit;
+                o.credit = target(before).max(0);
+                (before, o.credit)
+            }
+            None => (0, 0),
         }
+    }
+
+    #[cfg(test)]
+    fn set(&self, id: StreamId, credit: i32) -> i32 {
+        self.adjust(id, |_| credit).0
     }
 
     /// Whether a queue's jobs may be handed off.

@@ -87,7 +87,15 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
         .test_before_acquire(false)
         .connect_with(target.options()?)
         .await?;
-    let conns = Conns::new(target.options()?, hot, target.acquire_timeout());
+    // The hot statements take arrays (`unnest($1::uuid[])`), which the
+    // planner estimates at 10 rows in a generic plan and at their real
+    // length in a custom one, so with the default plan_cache_mode every call
+    // was planned again: a third of PostgreSQL's CPU per job (profiled,
+    // docs/BENCHMARKS.md). Their generic plans are the same shapes.
+    let hot_opts = target
+        .options()?
+        .options([("plan_cache_mode", "force_generic_plan")]);
+    let conns = Conns::new(hot_opts, hot, target.acquire_timeout());
     Ok((pool, conns))
 }
 
