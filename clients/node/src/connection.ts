@@ -36,6 +36,8 @@ export interface ConnectionOptions {
   credentials?: grpc.ChannelCredentials;
   /** grpc-js channel options (`grpc.keepalive_time_ms`, ...). */
   channelOptions?: grpc.ChannelOptions;
+  /** grpc-js client interceptors, run on every call (after the token's). */
+  interceptors?: grpc.Interceptor[];
 }
 
 // gRPC's own reconnect backoff grows to 120 s, and while a channel waits in it
@@ -103,6 +105,7 @@ export class Connection {
         }),
       );
     }
+    this.interceptors.push(...(opts.interceptors ?? []));
   }
 
   /** Stub options sharing this channel. */
