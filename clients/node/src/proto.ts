@@ -34,7 +34,7 @@ export const QueueService = pkg.leaseq.v1.QueueService;
 /** @internal */
 export const AdminService = pkg.leaseq.v1.AdminService;
 
-/** @internal protobuf Duration / Timestamp as decoded (longs as strings). */
+/** A protobuf Duration / Timestamp (seconds may arrive as a string). */
 export interface PbTime {
   seconds: string | number;
   nanos: number;
