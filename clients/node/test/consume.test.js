@@ -3,8 +3,8 @@
 // the Subscribe + AckBatch fallback), against a real broker.
 const assert = require('node:assert/strict');
 const { after, before, test } = require('node:test');
-const { AdminClient, Client, LeaseLostError, status } = require('@leaseq/client');
-const { suiteBroker, queueName, callCounter, quietLog, jobGone, eventually, NO_CONSUME } = require('../harness/helpers');
+const { AdminClient, Client, LeaseLostError, Retry, Worker, status } = require('@leaseq/client');
+const { suiteBroker, queueName, callCounter, quietLog, jobGone, eventually, deferred, NO_CONSUME } = require('../harness/helpers');
 
 let broker;
 let client;
@@ -61,6 +61,43 @@ test('acks travel on the Consume stream: no unary settle call', { timeout: 30000
     for (const unary of ['Ack', 'AckBatch', 'Nack', 'ExtendLease', 'Subscribe']) {
       assert.equal(calls.counts[unary] ?? 0, 0, `${unary} calls: settles should all have gone on the stream`);
     }
+  } finally {
+    c.close();
+  }
+});
+
+test('Worker: acks, nacks and extensions on the Consume stream; stop half-closes it', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const calls = callCounter();
+  const log = quietLog();
+  const c = new Client(broker.addr, { interceptors: [calls.interceptor] });
+  try {
+    const sent = await c.enqueueBatch(Array.from({ length: 10 }, (_, i) => ({ queue: q, payload: String(i) })));
+    const slowDone = deferred();
+    let acked = 0;
+    const allDone = deferred();
+    const w = new Worker(c, { concurrency: 4, leaseMs: 1000, log }).handle(q, async (job) => {
+      if (job.text() === '0' && job.attempt === 1) return new Retry({ after: 0 }); // a nack
+      if (job.text() === '1') {
+        await new Promise((r) => setTimeout(r, 1500)); // outlives its 1 s lease: extended
+        slowDone.resolve(job.attempt);
+      }
+      return undefined;
+    });
+    w.on('job', (e) => e.outcome === 'ack' && ++acked === 10 && allDone.resolve());
+    const run = w.run();
+    await allDone.promise;
+    assert.equal(w.protocol, 'consume', NO_CONSUME);
+    assert.equal(await slowDone.promise, 1, 'the slow job kept its lease');
+    await w.stop();
+    await run;
+    for (const r of sent) assert.ok(await jobGone(admin, r.jobId));
+    assert.equal(calls.counts.Consume, 1);
+    for (const unary of ['Ack', 'AckBatch', 'Nack', 'ExtendLease', 'Subscribe']) {
+      assert.equal(calls.counts[unary] ?? 0, 0, `${unary} calls: settles should all have gone on the stream`);
+    }
+    // A warning would say the broker did not end the stream after the half-close.
+    assert.deepEqual(log.lines, []);
   } finally {
     c.close();
   }
