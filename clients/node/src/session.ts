@@ -219,8 +219,19 @@ export class Session implements Settler {
     );
   }
 
-  /** Answers to every settle sent so far (or the stream's end). */
+  /**
+   * Answers to every settle sent so far, including any sent while waiting
+   * (or the stream's end), for up to timeoutMs.
+   */
   async #settlesDone(timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (this.#open && Date.now() < deadline) {
+      if (!(await this.#settlesSent(deadline - Date.now()))) return;
+    }
+  }
+
+  // One round of #settlesDone; false if nothing was waiting.
+  async #settlesSent(timeoutMs: number): Promise<boolean> {
     const waits: Promise<unknown>[] = [...this.#inflight];
     if (this.#flush) this.#flushOutbox();
     for (const list of this.#pending.values()) {
@@ -238,13 +249,14 @@ export class Session implements Settler {
         }));
       }
     }
-    if (waits.length === 0) return;
+    if (waits.length === 0) return false;
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([
       Promise.allSettled(waits),
       new Promise((resolve) => (timer = setTimeout(resolve, timeoutMs))),
     ]);
     clearTimeout(timer);
+    return true;
   }
 
   /**

@@ -141,6 +141,7 @@ export class Worker extends EventEmitter {
   #signalStop: () => void = () => {};
   #stopped: Promise<void>;
   #run: Promise<void> | null = null;
+  #cleanups = new Set<() => void>();
 
   constructor(client: Client, opts?: WorkerOptions);
   /** One handler for every queue of `queues`. */
@@ -208,17 +209,25 @@ export class Worker extends EventEmitter {
     );
     this.#consumer = consumer;
     this.#run = (async () => {
-      const consuming = consumer.run();
-      let fatal: unknown = null;
-      await Promise.race([consuming.catch((e) => (fatal = e)), this.#stopped]);
-      this.#stopping = true;
-      consumer.stop(); // no new jobs; the stream stays open for the settles
-      await this.#finishJobs();
-      await consumer.close(); // half-close: unsettled jobs are released
-      await consuming.catch((e) => (fatal ??= e));
-      if (fatal) throw fatal;
+      try {
+        await this.#work(consumer);
+      } finally {
+        for (const cleanup of [...this.#cleanups]) cleanup();
+      }
     })();
     return this.#run;
+  }
+
+  async #work(consumer: Consumer): Promise<void> {
+    const consuming = consumer.run();
+    let fatal: unknown = null;
+    await Promise.race([consuming.catch((e) => (fatal = e)), this.#stopped]);
+    this.#stopping = true;
+    consumer.stop(); // no new jobs; the stream stays open for the settles
+    await this.#finishJobs();
+    await consumer.close(); // half-close: unsettled jobs are released
+    await consuming.catch((e) => (fatal ??= e));
+    if (fatal) throw fatal;
   }
 
   /**
@@ -242,8 +251,9 @@ export class Worker extends EventEmitter {
     for (const s of signals) process.once(s, onSignal);
     const remove = () => {
       for (const s of signals) process.removeListener(s, onSignal);
+      this.#cleanups.delete(remove);
     };
-    void this.#stopped.then(() => this.#run?.finally(remove));
+    this.#cleanups.add(remove); // removed when run() ends
     return remove;
   }
 
