@@ -71,12 +71,13 @@ test('Worker: acks, nacks and extensions on the Consume stream; stop half-closes
   const calls = callCounter();
   const log = quietLog();
   const c = new Client(broker.addr, { interceptors: [calls.interceptor] });
+  let w;
   try {
     const sent = await c.enqueueBatch(Array.from({ length: 10 }, (_, i) => ({ queue: q, payload: String(i) })));
     const slowDone = deferred();
     let acked = 0;
     const allDone = deferred();
-    const w = new Worker(c, { concurrency: 4, leaseMs: 1000, log }).handle(q, async (job) => {
+    w = new Worker(c, { concurrency: 4, leaseMs: 1000, log }).handle(q, async (job) => {
       if (job.text() === '0' && job.attempt === 1) return new Retry({ after: 0 }); // a nack
       if (job.text() === '1') {
         await new Promise((r) => setTimeout(r, 1500)); // outlives its 1 s lease: extended
@@ -99,6 +100,7 @@ test('Worker: acks, nacks and extensions on the Consume stream; stop half-closes
     // A warning would say the broker did not end the stream after the half-close.
     assert.deepEqual(log.lines, []);
   } finally {
+    await w?.stop();
     c.close();
   }
 });
