@@ -64,10 +64,15 @@ if [ "$(cat "$py/.venv/.leaseq-deps" 2>/dev/null)" != "$pystamp" ]; then
     echo "$pystamp" >"$py/.venv/.leaseq-deps"
 fi
 
-# --- Node dependencies
+# --- Node dependencies, and the package's build (TypeScript to dist/: npm
+# ci runs it as the package's prepare script; otherwise it is run here, so
+# the tests always use the current src/)
 if [ ! -f "$node/node_modules/.package-lock.json" ] || [ "$node/package-lock.json" -nt "$node/node_modules/.package-lock.json" ]; then
     echo "--- npm ci (clients/node)"
     (cd "$node" && npm ci --no-audit --no-fund --loglevel=error)
+else
+    echo "--- npm run build (clients/node)"
+    (cd "$node" && npm run --silent build)
 fi
 
 # --- the broker process
@@ -171,7 +176,10 @@ echo "--- pytest (clients/python)"
 (cd "$py" && .venv/bin/python -m pytest -q -p no:cacheprovider 2>&1) | tee "$work/pytest.log"
 py_rc=${PIPESTATUS[0]}
 echo "--- node --test (clients/node)"
-(cd "$node" && node --test 2>&1) | tee "$work/node.log"
+# Test files run three at a time: they mostly wait on brokers and timers.
+# --test-force-exit: a test that fails half-way may leave a worker running,
+# which must not keep its file's process (and so this script) alive.
+(cd "$node" && node --test --test-concurrency=3 --test-force-exit 2>&1) | tee "$work/node.log"
 node_rc=${PIPESTATUS[0]}
 set -e
 

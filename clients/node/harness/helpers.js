@@ -17,7 +17,6 @@ const path = require('node:path');
 const readline = require('node:readline');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
-const { jobFromDelivery } = require('../src/client');
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
 const Health = grpc.loadPackageDefinition(
@@ -27,9 +26,25 @@ const Health = grpc.loadPackageDefinition(
 /** A queue of the test's own, so tests sharing a broker never meet. */
 const queueName = (prefix = 'js') => `${prefix}-${crypto.randomBytes(6).toString('hex')}`;
 
+/** The job fields of a raw Subscribe delivery. */
+function jobFromDelivery(d) {
+  return {
+    id: d.job.id,
+    queue: d.job.queue,
+    payload: d.job.payload,
+    headers: { ...d.job.headers },
+    priority: d.job.priority,
+    attempt: d.job.attempt,
+    enqueuedAt: new Date(Number(d.job.enqueuedAt.seconds) * 1000 + Math.floor(d.job.enqueuedAt.nanos / 1e6)),
+    lastError: d.job.lastError,
+    leaseToken: d.leaseToken,
+    leaseExpiresAt: new Date(Number(d.leaseExpiresAt.seconds) * 1000 + Math.floor(d.leaseExpiresAt.nanos / 1e6)),
+  };
+}
+
 /** The broker's health status for the queue service, or null if unreachable. */
-function health(addr) {
-  const client = new Health(addr, grpc.credentials.createInsecure());
+function health(addr, credentials = grpc.credentials.createInsecure(), channelOptions = {}) {
+  const client = new Health(addr, credentials, channelOptions);
   return new Promise((resolve) => {
     client.check({ service: 'leaseq.v1.QueueService' }, { deadline: Date.now() + 1000 }, (err, resp) => {
       client.close();
@@ -63,13 +78,20 @@ function dbEnv() {
  * would then answer for ours. A restart binds the same port again.
  */
 class Broker {
-  constructor() {
+  /**
+   * @param {{args?: string[], healthCredentials?: object, healthOptions?: object}} [opts]
+   *   extra `serve` flags (TLS, --auth-file), and the credentials the
+   *   health check needs to reach a TLS port.
+   */
+  constructor(opts = {}) {
     this.addr = null;
     this.child = null;
+    this.opts = opts;
+    this.log = []; // the broker's stderr lines
   }
 
-  static async start() {
-    const b = new Broker();
+  static async start(opts) {
+    const b = new Broker(opts);
     await b.start();
     return b;
   }
@@ -81,7 +103,7 @@ class Broker {
     if (!dbEnv().DATABASE_URL) delete env.DATABASE_URL;
     const args = ['serve', '--listen', this.addr || '127.0.0.1:0', '--log-format', 'json',
       '--heartbeat-interval', '1s', '--reap-interval', '200ms', '--health-interval', '200ms',
-      '--drain-grace', '5s'];
+      '--drain-grace', '5s', ...(this.opts.args ?? [])];
     this.child = spawn(bin, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
     this.exited = new Promise((resolve) => this.child.once('exit', (code) => resolve(code)));
     const deadline = Date.now() + timeoutMs;
@@ -89,6 +111,7 @@ class Broker {
       const timer = setTimeout(() => reject(new Error(`broker did not start serving within ${timeoutMs} ms`)), timeoutMs);
       const lines = readline.createInterface({ input: this.child.stderr });
       lines.on('line', (line) => {
+        this.log.push(line);
         let event;
         try {
           event = JSON.parse(line);
@@ -112,7 +135,7 @@ class Broker {
       throw e;
     });
     for (;;) {
-      if ((await health(this.addr)) === 'SERVING') return;
+      if ((await health(this.addr, this.opts.healthCredentials, this.opts.healthOptions)) === 'SERVING') return;
       if (this.child.exitCode !== null) throw new Error(`broker exited with ${this.child.exitCode} before serving`);
       if (Date.now() > deadline) {
         this.child.kill('SIGKILL');
@@ -212,4 +235,70 @@ class Inbox {
   }
 }
 
-module.exports = { Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, health, retryUnavailable };
+/** Resolves with fn's value once it is truthy; polls every 100 ms, up to limitMs. */
+async function eventually(fn, limitMs = 10000, what = 'condition') {
+  const deadline = Date.now() + limitMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`${what}: not true within ${limitMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/**
+ * A grpc-js interceptor counting calls by method name ('Ack', 'Consume',
+ * ...): pass it as the Client's `interceptors` option.
+ */
+function callCounter() {
+  const counts = {};
+  const interceptor = (options, nextCall) => {
+    const name = options.method_definition.path.split('/').pop();
+    counts[name] = (counts[name] ?? 0) + 1;
+    return new grpc.InterceptingCall(nextCall(options));
+  };
+  return { counts, interceptor };
+}
+
+/** Warnings kept out of the test output but available to assertions. */
+function quietLog() {
+  const lines = [];
+  const waiters = [];
+  return {
+    lines,
+    debugLines: [],
+    warn(line) {
+      lines.push(line);
+      for (const w of waiters) if (w.re.test(line)) w.resolve(line);
+    },
+    debug(line) {
+      this.debugLines.push(line);
+    },
+    /** Resolves once a warning matching `re` was logged. */
+    waitFor(re) {
+      const seen = lines.find((l) => re.test(l));
+      return seen ? Promise.resolve(seen) : new Promise((resolve) => waiters.push({ re, resolve }));
+    },
+  };
+}
+
+/** Whether the job is gone (acked, or purged): GetJob answers NOT_FOUND. */
+async function jobGone(admin, jobId) {
+  try {
+    await admin.getJob(jobId);
+    return false;
+  } catch (e) {
+    if (e.code === grpc.status.NOT_FOUND) return true;
+    throw e;
+  }
+}
+
+/** The message a stream-ack test fails with against a broker without Consume. */
+const NO_CONSUME =
+  'the broker answered Consume with UNIMPLEMENTED, so settles went through Subscribe + AckBatch: ' +
+  'acks on the stream need a broker built with the Consume server side (LEASEQ_BIN)';
+
+module.exports = {
+  callCounter, quietLog, jobGone, NO_CONSUME,
+  Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, health, retryUnavailable, eventually, jobFromDelivery, REPO,
+};

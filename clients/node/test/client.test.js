@@ -3,7 +3,7 @@
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { after, before, test } = require('node:test');
-const { Client, status } = require('../src');
+const { Client, status } = require('@leaseq/client');
 const { suiteBroker, queueName, firstDelivery } = require('../harness/helpers');
 
 let broker;

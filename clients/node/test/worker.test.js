@@ -2,7 +2,7 @@
 // Worker behaviour against a real broker process.
 const assert = require('node:assert/strict');
 const { after, before, test } = require('node:test');
-const { Client, Worker, status } = require('../src');
+const { Client, Worker, status } = require('@leaseq/client');
 const { Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, retryUnavailable } = require('../harness/helpers');
 
 let broker;

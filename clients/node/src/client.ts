@@ -1,0 +1,175 @@
+// The producer side and the unary calls of leaseq.v1.QueueService, plus
+// consume() (an async iterator of jobs).
+
+import type * as grpc from '@grpc/grpc-js';
+import { Connection, type ConnectionOptions } from './connection';
+import { JobStream, type ConsumeOptions } from './consumer';
+import { duration, timestamp, toDate, type PbTime } from './proto';
+import { Rpc, type NackReq } from './rpc';
+import { withTraceContext } from './tracing';
+
+/** A job to enqueue (all fields but the queue optional). */
+export interface EnqueueOptions {
+  /** Free-form metadata delivered with the job. */
+  headers?: Record<string, string>;
+  /** Higher is delivered first. Default 0. */
+  priority?: number;
+  /** Deliver no earlier than this many ms after the enqueue commits. */
+  delayMs?: number;
+  /** Deliver no earlier than this instant (not with delayMs). */
+  runAt?: Date;
+  /** While a job with this key is live in the queue, enqueue returns that job. */
+  dedupKey?: string;
+  /** Deliveries before the job is dead-lettered; 0 = the queue's default. */
+  maxAttempts?: number;
+  /** Dead-lettered (reason `expired`) if not done this many ms after the enqueue. */
+  ttlMs?: number;
+}
+
+/** A job for enqueueBatch. */
+export interface EnqueueJob extends EnqueueOptions {
+  queue: string;
+  /** Bytes, or a string (sent as UTF-8). */
+  payload?: Buffer | Uint8Array | string;
+}
+
+export interface EnqueueResult {
+  /** UUIDv7. */
+  jobId: string;
+  /** True when dedupKey matched a live job: jobId is that job's. */
+  duplicate: boolean;
+}
+
+export interface AckResult {
+  jobId: string;
+  /** The status code the unary Ack would have returned: 0 OK, 9 FAILED_PRECONDITION. */
+  code: number;
+  message: string;
+}
+
+/** Options of Client and AdminClient. */
+export interface ClientOptions extends ConnectionOptions {
+  /** Deadline of each unary call, in ms. Default: none. */
+  callTimeoutMs?: number;
+  /**
+   * Write the active OpenTelemetry span's `traceparent` / `tracestate` into
+   * enqueued jobs' headers (when @opentelemetry/api is installed). Default true.
+   */
+  propagateTrace?: boolean;
+  /** @deprecated Use channelOptions. */
+  options?: grpc.ChannelOptions;
+}
+
+function enqueueRequest(job: EnqueueJob, propagate: boolean): Record<string, unknown> {
+  const payload = job.payload;
+  const headers = { ...(job.headers ?? {}) };
+  const req: Record<string, unknown> = {
+    queue: job.queue,
+    payload: typeof payload === 'string' ? Buffer.from(payload) : payload == null ? Buffer.alloc(0) : Buffer.from(payload),
+    headers: propagate ? withTraceContext(headers) : headers,
+    priority: job.priority ?? 0,
+    dedupKey: job.dedupKey ?? '',
+    maxAttempts: job.maxAttempts ?? 0,
+  };
+  // Optional messages only when given: absent and zero differ to the broker.
+  if (job.delayMs != null) req.delay = duration(job.delayMs);
+  if (job.runAt != null) req.runAt = timestamp(job.runAt);
+  if (job.ttlMs != null) req.ttl = duration(job.ttlMs);
+  return req;
+}
+
+/**
+ * A connection to a leaseq broker. Every method returns a Promise that
+ * rejects with grpc-js's ServiceError on failure: `err.code` is the
+ * documented status (`status.INVALID_ARGUMENT` naming the field,
+ * `FAILED_PRECONDITION` for a stale lease token, `UNAVAILABLE`: retry).
+ */
+export class Client {
+  /** @internal */
+  readonly _rpc: Rpc;
+  /** @internal */
+  readonly _conn: Connection;
+  readonly #propagate: boolean;
+
+  /**
+   * @param address `host:port`, or `https://host:port` (TLS on) /
+   *   `http://host:port`.
+   */
+  constructor(address: string, opts: ClientOptions = {}) {
+    const channelOptions = { ...opts.options, ...opts.channelOptions };
+    this._conn = new Connection(address, { ...opts, channelOptions });
+    this._rpc = new Rpc(this._conn, opts.callTimeoutMs);
+    this.#propagate = opts.propagateTrace ?? true;
+  }
+
+  /** Adds one job; resolves once it is committed. */
+  async enqueue(queue: string, payload: Buffer | Uint8Array | string = Buffer.alloc(0), opts: EnqueueOptions = {}): Promise<EnqueueResult> {
+    const resp = await this._rpc.unary<EnqueueResult>('Enqueue', enqueueRequest({ ...opts, queue, payload }, this.#propagate));
+    return { jobId: resp.jobId, duplicate: resp.duplicate };
+  }
+
+  /** Adds all jobs atomically (all or none); results in the same order. */
+  async enqueueBatch(jobs: EnqueueJob[]): Promise<EnqueueResult[]> {
+    const resp = await this._rpc.unary<{ results: EnqueueResult[] }>('EnqueueBatch', {
+      jobs: jobs.map((j) => enqueueRequest(j, this.#propagate)),
+    });
+    return resp.results.map((r) => ({ jobId: r.jobId, duplicate: r.duplicate }));
+  }
+
+  /**
+   * Consumes `queues` as an async iterator of jobs, settled with
+   * `job.ack()` / `job.nack()` / `job.retry()` / `job.deadLetter()`, which
+   * travel on the stream (the Consume RPC; Subscribe plus AckBatch on a
+   * broker without it). See JobStream.
+   */
+  consume(opts: ConsumeOptions): JobStream {
+    return new JobStream(this._rpc, opts);
+  }
+
+  async ack(jobId: string, leaseToken: string): Promise<void> {
+    await this._rpc.unary('Ack', { jobId, leaseToken });
+  }
+
+  /** Acks many jobs in one call; each succeeds or fails on its own. */
+  async ackBatch(acks: { jobId: string; leaseToken: string }[]): Promise<AckResult[]> {
+    const resp = await this._rpc.unary<{ results: AckResult[] }>('AckBatch', {
+      acks: acks.map((a) => ({ jobId: a.jobId, leaseToken: a.leaseToken })),
+    });
+    return resp.results.map((r) => ({ jobId: r.jobId, code: r.code, message: r.message }));
+  }
+
+  /**
+   * Fails the job; resolves to true when it went to the dead letters.
+   * retryAfterMs: absent = the queue's backoff, 0 = at once.
+   */
+  async nack(jobId: string, leaseToken: string, error = '', opts: { retryAfterMs?: number; deadLetter?: boolean } = {}): Promise<boolean> {
+    const req: NackReq = { jobId, leaseToken, error, deadLetter: !!opts.deadLetter };
+    if (opts.retryAfterMs != null) req.retryAfter = duration(opts.retryAfterMs);
+    const resp = await this._rpc.unary<{ deadLettered: boolean }>('Nack', req);
+    return resp.deadLettered;
+  }
+
+  /** Keeps the job for leaseMs more from now; resolves to the new expiry. */
+  async extendLease(jobId: string, leaseToken: string, leaseMs: number): Promise<Date> {
+    const resp = await this._rpc.unary<{ leaseExpiresAt: PbTime }>('ExtendLease', { jobId, leaseToken, lease: duration(leaseMs) });
+    return toDate(resp.leaseExpiresAt) as Date;
+  }
+
+  /**
+   * The raw Subscribe stream (grpc-js ClientReadableStream of
+   * SubscribeResponse, camelCase fields, `kind` 'delivery' or 'heartbeat').
+   * Most programs want consume() or Worker. call.cancel() closes the stream,
+   * which releases its unsettled jobs.
+   */
+  subscribe(queues: string[], opts: { consumer?: string; maxInFlight?: number; leaseMs?: number } = {}): grpc.ClientReadableStream<any> {
+    const req: Record<string, unknown> = { queues, consumer: opts.consumer ?? '', maxInFlight: opts.maxInFlight ?? 0 };
+    if (opts.leaseMs != null) req.lease = duration(opts.leaseMs);
+    return this._rpc.stub.Subscribe(req) as grpc.ClientReadableStream<any>;
+  }
+
+  /** Closes the channel (after sending acks still waiting to be batched). */
+  close(): void {
+    this._rpc.close(); // starts the AckBatch call, which the close lets finish
+    this._conn.close();
+  }
+}

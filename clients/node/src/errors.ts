@@ -1,0 +1,118 @@
+// Errors and handler outcomes.
+
+import { status } from '@grpc/grpc-js';
+
+/**
+ * A failure reported by the broker for one settle (ack, nack, lease
+ * extension) or a call. `code` is the gRPC status code, as on grpc-js's
+ * ServiceError (compare with the exported `status`).
+ */
+export class LeaseqError extends Error {
+  readonly code: status;
+  readonly details: string;
+
+  constructor(code: status, details: string) {
+    super(`${code} ${status[code] ?? 'UNKNOWN'}: ${details}`);
+    this.name = 'LeaseqError';
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/**
+ * The lease token is no longer current (FAILED_PRECONDITION): the lease
+ * expired, the stream it came from closed, the job was cancelled, or it was
+ * already settled. The job is (or was) delivered again elsewhere.
+ */
+export class LeaseLostError extends LeaseqError {
+  constructor(details = 'the lease is no longer current') {
+    super(status.FAILED_PRECONDITION, details);
+    this.name = 'LeaseLostError';
+  }
+}
+
+/** The reason a job's AbortSignal aborts when its timeout runs out. */
+export class JobTimeoutError extends Error {
+  readonly timeoutMs: number;
+
+  constructor(timeoutMs: number) {
+    super(`timeout: the handler did not finish within ${timeoutMs} ms`);
+    this.name = 'JobTimeoutError';
+    this.timeoutMs = timeoutMs;
+  }
+}
+
+const OUTCOME = Symbol.for('leaseq.outcome');
+
+/**
+ * Outcome: fail this attempt and deliver the job again `after` ms from now
+ * (absent: the queue's backoff policy; 0: at once). Throw it or return it
+ * from a handler.
+ */
+export class Retry extends Error {
+  /** Milliseconds until the next attempt; undefined = the queue's backoff. */
+  readonly after: number | undefined;
+  /** @internal */
+  readonly [OUTCOME] = 'retry';
+
+  constructor(opts: { after?: number; reason?: string } = {}) {
+    super(opts.reason ?? 'retry requested by the handler');
+    this.name = 'Retry';
+    if (opts.after != null && !(Number.isFinite(opts.after) && opts.after >= 0)) {
+      throw new RangeError(`Retry: after must be a number of milliseconds >= 0, not ${opts.after}`);
+    }
+    this.after = opts.after;
+  }
+}
+
+/**
+ * Outcome: give up on the job now and move it to the dead letters with
+ * `reason` as its last error. Throw it or return it from a handler.
+ */
+export class DeadLetter extends Error {
+  /** @internal */
+  readonly [OUTCOME] = 'dead-letter';
+
+  constructor(reason = 'dead-lettered by the handler') {
+    super(reason);
+    this.name = 'DeadLetter';
+  }
+}
+
+/** @internal Retry / DeadLetter, also across two copies of this package. */
+export function outcomeOf(x: unknown): 'retry' | 'dead-letter' | null {
+  if (x !== null && typeof x === 'object') {
+    const o = (x as Record<symbol, unknown>)[OUTCOME];
+    if (o === 'retry' || o === 'dead-letter') return o;
+  }
+  return null;
+}
+
+/** @internal The error text a nack carries: the message, NULs replaced, at most 16 Ki characters. */
+export function errorText(e: unknown): string {
+  let text: string;
+  if (e instanceof Error) text = e.message || e.name;
+  else if (typeof e === 'string') text = e;
+  else {
+    try {
+      text = String(e);
+    } catch {
+      text = 'handler failed';
+    }
+  }
+  // eslint-disable-next-line no-control-regex
+  text = text.replace(/\u0000/g, '\uFFFD');
+  return text.length > 16384 ? `${text.slice(0, 16383)}…` : text;
+}
+
+/** @internal A grpc-js ServiceError, or one of ours, as a LeaseqError. */
+export function asLeaseqError(e: unknown): LeaseqError {
+  if (e instanceof LeaseqError) return e;
+  const code = (e as { code?: unknown })?.code;
+  const details = (e as { details?: unknown })?.details;
+  if (typeof code === 'number') {
+    const text = typeof details === 'string' ? details : errorText(e);
+    return code === status.FAILED_PRECONDITION ? new LeaseLostError(text) : new LeaseqError(code, text);
+  }
+  return new LeaseqError(status.UNKNOWN, errorText(e));
+}

@@ -1,0 +1,21 @@
+// Node.js client for leaseq, a durable gRPC job queue on PostgreSQL.
+//   Client:      Enqueue, EnqueueBatch, the settles, consume() (async iterator)
+//   Worker:      handlers per queue, timeouts, outcomes, graceful stop
+//   AdminClient: every AdminService call
+
+export { status } from '@grpc/grpc-js';
+export { AdminClient } from './admin';
+export type { DeadLettersSelector, JobInfo, JobList, JobState, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate } from './admin';
+export { Client } from './client';
+export type { AckResult, ClientOptions, EnqueueJob, EnqueueOptions, EnqueueResult } from './client';
+export type { ConnectionOptions, TlsOptions } from './connection';
+export { FATAL_CODES, JobStream } from './consumer';
+export type { ConsumeOptions, Logger, ProtocolOption, StreamOptions } from './consumer';
+export { DeadLetter, JobTimeoutError, LeaseLostError, LeaseqError, Retry } from './errors';
+export { Job } from './job';
+export type { Protocol } from './session';
+export type { NackOptions } from './job';
+export { duration } from './proto';
+export { Backoff } from './rpc';
+export { Worker } from './worker';
+export type { Handler, HandlerContext, HandlerOptions, JobEvent, JobOutcome, WorkerOptions } from './worker';
