@@ -1,0 +1,104 @@
+//! CPU accounting from Linux's /proc: the broker (`--broker-pid`), this
+//! process, and a whole PostgreSQL cluster (`--postgres-pid`).
+
+use super::summary::CpuPerJob;
+
+/// CPU seconds (user + system) consumed so far by the broker, this process,
+/// and the PostgreSQL cluster (None off Linux, or when the pid was not given).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuTimes {
+    broker: Option<f64>,
+    client: Option<f64>,
+    postgres: Option<f64>,
+}
+
+impl CpuTimes {
+    pub fn read(broker_pid: Option<u32>, postgres_pid: Option<u32>) -> CpuTimes {
+        CpuTimes {
+            broker: broker_pid.and_then(|p| proc_cpu(p, true)),
+            client: proc_cpu(std::process::id(), false),
+            postgres: postgres_pid.and_then(cluster_cpu),
+        }
+    }
+
+    /// What was consumed since `before`.
+    pub fn since(&self, before: &CpuTimes) -> CpuTimes {
+        let d = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
+        CpuTimes {
+            broker: d(self.broker, before.broker),
+            client: d(self.client, before.client),
+            postgres: d(self.postgres, before.postgres),
+        }
+    }
+
+    /// µs of CPU per job, for `jobs` jobs (None for none).
+    pub fn per_job(&self, jobs: u64) -> CpuPerJob {
+        let per = |secs: Option<f64>| {
+            secs.filter(|_| jobs > 0)
+                .map(|s| (s * 1e6 / jobs as f64 * 10.0).round() / 10.0)
+        };
+        CpuPerJob {
+            broker: per(self.broker),
+            client: per(self.client),
+            postgres: per(self.postgres),
+        }
+    }
+}
+
+/// Fields of /proc/PID/stat after the command name.
+fn proc_stat(pid: u32) -> Option<Vec<u64>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect(),
+    )
+}
+
+/// CPU seconds of a process; with `children`, also of its exited children.
+fn proc_cpu(pid: u32, children: bool) -> Option<f64> {
+    let f = proc_stat(pid)?;
+    // utime, stime, cutime, cstime are fields 14-17 (11-14 after the name).
+    let ticks = f.get(11)? + f.get(12)? + if children { f.get(13)? + f.get(14)? } else { 0 };
+    Some(ticks as f64 / clock_ticks())
+}
+
+/// CPU seconds of a PostgreSQL cluster: its postmaster with every exited
+/// child (vacuum workers, closed backends), plus its live children.
+fn cluster_cpu(postmaster: u32) -> Option<f64> {
+    let mut total = proc_cpu(postmaster, true)?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(f) = proc_stat(pid)
+            && f.get(1) == Some(&u64::from(postmaster))
+        {
+            total += (f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0)) as f64 / clock_ticks();
+        }
+    }
+    Some(total)
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// This process's resident set, from /proc (0 where unavailable).
+pub fn own_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,340 @@
+//! What every broker scenario shares: the connections, the counters and
+//! histograms the producer and consumer loops record into, starting the
+//! consumers, the measured window (progress line, soak reports, CPU
+//! accounting) and the [`Summary`] it ends with.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::cpu::{self, CpuTimes};
+use super::histogram::Hist;
+use super::summary::{Summary, round};
+use super::{BenchArgs, Scenario, consumer, producer, stamp};
+use crate::cli::ClientChannel;
+use crate::pb;
+use crate::pb::queue_service_client::QueueServiceClient;
+
+/// Consumer streams per HTTP/2 connection (the broker allows 2,000 streams
+/// on one connection by default; unary Acks need room too).
+const STREAMS_PER_CONNECTION: usize = 1000;
+
+/// How long consumers may take to register before producers start anyway.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub struct Counters {
+    pub enqueued: AtomicU64,
+    pub delivered: AtomicU64,
+    pub acked: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Counters {
+    /// Counts an error; the first few are printed so a run explains itself.
+    pub fn error(&self, what: impl Display) {
+        let n = self.errors.fetch_add(1, Ordering::Relaxed);
+        if n < 3 {
+            eprintln!("\nerror: {what}");
+        }
+    }
+
+    fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+/// State shared by the producer and consumer tasks of one run.
+pub struct Shared {
+    pub queue: String,
+    pub payload_bytes: usize,
+    pub counters: Counters,
+    /// Enqueue → delivery.
+    pub latency: Hist,
+    /// The producers' Enqueue / EnqueueBatch round trips.
+    pub enqueue_calls: Hist,
+    /// Open loop: how far behind its scheduled time each send started.
+    pub late: Hist,
+    /// Open loop: sends more than [`producer::LATE_US`] behind schedule.
+    pub late_sends: AtomicU64,
+    /// Cancelled when the measured window ends.
+    pub stop: CancellationToken,
+    /// One permit per consumer stream registered (its first response).
+    ready: Semaphore,
+    /// Why a consumer stream could not open, if one could not.
+    open_failed: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// Records a delivery: its latency, if its payload carries a send time.
+    pub fn on_delivery(&self, job: &pb::Job) {
+        if let Some(sent) = stamp::read(&job.payload) {
+            self.latency.record_us(stamp::now().saturating_sub(sent));
+        }
+        self.counters.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts settle results: acks the broker confirmed, and failures.
+    pub fn on_settled(&self, results: &[pb::SettleResult]) {
+        let mut acked = 0;
+        for r in results {
+            if r.code != 0 {
+                self.counters.error(format_args!(
+                    "{:?} of job {}: code {}: {}",
+                    r.op(),
+                    r.job_id,
+                    r.code,
+                    r.message
+                ));
+            } else if r.op() == pb::SettleOp::Ack {
+                acked += 1;
+            }
+        }
+        self.counters.acked.fetch_add(acked, Ordering::Relaxed);
+    }
+
+    /// A consumer stream got its first response (it is registered).
+    pub fn consumer_ready(&self) {
+        self.ready.add_permits(1);
+    }
+
+    /// A consumer stream could not open: the run stops before producing.
+    pub fn consumer_failed_to_open(&self, why: String) {
+        self.open_failed
+            .lock()
+            .expect("poisoned")
+            .get_or_insert(why);
+        self.ready.add_permits(1);
+    }
+
+    pub fn new_job(&self, payload: Vec<u8>) -> pb::EnqueueRequest {
+        pb::EnqueueRequest {
+            queue: self.queue.clone(),
+            payload,
+            ..Default::default()
+        }
+    }
+}
+
+/// The measured window.
+pub struct Window {
+    pub started: Instant,
+    pub deadline: Instant,
+    cpu: CpuTimes,
+}
+
+/// One run against a broker: connections, shared state, and its tasks.
+pub struct Bench {
+    pub args: BenchArgs,
+    pub shared: Arc<Shared>,
+    producers: ClientChannel,
+    tasks: JoinSet<()>,
+    consumers: usize,
+    rate: Option<u64>,
+}
+
+impl Bench {
+    /// Connects the producers to --addr (consumers connect when started).
+    pub async fn connect(args: &BenchArgs) -> anyhow::Result<Bench> {
+        stamp::init();
+        let producers = crate::cli::connect(&args.addr, &args.security).await?;
+        let queue = args
+            .queue
+            .clone()
+            .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
+        let shared = Arc::new(Shared {
+            queue,
+            payload_bytes: args.payload_bytes,
+            counters: Counters::default(),
+            latency: Hist::default(),
+            enqueue_calls: Hist::default(),
+            late: Hist::default(),
+            late_sends: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            ready: Semaphore::new(0),
+            open_failed: Mutex::new(None),
+        });
+        Ok(Bench {
+            args: args.clone(),
+            shared,
+            producers,
+            tasks: JoinSet::new(),
+            consumers: 0,
+            rate: None,
+        })
+    }
+
+    /// A client on the producers' connection.
+    pub fn producer_client(&self) -> QueueServiceClient<ClientChannel> {
+        QueueServiceClient::new(self.producers.clone())
+    }
+
+    /// Starts `n` consumer streams of `credit` each on --consume-addr (or
+    /// --addr), settling as --ack says, on their own connection(s) (not the
+    /// producers'), and waits until the broker has registered them.
+    pub async fn start_consumers(&mut self, n: usize, credit: u32) -> anyhow::Result<()> {
+        let addr = self.args.consume_addr.as_ref().unwrap_or(&self.args.addr);
+        let mut channels = Vec::new();
+        for _ in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
+            channels.push(crate::cli::connect(addr, &self.args.security).await?);
+        }
+        for i in 0..n {
+            let channel = channels[i % channels.len()].clone();
+            let fut = consumer::run(self.shared.clone(), channel, i, credit, self.args.ack);
+            self.tasks.spawn(fut);
+        }
+        self.consumers = n;
+        let all = u32::try_from(n).unwrap_or(u32::MAX);
+        let registered =
+            tokio::time::timeout(READY_TIMEOUT, self.shared.ready.acquire_many(all)).await;
+        if let Some(why) = self.shared.open_failed.lock().expect("poisoned").take() {
+            anyhow::bail!("{why}");
+        }
+        if registered.is_err() {
+            eprintln!(
+                "warning: {} of {n} consumer streams registered within {READY_TIMEOUT:?}; starting anyway",
+                self.shared.ready.available_permits()
+            );
+        }
+        Ok(())
+    }
+
+    /// Starts the measured window: producers start after this.
+    pub fn start(&self) -> Window {
+        let started = Instant::now();
+        Window {
+            started,
+            deadline: started + Duration::from_secs(self.args.duration),
+            cpu: CpuTimes::read(self.args.broker_pid, self.args.postgres_pid),
+        }
+    }
+
+    /// Runs a producer loop (or anything else) until the window ends.
+    pub fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(task);
+    }
+
+    /// Starts the open-loop generator at `rate` jobs/s for the window.
+    pub fn open_loop(&mut self, rate: u64, w: &Window) -> anyhow::Result<()> {
+        let rate = rate.max(1);
+        self.rate = Some(rate);
+        producer::open_loop(
+            self.shared.clone(),
+            self.producer_client(),
+            rate,
+            w.started,
+            w.deadline,
+        )?;
+        Ok(())
+    }
+
+    /// Jobs done so far: acked when something consumes, else enqueued.
+    fn done(&self) -> u64 {
+        let c = &self.shared.counters;
+        Counters::get(if self.consumers == 0 {
+            &c.enqueued
+        } else {
+            &c.acked
+        })
+    }
+
+    /// Shows progress until the window ends, then stops every task and
+    /// returns what was measured.
+    pub async fn measure(mut self, scenario: Scenario, w: Window) -> anyhow::Result<Summary> {
+        self.progress(&w).await?;
+        let seconds = w.started.elapsed().as_secs_f64();
+        let cpu = CpuTimes::read(self.args.broker_pid, self.args.postgres_pid).since(&w.cpu);
+        let c = &self.shared.counters;
+        let mut s = Summary {
+            scenario: scenario.name(),
+            jobs: self.done(),
+            enqueued: Counters::get(&c.enqueued),
+            delivered: Counters::get(&c.delivered),
+            acked: Counters::get(&c.acked),
+            errors: Counters::get(&c.errors),
+            ack: (self.consumers > 0).then(|| self.args.ack.name()),
+            rate: self.rate,
+            ..Default::default()
+        };
+        self.shared.stop.cancel();
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        eprintln!();
+        s.seconds = round(seconds, 3);
+        s.jobs_per_s = round(s.jobs as f64 / seconds, 1);
+        s.cpu_us_per_job = cpu.per_job(s.jobs);
+        s.client_rss_kb = cpu::own_rss_kb();
+        s.set_latency(self.shared.latency.percentiles());
+        s.set_enqueue_calls(self.shared.enqueue_calls.percentiles());
+        if self.rate.is_some() {
+            s.late_sends = Some(self.shared.late_sends.load(Ordering::Relaxed));
+            s.late_p99_ms = self.shared.late.percentiles().p99.map(|v| round(v, 3));
+        }
+        Ok(s)
+    }
+
+    /// The live progress line (stderr), and with --report-every the soak's
+    /// periodic report lines, until the window's deadline.
+    async fn progress(&self, w: &Window) -> anyhow::Result<()> {
+        let report_pool = match (&self.args.report_every, &self.args.database_url) {
+            (Some(_), Some(url)) => Some(leaseq_server::store::connect(url, 1).await?),
+            _ => None,
+        };
+        let c = &self.shared.counters;
+        let mut report = (Instant::now(), 0u64);
+        let mut last = (Instant::now(), 0u64);
+        loop {
+            let now = Instant::now();
+            if now >= w.deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1).min(w.deadline - now)).await;
+            let done = self.done();
+            if let Some(every) = self.args.report_every
+                && report.0.elapsed() >= Duration::from_secs(every)
+            {
+                let rate = (done - report.1) as f64 / report.0.elapsed().as_secs_f64();
+                report = (Instant::now(), done);
+                let size = match &report_pool {
+                    Some(pool) => jobs_table_size(pool).await,
+                    None => "n/a".into(),
+                };
+                eprintln!(
+                    "\nreport t={:.0}s jobs_per_s={rate:.0} jobs_table={size}",
+                    w.started.elapsed().as_secs_f64()
+                );
+            }
+            let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
+            last = (Instant::now(), done);
+            eprint!(
+                "\r[{:>4.0}s] enqueued={} delivered={} acked={} errors={} rate={:.0}/s   ",
+                w.started.elapsed().as_secs_f64(),
+                Counters::get(&c.enqueued),
+                Counters::get(&c.delivered),
+                Counters::get(&c.acked),
+                Counters::get(&c.errors),
+                rate
+            );
+        }
+        if let Some(pool) = report_pool {
+            pool.close().await;
+        }
+        Ok(())
+    }
+}
+
+async fn jobs_table_size(pool: &sqlx::PgPool) -> String {
+    sqlx::query_scalar::<_, i64>("select pg_total_relation_size('leaseq.jobs')")
+        .fetch_one(pool)
+        .await
+        .map_or_else(
+            |e| e.to_string(),
+            |b| format!("{:.1} MiB", b as f64 / 1048576.0),
+        )
+}

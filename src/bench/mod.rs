@@ -1,0 +1,182 @@
+//! `leaseq bench`: a load generator against a running broker, and the raw-SQL
+//! baseline it is compared with.
+//!
+//! One function per scenario, each in its own file: [`throughput`],
+//! [`enqueue`], [`latency`], [`streams`], [`backlog`] and [`baseline`]. They
+//! share a small harness ([`harness`]: connections, the progress and soak
+//! report loop, counters and histograms), the consumer loops ([`consumer`],
+//! settling as `--ack` says), the producer loops ([`producer`]: closed loops,
+//! and the open-loop generator at `--rate`), CPU accounting ([`cpu`]) and the
+//! [`Summary`] every scenario ends with.
+//!
+//! Every scenario is bounded by `--duration` (and the backlog fill by its
+//! count); it prints a live progress line on stderr, its results on stdout
+//! and, with `--json`, the [`Summary`] as one JSON line, last.
+
+use clap::{Args, ValueEnum};
+
+mod backlog;
+mod baseline;
+mod consumer;
+mod cpu;
+mod enqueue;
+mod harness;
+mod histogram;
+mod latency;
+mod producer;
+mod stamp;
+mod streams;
+mod summary;
+mod throughput;
+
+pub use summary::{CpuPerJob, Summary};
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Scenario {
+    /// EnqueueBatch producers and consumers (settling as --ack says), flat out.
+    Throughput,
+    /// Single-job Enqueue calls from many concurrent clients.
+    Enqueue,
+    /// Enqueue at a fixed --rate, open loop; measures enqueue → delivery latency.
+    Latency,
+    /// --streams idle-ish consumer streams on one broker, fed at --rate.
+    Streams,
+    /// Fill --backlog jobs first, then run the throughput scenario.
+    Backlog,
+    /// The raw-SQL pattern straight against --database-url (no broker).
+    Baseline,
+}
+
+impl Scenario {
+    /// The name in the summary (as `{:?}` printed it before the summary was
+    /// a struct, so scripts reading `scenario` keep working).
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Throughput => "Throughput",
+            Scenario::Enqueue => "Enqueue",
+            Scenario::Latency => "Latency",
+            Scenario::Streams => "Streams",
+            Scenario::Backlog => "Backlog",
+            Scenario::Baseline => "Baseline",
+        }
+    }
+}
+
+/// How consumers settle their jobs.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum AckMode {
+    /// Consume streams, each job's ack sent on its own stream: whatever
+    /// finished while the previous request was being sent goes in the next
+    /// one. With `confirm_settles`, so the broker answers every ack batch
+    /// with one (small) SettleResults response, and the acked count is the
+    /// count the broker confirmed.
+    Stream,
+    /// Subscribe streams and AckBatch calls: each consumer sends what it has
+    /// finished as one call, one call in flight at a time.
+    Batch,
+    /// Subscribe streams and one unary Ack call per job.
+    Unary,
+}
+
+impl AckMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            AckMode::Stream => "stream",
+            AckMode::Batch => "batch",
+            AckMode::Unary => "unary",
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Broker address (producers; consumers too unless --consume-addr).
+    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Broker address for the consumers (default: --addr). Another replica
+    /// on the same database measures the cross-replica path, as behind a
+    /// load balancer.
+    #[arg(long)]
+    pub consume_addr: Option<String>,
+    #[arg(long, value_enum, default_value_t = Scenario::Throughput)]
+    pub scenario: Scenario,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Print a JSON summary as the last line.
+    #[arg(long)]
+    pub json: bool,
+    /// Producer tasks (for `enqueue`: concurrent single-job clients, e.g. 64).
+    #[arg(long, default_value_t = 4)]
+    pub producers: usize,
+    /// Consumer streams.
+    #[arg(long, default_value_t = 4)]
+    pub consumers: usize,
+    /// Jobs per EnqueueBatch (and per raw-SQL transaction in the baseline).
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// How consumers ack: on their Consume stream, with AckBatch calls, or
+    /// one unary Ack per job.
+    #[arg(long, value_enum, default_value_t = AckMode::Stream)]
+    pub ack: AckMode,
+    /// The broker's process id: report its CPU time per job (Linux /proc).
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
+    /// The PostgreSQL postmaster's process id (first line of
+    /// `postmaster.pid` in the data directory): report the CPU time of the
+    /// whole cluster (postmaster, backends, vacuum workers) per job.
+    #[arg(long)]
+    pub postgres_pid: Option<u32>,
+    /// Print a line with the rate of the last N seconds (and, with
+    /// --database-url, the size of leaseq.jobs) every N seconds: for soaks.
+    #[arg(long)]
+    pub report_every: Option<u64>,
+    /// Credits per consumer stream.
+    #[arg(long, default_value_t = 256)]
+    pub max_in_flight: u32,
+    /// Payload bytes (at least 8: the first 8 carry the send time).
+    #[arg(long, default_value_t = 64)]
+    pub payload_bytes: usize,
+    /// Jobs per second for `latency` and `streams`, sent open loop: send
+    /// times are scheduled in advance and calls do not wait for each other.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Streams for `streams`.
+    #[arg(long, default_value_t = 1000)]
+    pub streams: usize,
+    /// Jobs enqueued before measuring, for `backlog`.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub backlog: u64,
+    /// Queue name (a fresh one per run by default).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Database for `baseline`, and for `--compare` and `--report-every`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// After the run, run the raw-SQL baseline (batches of 100) against
+    /// --database-url for the same duration and print the ratio.
+    #[arg(long)]
+    pub compare: bool,
+    #[command(flatten)]
+    pub security: crate::cli::ClientSecurity,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let mut summary = match args.scenario {
+        Scenario::Throughput => throughput::run(&args).await?,
+        Scenario::Enqueue => enqueue::run(&args).await?,
+        Scenario::Latency => latency::run(&args).await?,
+        Scenario::Streams => streams::run(&args).await?,
+        Scenario::Backlog => backlog::run(&args).await?,
+        Scenario::Baseline => baseline::run(&args).await?,
+    };
+    if args.compare && args.scenario != Scenario::Baseline {
+        let b = baseline::compare(&args).await?;
+        summary.compared_with(b);
+        println!(
+            "baseline (raw SQL, batches of 100) jobs_per_s={b:.0} ratio={:.2}",
+            summary.ratio.unwrap_or(f64::NAN)
+        );
+    }
+    summary.print(args.json)
+}
