@@ -72,6 +72,21 @@ pub struct Shared {
 }
 
 impl Shared {
+    fn new(queue: String, payload_bytes: usize) -> Shared {
+        Shared {
+            queue,
+            payload_bytes,
+            counters: Counters::default(),
+            latency: Hist::default(),
+            enqueue_calls: Hist::default(),
+            late: Hist::default(),
+            late_sends: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            ready: Semaphore::new(0),
+            open_failed: Mutex::new(None),
+        }
+    }
+
     /// Records a delivery: its latency, if its payload carries a send time.
     pub fn on_delivery(&self, job: &pb::Job) {
         if let Some(sent) = stamp::read(&job.payload) {
@@ -148,18 +163,7 @@ impl Bench {
             .queue
             .clone()
             .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
-        let shared = Arc::new(Shared {
-            queue,
-            payload_bytes: args.payload_bytes,
-            counters: Counters::default(),
-            latency: Hist::default(),
-            enqueue_calls: Hist::default(),
-            late: Hist::default(),
-            late_sends: AtomicU64::new(0),
-            stop: CancellationToken::new(),
-            ready: Semaphore::new(0),
-            open_failed: Mutex::new(None),
-        });
+        let shared = Arc::new(Shared::new(queue, args.payload_bytes));
         Ok(Bench {
             args: args.clone(),
             shared,
@@ -296,8 +300,10 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_secs(1).min(w.deadline - now)).await;
             let done = self.done();
+            // (Half a second of slack: the last sleep of the window is cut
+            // short at the deadline, and the last interval still counts.)
             if let Some(every) = self.args.report_every
-                && report.0.elapsed() >= Duration::from_secs(every)
+                && report.0.elapsed() + Duration::from_millis(500) >= Duration::from_secs(every)
             {
                 let rate = (done - report.1) as f64 / report.0.elapsed().as_secs_f64();
                 report = (Instant::now(), done);
@@ -337,4 +343,45 @@ async fn jobs_table_size(pool: &sqlx::PgPool) -> String {
             |e| e.to_string(),
             |b| format!("{:.1} MiB", b as f64 / 1048576.0),
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(op: pb::SettleOp, code: i32) -> pb::SettleResult {
+        pb::SettleResult {
+            job_id: "j".into(),
+            op: op as i32,
+            code,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn settles_count_confirmed_acks_and_failures() {
+        let s = Shared::new("q".into(), 64);
+        s.on_settled(&[
+            result(pb::SettleOp::Ack, 0),
+            result(pb::SettleOp::Ack, 0),
+            result(pb::SettleOp::Ack, 9),
+            result(pb::SettleOp::Nack, 0),
+        ]);
+        assert_eq!(Counters::get(&s.counters.acked), 2);
+        assert_eq!(Counters::get(&s.counters.errors), 1);
+    }
+
+    #[test]
+    fn deliveries_record_latency_only_when_stamped() {
+        stamp::init();
+        let s = Shared::new("q".into(), 64);
+        let job = |payload| pb::Job {
+            payload,
+            ..Default::default()
+        };
+        s.on_delivery(&job(stamp::payload(stamp::now(), 64)));
+        s.on_delivery(&job(stamp::unstamped(64)));
+        assert_eq!(Counters::get(&s.counters.delivered), 2);
+        assert_eq!(s.latency.percentiles().count, 1);
+    }
 }
