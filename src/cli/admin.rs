@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::config::parse_duration;
+use crate::duration::parse_duration;
 use crate::pb;
 use crate::pb::admin_service_client::AdminServiceClient;
 

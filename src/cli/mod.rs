@@ -33,7 +33,7 @@ pub struct EnqueueArgs {
     #[arg(long, default_value_t = 0)]
     pub priority: i32,
     /// Deliver after this delay (e.g. 30s).
-    #[arg(long, value_parser = crate::config::parse_duration)]
+    #[arg(long, value_parser = crate::duration::parse_duration)]
     pub delay: Option<Duration>,
     /// De-duplication key.
     #[arg(long)]

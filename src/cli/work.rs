@@ -79,11 +79,11 @@ pub struct WorkArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
     /// Lease per job, extended every half lease while CMD runs (1s to 12h).
-    #[arg(long, env = "LEASEQ_WORK_LEASE", default_value = "30s", value_parser = crate::config::parse_duration)]
+    #[arg(long, env = "LEASEQ_WORK_LEASE", default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub lease: Duration,
     /// On SIGTERM / SIGINT, how long running commands may take to finish
     /// before they are killed and their jobs released.
-    #[arg(long, env = "LEASEQ_WORK_GRACE", default_value = "30s", value_parser = crate::config::parse_duration)]
+    #[arg(long, env = "LEASEQ_WORK_GRACE", default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub grace: Duration,
     /// Consumer name shown in admin views (default: <hostname>-<pid>).
     #[arg(long, env = "LEASEQ_WORK_CONSUMER")]

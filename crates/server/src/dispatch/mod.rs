@@ -100,29 +100,40 @@ pub struct Dispatcher {
 }
 
 /// The settle path's way into the dispatcher (see [`crate::settle::Local`]).
-struct Inbox(mpsc::UnboundedSender<Msg>);
+/// Weak, like the task's own sender: the task ends once every
+/// [`Dispatcher`] handle and stream is gone.
+struct Inbox(mpsc::WeakUnboundedSender<Msg>);
+
+impl Inbox {
+    fn send(&self, msg: Msg) {
+        if let Some(tx) = self.0.upgrade() {
+            let _ = tx.send(msg);
+        }
+    }
+}
 
 impl Local for Inbox {
     fn wake(&self, wakes: Vec<Wake>) {
-        let _ = self.0.send(Msg::Wake(wakes));
+        self.send(Msg::Wake(wakes));
     }
 
     fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
-        let _ = self.0.send(Msg::Settled(leases));
+        self.send(Msg::Settled(leases));
     }
 }
 
 impl Dispatcher {
-    /// Spawns the dispatcher task; it runs until the process ends.
+    /// Spawns the dispatcher task; it ends when every handle (and every
+    /// stream it feeds) is dropped.
     pub fn spawn(store: Store, notifier: Notifier, cfg: DispatchConfig) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        let settle = Settle::new(store.clone(), Arc::new(Inbox(tx.clone())), notifier);
+        let settle = Settle::new(store.clone(), Arc::new(Inbox(tx.downgrade())), notifier);
         let offers = Offers::default();
         let task = Task {
             core: Core::new(cfg.poll_interval, offers.clone(), Instant::now()),
             store,
             settle: settle.clone(),
-            me: tx.clone(),
+            me: Arc::new(Inbox(tx.downgrade())),
             txs: HashMap::new(),
             drained: None,
         };
@@ -224,8 +235,9 @@ struct Task {
     core: Core,
     store: Store,
     settle: Settle,
-    /// Our own inbox, for background tasks to report back.
-    me: mpsc::UnboundedSender<Msg>,
+    /// Our own inbox, for background tasks to report back. Weak: the task
+    /// ends when every handle and stream is dropped.
+    me: Arc<Inbox>,
     /// Where each stream's deliveries go.
     txs: HashMap<StreamId, mpsc::Sender<stream::Item>>,
     /// Who waits for the drain to finish (it runs once no round is in flight).
@@ -263,14 +275,14 @@ impl Task {
                 let (store, me) = (self.store.clone(), self.me.clone());
                 tokio::spawn(async move {
                     let result = lease(&store, &round).await;
-                    let _ = me.send(Msg::Leased(round, result));
+                    me.send(Msg::Leased(round, result));
                 });
             }
             let due = self.core.due_checks();
             if !due.is_empty() {
                 let (store, me) = (self.store.clone(), self.me.clone());
                 tokio::spawn(async move {
-                    let _ = me.send(Msg::DueKnown(store.next_due(&due).await));
+                    me.send(Msg::DueKnown(store.next_due(&due).await));
                 });
             }
         }
@@ -469,7 +481,7 @@ pub(crate) fn delivery(job: Leased) -> pb::Delivery {
 async fn check_leases(
     store: Store,
     settle: Settle,
-    me: mpsc::UnboundedSender<Msg>,
+    me: Arc<Inbox>,
     leases: Vec<(JobId, LeaseToken)>,
 ) {
     let ids: Vec<JobId> = leases.iter().map(|l| l.0).collect();
@@ -488,5 +500,5 @@ async fn check_leases(
             ids.iter().map(|id| (*id, 1000)).collect()
         }
     };
-    let _ = me.send(Msg::LeaseChecked { checked, alive });
+    me.send(Msg::LeaseChecked { checked, alive });
 }
