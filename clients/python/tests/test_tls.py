@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 import json
+import os
 import secrets
 
 import grpc
@@ -194,3 +195,11 @@ def test_a_broker_certificate_from_another_ca_is_refused(tls_broker, pki):
 def test_an_unreadable_ca_file_names_the_option(tmp_path):
     with pytest.raises(ValueError, match="tls.ca"):
         Client("127.0.0.1:1", tls=TLS(ca=str(tmp_path / "missing.pem")))
+
+
+def test_tls_token_example(tls_broker, pki):
+    from test_examples import run_example
+
+    d = os.path.dirname(pki.files["ca.pem"])
+    out = run_example("tls_token.py", tls_broker.addr, queue_name("tls"), LEASEQ_CERTS=d, LEASEQ_TOKEN=TOKENS["ops"])
+    assert out[0].startswith("enqueued ") and out[1] == "waiting 1"
