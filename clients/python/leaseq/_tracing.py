@@ -12,7 +12,7 @@ try:
 
     _PROPAGATOR: Any = TraceContextTextMapPropagator()
 except ImportError:  # the optional extra is not installed
-    trace = None
+    trace = None  # type: ignore[assignment]
     _PROPAGATOR = None
 
 TRACER_NAME = "leaseq"

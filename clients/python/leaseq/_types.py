@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -285,7 +285,7 @@ _CODES = {s.name: s.value[0] for s in grpc.StatusCode}
 
 
 def subscribe_request(
-    queues: Union[str, List[str], Tuple[str, ...]],
+    queues: Union[str, Sequence[str]],
     consumer: str,
     max_in_flight: int,
     lease: Optional[Seconds],

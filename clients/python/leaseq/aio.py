@@ -360,7 +360,12 @@ class AsyncConsumer(_Stream):
                 req = pb.ConsumeRequest(max_in_flight=self._credit or 0)
                 self._credit = None
                 for op, msg in batch:
-                    {pb.SETTLE_OP_ACK: req.acks, pb.SETTLE_OP_NACK: req.nacks}.get(op, req.extends).append(msg)
+                    if op == pb.SETTLE_OP_ACK:
+                        req.acks.append(msg)
+                    elif op == pb.SETTLE_OP_NACK:
+                        req.nacks.append(msg)
+                    else:
+                        req.extends.append(msg)
                 await self._call.write(req)
                 if self._half_closed and not self._outbox:
                     await self._call.done_writing()
@@ -433,7 +438,7 @@ class AsyncConsumer(_Stream):
         r = await self._send(pb.SETTLE_OP_NACK, req)
         if not r.ok:
             raise r.error()
-        return r.dead_lettered
+        return bool(r.dead_lettered)
 
     async def extend(self, job: Job, lease: Seconds) -> dt.datetime:
         r = await self._send(pb.SETTLE_OP_EXTEND, extend_request(job.id, job.lease_token, lease))

@@ -541,7 +541,8 @@ class Worker:
             except RpcError as e:
                 stream.cancel()
                 if e.status != grpc.StatusCode.UNIMPLEMENTED:
-                    return self._open_failed(e)
+                    self._open_failed(e)
+                    return None
                 log.info("the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch")
                 self._use_consume = False
         sub = client.subscribe(queues, **opts)
@@ -551,7 +552,8 @@ class Worker:
                 return None
         except RpcError as e:
             sub.cancel()
-            return self._open_failed(e)
+            self._open_failed(e)
+            return None
         self._backoff.reset()
         self._transport = "subscribe"
         return _SubscribeSession(self, client, sub, batcher)
@@ -560,7 +562,6 @@ class Worker:
         if e.status in FATAL_CODES:
             raise e
         log.warning("opening the stream failed (%s: %s); retrying", e.code_name, e.details())
-        return None
 
     async def _serve(self, session: _Session, executor: Executor) -> None:
         """Reads one stream until it ends, fails, or stop() is called."""
