@@ -47,7 +47,11 @@ def sh(*cmd, timeout=300, **kw):
 def installed(tmp_path_factory):
     """(python of the fresh venv, what was pinned) with the wheel installed."""
     tmp = tmp_path_factory.mktemp("pkg")
-    sh(sys.executable, "-m", "build", "--wheel", "--outdir", tmp / "dist", HERE, timeout=300)
+    # Built from a copy: setuptools writes build/ and *.egg-info next to the
+    # sources, which would leave the checkout dirty.
+    src = tmp / "src"
+    shutil.copytree(HERE, src, ignore=shutil.ignore_patterns(".venv", "build", "dist", "*.egg-info", "__pycache__"))
+    sh(sys.executable, "-m", "build", "--wheel", "--outdir", tmp / "dist", src, timeout=300)
     (wheel,) = (tmp / "dist").glob("leaseq-*.whl")
     base = floor_python()
     env_dir = tmp / "venv"
