@@ -476,6 +476,7 @@ class Worker:
                 if own_executor:
                     executor.shutdown(wait=False)
                 self._loop = None
+                self._stop_requested = False  # run() may be called again
 
     def _install_signals(self) -> Callable[[], None]:
         loop = self._loop
