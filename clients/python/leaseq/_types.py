@@ -59,7 +59,7 @@ def _opt_timedelta(msg: Any, name: str) -> Optional[dt.timedelta]:
 # --- errors
 
 
-class RpcError(grpc.RpcError):  # type: ignore[misc]
+class RpcError(grpc.RpcError):  # type: ignore[misc,unused-ignore]
     """A call the broker refused or could not answer.
 
     ``code`` is the gRPC status name (``"INVALID_ARGUMENT"`` with a message

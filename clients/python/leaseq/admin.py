@@ -264,7 +264,7 @@ class AdminClient:
         self._conn = Connection(target, token=token, tls=tls, options=options)
         self._timeout = timeout
         self._channel = self._conn.sync_channel()
-        self._stub = apb_grpc.AdminServiceStub(self._channel)
+        self._stub = apb_grpc.AdminServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
 
     def __enter__(self) -> "AdminClient":
         return self
@@ -394,7 +394,7 @@ class AsyncAdminClient:
         self._conn = Connection(target, token=token, tls=tls, options=options)
         self._timeout = timeout
         self._channel = self._conn.aio_channel()
-        self._stub = apb_grpc.AdminServiceStub(self._channel)
+        self._stub = apb_grpc.AdminServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
 
     async def __aenter__(self) -> "AsyncAdminClient":
         return self

@@ -77,7 +77,7 @@ class AsyncClient:
         self._conn = Connection(target, token=token, tls=tls, options=options)
         self._timeout = timeout
         self._channel = self._conn.aio_channel()
-        self._stub = pb_grpc.QueueServiceStub(self._channel)
+        self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
 
     @classmethod
     def from_connection(cls, conn: Connection, *, timeout: Optional[float] = None) -> "AsyncClient":
@@ -85,7 +85,7 @@ class AsyncClient:
         self = cls.__new__(cls)
         self._conn, self._timeout = conn, timeout
         self._channel = conn.aio_channel()
-        self._stub = pb_grpc.QueueServiceStub(self._channel)
+        self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         return self
 
     @property

@@ -75,7 +75,7 @@ class Client:
         self._conn = Connection(target, token=token, tls=tls, options=options)
         self._timeout = timeout
         self._channel = self._conn.sync_channel()
-        self._stub = pb_grpc.QueueServiceStub(self._channel)
+        self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
         self._loop: Optional[_LoopThread] = None
         self._aio: Optional[AsyncClient] = None
         self._lock = threading.Lock()
