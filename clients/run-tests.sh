@@ -110,7 +110,7 @@ fi
 # line (JSON, so it can be read reliably); nothing can take it in between.
 # The tests' timings need prompt reaping and short drains: the same flags as
 # the brokers the test suites start themselves.
-RUST_LOG="warn,leaseq::server=info" "$LEASEQ_BIN" serve --listen 127.0.0.1:0 --log-format json \
+RUST_LOG="warn,leaseq_server::server=info" "$LEASEQ_BIN" serve --listen 127.0.0.1:0 --log-format json \
     --heartbeat-interval 1s --reap-interval 200ms --health-interval 200ms --drain-grace 5s \
     </dev/null >"$work/broker.log" 2>&1 &
 broker_pid=$!

@@ -405,7 +405,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 
     let report_pool = match (&args.report_every, &args.database_url) {
-        (Some(_), Some(url)) => Some(crate::store::connect(url, 1).await?),
+        (Some(_), Some(url)) => Some(leaseq_server::store::connect(url, 1).await?),
         _ => None,
     };
     let mut report = (Instant::now(), 0u64);
@@ -592,7 +592,7 @@ async fn baseline_rate(args: &BenchArgs) -> anyhow::Result<f64> {
         .clone()
         .context("baseline needs --database-url / DATABASE_URL")?;
     let workers = args.producers.max(1) * 2;
-    let pool = crate::store::connect(&url, workers as u32 + 1).await?;
+    let pool = leaseq_server::store::connect(&url, workers as u32 + 1).await?;
     sqlx::query(
         "create table if not exists leaseq_bench_raw (
             id bigserial primary key, payload bytea not null,

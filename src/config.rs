@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use leaseq_server::Config;
+use leaseq_server::config::{RequestLimits, SecurityConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -64,6 +66,9 @@ pub struct DbArgs {
     pub data_dir: Option<PathBuf>,
 }
 
+/// `leaseq serve`'s flags. Defaults come from [`Config::default`], so the
+/// library and the command line cannot disagree; [`ServeArgs::config`]
+/// converts the rest into the server's [`Config`].
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
     /// Address the gRPC server listens on.
@@ -73,70 +78,74 @@ pub struct ServeArgs {
     pub db: DbArgs,
     /// PostgreSQL connections in the pool (plus one LISTEN connection).
     /// Does not grow with the number of streams.
-    #[arg(long, env = "LEASEQ_POOL_SIZE", default_value_t = 10)]
+    #[arg(long, env = "LEASEQ_POOL_SIZE", default_value_t = defaults().pool_size)]
     pub pool_size: u32,
-    /// Heartbeat interval on idle Subscribe streams.
-    #[arg(long, env = "LEASEQ_HEARTBEAT_INTERVAL", default_value = "15s", value_parser = parse_duration)]
-    pub heartbeat_interval: Duration,
+    /// Heartbeat interval on idle streams.
+    #[arg(long, env = "LEASEQ_HEARTBEAT_INTERVAL", default_value_t = defaults().heartbeat_interval.into())]
+    pub heartbeat_interval: CliDuration,
     /// Fallback poll: every queue with streams is checked this often even
     /// without a notification.
-    #[arg(long, env = "LEASEQ_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
-    pub poll_interval: Duration,
+    #[arg(long, env = "LEASEQ_POLL_INTERVAL", default_value_t = defaults().poll_interval.into())]
+    pub poll_interval: CliDuration,
     /// How often the reaper looks for expired leases and jobs past their ttl.
     /// Leases of this broker's own streams are reaped at their deadline
     /// regardless; this pass catches leases of brokers that died.
-    #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
-    pub reap_interval: Duration,
+    #[arg(long, env = "LEASEQ_REAP_INTERVAL", default_value_t = defaults().reap_interval.into())]
+    pub reap_interval: CliDuration,
     /// How often completed jobs kept for their queue's completed_retention
     /// are deleted once older than it (every replica does; a pass deletes in
     /// batches of 10,000 until none is due). Records outlive their retention
     /// by up to this long. 0 = this broker deletes none (leave it to other
     /// replicas).
-    #[arg(long, env = "LEASEQ_RETENTION_INTERVAL", default_value = "10s", value_parser = parse_duration)]
-    pub retention_interval: Duration,
+    #[arg(long, env = "LEASEQ_RETENTION_INTERVAL", default_value_t = defaults().retention_interval.into())]
+    pub retention_interval: CliDuration,
     /// How often the jobs table's dead tuples are checked; it is vacuumed
     /// (by one replica at a time) past 10,000 + 20 % of its live rows, since
     /// autovacuum's default once-a-minute visit is far too slow for a queue
     /// table. 0 = leave it to autovacuum.
-    #[arg(long, env = "LEASEQ_VACUUM_INTERVAL", default_value = "2s", value_parser = parse_duration)]
-    pub vacuum_interval: Duration,
+    #[arg(long, env = "LEASEQ_VACUUM_INTERVAL", default_value_t = defaults().vacuum_interval.into())]
+    pub vacuum_interval: CliDuration,
     /// How often Postgres is probed for the health service.
-    #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration)]
-    pub health_interval: Duration,
+    #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value_t = defaults().health_interval.into())]
+    pub health_interval: CliDuration,
     /// On SIGTERM/SIGINT, how long in-flight calls may take before exit.
-    #[arg(long, env = "LEASEQ_DRAIN_GRACE", default_value = "30s", value_parser = parse_duration)]
-    pub drain_grace: Duration,
+    #[arg(long, env = "LEASEQ_DRAIN_GRACE", default_value_t = defaults().drain_grace.into())]
+    pub drain_grace: CliDuration,
     /// Largest job payload accepted, in bytes.
-    #[arg(long, env = "LEASEQ_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024)]
+    #[arg(long, env = "LEASEQ_MAX_PAYLOAD_BYTES", default_value_t = defaults().request_limits.max_payload_bytes)]
     pub max_payload_bytes: usize,
-    /// Most jobs in one EnqueueBatch.
-    #[arg(long, env = "LEASEQ_MAX_BATCH_JOBS", default_value_t = 1000)]
+    /// Most jobs in one EnqueueBatch (and acks in one AckBatch).
+    #[arg(long, env = "LEASEQ_MAX_BATCH_JOBS", default_value_t = defaults().request_limits.max_batch_jobs)]
     pub max_batch_jobs: usize,
     /// Largest gRPC request message, in bytes.
-    #[arg(long, env = "LEASEQ_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, env = "LEASEQ_MAX_MESSAGE_BYTES", default_value_t = defaults().request_limits.max_message_bytes)]
     pub max_message_bytes: usize,
     /// HTTP/2 keepalive ping interval.
-    #[arg(long, env = "LEASEQ_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
-    pub keepalive_interval: Duration,
+    #[arg(long, env = "LEASEQ_KEEPALIVE_INTERVAL", default_value_t = defaults().keepalive_interval.into())]
+    pub keepalive_interval: CliDuration,
     /// HTTP/2 keepalive ping timeout.
-    #[arg(long, env = "LEASEQ_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub keepalive_timeout: Duration,
+    #[arg(long, env = "LEASEQ_KEEPALIVE_TIMEOUT", default_value_t = defaults().keepalive_timeout.into())]
+    pub keepalive_timeout: CliDuration,
     /// Close connections after this age (with GOAWAY) so long-lived streams
     /// rebalance across replicas. Unset = never.
-    #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE", value_parser = parse_duration)]
-    pub max_connection_age: Option<Duration>,
+    #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<CliDuration>,
     /// Grace given to streams on a connection closed for its age.
-    #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
-    pub max_connection_age_grace: Option<Duration>,
+    #[arg(long, env = "LEASEQ_MAX_CONNECTION_AGE_GRACE")]
+    pub max_connection_age_grace: Option<CliDuration>,
     /// Serve Prometheus metrics at http://ADDR/metrics. Unset = off.
     #[arg(long, env = "LEASEQ_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// How often the per-queue metric gauges are recomputed (one statistics
     /// query each time, not one per scrape).
-    #[arg(long, env = "LEASEQ_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
-    pub metrics_interval: Duration,
+    #[arg(long, env = "LEASEQ_METRICS_INTERVAL", default_value_t = defaults().metrics_interval.into())]
+    pub metrics_interval: CliDuration,
     #[command(flatten)]
     pub security: SecurityArgs,
+}
+
+fn defaults() -> Config {
+    Config::default()
 }
 
 /// TLS, authentication and connection limits of `serve` (docs/SECURITY.md).
@@ -158,7 +167,7 @@ pub struct SecurityArgs {
     pub auth_file: Option<PathBuf>,
     /// Most Subscribe streams open on this broker at once, over all
     /// connections; beyond it Subscribe fails with RESOURCE_EXHAUSTED.
-    #[arg(long, env = "LEASEQ_MAX_STREAMS", default_value_t = 10_000)]
+    #[arg(long, env = "LEASEQ_MAX_STREAMS", default_value_t = defaults().security.max_streams)]
     pub max_streams: usize,
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: most calls (unary or
     /// streaming) open at once on one connection. A client over it waits for
@@ -166,7 +175,7 @@ pub struct SecurityArgs {
     #[arg(
         long,
         env = "LEASEQ_MAX_STREAMS_PER_CONNECTION",
-        default_value_t = 2000
+        default_value_t = defaults().security.max_streams_per_connection
     )]
     pub max_streams_per_connection: u32,
     /// Most calls being processed at once per connection; beyond it a call
@@ -177,42 +186,102 @@ pub struct SecurityArgs {
 }
 
 impl ServeArgs {
-    /// Defaults, as `leaseq serve` with no flags and no environment.
-    pub fn defaults() -> ServeArgs {
-        #[derive(Parser)]
-        struct Only {
-            #[command(flatten)]
-            serve: ServeArgs,
+    /// The server's settings these flags describe.
+    pub fn config(&self) -> Config {
+        let s = &self.security;
+        Config {
+            pool_size: self.pool_size,
+            heartbeat_interval: self.heartbeat_interval.0,
+            poll_interval: self.poll_interval.0,
+            reap_interval: self.reap_interval.0,
+            retention_interval: self.retention_interval.0,
+            vacuum_interval: self.vacuum_interval.0,
+            health_interval: self.health_interval.0,
+            drain_grace: self.drain_grace.0,
+            request_limits: RequestLimits {
+                max_payload_bytes: self.max_payload_bytes,
+                max_batch_jobs: self.max_batch_jobs,
+                max_message_bytes: self.max_message_bytes,
+            },
+            keepalive_interval: self.keepalive_interval.0,
+            keepalive_timeout: self.keepalive_timeout.0,
+            max_connection_age: self.max_connection_age.map(|d| d.0),
+            max_connection_age_grace: self.max_connection_age_grace.map(|d| d.0),
+            metrics_listen: self.metrics_listen,
+            metrics_interval: self.metrics_interval.0,
+            security: SecurityConfig {
+                tls_cert: s.tls_cert.clone(),
+                tls_key: s.tls_key.clone(),
+                tls_client_ca: s.tls_client_ca.clone(),
+                auth_file: s.auth_file.clone(),
+                max_streams: s.max_streams,
+                max_streams_per_connection: s.max_streams_per_connection,
+                concurrency_limit_per_connection: s.concurrency_limit_per_connection,
+            },
         }
-        let mut args = Only::parse_from(["leaseq"]).serve;
-        // Ignore the environment for library callers (tests).
-        args.db = DbArgs::default();
-        args
     }
 }
 
-/// Parses `250ms`, `15s`, `2m`, `1h`, or plain seconds (`1.5`).
+/// A duration on the command line: `90s`, `1h30m`, `2d`, `250ms`, or bare
+/// seconds (`1.5`). Printed the same way (`--help` shows the defaults so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CliDuration(pub Duration);
+
+impl From<Duration> for CliDuration {
+    fn from(d: Duration) -> Self {
+        CliDuration(d)
+    }
+}
+
+impl std::str::FromStr for CliDuration {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_duration(s).map(CliDuration)
+    }
+}
+
+impl std::fmt::Display for CliDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_zero() {
+            return f.write_str("0s");
+        }
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+/// The longest duration any flag takes: a hundred years. Anything longer is
+/// a typo, and is refused as a usage error rather than overflowing.
+pub const MAX_CLI_DURATION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// Parses a duration as users write them: `90s`, `1h30m`, `2d`, `250ms`,
+/// `1.5` (bare seconds). Negative, non-finite and absurdly long values
+/// (over [`MAX_CLI_DURATION`]) are errors, never panics.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, "s"),
+    let too_long = || format!("{s:?} is longer than the most any flag takes (100 years)");
+    let d = if s
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b == b'.' || b == b'-' || b == b'+')
+        && !s.is_empty()
+    {
+        let secs: f64 = s
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration (e.g. 250ms, 90s, 1h30m, 2d)"))?;
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(format!("{s:?} must be a non-negative duration"));
+        }
+        Duration::try_from_secs_f64(secs).map_err(|_| too_long())?
+    } else {
+        humantime::parse_duration(s).map_err(|e| match e {
+            humantime::DurationError::NumberOverflow => too_long(),
+            e => format!("{s:?} is not a duration (e.g. 250ms, 90s, 1h30m, 2d): {e}"),
+        })?
     };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 250ms, 15s, 2m, 1h)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{s:?} must be a non-negative duration"));
+    if d > MAX_CLI_DURATION {
+        return Err(too_long());
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -221,19 +290,55 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("15s").unwrap(), Duration::from_secs(15));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("5d").is_err());
-        assert!(parse_duration("x").is_err());
+        let ok = |s: &str| parse_duration(s).unwrap();
+        assert_eq!(ok("250ms"), Duration::from_millis(250));
+        assert_eq!(ok("15s"), Duration::from_secs(15));
+        assert_eq!(ok("90s"), Duration::from_secs(90));
+        assert_eq!(ok("2m"), Duration::from_secs(120));
+        assert_eq!(ok("1h30m"), Duration::from_secs(5400));
+        assert_eq!(ok("2d"), Duration::from_secs(2 * 86400));
+        assert_eq!(ok("1.5"), Duration::from_millis(1500));
+        assert_eq!(ok("0"), Duration::ZERO);
+        for bad in ["-1s", "-1", "x", "", "5 parsecs", "nan", "inf"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        // Huge values are errors, not panics.
+        for huge in [
+            "99999999999999999999999h",
+            "1e300",
+            "200y",
+            "99999999999999999999",
+        ] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(
+                e.contains("100 years") || e.contains("not a duration"),
+                "{huge}: {e}"
+            );
+        }
     }
 
     #[test]
-    fn defaults_parse() {
-        let d = ServeArgs::defaults();
-        assert_eq!(d.listen.port(), 50051);
-        assert_eq!(d.heartbeat_interval, Duration::from_secs(15));
+    fn printed_durations_parse_back() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_millis(250),
+            Duration::from_secs(5400),
+        ] {
+            let printed = CliDuration(d).to_string();
+            assert_eq!(parse_duration(&printed).unwrap(), d, "{printed}");
+        }
+    }
+
+    #[test]
+    fn flags_default_to_the_library_config() {
+        #[derive(Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let args = Serve::try_parse_from(["leaseq"]).unwrap().serve;
+        let (from_flags, lib) = (args.config(), Config::default());
+        assert_eq!(args.listen.port(), 50051);
+        assert_eq!(format!("{from_flags:?}"), format!("{lib:?}"));
     }
 }

@@ -20,7 +20,7 @@ async fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("binding {}", args.listen))?;
             let shutdown = CancellationToken::new();
             tokio::spawn(on_signal(shutdown.clone()));
-            let result = leaseq::server::run(args, &url, listener, shutdown).await;
+            let result = leaseq_server::server::run(args.config(), &url, listener, shutdown).await;
             if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
                 info!("stopping embedded PostgreSQL");
                 pg.stop().await?;
@@ -30,8 +30,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate(db) => {
             let (url, embedded) = database(&db).await?;
             let result = async {
-                let pool = leaseq::store::connect(&url, 1).await?;
-                leaseq::store::migrate(&pool).await?;
+                let pool = leaseq_server::store::connect(&url, 1).await?;
+                leaseq_server::store::migrate(&pool).await?;
                 pool.close().await;
                 info!("migrations applied");
                 anyhow::Ok(())

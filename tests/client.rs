@@ -1,4 +1,4 @@
-//! The Rust client (`leaseq::client`): `Client` calls and the `Worker`
+//! The Rust client (`leaseq_client`): `Client` calls and the `Worker`
 //! (reconnects across a broker drain and restart, extends leases, nacks
 //! failures with their text, bounds concurrency, stops gracefully), over real
 //! gRPC to in-process brokers on a real PostgreSQL.
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TestDb, test_config, until, wait_serving};
-use leaseq::client::{Client, Delivery, Job, Nack, Worker};
+use leaseq_client::{Client, Delivery, Job, Nack, Worker};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -32,10 +32,9 @@ impl Broker {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let shutdown = CancellationToken::new();
         let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle =
-            tokio::spawn(
-                async move { leaseq::server::run(test_config(), &url, listener, token).await },
-            );
+        let handle = tokio::spawn(async move {
+            leaseq_server::server::run(test_config(), &url, listener, token).await
+        });
         wait_serving(addr, Duration::from_secs(20)).await;
         Broker { shutdown, handle }
     }

@@ -289,8 +289,8 @@ async fn postgres_crash_and_restart_under_load() {
     let mut reps = Vec::new();
     for i in 0..2 {
         // Health transitions are logged at info.
-        let mut r =
-            Replica::new(i, &pg.url, &[], logs.clone()).env("RUST_LOG", "warn,leaseq::server=info");
+        let mut r = Replica::new(i, &pg.url, &[], logs.clone())
+            .env("RUST_LOG", "warn,leaseq_server::server=info");
         r.start().await;
         reps.push(r);
     }

@@ -1,14 +1,14 @@
 //! The stable, CI-sized cousin of `fuzz/`: thousands of deterministic
 //! mutations of valid request encodings go through the same decode +
-//! validate path the handlers use ([`leaseq::fuzzing::decode_and_validate`]).
+//! validate path the handlers use ([`leaseq_server::fuzzing::decode_and_validate`]).
 //! Nothing may panic, and every rejection must be a client error code.
 //! The long, coverage-guided run is `cargo +nightly fuzz run decode` (see
 //! docs/SECURITY.md).
 
 use std::collections::HashMap;
 
-use leaseq::fuzzing::{KINDS, Outcome, decode_and_validate};
 use leaseq::pb;
+use leaseq_server::fuzzing::{KINDS, Outcome, decode_and_validate};
 use prost::Message;
 use tonic::Code;
 

@@ -9,16 +9,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use leaseq::config::ServeArgs;
 use leaseq::pb;
 use leaseq::pb::admin_service_client::AdminServiceClient;
+use leaseq_server::Config;
 use tonic::transport::Channel;
 
 type Admin = AdminServiceClient<Channel>;
 
 const S5: Duration = Duration::from_secs(5);
 
-fn no_poll(c: &mut ServeArgs) {
+fn no_poll(c: &mut Config) {
     c.poll_interval = Duration::from_secs(600);
 }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::*;
 use leaseq::cli::{ClientChannel, ClientSecurity};
-use leaseq::config::ServeArgs;
 use leaseq::pb;
 use leaseq::pb::queue_service_client::QueueServiceClient;
+use leaseq_server::Config;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -103,7 +103,7 @@ impl Pki {
         }
     }
 
-    fn serve_tls(&self, cfg: &mut ServeArgs) {
+    fn serve_tls(&self, cfg: &mut Config) {
         cfg.security.tls_cert = Some(self.server_cert.clone());
         cfg.security.tls_key = Some(self.server_key.clone());
     }
@@ -126,11 +126,7 @@ struct Broker {
 
 impl Broker {
     /// Starts a broker and waits until a client with `probe` sees SERVING.
-    async fn start(
-        db: &TestDb,
-        tweak: impl FnOnce(&mut ServeArgs),
-        probe: ClientSecurity,
-    ) -> Broker {
+    async fn start(db: &TestDb, tweak: impl FnOnce(&mut Config), probe: ClientSecurity) -> Broker {
         let mut cfg = test_config();
         tweak(&mut cfg);
         let tls = cfg.security.tls_cert.is_some();
@@ -139,7 +135,9 @@ impl Broker {
         let shutdown = CancellationToken::new();
         let (url, token) = (db.url.clone(), shutdown.clone());
         let handle =
-            tokio::spawn(async move { leaseq::server::run(cfg, &url, listener, token).await });
+            tokio::spawn(
+                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
+            );
         let broker = Broker {
             addr,
             shutdown,
@@ -301,7 +299,7 @@ async fn tls_startup_fails_on_a_bad_key_instead_of_serving_plaintext() {
     pki.serve_tls(&mut cfg);
     cfg.security.tls_key = Some(pki.ca.clone()); // a certificate, not a key
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = leaseq::server::run(cfg, &db.url, listener, CancellationToken::new())
+    let err = leaseq_server::server::run(cfg, &db.url, listener, CancellationToken::new())
         .await
         .expect_err("started with an unusable key");
     assert!(format!("{err:#}").contains("--tls"), "{err:#}");
@@ -314,7 +312,7 @@ const CONSUMER: &str = "consumer-secret-0123456789";
 const BOTH: &str = "both-secret-0123456789";
 
 fn auth_file() -> PathBuf {
-    let h = leaseq::auth::hash_token;
+    let h = leaseq_server::auth::hash_token;
     let text = serde_json::json!({"tokens": [
         {"name": "producer", "sha256": h(PRODUCER),
          "grants": [{"queues": "emails*", "actions": ["enqueue"]}]},
@@ -511,9 +509,9 @@ async fn grants_are_per_queue_and_per_action() {
 
 #[test]
 fn admin_gate_requires_admin_on_every_queue() {
-    use leaseq::auth::{AdminGate, Authenticator, TokenSet};
+    use leaseq_server::auth::{AdminGate, Authenticator, TokenSet};
     use tonic::service::Interceptor;
-    let h = leaseq::auth::hash_token;
+    let h = leaseq_server::auth::hash_token;
     let file = serde_json::json!({"tokens": [
         {"name": "ops", "sha256": h("ops"), "grants": [{"queues": "*", "actions": ["admin"]}]},
         {"name": "team", "sha256": h("team"),

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
-use leaseq::config::ServeArgs;
 use leaseq::pb;
+use leaseq_server::Config;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tonic::Code;
@@ -95,7 +95,7 @@ async fn db_clock(db: &TestDb) -> SystemTime {
 }
 
 /// No fallback poll within a test: only NOTIFY (or a due time) wakes a stream.
-fn no_poll(c: &mut ServeArgs) {
+fn no_poll(c: &mut Config) {
     c.poll_interval = secs(60);
 }
 
@@ -103,7 +103,7 @@ fn no_poll(c: &mut ServeArgs) {
 /// of each.
 async fn two_replicas(
     db: &TestDb,
-    tweak: fn(&mut ServeArgs),
+    tweak: fn(&mut Config),
 ) -> (TestBroker, TestBroker, Client, Client) {
     let a = TestBroker::start_with(db, tweak).await;
     let b = TestBroker::start_with(db, tweak).await;
@@ -1559,7 +1559,8 @@ async fn a_broker_with_a_pool_of_one_still_serves() {
     let token = tokio_util::sync::CancellationToken::new();
     let url = db.url.clone();
     let stop = token.clone();
-    let task = tokio::spawn(async move { leaseq::server::run(cfg, &url, listener, stop).await });
+    let task =
+        tokio::spawn(async move { leaseq_server::server::run(cfg, &url, listener, stop).await });
     let start = Instant::now();
     let mut serving = false;
     while start.elapsed() < secs(5) {
@@ -1682,7 +1683,7 @@ async fn ack_batch_settles_each_entry_on_its_own_and_returns_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_ack_batch_acks_nothing() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |cfg| cfg.max_batch_jobs = 5).await;
+    let broker = TestBroker::start_with(&db, |cfg| cfg.request_limits.max_batch_jobs = 5).await;
     let mut c = broker.client().await;
     c.enqueue_batch(pb::EnqueueBatchRequest {
         jobs: (0..2).map(|i| job("mab", &format!("{i}"))).collect(),

@@ -16,15 +16,15 @@ pub struct HashTokenArgs {
 /// see), trailing newline ignored, and prints its hash.
 pub fn run(args: HashTokenArgs) -> anyhow::Result<()> {
     if args.generate {
-        let token = crate::auth::generate_token();
+        let token = leaseq_server::auth::generate_token();
         println!("token:  {token}");
-        println!("sha256: {}", crate::auth::hash_token(&token));
+        println!("sha256: {}", leaseq_server::auth::hash_token(&token));
         return Ok(());
     }
     let mut token = String::new();
     std::io::stdin().read_to_string(&mut token)?;
     let token = token.trim_end_matches(['\r', '\n']);
     anyhow::ensure!(!token.is_empty(), "no token on stdin");
-    println!("{}", crate::auth::hash_token(token));
+    println!("{}", leaseq_server::auth::hash_token(token));
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `leaseq work --queue Q [--concurrency N] -- CMD ARGS...`: any program as a
 //! worker. CMD runs once per job with the payload on stdin and the job's
 //! fields in its environment; exit 0 acks, anything else nacks with the tail
-//! of its stderr. Built on [`crate::client::Worker`], which extends leases
+//! of its stderr. Built on [`leaseq_client::Worker`], which extends leases
 //! while CMD runs, reconnects, and drains on SIGTERM / SIGINT.
 //!
 //! Environment of CMD (besides leaseq work's own, minus any inherited
@@ -29,7 +29,7 @@ use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::info;
 
-use crate::client::{Client, Delivery, Worker};
+use leaseq_client::{Client, Delivery, Worker};
 
 /// Job-field variables set for CMD; inherited ones are removed first so a
 /// stale value never leaks into a job that lacks the field.

@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use leaseq::config::ServeArgs;
 use leaseq::pb;
 use leaseq::pb::queue_service_client::QueueServiceClient;
+use leaseq_server::Config;
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -94,10 +94,12 @@ impl TestDb {
             .expect("create database");
         pool.close().await;
         let url = with_database(admin, &name);
-        let pool = leaseq::store::connect(&url, 4)
+        let pool = leaseq_server::store::connect(&url, 4)
             .await
             .expect("test db connection");
-        leaseq::store::migrate(&pool).await.expect("migrations");
+        leaseq_server::store::migrate(&pool)
+            .await
+            .expect("migrations");
         TestDb { url, name, pool }
     }
 
@@ -243,15 +245,15 @@ pub async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
 }
 
 /// Settings for fast tests: quick heartbeats and reaping, short drain.
-pub fn test_config() -> ServeArgs {
-    let mut cfg = ServeArgs::defaults();
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
-    cfg.heartbeat_interval = Duration::from_millis(500);
-    cfg.reap_interval = Duration::from_millis(200);
-    cfg.health_interval = Duration::from_millis(200);
-    cfg.drain_grace = Duration::from_secs(5);
-    cfg.pool_size = 5;
-    cfg
+pub fn test_config() -> Config {
+    Config {
+        heartbeat_interval: Duration::from_millis(500),
+        reap_interval: Duration::from_millis(200),
+        health_interval: Duration::from_millis(200),
+        drain_grace: Duration::from_secs(5),
+        pool_size: 5,
+        ..Config::default()
+    }
 }
 
 /// A broker running in this process, on 127.0.0.1 and an ephemeral port.
@@ -266,7 +268,7 @@ impl TestBroker {
         Self::start_with(db, |_| {}).await
     }
 
-    pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut ServeArgs)) -> TestBroker {
+    pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestBroker {
         let mut cfg = test_config();
         tweak(&mut cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -275,7 +277,9 @@ impl TestBroker {
         let url = db.url.clone();
         let token = shutdown.clone();
         let handle =
-            tokio::spawn(async move { leaseq::server::run(cfg, &url, listener, token).await });
+            tokio::spawn(
+                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
+            );
         let broker = TestBroker {
             addr,
             shutdown,

@@ -77,7 +77,7 @@ class Broker {
   async start(timeoutMs = 60000) {
     const bin = process.env.LEASEQ_BIN || path.join(REPO, 'target', 'debug', 'leaseq');
     fs.accessSync(bin, fs.constants.X_OK); // throws naming the path: run `cargo build` or set LEASEQ_BIN
-    const env = { ...process.env, ...dbEnv(), RUST_LOG: 'warn,leaseq::server=info' };
+    const env = { ...process.env, ...dbEnv(), RUST_LOG: 'warn,leaseq_server::server=info' };
     if (!dbEnv().DATABASE_URL) delete env.DATABASE_URL;
     const args = ['serve', '--listen', this.addr || '127.0.0.1:0', '--log-format', 'json',
       '--heartbeat-interval', '1s', '--reap-interval', '200ms', '--health-interval', '200ms',

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
 use crate::error::{Error, Result};
 
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 /// Applies pending migrations. Safe to run from several replicas at once
 /// (sqlx holds an advisory lock while migrating).

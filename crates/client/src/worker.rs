@@ -16,8 +16,8 @@ use tonic::{Code, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{Client, Delivery, Nack, pb_duration};
-use crate::domain::{MAX_ERROR_LEN, MAX_IN_FLIGHT, MAX_LEASE, MIN_LEASE};
-use crate::pb;
+use leaseq_proto as pb;
+use leaseq_proto::limits::{MAX_ERROR_LEN, MAX_IN_FLIGHT, MAX_LEASE, MIN_LEASE};
 
 /// Settle (Ack / Nack) tries before giving up on a transient error; the
 /// job's lease then runs out and it is delivered again.

@@ -10,7 +10,7 @@ use anyhow::Context;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::warn;
 
-use crate::config::SecurityArgs;
+use crate::config::SecurityConfig;
 
 /// A client that opens TCP and never finishes the handshake is dropped after
 /// this long, so it cannot hold a connection slot forever.
@@ -21,7 +21,7 @@ fn read(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The server TLS configuration, or `None` when `--tls-cert` is not set.
-pub fn server_config(args: &SecurityArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
+pub fn server_config(args: &SecurityConfig) -> anyhow::Result<Option<ServerTlsConfig>> {
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };

@@ -1,15 +1,15 @@
-//! A worker built on `leaseq::client`: enqueues a few jobs, then handles jobs
+//! A worker built on `leaseq-client`: enqueues a few jobs, then handles jobs
 //! of queue `examples` until Ctrl-C (or SIGTERM), stopping gracefully.
 //!
 //! ```sh
 //! cargo run --release -- serve                # terminal 1: the broker
-//! cargo run --example worker                  # terminal 2
-//! LEASEQ_ADDR=http://broker:50051 cargo run --example worker
+//! cargo run -p leaseq-client --example worker                  # terminal 2
+//! LEASEQ_ADDR=http://broker:50051 cargo run -p leaseq-client --example worker
 //! ```
 
 use std::time::Duration;
 
-use leaseq::client::{Client, Delivery, Job, Worker};
+use leaseq_client::{Client, Delivery, Job, Worker};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -7,24 +7,25 @@ use tracing::instrument;
 
 use crate::auth::{Action, Identity};
 use crate::broker::Broker;
+use crate::config::RequestLimits;
 use crate::dispatch::SubscriptionStream;
-use crate::domain::{AckReq, ExtendReq, Limits, NackReq, NewJob, Subscription};
+use crate::domain::{AckReq, ExtendReq, NackReq, NewJob, Subscription};
 use crate::error::Error;
-use crate::limits::{Limited, StreamLimit};
 use crate::pb;
 use crate::pb::queue_service_server::QueueService;
+use crate::stream_limit::{Limited, StreamLimit};
 
 /// Served wrapped in [`crate::auth::Authenticator`]: every handler reads the
 /// caller's [`Identity`] and checks its grants after validating the request
 /// and before anything changes.
 pub struct QueueApi {
     broker: Arc<Broker>,
-    limits: Limits,
+    limits: RequestLimits,
     streams: StreamLimit,
 }
 
 impl QueueApi {
-    pub fn new(broker: Arc<Broker>, limits: Limits) -> Self {
+    pub fn new(broker: Arc<Broker>, limits: RequestLimits) -> Self {
         QueueApi {
             broker,
             limits,

@@ -19,9 +19,8 @@ use tracing::{info, warn};
 use crate::api::admin::AdminApi;
 use crate::api::queue::QueueApi;
 use crate::broker::Broker;
-use crate::config::ServeArgs;
+use crate::config::Config;
 use crate::dispatch::{DispatchConfig, Dispatcher};
-use crate::domain::Limits;
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::queue_service_server::QueueServiceServer;
 use crate::store::{self, Store};
@@ -40,7 +39,7 @@ pub const ADMIN_SERVICE: &str = "leaseq.v1.AdminService";
 /// with UNAVAILABLE, lets unary calls in flight finish, and returns within
 /// `drain_grace`.
 pub async fn run(
-    cfg: ServeArgs,
+    cfg: Config,
     database_url: &str,
     listener: TcpListener,
     shutdown: CancellationToken,
@@ -136,19 +135,17 @@ pub async fn run(
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let limits = Limits {
-        max_payload_bytes: cfg.max_payload_bytes,
-        max_batch_jobs: cfg.max_batch_jobs,
-    };
-    let queue_api = QueueApi::new(broker.clone(), limits)
-        .with_stream_limit(crate::limits::StreamLimit::new(cfg.security.max_streams));
+    let limits = cfg.request_limits;
+    let queue_api = QueueApi::new(broker.clone(), limits).with_stream_limit(
+        crate::stream_limit::StreamLimit::new(cfg.security.max_streams),
+    );
     let queue_service = QueueServiceServer::new(queue_api)
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2));
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes.max(limits.max_payload_bytes * 2));
     // Admin calls need a token with the `admin` action (when auth is on).
     let admin_service = InterceptedService::new(
         AdminServiceServer::new(AdminApi::new(broker.clone(), draining.clone()))
-            .max_encoding_message_size(cfg.max_message_bytes.max(cfg.max_payload_bytes * 2)),
+            .max_encoding_message_size(limits.max_message_bytes.max(limits.max_payload_bytes * 2)),
         crate::auth::AdminGate::new(auth.clone()),
     );
     if let Some(addr) = cfg.metrics_listen {

@@ -13,40 +13,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::config::RequestLimits;
 use crate::error::{Error, Result};
 use crate::pb;
 
-/// Limits a client cannot exceed. Configurable on `serve`.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub max_payload_bytes: usize,
-    pub max_batch_jobs: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_payload_bytes: 1024 * 1024,
-            max_batch_jobs: 1000,
-        }
-    }
-}
-
-pub const MAX_QUEUE_LEN: usize = 128;
-pub const MAX_HEADERS: usize = 64;
-pub const MAX_HEADER_KEY_LEN: usize = 256;
-pub const MAX_HEADER_VALUE_LEN: usize = 16 * 1024;
-pub const MAX_DEDUP_KEY_LEN: usize = 512;
-pub const MAX_CONSUMER_LEN: usize = 256;
-pub const MAX_ERROR_LEN: usize = 64 * 1024;
-pub const MAX_ATTEMPTS: i32 = 1000;
-pub const MAX_SUBSCRIBE_QUEUES: usize = 64;
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
-pub const MAX_IN_FLIGHT: u32 = 10_000;
-pub const MIN_LEASE: Duration = Duration::from_secs(1);
-pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
-/// Upper bound for delays, retry_after and ttl: ten years.
-pub const MAX_DELAY: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+pub use leaseq_proto::limits::{
+    DEFAULT_MAX_IN_FLIGHT, MAX_ATTEMPTS, MAX_CONSUMER_LEN, MAX_DEDUP_KEY_LEN, MAX_DELAY,
+    MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_IN_FLIGHT, MAX_LEASE,
+    MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MIN_LEASE,
+};
 
 /// A valid queue name: 1–128 chars of `[A-Za-z0-9._:-]`, starting with a
 /// letter or digit. Cheap to clone.
@@ -231,7 +206,7 @@ pub struct NewJob {
 }
 
 impl NewJob {
-    pub fn parse(r: pb::EnqueueRequest, limits: &Limits) -> Result<NewJob> {
+    pub fn parse(r: pb::EnqueueRequest, limits: &RequestLimits) -> Result<NewJob> {
         let queue = QueueName::parse_field(&r.queue, "queue")?;
         if r.payload.len() > limits.max_payload_bytes {
             return Err(Error::too_large(

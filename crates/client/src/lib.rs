@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use leaseq::client::{Client, Job, Worker};
+//! use leaseq_client::{Client, Job, Worker};
 //!
 //! # async fn demo() -> anyhow::Result<()> {
 //! let client = Client::connect("http://127.0.0.1:50051").await?;
@@ -32,6 +32,7 @@
 //! Every call returns the broker's [`tonic::Status`] unchanged, so callers
 //! can match on `status.code()` (see the error table in the README).
 
+pub mod connect;
 mod worker;
 
 use std::collections::HashMap;
@@ -41,9 +42,10 @@ use chrono::{DateTime, Utc};
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::pb;
-use crate::pb::queue_service_client::QueueServiceClient;
+use leaseq_proto as pb;
+use pb::queue_service_client::QueueServiceClient;
 
+pub use connect::{ClientChannel, ConnectError, ConnectOptions, connect};
 pub use worker::Worker;
 
 /// Largest message the client accepts from the broker. Matches the broker's

@@ -11,7 +11,8 @@ use prost::Message;
 use tonic::{Code, Request};
 
 use crate::auth::{Authenticator, TokenSet};
-use crate::domain::{AckReq, ExtendReq, Limits, NackReq, NewJob, Subscription};
+use crate::config::RequestLimits;
+use crate::domain::{AckReq, ExtendReq, NackReq, NewJob, Subscription};
 use crate::error::Error;
 use crate::pb;
 
@@ -57,9 +58,9 @@ pub fn decode_and_validate(data: &[u8]) -> Outcome {
     let Some((&kind, body)) = data.split_first() else {
         return Outcome::Undecodable;
     };
-    let limits = Limits {
+    let limits = RequestLimits {
         max_batch_jobs: 16,
-        ..Limits::default()
+        ..RequestLimits::default()
     };
     match kind % KINDS {
         0 => match pb::EnqueueRequest::decode(body) {
@@ -107,7 +108,7 @@ pub fn decode_and_validate(data: &[u8]) -> Outcome {
 }
 
 /// What parsing promises the rest of the broker about a job.
-fn check_job(j: &NewJob, limits: &Limits) {
+fn check_job(j: &NewJob, limits: &RequestLimits) {
     assert!(j.payload.len() <= limits.max_payload_bytes);
     assert!(!j.queue.as_str().is_empty() && j.queue.as_str().len() <= crate::domain::MAX_QUEUE_LEN);
     assert!(

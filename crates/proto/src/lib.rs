@@ -1,0 +1,39 @@
+//! leaseq's gRPC API, `leaseq.v1`: the messages, the generated clients
+//! (`queue_service_client`, `admin_service_client`) and service traits
+//! (`queue_service_server`, `admin_service_server`), compiled from
+//! `proto/leaseq/v1/*.proto` at the workspace root. The `.proto` files are
+//! the contract; [`limits`] holds the numeric limits they document.
+
+tonic::include_proto!("leaseq.v1");
+
+/// Encoded descriptors of `leaseq.v1`, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/leaseq_descriptor.bin"));
+
+/// Fixed limits of the contract, as documented in the `.proto` files: the
+/// broker refuses requests beyond them, and clients clamp to them.
+pub mod limits {
+    use std::time::Duration;
+
+    /// Queue names: 1 to this many characters.
+    pub const MAX_QUEUE_LEN: usize = 128;
+    /// Headers per job.
+    pub const MAX_HEADERS: usize = 64;
+    pub const MAX_HEADER_KEY_LEN: usize = 256;
+    pub const MAX_HEADER_VALUE_LEN: usize = 16 * 1024;
+    pub const MAX_DEDUP_KEY_LEN: usize = 512;
+    pub const MAX_CONSUMER_LEN: usize = 256;
+    /// A Nack's `error`, in bytes.
+    pub const MAX_ERROR_LEN: usize = 64 * 1024;
+    pub const MAX_ATTEMPTS: i32 = 1000;
+    /// Queues one stream may serve.
+    pub const MAX_SUBSCRIBE_QUEUES: usize = 64;
+    /// Credit of a stream that asks for none.
+    pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
+    /// Most credit one stream may have.
+    pub const MAX_IN_FLIGHT: u32 = 10_000;
+    pub const MIN_LEASE: Duration = Duration::from_secs(1);
+    pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
+    /// Upper bound for delays, retry_after and ttl: ten years.
+    pub const MAX_DELAY: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+}

@@ -1,0 +1,137 @@
+//! The broker's settings, apart from any command line: a plain struct with
+//! defaults that [`crate::server`] takes. The `leaseq` binary's clap
+//! arguments convert into it; tests and embedders build it directly:
+//!
+//! ```
+//! let mut cfg = leaseq_server::Config::default();
+//! cfg.pool_size = 4;
+//! cfg.poll_interval = std::time::Duration::from_secs(60);
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything `leaseq serve` can be told, but where to listen and which
+/// database (the caller binds the listener and resolves the database).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// PostgreSQL connections in the pool (plus one LISTEN connection).
+    /// Does not grow with the number of streams.
+    pub pool_size: u32,
+    /// Heartbeat interval on idle streams.
+    pub heartbeat_interval: Duration,
+    /// Fallback poll: every queue with streams is checked this often even
+    /// without a notification.
+    pub poll_interval: Duration,
+    /// How often the reaper looks for expired leases and jobs past their
+    /// ttl. Leases of this broker's own streams are reaped at their deadline
+    /// regardless; this pass catches leases of brokers that died.
+    pub reap_interval: Duration,
+    /// How often completed records past their queue's retention are
+    /// deleted. Zero: this broker deletes none (other replicas may).
+    pub retention_interval: Duration,
+    /// How often the jobs table's dead tuples are checked (it is vacuumed
+    /// past 10,000 + 20 % of its live rows). Zero: leave it to autovacuum.
+    pub vacuum_interval: Duration,
+    /// How often PostgreSQL is probed for the health service.
+    pub health_interval: Duration,
+    /// On shutdown, how long in-flight calls may take before the broker
+    /// stops anyway.
+    pub drain_grace: Duration,
+    /// Sizes of requests: payloads, batches, messages.
+    pub request_limits: RequestLimits,
+    /// HTTP/2 keepalive ping interval and timeout.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// Close connections after this age (with GOAWAY) so long-lived streams
+    /// rebalance across replicas. None: never.
+    pub max_connection_age: Option<Duration>,
+    /// Grace given to calls on a connection closed for its age.
+    pub max_connection_age_grace: Option<Duration>,
+    /// Serve Prometheus metrics at http://ADDR/metrics. None: off.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the per-queue metric gauges are recomputed.
+    pub metrics_interval: Duration,
+    pub security: SecurityConfig,
+}
+
+/// How large requests may be (not to be confused with the per-queue
+/// concurrency and rate limits, which are queue settings in the database, or
+/// the stream cap in [`SecurityConfig::max_streams`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Largest job payload accepted, in bytes.
+    pub max_payload_bytes: usize,
+    /// Most jobs in one EnqueueBatch (and acks in one AckBatch).
+    pub max_batch_jobs: usize,
+    /// Largest gRPC request message, in bytes.
+    pub max_message_bytes: usize,
+}
+
+/// TLS, authentication and connection caps (docs/SECURITY.md).
+#[derive(Clone, Debug)]
+pub struct SecurityConfig {
+    /// Serve TLS with this certificate chain and key (PEM). None: plaintext.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate signed by this CA.
+    pub tls_client_ca: Option<PathBuf>,
+    /// Bearer tokens and their grants. None: authentication is off.
+    pub auth_file: Option<PathBuf>,
+    /// Most streams open on this broker at once, over all connections.
+    pub max_streams: usize,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls open at once on one
+    /// connection.
+    pub max_streams_per_connection: u32,
+    /// Calls processed at once per connection; beyond it a call fails with
+    /// RESOURCE_EXHAUSTED at once. None: no limit beyond the one above.
+    pub concurrency_limit_per_connection: Option<usize>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool_size: 10,
+            heartbeat_interval: Duration::from_secs(15),
+            poll_interval: Duration::from_secs(10),
+            reap_interval: Duration::from_secs(5),
+            retention_interval: Duration::from_secs(10),
+            vacuum_interval: Duration::from_secs(2),
+            health_interval: Duration::from_secs(2),
+            drain_grace: Duration::from_secs(30),
+            request_limits: RequestLimits::default(),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: None,
+            max_connection_age_grace: None,
+            metrics_listen: None,
+            metrics_interval: Duration::from_secs(5),
+            security: SecurityConfig::default(),
+        }
+    }
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_payload_bytes: 1024 * 1024,
+            max_batch_jobs: 1000,
+            max_message_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        SecurityConfig {
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            auth_file: None,
+            max_streams: 10_000,
+            max_streams_per_connection: 2000,
+            concurrency_limit_per_connection: None,
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! leaseq-server: the broker as a library. The `leaseq` binary parses its
+//! command line into a [`Config`] and calls [`server::run`]; tests do the
+//! same without the parser.
+//!
+//! A map of the modules, from the wire inwards:
+//!
+//! - [`api`]: the tonic services (queue, admin); thin handlers that validate
+//!   and convert.
+//! - [`domain`]: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
+//!   and every input rule.
+//! - [`broker`]: the core the handlers call; owns the group-commit batchers.
+//! - [`store`]: every SQL statement (`src/store/sql/`), the [`store::batch`]
+//!   group-commit machinery, and [`store::limits`] (per-queue concurrency and
+//!   rate limits in the lease path).
+//! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
+//! - [`notify`]: the one LISTEN connection and its fan-out.
+//! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
+//!   and vacuuming the jobs table.
+//! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
+//! - [`server`]: wires it all together and shuts it down in order.
+//! - [`auth`], [`tls`], [`stream_limit`]: bearer tokens and per-queue grants,
+//!   TLS and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
+//! - [`config`]: [`Config`], the settings; [`error`]: errors and their one
+//!   mapping to gRPC status codes.
+//! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
+
+pub mod api;
+pub mod auth;
+pub mod broker;
+pub mod config;
+pub mod dispatch;
+pub mod domain;
+pub mod error;
+pub mod fuzzing;
+pub mod maintenance;
+pub mod metrics;
+pub mod notify;
+pub mod server;
+pub mod store;
+pub mod stream_limit;
+pub mod tls;
+
+pub use config::Config;
+/// The generated API (`leaseq.v1`), re-exported from `leaseq-proto`.
+pub use leaseq_proto as pb;
