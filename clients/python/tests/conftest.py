@@ -65,7 +65,7 @@ class Broker:
         binary = os.environ.get("LEASEQ_BIN") or str(REPO / "target/debug/leaseq")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no broker binary at {binary}: run `cargo build` or set LEASEQ_BIN")
-        env = {**os.environ, **self.db_env, "RUST_LOG": "warn,leaseq_server::server=info"}
+        env = {**os.environ, **self.db_env, "RUST_LOG": "warn,leaseq_server::server=info,leaseq::server=info"}
         if "DATABASE_URL" not in self.db_env:
             env.pop("DATABASE_URL", None)
         self.proc = subprocess.Popen(
