@@ -53,10 +53,12 @@ pub enum Command {
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct DbArgs {
-    /// PostgreSQL connection URL. Without it leaseq runs its embedded
-    /// PostgreSQL cluster from the server binaries installed on this machine.
-    /// Prefer the environment variable: command lines are visible to other
-    /// users. (`--help` does not print its value: it may hold a password.)
+    /// PostgreSQL connection: a postgres:// URI or a libpq keyword/value
+    /// string; the PG* variables fill what it leaves out. Without it (and
+    /// without PGHOST/PGHOSTADDR) leaseq runs its embedded PostgreSQL cluster
+    /// from the server binaries installed on this machine. Prefer the
+    /// environment variable: command lines are visible to other users.
+    /// (`--help` does not print its value: it may hold a password.)
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Directory of the embedded cluster (used only without --database-url).

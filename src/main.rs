@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use leaseq::config::{Cli, Command, DbArgs};
 use leaseq::embedded::{EmbeddedOptions, EmbeddedPostgres};
@@ -51,10 +51,28 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The database URL: DATABASE_URL / --database-url, or the embedded cluster.
+/// What to connect to: DATABASE_URL / --database-url (a URI or keyword/value
+/// string, read with the PG* variables); else, unless --data-dir /
+/// LEASEQ_DATA_DIR asks for the embedded cluster, the PG* variables alone
+/// when PGHOST or PGHOSTADDR names a server; else the embedded cluster.
+/// The settings are checked here, so a malformed one stops at once.
 async fn database(db: &DbArgs) -> anyhow::Result<(String, Option<EmbeddedPostgres>)> {
-    if let Some(url) = &db.database_url {
-        return Ok((url.clone(), None));
+    use leaseq_server::pgconn;
+    let given = db.database_url.as_deref().filter(|u| !u.trim().is_empty());
+    let conninfo = match (given, pgconn::server_from_env()) {
+        (Some(url), _) => Some((url.to_owned(), "DATABASE_URL / --database-url")),
+        (None, Some(var)) if db.data_dir.is_none() => Some((String::new(), var)),
+        _ => None,
+    };
+    if let Some((conninfo, from)) = conninfo {
+        let target = pgconn::connect_options(&conninfo).with_context(|| {
+            format!("PostgreSQL connection settings ({from} and PG* variables)")
+        })?;
+        for warning in &target.warnings {
+            warn!("{warning}");
+        }
+        info!(database = %target, via = from, "connecting to PostgreSQL");
+        return Ok((conninfo, None));
     }
     let dir = db
         .data_dir

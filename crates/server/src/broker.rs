@@ -1,6 +1,7 @@
 //! The broker core that gRPC handlers call: validated requests in, results
-//! out. It owns the group-commit batchers (one per kind of write) and talks to
-//! the dispatcher for wake-ups and credit.
+//! out. It owns the group-commit batchers (one per kind of write); what
+//! happens after a lease ends is [`crate::settle`]'s, and streams and credit
+//! are the dispatcher's.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,13 +9,14 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
-use crate::dispatch::{Dispatcher, SubscriptionStream, wakes_for};
+use crate::dispatch::{DeliveryStream, Dispatcher, Handoff, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Subscription,
+    AckReq, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Schedule, Subscription,
 };
 use crate::error::{Error, Result};
+use crate::settle::{Ending, Settle};
 use crate::store::batch::Batcher;
-use crate::store::{Enqueued, FailReq, Store, Wake};
+use crate::store::{Enqueued, FailReq, Store};
 
 /// Most rows one group-commit statement carries.
 const MAX_BATCH_ROWS: usize = 2000;
@@ -35,200 +37,45 @@ pub struct Broker {
 
 impl Broker {
     pub fn new(store: Store, dispatcher: Dispatcher) -> Arc<Broker> {
-        // Queue rows known to exist, so enqueues create them only once.
-        let known: Arc<Mutex<HashSet<QueueName>>> = Default::default();
+        let settle = dispatcher.settle().clone();
         let enqueue = {
-            let store = store.clone();
-            let dispatcher = dispatcher.clone();
-            Batcher::spawn(
+            let (dispatcher, known) = (dispatcher.clone(), KnownQueues::default());
+            Batcher::new(
                 "enqueue",
                 MAX_BATCH_ROWS,
                 BATCH_CONCURRENCY,
                 |r: &Vec<NewJob>| r.len(),
-                move |reqs: Vec<Vec<NewJob>>| {
-                    let store = store.clone();
-                    let dispatcher = dispatcher.clone();
-                    let known = known.clone();
-                    async move {
-                        let sizes: Vec<usize> = reqs.iter().map(Vec::len).collect();
-                        let jobs: Vec<NewJob> = reqs.into_iter().flatten().collect();
-                        let new_queues: Vec<QueueName> = {
-                            let known = known.lock().expect("poisoned");
-                            let mut seen = HashSet::new();
-                            jobs.iter()
-                                .map(|j| &j.queue)
-                                .filter(|q| !known.contains(*q) && seen.insert(*q))
-                                .cloned()
-                                .collect()
-                        };
-                        let (results, wakes) = store.enqueue(&jobs, &new_queues).await?;
-                        store.metrics.on_enqueued(&results);
-                        known.lock().expect("poisoned").extend(new_queues);
-                        dispatcher.wake(wakes);
-                        let mut it = results.into_iter();
-                        Ok(sizes
-                            .into_iter()
-                            .map(|n| Ok(it.by_ref().take(n).collect()))
-                            .collect())
-                    }
-                },
+                move |reqs| enqueue(dispatcher.clone(), known.clone(), reqs),
             )
         };
         let ack = {
-            let store = store.clone();
-            let dispatcher = dispatcher.clone();
-            Batcher::spawn(
+            let settle = settle.clone();
+            Batcher::new(
                 "ack",
                 MAX_BATCH_ROWS,
                 BATCH_CONCURRENCY,
                 |r: &Vec<AckReq>| r.len(),
-                move |reqs: Vec<Vec<AckReq>>| {
-                    let store = store.clone();
-                    let dispatcher = dispatcher.clone();
-                    async move {
-                        let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
-                        let done = store.ack(&all).await?;
-                        store
-                            .metrics
-                            .on_settled(&store.metrics.acked, all.len(), done.len(), 0);
-                        // Keyed by (job, token): two acks of one job with
-                        // different tokens may share a statement, and only
-                        // the current token's ack succeeded.
-                        let acked: HashSet<(JobId, LeaseToken)> =
-                            done.iter().map(|s| (s.id, s.token)).collect();
-                        settle_credit(
-                            &store,
-                            &dispatcher,
-                            done.iter().map(|s| (s.broker, s.id, s.token)),
-                        )
-                        .await;
-                        // Queues with a concurrency limit have a free slot:
-                        // wake their consumers on every replica.
-                        let freed: HashSet<&QueueName> =
-                            done.iter().filter_map(|s| s.slot_freed.as_ref()).collect();
-                        if !freed.is_empty() {
-                            let wakes: Vec<Wake> = freed
-                                .into_iter()
-                                .map(|q| Wake {
-                                    queue: q.clone(),
-                                    delay_ms: 0,
-                                })
-                                .collect();
-                            if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
-                                tracing::warn!(error = %e, "wake notification failed");
-                            }
-                            dispatcher.wake(wakes);
-                        }
-                        Ok(reqs
-                            .iter()
-                            .map(|batch| {
-                                Ok(batch
-                                    .iter()
-                                    .map(|r| {
-                                        if acked.contains(&(r.job_id, r.token)) {
-                                            Ok(())
-                                        } else {
-                                            Err(Error::StaleLease(r.job_id))
-                                        }
-                                    })
-                                    .collect())
-                            })
-                            .collect())
-                    }
-                },
+                move |reqs| ack(settle.clone(), reqs),
             )
         };
         let nack = {
-            let store = store.clone();
-            let dispatcher = dispatcher.clone();
-            Batcher::spawn(
+            let settle = settle.clone();
+            Batcher::new(
                 "nack",
                 MAX_BATCH_ROWS,
                 BATCH_CONCURRENCY,
                 |_| 1,
-                move |reqs: Vec<NackReq>| {
-                    let store = store.clone();
-                    let dispatcher = dispatcher.clone();
-                    async move {
-                        let fails: Vec<FailReq> = reqs
-                            .iter()
-                            .map(|r| FailReq {
-                                id: r.job_id,
-                                token: r.token,
-                                error: r.error.clone(),
-                                retry_after_ms: r.retry_after_ms,
-                                dead_letter: r.dead_letter,
-                                refund: false,
-                            })
-                            .collect();
-                        let done = store.fail(&fails).await?;
-                        let dead = done.iter().filter(|f| f.death.is_some()).count();
-                        store.metrics.on_settled(
-                            &store.metrics.nacked,
-                            reqs.len(),
-                            done.len(),
-                            dead,
-                        );
-                        let wakes = wakes_for(&done);
-                        if let Err(e) = store.notify_wake(&store.pool, &wakes).await {
-                            tracing::warn!(error = %e, "wake notification failed");
-                        }
-                        dispatcher.wake(wakes);
-                        let tokens: HashMap<JobId, LeaseToken> =
-                            reqs.iter().map(|r| (r.job_id, r.token)).collect();
-                        settle_credit(
-                            &store,
-                            &dispatcher,
-                            done.iter().map(|f| (f.broker, f.id, tokens[&f.id])),
-                        )
-                        .await;
-                        let dead: HashMap<JobId, bool> =
-                            done.iter().map(|f| (f.id, f.death.is_some())).collect();
-                        Ok(reqs
-                            .iter()
-                            .map(|r| {
-                                dead.get(&r.job_id)
-                                    .copied()
-                                    .ok_or(Error::StaleLease(r.job_id))
-                            })
-                            .collect())
-                    }
-                },
+                move |reqs| nack(settle.clone(), reqs),
             )
         };
         let extend = {
-            let store = store.clone();
-            let dispatcher = dispatcher.clone();
-            Batcher::spawn(
+            let (store, dispatcher) = (store.clone(), dispatcher.clone());
+            Batcher::new(
                 "extend",
                 MAX_BATCH_ROWS,
                 BATCH_CONCURRENCY,
                 |_| 1,
-                move |reqs: Vec<ExtendReq>| {
-                    let store = store.clone();
-                    let dispatcher = dispatcher.clone();
-                    async move {
-                        let done = store.extend(&reqs).await?;
-                        store.metrics.stale_tokens.add(reqs.len() - done.len());
-                        // A broker whose stream holds a job extended on
-                        // another replica learns the new deadline when it
-                        // checks the lease at the old one.
-                        for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
-                            dispatcher.extended(e.id, e.lease_ms);
-                        }
-                        let until: HashMap<JobId, DateTime<Utc>> =
-                            done.iter().map(|e| (e.id, e.lease_expires_at)).collect();
-                        Ok(reqs
-                            .iter()
-                            .map(|r| {
-                                until
-                                    .get(&r.job_id)
-                                    .copied()
-                                    .ok_or(Error::StaleLease(r.job_id))
-                            })
-                            .collect())
-                    }
-                },
+                move |reqs| extend(store.clone(), dispatcher.clone(), reqs),
             )
         };
         Arc::new(Broker {
@@ -250,17 +97,32 @@ impl Broker {
         &self.dispatcher
     }
 
+    pub fn settle(&self) -> &Settle {
+        self.dispatcher.settle()
+    }
+
     pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
         self.enqueue.call(jobs).await
     }
 
     pub async fn subscribe(&self, sub: Subscription) -> Result<SubscriptionStream> {
+        self.ready_to_stream(&sub).await?;
+        Ok(self.dispatcher.subscribe(sub))
+    }
+
+    /// Opens a Consume stream: its id (to change its credit or close it) and
+    /// its deliveries.
+    pub async fn consume(&self, sub: Subscription) -> Result<(StreamId, DeliveryStream)> {
+        self.ready_to_stream(&sub).await?;
+        Ok(self.dispatcher.open_consumer(sub))
+    }
+
+    async fn ready_to_stream(&self, sub: &Subscription) -> Result<()> {
         if self.is_draining() {
             return Err(Error::Draining);
         }
         // Queue rows carry the default lease; make sure they exist.
-        Store::ensure_queues(&self.store.pool, &sub.queues).await?;
-        Ok(self.dispatcher.subscribe(sub))
+        Store::ensure_queues(&self.store.pool, &sub.queues).await
     }
 
     pub async fn ack(&self, req: AckReq) -> Result<()> {
@@ -296,25 +158,151 @@ impl Broker {
     }
 }
 
-/// Gives streams their credit back: in-process for our own leases, by NOTIFY
-/// for leases held by streams of other replicas.
-async fn settle_credit(
-    store: &Store,
-    dispatcher: &Dispatcher,
-    settled: impl Iterator<Item = (Option<uuid::Uuid>, JobId, LeaseToken)>,
-) {
-    let mut local = Vec::new();
-    let mut remote = Vec::new();
-    for (broker, id, token) in settled {
-        match broker {
-            Some(b) if b != store.broker_id => remote.push((b, id, token)),
-            _ => local.push((id, token)),
+/// Queue rows known to exist, so enqueues create them only once.
+#[derive(Clone, Default)]
+struct KnownQueues(Arc<Mutex<HashSet<QueueName>>>);
+
+/// One enqueue statement for many requests. Jobs due now whose queue has an
+/// idle stream here are handed off to it (see `dispatch::offers`); the rest
+/// wake their queues here and on every replica after the commit.
+async fn enqueue(
+    dispatcher: Dispatcher,
+    known: KnownQueues,
+    reqs: Vec<Vec<NewJob>>,
+) -> Result<Vec<Result<Vec<Enqueued>>>> {
+    let sizes: Vec<usize> = reqs.iter().map(Vec::len).collect();
+    let jobs: Vec<NewJob> = reqs.into_iter().flatten().collect();
+    let new_queues: Vec<QueueName> = {
+        let known = known.0.lock().expect("poisoned");
+        let mut seen = HashSet::new();
+        jobs.iter()
+            .map(|j| &j.queue)
+            .filter(|q| !known.contains(*q) && seen.insert(*q))
+            .cloned()
+            .collect()
+    };
+    let offers = dispatcher.offers();
+    let claims: Vec<Option<crate::dispatch::Claim>> = jobs
+        .iter()
+        .map(|j| match j.schedule {
+            Schedule::Now => offers.claim(&j.queue),
+            _ => None,
+        })
+        .collect();
+    let to: Vec<Option<crate::store::HandoffTo>> = claims
+        .iter()
+        .map(|c| c.as_ref().map(|c| c.to.clone()))
+        .collect();
+    let settle = dispatcher.settle();
+    let result = settle.store().enqueue(&jobs, &to, &new_queues).await;
+    // Every claim is reported, used or not, so its credit is accounted for.
+    // `index` maps a job's place in the request to its claim's.
+    let mut index: HashMap<usize, usize> = HashMap::new();
+    let mut used = Vec::new();
+    for (i, c) in claims.into_iter().enumerate() {
+        if let Some(c) = c {
+            index.insert(i, used.len());
+            used.push(c);
         }
     }
-    dispatcher.settled(local);
-    if !remote.is_empty()
-        && let Err(e) = store.notify_settled(&remote).await
-    {
-        tracing::warn!(error = %e, "settle notification failed; credit returns at lease expiry");
+    let claims = used;
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            dispatcher.handed(Handoff {
+                claims,
+                leased: Vec::new(),
+            });
+            return Err(e);
+        }
+    };
+    let mut handed = out.handed;
+    for job in &mut handed {
+        // From the job's index in the request to its claim's.
+        job.slot = index[&(job.slot as usize)] as i32;
     }
+    dispatcher.handed(Handoff {
+        claims,
+        leased: handed,
+    });
+    settle.store().metrics.on_enqueued(&out.results);
+    known.0.lock().expect("poisoned").extend(new_queues);
+    settle.wake(out.wakes);
+    let mut it = out.results.into_iter();
+    Ok(sizes
+        .into_iter()
+        .map(|n| Ok(it.by_ref().take(n).collect()))
+        .collect())
+}
+
+async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Result<()>>>>> {
+    let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
+    let done = settle.ack(&all).await?;
+    // Keyed by (job, token): two acks of one job with different tokens may
+    // share a statement, and only the current token's ack succeeded.
+    let acked: HashSet<(JobId, LeaseToken)> = done.iter().map(|s| (s.id, s.token)).collect();
+    Ok(reqs
+        .iter()
+        .map(|batch| {
+            Ok(batch
+                .iter()
+                .map(|r| {
+                    if acked.contains(&(r.job_id, r.token)) {
+                        Ok(())
+                    } else {
+                        Err(Error::StaleLease(r.job_id))
+                    }
+                })
+                .collect())
+        })
+        .collect())
+}
+
+async fn nack(settle: Settle, reqs: Vec<NackReq>) -> Result<Vec<Result<bool>>> {
+    let fails: Vec<FailReq> = reqs
+        .iter()
+        .map(|r| FailReq {
+            id: r.job_id,
+            token: r.token,
+            error: r.error.clone(),
+            retry_after_ms: r.retry_after_ms,
+            dead_letter: r.dead_letter,
+            refund: false,
+        })
+        .collect();
+    let done = settle.fail(&fails, Ending::Nacked).await?;
+    let dead: HashMap<JobId, bool> = done.iter().map(|f| (f.id, f.death.is_some())).collect();
+    Ok(reqs
+        .iter()
+        .map(|r| {
+            dead.get(&r.job_id)
+                .copied()
+                .ok_or(Error::StaleLease(r.job_id))
+        })
+        .collect())
+}
+
+async fn extend(
+    store: Store,
+    dispatcher: Dispatcher,
+    reqs: Vec<ExtendReq>,
+) -> Result<Vec<Result<DateTime<Utc>>>> {
+    let done = store.extend(&reqs).await?;
+    store.metrics.stale_tokens.add(reqs.len() - done.len());
+    // A broker whose stream holds a job extended on another replica learns
+    // the new deadline when it checks the lease at the old one.
+    for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
+        dispatcher.extended(e.id, e.lease_ms);
+    }
+    let until: HashMap<JobId, DateTime<Utc>> =
+        done.iter().map(|e| (e.id, e.lease_expires_at)).collect();
+    Ok(reqs
+        .iter()
+        .map(|r| {
+            until
+                .get(&r.job_id)
+                .copied()
+                .ok_or(Error::StaleLease(r.job_id))
+        })
+        .collect())
 }

@@ -196,7 +196,8 @@ pub struct NewJob {
     pub id: JobId,
     pub queue: QueueName,
     pub payload: Vec<u8>,
-    /// Headers as a JSON object (stored as jsonb).
+    pub headers: HashMap<String, String>,
+    /// The same headers as a JSON object (stored as jsonb).
     pub headers_json: String,
     pub priority: i32,
     pub schedule: Schedule,
@@ -272,6 +273,7 @@ impl NewJob {
             id: JobId::new(),
             queue,
             payload: r.payload,
+            headers,
             headers_json,
             priority: r.priority,
             schedule,

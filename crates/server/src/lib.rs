@@ -9,11 +9,15 @@
 //! - [`domain`]: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
 //!   and every input rule.
 //! - [`broker`]: the core the handlers call; owns the group-commit batchers.
+//! - [`settle`]: ending leases (ack, nack, release, expiry) and waking
+//!   queues: the statements, the credit, the NOTIFYs, the metrics.
 //! - [`store`]: every SQL statement (`src/store/sql/`), the [`store::batch`]
 //!   group-commit machinery, and [`store::limits`] (per-queue concurrency and
 //!   rate limits in the lease path).
 //! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
 //! - [`notify`]: the one LISTEN connection and its fan-out.
+//! - [`pgconn`]: DATABASE_URL (libpq's URI and keyword/value forms), the PG*
+//!   variables and TLS to PostgreSQL, read into sqlx's connect options.
 //! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
 //!   and vacuuming the jobs table.
 //! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
@@ -35,7 +39,9 @@ pub mod fuzzing;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
+pub mod pgconn;
 pub mod server;
+pub mod settle;
 pub mod store;
 pub mod stream_limit;
 pub mod tls;

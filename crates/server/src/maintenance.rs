@@ -11,53 +11,15 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::dispatch::{Dispatcher, wakes_for};
-use crate::domain::{JobId, LeaseToken};
 use crate::error::Result;
-use crate::store::{FailReq, Store, Wake};
+use crate::settle::Settle;
+use crate::store::Store;
 
 /// Most rows one maintenance statement touches.
 const BATCH: i64 = 1000;
 
-/// Ends expired leases: the job is retried at once (or dead-lettered on its
-/// last attempt, or when its ttl passed). Wakes the queues that got jobs back.
-pub async fn reap(
-    store: &Store,
-    expired: Vec<(JobId, LeaseToken)>,
-    wake: impl Fn(Vec<Wake>),
-) -> Result<usize> {
-    if expired.is_empty() {
-        return Ok(0);
-    }
-    let reqs: Vec<FailReq> = expired
-        .into_iter()
-        .map(|(id, token)| FailReq {
-            id,
-            token,
-            error: "lease expired".to_owned(),
-            retry_after_ms: Some(0),
-            dead_letter: false,
-            refund: false,
-        })
-        .collect();
-    let done = store.fail(&reqs).await?;
-    let dead = done.iter().filter(|f| f.death.is_some()).count();
-    store
-        .metrics
-        .on_settled(&store.metrics.lease_expired, done.len(), done.len(), dead);
-    let wakes = wakes_for(&done);
-    store.notify_wake(&store.pool, &wakes).await?;
-    wake(wakes);
-    Ok(done.len())
-}
-
 /// Runs the reaper and ttl expiry every `interval` until `shutdown`.
-pub async fn run(
-    store: Store,
-    dispatcher: Dispatcher,
-    interval: Duration,
-    shutdown: CancellationToken,
-) {
+pub async fn run(settle: Settle, interval: Duration, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -65,17 +27,18 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = pass(&store, &dispatcher).await {
+        if let Err(e) = pass(&settle).await {
             warn!(error = %e, "maintenance pass failed");
         }
     }
 }
 
-async fn pass(store: &Store, dispatcher: &Dispatcher) -> Result<()> {
+async fn pass(settle: &Settle) -> Result<()> {
+    let store = settle.store();
     loop {
         let expired = store.expired_leases(None, BATCH).await?;
         let n = expired.len() as i64;
-        let reaped = reap(store, expired, |w| dispatcher.wake(w)).await?;
+        let reaped = settle.reap(expired).await?;
         if reaped > 0 {
             debug!(reaped, "expired leases reaped");
         }

@@ -215,8 +215,8 @@ impl Metrics {
     /// Counts jobs just leased and observes their wait. All instants are the
     /// database's: lease start = lease_expires_at - lease, so broker clock
     /// skew does not enter.
-    pub fn on_leased(&self, jobs: &[Leased]) {
-        if jobs.is_empty() {
+    pub fn on_leased<'a>(&self, jobs: impl ExactSizeIterator<Item = &'a Leased>) {
+        if jobs.len() == 0 {
             return;
         }
         self.delivered.add(jobs.len());

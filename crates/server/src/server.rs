@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::queue_service_server::QueueServiceServer;
+use crate::settle::Notifier;
 use crate::store::{self, Store};
 
 /// Health service name that stays SERVING while the process is healthy, even
@@ -66,15 +67,18 @@ pub async fn run(
         );
     }
 
-    let pool = connect_with_retry(database_url, cfg.pool_size, &shutdown).await?;
+    let (pool, conns) = connect_with_retry(database_url, cfg.pool_size, &shutdown).await?;
     store::migrate(&pool).await.context("applying migrations")?;
-    let store = Store::new(pool.clone());
+    let store = Store::new(pool.clone(), conns.clone());
+    conns.warm(2).await;
     info!(broker = %store.broker_id, "migrations applied");
 
     // Ends the background tasks (LISTEN, reaper, health) after the server.
     let background = CancellationToken::new();
+    let notifier = Notifier::spawn(store.clone());
     let dispatcher = Dispatcher::spawn(
         store.clone(),
+        notifier,
         DispatchConfig {
             heartbeat_interval: cfg.heartbeat_interval,
             poll_interval: cfg.poll_interval,
@@ -91,8 +95,7 @@ pub async fn run(
         background.clone(),
     ));
     tokio::spawn(crate::maintenance::run(
-        store.clone(),
-        dispatcher.clone(),
+        dispatcher.settle().clone(),
         cfg.reap_interval,
         background.clone(),
     ));
@@ -225,6 +228,7 @@ pub async fn run(
     }
     background.cancel();
     pool.close().await;
+    conns.close().await;
     listen_pool.close().await;
     Ok(())
 }
@@ -235,12 +239,16 @@ async fn connect_with_retry(
     url: &str,
     pool_size: u32,
     shutdown: &CancellationToken,
-) -> anyhow::Result<sqlx::PgPool> {
+) -> anyhow::Result<(sqlx::PgPool, store::Conns)> {
     let mut delay = Duration::from_millis(200);
     let started = tokio::time::Instant::now();
     loop {
-        match store::connect(url, pool_size).await {
+        match store::open(url, pool_size).await {
             Ok(pool) => return Ok(pool),
+            // Wrong settings or a TLS failure: waiting will not fix them.
+            Err(e) if crate::pgconn::is_permanent(&e) => {
+                return Err(e).context("connecting to PostgreSQL");
+            }
             Err(e) if started.elapsed() < Duration::from_secs(60) => {
                 warn!(error = %e, "PostgreSQL not reachable yet; retrying");
             }

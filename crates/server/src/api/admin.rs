@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use tracing::{info, instrument, warn};
+use tracing::{info, instrument};
 use uuid::Uuid;
 
 use crate::broker::Broker;
@@ -66,8 +66,7 @@ impl AdminApi {
             .into_iter()
             .map(|queue| Wake { queue, delay_ms: 0 })
             .collect();
-        self.store().notify_wake(&self.store().pool, &wakes).await?;
-        self.broker.dispatcher().wake(wakes);
+        self.broker.settle().wake(wakes);
         Ok(())
     }
 
@@ -80,8 +79,7 @@ impl AdminApi {
             .into_iter()
             .filter_map(|(queue, ms)| ms.map(|delay_ms| Wake { queue, delay_ms }))
             .collect();
-        self.store().notify_wake(&self.store().pool, &wakes).await?;
-        self.broker.dispatcher().wake(wakes);
+        self.broker.settle().wake(wakes);
         Ok(())
     }
 }
@@ -521,14 +519,9 @@ impl AdminService for AdminApi {
         let was_leased = done.lease.is_some();
         // The stream holding it gets its credit back, as after an Ack.
         if let Some((broker, token)) = done.lease {
-            match broker {
-                Some(b) if b != self.store().broker_id => {
-                    if let Err(e) = self.store().notify_settled(&[(b, id, token)]).await {
-                        warn!(error = %e, "settle notification failed; credit returns at lease expiry");
-                    }
-                }
-                _ => self.broker.dispatcher().settled(vec![(id, token)]),
-            }
+            self.broker
+                .settle()
+                .return_credit([(broker, id, token)].into_iter());
         }
         Ok(Response::new(pb::CancelJobResponse { was_leased }))
     }

@@ -2,4 +2,5 @@
 //! convert back. Errors become `tonic::Status` only via `From<Error>`.
 
 pub mod admin;
+pub mod consume;
 pub mod queue;

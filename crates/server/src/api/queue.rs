@@ -192,17 +192,31 @@ impl QueueService for QueueApi {
         }))
     }
 
-    type ConsumeStream = std::pin::Pin<
-        Box<dyn futures_core::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>,
-    >;
+    type ConsumeStream = super::consume::ConsumeResponse;
 
+    #[instrument(level = "debug", skip_all)]
     async fn consume(
         &self,
-        _request: Request<tonic::Streaming<pb::ConsumeRequest>>,
+        request: Request<tonic::Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        // The contract is fixed; the server side lands with the settle path.
-        Err(Status::unimplemented(
-            "Consume is not served by this build yet",
-        ))
+        let who = Identity::of(&request)?;
+        let mut requests = request.into_inner();
+        let first = requests
+            .message()
+            .await?
+            .ok_or_else(|| Error::invalid("subscribe", "the stream ended before opening"))?;
+        let opening = super::consume::Opening::parse(first)?;
+        who.require(Action::Consume, &opening.sub.queues)?;
+        let permit = self.streams.acquire()?;
+        let (id, deliveries) = self.broker.consume(opening.sub.clone()).await?;
+        let stream = super::consume::start(
+            self.broker.clone(),
+            self.limits,
+            id,
+            deliveries,
+            opening,
+            requests,
+        );
+        Ok(Response::new(Limited::new(stream, permit)))
     }
 }

@@ -1,11 +1,12 @@
-//! The response stream of one Subscribe call.
+//! The delivery side of one stream (Subscribe or Consume).
 //!
-//! Deliveries arrive from the dispatcher over a bounded channel whose capacity
-//! is the stream's credit (so it can never hold more than `max_in_flight`
-//! jobs). On top, this wrapper interleaves heartbeats on an idle stream, and
-//! its drop guard tells the dispatcher the moment the stream is gone (client
-//! disconnect, cancellation, connection reset) so the stream's unsettled jobs
-//! are released at once.
+//! Deliveries arrive from the dispatcher over a bounded channel whose
+//! capacity is at least the stream's credit (so a delivery never waits). On
+//! top, [`DeliveryStream`] interleaves heartbeats on an idle stream, and its
+//! drop guard tells the dispatcher the moment the stream is gone (client
+//! disconnect, cancellation, connection reset) so its unsettled jobs are
+//! released at once. [`SubscriptionStream`] is the Subscribe response built
+//! on it; the Consume response (api/consume.rs) adds settle results.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,71 +20,107 @@ use tonic::Status;
 use super::{Msg, StreamId};
 use crate::pb;
 
-pub type Item = Result<pb::SubscribeResponse, Status>;
+/// What the dispatcher sends a stream: a delivery, or the status that ends it.
+pub type Item = Result<pb::Delivery, Status>;
 
-pub struct SubscriptionStream {
+/// What a stream shows its client.
+#[derive(Debug)]
+pub enum Event {
+    Delivery(pb::Delivery),
+    Heartbeat(pb::Heartbeat),
+}
+
+pub struct DeliveryStream {
     rx: mpsc::Receiver<Item>,
-    /// The first message has been sent. It is always a heartbeat, even when
-    /// a delivery is already waiting: clients (and tests) use it to know the
+    /// The first event has been sent. It is always a heartbeat, even when a
+    /// delivery is already waiting: clients (and tests) use it to know the
     /// subscription is registered.
     greeted: bool,
     heartbeat: Pin<Box<Sleep>>,
     interval: Duration,
-    _guard: CloseGuard,
+    guard: CloseGuard,
 }
 
-impl SubscriptionStream {
+impl DeliveryStream {
     pub(super) fn new(
         rx: mpsc::Receiver<Item>,
         interval: Duration,
         id: StreamId,
         dispatcher: mpsc::UnboundedSender<Msg>,
     ) -> Self {
-        SubscriptionStream {
+        DeliveryStream {
             rx,
             greeted: false,
-            // Reset when the first message (a heartbeat) goes out.
+            // Reset when the first event (a heartbeat) goes out.
             heartbeat: Box::pin(tokio::time::sleep(interval)),
             interval,
-            _guard: CloseGuard { id, dispatcher },
+            guard: CloseGuard { id, dispatcher },
+        }
+    }
+
+    /// The dispatcher's id of this stream.
+    pub fn id(&self) -> StreamId {
+        self.guard.id
+    }
+
+    fn beat(&mut self) -> pb::Heartbeat {
+        let next = Instant::now() + self.interval;
+        self.heartbeat.as_mut().reset(next);
+        pb::Heartbeat {
+            sent_at: Some(std::time::SystemTime::now().into()),
         }
     }
 }
 
-fn heartbeat() -> pb::SubscribeResponse {
-    pb::SubscribeResponse {
-        kind: Some(pb::subscribe_response::Kind::Heartbeat(pb::Heartbeat {
-            sent_at: Some(std::time::SystemTime::now().into()),
-        })),
-    }
-}
+impl Stream for DeliveryStream {
+    type Item = Result<Event, Status>;
 
-impl Stream for SubscriptionStream {
-    type Item = Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         if !this.greeted {
             this.greeted = true;
-            let next = Instant::now() + this.interval;
-            this.heartbeat.as_mut().reset(next);
-            return Poll::Ready(Some(Ok(heartbeat())));
+            return Poll::Ready(Some(Ok(Event::Heartbeat(this.beat()))));
         }
         if let Poll::Ready(item) = this.rx.poll_recv(cx) {
             let next = Instant::now() + this.interval;
             this.heartbeat.as_mut().reset(next);
-            return Poll::Ready(item);
+            return Poll::Ready(item.map(|r| r.map(Event::Delivery)));
         }
         if this.heartbeat.as_mut().poll(cx).is_ready() {
-            let next = Instant::now() + this.interval;
-            this.heartbeat.as_mut().reset(next);
-            return Poll::Ready(Some(Ok(heartbeat())));
+            return Poll::Ready(Some(Ok(Event::Heartbeat(this.beat()))));
         }
         Poll::Pending
     }
 }
 
-/// Sends `Closed` to the dispatcher when the response stream is dropped.
+/// The response stream of one Subscribe call.
+pub struct SubscriptionStream(DeliveryStream);
+
+impl SubscriptionStream {
+    pub(super) fn new(inner: DeliveryStream) -> Self {
+        SubscriptionStream(inner)
+    }
+}
+
+impl Stream for SubscriptionStream {
+    type Item = Result<pb::SubscribeResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        use pb::subscribe_response::Kind;
+        Pin::new(&mut self.0).poll_next(cx).map(|item| {
+            item.map(|r| {
+                r.map(|event| pb::SubscribeResponse {
+                    kind: Some(match event {
+                        Event::Delivery(d) => Kind::Delivery(d),
+                        Event::Heartbeat(h) => Kind::Heartbeat(h),
+                    }),
+                })
+            })
+        })
+    }
+}
+
+/// Sends `Closed` to the dispatcher when the stream is dropped.
 struct CloseGuard {
     id: StreamId,
     dispatcher: mpsc::UnboundedSender<Msg>,

@@ -1,34 +1,62 @@
 //! Group commit: concurrent callers share one statement.
 //!
-//! A [`Batcher`] owns a task that takes every request queued while the previous
-//! statements were running and executes them together. Up to `concurrency`
-//! statements run at once; while they do, new requests pile up and form the
-//! next, larger batch, so batch size adapts to load with no timer and no added
-//! latency when idle. Each caller is answered only after the statement holding
-//! its row has committed.
+//! Callers queue their requests. Up to `concurrency` statements run at once;
+//! while they do, new requests pile up, and whoever frees a statement slot
+//! takes everything queued (up to `max_rows`) as the next batch. So batch
+//! size adapts to load with no timer and no added latency when idle: at light
+//! load a caller finds a free slot and runs its own one-request batch
+//! itself, in its own task, with no hand-over to another task on the way
+//! (each such hop cost a thread wake-up on an idle machine; see
+//! docs/BENCHMARKS.md). A batch holding other callers' requests runs in a
+//! task of its own, so a caller that goes away (a cancelled RPC) cannot take
+//! other callers' statement down with it. Each caller is answered only after
+//! the statement holding its row has committed.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::error::{Error, Result};
 
 type Reply<R> = oneshot::Sender<Result<R>>;
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Exec<Req, Resp> = dyn Fn(Vec<Req>) -> BoxFut<Result<Vec<Result<Resp>>>> + Send + Sync;
 
-/// A handle to a batching task. Cheap to clone.
+/// A handle to a batcher. Cheap to clone.
 pub struct Batcher<Req, Resp> {
-    /// Requests waiting for the next batch. Bounded so a stalled database
-    /// pushes back on callers instead of growing memory without limit.
-    tx: mpsc::Sender<(Req, Reply<Resp>)>,
+    inner: Arc<Inner<Req, Resp>>,
 }
 
 impl<Req, Resp> Clone for Batcher<Req, Resp> {
     fn clone(&self) -> Self {
         Batcher {
-            tx: self.tx.clone(),
+            inner: self.inner.clone(),
         }
     }
+}
+
+struct Queued<Req, Resp> {
+    /// Which call queued it (so a caller can tell a batch of its own).
+    call: u64,
+    req: Req,
+    reply: Reply<Resp>,
+}
+
+struct Inner<Req, Resp> {
+    name: &'static str,
+    max_rows: usize,
+    weight: fn(&Req) -> usize,
+    exec: Box<Exec<Req, Resp>>,
+    /// Requests waiting for a statement slot.
+    queue: Mutex<VecDeque<Queued<Req, Resp>>>,
+    /// One permit per statement that may run at once (this batcher's share
+    /// of the database connections).
+    slots: Arc<Semaphore>,
+    next_call: AtomicU64,
 }
 
 impl<Req, Resp> Batcher<Req, Resp>
@@ -36,11 +64,10 @@ where
     Req: Send + 'static,
     Resp: Send + 'static,
 {
-    /// Spawns the batching task. `weight` is how many rows a request adds to a
-    /// batch (an EnqueueBatch request carries many); a batch stops growing at
-    /// `max_rows`. `exec` runs one batch and returns one result per request,
-    /// in order. The task ends when every handle is dropped.
-    pub fn spawn<F, Fut>(
+    /// `weight` is how many rows a request adds to a batch (an EnqueueBatch
+    /// request carries many); a batch stops growing at `max_rows`. `exec`
+    /// runs one batch and returns one result per request, in order.
+    pub fn new<F, Fut>(
         name: &'static str,
         max_rows: usize,
         concurrency: usize,
@@ -51,72 +78,251 @@ where
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Result<Resp>>>> + Send + 'static,
     {
-        let (tx, mut rx) = mpsc::channel::<(Req, Reply<Resp>)>(max_rows.max(1) * 4);
-        let exec = Arc::new(exec);
-        // Bounds the statements in flight for this batcher (and so its share
-        // of the connection pool).
-        let permits = Arc::new(Semaphore::new(concurrency.max(1)));
-        tokio::spawn(async move {
-            let mut carry: Option<(Req, Reply<Resp>)> = None;
-            loop {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return;
-                };
-                let first = match carry.take() {
-                    Some(item) => item,
-                    None => match rx.recv().await {
-                        Some(item) => item,
-                        None => return,
-                    },
-                };
-                let mut rows = weight(&first.0);
-                let mut reqs = vec![first.0];
-                let mut replies = vec![first.1];
-                while rows < max_rows {
-                    match rx.try_recv() {
-                        Ok(item) => {
-                            let w = weight(&item.0);
-                            if rows + w > max_rows {
-                                carry = Some(item);
-                                break;
-                            }
-                            rows += w;
-                            reqs.push(item.0);
-                            replies.push(item.1);
-                        }
-                        Err(_) => break,
-                    }
-                }
-                tracing::trace!(batcher = name, requests = reqs.len(), rows, "batch");
-                let exec = exec.clone();
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    match exec(reqs).await {
-                        Ok(results) => {
-                            debug_assert_eq!(results.len(), replies.len());
-                            for (reply, result) in replies.into_iter().zip(results) {
-                                let _ = reply.send(result);
-                            }
-                        }
-                        Err(e) => {
-                            for reply in replies {
-                                let _ = reply.send(Err(e.clone()));
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        Batcher { tx }
+        Batcher {
+            inner: Arc::new(Inner {
+                name,
+                max_rows: max_rows.max(1),
+                weight,
+                exec: Box::new(move |reqs| Box::pin(exec(reqs))),
+                queue: Mutex::new(VecDeque::new()),
+                slots: Arc::new(Semaphore::new(concurrency.max(1))),
+                next_call: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Queues one request and waits for its result.
     pub async fn call(&self, req: Req) -> Result<Resp> {
+        let call = self.inner.next_call.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send((req, reply))
-            .await
-            .map_err(|_| Error::Internal("batcher stopped"))?;
+        self.inner
+            .queue
+            .lock()
+            .expect("poisoned")
+            .push_back(Queued { call, req, reply });
+        if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
+            let mut slot = Slot {
+                inner: self.inner.clone(),
+                permit: Some(slot),
+            };
+            let batch = self.inner.take_batch();
+            if batch.len() == 1 && batch[0].call == call {
+                // Our own request alone: run it here, no task hop.
+                self.inner.run(batch).await;
+            } else if !batch.is_empty() {
+                let inner = self.inner.clone();
+                let permit = slot.permit.take();
+                tokio::spawn(async move {
+                    inner.run(batch).await;
+                    drop(Slot { inner, permit });
+                });
+            }
+            // Dropping `slot` hands it to whatever queued meanwhile.
+        }
+        // Otherwise a statement is running for each slot, and whichever ends
+        // first takes ours.
         rx.await.map_err(|_| Error::Internal("batch dropped"))?
+    }
+}
+
+impl<Req, Resp> Inner<Req, Resp>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+{
+    /// Takes the queued requests, up to `max_rows` rows (at least one).
+    fn take_batch(&self) -> Vec<Queued<Req, Resp>> {
+        let mut queue = self.queue.lock().expect("poisoned");
+        let mut rows = 0;
+        let mut batch = Vec::new();
+        while let Some(next) = queue.front() {
+            let w = (self.weight)(&next.req);
+            if !batch.is_empty() && rows + w > self.max_rows {
+                break;
+            }
+            rows += w;
+            batch.push(queue.pop_front().expect("front exists"));
+        }
+        batch
+    }
+
+    async fn run(&self, batch: Vec<Queued<Req, Resp>>) {
+        tracing::trace!(batcher = self.name, requests = batch.len(), "batch");
+        let (reqs, replies): (Vec<Req>, Vec<Reply<Resp>>) =
+            batch.into_iter().map(|q| (q.req, q.reply)).unzip();
+        match (self.exec)(reqs).await {
+            Ok(results) => {
+                debug_assert_eq!(results.len(), replies.len());
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(result);
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A statement slot. When it is given back (dropped, also when the future
+/// running it is cancelled), requests queued meanwhile get a statement: the
+/// caller that could not get a slot relies on this.
+struct Slot<Req, Resp>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+{
+    inner: Arc<Inner<Req, Resp>>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<Req, Resp> Drop for Slot<Req, Resp>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        drop(permit);
+        let queued = !self.inner.queue.lock().expect("poisoned").is_empty();
+        if !queued {
+            return;
+        }
+        // Give it back first, then take it again: a caller that queued after
+        // we looked either saw the slot free or is seen here.
+        if let Ok(permit) = self.inner.slots.clone().try_acquire_owned() {
+            let batch = self.inner.take_batch();
+            if batch.is_empty() {
+                return;
+            }
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                inner.run(batch).await;
+                drop(Slot {
+                    inner,
+                    permit: Some(permit),
+                });
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn every_call_is_answered_and_concurrent_calls_share_batches() {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let counted = batches.clone();
+        let b: Batcher<u32, u32> = Batcher::new(
+            "test",
+            100,
+            2,
+            |_| 1,
+            move |reqs: Vec<u32>| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Ok(reqs.into_iter().map(|r| Ok(r * 2)).collect())
+                }
+            },
+        );
+        let calls: Vec<_> = (0..500)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.call(i).await) })
+            })
+            .collect();
+        for c in calls {
+            let (i, r) = c.await.unwrap();
+            assert_eq!(r.unwrap(), i * 2);
+        }
+        let n = batches.load(Ordering::Relaxed);
+        assert!(
+            n < 500,
+            "{n} statements for 500 concurrent calls: nothing was batched"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lone_call_runs_in_its_own_task_and_errors_reach_every_caller() {
+        let b: Batcher<u32, u32> = Batcher::new(
+            "test",
+            10,
+            1,
+            |_| 1,
+            |_reqs: Vec<u32>| async { Err(Error::Internal("boom")) },
+        );
+        assert!(matches!(b.call(1).await, Err(Error::Internal("boom"))));
+        // The slot came back: the next call is served too.
+        assert!(matches!(b.call(2).await, Err(Error::Internal("boom"))));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_caller_does_not_strand_the_others() {
+        let b: Batcher<u32, u32> = Batcher::new(
+            "test",
+            10,
+            1,
+            |_| 1,
+            |reqs: Vec<u32>| async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(reqs.into_iter().map(Ok).collect())
+            },
+        );
+        // The first caller takes the only slot, then is cancelled mid-statement.
+        let first = {
+            let b = b.clone();
+            tokio::spawn(async move { b.call(1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let second = {
+            let b = b.clone();
+            tokio::spawn(async move { b.call(2).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        first.abort();
+        let r = tokio::time::timeout(Duration::from_secs(2), second)
+            .await
+            .expect("the queued call is served after the slot is dropped")
+            .unwrap();
+        assert_eq!(r.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn batches_stop_at_max_rows() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        let b: Batcher<Vec<u32>, usize> = Batcher::new(
+            "test",
+            5,
+            1,
+            |r: &Vec<u32>| r.len(),
+            move |reqs: Vec<Vec<u32>>| {
+                let rows: usize = reqs.iter().map(Vec::len).sum();
+                seen.lock().unwrap().push(rows);
+                async move { Ok(reqs.into_iter().map(|r| Ok(r.len())).collect()) }
+            },
+        );
+        let calls: Vec<_> = (0..10)
+            .map(|_| {
+                let b = b.clone();
+                tokio::spawn(async move { b.call(vec![0; 3]).await })
+            })
+            .collect();
+        for c in calls {
+            assert_eq!(c.await.unwrap().unwrap(), 3);
+        }
+        // 3-row requests, at most 5 rows a batch: one request per batch
+        // (a request is never split).
+        assert!(sizes.lock().unwrap().iter().all(|&n| n <= 5 || n == 3));
     }
 }

@@ -56,7 +56,8 @@ impl Store {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let mut tx = self.pool.begin().await?;
+        let mut c = self.conns.acquire().await?;
+        let mut tx = sqlx::Connection::begin(&mut *c).await?;
         sqlx::query("select 1 from leaseq.queues where name = any($1) order by name for update")
             .bind(&names)
             .execute(&mut *tx)
@@ -138,6 +139,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        c.done();
         for (name, a) in &allow {
             let Some(queue) = QueueName::parse(name) else {
                 continue;

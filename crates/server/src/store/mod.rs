@@ -7,16 +7,18 @@
 
 pub mod admin;
 pub mod batch;
+pub mod conn;
 pub mod limits;
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Executor, Postgres, Row};
 use uuid::Uuid;
+
+pub use conn::Conns;
 
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
 use crate::error::{Error, Result};
@@ -53,39 +55,51 @@ pub fn settle_channel(broker: Uuid) -> String {
 }
 
 /// Opens the connection pool. The pool is small and fixed: connections do not
-/// grow with the number of streams.
+/// grow with the number of streams. `url` is what the user passed
+/// (DATABASE_URL: a URI or keyword/value string, empty for PG* alone), read
+/// with the PG* variables by [`crate::pgconn`], which also adds leaseq's
+/// session settings (application_name, search_path, jit).
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    let opts: PgConnectOptions = url.parse()?;
-    // Every statement names its schema; the search path only decides where
-    // sqlx keeps `_sqlx_migrations`: in our schema, whatever the role is
-    // called (a role named `leaseq` would otherwise pick it up via "$user"
-    // half-way through the first migration).
-    let opts = opts.application_name("leaseq").options([
-        ("search_path", "leaseq,public"),
-        // Short OLTP statements: JIT compiling one (PostgreSQL does when
-        // a big table makes its cost estimate high) costs ~0.5 s.
-        ("jit", "off"),
-    ]);
+    let target = crate::pgconn::connect_options(url)?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(1)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(target.acquire_timeout())
         // No ping before each use: it doubles the statements of an idle
         // broker; a dead connection surfaces as an error and is replaced.
         .test_before_acquire(false)
-        .connect_with(opts)
+        .connect_with(target.options()?)
         .await
+}
+
+/// Opens the broker's connections: the hot path's [`Conns`] (group-commit
+/// statements and lease rounds) and a small sqlx pool for everything else
+/// (admin, maintenance, health, migrations). Together they hold `pool_size`
+/// connections (at least two), plus the LISTEN connection opened apart.
+pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Error> {
+    let aux = if pool_size <= 3 { 1 } else { 2 };
+    let hot = pool_size.saturating_sub(aux).max(1);
+    let target = crate::pgconn::connect_options(url)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(aux)
+        .min_connections(1)
+        .acquire_timeout(target.acquire_timeout())
+        .test_before_acquire(false)
+        .connect_with(target.options()?)
+        .await?;
+    let conns = Conns::new(target.options()?, hot, target.acquire_timeout());
+    Ok((pool, conns))
 }
 
 /// A pool of exactly one connection for the LISTEN connection, so it never
 /// takes one of the working pool's connections (and reconnects on its own).
 pub async fn connect_listener(url: &str) -> Result<PgPool, sqlx::Error> {
-    let opts: PgConnectOptions = url.parse()?;
+    let target = crate::pgconn::connect_options(url)?;
     Ok(PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(opts.application_name("leaseq")))
+        .acquire_timeout(target.acquire_timeout())
+        .connect_lazy_with(target.options()?))
 }
 
 /// One enqueue result, in request order.
@@ -130,7 +144,7 @@ pub struct Want {
     pub n: i32,
     pub lease_ms: Option<i64>,
     pub slot: i32,
-    pub consumer: String,
+    pub consumer: std::sync::Arc<str>,
 }
 
 /// A job just leased for `slot`.
@@ -208,10 +222,33 @@ pub struct Extended {
     pub lease_ms: i64,
 }
 
-/// All SQL, over one pool. Cheap to clone.
+/// A stream of this broker that a new job may be handed to (enqueue.sql):
+/// its lease (None = the queue's default) and consumer name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandoffTo {
+    pub lease_ms: Option<i64>,
+    pub consumer: std::sync::Arc<str>,
+}
+
+/// What an enqueue statement did.
+#[derive(Debug, Default)]
+pub struct EnqueueOutcome {
+    /// One result per job, in order.
+    pub results: Vec<Enqueued>,
+    /// Queues to wake (jobs inserted available, now or later).
+    pub wakes: Vec<Wake>,
+    /// Jobs inserted already leased to the stream of their claim;
+    /// `Leased::slot` is the job's index in the request.
+    pub handed: Vec<Leased>,
+}
+
+/// All SQL. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
+    /// For admin, maintenance and health statements.
     pub pool: PgPool,
+    /// For the hot path: group-commit statements and lease rounds.
+    pub conns: Conns,
     /// This broker process's id: stamped on the leases it takes.
     pub broker_id: Uuid,
     /// This broker's counters, histograms and stream registry.
@@ -219,9 +256,10 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(pool: PgPool) -> Store {
+    pub fn new(pool: PgPool, conns: Conns) -> Store {
         Store {
             pool,
+            conns,
             broker_id: Uuid::new_v4(),
             metrics: Default::default(),
         }
@@ -242,23 +280,74 @@ impl Store {
         Ok(())
     }
 
-    /// Inserts jobs in one transaction (all or none) and commits a coalesced
-    /// NOTIFY per queue. Returns one result per job, in order, and the queues
-    /// to wake in this process.
+    /// Inserts jobs, all or none. A job with a claim is inserted already
+    /// leased to the claiming stream when its queue allows it (not paused, no
+    /// concurrency or rate limit): see enqueue.sql. Sends no NOTIFY: the
+    /// caller wakes the queues in [`EnqueueOutcome::wakes`] once this returns
+    /// (crate::settle explains why not in this transaction).
     pub async fn enqueue(
         &self,
         jobs: &[NewJob],
+        claims: &[Option<HandoffTo>],
         new_queues: &[QueueName],
-    ) -> Result<(Vec<Enqueued>, Vec<Wake>)> {
-        if new_queues.is_empty() && jobs.iter().all(|j| j.dedup_key.is_none()) {
-            return self.enqueue_simple(jobs).await;
-        }
-        let mut tx = self.pool.begin().await?;
+    ) -> Result<EnqueueOutcome> {
+        debug_assert_eq!(jobs.len(), claims.len());
+        let mut c = self.conns.acquire().await?;
+        let out = if new_queues.is_empty() && jobs.iter().all(|j| j.dedup_key.is_none()) {
+            // The common case: one statement, atomic on its own, so no
+            // BEGIN / COMMIT round trips.
+            let refs: Vec<&NewJob> = jobs.iter().collect();
+            let claims: Vec<Option<&HandoffTo>> = claims.iter().map(Option::as_ref).collect();
+            let inserted = self.insert_jobs(&mut c, &refs, &claims).await?;
+            if inserted.len() != jobs.len() {
+                return Err(Error::Internal("enqueue inserted fewer rows than asked"));
+            }
+            let mut out = EnqueueOutcome {
+                results: jobs
+                    .iter()
+                    .map(|j| Enqueued {
+                        job_id: j.id,
+                        duplicate: false,
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let by_id: HashMap<Uuid, usize> =
+                jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
+            let mut wakes = Wakes::default();
+            for row in inserted {
+                row.into_outcome(&by_id, jobs, &mut wakes, &mut out.handed);
+            }
+            out.wakes = wakes.into_vec();
+            out
+        } else {
+            let mut tx = sqlx::Connection::begin(&mut *c).await?;
+            let out = self.enqueue_in(&mut tx, jobs, claims, new_queues).await?;
+            tx.commit().await?;
+            out
+        };
+        c.done();
+        Ok(out)
+    }
+
+    /// The transactional form: creates missing queue rows, and resolves
+    /// duplicates (a job whose dedup key matches a live job is not inserted;
+    /// that job's id is returned instead).
+    async fn enqueue_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        jobs: &[NewJob],
+        claims: &[Option<HandoffTo>],
+        new_queues: &[QueueName],
+    ) -> Result<EnqueueOutcome> {
         if !new_queues.is_empty() {
             Self::ensure_queues(&mut *tx, new_queues).await?;
         }
+        let by_id: HashMap<Uuid, usize> =
+            jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
         let mut results: Vec<Option<Enqueued>> = vec![None; jobs.len()];
         let mut wakes = Wakes::default();
+        let mut handed = Vec::new();
         let mut pending: Vec<usize> = (0..jobs.len()).collect();
         // A skipped duplicate whose live job was settled before we looked it
         // up is inserted again; this converges in a round or two.
@@ -267,15 +356,17 @@ impl Store {
                 break;
             }
             let batch: Vec<&NewJob> = pending.iter().map(|&i| &jobs[i]).collect();
-            let inserted = insert_jobs(&mut *tx, &batch).await?;
-            let mut by_id: HashMap<Uuid, i64> = HashMap::with_capacity(inserted.len());
-            for (id, queue, delay_ms) in inserted {
-                by_id.insert(id, delay_ms);
-                wakes.add(&queue, delay_ms);
+            let batch_claims: Vec<Option<&HandoffTo>> =
+                pending.iter().map(|&i| claims[i].as_ref()).collect();
+            let inserted = self.insert_jobs(&mut *tx, &batch, &batch_claims).await?;
+            let mut done: std::collections::HashSet<Uuid> = Default::default();
+            for row in inserted {
+                done.insert(row.id);
+                row.into_outcome(&by_id, jobs, &mut wakes, &mut handed);
             }
             let mut dups: Vec<usize> = Vec::new();
             for &i in &pending {
-                if by_id.contains_key(&jobs[i].id.0) {
+                if done.contains(&jobs[i].id.0) {
                     results[i] = Some(Enqueued {
                         job_id: jobs[i].id,
                         duplicate: false,
@@ -329,93 +420,68 @@ impl Store {
         if !pending.is_empty() {
             return Err(Error::Internal("dedup lookup did not converge"));
         }
-        let wakes = wakes.into_vec();
-        self.notify_wake(&mut *tx, &wakes).await?;
-        tx.commit().await?;
-        let results = results
-            .into_iter()
-            .map(|r| r.expect("every job resolved"))
-            .collect();
-        Ok((results, wakes))
+        Ok(EnqueueOutcome {
+            results: results
+                .into_iter()
+                .map(|r| r.expect("every job resolved"))
+                .collect(),
+            wakes: wakes.into_vec(),
+            handed,
+        })
     }
 
-    /// The common case (no dedup key, every queue known): one statement that
-    /// inserts and NOTIFYs, atomic on its own, so no BEGIN / COMMIT round
-    /// trips. The wake-ups are coalesced in SQL: one per queue, two when the
-    /// batch holds both ready and delayed jobs.
-    async fn enqueue_simple(&self, jobs: &[NewJob]) -> Result<(Vec<Enqueued>, Vec<Wake>)> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "with ins as (\n{}\n),\n\
-                 woke as (\n\
-                     select pg_notify('{WAKE_CHANNEL}', $11 || ':' || min(delay_ms) || ':' || queue)\n\
-                     from ins group by queue, delay_ms > 0\n\
-                 )\n\
-                 select id, queue, delay_ms, (select count(*) from woke) as woken from ins",
-                include_str!("sql/enqueue.sql").trim_end()
-            )
-        });
-        let refs: Vec<&NewJob> = jobs.iter().collect();
-        let broker = self.broker_id.simple().to_string();
-        let inserted = bind_jobs(sqlx::query(SQL.as_str()), &refs)
-            .bind(broker)
-            .fetch_all(&self.pool)
-            .await?;
-        if inserted.len() != jobs.len() {
-            return Err(Error::Internal("enqueue inserted fewer rows than asked"));
-        }
-        let mut wakes = Wakes::default();
-        for r in &inserted {
-            let queue: String = r.try_get("queue")?;
-            wakes.add(&queue, r.try_get("delay_ms")?);
-        }
-        let results = jobs
-            .iter()
-            .map(|j| Enqueued {
-                job_id: j.id,
-                duplicate: false,
-            })
-            .collect();
-        let wakes = wakes.into_vec();
-        Ok((results, wakes))
-    }
-
-    /// Sends one NOTIFY per wake (coalesced by the caller). Inside a
-    /// transaction it is delivered at commit.
-    pub async fn notify_wake<'e>(
+    /// Runs enqueue.sql for `jobs` (with their claims, if any).
+    async fn insert_jobs(
         &self,
-        exec: impl Executor<'e, Database = Postgres>,
-        wakes: &[Wake],
-    ) -> Result<()> {
-        if wakes.is_empty() {
-            return Ok(());
-        }
-        let payloads: Vec<String> = wakes
-            .iter()
-            .map(|w| format!("{}:{}:{}", self.broker_id.simple(), w.delay_ms, w.queue))
-            .collect();
-        sqlx::query("select pg_notify($1, p) from unnest($2::text[]) as p")
-            .bind(WAKE_CHANNEL)
-            .bind(payloads)
-            .execute(exec)
+        conn: &mut sqlx::PgConnection,
+        jobs: &[&NewJob],
+        claims: &[Option<&HandoffTo>],
+    ) -> Result<Vec<InsertedRow>> {
+        let rows = bind_jobs(sqlx::query(include_str!("sql/enqueue.sql")), jobs, claims)
+            .bind(self.broker_id)
+            .fetch_all(conn)
             .await?;
-        Ok(())
+        rows.into_iter()
+            .map(|r| {
+                Ok(InsertedRow {
+                    id: r.try_get("id")?,
+                    queue: r.try_get("queue")?,
+                    delay_ms: r.try_get("delay_ms")?,
+                    lease_token: r.try_get("lease_token")?,
+                    lease_ms: r.try_get("lease_ms")?,
+                    lease_expires_at: r.try_get("lease_expires_at")?,
+                    enqueued_at: r.try_get("enqueued_at")?,
+                })
+            })
+            .collect()
     }
 
-    /// Tells other brokers that jobs they leased were settled here, so their
-    /// streams get the credit back.
-    pub async fn notify_settled(&self, settled: &[(Uuid, JobId, LeaseToken)]) -> Result<()> {
-        let mut by_broker: HashMap<Uuid, Vec<String>> = HashMap::new();
-        for (broker, id, token) in settled {
-            if *broker != self.broker_id {
-                by_broker
-                    .entry(*broker)
-                    .or_default()
-                    .push(format!("{id}:{token}"));
-            }
-        }
+    /// Sends wake-ups (`<broker>:<delay ms>:<queue>` on [`WAKE_CHANNEL`]) and
+    /// settle notices (`job:token,...` on each broker's settle channel) in
+    /// one statement, outside any write transaction.
+    pub async fn notify(
+        &self,
+        wakes: &[Wake],
+        settled: &[(Uuid, JobId, LeaseToken)],
+    ) -> Result<()> {
         let mut channels = Vec::new();
         let mut payloads = Vec::new();
+        for w in wakes {
+            channels.push(WAKE_CHANNEL.to_owned());
+            payloads.push(format!(
+                "{}:{}:{}",
+                self.broker_id.simple(),
+                w.delay_ms,
+                w.queue
+            ));
+        }
+        let mut by_broker: HashMap<Uuid, Vec<String>> = HashMap::new();
+        for (broker, id, token) in settled {
+            by_broker
+                .entry(*broker)
+                .or_default()
+                .push(format!("{id}:{token}"));
+        }
         for (broker, ids) in by_broker {
             // NOTIFY payloads are limited to 8000 bytes: 100 pairs is 7400.
             for chunk in ids.chunks(100) {
@@ -426,11 +492,13 @@ impl Store {
         if channels.is_empty() {
             return Ok(());
         }
+        let mut c = self.conns.acquire().await?;
         sqlx::query("select pg_notify(c, p) from unnest($1::text[], $2::text[]) as n(c, p)")
             .bind(channels)
             .bind(payloads)
-            .execute(&self.pool)
+            .execute(&mut *c)
             .await?;
+        c.done();
         Ok(())
     }
 
@@ -439,7 +507,9 @@ impl Store {
     /// named in [`LeaseOutcome::limited`]: they go through
     /// [`Store::lease_limited`].
     pub async fn lease(&self, wants: &[Want]) -> Result<LeaseOutcome> {
-        let rows = self.lease_rows(&self.pool, wants, false).await?;
+        let mut c = self.conns.acquire().await?;
+        let rows = self.lease_rows(&mut *c, wants, false).await?;
+        c.done();
         let mut out = LeaseOutcome::default();
         for row in rows {
             match row {
@@ -473,7 +543,7 @@ impl Store {
             *start += w.n;
             lease.push(w.lease_ms);
             slot.push(w.slot);
-            consumer.push(w.consumer.as_str());
+            consumer.push(&*w.consumer);
         }
         let rows = sqlx::query(include_str!("sql/lease.sql"))
             .bind(queues)
@@ -525,11 +595,13 @@ impl Store {
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
         let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
         let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        let mut c = self.conns.acquire().await?;
         let rows = sqlx::query(include_str!("sql/ack.sql"))
             .bind(ids)
             .bind(tokens)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *c)
             .await?;
+        c.done();
         rows.into_iter()
             .map(|r| {
                 Ok(Settled {
@@ -546,6 +618,7 @@ impl Store {
 
     /// Ends leases unsuccessfully (see fail.sql). Returns the ones matched.
     pub async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
+        let mut c = self.conns.acquire().await?;
         let rows = sqlx::query(include_str!("sql/fail.sql"))
             .bind(reqs.iter().map(|r| r.id.0).collect::<Vec<_>>())
             .bind(reqs.iter().map(|r| r.token.0).collect::<Vec<_>>())
@@ -553,8 +626,9 @@ impl Store {
             .bind(reqs.iter().map(|r| r.retry_after_ms).collect::<Vec<_>>())
             .bind(reqs.iter().map(|r| r.dead_letter).collect::<Vec<_>>())
             .bind(reqs.iter().map(|r| r.refund).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *c)
             .await?;
+        c.done();
         rows.into_iter()
             .map(|r| {
                 let queue: String = r.try_get("queue")?;
@@ -573,12 +647,14 @@ impl Store {
 
     /// Extends leases whose token is current and not yet expired.
     pub async fn extend(&self, reqs: &[ExtendReq]) -> Result<Vec<Extended>> {
+        let mut c = self.conns.acquire().await?;
         let rows = sqlx::query(include_str!("sql/extend.sql"))
             .bind(reqs.iter().map(|r| r.job_id.0).collect::<Vec<_>>())
             .bind(reqs.iter().map(|r| r.token.0).collect::<Vec<_>>())
             .bind(reqs.iter().map(|r| r.lease_ms).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *c)
             .await?;
+        c.done();
         rows.into_iter()
             .map(|r| {
                 Ok(Extended {
@@ -667,30 +743,70 @@ impl Store {
     }
 }
 
-async fn insert_jobs<'e>(
-    exec: impl Executor<'e, Database = Postgres>,
-    jobs: &[&NewJob],
-) -> Result<Vec<(Uuid, String, i64)>> {
-    let rows = bind_jobs(sqlx::query(include_str!("sql/enqueue.sql")), jobs)
-        .fetch_all(exec)
-        .await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok((
-                r.try_get("id")?,
-                r.try_get("queue")?,
-                r.try_get("delay_ms")?,
-            ))
-        })
-        .collect()
+/// One row enqueue.sql inserted.
+struct InsertedRow {
+    id: Uuid,
+    queue: String,
+    delay_ms: i64,
+    /// Set when the job was inserted leased (handed off).
+    lease_token: Option<Uuid>,
+    lease_ms: Option<i64>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    enqueued_at: DateTime<Utc>,
 }
 
-/// Binds $1..$10 of enqueue.sql: one array per column.
+impl InsertedRow {
+    /// Adds the row to an outcome: a wake for an available job, a
+    /// delivery for a handed-off one (`by_id` maps ids to request indexes).
+    fn into_outcome(
+        self,
+        by_id: &HashMap<Uuid, usize>,
+        jobs: &[NewJob],
+        wakes: &mut Wakes,
+        handed: &mut Vec<Leased>,
+    ) {
+        let (Some(token), Some(lease_ms), Some(expires), Some(&i)) = (
+            self.lease_token,
+            self.lease_ms,
+            self.lease_expires_at,
+            by_id.get(&self.id),
+        ) else {
+            wakes.add(&self.queue, self.delay_ms);
+            return;
+        };
+        let job = &jobs[i];
+        handed.push(Leased {
+            slot: i as i32,
+            lease_ms,
+            id: job.id,
+            queue: self.queue,
+            payload: job.payload.clone(),
+            headers: job.headers.clone(),
+            priority: job.priority,
+            attempt: 1,
+            enqueued_at: self.enqueued_at,
+            last_error: None,
+            token: LeaseToken(token),
+            lease_expires_at: expires,
+        });
+    }
+}
+
+/// Binds $1..$13 of enqueue.sql: one array per column.
 fn bind_jobs<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     jobs: &[&NewJob],
+    claims: &[Option<&HandoffTo>],
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
     let n = jobs.len();
+    let mut handoff = Vec::with_capacity(n);
+    let mut lease_ms: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut consumer: Vec<Option<&str>> = Vec::with_capacity(n);
+    for c in claims {
+        handoff.push(c.is_some());
+        lease_ms.push(c.and_then(|c| c.lease_ms));
+        consumer.push(c.map(|c| &*c.consumer));
+    }
     let mut id = Vec::with_capacity(n);
     let mut queue = Vec::with_capacity(n);
     let mut priority = Vec::with_capacity(n);
@@ -729,4 +845,7 @@ fn bind_jobs<'q>(
         .bind(max_attempts)
         .bind(dedup)
         .bind(ttl)
+        .bind(handoff)
+        .bind(lease_ms)
+        .bind(consumer)
 }

@@ -1,18 +1,39 @@
--- Inserts a batch of new jobs. A job whose (queue, dedup_key) matches a live
--- job is skipped (on conflict do nothing); the caller then looks that job up.
--- run_at is computed with the database clock: `now() + delay`, or the given
--- instant. Returns the rows actually inserted.
+-- Inserts new jobs; one matching a live job's (queue, dedup_key) is skipped
+-- and the caller looks that job up. Times are the database's. Returns the
+-- rows inserted.
+--
+-- A job with `handoff` is inserted already leased to an idle stream of this
+-- broker ($14), as lease.sql would lease it, if its queue is neither paused
+-- nor limited; otherwise it is inserted available (dispatch/offers.rs).
 insert into leaseq.jobs
-    (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at)
+    (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
+     state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
 select
     i.id, i.queue, i.priority,
     coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
     i.payload, i.headers::jsonb, i.max_attempts, i.dedup_key,
-    now() + i.ttl_ms * interval '1 millisecond'
+    now() + i.ttl_ms * interval '1 millisecond',
+    case when h.lease_ms is null then 'available' else 'leased' end,
+    case when h.lease_ms is null then 0 else 1 end,
+    case when h.lease_ms is not null then gen_random_uuid() end,
+    now() + h.lease_ms * interval '1 millisecond',
+    case when h.lease_ms is not null then $14::uuid end,
+    case when h.lease_ms is not null then i.consumer end
 from unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::int8[],
-            $6::bytea[], $7::text[], $8::int4[], $9::text[], $10::int8[])
-    as i(id, queue, priority, run_at, delay_ms, payload, headers, max_attempts, dedup_key, ttl_ms)
+            $6::bytea[], $7::text[], $8::int4[], $9::text[], $10::int8[],
+            $11::bool[], $12::int8[], $13::text[])
+    as i(id, queue, priority, run_at, delay_ms, payload, headers, max_attempts, dedup_key,
+         ttl_ms, handoff, lease_ms, consumer)
+left join lateral (
+    select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
+    from leaseq.queues q
+    where i.handoff and q.name = i.queue and not q.paused
+      and q.concurrency_limit is null and q.rate_limit is null
+) h on true
 on conflict (queue, dedup_key) where dedup_key is not null do nothing
 returning id, queue,
     -- Milliseconds until deliverable (0 = now): feeds the wake-up notification.
-    greatest(0, ceil(extract(epoch from (run_at - now())) * 1000))::int8 as delay_ms
+    greatest(0, ceil(extract(epoch from (run_at - now())) * 1000))::int8 as delay_ms,
+    lease_token, lease_expires_at, enqueued_at,
+    -- The lease given (lease_expires_at was now() plus exactly this).
+    (extract(epoch from (lease_expires_at - now())) * 1000)::int8 as lease_ms

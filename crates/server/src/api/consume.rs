@@ -1,0 +1,343 @@
+//! `QueueService.Consume`: a stream of deliveries whose client settles them
+//! on the same call (in the manner of Pub/Sub's StreamingPull).
+//!
+//! The first request opens the subscription as Subscribe does. A task reads
+//! the later ones: each entry of `acks`, `nacks` and `extends` is validated on
+//! its own (a malformed one is answered with a SettleResult naming its field
+//! and changes nothing) and handed to the same group-commit batchers as the
+//! unary calls, so a stream's acks share statements with everyone else's;
+//! `max_in_flight` changes the stream's credit. The response interleaves the
+//! dispatcher's deliveries and heartbeats with the settle results.
+//!
+//! When the client half-closes, the stream takes no new jobs, every settle
+//! it sent is finished (and reported), then its unsettled jobs are released
+//! and the response ends with OK. A request the stream cannot go on after (a
+//! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT;
+//! its unsettled jobs are released as when any stream closes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tonic::{Status, Streaming};
+
+use crate::broker::Broker;
+use crate::config::RequestLimits;
+use crate::dispatch::{DeliveryStream, Event, StreamId};
+use crate::domain::{AckReq, ExtendReq, MAX_IN_FLIGHT, NackReq, Subscription};
+use crate::error::{Error, Result};
+use crate::pb;
+use crate::pb::SettleOp;
+use crate::stream_limit::Limited;
+
+/// Settle results waiting to be sent, per stream. Bounded: a client that
+/// stops reading responses stops having its requests read.
+const RESULTS_BACKLOG: usize = 256;
+
+/// The first request, parsed: the subscription and its options.
+pub(super) struct Opening {
+    pub sub: Subscription,
+    pub confirm: bool,
+    /// Settles and credit the first message carried besides `subscribe`.
+    pub rest: pb::ConsumeRequest,
+}
+
+impl Opening {
+    pub fn parse(mut first: pb::ConsumeRequest) -> Result<Opening> {
+        let sub = first.subscribe.take().ok_or_else(|| {
+            Error::invalid(
+                "subscribe",
+                "the first message must open the subscription (queues, consumer, credit, lease)",
+            )
+        })?;
+        let sub = Subscription::parse(sub).map_err(|e| e.in_field("subscribe"))?;
+        Ok(Opening {
+            sub,
+            confirm: first.confirm_settles,
+            rest: first,
+        })
+    }
+}
+
+/// Starts the stream: the reader task, and the response it feeds.
+pub(super) fn start(
+    broker: Arc<Broker>,
+    limits: RequestLimits,
+    id: StreamId,
+    deliveries: DeliveryStream,
+    opening: Opening,
+    requests: Streaming<pb::ConsumeRequest>,
+) -> ConsumeStream {
+    let (tx, rx) = mpsc::channel(RESULTS_BACKLOG);
+    let reader = Reader {
+        broker,
+        limits,
+        id,
+        confirm: opening.confirm,
+        results: tx,
+        settles: JoinSet::new(),
+    };
+    tokio::spawn(reader.run(opening.rest, requests));
+    ConsumeStream {
+        deliveries: Some(deliveries),
+        results: rx,
+    }
+}
+
+struct Reader {
+    broker: Arc<Broker>,
+    limits: RequestLimits,
+    id: StreamId,
+    confirm: bool,
+    /// To the response stream: settle results, or the error that ends it.
+    results: mpsc::Sender<Result<pb::SettleResults, Status>>,
+    /// Settles under way (their results go to `results` when done).
+    settles: JoinSet<()>,
+}
+
+impl Reader {
+    async fn run(mut self, first: pb::ConsumeRequest, mut requests: Streaming<pb::ConsumeRequest>) {
+        let mut next = Some(first);
+        loop {
+            if let Some(msg) = next.take()
+                && let Err(e) = self.apply(msg)
+            {
+                // The stream cannot go on: end it with this status.
+                let _ = self.results.send(Err(e.into())).await;
+                return;
+            }
+            tokio::select! {
+                msg = requests.message() => match msg {
+                    Ok(Some(msg)) => next = Some(msg),
+                    // Half-close: finish what was sent, then end the stream.
+                    Ok(None) => break,
+                    // The client is gone (reset, connection lost): the
+                    // response is dropped too, which releases the jobs.
+                    Err(_) => return,
+                },
+                // Reap finished settles as they go.
+                Some(_) = self.settles.join_next(), if !self.settles.is_empty() => {}
+            }
+        }
+        let dispatcher = self.broker.dispatcher();
+        dispatcher.set_credit(self.id, 0);
+        while self.settles.join_next().await.is_some() {}
+        dispatcher.close(self.id);
+    }
+
+    /// Validates and starts what one request asks for. An error here ends the
+    /// stream; per-entry problems are reported as settle results instead.
+    fn apply(&mut self, msg: pb::ConsumeRequest) -> Result<()> {
+        if msg.subscribe.is_some() {
+            return Err(Error::invalid(
+                "subscribe",
+                "only the first message may carry it; open another stream for another subscription",
+            ));
+        }
+        if msg.max_in_flight != 0 {
+            if msg.max_in_flight > MAX_IN_FLIGHT {
+                return Err(Error::invalid(
+                    "max_in_flight",
+                    format!("must be 1 to {MAX_IN_FLIGHT} (0 leaves the credit as it is)"),
+                ));
+            }
+            self.broker
+                .dispatcher()
+                .set_credit(self.id, msg.max_in_flight);
+        }
+        self.acks(msg.acks);
+        self.nacks(msg.nacks);
+        self.extends(msg.extends);
+        Ok(())
+    }
+
+    /// Checks a list's length: past the batch limit, every entry is refused.
+    fn too_many<T>(&self, field: &str, op: SettleOp, items: &[T], id: impl Fn(&T) -> &str) -> bool {
+        let max = self.limits.max_batch_jobs;
+        if items.len() <= max {
+            return false;
+        }
+        let e = Error::too_large(
+            field,
+            format!("{} entries in one message, the limit is {max}", items.len()),
+        );
+        let results = items
+            .iter()
+            .map(|i| failure(id(i), op, e.clone()))
+            .collect();
+        let _ = self.results.try_send(Ok(pb::SettleResults { results }));
+        true
+    }
+
+    fn acks(&mut self, acks: Vec<pb::AckRequest>) {
+        if acks.is_empty() || self.too_many("acks", SettleOp::Ack, &acks, |a| &a.job_id) {
+            return;
+        }
+        let mut results = Vec::new();
+        let mut valid: Vec<(String, AckReq)> = Vec::new();
+        for (i, a) in acks.into_iter().enumerate() {
+            match AckReq::parse(&a) {
+                Ok(r) => valid.push((a.job_id, r)),
+                Err(e) => results.push(failure(
+                    &a.job_id,
+                    SettleOp::Ack,
+                    e.in_field(&format!("acks[{i}]")),
+                )),
+            }
+        }
+        let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+        self.settles.spawn(async move {
+            if !valid.is_empty() {
+                let (ids, reqs): (Vec<String>, Vec<AckReq>) = valid.into_iter().unzip();
+                match broker.ack_many(reqs).await {
+                    Ok(outcomes) => {
+                        for (id, r) in ids.iter().zip(outcomes) {
+                            match r {
+                                Ok(()) if confirm => results.push(success(id, SettleOp::Ack)),
+                                Ok(()) => {}
+                                Err(e) => results.push(failure(id, SettleOp::Ack, e)),
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        results.extend(ids.iter().map(|id| failure(id, SettleOp::Ack, e.clone())))
+                    }
+                }
+            }
+            send(&tx, results).await;
+        });
+    }
+
+    fn nacks(&mut self, nacks: Vec<pb::NackRequest>) {
+        if nacks.is_empty() || self.too_many("nacks", SettleOp::Nack, &nacks, |n| &n.job_id) {
+            return;
+        }
+        for (i, n) in nacks.into_iter().enumerate() {
+            let id = n.job_id.clone();
+            let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+            self.settles.spawn(async move {
+                let result = match NackReq::parse(n) {
+                    Err(e) => Some(failure(
+                        &id,
+                        SettleOp::Nack,
+                        e.in_field(&format!("nacks[{i}]")),
+                    )),
+                    Ok(req) => match broker.nack(req).await {
+                        Ok(dead) if confirm => Some(pb::SettleResult {
+                            dead_lettered: dead,
+                            ..success(&id, SettleOp::Nack)
+                        }),
+                        Ok(_) => None,
+                        Err(e) => Some(failure(&id, SettleOp::Nack, e)),
+                    },
+                };
+                send(&tx, result.into_iter().collect()).await;
+            });
+        }
+    }
+
+    fn extends(&mut self, extends: Vec<pb::ExtendLeaseRequest>) {
+        if extends.is_empty() || self.too_many("extends", SettleOp::Extend, &extends, |x| &x.job_id)
+        {
+            return;
+        }
+        for (i, x) in extends.into_iter().enumerate() {
+            let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+            self.settles.spawn(async move {
+                let result = match ExtendReq::parse(&x) {
+                    Err(e) => Some(failure(
+                        &x.job_id,
+                        SettleOp::Extend,
+                        e.in_field(&format!("extends[{i}]")),
+                    )),
+                    Ok(req) => match broker.extend(req).await {
+                        Ok(at) if confirm => Some(pb::SettleResult {
+                            lease_expires_at: Some(std::time::SystemTime::from(at).into()),
+                            ..success(&x.job_id, SettleOp::Extend)
+                        }),
+                        Ok(_) => None,
+                        Err(e) => Some(failure(&x.job_id, SettleOp::Extend, e)),
+                    },
+                };
+                send(&tx, result.into_iter().collect()).await;
+            });
+        }
+    }
+}
+
+fn success(job_id: &str, op: SettleOp) -> pb::SettleResult {
+    pb::SettleResult {
+        job_id: job_id.to_owned(),
+        op: op as i32,
+        ..Default::default()
+    }
+}
+
+/// The result the unary call would have given, as a settle result.
+fn failure(job_id: &str, op: SettleOp, e: Error) -> pb::SettleResult {
+    let status = Status::from(e);
+    pb::SettleResult {
+        job_id: job_id.to_owned(),
+        op: op as i32,
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        ..Default::default()
+    }
+}
+
+async fn send(
+    tx: &mpsc::Sender<Result<pb::SettleResults, Status>>,
+    results: Vec<pb::SettleResult>,
+) {
+    if !results.is_empty() {
+        let _ = tx.send(Ok(pb::SettleResults { results })).await;
+    }
+}
+
+/// The response of one Consume call: deliveries and heartbeats from the
+/// dispatcher, settle results from the reader.
+pub struct ConsumeStream {
+    /// None once the dispatcher ended the stream (closed or drained).
+    deliveries: Option<DeliveryStream>,
+    results: mpsc::Receiver<Result<pb::SettleResults, Status>>,
+}
+
+impl Stream for ConsumeStream {
+    type Item = Result<pb::ConsumeResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        use pb::consume_response::Kind;
+        let this = &mut *self;
+        if let Some(d) = this.deliveries.as_mut() {
+            match Pin::new(d).poll_next(cx) {
+                Poll::Ready(Some(Ok(event))) => {
+                    let kind = match event {
+                        Event::Delivery(d) => Kind::Delivery(d),
+                        Event::Heartbeat(h) => Kind::Heartbeat(h),
+                    };
+                    return Poll::Ready(Some(Ok(pb::ConsumeResponse { kind: Some(kind) })));
+                }
+                Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status))),
+                // Closed after a half-close: send what results are left.
+                Poll::Ready(None) => this.deliveries = None,
+                Poll::Pending => {}
+            }
+        }
+        match this.results.poll_recv(cx) {
+            Poll::Ready(Some(Ok(results))) => Poll::Ready(Some(Ok(pb::ConsumeResponse {
+                kind: Some(Kind::Settled(results)),
+            }))),
+            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
+            // The reader is done; end once the deliveries have ended too.
+            Poll::Ready(None) if this.deliveries.is_none() => Poll::Ready(None),
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// What the Consume handler returns: the stream, holding its place under the
+/// broker's stream cap while it lives.
+pub type ConsumeResponse = Limited<ConsumeStream>;

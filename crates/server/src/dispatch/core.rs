@@ -1,0 +1,1022 @@
+//! The dispatcher's decisions, without I/O: which streams have credit, which
+//! queues may have jobs, what the next lease round asks for, where leased
+//! jobs go, which leases to release or check, and what idle streams offer
+//! for hand-off. The task in `mod.rs` feeds it events and carries out what
+//! it returns (SQL statements, sends on streams); tests drive it directly,
+//! with tokio's paused clock.
+//!
+//! Credit of a stream = `max_in_flight - inflight - reserved - offered`:
+//! `inflight` are jobs delivered and not settled, `reserved` what running
+//! lease rounds asked for on its behalf, `offered` what it offers for
+//! hand-off (including claims the enqueue path has taken but not yet
+//! reported).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::StreamId;
+use super::offers::{Claim, Offers};
+use crate::domain::{JobId, LeaseToken, QueueName, Subscription};
+use crate::store::{LeaseOutcome, Leased, Wake, Want};
+
+/// Most jobs one lease statement asks for.
+pub(crate) const MAX_ROUND_JOBS: i32 = 2000;
+/// Lease statements running at once.
+pub(crate) const MAX_ROUNDS_IN_FLIGHT: usize = 2;
+
+/// A lease held by one of our streams.
+#[derive(Debug)]
+struct Inflight {
+    token: LeaseToken,
+    deadline: Instant,
+    /// A lease check with the database is under way for this job.
+    checking: bool,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    queues: Vec<QueueName>,
+    consumer: Arc<str>,
+    lease_ms: Option<i64>,
+    max_in_flight: i32,
+    inflight: HashMap<JobId, Inflight>,
+    /// Rotating start among this stream's queues (fairness across queues).
+    next_queue: usize,
+    /// Credit asked for by lease statements still running.
+    reserved: i32,
+    /// Credit in the hand-off book, claimed or not (see [`Offers`]).
+    offered: i32,
+}
+
+impl StreamState {
+    fn credit(&self) -> i32 {
+        self.max_in_flight - self.inflight.len() as i32 - self.reserved - self.offered
+    }
+}
+
+#[derive(Default, Debug)]
+struct QueueState {
+    /// Streams of this process subscribed to the queue.
+    streams: Vec<StreamId>,
+    /// The queue may have deliverable jobs in the database.
+    ready: bool,
+    /// When its next delayed job is due, if known.
+    due: Option<Instant>,
+    /// Ask the database when its next delayed job is due.
+    check_due: bool,
+    /// Bumped by every wake-up and every full round: a round that comes back
+    /// short marks the queue drained only if nothing happened since it was
+    /// planned (otherwise a wake-up could be lost between two rounds).
+    seq: u64,
+    /// The queue has a concurrency or rate limit: leased through
+    /// `Store::lease_limited`, never handed off. Learnt from lease rounds.
+    limited: bool,
+    /// Its rate limit cut the last round: look again then.
+    limit_due: Option<Instant>,
+}
+
+/// One lease statement under way: what it asked for, for whom.
+#[derive(Debug)]
+pub(crate) struct Round {
+    pub wants: Vec<Want>,
+    /// Slot number (`Want::slot`, `Leased::slot`) → stream.
+    pub slots: Vec<StreamId>,
+    /// Wanted queues known to have limits (leased through the other path).
+    pub limited: Vec<QueueName>,
+    /// Each queue's `seq` when the round was planned.
+    seqs: HashMap<QueueName, u64>,
+}
+
+/// What the enqueue path did with its hand-off claims: `leased` are the
+/// jobs it inserted leased (their `slot` indexes `claims`); every other
+/// claim was not used and its credit returns.
+#[derive(Debug, Default)]
+pub(crate) struct Handoff {
+    pub claims: Vec<Claim>,
+    pub leased: Vec<Leased>,
+}
+
+/// Leased jobs to push into their streams, and leases nobody can take any
+/// more (their stream closed meanwhile) to release at once.
+#[derive(Debug, Default)]
+pub(crate) struct Delivered {
+    pub jobs: Vec<(StreamId, Leased)>,
+    pub orphans: Vec<(JobId, LeaseToken)>,
+}
+
+/// Leases to look at in the database: `expired` passed their local deadline
+/// (reap them if they are really over), `verify` may have been settled
+/// without us hearing of it.
+#[derive(Debug, Default)]
+pub(crate) struct Checks {
+    pub expired: Vec<(JobId, LeaseToken)>,
+    pub verify: Vec<(JobId, LeaseToken)>,
+}
+
+pub(crate) struct Core {
+    streams: HashMap<StreamId, StreamState>,
+    queues: HashMap<QueueName, QueueState>,
+    /// Which stream holds each job leased by this process.
+    owner: HashMap<JobId, StreamId>,
+    /// Local lease deadlines, earliest first (stale entries are skipped).
+    deadlines: BinaryHeap<Reverse<(Instant, JobId)>>,
+    poll_interval: Duration,
+    next_poll: Instant,
+    /// After a failed lease statement, do not try again before this.
+    retry_at: Option<Instant>,
+    draining: bool,
+    rounds_in_flight: usize,
+    /// Rotating start among streams (fairness across streams).
+    next_stream: usize,
+    offers: Offers,
+    /// Streams whose hand-off offer may be out of date.
+    dirty: HashSet<StreamId>,
+}
+
+impl Core {
+    pub fn new(poll_interval: Duration, offers: Offers, now: Instant) -> Core {
+        Core {
+            streams: HashMap::new(),
+            queues: HashMap::new(),
+            owner: HashMap::new(),
+            deadlines: BinaryHeap::new(),
+            poll_interval,
+            next_poll: now + poll_interval,
+            retry_at: None,
+            draining: false,
+            rounds_in_flight: 0,
+            next_stream: 0,
+            offers,
+            dirty: HashSet::new(),
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    pub fn rounds_in_flight(&self) -> usize {
+        self.rounds_in_flight
+    }
+
+    /// A stream opens; every queue it serves is looked at.
+    pub fn open(&mut self, id: StreamId, sub: Subscription) {
+        let consumer: Arc<str> = sub.consumer.into();
+        self.offers
+            .open(id, &sub.queues, sub.lease_ms, consumer.clone());
+        for q in &sub.queues {
+            let qs = self.queues.entry(q.clone()).or_default();
+            qs.streams.push(id);
+            self.touch(q);
+            self.queues.get_mut(q).expect("just inserted").check_due = true;
+        }
+        self.streams.insert(
+            id,
+            StreamState {
+                queues: sub.queues,
+                consumer,
+                lease_ms: sub.lease_ms,
+                max_in_flight: sub.max_in_flight as i32,
+                inflight: HashMap::new(),
+                next_queue: 0,
+                reserved: 0,
+                offered: 0,
+            },
+        );
+        self.dirty.insert(id);
+    }
+
+    /// A stream is gone. Returns its unsettled leases, to be released.
+    pub fn close(&mut self, id: StreamId) -> Vec<(JobId, LeaseToken)> {
+        let Some(stream) = self.streams.remove(&id) else {
+            return Vec::new();
+        };
+        self.offers.close(id, &stream.queues);
+        self.dirty.remove(&id);
+        for q in &stream.queues {
+            if let Some(qs) = self.queues.get_mut(q) {
+                qs.streams.retain(|s| *s != id);
+                if qs.streams.is_empty() {
+                    self.queues.remove(q);
+                    self.offers.set_limited(q, false);
+                }
+            }
+        }
+        let leases: Vec<(JobId, LeaseToken)> = stream
+            .inflight
+            .iter()
+            .map(|(job, f)| (*job, f.token))
+            .collect();
+        for (job, _) in &leases {
+            if self.owner.get(job) == Some(&id) {
+                self.owner.remove(job);
+            }
+        }
+        leases
+    }
+
+    /// The stream's queues, consumer and credit, for metrics and logs.
+    pub fn stream_info(&self, id: StreamId) -> Option<(&[QueueName], u32)> {
+        self.streams
+            .get(&id)
+            .map(|s| (s.queues.as_slice(), s.max_in_flight as u32))
+    }
+
+    /// The stream's credit changes to `max_in_flight` (Consume). Lowering it
+    /// takes nothing back: fewer new jobs are sent until enough settle.
+    pub fn set_credit(&mut self, id: StreamId, max_in_flight: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.max_in_flight = max_in_flight as i32;
+            self.dirty.insert(id);
+        }
+    }
+
+    /// The queue may have jobs now: look at it in the next round, and take
+    /// back its streams' hand-off offers (waiting jobs go first).
+    fn touch(&mut self, queue: &QueueName) {
+        if let Some(qs) = self.queues.get_mut(queue) {
+            qs.ready = true;
+            qs.seq += 1;
+            self.dirty.extend(qs.streams.iter().copied());
+        }
+    }
+
+    pub fn wake(&mut self, wakes: Vec<Wake>, now: Instant) {
+        for w in wakes {
+            if w.delay_ms <= 0 {
+                self.touch(&w.queue);
+            } else if let Some(q) = self.queues.get_mut(&w.queue) {
+                let at = now + Duration::from_millis(w.delay_ms as u64);
+                q.due = Some(q.due.map_or(at, |d| d.min(at)));
+            }
+        }
+    }
+
+    /// Look at every queue and every lease (after LISTEN reconnected).
+    /// Returns the leases to verify.
+    pub fn wake_all(&mut self) -> Vec<(JobId, LeaseToken)> {
+        let names: Vec<QueueName> = self.queues.keys().cloned().collect();
+        for q in &names {
+            self.touch(q);
+            self.queues.get_mut(q).expect("listed").check_due = true;
+        }
+        self.leases_to_verify()
+    }
+
+    /// Leases that ended (settled here or elsewhere): credit returns.
+    pub fn settled(&mut self, leases: impl IntoIterator<Item = (JobId, LeaseToken)>) {
+        for (id, token) in leases {
+            self.forget(id, token);
+        }
+    }
+
+    /// Removes a lease from its stream's in-flight set (its credit returns),
+    /// if it is still the lease that stream holds: the job may have been
+    /// leased again since, to this or another stream.
+    fn forget(&mut self, id: JobId, token: LeaseToken) {
+        let Some(sid) = self.owner.get(&id).copied() else {
+            return;
+        };
+        if let Some(stream) = self.streams.get_mut(&sid)
+            && stream.inflight.get(&id).is_some_and(|f| f.token == token)
+        {
+            stream.inflight.remove(&id);
+            self.owner.remove(&id);
+            self.dirty.insert(sid);
+        }
+    }
+
+    /// A lease held by one of our streams was extended by `lease_ms` from now.
+    pub fn extended(&mut self, id: JobId, lease_ms: i64, now: Instant) {
+        if let Some(stream) = self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
+            && let Some(f) = stream.inflight.get_mut(&id)
+        {
+            f.deadline = now + Duration::from_millis(lease_ms as u64);
+            self.deadlines.push(Reverse((f.deadline, id)));
+        }
+    }
+
+    /// The database answered a lease check: `alive` leases have that many
+    /// milliseconds left; the other `checked` ones are over.
+    pub fn lease_checked(
+        &mut self,
+        checked: Vec<(JobId, LeaseToken)>,
+        alive: Vec<(JobId, i64)>,
+        now: Instant,
+    ) {
+        let alive: HashMap<JobId, i64> = alive.into_iter().collect();
+        for (id, token) in checked {
+            match alive.get(&id) {
+                Some(ms) => {
+                    if let Some(stream) = self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
+                        && let Some(f) = stream.inflight.get_mut(&id)
+                        && f.token == token
+                    {
+                        f.checking = false;
+                        f.deadline = now + Duration::from_millis(*ms as u64);
+                        self.deadlines.push(Reverse((f.deadline, id)));
+                    }
+                }
+                // The lease is over (expired and reaped, or settled): the
+                // stream gets its credit back.
+                None => self.forget(id, token),
+            }
+        }
+    }
+
+    /// Every lease our streams hold that is not being checked already.
+    fn leases_to_verify(&mut self) -> Vec<(JobId, LeaseToken)> {
+        let mut all = Vec::new();
+        for stream in self.streams.values_mut() {
+            for (id, f) in stream.inflight.iter_mut() {
+                if !f.checking {
+                    f.checking = true;
+                    all.push((*id, f.token));
+                }
+            }
+        }
+        all
+    }
+
+    /// When the task must wake up at the latest.
+    pub fn next_timer(&self) -> Instant {
+        let mut t = self.next_poll;
+        if let Some(r) = self.retry_at {
+            t = t.min(r);
+        }
+        for q in self.queues.values() {
+            for d in [q.due, q.limit_due].into_iter().flatten() {
+                t = t.min(d);
+            }
+        }
+        if let Some(Reverse((d, _))) = self.deadlines.peek() {
+            t = t.min(*d);
+        }
+        t
+    }
+
+    /// Fires what is due by `now`: the fallback poll, delayed jobs coming
+    /// due, rate limits refilling, local lease deadlines.
+    pub fn fire_timers(&mut self, now: Instant) -> Checks {
+        let mut checks = Checks::default();
+        if self.retry_at.is_some_and(|r| r <= now) {
+            self.retry_at = None;
+        }
+        if self.next_poll <= now {
+            self.next_poll = now + self.poll_interval;
+            let names: Vec<QueueName> = self.queues.keys().cloned().collect();
+            for q in &names {
+                self.touch(q);
+                self.queues.get_mut(q).expect("listed").check_due = true;
+            }
+            checks.verify = self.leases_to_verify();
+        }
+        let mut due = Vec::new();
+        for (name, q) in self.queues.iter_mut() {
+            if q.due.is_some_and(|d| d <= now) {
+                q.due = None;
+                q.check_due = true;
+                due.push(name.clone());
+            }
+            if q.limit_due.is_some_and(|d| d <= now) {
+                q.limit_due = None;
+                due.push(name.clone());
+            }
+        }
+        for q in &due {
+            self.touch(q);
+        }
+        // Local lease deadlines: ask the database whether those leases are
+        // really over (another replica may have extended them) and reap them.
+        while let Some(Reverse((at, _))) = self.deadlines.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((at, id))) = self.deadlines.pop() else {
+                break;
+            };
+            if let Some(stream) = self.owner.get(&id).and_then(|s| self.streams.get_mut(s))
+                && let Some(f) = stream.inflight.get_mut(&id)
+                && f.deadline == at
+                && !f.checking
+            {
+                f.checking = true;
+                checks.expired.push((id, f.token));
+            }
+        }
+        checks
+    }
+
+    /// Queues whose next delayed job's time should be asked for.
+    pub fn due_checks(&mut self) -> Vec<QueueName> {
+        self.queues
+            .iter_mut()
+            .filter(|(_, q)| q.check_due)
+            .map(|(name, q)| {
+                q.check_due = false;
+                name.clone()
+            })
+            .collect()
+    }
+
+    /// The database says when each queue's next delayed job is due.
+    pub fn due_known(&mut self, rows: Vec<(QueueName, Option<i64>)>, now: Instant) {
+        for (name, due) in rows {
+            if let (Some(q), Some(ms)) = (self.queues.get_mut(&name), due) {
+                let at = now + Duration::from_millis(ms.max(0) as u64);
+                q.due = Some(q.due.map_or(at, |d| d.min(at)));
+            }
+        }
+    }
+
+    /// Brings every changed stream's hand-off offer up to date: an idle
+    /// stream (all its queues drained and unlimited) offers all its free
+    /// credit; any other offers nothing, so lease rounds can use its credit.
+    pub fn reconcile_offers(&mut self) {
+        for id in std::mem::take(&mut self.dirty) {
+            let Some(stream) = self.streams.get(&id) else {
+                continue;
+            };
+            let idle = !self.draining
+                && stream.queues.iter().all(|q| {
+                    self.queues
+                        .get(q)
+                        .is_some_and(|qs| !qs.ready && !qs.limited)
+                });
+            // Take the whole offer back, then offer what is free now. Claims
+            // already taken (not reported yet) still hold their credit.
+            let unclaimed = self.offers.set(id, 0);
+            let claimed = stream.offered - unclaimed;
+            let free =
+                stream.max_in_flight - stream.inflight.len() as i32 - stream.reserved - claimed;
+            let target = if idle { free.max(0) } else { 0 };
+            if target > 0 {
+                self.offers.set(id, target);
+            }
+            let stream = self.streams.get_mut(&id).expect("looked up above");
+            stream.offered = claimed + target;
+        }
+    }
+
+    /// Plans the next lease round, if there is credit, a ready queue and
+    /// room for another statement. The credit asked for is reserved.
+    pub fn plan_round(&mut self) -> Option<Round> {
+        if self.draining || self.retry_at.is_some() || self.rounds_in_flight >= MAX_ROUNDS_IN_FLIGHT
+        {
+            return None;
+        }
+        let mut wants = Vec::new();
+        let mut slots = Vec::new();
+        let mut ids: Vec<StreamId> = self.streams.keys().copied().collect();
+        if ids.is_empty() {
+            return None;
+        }
+        ids.sort_unstable();
+        self.next_stream = self.next_stream.wrapping_add(1);
+        let start = self.next_stream % ids.len();
+        ids.rotate_left(start);
+        let mut total = 0;
+        for sid in ids {
+            let Some(stream) = self.streams.get_mut(&sid) else {
+                continue;
+            };
+            let credit = stream.credit();
+            if credit <= 0 {
+                continue;
+            }
+            let ready: Vec<&QueueName> = stream
+                .queues
+                .iter()
+                .filter(|q| self.queues.get(*q).is_some_and(|qs| qs.ready))
+                .collect();
+            if ready.is_empty() {
+                continue;
+            }
+            let k = ready.len() as i32;
+            let first = stream.next_queue % ready.len();
+            stream.next_queue = stream.next_queue.wrapping_add(1);
+            let slot = slots.len() as i32;
+            slots.push(sid);
+            for i in 0..ready.len() {
+                let q = ready[(first + i) % ready.len()];
+                let n = credit / k + i32::from((i as i32) < credit % k);
+                if n > 0 {
+                    wants.push(Want {
+                        queue: q.clone(),
+                        n,
+                        lease_ms: stream.lease_ms,
+                        slot,
+                        consumer: stream.consumer.clone(),
+                    });
+                }
+            }
+            total += credit;
+            if total >= MAX_ROUND_JOBS {
+                break;
+            }
+        }
+        if wants.is_empty() {
+            return None;
+        }
+        let mut seqs = HashMap::new();
+        let mut limited = Vec::new();
+        for w in &wants {
+            if let Some(stream) = self.streams.get_mut(&slots[w.slot as usize]) {
+                stream.reserved += w.n;
+            }
+            if let Some(q) = self.queues.get(&w.queue)
+                && seqs.insert(w.queue.clone(), q.seq).is_none()
+                && q.limited
+            {
+                limited.push(w.queue.clone());
+            }
+        }
+        self.rounds_in_flight += 1;
+        Some(Round {
+            wants,
+            slots,
+            limited,
+            seqs,
+        })
+    }
+
+    /// A lease round finished: its reservations end, queues that came back
+    /// short are drained, and the jobs go to their streams.
+    pub fn finish_round(
+        &mut self,
+        round: Round,
+        result: crate::error::Result<LeaseOutcome>,
+        now: Instant,
+    ) -> Delivered {
+        self.rounds_in_flight -= 1;
+        for w in &round.wants {
+            let sid = round.slots[w.slot as usize];
+            if let Some(stream) = self.streams.get_mut(&sid) {
+                stream.reserved -= w.n;
+                self.dirty.insert(sid);
+            }
+        }
+        let LeaseOutcome {
+            jobs: leased,
+            limited,
+            caps,
+        } = match result {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.retry_at = Some(now + Duration::from_secs(1));
+                return Delivered::default();
+            }
+        };
+        // Queues whose limits changed since we last looked go to the other
+        // path at once (the bumped seq keeps them ready below).
+        for q in limited {
+            self.set_limited(&q, true);
+        }
+        for cap in caps {
+            if cap.unlimited {
+                self.set_limited(&cap.queue, false);
+            }
+            if let (Some(ms), Some(qs)) = (cap.retry_ms, self.queues.get_mut(&cap.queue)) {
+                let at = now + Duration::from_millis(ms as u64);
+                qs.limit_due = Some(qs.limit_due.map_or(at, |d| d.min(at)));
+            }
+        }
+        let mut asked: HashMap<&QueueName, i32> = HashMap::new();
+        for w in &round.wants {
+            *asked.entry(&w.queue).or_default() += w.n;
+        }
+        let mut got: HashMap<&str, i32> = HashMap::new();
+        for job in &leased {
+            *got.entry(job.queue.as_str()).or_default() += 1;
+        }
+        let mut full = Vec::new();
+        for (q, n) in asked {
+            let Some(qs) = self.queues.get_mut(q) else {
+                continue;
+            };
+            if got.get(q.as_str()).copied().unwrap_or(0) >= n {
+                // Full: there may be more.
+                full.push(q.clone());
+            } else if round.seqs.get(q) == Some(&qs.seq) {
+                // Short, and nothing woke the queue since: it is drained.
+                qs.ready = false;
+                self.dirty.extend(qs.streams.iter().copied());
+            }
+        }
+        for q in &full {
+            self.touch(q);
+        }
+        let jobs = leased
+            .into_iter()
+            .map(|j| (round.slots[j.slot as usize], j))
+            .collect();
+        self.assign(jobs, now)
+    }
+
+    fn set_limited(&mut self, queue: &QueueName, limited: bool) {
+        if let Some(qs) = self.queues.get_mut(queue)
+            && qs.limited != limited
+        {
+            qs.limited = limited;
+            self.offers.set_limited(queue, limited);
+            self.touch(queue);
+        }
+    }
+
+    /// The enqueue path reports its hand-off claims: unused credit returns,
+    /// jobs inserted leased go to their streams.
+    pub fn handed(&mut self, handoff: Handoff, now: Instant) -> Delivered {
+        for claim in &handoff.claims {
+            if let Some(stream) = self.streams.get_mut(&claim.stream) {
+                stream.offered -= 1;
+                self.dirty.insert(claim.stream);
+            }
+        }
+        let jobs = handoff
+            .leased
+            .into_iter()
+            .map(|j| (handoff.claims[j.slot as usize].stream, j))
+            .collect();
+        self.assign(jobs, now)
+    }
+
+    /// Records leased jobs as in flight on their streams.
+    fn assign(&mut self, jobs: Vec<(StreamId, Leased)>, now: Instant) -> Delivered {
+        let mut out = Delivered::default();
+        for (sid, job) in jobs {
+            if !self.streams.contains_key(&sid) {
+                // The stream closed meanwhile: the consumer never saw this
+                // job, so it goes back with its attempt.
+                out.orphans.push((job.id, job.token));
+                continue;
+            }
+            let id = job.id;
+            // The job was leased again, so any earlier lease of it by one of
+            // our streams is over (it expired): that stream's credit returns.
+            if let Some(prev) = self.owner.get(&id).copied()
+                && let Some(s) = self.streams.get_mut(&prev)
+            {
+                s.inflight.remove(&id);
+                self.dirty.insert(prev);
+            }
+            let stream = self.streams.get_mut(&sid).expect("checked above");
+            let deadline = now + Duration::from_millis(job.lease_ms as u64);
+            stream.inflight.insert(
+                id,
+                Inflight {
+                    token: job.token,
+                    deadline,
+                    checking: false,
+                },
+            );
+            self.owner.insert(id, sid);
+            self.deadlines.push(Reverse((deadline, id)));
+            out.jobs.push((sid, job));
+        }
+        out
+    }
+
+    /// Stops delivering: every offer is withdrawn and no round starts.
+    /// Rounds in flight still finish (their jobs count as unsettled).
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+        self.offers.clear();
+    }
+
+    /// Every lease our streams hold, to be released when draining.
+    pub fn unsettled(&self) -> Vec<(JobId, LeaseToken)> {
+        let mut leases = Vec::new();
+        for stream in self.streams.values() {
+            leases.extend(stream.inflight.iter().map(|(id, f)| (*id, f.token)));
+        }
+        leases
+    }
+
+    /// After a drain: every stream's id, queues and credit, forgotten.
+    pub fn take_streams(&mut self) -> Vec<(StreamId, Vec<QueueName>, u32)> {
+        self.owner.clear();
+        self.queues.clear();
+        self.dirty.clear();
+        self.streams
+            .drain()
+            .map(|(id, s)| (id, s.queues, s.max_in_flight as u32))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use crate::store::limits::Cap;
+
+    fn q(s: &str) -> QueueName {
+        QueueName::parse(s).unwrap()
+    }
+
+    fn sub(queues: &[&str], credit: u32) -> Subscription {
+        Subscription {
+            queues: queues.iter().map(|s| q(s)).collect(),
+            consumer: "test".into(),
+            max_in_flight: credit,
+            lease_ms: Some(30_000),
+        }
+    }
+
+    fn job(slot: i32, queue: &str) -> Leased {
+        Leased {
+            slot,
+            lease_ms: 30_000,
+            id: JobId(uuid::Uuid::now_v7()),
+            queue: queue.into(),
+            payload: vec![],
+            headers: Default::default(),
+            priority: 0,
+            attempt: 1,
+            enqueued_at: Utc::now(),
+            last_error: None,
+            token: LeaseToken(uuid::Uuid::new_v4()),
+            lease_expires_at: Utc::now(),
+        }
+    }
+
+    fn core() -> (Core, Offers) {
+        let offers = Offers::default();
+        let core = Core::new(Duration::from_secs(10), offers.clone(), Instant::now());
+        (core, offers)
+    }
+
+    fn outcome(jobs: Vec<Leased>) -> crate::error::Result<LeaseOutcome> {
+        Ok(LeaseOutcome {
+            jobs,
+            ..Default::default()
+        })
+    }
+
+    /// Wanted jobs per queue name.
+    fn asks(round: &Round) -> HashMap<String, i32> {
+        let mut m = HashMap::new();
+        for w in &round.wants {
+            *m.entry(w.queue.as_str().to_owned()).or_default() += w.n;
+        }
+        m
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_stream_asks_each_queue_for_a_share_of_its_credit() {
+        let (mut c, _) = core();
+        c.open(1, sub(&["a", "b", "c"], 10));
+        c.reconcile_offers();
+        let round = c.plan_round().expect("a round");
+        let asks = asks(&round);
+        assert_eq!(asks.values().sum::<i32>(), 10);
+        assert!(asks.values().all(|n| (3..=4).contains(n)), "{asks:?}");
+        // The credit is reserved while the round runs: no second round.
+        assert!(c.plan_round().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn short_rounds_drain_queues_and_idle_streams_offer_their_credit() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 4));
+        c.reconcile_offers();
+        assert_eq!(
+            offers.claim(&q("a")),
+            None,
+            "a new stream's queue may have jobs"
+        );
+        let round = c.plan_round().unwrap();
+        let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
+        assert_eq!(d.jobs.len(), 1);
+        c.reconcile_offers();
+        // Drained: the 3 credits left are offered for hand-off.
+        for _ in 0..3 {
+            assert!(offers.claim(&q("a")).is_some());
+        }
+        assert_eq!(offers.claim(&q("a")), None);
+        assert!(
+            c.plan_round().is_none(),
+            "nothing ready, all credit offered"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_takes_the_offer_back_so_waiting_jobs_go_first() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 4));
+        c.reconcile_offers();
+        let round = c.plan_round().unwrap();
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        c.reconcile_offers();
+        let claim = offers.claim(&q("a")).expect("offered");
+        c.wake(
+            vec![Wake {
+                queue: q("a"),
+                delay_ms: 0,
+            }],
+            Instant::now(),
+        );
+        c.reconcile_offers();
+        assert_eq!(offers.claim(&q("a")), None, "withdrawn");
+        // The claim taken before the wake still holds its credit until the
+        // enqueue path reports it: the round asks for 3, not 4.
+        let round = c.plan_round().unwrap();
+        assert_eq!(asks(&round)["a"], 3);
+        // Reported unused: the credit returns.
+        c.handed(
+            Handoff {
+                claims: vec![claim],
+                leased: vec![],
+            },
+            Instant::now(),
+        );
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        c.reconcile_offers();
+        for _ in 0..4 {
+            assert!(offers.claim(&q("a")).is_some());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn handed_jobs_are_in_flight_until_settled() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 1));
+        c.reconcile_offers();
+        let round = c.plan_round().unwrap();
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        c.reconcile_offers();
+        let claim = offers.claim(&q("a")).unwrap();
+        let j = job(0, "a");
+        let (id, token) = (j.id, j.token);
+        let d = c.handed(
+            Handoff {
+                claims: vec![claim],
+                leased: vec![j],
+            },
+            Instant::now(),
+        );
+        assert_eq!(d.jobs.len(), 1);
+        c.reconcile_offers();
+        assert_eq!(offers.claim(&q("a")), None, "the one credit is in flight");
+        c.settled([(id, token)]);
+        c.reconcile_offers();
+        assert!(offers.claim(&q("a")).is_some(), "credit back after the ack");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jobs_for_a_closed_stream_are_orphans_and_its_leases_are_released() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 2));
+        c.reconcile_offers();
+        let round = c.plan_round().unwrap();
+        let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
+        let held = d.jobs[0].1.id;
+        c.reconcile_offers();
+        let claim = offers.claim(&q("a")).unwrap();
+        let released = c.close(1);
+        assert_eq!(released.iter().map(|l| l.0).collect::<Vec<_>>(), vec![held]);
+        let late = job(0, "a");
+        let d = c.handed(
+            Handoff {
+                claims: vec![claim],
+                leased: vec![late],
+            },
+            Instant::now(),
+        );
+        assert!(d.jobs.is_empty());
+        assert_eq!(d.orphans.len(), 1, "released, not lost");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lowering_credit_stops_new_work_until_enough_settles() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 3));
+        c.reconcile_offers();
+        let round = c.plan_round().unwrap();
+        let d = c.finish_round(
+            round,
+            outcome(vec![job(0, "a"), job(0, "a"), job(0, "a")]),
+            Instant::now(),
+        );
+        c.set_credit(1, 1);
+        c.settled([(d.jobs[0].1.id, d.jobs[0].1.token)]);
+        c.reconcile_offers();
+        assert!(
+            c.plan_round().is_none(),
+            "2 in flight, credit 1: nothing asked"
+        );
+        c.settled([(d.jobs[1].1.id, d.jobs[1].1.token)]);
+        c.settled([(d.jobs[2].1.id, d.jobs[2].1.token)]);
+        c.reconcile_offers();
+        let round = c.plan_round().expect("credit again");
+        assert_eq!(asks(&round)["a"], 1, "credit is 1 now");
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        c.reconcile_offers();
+        assert!(offers.claim(&q("a")).is_some());
+        assert_eq!(offers.claim(&q("a")), None, "credit 1");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_deadlines_fire_lease_checks_and_dead_leases_return_credit() {
+        let (mut c, _) = core();
+        c.open(1, sub(&["a"], 1));
+        let round = c.plan_round().unwrap();
+        let mut j = job(0, "a");
+        j.lease_ms = 1000;
+        let (id, token) = (j.id, j.token);
+        c.finish_round(round, outcome(vec![j]), Instant::now());
+        assert!(c.plan_round().is_none(), "no credit");
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(c.fire_timers(Instant::now()).expired.is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let checks = c.fire_timers(Instant::now());
+        assert_eq!(checks.expired, vec![(id, token)]);
+        // Still alive (extended elsewhere): checked again later.
+        c.lease_checked(vec![(id, token)], vec![(id, 500)], Instant::now());
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(c.fire_timers(Instant::now()).expired, vec![(id, token)]);
+        // Over: credit returns.
+        c.lease_checked(vec![(id, token)], vec![], Instant::now());
+        c.wake(
+            vec![Wake {
+                queue: q("a"),
+                delay_ms: 0,
+            }],
+            Instant::now(),
+        );
+        assert!(c.plan_round().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn limited_queues_are_never_offered_and_go_to_the_limited_path() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 5));
+        let round = c.plan_round().unwrap();
+        let r = Ok(LeaseOutcome {
+            jobs: vec![],
+            limited: vec![q("a")],
+            caps: vec![],
+        });
+        c.finish_round(round, r, Instant::now());
+        c.reconcile_offers();
+        assert_eq!(offers.claim(&q("a")), None);
+        let round = c.plan_round().expect("the queue stays ready");
+        assert_eq!(round.limited, vec![q("a")]);
+        let r = Ok(LeaseOutcome {
+            jobs: vec![],
+            limited: vec![],
+            caps: vec![Cap {
+                queue: q("a"),
+                unlimited: true,
+                retry_ms: None,
+            }],
+        });
+        c.finish_round(round, r, Instant::now());
+        let round = c
+            .plan_round()
+            .expect("back to the plain path, looked at again");
+        assert!(round.limited.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_withdraws_offers_and_returns_every_lease() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 3));
+        let round = c.plan_round().unwrap();
+        c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
+        c.reconcile_offers();
+        assert!(offers.claim(&q("a")).is_some());
+        c.begin_drain();
+        assert_eq!(c.unsettled().len(), 1);
+        assert_eq!(offers.claim(&q("a")), None);
+        c.wake(
+            vec![Wake {
+                queue: q("a"),
+                delay_ms: 0,
+            }],
+            Instant::now(),
+        );
+        assert!(c.plan_round().is_none(), "no rounds while draining");
+        assert_eq!(c.take_streams().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rounds_rotate_over_streams_and_stop_at_the_round_cap() {
+        let (mut c, _) = core();
+        for id in 0..3 {
+            c.open(id, sub(&["a"], 1500));
+        }
+        let round = c.plan_round().unwrap();
+        // 1500 + 1500 passes the cap of 2000: two streams per round.
+        assert_eq!(round.slots.len(), 2);
+        let first = round.slots[0];
+        let round2 = c.plan_round().unwrap();
+        assert_ne!(round2.slots[0], first, "the next round starts elsewhere");
+        assert!(c.plan_round().is_none(), "two rounds in flight at most");
+    }
+}

@@ -1,0 +1,189 @@
+//! The hot path's connections: a fixed set of PostgreSQL connections that
+//! the group-commit batchers and lease rounds borrow for one statement (or
+//! one transaction) and give back without a round trip.
+//!
+//! Why not sqlx's `PgPool` here: sqlx 0.9 tests every connection when it
+//! goes back to its pool (`PoolConnection::return_to_pool` sends a `Sync`
+//! and waits for `ReadyForQuery`, whatever `test_before_acquire` says), from
+//! a task spawned on drop. On a path that runs one short statement per
+//! borrow, that doubled the round trips to PostgreSQL, added a task hop and
+//! kept the connection out of the pool until the reply came back
+//! (docs/BENCHMARKS.md, "Where the time goes"). The pool below returns a
+//! connection at once, and instead discards any connection whose borrower
+//! did not finish cleanly: an error, or a future dropped mid-statement, may
+//! leave it in an unknown state, so it is closed and a new one is opened on
+//! the next borrow.
+//!
+//! A connection that sat idle for a second or more is pinged before it is
+//! lent out: after a database restart or an operator terminating backends,
+//! every idle connection is dead, and a client's statement should not be the
+//! one to find out. At load, connections are reused within milliseconds and
+//! never pinged.
+//!
+//! sqlx's pool is still used for everything else (admin, maintenance,
+//! health, migrations), where its extra round trip costs nothing that matters.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+
+/// A connection idle longer than this is checked with a ping before use.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// A fixed-size set of connections. Cheap to clone.
+#[derive(Clone)]
+pub struct Conns {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    opts: PgConnectOptions,
+    /// Connections not borrowed right now, with when they were given back;
+    /// most recently used last.
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// One permit per connection that may exist: borrowed, idle, or not
+    /// opened yet. Bounds the connections this set holds at `size`.
+    permits: Arc<Semaphore>,
+    /// How long a borrower waits for a permit before giving up (the
+    /// database is stuck or the broker is overloaded: UNAVAILABLE).
+    acquire_timeout: Duration,
+}
+
+impl std::fmt::Debug for Conns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conns")
+            .field("available", &self.inner.permits.available_permits())
+            .finish()
+    }
+}
+
+impl Conns {
+    /// Up to `size` connections, opened on first use.
+    pub fn new(opts: PgConnectOptions, size: u32, acquire_timeout: Duration) -> Conns {
+        Conns {
+            inner: Arc::new(Inner {
+                opts,
+                idle: Mutex::new(Vec::new()),
+                permits: Arc::new(Semaphore::new(size.max(1) as usize)),
+                acquire_timeout,
+            }),
+        }
+    }
+
+    /// Opens up to `n` connections now (fewer if the set is smaller or
+    /// busy), so the first statements do not pay for connecting. Errors are
+    /// ignored: borrowers connect on demand.
+    pub async fn warm(&self, n: usize) {
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            let Ok(permit) = self.inner.permits.clone().try_acquire_owned() else {
+                break;
+            };
+            match self.inner.opts.connect().await {
+                Ok(c) => conns.push((c, permit)),
+                Err(_) => break,
+            }
+        }
+        let mut idle = self.inner.idle.lock().expect("poisoned");
+        for (c, _permit) in conns {
+            idle.push((c, Instant::now()));
+        }
+    }
+
+    /// Borrows a connection: an idle one, or a new one while fewer than
+    /// `size` exist. Call [`Conn::done`] after the statement succeeded;
+    /// a connection dropped without it is closed.
+    pub async fn acquire(&self) -> Result<Conn> {
+        let permit = tokio::time::timeout(
+            self.inner.acquire_timeout,
+            self.inner.permits.clone().acquire_owned(),
+        )
+        .await
+        .map_err(|_| Error::from(sqlx::Error::PoolTimedOut))?
+        .map_err(|_| Error::from(sqlx::Error::PoolClosed))?;
+        let conn = loop {
+            let idle = self.inner.idle.lock().expect("poisoned").pop();
+            match idle {
+                // Used a moment ago: it works (the hot path, no round trip).
+                Some((c, since)) if since.elapsed() < IDLE_CHECK => break c,
+                // Idle a while: the server may have closed it meanwhile
+                // (restarted, terminated the backend). One round trip to
+                // know, instead of failing a client's statement.
+                Some((mut c, _)) => {
+                    if c.ping().await.is_ok() {
+                        break c;
+                    }
+                }
+                None => break self.inner.opts.connect().await?,
+            }
+        };
+        Ok(Conn {
+            conn: Some(conn),
+            inner: self.inner.clone(),
+            clean: false,
+            _permit: permit,
+        })
+    }
+
+    /// Closes the idle connections (borrowed ones close when dropped).
+    pub async fn close(&self) {
+        self.inner.permits.close();
+        let idle = std::mem::take(&mut *self.inner.idle.lock().expect("poisoned"));
+        for (c, _) in idle {
+            let _ = c.close().await;
+        }
+    }
+}
+
+/// A borrowed connection. Goes back to its set on drop if [`Conn::done`]
+/// was called, and is closed otherwise.
+pub struct Conn {
+    conn: Option<PgConnection>,
+    inner: Arc<Inner>,
+    clean: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    /// The statement (or transaction) finished cleanly: the connection can
+    /// be reused as it is.
+    pub fn done(mut self) {
+        self.clean = true;
+    }
+}
+
+impl Deref for Conn {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.conn.as_ref().expect("connection present until drop")
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("connection present until drop")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if self.clean && !self.inner.permits.is_closed() {
+            let mut idle = self.inner.idle.lock().expect("poisoned");
+            idle.push((conn, Instant::now()));
+        }
+        // Otherwise the connection is dropped, which closes its socket; the
+        // permit returns with `_permit`, so a new one can be opened.
+    }
+}
