@@ -44,12 +44,16 @@ def test_worker_settles_on_the_consume_stream(addr):
             done = asyncio.Event()
             w = Worker(addr, max_in_flight=8, lease=5)
 
+            handled = 0
+
             @w.handler(q)
             async def handle(job: Job) -> None:
+                nonlocal handled
+                handled += 1
+                if handled == n + 1:
+                    done.set()
                 if job.payload == b"fail":
                     raise RuntimeError("no")
-                if w.stats.delivered == n + 1:
-                    done.set()
 
             task = asyncio.ensure_future(w.run_async(handle_signals=False))
             await done.wait()
