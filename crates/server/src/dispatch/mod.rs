@@ -348,7 +348,14 @@ impl Task {
     }
 
     /// Pushes leased jobs into their streams; releases what nobody can take.
+    /// Once a drain has begun nothing more is pushed: jobs a round or a
+    /// hand-off leased meanwhile stay in flight and are released by the
+    /// drain, attempt given back, without reaching a consumer.
     fn deliver(&mut self, delivered: Delivered) {
+        if self.core.is_draining() {
+            self.release(delivered.orphans, "stream closed before delivery", true);
+            return;
+        }
         (self.store.metrics).on_leased(delivered.jobs.iter().map(|(_, j)| j));
         let mut gone: Vec<StreamId> = Vec::new();
         for (sid, job) in delivered.jobs {
