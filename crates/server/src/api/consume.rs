@@ -36,6 +36,9 @@ use crate::stream_limit::Limited;
 /// Settle results waiting to be sent, per stream. Bounded: a client that
 /// stops reading responses stops having its requests read.
 const RESULTS_BACKLOG: usize = 256;
+/// Settle tasks one stream may have under way; past it the stream's next
+/// request is read only when one finishes.
+const MAX_PENDING_SETTLES: usize = 1024;
 
 /// The first request, parsed: the subscription and its options.
 pub(super) struct Opening {
@@ -108,6 +111,9 @@ impl Reader {
                 // The stream cannot go on: end it with this status.
                 let _ = self.results.send(Err(e.into())).await;
                 return;
+            }
+            while self.settles.len() >= MAX_PENDING_SETTLES {
+                self.settles.join_next().await;
             }
             tokio::select! {
                 msg = requests.message() => match msg {
