@@ -131,7 +131,9 @@ impl Reader {
         let dispatcher = self.broker.dispatcher();
         dispatcher.set_credit(self.id, 0);
         while self.settles.join_next().await.is_some() {}
-        dispatcher.close(self.id);
+        // The response ends when this task drops its sender, so the client
+        // sees OK only after the release has committed.
+        dispatcher.finish(self.id).await;
     }
 
     /// Validates and starts what one request asks for. An error here ends the
