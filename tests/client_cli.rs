@@ -887,5 +887,24 @@ async fn tail_acks_what_it_prints_on_a_real_broker() {
     let mut s = subscribe(&mut c, &["tq"], 1, None).await;
     let d = next_delivery(&mut s, S5).await;
     assert_eq!(payload_of(&d), "t2");
+    drop(s);
+
+    // --no-ack: as many as --count (more than the default credit of 16),
+    // none acked, all released when it exits.
+    for i in 0..20 {
+        enqueue(&mut c, "tq", &format!("n{i}")).await;
+    }
+    let got = leaseq(
+        &[
+            "tail", "-q", "tq", "--no-ack", "--count", "21", "-o", "json",
+        ],
+        &e,
+        None,
+    )
+    .await
+    .json_lines();
+    assert_eq!(got.len(), 21);
+    assert_eq!(db.live_jobs().await, 21);
+    assert_eq!(db.leased_in("tq").await, 0, "released on exit");
     broker.stop().await;
 }

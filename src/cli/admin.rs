@@ -221,17 +221,13 @@ pub struct QueueUpdateArgs {
     pub create: bool,
 }
 
-/// Runs an operator command.
-pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
-    dispatch(cmd).await
-}
-
 async fn connect(c: &ClientArgs) -> Result<Admin, CliError> {
     Ok(AdminServiceClient::new(c.connect.connect().await?)
         .max_decoding_message_size(256 * 1024 * 1024))
 }
 
-async fn dispatch(cmd: AdminCommand) -> Result<(), CliError> {
+/// Runs an operator command.
+pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
     match cmd {
         AdminCommand::Stats(a) => stats(a).await,
         AdminCommand::Queues(a) => {

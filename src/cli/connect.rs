@@ -24,7 +24,7 @@ pub use leaseq_client::ClientChannel;
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
 
 /// Address, TLS and token: flattened into every client command.
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
     /// Broker address: http://HOST:PORT, or https://HOST:PORT for TLS (then
     /// --tls-ca is needed too).
@@ -54,18 +54,10 @@ pub struct ClientSecurity {
     pub token: Option<String>,
 }
 
+/// The token redacted.
 impl fmt::Debug for ClientSecurity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.options().fmt(f)
-    }
-}
-
-impl fmt::Debug for ConnectArgs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectArgs")
-            .field("addr", &self.addr)
-            .field("security", &self.security)
-            .finish()
     }
 }
 

@@ -125,12 +125,6 @@ impl From<ConnectError> for CliError {
     }
 }
 
-impl From<std::io::Error> for CliError {
-    fn from(e: std::io::Error) -> CliError {
-        CliError::error(e.to_string())
-    }
-}
-
 /// Prints the error (if any) on stderr and returns the exit code.
 pub fn report(result: Result<(), CliError>) -> i32 {
     match result {

@@ -142,8 +142,7 @@ pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
     if let Some(key) = args.dedup_key {
         job = job.dedup_key(key);
     }
-    let mut client = QueueServiceClient::new(args.connect.connect().await?)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let mut client = QueueServiceClient::new(args.connect.connect().await?);
     let resp = client
         .enqueue(pb::EnqueueRequest::from(job))
         .await?
@@ -162,6 +161,8 @@ pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
 
 /// Most jobs `tail` holds unacked at once.
 const TAIL_CREDIT: u64 = 16;
+/// The broker's largest credit: `tail --no-ack --count N` holds up to N.
+const MAX_CREDIT: u64 = 10_000;
 
 /// Prints jobs as they are delivered on a Consume stream, acking each on
 /// the same stream. At `--count` jobs, or on SIGINT / SIGTERM, it
@@ -170,7 +171,8 @@ const TAIL_CREDIT: u64 = 16;
 pub async fn tail(args: TailArgs) -> Result<(), CliError> {
     let mut client = QueueServiceClient::new(args.connect.connect().await?)
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let mut credit = args.count.unwrap_or(TAIL_CREDIT).clamp(1, TAIL_CREDIT);
+    let most = if args.no_ack { MAX_CREDIT } else { TAIL_CREDIT };
+    let mut credit = args.count.unwrap_or(TAIL_CREDIT).clamp(1, most);
     let (tx, rx) = mpsc::channel(64);
     let first = pb::ConsumeRequest {
         subscribe: Some(pb::SubscribeRequest {
@@ -181,7 +183,9 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
         }),
         ..Default::default()
     };
-    tx.send(first).await.expect("receiver held below");
+    tx.send(first)
+        .await
+        .expect("the receiver is alive: it is sent below");
     let mut stream = match client
         .consume(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
@@ -220,8 +224,9 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
                     });
                 }
                 let remaining = args.count.map(|n| n.saturating_sub(seen));
-                if let Some(r) = remaining.filter(|&r| r > 0 && r < credit) {
-                    // No more credit than jobs still wanted.
+                if let Some(r) = remaining.filter(|&r| r > 0 && r < credit && !args.no_ack) {
+                    // No more credit than jobs still wanted. (Unacked jobs
+                    // keep theirs: with --no-ack the credit is --count.)
                     credit = r;
                     req.max_in_flight = r as u32;
                 }
