@@ -905,6 +905,71 @@ async fn tail_acks_what_it_prints_on_a_real_broker() {
     .json_lines();
     assert_eq!(got.len(), 21);
     assert_eq!(db.live_jobs().await, 21);
-    assert_eq!(db.leased_in("tq").await, 0, "released on exit");
+    // Released as the stream closes (the broker may end the stream a moment
+    // before the release commits).
+    eventually(S5, "released on exit", || async {
+        db.leased_in("tq").await == 0
+    })
+    .await;
     broker.stop().await;
+}
+
+/// `leaseq work` with a token goes on working across a broker restart (the
+/// token rides on every reconnection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_with_a_token_survives_a_broker_restart() {
+    let db = TestDb::new().await;
+    let tokens = scratch().join("tokens.json");
+    let h = leaseq_server::auth::hash_token;
+    std::fs::write(
+        &tokens,
+        serde_json::json!({"tokens": [{"name": "ops", "sha256": h(OPS),
+            "grants": [{"queues": "*", "actions": ["enqueue", "consume"]}]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let serve = ["--auth-file", tokens.to_str().unwrap()];
+    let mut broker = BinaryBroker::start(&db, &serve).await;
+    let e = env(&[
+        ("LEASEQ_ADDR", &format!("http://{}", broker.addr)),
+        ("LEASEQ_TOKEN", OPS),
+    ]);
+    let mut work = command(
+        &["work", "-q", "rq", "--", "sh", "-c", "cat >/dev/null"],
+        &e,
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("spawn leaseq work");
+    let done = async |db: &TestDb| {
+        eventually(S20, "the job is acked", || async {
+            db.live_jobs().await == 0
+        })
+        .await;
+    };
+    let out = leaseq(&["enqueue", "-q", "rq", "-p", "1"], &e, None).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    done(&db).await;
+
+    broker.signal(libc::SIGTERM);
+    assert!(broker.wait(S20).await.success());
+    let addr = broker.addr;
+    broker = BinaryBroker::start_at(&db, addr, &serve).await;
+    let out = leaseq(&["enqueue", "-q", "rq", "-p", "2"], &e, None).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    done(&db).await;
+    assert_eq!(work.try_wait().unwrap(), None, "leaseq work still running");
+
+    let pid = work.id().unwrap() as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(S20, work.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    broker.signal(libc::SIGTERM);
+    broker.wait(S20).await;
 }
