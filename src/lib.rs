@@ -7,12 +7,14 @@
 //! - [`cli`]: the client subcommands (`enqueue`, `tail`, `work`, the admin
 //!   commands, `hash-token`).
 //! - [`bench`]: `leaseq bench`, the load generator and raw-SQL baseline.
+//! - [`duration`]: durations on the command line (`90s`, `1h30m`, `2d`).
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
 //! - [`telemetry`], logging: `RUST_LOG` filters, human or JSON lines.
 
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod duration;
 pub mod embedded;
 pub mod telemetry;
 

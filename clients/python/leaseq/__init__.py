@@ -1,22 +1,80 @@
 """Python client for leaseq, a durable gRPC job queue on PostgreSQL.
 
-- :class:`Client`: Enqueue, EnqueueBatch, Ack, Nack, ExtendLease (grpc.aio).
-- :class:`Worker`: Subscribe with reconnect, bounded concurrency, automatic
-  lease extension, Ack/Nack from the handler's outcome, graceful stop.
+- :class:`Client` (blocking) and :class:`AsyncClient` (asyncio): enqueue,
+  enqueue_batch, ack, ack_batch, nack, extend_lease, subscribe, consume.
+- :class:`Worker`: handlers per queue, concurrency = credits, per-job
+  timeout, lease extension, outcomes (:class:`Retry`, :class:`DeadLetter`),
+  settles on the Consume stream, reconnects, graceful stop on SIGTERM.
+- :class:`AdminClient` and :class:`AsyncAdminClient`: the AdminService.
+- :class:`TLS` and ``token=``: TLS, mutual TLS and bearer tokens on every client.
 - ``leaseq.v1``: the stubs generated from proto/ (``generate.sh``).
 """
 
-from leaseq.client import Client, EnqueueResult, Job, NewJob, deliveries, duration
-from leaseq.worker import FATAL_CODES, Backoff, Worker
+from leaseq._connection import TLS, Connection
+from leaseq._types import (
+    AckResult,
+    DeadLetter,
+    EnqueueResult,
+    Job,
+    NewJob,
+    Retry,
+    RpcError,
+    Seconds,
+    SettleResult,
+    duration,
+)
+from leaseq.admin import (
+    AdminClient,
+    AsyncAdminClient,
+    JobInfo,
+    JobState,
+    Page,
+    PurgeQueueResult,
+    QueueInfo,
+    QueueSettings,
+    QueuesSnapshot,
+    QueueStats,
+    RequeueResult,
+)
+from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription
+from leaseq.client import Client, Consumer, Subscription
+from leaseq.worker import FATAL_CODES, Backoff, Handler, Worker, WorkerStats
+
+__version__ = "0.2.0"
 
 __all__ = [
+    "AckResult",
+    "AdminClient",
+    "AsyncAdminClient",
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncSubscription",
     "Backoff",
     "Client",
+    "Connection",
+    "Consumer",
+    "DeadLetter",
     "EnqueueResult",
     "FATAL_CODES",
+    "Handler",
     "Job",
+    "JobInfo",
+    "JobState",
     "NewJob",
+    "Page",
+    "PurgeQueueResult",
+    "QueueInfo",
+    "QueueSettings",
+    "QueueStats",
+    "QueuesSnapshot",
+    "RequeueResult",
+    "Retry",
+    "RpcError",
+    "Seconds",
+    "SettleResult",
+    "Subscription",
+    "TLS",
     "Worker",
-    "deliveries",
+    "WorkerStats",
     "duration",
 ]

@@ -1,172 +1,148 @@
-"""The unary calls of leaseq.v1.QueueService, and the types a handler sees."""
+"""The synchronous client: :class:`Client`, with the same methods as
+:class:`leaseq.AsyncClient` for code without an event loop (Django, Flask,
+scripts)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterable, Mapping, Optional, Sequence, Union
+import threading
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+)
 
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
 
+from leaseq import _tracing
+from leaseq._connection import TLS, Connection
+from leaseq._types import (
+    AckItem,
+    AckResult,
+    EnqueueResult,
+    Job,
+    NewJob,
+    RpcError,
+    Seconds,
+    _datetime,
+    _from_grpc,
+    ack_batch_request,
+    ack_results,
+    extend_request,
+    nack_request,
+    subscribe_request,
+)
+from leaseq.aio import AsyncClient, AsyncConsumer, Queues
 from leaseq.v1 import queue_pb2 as pb
 from leaseq.v1 import queue_pb2_grpc as pb_grpc
 
-#: A length of time: seconds as a number, or a ``datetime.timedelta``.
-Seconds = Union[int, float, dt.timedelta]
-
-
-def duration(value: Seconds) -> duration_pb2.Duration:
-    """A protobuf Duration from seconds or a timedelta."""
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    whole = int(value)
-    return duration_pb2.Duration(seconds=whole, nanos=round((value - whole) * 1e9))
-
-
-def _timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
-    if value.tzinfo is None:
-        # A naive datetime is ambiguous; refusing it beats guessing local time.
-        raise ValueError("run_at: must be a timezone-aware datetime")
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value.astimezone(dt.timezone.utc))
-    return ts
-
-
-def _datetime(ts: timestamp_pb2.Timestamp) -> dt.datetime:
-    return ts.ToDatetime(tzinfo=dt.timezone.utc)
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    job_id: str
-    #: True when ``dedup_key`` matched a live job; ``job_id`` is that job's.
-    duplicate: bool
-
-
-@dataclass(frozen=True)
-class Job:
-    """One delivery: the job and the lease under which this worker holds it."""
-
-    id: str
-    queue: str
-    payload: bytes
-    headers: Mapping[str, str]
-    priority: int
-    #: 1 on first delivery.
-    attempt: int
-    enqueued_at: dt.datetime
-    #: The error text of the previous failed attempt, "" if none.
-    last_error: str
-    lease_token: str
-    #: By the broker's (database's) clock.
-    lease_expires_at: dt.datetime
-
-    @classmethod
-    def from_delivery(cls, d: pb.Delivery) -> "Job":
-        return cls(
-            id=d.job.id,
-            queue=d.job.queue,
-            payload=d.job.payload,
-            headers=dict(d.job.headers),
-            priority=d.job.priority,
-            attempt=d.job.attempt,
-            enqueued_at=_datetime(d.job.enqueued_at),
-            last_error=d.job.last_error,
-            lease_token=d.lease_token,
-            lease_expires_at=_datetime(d.lease_expires_at),
-        )
-
-
-@dataclass
-class NewJob:
-    """A job to enqueue; the fields mirror ``EnqueueRequest`` in queue.proto."""
-
-    queue: str
-    payload: Union[bytes, str] = b""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    priority: int = 0
-    delay: Optional[Seconds] = None
-    run_at: Optional[dt.datetime] = None
-    dedup_key: str = ""
-    max_attempts: int = 0
-    ttl: Optional[Seconds] = None
-
-    def to_request(self) -> pb.EnqueueRequest:
-        payload = self.payload.encode() if isinstance(self.payload, str) else self.payload
-        req = pb.EnqueueRequest(
-            queue=self.queue,
-            payload=payload,
-            headers=dict(self.headers),
-            priority=self.priority,
-            dedup_key=self.dedup_key,
-            max_attempts=self.max_attempts,
-        )
-        # Optional messages are set only when given: an absent `delay` and a
-        # zero one are different requests to the broker.
-        if self.delay is not None:
-            req.delay.CopyFrom(duration(self.delay))
-        if self.run_at is not None:
-            req.run_at.CopyFrom(_timestamp(self.run_at))
-        if self.ttl is not None:
-            req.ttl.CopyFrom(duration(self.ttl))
-        return req
-
-
-# gRPC's own reconnect backoff grows to 120 s, and while a channel waits in it
-# every call fails at once: a worker would sit idle for minutes after a broker
-# restart. Capped at the Worker's default backoff_max instead.
-_CHANNEL_DEFAULTS = (("grpc.max_reconnect_backoff_ms", 10_000),)
+T = TypeVar("T")
 
 
 class Client:
-    """A connection to a leaseq broker.
+    """A blocking connection to a leaseq broker; thread-safe.
 
-    Every call raises ``grpc.aio.AioRpcError`` on failure; its ``code()`` is
-    the documented status (``INVALID_ARGUMENT`` naming the field,
-    ``FAILED_PRECONDITION`` for a stale lease token, ``UNAVAILABLE`` when the
-    broker cannot serve: retry). Use it as ``async with Client(addr) as c``
-    or call ``close()``.
+    ``target`` is ``host:port`` (plaintext), ``http://host:port`` or
+    ``https://host:port`` (TLS with the system's roots). ``tls`` is a
+    :class:`leaseq.TLS` (CA, client certificate and key) or True;
+    ``token`` is sent as ``authorization: Bearer <token>`` on every call;
+    ``timeout`` (seconds) is the deadline of each unary call (None: none).
+
+    Every call raises :class:`leaseq.RpcError` on failure. Use it as
+    ``with Client(addr) as c`` or call ``close()``.
     """
 
     def __init__(
         self,
         target: str,
         *,
-        channel: Optional[grpc.aio.Channel] = None,
-        options: Sequence[tuple] = (),
+        token: Optional[str] = None,
+        tls: Union[TLS, bool, None] = None,
+        options: Sequence[Tuple[str, Any]] = (),
+        timeout: Optional[float] = None,
     ) -> None:
-        # Plaintext by default, like the broker; pass a secure channel for TLS.
-        opts = {**dict(_CHANNEL_DEFAULTS), **dict(options)}
-        self._channel = channel or grpc.aio.insecure_channel(target, options=list(opts.items()))
-        self._stub = pb_grpc.QueueServiceStub(self._channel)
+        self._conn = Connection(target, token=token, tls=tls, options=options)
+        self._timeout = timeout
+        self._channel = self._conn.sync_channel()
+        self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self._loop: Optional[_LoopThread] = None
+        self._aio: Optional[AsyncClient] = None
+        self._lock = threading.Lock()
 
-    async def __aenter__(self) -> "Client":
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    def __enter__(self) -> "Client":
         return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    async def close(self) -> None:
-        await self._channel.close()
+    def close(self) -> None:
+        self._channel.close()
+        with self._lock:
+            loop, aio = self._loop, self._aio
+            self._loop = self._aio = None
+        if loop is not None:
+            if aio is not None:
+                loop.run(aio.close())
+            loop.stop()
 
-    async def enqueue(self, queue: str, payload: Union[bytes, str] = b"", **fields) -> EnqueueResult:
-        """Adds one job; returns once it is committed. ``fields`` are those of
-        :class:`NewJob` (headers, priority, delay, run_at, dedup_key,
-        max_attempts, ttl)."""
-        resp = await self._stub.Enqueue(NewJob(queue, payload, **fields).to_request())
+    def _unary(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, metadata=self._conn.metadata, timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise _from_grpc(e) from None
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: Union[bytes, str] = b"",
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
+        delay: Optional[Seconds] = None,
+        run_at: Optional[dt.datetime] = None,
+        dedup_key: str = "",
+        max_attempts: int = 0,
+        ttl: Optional[Seconds] = None,
+    ) -> EnqueueResult:
+        """Adds one job; returns once it is committed. With OpenTelemetry
+        installed and a span active, the job's headers carry its
+        ``traceparent``/``tracestate``."""
+        job = NewJob(queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl)
+        resp = self._unary(self._stub.Enqueue, job.to_request(_tracing.inject()))
         return EnqueueResult(resp.job_id, resp.duplicate)
 
-    async def enqueue_batch(self, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
+    def enqueue_batch(self, jobs: Iterable[NewJob]) -> List[EnqueueResult]:
         """Adds all the jobs atomically (all or none); results in the same order."""
-        req = pb.EnqueueBatchRequest(jobs=[j.to_request() for j in jobs])
-        resp = await self._stub.EnqueueBatch(req)
+        trace = _tracing.inject()
+        req = pb.EnqueueBatchRequest(jobs=[j.to_request(trace) for j in jobs])
+        resp = self._unary(self._stub.EnqueueBatch, req)
         return [EnqueueResult(r.job_id, r.duplicate) for r in resp.results]
 
-    async def ack(self, job_id: str, lease_token: str) -> None:
-        await self._stub.Ack(pb.AckRequest(job_id=job_id, lease_token=lease_token))
+    def ack(self, job_id: str, lease_token: str) -> None:
+        """The job is done. FAILED_PRECONDITION: the lease token is not current."""
+        self._unary(self._stub.Ack, pb.AckRequest(job_id=job_id, lease_token=lease_token))
 
-    async def nack(
+    def ack_batch(self, acks: Iterable[AckItem]) -> List[AckResult]:
+        """Acks many jobs (``Job``s or ``(job_id, lease_token)`` pairs) in one
+        call; each succeeds or fails on its own (see :class:`AckResult`)."""
+        return ack_results(self._unary(self._stub.AckBatch, ack_batch_request(list(acks))))
+
+    def nack(
         self,
         job_id: str,
         lease_token: str,
@@ -177,38 +153,170 @@ class Client:
     ) -> bool:
         """Fails the job; returns True when it went to the dead letters.
         ``retry_after`` None = the queue's backoff, 0 = at once."""
-        req = pb.NackRequest(job_id=job_id, lease_token=lease_token, error=error, dead_letter=dead_letter)
-        if retry_after is not None:
-            req.retry_after.CopyFrom(duration(retry_after))
-        resp = await self._stub.Nack(req)
-        return resp.dead_lettered
+        req = nack_request(job_id, lease_token, error, retry_after, dead_letter)
+        return bool(self._unary(self._stub.Nack, req).dead_lettered)
 
-    async def extend_lease(self, job_id: str, lease_token: str, lease: Seconds) -> dt.datetime:
+    def extend_lease(self, job_id: str, lease_token: str, lease: Seconds) -> dt.datetime:
         """Keeps the job for ``lease`` more from now; returns the new expiry."""
-        req = pb.ExtendLeaseRequest(job_id=job_id, lease_token=lease_token, lease=duration(lease))
-        resp = await self._stub.ExtendLease(req)
+        resp = self._unary(self._stub.ExtendLease, extend_request(job_id, lease_token, lease))
         return _datetime(resp.lease_expires_at)
 
     def subscribe(
         self,
-        queues: Sequence[str],
+        queues: Queues,
         *,
         consumer: str = "",
         max_in_flight: int = 0,
         lease: Optional[Seconds] = None,
-    ) -> "grpc.aio.UnaryStreamCall":
-        """The raw Subscribe stream (``SubscribeResponse`` messages). Most
-        programs want :class:`leaseq.Worker`, which adds reconnects, lease
-        extension and settling; cancel the returned call to close the stream,
-        which releases its unsettled jobs."""
-        req = pb.SubscribeRequest(queues=list(queues), consumer=consumer, max_in_flight=max_in_flight)
-        if lease is not None:
-            req.lease.CopyFrom(duration(lease))
-        return self._stub.Subscribe(req)
+    ) -> "Subscription":
+        """A Subscribe stream: ``for job in sub`` yields deliveries; settle
+        them with :meth:`ack`/:meth:`nack`. Closing it (``close()``, or
+        leaving ``with``) releases its unsettled jobs. Most programs want
+        :class:`leaseq.Worker`."""
+        req = subscribe_request(queues, consumer, max_in_flight, lease)
+        return Subscription(self._stub.Subscribe(req, metadata=self._conn.metadata))
+
+    def consume(
+        self,
+        queues: Queues,
+        *,
+        consumer: str = "",
+        max_in_flight: int = 0,
+        lease: Optional[Seconds] = None,
+        idle_timeout: Optional[float] = None,
+    ) -> "Consumer":
+        """A Consume stream: deliveries as :meth:`subscribe`, and settles sent
+        on the same stream (``stream.ack(job)``). It runs on a background
+        event loop of this client."""
+        loop, aio = self._background()
+
+        async def open_stream() -> AsyncConsumer:
+            return aio.consume(
+                queues, consumer=consumer, max_in_flight=max_in_flight, lease=lease, idle_timeout=idle_timeout
+            )
+
+        return Consumer(loop, loop.run(open_stream()))
+
+    def _background(self) -> "Tuple[_LoopThread, AsyncClient]":
+        with self._lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+                conn, timeout = self._conn, self._timeout
+
+                async def make() -> AsyncClient:
+                    return AsyncClient.from_connection(conn, timeout=timeout)
+
+                self._aio = self._loop.run(make())
+            assert self._aio is not None
+            return self._loop, self._aio
 
 
-async def deliveries(call: "grpc.aio.UnaryStreamCall") -> AsyncIterator[Job]:
-    """The deliveries of a raw Subscribe stream, skipping heartbeats."""
-    async for msg in call:
-        if msg.WhichOneof("kind") == "delivery":
-            yield Job.from_delivery(msg.delivery)
+class Subscription:
+    """A Subscribe stream (see :meth:`Client.subscribe`): an iterator of
+    :class:`Job`; ``close()`` ends it."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Job]:
+        try:
+            for msg in self._call:
+                if msg.WhichOneof("kind") == "delivery":
+                    yield Job.from_delivery(msg.delivery)
+        except grpc.RpcError as e:
+            if self._closed and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise _from_grpc(e) from None
+
+    def close(self) -> None:
+        """Ends the stream; the broker releases its unsettled jobs."""
+        self._closed = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Consumer:
+    """A Consume stream (see :meth:`Client.consume`): an iterator of
+    :class:`Job`, with :meth:`ack`, :meth:`nack` and :meth:`extend` sent on
+    the stream, each returning once the broker has answered (raising
+    :class:`leaseq.RpcError` as the unary calls do). :meth:`close`
+    half-closes, which releases the jobs not settled."""
+
+    def __init__(self, loop: "_LoopThread", stream: AsyncConsumer) -> None:
+        self._loop = loop
+        self._stream = stream
+
+    def opened(self) -> None:
+        """Returns once the broker has registered the stream; raises
+        :class:`leaseq.RpcError` (e.g. UNIMPLEMENTED) if it failed first."""
+        self._loop.run(self._stream.opened())
+
+    def __iter__(self) -> Iterator[Job]:
+        while True:
+            job = self._loop.run(self._stream.next_job())
+            if job is None:
+                return
+            yield job
+
+    def ack(self, job: Job) -> None:
+        self._loop.run(self._stream.ack(job))
+
+    def nack(
+        self,
+        job: Job,
+        error: str = "",
+        *,
+        retry_after: Optional[Seconds] = None,
+        dead_letter: bool = False,
+    ) -> bool:
+        return self._loop.run(self._stream.nack(job, error, retry_after=retry_after, dead_letter=dead_letter))
+
+    def extend(self, job: Job, lease: Seconds) -> dt.datetime:
+        return self._loop.run(self._stream.extend(job, lease))
+
+    @property
+    def error(self) -> Optional[RpcError]:
+        return self._stream.error
+
+    def close(self, timeout: Optional[float] = 10.0) -> None:
+        """Half-closes and waits (up to ``timeout``) for the broker to end the stream."""
+        self._loop.run(self._stream.close(timeout))
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._loop.call(self._stream.cancel)
+
+
+class _LoopThread:
+    """An event loop on a daemon thread, for the sync wrappers of async code."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="leaseq-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        async def wrap() -> T:
+            return await coro
+
+        return asyncio.run_coroutine_threadsafe(wrap(), self._loop).result()
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        self._loop.call_soon_threadsafe(fn)
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()

@@ -31,9 +31,10 @@ REPO = Path(__file__).resolve().parents[3]
 SERVICE = "leaseq.v1.QueueService"
 
 
-def health(addr: str, timeout: float = 1.0):
+def health(addr: str, timeout: float = 1.0, creds=None):
     """The broker's health status for the queue service, or None if unreachable."""
-    with grpc.insecure_channel(addr) as ch:
+    ch = grpc.secure_channel(addr, creds) if creds else grpc.insecure_channel(addr)
+    with ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout
@@ -52,8 +53,11 @@ class Broker:
     would then answer for ours. A restart binds the same port again.
     """
 
-    def __init__(self, db_env: dict[str, str]) -> None:
+    def __init__(self, db_env: dict[str, str], extra_args=(), health_creds=None) -> None:
         self.db_env = db_env
+        self.extra_args = list(extra_args)
+        # TLS brokers answer health checks over TLS only.
+        self.health_creds = health_creds
         self.addr: str | None = None
         self.proc: subprocess.Popen | None = None
 
@@ -61,13 +65,13 @@ class Broker:
         binary = os.environ.get("LEASEQ_BIN") or str(REPO / "target/debug/leaseq")
         if not os.access(binary, os.X_OK):
             pytest.fail(f"no broker binary at {binary}: run `cargo build` or set LEASEQ_BIN")
-        env = {**os.environ, **self.db_env, "RUST_LOG": "warn,leaseq_server::server=info"}
+        env = {**os.environ, **self.db_env, "RUST_LOG": "warn,leaseq_server::server=info,leaseq::server=info"}
         if "DATABASE_URL" not in self.db_env:
             env.pop("DATABASE_URL", None)
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", self.addr or "127.0.0.1:0", "--log-format", "json",
              "--heartbeat-interval", "1s", "--reap-interval", "200ms",
-             "--health-interval", "200ms", "--drain-grace", "5s"],
+             "--health-interval", "200ms", "--drain-grace", "5s", *self.extra_args],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True,
         )
@@ -81,7 +85,7 @@ class Broker:
         if self.addr is None:
             pytest.fail(f"broker exited with {self.proc.wait()} before serving")
         deadline = time.monotonic() + timeout
-        while health(self.addr) != health_pb2.HealthCheckResponse.SERVING:
+        while health(self.addr, creds=self.health_creds) != health_pb2.HealthCheckResponse.SERVING:
             if self.proc.poll() is not None:
                 pytest.fail(f"broker exited with {self.proc.returncode} before serving")
             if time.monotonic() > deadline:

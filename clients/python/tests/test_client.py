@@ -1,23 +1,24 @@
-"""Client calls against a real broker: results, and documented status codes."""
+"""Client calls against a real broker: results, and documented status codes,
+for the asyncio client and the blocking one."""
 
+import asyncio
 import datetime as dt
 import uuid
 
-import grpc
 import pytest
 from util import first_delivery, queue_name, run
 
-from leaseq import Client, NewJob
+from leaseq import AsyncClient, Client, NewJob, RpcError
 
 
 def test_enqueue_then_deliver_carries_every_field(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             r = await c.enqueue(q, "hello", headers={"content-type": "text/plain"}, priority=3)
             assert not r.duplicate
             job = await first_delivery(c, q)
-            assert (job.id, job.queue, job.payload) == (r.job_id, q, b"hello")
+            assert (job.id, job.queue, job.payload, job.text) == (r.job_id, q, b"hello", "hello")
             assert job.headers == {"content-type": "text/plain"}
             assert (job.priority, job.attempt, job.last_error) == (3, 1, "")
             assert job.lease_token
@@ -29,7 +30,7 @@ def test_enqueue_then_deliver_carries_every_field(addr):
 def test_dedup_key_returns_the_live_job(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             a = await c.enqueue(q, b"1", dedup_key="k")
             b = await c.enqueue(q, b"2", dedup_key="k")
             assert (b.job_id, b.duplicate) == (a.job_id, True)
@@ -40,7 +41,7 @@ def test_dedup_key_returns_the_live_job(addr):
 def test_enqueue_batch_keeps_order(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             results = await c.enqueue_batch([NewJob(q, f"j{i}") for i in range(5)])
             assert len(results) == 5 and len({r.job_id for r in results}) == 5
             job = await first_delivery(c, q)
@@ -52,35 +53,45 @@ def test_enqueue_batch_keeps_order(addr):
 def test_extend_nack_and_fencing(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             r = await c.enqueue(q, b"y")
-            call = c.subscribe([q], max_in_flight=1, lease=5)
-            try:
-                d = None
-                async for msg in call:
-                    if msg.WhichOneof("kind") == "delivery":
-                        d = msg.delivery
-                        break
-                assert d is not None and d.job.id == r.job_id
-                expires = await c.extend_lease(d.job.id, d.lease_token, 60)
+            async with c.subscribe(q, max_in_flight=1, lease=5) as sub:
+                job = await asyncio.wait_for(sub.next_job(), 10)
+                assert job is not None and job.id == r.job_id
+                expires = await c.extend_lease(job.id, job.lease_token, 60)
                 # Same machine, so the database clock and ours agree closely.
                 assert (expires - dt.datetime.now(dt.timezone.utc)).total_seconds() > 30
                 # A malformed token is bad input, naming the field.
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await c.ack(d.job.id, "not-a-token")
-                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                with pytest.raises(RpcError) as e:
+                    await c.ack(job.id, "not-a-token")
+                assert e.value.code_name == "INVALID_ARGUMENT"
                 assert "lease_token" in e.value.details()
                 # A well-formed token that is not the current one changes nothing.
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await c.ack(d.job.id, str(uuid.uuid4()))
-                assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-                assert await c.nack(d.job.id, d.lease_token, "gave up", dead_letter=True) is True
+                with pytest.raises(RpcError) as e:
+                    await c.ack(job.id, str(uuid.uuid4()))
+                assert e.value.lease_lost and e.value.code_name == "FAILED_PRECONDITION"
+                assert await c.nack(job.id, job.lease_token, "gave up", dead_letter=True) is True
                 # Settled: the token is no longer current.
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await c.ack(d.job.id, d.lease_token)
-                assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            finally:
-                call.cancel()
+                with pytest.raises(RpcError) as e:
+                    await c.ack(job.id, job.lease_token)
+                assert e.value.lease_lost
+
+    run(body())
+
+
+def test_ack_batch_reports_each_entry(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            await c.enqueue_batch([NewJob(q, "a"), NewJob(q, "b")])
+            async with c.subscribe(q, max_in_flight=2, lease=30) as sub:
+                a = await asyncio.wait_for(sub.next_job(), 10)
+                b = await asyncio.wait_for(sub.next_job(), 10)
+                results = await c.ack_batch([a, (b.id, str(uuid.uuid4()))])
+            assert [(r.job_id, r.code, r.ok) for r in results] == [
+                (a.id, "OK", True),
+                (b.id, "FAILED_PRECONDITION", False),
+            ]
 
     run(body())
 
@@ -88,23 +99,64 @@ def test_extend_nack_and_fencing(addr):
 @pytest.mark.parametrize("queue", ["bad name", "", "-leading-dash", "x" * 129])
 def test_bad_queue_name_is_invalid_argument(addr, queue):
     async def body():
-        async with Client(addr) as c:
-            with pytest.raises(grpc.aio.AioRpcError) as e:
+        async with AsyncClient(addr) as c:
+            with pytest.raises(RpcError) as e:
                 await c.enqueue(queue, b"x")
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.code_name == "INVALID_ARGUMENT"
             assert "queue" in e.value.details()
-            with pytest.raises(grpc.aio.AioRpcError) as e:
+            with pytest.raises(RpcError) as e:
                 await c.enqueue_batch([NewJob("fine"), NewJob(queue)])
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.code_name == "INVALID_ARGUMENT"
             assert "jobs[1].queue" in e.value.details()
 
     run(body())
 
 
-def test_naive_run_at_is_refused_locally(addr):
-    async def body():
-        async with Client(addr) as c:
-            with pytest.raises(ValueError, match="run_at"):
-                await c.enqueue(queue_name(), b"x", run_at=dt.datetime(2030, 1, 1))
+def test_rpc_error_is_also_a_grpc_error(addr):
+    import grpc
 
-    run(body())
+    with Client(addr) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.enqueue("bad name")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_naive_run_at_is_refused_locally(addr):
+    with Client(addr) as c:
+        with pytest.raises(ValueError, match="run_at"):
+            c.enqueue(queue_name(), b"x", run_at=dt.datetime(2030, 1, 1))
+
+
+def test_sync_client_has_the_same_calls(addr):
+    q = queue_name()
+    with Client(addr, timeout=10) as c:
+        first = c.enqueue(q, b"one", headers={"k": "v"}, delay=0, max_attempts=3, ttl=3600)
+        c.enqueue_batch([NewJob(q, "two", dedup_key="two")])
+        assert c.enqueue(q, "dup", dedup_key="two").duplicate
+        with c.subscribe([q], max_in_flight=2, lease=10) as sub:
+            it = iter(sub)
+            got = {j.payload: j for j in (next(it), next(it))}  # in either order
+            one, two = got[b"one"], got[b"two"]
+            assert (one.id, one.payload, one.headers) == (first.job_id, b"one", {"k": "v"})
+            assert c.extend_lease(one.id, one.lease_token, 30) > one.lease_expires_at
+            c.ack(one.id, one.lease_token)
+            assert c.nack(two.id, two.lease_token, "later", retry_after=0) is False
+            again = next(it)  # retried at once, on the same stream
+            assert (again.id, again.attempt, again.last_error) == (two.id, 2, "later")
+            assert [r.ok for r in c.ack_batch([again])] == [True]
+        with pytest.raises(RpcError) as e:
+            c.ack(one.id, one.lease_token)
+        assert e.value.lease_lost
+
+
+def test_https_target_and_token_validation():
+    from leaseq import TLS, Connection
+
+    assert Connection("https://example.test:443").tls == TLS()
+    assert Connection("http://127.0.0.1:1").tls is None
+    with pytest.raises(ValueError, match="http://"):
+        Connection("http://127.0.0.1:1", tls=True)
+    with pytest.raises(ValueError, match="token"):
+        Connection("127.0.0.1:1", token="a\nb")
+    with pytest.raises(ValueError, match="cert and key"):
+        Client("127.0.0.1:1", tls=TLS(cert=b"x"))

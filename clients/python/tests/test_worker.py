@@ -1,78 +1,112 @@
 """Worker behaviour against a real broker process."""
 
 import asyncio
+import datetime as dt
 import logging
 import os
 import signal
+import threading
+import time
 
-import grpc
 import pytest
-from util import first_delivery, queue_name, retry_unavailable, run
+from util import LogEvent, first_delivery, job_is_gone, queue_name, retry_unavailable, run
 
-from leaseq import Client, NewJob, Worker
+from leaseq import AsyncAdminClient, AsyncClient, DeadLetter, Job, NewJob, Retry, RpcError, Worker
+
+WORKER_LOG = logging.getLogger("leaseq.worker")
 
 
-async def job_is_gone(c: Client, q: str, dedup_key: str) -> bool:
-    """Whether the job enqueued with ``dedup_key`` was acked or dead-lettered:
-    only then is its key free again (a waiting or leased job keeps it)."""
-    again = await c.enqueue(q, b"probe", dedup_key=dedup_key)
-    return not again.duplicate
+def start(worker: Worker) -> "asyncio.Task[None]":
+    return asyncio.ensure_future(worker.run_async(handle_signals=False))
 
 
 def test_handler_success_acks(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             r = await c.enqueue(q, b"hello", dedup_key="one")
             got: asyncio.Queue = asyncio.Queue()
-            w = Worker(c, [q], got.put, max_in_flight=2, lease=5)
-            task = asyncio.create_task(w.run())
+            w = Worker(addr, max_in_flight=2, lease=5)
+
+            @w.handler(q)
+            async def handle(job: Job) -> None:
+                await got.put(job)
+
+            task = start(w)
             job = await got.get()
             assert (job.id, job.payload, job.attempt) == (r.job_id, b"hello", 1)
             w.stop()
             await task  # a graceful stop settles before returning
             assert await job_is_gone(c, q, "one")
+            assert w.stats.acked == 1 and w.transport in ("consume", "subscribe")
             # And a second consumer gets the probe, not the acked job.
             assert (await first_delivery(c, q)).payload == b"probe"
 
     run(body())
 
 
-def test_sync_handler_runs_in_a_thread(addr):
+def test_handlers_per_queue_and_the_positional_form(addr):
     async def body():
-        q = queue_name()
-        async with Client(addr) as c:
-            await c.enqueue(q, b"sync", dedup_key="s")
-            loop = asyncio.get_running_loop()
-            seen: asyncio.Future = loop.create_future()
-
-            def handler(job):  # blocking code is fine here
-                loop.call_soon_threadsafe(seen.set_result, job.payload)
-
-            w = Worker(c, [q], handler, lease=5)
-            task = asyncio.create_task(w.run())
-            assert await seen == b"sync"
+        qa, qb = queue_name(), queue_name()
+        async with AsyncClient(addr) as c:
+            seen: asyncio.Queue = asyncio.Queue()
+            # Worker(client, queues, handler) registers one handler for each.
+            w = Worker(c, [qa], lambda job: seen.put_nowait(("a", job.payload)), lease=5)
+            w.add_handler(qb, lambda job: seen.put_nowait(("b", job.payload)))
+            assert w.queues == [qa, qb]
+            with pytest.raises(ValueError, match="already registered"):
+                w.add_handler(qa, lambda job: None)
+            task = start(w)
+            await c.enqueue(qa, b"1")
+            await c.enqueue(qb, b"2")
+            got = {await seen.get(), await seen.get()}
+            assert got == {("a", b"1"), ("b", b"2")}
             w.stop()
             await task
-            assert await job_is_gone(c, q, "s")
 
     run(body())
+
+
+def test_sync_run_blocks_until_stop_and_runs_plain_handlers_in_threads(addr):
+    q = queue_name()
+    from leaseq import Client
+
+    with Client(addr) as c:
+        c.enqueue(q, b"sync", dedup_key="s")
+        w = Worker(c, lease=5)
+        threads = []
+        seen = threading.Event()
+
+        @w.handler(q)
+        def handle(job: Job) -> None:  # blocking code is fine here
+            threads.append(threading.current_thread().name)
+            seen.set()
+
+        runner = threading.Thread(target=w.run)  # not the main thread: no signal handlers
+        runner.start()
+        assert seen.wait(10)
+        w.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+        assert threads[0].startswith("leaseq-handler")
+        assert not c.enqueue(q, b"probe", dedup_key="s").duplicate
 
 
 def test_handler_exception_nacks_with_its_text(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             r = await c.enqueue(q, b"flaky")
             attempts: asyncio.Queue = asyncio.Queue()
+            w = Worker(addr, lease=5)
 
-            async def handler(job):
+            @w.handler(q)
+            async def handle(job: Job) -> None:
                 await attempts.put(job)
                 if job.attempt == 1:
                     raise RuntimeError("disk on fire")
 
-            w = Worker(c, [q], handler, lease=5)
-            task = asyncio.create_task(w.run())
+            task = start(w)
             first = await attempts.get()
             # Redelivered after the queue's default backoff (about 1 s).
             second = await attempts.get()
@@ -84,10 +118,128 @@ def test_handler_exception_nacks_with_its_text(addr):
     run(body())
 
 
+def test_retry_outcome_picks_the_delay_and_the_error(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c, AsyncAdminClient(addr) as admin:
+            now = await c.enqueue(q, b"now")
+            later = await c.enqueue(q, b"later")
+            attempts: asyncio.Queue = asyncio.Queue()
+            w = Worker(addr, lease=5)
+
+            @w.handler(q)
+            async def handle(job: Job) -> None:
+                await attempts.put(job)
+                if job.attempt == 1:
+                    raise Retry("busy", after=0 if job.payload == b"now" else 3600)
+
+            task = start(w)
+            got = [await attempts.get() for _ in range(3)]
+            again = [j for j in got if j.attempt == 2]
+            assert [(j.id, j.last_error) for j in again] == [(now.job_id, "busy")]
+            w.stop()
+            await task
+            info = await admin.get_job(later.job_id)
+            assert (info.state, info.last_error, info.attempt) == ("scheduled", "busy", 1)
+            assert info.run_at is not None
+            assert info.run_at - dt.datetime.now(dt.timezone.utc) > dt.timedelta(minutes=50)
+
+    run(body())
+
+
+def test_dead_letter_outcome_moves_the_job_to_the_dead_letters(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c, AsyncAdminClient(addr) as admin:
+            r = await c.enqueue(q, b"poison")
+            done = asyncio.Event()
+            w = Worker(addr, lease=5)
+
+            @w.handler(q)
+            def handle(job: Job) -> None:
+                raise DeadLetter("cannot parse the payload")
+
+            task = start(w)
+            while w.stats.dead_lettered == 0:  # counted once the broker answered
+                await asyncio.sleep(0.05)
+            w.stop()
+            await task
+            dead = await admin.list_dead_letters(q, include_payload=True)
+            assert [(j.id, j.dead_reason, j.last_error, j.payload) for j in dead.items] == [
+                (r.job_id, "nacked", "cannot parse the payload", b"poison")
+            ]
+            assert (w.stats.nacked, w.stats.dead_lettered) == (1, 1)
+            done.set()
+
+    run(body())
+
+
+def test_timeout_cancels_an_async_handler_and_the_job_comes_back(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            r = await c.enqueue(q, b"slow")
+            attempts: asyncio.Queue = asyncio.Queue()
+            cancelled = asyncio.Event()
+            w = Worker(addr, lease=5, timeout=0.5)
+
+            @w.handler(q)
+            async def handle(job: Job) -> None:
+                await attempts.put(job)
+                if job.attempt == 1:
+                    try:
+                        await asyncio.Event().wait()  # never finishes by itself
+                    except asyncio.CancelledError:
+                        cancelled.set()
+                        raise
+
+            task = start(w)
+            first = await attempts.get()
+            second = await attempts.get()
+            w.stop()
+            await task
+            assert cancelled.is_set() and first.cancelled.is_set()
+            assert (second.id, second.attempt) == (r.job_id, 2)
+            assert second.last_error == "timeout: the handler ran longer than 0.5s"
+            assert w.stats.timed_out == 1
+
+    run(body())
+
+
+def test_timeout_of_a_plain_handler_nacks_and_flags_the_job(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            r = await c.enqueue(q, b"slow")
+            seen: asyncio.Queue = asyncio.Queue()
+            gave_up = threading.Event()
+            loop = asyncio.get_running_loop()
+            w = Worker(addr, lease=5, max_in_flight=2)
+
+            @w.handler(q, timeout=0.3)  # the per-handler timeout wins
+            def handle(job: Job) -> None:
+                loop.call_soon_threadsafe(seen.put_nowait, job)
+                if job.attempt == 1:
+                    # A thread cannot be interrupted; the handler polls.
+                    if job.cancelled.wait(10):
+                        gave_up.set()
+
+            task = start(w)
+            first = await seen.get()
+            second = await seen.get()
+            w.stop()
+            await task
+            assert gave_up.is_set() and first.cancelled.is_set()
+            assert (second.id, second.attempt) == (r.job_id, 2)
+            assert "timeout" in second.last_error
+
+    run(body())
+
+
 def test_lease_is_extended_while_a_slow_handler_runs(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             await c.enqueue(q, b"slow", dedup_key="slow")
             deliveries = []
             done = asyncio.Event()
@@ -100,8 +252,8 @@ def test_lease_is_extended_while_a_slow_handler_runs(addr):
 
             # Two workers: had the 1 s lease lapsed, the job would have gone
             # to the idle one (or back to the first) with attempt 2.
-            workers = [Worker(c, [q], handler, max_in_flight=1, lease=1) for _ in range(2)]
-            tasks = [asyncio.create_task(w.run()) for w in workers]
+            workers = [Worker(addr, [q], handler, max_in_flight=1, lease=1) for _ in range(2)]
+            tasks = [start(w) for w in workers]
             await done.wait()
             for w in workers:
                 w.stop()
@@ -116,7 +268,7 @@ def test_concurrency_never_exceeds_max_in_flight(addr):
     async def body():
         q = queue_name()
         total, limit = 15, 3
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             await c.enqueue_batch([NewJob(q, str(i)) for i in range(total)])
             running = peak = finished = 0
             all_done = asyncio.Event()
@@ -131,13 +283,14 @@ def test_concurrency_never_exceeds_max_in_flight(addr):
                 if finished == total:
                     all_done.set()
 
-            w = Worker(c, [q], handler, max_in_flight=limit, lease=5)
-            task = asyncio.create_task(w.run())
+            w = Worker(addr, [q], handler, max_in_flight=limit, lease=5)
+            task = start(w)
             await all_done.wait()
             w.stop()
             await task
             # Reaching the limit shows the bound is what held it back.
             assert peak == limit
+            assert w.stats.acked == total
 
     run(body())
 
@@ -145,7 +298,7 @@ def test_concurrency_never_exceeds_max_in_flight(addr):
 def test_stop_lets_running_handlers_finish_and_settle(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             await c.enqueue(q, b"x", dedup_key="x")
             started, finished = asyncio.Event(), asyncio.Event()
 
@@ -154,8 +307,8 @@ def test_stop_lets_running_handlers_finish_and_settle(addr):
                 await asyncio.sleep(1)
                 finished.set()
 
-            w = Worker(c, [q], handler, lease=5, grace=10)
-            task = asyncio.create_task(w.run())
+            w = Worker(addr, [q], handler, lease=5, grace=10)
+            task = start(w)
             await started.wait()
             w.stop()
             await task
@@ -168,7 +321,7 @@ def test_stop_lets_running_handlers_finish_and_settle(addr):
 def test_stop_grace_cancels_a_handler_and_releases_its_job(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             r = await c.enqueue(q, b"stuck")
             started = asyncio.Event()
             cancelled = False
@@ -182,8 +335,8 @@ def test_stop_grace_cancels_a_handler_and_releases_its_job(addr):
                     cancelled = True
                     raise
 
-            w = Worker(c, [q], handler, lease=30, grace=0.5)
-            task = asyncio.create_task(w.run())
+            w = Worker(addr, [q], handler, lease=30, grace=0.5)
+            task = start(w)
             await started.wait()
             w.stop()
             await task
@@ -198,7 +351,7 @@ def test_stop_grace_cancels_a_handler_and_releases_its_job(addr):
 def test_cancelling_run_cancels_handlers_at_once(addr):
     async def body():
         q = queue_name()
-        async with Client(addr) as c:
+        async with AsyncClient(addr) as c:
             r = await c.enqueue(q, b"x")
             started, cancelled = asyncio.Event(), asyncio.Event()
 
@@ -211,8 +364,8 @@ def test_cancelling_run_cancels_handlers_at_once(addr):
                     raise
 
             # A grace far longer than the test's timeout: cancelling must not wait for it.
-            w = Worker(c, [q], handler, lease=30, grace=3600)
-            task = asyncio.create_task(w.run())
+            w = Worker(addr, [q], handler, lease=30, grace=3600)
+            task = start(w)
             await started.wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -224,69 +377,133 @@ def test_cancelling_run_cancels_handlers_at_once(addr):
     run(body())
 
 
-def test_worker_survives_a_broker_restart(private_broker):
+def test_a_lost_lease_ends_the_settle_quietly(addr):
+    """The job is cancelled by an operator while its handler runs: the
+    worker's ack is refused (FAILED_PRECONDITION), logged at debug only."""
+
     async def body():
         q = queue_name()
-        async with Client(private_broker.addr) as c:
-            got: asyncio.Queue = asyncio.Queue()
-            w = Worker(c, [q], got.put, lease=5, backoff_initial=0.05, backoff_max=0.5)
-            task = asyncio.create_task(w.run())
-            await c.enqueue(q, b"before")
-            assert (await got.get()).payload == b"before"
+        logs = LogEvent("lease lost before the ack")
+        WORKER_LOG.addHandler(logs)
+        level = WORKER_LOG.level
+        WORKER_LOG.setLevel(logging.DEBUG)
+        try:
+            async with AsyncClient(addr) as c, AsyncAdminClient(addr) as admin:
+                r = await c.enqueue(q, b"x")
+                started, go_on = asyncio.Event(), asyncio.Event()
 
-            # SIGTERM drains (streams end with UNAVAILABLE); same port again.
-            assert await asyncio.to_thread(private_broker.stop) == 0
-            await asyncio.to_thread(private_broker.start)
+                async def handler(job):
+                    started.set()
+                    await go_on.wait()
 
-            await retry_unavailable(lambda: c.enqueue(q, b"after", dedup_key="after"))
-            # "before" may come again first: if the restart beat its Ack, the
-            # drain released it (at-least-once).
-            while (await got.get()).payload != b"after":
-                pass
-            assert not task.done()
-            w.stop()
-            await task
-            assert await job_is_gone(c, q, "after")
-
-    run(body(), timeout=90)
-
-
-def test_worker_with_a_bad_queue_name_fails_fast(addr):
-    async def body():
-        async with Client(addr) as c:
-            w = Worker(c, ["no spaces allowed"], lambda job: None)
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await w.run()
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "queues" in e.value.details()
+                w = Worker(addr, [q], handler, lease=30)
+                task = start(w)
+                await started.wait()
+                assert await admin.cancel_job(r.job_id) is True  # it was leased
+                go_on.set()
+                await logs.event.wait()
+                w.stop()
+                await task
+            assert (w.stats.lease_lost, w.stats.acked) == (1, 0)
+            assert [r.levelno for r in logs.records if "lease lost" in r.getMessage()] == [logging.DEBUG]
+            assert logs.at_least(logging.WARNING) == []
+        finally:
+            WORKER_LOG.removeHandler(logs)
+            WORKER_LOG.setLevel(level)
 
     run(body())
 
 
-class _LogEvent(logging.Handler):
-    """Sets an asyncio.Event when the worker logs a message containing ``text``
-    (the worker logs from the event loop's thread)."""
+def test_extend_and_settle_after_the_lease_was_taken_over(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            r = await c.enqueue(q, b"x")
+            async with c.subscribe(q, max_in_flight=1, lease=1) as a:
+                old = await asyncio.wait_for(a.next_job(), 10)
+                # The 1 s lease runs out; the reaper hands the job on, to B
+                # (or first back to A, whose credit the expiry freed: then
+                # A's copy expires too and B gets a later attempt).
+                async with c.subscribe(q, max_in_flight=1, lease=30) as b:
+                    new = await asyncio.wait_for(b.next_job(), 20)
+                    assert new.id == r.job_id and new.attempt >= 2
+                    assert new.lease_token != old.lease_token
+                    for late in (
+                        c.extend_lease(old.id, old.lease_token, 30),
+                        c.ack(old.id, old.lease_token),
+                        c.nack(old.id, old.lease_token, "late"),
+                    ):
+                        with pytest.raises(RpcError) as e:
+                            await late
+                        assert e.value.lease_lost
+                    await c.ack(new.id, new.lease_token)
 
-    def __init__(self, text: str) -> None:
-        super().__init__(logging.WARNING)
-        self.text, self.event = text, asyncio.Event()
+    run(body())
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.event.set()
+
+def test_worker_with_a_bad_queue_name_fails_fast(addr):
+    async def body():
+        w = Worker(addr, ["no spaces allowed"], lambda job: None)
+        with pytest.raises(RpcError) as e:
+            await w.run_async(handle_signals=False)
+        assert e.value.code_name == "INVALID_ARGUMENT"
+        assert "queues" in e.value.details()
+
+    run(body())
+
+
+def test_a_drain_loses_nothing_and_the_worker_reconnects(private_broker):
+    """SIGTERM to the broker while jobs are in flight: the stream ends with
+    UNAVAILABLE, the broker releases what was not settled, the worker
+    reconnects to the restarted broker and every job is done."""
+
+    async def body():
+        q = queue_name()
+        addr = private_broker.addr
+        async with AsyncClient(addr) as c:
+            ids = {r.job_id for r in await c.enqueue_batch([NewJob(q, str(i)) for i in range(30)])}
+            done: set = set()
+            halfway, all_done = asyncio.Event(), asyncio.Event()
+
+            async def handler(job):
+                await asyncio.sleep(0.05)
+                done.add(job.id)
+                if len(done) >= 10:
+                    halfway.set()
+                if done >= ids:
+                    all_done.set()
+
+            w = Worker(addr, [q], handler, max_in_flight=4, lease=5, backoff_initial=0.05, backoff_max=0.5)
+            task = start(w)
+            await halfway.wait()
+            # SIGTERM drains (streams end with UNAVAILABLE); same port again.
+            assert await asyncio.to_thread(private_broker.stop) == 0
+            await asyncio.to_thread(private_broker.start)
+            after = await retry_unavailable(lambda: c.enqueue(q, b"after", dedup_key="after"))
+            ids.add(after.job_id)
+            if not done >= ids:
+                all_done.clear()
+                await all_done.wait()
+            assert not task.done()
+            w.stop()
+            await task
+            assert w.stats.reconnects >= 1
+            assert await job_is_gone(c, q, "after")
+
+    run(body(), timeout=90)
 
 
 def test_a_silent_stream_is_reopened(private_broker):
     async def body():
         q = queue_name()
         pid = private_broker.proc.pid
-        watchdog = _LogEvent("no message on the stream")
-        logging.getLogger("leaseq.worker").addHandler(watchdog)
+        watchdog = LogEvent("no message on the stream")
+        WORKER_LOG.addHandler(watchdog)
         try:
-            async with Client(private_broker.addr) as c:
+            async with AsyncClient(private_broker.addr) as c:
                 got: asyncio.Queue = asyncio.Queue()
                 w = Worker(c, [q], got.put, lease=5, idle_timeout=3, backoff_initial=0.05, backoff_max=0.5)
-                task = asyncio.create_task(w.run())
+                task = start(w)
                 await c.enqueue(q, b"before")
                 assert (await got.get()).payload == b"before"
 
@@ -303,6 +520,6 @@ def test_a_silent_stream_is_reopened(private_broker):
                 w.stop()
                 await task
         finally:
-            logging.getLogger("leaseq.worker").removeHandler(watchdog)
+            WORKER_LOG.removeHandler(watchdog)
 
     run(body(), timeout=60)

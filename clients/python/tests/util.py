@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+
+from leaseq import AsyncClient, RpcError
 
 
 def run(coro, timeout: float = 30.0):
@@ -16,29 +19,48 @@ def queue_name(prefix: str = "py") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-async def first_delivery(client, queue: str, timeout: float = 10.0):
-    """The first job a fresh raw Subscribe stream on ``queue`` receives."""
-    from leaseq import deliveries
+async def first_delivery(client: AsyncClient, queue: str, timeout: float = 10.0, lease: float = 30):
+    """The first job a fresh raw Subscribe stream on ``queue`` receives (the
+    stream is closed after, which releases the job)."""
+    async with client.subscribe(queue, max_in_flight=1, lease=lease) as sub:
+        return await asyncio.wait_for(sub.next_job(), timeout)
 
-    call = client.subscribe([queue], max_in_flight=1)
-    try:
-        return await asyncio.wait_for(deliveries(call).__anext__(), timeout)
-    finally:
-        call.cancel()
+
+async def job_is_gone(c: AsyncClient, q: str, dedup_key: str) -> bool:
+    """Whether the job enqueued with ``dedup_key`` was acked or dead-lettered:
+    only then is its key free again (a waiting or leased job keeps it)."""
+    again = await c.enqueue(q, b"probe", dedup_key=dedup_key)
+    return not again.duplicate
 
 
 async def retry_unavailable(call, limit: float = 15.0):
     """``await call()``, retried on UNAVAILABLE for up to ``limit`` seconds:
     what a producer does while a broker restarts (its channel fails calls at
     once until it has reconnected)."""
-    import grpc
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
     while True:
         try:
             return await call()
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE or loop.time() > deadline:
+        except RpcError as e:
+            if e.code_name != "UNAVAILABLE" or loop.time() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+class LogEvent(logging.Handler):
+    """Sets an asyncio.Event when a logger logs a message containing
+    ``text`` (the worker logs from the event loop's thread); keeps records."""
+
+    def __init__(self, text: str = "", level: int = logging.DEBUG) -> None:
+        super().__init__(level)
+        self.text, self.event = text, asyncio.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if self.text and self.text in record.getMessage():
+            self.event.set()
+
+    def at_least(self, level: int) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= level]

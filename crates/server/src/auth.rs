@@ -183,7 +183,7 @@ impl Identity {
             if !p.allows(action, queue.as_str()) {
                 return Err(Error::PermissionDenied {
                     token: p.name.clone(),
-                    action,
+                    action: action.as_str(),
                     scope: format!("queue {:?}", queue.as_str()),
                 });
             }
@@ -198,7 +198,7 @@ impl Identity {
         match self {
             Identity::Token(p) if !p.allows_somewhere(action) => Err(Error::PermissionDenied {
                 token: p.name.clone(),
-                action,
+                action: action.as_str(),
                 scope: "any queue".into(),
             }),
             _ => Ok(()),
@@ -210,7 +210,7 @@ impl Identity {
         match self {
             Identity::Token(p) if !p.allows_everywhere(action) => Err(Error::PermissionDenied {
                 token: p.name.clone(),
-                action,
+                action: action.as_str(),
                 scope: "every queue (\"*\")".into(),
             }),
             _ => Ok(()),

@@ -250,7 +250,7 @@ async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Re
                     if acked.contains(&(r.job_id, r.token)) {
                         Ok(())
                     } else {
-                        Err(Error::StaleLease(r.job_id))
+                        Err(Error::StaleLease(r.job_id.0))
                     }
                 })
                 .collect())
@@ -277,7 +277,7 @@ async fn nack(settle: Settle, reqs: Vec<NackReq>) -> Result<Vec<Result<bool>>> {
         .map(|r| {
             dead.get(&r.job_id)
                 .copied()
-                .ok_or(Error::StaleLease(r.job_id))
+                .ok_or(Error::StaleLease(r.job_id.0))
         })
         .collect())
 }
@@ -302,7 +302,7 @@ async fn extend(
             until
                 .get(&r.job_id)
                 .copied()
-                .ok_or(Error::StaleLease(r.job_id))
+                .ok_or(Error::StaleLease(r.job_id.0))
         })
         .collect())
 }

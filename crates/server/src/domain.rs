@@ -405,6 +405,30 @@ impl ExtendReq {
     }
 }
 
+/// One enqueue result, in request order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    pub job_id: JobId,
+    pub duplicate: bool,
+}
+
+/// A job just leased for `slot`.
+#[derive(Clone, Debug)]
+pub struct Leased {
+    pub slot: i32,
+    pub lease_ms: i64,
+    pub id: JobId,
+    pub queue: String,
+    pub payload: Vec<u8>,
+    pub headers: HashMap<String, String>,
+    pub priority: i32,
+    pub attempt: i32,
+    pub enqueued_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub token: LeaseToken,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,12 +3,15 @@
 //! Handlers return [`Error`]; the exhaustive `From<Error> for Status` below is
 //! the only place a gRPC code is chosen, so a new variant forces a decision.
 //! Internal details (SQL errors) are logged, never sent to clients.
+//!
+//! This module depends on no other module of the crate, so every layer can
+//! return its errors without an import circle.
 
 use std::sync::Arc;
 
 use tonic::{Code, Status};
 
-use crate::domain::JobId;
+use uuid::Uuid;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -25,7 +28,7 @@ pub enum Error {
     #[error(
         "job {0} is not leased under this lease_token (lease expired, job re-leased or already settled)"
     )]
-    StaleLease(JobId),
+    StaleLease(Uuid),
     /// An unknown queue or job, named (admin lookups).
     #[error("{0}")]
     NotFound(String),
@@ -37,7 +40,8 @@ pub enum Error {
     #[error("token {token:?} has no {action} permission on {scope}")]
     PermissionDenied {
         token: String,
-        action: crate::auth::Action,
+        /// The action's name (`enqueue`, `consume`, `admin`).
+        action: &'static str,
         scope: String,
     },
     /// A broker-wide limit (`limit` names the flag) was reached.

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::domain::QueueName;
-use crate::store::Leased;
+use crate::domain::{Enqueued, Leased};
 use crate::store::admin::QueueRow;
 
 /// A monotonically increasing count.
@@ -197,7 +197,7 @@ impl Metrics {
     }
 
     /// Counts an enqueue statement's results.
-    pub fn on_enqueued(&self, results: &[crate::store::Enqueued]) {
+    pub fn on_enqueued(&self, results: &[Enqueued]) {
         let dups = results.iter().filter(|r| r.duplicate).count();
         self.enqueued.add(results.len() - dups);
         self.enqueue_duplicates.add(dups);

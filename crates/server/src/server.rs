@@ -1,16 +1,19 @@
-//! Assembles and runs a broker: pool, migrations, dispatcher, LISTEN, reaper,
-//! health, reflection and the gRPC server, and shuts it down in order.
+//! Assembles and runs a broker in three steps: [`Server::build`] (security
+//! settings, connections, migrations, the core and its background
+//! services), [`Server::serve`] (health, reflection and the gRPC services)
+//! and [`Server::drain`], then joins the background services.
 //!
 //! [`run`] takes an already-bound listener (tests bind `127.0.0.1:0`) and a
 //! shutdown token (the binary cancels it on SIGTERM / SIGINT).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -45,10 +48,271 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    // Security settings are read before anything starts, so a bad file stops
-    // the broker instead of serving without the protection asked for.
-    let tls = crate::tls::server_config(&cfg.security)?;
-    let auth = match &cfg.security.auth_file {
+    let broker = Server::build(cfg, database_url, &shutdown).await?;
+    broker.serve(listener, shutdown).await
+}
+
+/// A broker built and ready to serve: its connections, core, background
+/// services and gRPC services.
+struct Server {
+    cfg: Config,
+    pool: sqlx::PgPool,
+    conns: store::Conns,
+    listen_pool: sqlx::PgPool,
+    broker: Arc<Broker>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    auth: crate::auth::Authenticator,
+    reporter: HealthReporter,
+    health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+    /// The background services (LISTEN, reaper, retention, vacuum, health,
+    /// metrics); each ends when `stop_background` is cancelled, and
+    /// [`Server::serve`] joins them before it returns.
+    background: JoinSet<()>,
+    stop_background: CancellationToken,
+    /// Cancelled when a drain starts: health stays NOT_SERVING from then on,
+    /// and WatchQueues streams end.
+    draining: CancellationToken,
+}
+
+impl Server {
+    /// Reads the security settings, connects (retrying while PostgreSQL
+    /// starts), migrates, and starts the core and the background services.
+    async fn build(
+        cfg: Config,
+        database_url: &str,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Server> {
+        // Security settings are read before anything starts, so a bad file
+        // stops the broker instead of serving without the protection asked for.
+        let tls = crate::tls::server_config(&cfg.security)?;
+        let auth = authenticator(&cfg)?;
+        if tls.is_none() {
+            warn!(
+                "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
+            );
+        }
+        let (pool, conns) = connect_with_retry(database_url, cfg.pool_size, shutdown).await?;
+        store::migrate(&pool).await.context("applying migrations")?;
+        let store = Store::new(pool.clone(), conns.clone());
+        conns.warm(2).await;
+        info!(broker = %store.broker_id, "migrations applied");
+
+        let dispatcher = Dispatcher::spawn(
+            store.clone(),
+            Notifier::spawn(store.clone()),
+            DispatchConfig {
+                heartbeat_interval: cfg.heartbeat_interval,
+                poll_interval: cfg.poll_interval,
+            },
+        );
+        let listen_pool = store::connect_listener(database_url).await?;
+        let listen = crate::notify::listen(&store, &listen_pool)
+            .await
+            .context("opening the LISTEN connection")?;
+        let broker = Broker::new(store.clone(), dispatcher.clone());
+        let reporter = HealthReporter::new();
+        let health = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+        );
+        reporter
+            .set_service_status(LIVENESS, ServingStatus::Serving)
+            .await;
+        set_ready(&reporter, false).await;
+
+        let stop = CancellationToken::new();
+        let draining = CancellationToken::new();
+        let mut background = JoinSet::new();
+        background.spawn(crate::notify::run(
+            store.clone(),
+            listen,
+            dispatcher.clone(),
+            stop.clone(),
+        ));
+        background.spawn(crate::maintenance::run(
+            dispatcher.settle().clone(),
+            cfg.reap_interval,
+            stop.clone(),
+        ));
+        if !cfg.retention_interval.is_zero() {
+            background.spawn(crate::maintenance::retention_loop(
+                store.clone(),
+                cfg.retention_interval,
+                stop.clone(),
+            ));
+        }
+        if !cfg.vacuum_interval.is_zero() {
+            background.spawn(crate::maintenance::vacuum_loop(
+                store.clone(),
+                cfg.vacuum_interval,
+                stop.clone(),
+            ));
+        }
+        background.spawn(health_loop(
+            store.clone(),
+            reporter.clone(),
+            cfg.health_interval,
+            draining.clone(),
+            stop.clone(),
+        ));
+        if let Some(addr) = cfg.metrics_listen {
+            let listener = crate::metrics::bind(addr).await?;
+            info!(addr = %listener.local_addr()?, "metrics on /metrics");
+            background.spawn(crate::metrics::serve(
+                store.clone(),
+                listener,
+                cfg.metrics_interval,
+                stop.clone(),
+            ));
+        }
+        Ok(Server {
+            cfg,
+            pool,
+            conns,
+            listen_pool,
+            broker,
+            tls,
+            auth,
+            reporter,
+            health,
+            background,
+            stop_background: stop,
+            draining,
+        })
+    }
+
+    /// Serves gRPC on `listener` until `shutdown`, then drains.
+    async fn serve(
+        mut self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let addr = listener.local_addr()?;
+        let stop_server = CancellationToken::new();
+        let router = self.router()?;
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let mut server = tokio::spawn(
+            router.serve_with_incoming_shutdown(incoming, stop_server.clone().cancelled_owned()),
+        );
+        info!(%addr, "leaseq serving");
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            r = &mut server => {
+                self.stop().await;
+                r??;
+                anyhow::bail!("gRPC server stopped unexpectedly");
+            }
+        }
+        self.drain(server, stop_server).await;
+        self.stop().await;
+        Ok(())
+    }
+
+    /// The gRPC server with every service: health and reflection (open to
+    /// all), the queue and admin services (behind authentication).
+    fn router(&mut self) -> anyhow::Result<tonic::transport::server::Router> {
+        let cfg = &self.cfg;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        let limits = cfg.request_limits;
+        let queue_api = QueueApi::new(self.broker.clone(), limits).with_stream_limit(
+            crate::stream_limit::StreamLimit::new(cfg.security.max_streams),
+        );
+        let max_encoding = limits.max_message_bytes.max(limits.max_payload_bytes * 2);
+        let queue_service = QueueServiceServer::new(queue_api)
+            .max_decoding_message_size(limits.max_message_bytes)
+            .max_encoding_message_size(max_encoding);
+        // Admin calls need a token with the `admin` action (when auth is on).
+        let admin_service = InterceptedService::new(
+            AdminServiceServer::new(AdminApi::new(self.broker.clone(), self.draining.clone()))
+                .max_encoding_message_size(max_encoding),
+            crate::auth::AdminGate::new(self.auth.clone()),
+        );
+        // Authentication runs before the body is decoded; health and
+        // reflection are not wrapped, so probes and grpcurl's `list` work
+        // without a token.
+        let queue_service = InterceptedService::new(queue_service, self.auth.clone());
+
+        let mut builder = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(cfg.keepalive_interval))
+            .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
+            .tcp_nodelay(true);
+        if let Some(age) = cfg.max_connection_age {
+            builder = builder.max_connection_age(age);
+        }
+        if let Some(grace) = cfg.max_connection_age_grace {
+            builder = builder.max_connection_age_grace(grace);
+        }
+        builder = builder.max_concurrent_streams(cfg.security.max_streams_per_connection);
+        if let Some(limit) = cfg.security.concurrency_limit_per_connection {
+            // Shed instead of queueing: a call over the limit fails at once
+            // with RESOURCE_EXHAUSTED rather than waiting behind the others.
+            builder = builder
+                .concurrency_limit_per_connection(limit)
+                .load_shed(true);
+        }
+        if let Some(tls) = self.tls.take() {
+            builder = builder
+                .tls_config(tls)
+                .context("--tls-cert / --tls-key / --tls-client-ca")?;
+        }
+        Ok(builder
+            .add_service(self.health.clone())
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(queue_service)
+            .add_service(admin_service))
+    }
+
+    /// NOT_SERVING at once, then the broker's drain (streams' jobs released,
+    /// streams ended), then the server stops taking calls and finishes those
+    /// in flight; all within `drain_grace`.
+    async fn drain(
+        &self,
+        server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+        stop_server: CancellationToken,
+    ) {
+        info!(grace = ?self.cfg.drain_grace, "draining");
+        self.draining.cancel();
+        set_ready(&self.reporter, false).await;
+        let drained = tokio::time::timeout(self.cfg.drain_grace, async {
+            self.broker.drain().await;
+            stop_server.cancel();
+            server.await
+        })
+        .await;
+        match drained {
+            Ok(Ok(Ok(()))) => info!("drained"),
+            Ok(Ok(Err(e))) => warn!(error = %e, "gRPC server error while draining"),
+            Ok(Err(e)) => warn!(error = %e, "gRPC server task failed"),
+            Err(_) => warn!("drain grace period elapsed; exiting with calls in flight"),
+        }
+    }
+
+    /// Ends the background services, waits for them, closes the connections.
+    async fn stop(&mut self) {
+        self.stop_background.cancel();
+        while let Some(r) = self.background.join_next().await {
+            if let Err(e) = r
+                && e.is_panic()
+            {
+                warn!(error = %e, "a background service panicked");
+            }
+        }
+        self.pool.close().await;
+        self.conns.close().await;
+        self.listen_pool.close().await;
+    }
+}
+
+/// The bearer-token check, from `--auth-file` (or none, with a warning).
+fn authenticator(cfg: &Config) -> anyhow::Result<crate::auth::Authenticator> {
+    Ok(match &cfg.security.auth_file {
         Some(path) => {
             let tokens = crate::auth::TokenSet::load(path)?;
             info!(path = %path.display(), tokens = tokens.len(), "bearer-token authentication on");
@@ -60,177 +324,7 @@ pub async fn run(
             );
             crate::auth::Authenticator::new(None)
         }
-    };
-    if tls.is_none() {
-        warn!(
-            "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
-        );
-    }
-
-    let (pool, conns) = connect_with_retry(database_url, cfg.pool_size, &shutdown).await?;
-    store::migrate(&pool).await.context("applying migrations")?;
-    let store = Store::new(pool.clone(), conns.clone());
-    conns.warm(2).await;
-    info!(broker = %store.broker_id, "migrations applied");
-
-    // Ends the background tasks (LISTEN, reaper, health) after the server.
-    let background = CancellationToken::new();
-    let notifier = Notifier::spawn(store.clone());
-    let dispatcher = Dispatcher::spawn(
-        store.clone(),
-        notifier,
-        DispatchConfig {
-            heartbeat_interval: cfg.heartbeat_interval,
-            poll_interval: cfg.poll_interval,
-        },
-    );
-    let listen_pool = store::connect_listener(database_url).await?;
-    let listen = crate::notify::listen(&store, &listen_pool)
-        .await
-        .context("opening the LISTEN connection")?;
-    tokio::spawn(crate::notify::run(
-        store.clone(),
-        listen,
-        dispatcher.clone(),
-        background.clone(),
-    ));
-    tokio::spawn(crate::maintenance::run(
-        dispatcher.settle().clone(),
-        cfg.reap_interval,
-        background.clone(),
-    ));
-    if !cfg.retention_interval.is_zero() {
-        tokio::spawn(crate::maintenance::retention_loop(
-            store.clone(),
-            cfg.retention_interval,
-            background.clone(),
-        ));
-    }
-    if !cfg.vacuum_interval.is_zero() {
-        tokio::spawn(crate::maintenance::vacuum_loop(
-            store.clone(),
-            cfg.vacuum_interval,
-            background.clone(),
-        ));
-    }
-    let broker = Broker::new(store.clone(), dispatcher);
-
-    let (reporter, health_service) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status(LIVENESS, ServingStatus::Serving)
-        .await;
-    set_ready(&reporter, false).await;
-    // Set once a drain starts: health stays NOT_SERVING from then on.
-    let draining = CancellationToken::new();
-    tokio::spawn(health_loop(
-        store.clone(),
-        reporter.clone(),
-        cfg.health_interval,
-        draining.clone(),
-        background.clone(),
-    ));
-
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
-    let limits = cfg.request_limits;
-    let queue_api = QueueApi::new(broker.clone(), limits).with_stream_limit(
-        crate::stream_limit::StreamLimit::new(cfg.security.max_streams),
-    );
-    let queue_service = QueueServiceServer::new(queue_api)
-        .max_decoding_message_size(limits.max_message_bytes)
-        .max_encoding_message_size(limits.max_message_bytes.max(limits.max_payload_bytes * 2));
-    // Admin calls need a token with the `admin` action (when auth is on).
-    let admin_service = InterceptedService::new(
-        AdminServiceServer::new(AdminApi::new(broker.clone(), draining.clone()))
-            .max_encoding_message_size(limits.max_message_bytes.max(limits.max_payload_bytes * 2)),
-        crate::auth::AdminGate::new(auth.clone()),
-    );
-    if let Some(addr) = cfg.metrics_listen {
-        let listener = crate::metrics::bind(addr).await?;
-        info!(addr = %listener.local_addr()?, "metrics on /metrics");
-        tokio::spawn(crate::metrics::serve(
-            store.clone(),
-            listener,
-            cfg.metrics_interval,
-            background.clone(),
-        ));
-    }
-    // Authentication runs before the body is decoded; health and reflection
-    // are not wrapped, so probes and grpcurl's `list` work without a token.
-    let queue_service = InterceptedService::new(queue_service, auth);
-
-    let mut builder = Server::builder()
-        .http2_keepalive_interval(Some(cfg.keepalive_interval))
-        .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
-        .tcp_nodelay(true);
-    if let Some(age) = cfg.max_connection_age {
-        builder = builder.max_connection_age(age);
-    }
-    if let Some(grace) = cfg.max_connection_age_grace {
-        builder = builder.max_connection_age_grace(grace);
-    }
-    builder = builder.max_concurrent_streams(cfg.security.max_streams_per_connection);
-    if let Some(limit) = cfg.security.concurrency_limit_per_connection {
-        // Shed instead of queueing: a call over the limit fails at once with
-        // RESOURCE_EXHAUSTED rather than waiting behind the others.
-        builder = builder
-            .concurrency_limit_per_connection(limit)
-            .load_shed(true);
-    }
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .context("--tls-cert / --tls-key / --tls-client-ca")?;
-    }
-    let addr = listener.local_addr()?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let stop_server = CancellationToken::new();
-    let mut server = tokio::spawn(
-        builder
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(queue_service)
-            .add_service(admin_service)
-            .serve_with_incoming_shutdown(incoming, stop_server.clone().cancelled_owned()),
-    );
-    info!(%addr, "leaseq serving");
-
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        r = &mut server => {
-            background.cancel();
-            r??;
-            anyhow::bail!("gRPC server stopped unexpectedly");
-        }
-    }
-
-    info!(grace = ?cfg.drain_grace, "draining");
-    draining.cancel();
-    set_ready(&reporter, false).await;
-    let drained = tokio::time::timeout(cfg.drain_grace, async {
-        broker.drain().await;
-        stop_server.cancel();
-        server.await
     })
-    .await;
-    match drained {
-        Ok(Ok(Ok(()))) => info!("drained"),
-        Ok(Ok(Err(e))) => warn!(error = %e, "gRPC server error while draining"),
-        Ok(Err(e)) => warn!(error = %e, "gRPC server task failed"),
-        Err(_) => warn!("drain grace period elapsed; exiting with calls in flight"),
-    }
-    background.cancel();
-    pool.close().await;
-    conns.close().await;
-    listen_pool.close().await;
-    Ok(())
 }
 
 /// Connects to PostgreSQL, retrying (it may still be starting) until it

@@ -452,10 +452,8 @@ impl Core {
             // yet) still hold their credit.
             let (unclaimed, target) = self.offers.adjust(id, |unclaimed| {
                 let claimed = stream.offered - unclaimed;
-                let free = stream.max_in_flight
-                    - stream.inflight.len() as i32
-                    - stream.reserved
-                    - claimed;
+                let free =
+                    stream.max_in_flight - stream.inflight.len() as i32 - stream.reserved - claimed;
                 if idle { free } else { 0 }
             });
             let claimed = stream.offered - unclaimed;

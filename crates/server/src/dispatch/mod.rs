@@ -67,6 +67,9 @@ pub(crate) enum Msg {
         tx: mpsc::Sender<stream::Item>,
     },
     Closed(StreamId),
+    /// Closed by its client (Consume half-close): the sender hears when
+    /// the stream's unsettled jobs are released.
+    Finish(StreamId, oneshot::Sender<()>),
     Credit(StreamId, u32),
     Wake(Vec<Wake>),
     WakeAll,
@@ -100,29 +103,40 @@ pub struct Dispatcher {
 }
 
 /// The settle path's way into the dispatcher (see [`crate::settle::Local`]).
-struct Inbox(mpsc::UnboundedSender<Msg>);
+/// Weak, like the task's own sender: the task ends once every
+/// [`Dispatcher`] handle and stream is gone.
+struct Inbox(mpsc::WeakUnboundedSender<Msg>);
+
+impl Inbox {
+    fn send(&self, msg: Msg) {
+        if let Some(tx) = self.0.upgrade() {
+            let _ = tx.send(msg);
+        }
+    }
+}
 
 impl Local for Inbox {
     fn wake(&self, wakes: Vec<Wake>) {
-        let _ = self.0.send(Msg::Wake(wakes));
+        self.send(Msg::Wake(wakes));
     }
 
     fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
-        let _ = self.0.send(Msg::Settled(leases));
+        self.send(Msg::Settled(leases));
     }
 }
 
 impl Dispatcher {
-    /// Spawns the dispatcher task; it runs until the process ends.
+    /// Spawns the dispatcher task; it ends when every handle (and every
+    /// stream it feeds) is dropped.
     pub fn spawn(store: Store, notifier: Notifier, cfg: DispatchConfig) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        let settle = Settle::new(store.clone(), Arc::new(Inbox(tx.clone())), notifier);
+        let settle = Settle::new(store.clone(), Arc::new(Inbox(tx.downgrade())), notifier);
         let offers = Offers::default();
         let task = Task {
             core: Core::new(cfg.poll_interval, offers.clone(), Instant::now()),
             store,
             settle: settle.clone(),
-            me: tx.clone(),
+            me: Arc::new(Inbox(tx.downgrade())),
             txs: HashMap::new(),
             drained: None,
         };
@@ -173,9 +187,12 @@ impl Dispatcher {
     }
 
     /// Ends a stream now: its unsettled jobs are released and its
-    /// deliveries end (without error).
-    pub fn close(&self, id: StreamId) {
-        let _ = self.tx.send(Msg::Closed(id));
+    /// deliveries end (without error). Returns once the release committed.
+    pub async fn finish(&self, id: StreamId) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Finish(id, tx)).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// Jobs became available (delay 0) or will at `delay_ms`.
@@ -224,8 +241,9 @@ struct Task {
     core: Core,
     store: Store,
     settle: Settle,
-    /// Our own inbox, for background tasks to report back.
-    me: mpsc::UnboundedSender<Msg>,
+    /// Our own inbox, for background tasks to report back. Weak: the task
+    /// ends when every handle and stream is dropped.
+    me: Arc<Inbox>,
     /// Where each stream's deliveries go.
     txs: HashMap<StreamId, mpsc::Sender<stream::Item>>,
     /// Who waits for the drain to finish (it runs once no round is in flight).
@@ -263,14 +281,14 @@ impl Task {
                 let (store, me) = (self.store.clone(), self.me.clone());
                 tokio::spawn(async move {
                     let result = lease(&store, &round).await;
-                    let _ = me.send(Msg::Leased(round, result));
+                    me.send(Msg::Leased(round, result));
                 });
             }
             let due = self.core.due_checks();
             if !due.is_empty() {
                 let (store, me) = (self.store.clone(), self.me.clone());
                 tokio::spawn(async move {
-                    let _ = me.send(Msg::DueKnown(store.next_due(&due).await));
+                    me.send(Msg::DueKnown(store.next_due(&due).await));
                 });
             }
         }
@@ -292,7 +310,8 @@ impl Task {
                 self.core.open(id, sub);
                 self.txs.insert(id, tx);
             }
-            Msg::Closed(id) => self.close(id),
+            Msg::Closed(id) => self.close(id, None),
+            Msg::Finish(id, done) => self.close(id, Some(done)),
             Msg::Credit(id, n) => {
                 if let Some((queues, old)) = self.core.stream_info(id) {
                     let m = &self.store.metrics.streams;
@@ -336,7 +355,14 @@ impl Task {
     }
 
     /// Pushes leased jobs into their streams; releases what nobody can take.
+    /// Once a drain has begun nothing more is pushed: jobs a round or a
+    /// hand-off leased meanwhile stay in flight and are released by the
+    /// drain, attempt given back, without reaching a consumer.
     fn deliver(&mut self, delivered: Delivered) {
+        if self.core.is_draining() {
+            self.release(delivered.orphans, "stream closed before delivery", true);
+            return;
+        }
         (self.store.metrics).on_leased(delivered.jobs.iter().map(|(_, j)| j));
         let mut gone: Vec<StreamId> = Vec::new();
         for (sid, job) in delivered.jobs {
@@ -351,19 +377,29 @@ impl Task {
             }
         }
         for sid in gone {
-            self.close(sid);
+            self.close(sid, None);
         }
         self.release(delivered.orphans, "stream closed before delivery", true);
     }
 
-    fn close(&mut self, id: StreamId) {
+    /// Forgets a stream and releases its unsettled jobs; `done` hears when
+    /// the release is over.
+    fn close(&mut self, id: StreamId, done: Option<oneshot::Sender<()>>) {
         if let Some((queues, credit)) = self.core.stream_info(id) {
             self.store.metrics.streams.closed(queues, credit);
         }
         self.txs.remove(&id);
         let leases = self.core.close(id);
         debug!(stream = id, unsettled = leases.len(), "stream closed");
-        self.release(leases, "consumer stream closed before settling", false);
+        let settle = self.settle.clone();
+        tokio::spawn(async move {
+            settle
+                .release(leases, "consumer stream closed before settling", false)
+                .await;
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
+        });
     }
 
     /// Makes leases available again at once (in a task of its own).
@@ -469,7 +505,7 @@ pub(crate) fn delivery(job: Leased) -> pb::Delivery {
 async fn check_leases(
     store: Store,
     settle: Settle,
-    me: mpsc::UnboundedSender<Msg>,
+    me: Arc<Inbox>,
     leases: Vec<(JobId, LeaseToken)>,
 ) {
     let ids: Vec<JobId> = leases.iter().map(|l| l.0).collect();
@@ -488,5 +524,5 @@ async fn check_leases(
             ids.iter().map(|id| (*id, 1000)).collect()
         }
     };
-    let _ = me.send(Msg::LeaseChecked { checked, alive });
+    me.send(Msg::LeaseChecked { checked, alive });
 }

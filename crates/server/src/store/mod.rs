@@ -20,6 +20,8 @@ use uuid::Uuid;
 
 pub use conn::Conns;
 
+pub use crate::domain::{Enqueued, Leased};
+
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
 use crate::error::{Error, Result};
 
@@ -110,13 +112,6 @@ pub async fn connect_listener(url: &str) -> Result<PgPool, sqlx::Error> {
         .connect_lazy_with(target.options()?))
 }
 
-/// One enqueue result, in request order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Enqueued {
-    pub job_id: JobId,
-    pub duplicate: bool,
-}
-
 /// A queue to wake: `delay_ms` 0 = has jobs now, > 0 = its next job is due then.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Wake {
@@ -153,23 +148,6 @@ pub struct Want {
     pub lease_ms: Option<i64>,
     pub slot: i32,
     pub consumer: std::sync::Arc<str>,
-}
-
-/// A job just leased for `slot`.
-#[derive(Clone, Debug)]
-pub struct Leased {
-    pub slot: i32,
-    pub lease_ms: i64,
-    pub id: JobId,
-    pub queue: String,
-    pub payload: Vec<u8>,
-    pub headers: HashMap<String, String>,
-    pub priority: i32,
-    pub attempt: i32,
-    pub enqueued_at: DateTime<Utc>,
-    pub last_error: Option<String>,
-    pub token: LeaseToken,
-    pub lease_expires_at: DateTime<Utc>,
 }
 
 /// What a lease round got.

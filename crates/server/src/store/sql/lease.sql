@@ -37,7 +37,7 @@ picked as (
     ) j
 ),
 assigned as (
-    select p.ctid, p.id, w.slot, w.consumer, coalesce(w.lease_ms, p.default_lease_ms) as lease_ms
+    select p.ctid, p.id, p.rn, w.slot, w.consumer, coalesce(w.lease_ms, p.default_lease_ms) as lease_ms
     from picked p
     join want w on w.queue = p.queue and p.rn > w.lo and p.rn <= w.hi
 ),
@@ -56,12 +56,15 @@ leased as (
     -- primary key with an id array per row, which cost half the statement.
     where j.ctid = a.ctid
     returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
-        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at
+        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at, a.rn
 )
 select * from leased
 union all
-select -1, null, null, q.name, null, null, null, null, null, null, null, null
+select -1, null, null, q.name, null, null, null, null, null, null, null, null, null
 from leaseq.queues q
 where not $8
   and q.name in (select queue from want)
   and (q.concurrency_limit is not null or q.rate_limit is not null)
+-- Each stream gets its jobs in delivery order (the update returns them in
+-- whatever order it met them).
+order by 1, 13

@@ -1,0 +1,331 @@
+"""The types every client shares: jobs, results, outcomes, errors, and the
+conversions between them and the generated protobuf messages."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from leaseq.v1 import queue_pb2 as pb
+
+#: A length of time: seconds as a number, or a ``datetime.timedelta``.
+Seconds = Union[int, float, dt.timedelta]
+
+
+def seconds(value: Seconds) -> float:
+    """Seconds as a float, from a number or a timedelta."""
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+
+
+def duration(value: Seconds) -> duration_pb2.Duration:
+    """A protobuf Duration from seconds or a timedelta."""
+    total = seconds(value)
+    whole = int(total)
+    return duration_pb2.Duration(seconds=whole, nanos=round((total - whole) * 1e9))
+
+
+def _timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
+    if value.tzinfo is None:
+        # A naive datetime is ambiguous; refusing it beats guessing local time.
+        raise ValueError("run_at: must be a timezone-aware datetime")
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value.astimezone(dt.timezone.utc))
+    return ts
+
+
+def _datetime(ts: timestamp_pb2.Timestamp) -> dt.datetime:
+    # Timestamp.ToDatetime(tzinfo=) is newer than the protobuf floor.
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(
+        seconds=ts.seconds, microseconds=ts.nanos // 1000
+    )
+
+
+def _opt_datetime(msg: Any, name: str) -> Optional[dt.datetime]:
+    return _datetime(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def _opt_timedelta(msg: Any, name: str) -> Optional[dt.timedelta]:
+    if not msg.HasField(name):
+        return None
+    d = getattr(msg, name)
+    return dt.timedelta(seconds=d.seconds, microseconds=d.nanos // 1000)
+
+
+# --- errors
+
+
+class RpcError(grpc.RpcError):  # type: ignore[misc,unused-ignore]
+    """A call the broker refused or could not answer.
+
+    ``code`` is the gRPC status name (``"INVALID_ARGUMENT"`` with a message
+    naming the field, ``"FAILED_PRECONDITION"`` for a lease token that is not
+    current, ``"UNAVAILABLE"``: retry, ``"UNAUTHENTICATED"``,
+    ``"PERMISSION_DENIED"``, ``"NOT_FOUND"``, ``"RESOURCE_EXHAUSTED"``...);
+    ``details`` is the broker's message. It is also a ``grpc.RpcError``, whose
+    ``code()``/``details()`` methods are :attr:`status` and :attr:`details`.
+    """
+
+    def __init__(self, status: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{status.name}: {details}")
+        self.status = status
+        self.code_name: str = status.name
+        self._details = details
+
+    @property
+    def lease_lost(self) -> bool:
+        """True for FAILED_PRECONDITION: the lease token is not current (the
+        lease expired, was released, or the job was settled or cancelled)."""
+        return self.status == grpc.StatusCode.FAILED_PRECONDITION
+
+    # grpc.RpcError's call interface, so `except grpc.RpcError as e: e.code()`
+    # keeps working.
+    def code(self) -> grpc.StatusCode:
+        return self.status
+
+    def details(self) -> str:
+        return self._details
+
+
+def _from_grpc(e: grpc.RpcError) -> RpcError:
+    """Wraps a grpc (sync or aio) error."""
+    if isinstance(e, RpcError):
+        return e
+    try:
+        status, details = e.code(), e.details() or ""
+    except Exception:  # a bare grpc.RpcError without a call attached
+        status, details = grpc.StatusCode.UNKNOWN, str(e)
+    err = RpcError(status, details)
+    err.__cause__ = e
+    return err
+
+
+def _status_of(code: int) -> grpc.StatusCode:
+    for s in grpc.StatusCode:
+        if s.value[0] == code:
+            return s
+    return grpc.StatusCode.UNKNOWN
+
+
+# --- outcomes a handler raises
+
+
+class Retry(Exception):
+    """Raise from a handler to nack the job and have it retried ``after`` this
+    long (None: the queue's backoff policy; 0: at once). ``reason`` becomes
+    the job's ``last_error``."""
+
+    def __init__(self, reason: str = "retry", *, after: Optional[Seconds] = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.after = after
+
+
+class DeadLetter(Exception):
+    """Raise from a handler to move the job to the dead letters now, with
+    ``reason`` as its ``last_error``."""
+
+    def __init__(self, reason: str = "dead-lettered by the handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --- jobs
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job_id: str
+    #: True when ``dedup_key`` matched a live job; ``job_id`` is that job's.
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class AckResult:
+    """One entry of ``ack_batch``: ``code`` is ``"OK"`` when the job was
+    acked, ``"FAILED_PRECONDITION"`` when the token was not current."""
+
+    job_id: str
+    code: str
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "OK"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One delivery: the job and the lease under which it is held."""
+
+    id: str
+    queue: str
+    payload: bytes
+    headers: Mapping[str, str]
+    priority: int
+    #: 1 on first delivery.
+    attempt: int
+    enqueued_at: dt.datetime
+    #: The error text of the previous failed attempt, "" if none.
+    last_error: str
+    lease_token: str
+    #: By the broker's (database's) clock.
+    lease_expires_at: dt.datetime
+    #: Set by a Worker when it gives up on this job (timeout, stop grace): a
+    #: plain (thread) handler cannot be interrupted, so long-running ones
+    #: should check ``job.cancelled.is_set()`` and return.
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    @property
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode()
+
+    @classmethod
+    def from_delivery(cls, d: pb.Delivery) -> "Job":
+        return cls(
+            id=d.job.id,
+            queue=d.job.queue,
+            payload=d.job.payload,
+            headers=dict(d.job.headers),
+            priority=d.job.priority,
+            attempt=d.job.attempt,
+            enqueued_at=_datetime(d.job.enqueued_at),
+            last_error=d.job.last_error,
+            lease_token=d.lease_token,
+            lease_expires_at=_datetime(d.lease_expires_at),
+        )
+
+
+@dataclass
+class NewJob:
+    """A job to enqueue; the fields mirror ``EnqueueRequest`` in queue.proto."""
+
+    queue: str
+    payload: Union[bytes, str] = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    priority: int = 0
+    delay: Optional[Seconds] = None
+    run_at: Optional[dt.datetime] = None
+    dedup_key: str = ""
+    max_attempts: int = 0
+    ttl: Optional[Seconds] = None
+
+    def to_request(self, extra_headers: Optional[Mapping[str, str]] = None) -> pb.EnqueueRequest:
+        payload = self.payload.encode() if isinstance(self.payload, str) else self.payload
+        headers: Dict[str, str] = dict(extra_headers or {})
+        headers.update(self.headers)  # the caller's own headers win
+        req = pb.EnqueueRequest(
+            queue=self.queue,
+            payload=payload,
+            headers=headers,
+            priority=self.priority,
+            dedup_key=self.dedup_key,
+            max_attempts=self.max_attempts,
+        )
+        # Optional messages are set only when given: an absent `delay` and a
+        # zero one are different requests to the broker.
+        if self.delay is not None:
+            req.delay.CopyFrom(duration(self.delay))
+        if self.run_at is not None:
+            req.run_at.CopyFrom(_timestamp(self.run_at))
+        if self.ttl is not None:
+            req.ttl.CopyFrom(duration(self.ttl))
+        return req
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """The broker's answer to one ack, nack or extend sent on a Consume
+    stream. ``op`` is ``"ack"``, ``"nack"`` or ``"extend"``; ``code`` the
+    status name the unary call would have returned (``"OK"``,
+    ``"FAILED_PRECONDITION"``, ``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``)."""
+
+    job_id: str
+    op: str
+    code: str
+    message: str = ""
+    #: nack with code OK: the job went to the dead letters.
+    dead_lettered: bool = False
+    #: extend with code OK: the new expiry.
+    lease_expires_at: Optional[dt.datetime] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "OK"
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.code == "FAILED_PRECONDITION"
+
+    def error(self) -> RpcError:
+        return RpcError(_status_of(_CODES[self.code]), self.message)
+
+    @classmethod
+    def from_pb(cls, r: pb.SettleResult) -> "SettleResult":
+        return cls(
+            job_id=r.job_id,
+            op=_OPS.get(r.op, "unspecified"),
+            code=_status_of(r.code).name,
+            message=r.message,
+            dead_lettered=r.dead_lettered,
+            lease_expires_at=_opt_datetime(r, "lease_expires_at"),
+        )
+
+
+_OPS = {pb.SETTLE_OP_ACK: "ack", pb.SETTLE_OP_NACK: "nack", pb.SETTLE_OP_EXTEND: "extend"}
+_CODES = {s.name: s.value[0] for s in grpc.StatusCode}
+
+
+# --- request builders shared by the sync and async clients
+
+
+def subscribe_request(
+    queues: Union[str, Sequence[str]],
+    consumer: str,
+    max_in_flight: int,
+    lease: Optional[Seconds],
+) -> pb.SubscribeRequest:
+    qs = [queues] if isinstance(queues, str) else list(queues)
+    req = pb.SubscribeRequest(queues=qs, consumer=consumer, max_in_flight=max_in_flight)
+    if lease is not None:
+        req.lease.CopyFrom(duration(lease))
+    return req
+
+
+def nack_request(
+    job_id: str,
+    lease_token: str,
+    error: str,
+    retry_after: Optional[Seconds],
+    dead_letter: bool,
+) -> pb.NackRequest:
+    req = pb.NackRequest(job_id=job_id, lease_token=lease_token, error=error, dead_letter=dead_letter)
+    if retry_after is not None:
+        req.retry_after.CopyFrom(duration(retry_after))
+    return req
+
+
+def extend_request(job_id: str, lease_token: str, lease: Seconds) -> pb.ExtendLeaseRequest:
+    return pb.ExtendLeaseRequest(job_id=job_id, lease_token=lease_token, lease=duration(lease))
+
+
+AckItem = Union[Job, Tuple[str, str]]
+
+
+def ack_batch_request(acks: "List[AckItem]") -> pb.AckBatchRequest:
+    entries = []
+    for a in acks:
+        if isinstance(a, Job):
+            entries.append(pb.AckRequest(job_id=a.id, lease_token=a.lease_token))
+        else:
+            entries.append(pb.AckRequest(job_id=a[0], lease_token=a[1]))
+    return pb.AckBatchRequest(acks=entries)
+
+
+def ack_results(resp: pb.AckBatchResponse) -> List[AckResult]:
+    return [AckResult(r.job_id, _status_of(r.code).name, r.message) for r in resp.results]

@@ -1,0 +1,485 @@
+"""The asyncio client (``grpc.aio``): :class:`AsyncClient`, and its streams
+:class:`AsyncSubscription` (Subscribe) and :class:`AsyncConsumer` (Consume,
+settles on the stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections import deque
+from typing import (
+    Any,
+    AsyncIterator,
+    Deque,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
+
+import grpc
+
+from leaseq import _tracing
+from leaseq._connection import TLS, Connection
+from leaseq._types import (
+    AckItem,
+    AckResult,
+    EnqueueResult,
+    Job,
+    NewJob,
+    RpcError,
+    Seconds,
+    SettleResult,
+    _datetime,
+    _from_grpc,
+    ack_batch_request,
+    ack_results,
+    extend_request,
+    nack_request,
+    subscribe_request,
+)
+from leaseq.v1 import queue_pb2 as pb
+from leaseq.v1 import queue_pb2_grpc as pb_grpc
+
+log = logging.getLogger("leaseq")
+
+Queues = Union[str, Sequence[str]]
+
+
+class AsyncClient:
+    """An asyncio connection to a leaseq broker.
+
+    ``target`` is ``host:port`` (plaintext), ``http://host:port`` or
+    ``https://host:port`` (TLS with the system's roots). ``tls`` is a
+    :class:`leaseq.TLS` (CA, client certificate and key) or True;
+    ``token`` is sent as ``authorization: Bearer <token>`` on every call;
+    ``timeout`` (seconds) is the deadline of each unary call (None: none).
+
+    Every call raises :class:`leaseq.RpcError` on failure. Use it as
+    ``async with AsyncClient(addr) as c`` or call ``close()``.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Union[TLS, bool, None] = None,
+        options: Sequence[Tuple[str, Any]] = (),
+        timeout: Optional[float] = None,
+    ) -> None:
+        self._conn = Connection(target, token=token, tls=tls, options=options)
+        self._timeout = timeout
+        self._channel = self._conn.aio_channel()
+        self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+
+    @classmethod
+    def from_connection(cls, conn: Connection, *, timeout: Optional[float] = None) -> "AsyncClient":
+        """A client on the settings of another (e.g. ``Client(...).connection``)."""
+        self = cls.__new__(cls)
+        self._conn, self._timeout = conn, timeout
+        self._channel = conn.aio_channel()
+        self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        return self
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _unary(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, metadata=self._conn.metadata, timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise _from_grpc(e) from None
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Union[bytes, str] = b"",
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
+        delay: Optional[Seconds] = None,
+        run_at: Optional[dt.datetime] = None,
+        dedup_key: str = "",
+        max_attempts: int = 0,
+        ttl: Optional[Seconds] = None,
+    ) -> EnqueueResult:
+        """Adds one job; returns once it is committed. With OpenTelemetry
+        installed and a span active, the job's headers carry its
+        ``traceparent``/``tracestate``."""
+        job = NewJob(queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl)
+        resp = await self._unary(self._stub.Enqueue, job.to_request(_tracing.inject()))
+        return EnqueueResult(resp.job_id, resp.duplicate)
+
+    async def enqueue_batch(self, jobs: Iterable[NewJob]) -> List[EnqueueResult]:
+        """Adds all the jobs atomically (all or none); results in the same order."""
+        trace = _tracing.inject()
+        req = pb.EnqueueBatchRequest(jobs=[j.to_request(trace) for j in jobs])
+        resp = await self._unary(self._stub.EnqueueBatch, req)
+        return [EnqueueResult(r.job_id, r.duplicate) for r in resp.results]
+
+    async def ack(self, job_id: str, lease_token: str) -> None:
+        """The job is done. FAILED_PRECONDITION: the lease token is not current."""
+        await self._unary(self._stub.Ack, pb.AckRequest(job_id=job_id, lease_token=lease_token))
+
+    async def ack_batch(self, acks: Iterable[AckItem]) -> List[AckResult]:
+        """Acks many jobs (``Job``s or ``(job_id, lease_token)`` pairs) in one
+        call; each succeeds or fails on its own (see :class:`AckResult`)."""
+        resp = await self._unary(self._stub.AckBatch, ack_batch_request(list(acks)))
+        return ack_results(resp)
+
+    async def nack(
+        self,
+        job_id: str,
+        lease_token: str,
+        error: str = "",
+        *,
+        retry_after: Optional[Seconds] = None,
+        dead_letter: bool = False,
+    ) -> bool:
+        """Fails the job; returns True when it went to the dead letters.
+        ``retry_after`` None = the queue's backoff, 0 = at once."""
+        req = nack_request(job_id, lease_token, error, retry_after, dead_letter)
+        resp = await self._unary(self._stub.Nack, req)
+        return bool(resp.dead_lettered)
+
+    async def extend_lease(self, job_id: str, lease_token: str, lease: Seconds) -> dt.datetime:
+        """Keeps the job for ``lease`` more from now; returns the new expiry."""
+        resp = await self._unary(self._stub.ExtendLease, extend_request(job_id, lease_token, lease))
+        return _datetime(resp.lease_expires_at)
+
+    def subscribe(
+        self,
+        queues: Queues,
+        *,
+        consumer: str = "",
+        max_in_flight: int = 0,
+        lease: Optional[Seconds] = None,
+        idle_timeout: Optional[float] = None,
+    ) -> "AsyncSubscription":
+        """A Subscribe stream: ``async for job in sub`` yields deliveries;
+        settle them with :meth:`ack`/:meth:`nack`. Closing it (``close()``, or
+        leaving ``async with``) releases its unsettled jobs. Most programs
+        want :class:`leaseq.Worker`."""
+        req = subscribe_request(queues, consumer, max_in_flight, lease)
+        return AsyncSubscription(self._stub.Subscribe(req, metadata=self._conn.metadata), idle_timeout)
+
+    def consume(
+        self,
+        queues: Queues,
+        *,
+        consumer: str = "",
+        max_in_flight: int = 0,
+        lease: Optional[Seconds] = None,
+        idle_timeout: Optional[float] = None,
+    ) -> "AsyncConsumer":
+        """A Consume stream: deliveries as :meth:`subscribe`, and settles sent
+        on the same stream (``await stream.ack(job)``). A broker without
+        Consume fails it with UNIMPLEMENTED (see :meth:`AsyncConsumer.opened`)."""
+        req = pb.ConsumeRequest(
+            subscribe=subscribe_request(queues, consumer, max_in_flight, lease), confirm_settles=True
+        )
+        return AsyncConsumer(self._stub.Consume(metadata=self._conn.metadata), req, idle_timeout)
+
+
+class _Stream:
+    """A background reader of a server stream: deliveries into a queue, the
+    rest to ``_on_message``; the end (or failure) recorded for iterators."""
+
+    def __init__(self, call: Any, idle_timeout: Optional[float]) -> None:
+        self._call = call
+        self._idle_timeout = idle_timeout
+        self._jobs: "asyncio.Queue[Optional[Job]]" = asyncio.Queue()
+        self._opened: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self._error: Optional[RpcError] = None
+        self._closing = False
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    msg = await asyncio.wait_for(self._call.read(), self._idle_timeout)
+                except asyncio.TimeoutError:
+                    # Heartbeats stopped: a hung broker or a silently dropped
+                    # connection. wait_for cancelled the read (and the call).
+                    self._call.cancel()
+                    raise RpcError(
+                        grpc.StatusCode.UNAVAILABLE, f"no message on the stream for {self._idle_timeout}s"
+                    ) from None
+                if msg is grpc.aio.EOF:
+                    break
+                if not self._opened.done():
+                    # The broker's first message is a heartbeat sent once
+                    # the subscription is registered: the stream is up.
+                    self._opened.set_result(None)
+                kind = msg.WhichOneof("kind")
+                if kind == "delivery":
+                    if not self._closing:
+                        self._jobs.put_nowait(Job.from_delivery(msg.delivery))
+                elif kind == "settled":
+                    self._on_settled(msg.settled)
+        except grpc.RpcError as e:
+            self._error = _from_grpc(e)
+        except asyncio.CancelledError:
+            if self._error is None:
+                self._error = RpcError(grpc.StatusCode.CANCELLED, "stream closed by the client")
+        except RpcError as e:
+            self._error = e
+        finally:
+            if not self._opened.done():
+                if self._error is not None:
+                    self._opened.set_exception(self._error)
+                    self._opened.exception()  # retrieved here; opened() re-raises
+                else:
+                    self._opened.set_result(None)
+            self._ended()
+            self._jobs.put_nowait(None)
+
+    def _on_settled(self, settled: Any) -> None:  # overridden by AsyncConsumer
+        pass
+
+    def _ended(self) -> None:  # overridden by AsyncConsumer
+        pass
+
+    @property
+    def error(self) -> Optional[RpcError]:
+        """Why the stream ended: None while it runs and after a clean end
+        (OK from the broker)."""
+        return self._error
+
+    @property
+    def done(self) -> bool:
+        return self._reader.done()
+
+    async def opened(self) -> None:
+        """Returns once the broker has registered the stream (its first
+        message); raises :class:`leaseq.RpcError` if the stream failed
+        first (UNIMPLEMENTED, UNAUTHENTICATED, INVALID_ARGUMENT...)."""
+        await asyncio.shield(self._opened)
+
+    def __aiter__(self) -> "AsyncIterator[Job]":
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Job]:
+        while True:
+            job = await self._jobs.get()
+            if job is None:
+                self._jobs.put_nowait(None)  # for any other iterator
+                if self._error is not None and not self._closing:
+                    raise self._error
+                return
+            yield job
+
+    async def next_job(self) -> Optional[Job]:
+        """The next delivery; None once the stream has ended cleanly. Raises
+        the stream's error if it failed."""
+        job = await self._jobs.get()
+        if job is None:
+            self._jobs.put_nowait(None)
+            if self._error is not None and not self._closing:
+                raise self._error
+        return job
+
+    def cancel(self) -> None:
+        """Closes the stream at once; the broker releases its unsettled jobs."""
+        self._closing = True
+        self._call.cancel()
+        self._reader.cancel()
+
+    async def _wait_reader(self) -> None:
+        try:
+            await asyncio.shield(self._reader)
+        except asyncio.CancelledError:
+            if not self._reader.done():
+                raise
+
+
+class AsyncSubscription(_Stream):
+    """A Subscribe stream (see :meth:`AsyncClient.subscribe`)."""
+
+    async def close(self) -> None:
+        self.cancel()
+        await self._wait_reader()
+
+    async def __aenter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncConsumer(_Stream):
+    """A Consume stream (see :meth:`AsyncClient.consume`): iterate it for
+    deliveries; :meth:`ack`, :meth:`nack` and :meth:`extend` send settles on
+    the stream (many per message when they pile up) and return the broker's
+    answer, raising :class:`leaseq.RpcError` as the unary calls do
+    (FAILED_PRECONDITION: the lease is lost). :meth:`close` half-closes:
+    the broker settles what it was sent, releases the rest, and ends the
+    stream."""
+
+    def __init__(self, call: Any, first: pb.ConsumeRequest, idle_timeout: Optional[float]) -> None:
+        # Settles waiting for their SettleResult, oldest first per (op, id).
+        self._pending: Dict[Tuple[int, str], Deque["asyncio.Future[SettleResult]"]] = {}
+        self._outbox: List[Tuple[int, Any]] = []
+        self._wake = asyncio.Event()
+        self._half_closed = False
+        self._credit: Optional[int] = None
+        super().__init__(call, idle_timeout)
+        self._outbox_first = first
+        self._writer = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        try:
+            await self._call.write(self._outbox_first)
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self._outbox and self._credit is None:
+                    if self._half_closed:
+                        await self._call.done_writing()
+                        return
+                    continue
+                batch, self._outbox = self._outbox, []
+                req = pb.ConsumeRequest(max_in_flight=self._credit or 0)
+                self._credit = None
+                for op, msg in batch:
+                    if op == pb.SETTLE_OP_ACK:
+                        req.acks.append(msg)
+                    elif op == pb.SETTLE_OP_NACK:
+                        req.nacks.append(msg)
+                    else:
+                        req.extends.append(msg)
+                await self._call.write(req)
+                if self._half_closed and not self._outbox:
+                    await self._call.done_writing()
+                    return
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            # The call ended: the reader records why; pending settles fail.
+            log.debug("consume stream: write failed: %s", e)
+        except asyncio.CancelledError:
+            pass
+
+    def _on_settled(self, settled: Any) -> None:
+        for r in settled.results:
+            waiters = self._pending.get((r.op, r.job_id))
+            if not waiters:
+                continue
+            fut = waiters.popleft()
+            if not waiters:
+                del self._pending[(r.op, r.job_id)]
+            if not fut.done():
+                fut.set_result(SettleResult.from_pb(r))
+
+    def _ended(self) -> None:
+        self._writer_cancel()
+        why = self._error or RpcError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
+        for waiters in self._pending.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_exception(
+                        RpcError(
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"the stream ended before the broker answered ({why.code_name}); "
+                            "the settle may or may not have been applied",
+                        )
+                    )
+        self._pending.clear()
+
+    def _writer_cancel(self) -> None:
+        writer = getattr(self, "_writer", None)
+        if writer is not None and not writer.done() and not self._half_closed:
+            writer.cancel()
+
+    async def _send(self, op: int, msg: Any) -> SettleResult:
+        if self.done or self._half_closed:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "the stream is closed")
+        fut: "asyncio.Future[SettleResult]" = asyncio.get_running_loop().create_future()
+        self._pending.setdefault((op, msg.job_id), deque()).append(fut)
+        self._outbox.append((op, msg))
+        self._wake.set()
+        return await fut
+
+    async def settle(self, op: str, msg: Any) -> SettleResult:
+        """Sends one settle (``op`` "ack", "nack" or "extend" with its request
+        message) and returns the broker's result, failed or not."""
+        return await self._send(_OP_CODES[op], msg)
+
+    async def ack(self, job: Job) -> None:
+        r = await self._send(pb.SETTLE_OP_ACK, pb.AckRequest(job_id=job.id, lease_token=job.lease_token))
+        if not r.ok:
+            raise r.error()
+
+    async def nack(
+        self,
+        job: Job,
+        error: str = "",
+        *,
+        retry_after: Optional[Seconds] = None,
+        dead_letter: bool = False,
+    ) -> bool:
+        req = nack_request(job.id, job.lease_token, error, retry_after, dead_letter)
+        r = await self._send(pb.SETTLE_OP_NACK, req)
+        if not r.ok:
+            raise r.error()
+        return bool(r.dead_lettered)
+
+    async def extend(self, job: Job, lease: Seconds) -> dt.datetime:
+        r = await self._send(pb.SETTLE_OP_EXTEND, extend_request(job.id, job.lease_token, lease))
+        if not r.ok:
+            raise r.error()
+        assert r.lease_expires_at is not None
+        return r.lease_expires_at
+
+    def set_max_in_flight(self, credit: int) -> None:
+        """Changes the stream's credit (1 to 10000) with the next message."""
+        if not 1 <= credit <= 10000:
+            raise ValueError("max_in_flight: must be 1 to 10000")
+        self._credit = credit
+        self._wake.set()
+
+    async def close(self, timeout: Optional[float] = 10.0) -> None:
+        """Half-closes: every settle already sent is applied, the stream's
+        unsettled jobs are released, and the broker ends the stream. Waits up
+        to ``timeout`` for that end, then cancels the call."""
+        self._closing = True
+        if not self.done and not self._half_closed:
+            self._half_closed = True
+            self._wake.set()
+        try:
+            await asyncio.wait_for(self._wait_reader(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("consume stream: no end from the broker %ss after the half-close; cancelling", timeout)
+        finally:
+            self._call.cancel()
+            self._reader.cancel()
+            self._writer.cancel()
+
+    async def __aenter__(self) -> "AsyncConsumer":
+        return self
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], *exc: object) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            self.cancel()
+            self._writer.cancel()
+
+
+_OP_CODES = {"ack": pb.SETTLE_OP_ACK, "nack": pb.SETTLE_OP_NACK, "extend": pb.SETTLE_OP_EXTEND}

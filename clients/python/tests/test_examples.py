@@ -1,0 +1,130 @@
+"""The examples in examples/ run against the broker (they are the README's
+code), and a worker process stops gracefully on SIGTERM."""
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from util import queue_name
+
+from leaseq import AdminClient, Client
+
+HERE = Path(__file__).resolve().parents[1]
+EXAMPLES = HERE / "examples"
+
+
+class Proc:
+    """An example as a child process, its output read line by line."""
+
+    def __init__(self, name: str, env: dict) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, str(EXAMPLES / name)],
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        self.seen: list = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def expect(self, pattern: str, timeout: float = 20) -> "re.Match[str]":
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                self.p.kill()
+                pytest.fail(f"no line matching {pattern!r} within {timeout}s; output: {self.seen}")
+            if line is None:
+                pytest.fail(f"exited ({self.p.wait()}) before {pattern!r}; output: {self.seen}")
+            self.seen.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+
+    def finish(self, timeout: float = 30) -> int:
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            pytest.fail(f"did not exit within {timeout}s; output: {self.seen}")
+        while (line := self.lines.get(timeout=5)) is not None:
+            self.seen.append(line)
+        return rc
+
+
+def run_example(name: str, addr: str, q: str, **env) -> list:
+    p = Proc(name, {"LEASEQ_ADDR": addr, "LEASEQ_QUEUE": q, **env})
+    rc = p.finish(60)
+    assert rc == 0, "\n".join(p.seen)
+    return p.seen
+
+
+def test_produce_example(addr):
+    q = queue_name()
+    out = run_example("produce.py", addr, q)
+    assert out[0].startswith("enqueued ")
+    with AdminClient(addr) as admin:
+        stats = admin.get_queue(q).stats
+        assert (stats.available, stats.scheduled) == (5, 1)
+
+
+def test_worker_example_outcomes_and_graceful_stop_on_sigterm(addr):
+    q = queue_name()
+    with Client(addr) as c, AdminClient(addr) as admin:
+        poison = c.enqueue(q, b"not json")
+        busy = c.enqueue(q, json.dumps({"busy": True}))
+        p = Proc("worker.py", {"LEASEQ_ADDR": addr, "LEASEQ_QUEUE": q})
+        for _ in range(2):
+            p.expect("^started ")
+        slow = c.enqueue(q, json.dumps({"seconds": 1.5}), dedup_key="slow")
+        p.expect(f"^started {slow.job_id}")
+        p.p.send_signal(signal.SIGTERM)  # mid-handler: it finishes, then settles
+        p.expect(f"^finished {slow.job_id}")
+        stopped = p.expect("^stopped ")
+        assert p.finish() == 0
+        assert "acked=1" in stopped.string and "dead_lettered=1" in stopped.string
+        assert not c.enqueue(q, b"probe", dedup_key="slow").duplicate  # acked
+        assert [j.id for j in admin.list_dead_letters(q).items] == [poison.job_id]
+        info = admin.get_job(busy.job_id)
+        assert (info.state, info.last_error) == ("scheduled", "mail server busy")
+
+
+def test_async_example(addr):
+    out = run_example("async_app.py", addr, queue_name())
+    assert out[-1] == "acked 2"
+
+
+def test_admin_example(addr):
+    q = queue_name()
+    out = run_example("admin.py", addr, q)
+    assert out[0] == f"{q} 5 0 waiting"
+
+
+def test_tracing_example(addr):
+    pytest.importorskip("opentelemetry.sdk")
+    out = run_example("tracing.py", addr, queue_name())
+    (line,) = [x for x in out if x.startswith("trace ")]
+    _, trace_id, _, traceparent = line.split()
+    assert traceparent.split("-")[1] == trace_id
+
+
+def test_readme_python_blocks_are_the_examples():
+    """Every ```python block of the README is cut from a file in examples/
+    (which the tests above run), so the README shows code that works."""
+    readme = (HERE / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert blocks
+    sources = [f.read_text() for f in EXAMPLES.glob("*.py")]
+    for block in blocks:
+        assert any(block in src for src in sources), f"README block not found in examples/:\n{block}"
