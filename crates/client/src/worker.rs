@@ -14,7 +14,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
-use tracing::{Instrument, Span, debug, field, info, info_span, warn};
+use tracing::{Instrument, Level, Span, debug, field, info, info_span, warn};
 
 use crate::outcome::{BoxError, NackKind, NackOutcome, Outcome};
 use crate::session::{Event, Session, SettleBase, Settler};
@@ -33,6 +33,20 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// error's type is still known).
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), Outcome>> + Send>>;
 type DynHandler = Arc<dyn Fn(Delivery) -> HandlerFuture + Send + Sync>;
+
+/// A tracing event at a level chosen at run time (the macros want a
+/// constant one).
+macro_rules! event_at {
+    ($level:expr, $($arg:tt)+) => {
+        match $level {
+            Level::ERROR => tracing::error!($($arg)+),
+            Level::WARN => tracing::warn!($($arg)+),
+            Level::INFO => tracing::info!($($arg)+),
+            Level::DEBUG => tracing::debug!($($arg)+),
+            _ => tracing::trace!($($arg)+),
+        }
+    };
+}
 
 fn boxed<H, F, E>(handler: H) -> DynHandler
 where
@@ -114,7 +128,8 @@ impl WorkerStats {
 ///   [`stream_acks(false)`](Worker::stream_acks).
 /// - **Lost lease**: a settle refused with `FAILED_PRECONDITION` (the lease
 ///   expired, was taken over, the job was cancelled or released with its
-///   stream) ends that job quietly (a debug log, counted in
+///   stream) ends that job quietly (a debug log —
+///   [`lost_lease_log_level`](Worker::lost_lease_log_level) —, counted in
 ///   [`WorkerStats::lease_lost`]); if a lease extension is refused so while
 ///   the handler runs, the handler is cancelled: the job is someone else's.
 /// - **Reconnects** when the stream ends or fails (broker restart, drain —
@@ -153,6 +168,7 @@ pub struct Worker {
     reconnect_max: Duration,
     idle_timeout: Duration,
     stream_acks: bool,
+    lost_lease_level: Level,
     stats: Arc<WorkerStats>,
 }
 
@@ -182,6 +198,7 @@ impl Worker {
             reconnect_max: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             stream_acks: true,
+            lost_lease_level: Level::DEBUG,
             stats: Arc::new(WorkerStats::default()),
         }
     }
@@ -275,6 +292,16 @@ impl Worker {
         self
     }
 
+    /// The level of the log line for a lost lease (default DEBUG: with
+    /// at-least-once delivery it is an expected event, and the job is
+    /// someone else's). A program whose handlers have side effects an
+    /// operator should hear about when they may be repeated (`leaseq work`
+    /// running commands) may want WARN.
+    pub fn lost_lease_log_level(mut self, level: Level) -> Worker {
+        self.lost_lease_level = level;
+        self
+    }
+
     /// This worker's counters, live while it runs.
     pub fn stats(&self) -> Arc<WorkerStats> {
         self.stats.clone()
@@ -356,6 +383,7 @@ impl Worker {
             permits: Arc::new(Semaphore::new(self.concurrency as usize)),
             stop: CancellationToken::new(),
             stats: self.stats.clone(),
+            lost_lease_level: self.lost_lease_level,
         });
         let base = SettleBase {
             client: self.client.clone(),
@@ -529,6 +557,7 @@ struct Ctx {
     /// Cancelled at the graceful stop: jobs not yet started are left alone.
     stop: CancellationToken,
     stats: Arc<WorkerStats>,
+    lost_lease_level: Level,
 }
 
 fn job_span(job: &Delivery) -> Span {
@@ -563,7 +592,11 @@ async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
         Ran::NotStarted => debug!("not started before the stop; released when the stream closes"),
         Ran::LeaseLost => {
             WorkerStats::inc(&ctx.stats.lease_lost);
-            debug!("lease lost while the handler ran; handler cancelled, job not settled");
+            event_at!(
+                ctx.lost_lease_level,
+                "lease lost before settling: an extension was refused while the handler ran; \
+                 handler cancelled, the job may be delivered again"
+            );
         }
         Ran::Done(outcome) => settle(&ctx, &settler, &job, outcome).await,
     }
@@ -694,7 +727,11 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
                 // Expired, taken over, released with its stream, or the job
                 // was cancelled: it is (or will be) someone else's.
                 WorkerStats::inc(&ctx.stats.lease_lost);
-                debug!(message = s.message(), "lease lost before settling");
+                event_at!(
+                    ctx.lost_lease_level,
+                    message = s.message(),
+                    "lease lost before settling; the job may be delivered again"
+                );
                 return;
             }
             Err(s) if !fatal(&s) && attempt < SETTLE_TRIES => {
