@@ -173,6 +173,8 @@ async fn write(
     requests: mpsc::Sender<pb::ConsumeRequest>,
 ) {
     while let Some(first) = outbox.recv().await {
+        // Let handlers finishing at the same moment add theirs.
+        tokio::task::yield_now().await;
         let mut req = pb::ConsumeRequest::default();
         first.add_to(&mut req);
         for _ in 1..MAX_SETTLES_PER_MESSAGE {
