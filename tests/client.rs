@@ -25,7 +25,6 @@ use leaseq_client::{
 use leaseq_server::Config;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -815,7 +814,8 @@ impl QueueService for Proxy {
         self.upstream.clone().extend_lease(r.into_inner()).await
     }
 
-    type ConsumeStream = Streaming<pb::ConsumeResponse>;
+    type ConsumeStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ConsumeResponse, Status>>;
 
     async fn consume(
         &self,
@@ -825,16 +825,55 @@ impl QueueService for Proxy {
         if !self.consume {
             return Err(Status::unimplemented("leaseq.v1.QueueService/Consume"));
         }
-        let calls = self.calls.clone();
-        let requests = r.into_inner().map_while(move |m| {
-            let m = m.ok()?;
-            calls.add("Consume.messages", 1);
-            calls.add("Consume.acks", m.acks.len());
-            calls.add("Consume.nacks", m.nacks.len());
-            calls.add("Consume.extends", m.extends.len());
-            Some(m)
+        // Requests: counted, and how the client ended them (half-close or not).
+        let (req_tx, req_rx) = mpsc::channel(16);
+        let (calls, mut inbound) = (self.calls.clone(), r.into_inner());
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => {
+                        calls.add("Consume.messages", 1);
+                        calls.add("Consume.acks", m.acks.len());
+                        calls.add("Consume.nacks", m.nacks.len());
+                        calls.add("Consume.extends", m.extends.len());
+                        if req_tx.send(m).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return calls.add("Consume.half_closed", 1),
+                    Err(_) => return calls.add("Consume.reset", 1),
+                }
+            }
         });
-        self.upstream.clone().consume(requests).await
+        let mut upstream = self
+            .upstream
+            .clone()
+            .consume(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+            .await?
+            .into_inner();
+        // Responses: passed on, and how the broker ended them.
+        let (resp_tx, resp_rx) = mpsc::channel(16);
+        let calls = self.calls.clone();
+        tokio::spawn(async move {
+            loop {
+                match upstream.message().await {
+                    Ok(Some(m)) => {
+                        if resp_tx.send(Ok(m)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return calls.add("Consume.ended_ok", 1),
+                    Err(s) => {
+                        calls.add("Consume.ended_with_error", 1);
+                        let _ = resp_tx.send(Err(s)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            resp_rx,
+        )))
     }
 }
 
@@ -922,12 +961,63 @@ async fn settles_and_lease_extensions_travel_on_the_consume_stream() {
     for unary in ["Subscribe", "Ack", "AckBatch", "Nack", "ExtendLease"] {
         assert_eq!(calls.get(unary), 0, "{unary}: {c}");
     }
+    // The stop half-closed the stream, and the broker ended it with OK.
+    assert_eq!(calls.get("Consume.half_closed"), 1, "{c}");
+    assert_eq!(calls.get("Consume.ended_ok"), 1, "{c}");
+    assert_eq!(
+        calls.get("Consume.reset") + calls.get("Consume.ended_with_error"),
+        0,
+        "{c}"
+    );
     let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     assert_eq!(n(&stats.settled_on_stream), 33);
     assert_eq!((n(&stats.acked), n(&stats.nacked)), (32, 1));
     assert_eq!(n(&stats.consume_streams), 1);
     assert_eq!(n(&stats.subscribe_streams), 0);
     assert_eq!(db.dead_jobs().await, 0);
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn acks_finishing_together_share_a_message() {
+    const JOBS: usize = 20;
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let (proxy, calls) = start_proxy(addr, true).await;
+    let client = Client::connect(format!("http://{proxy}")).await.unwrap();
+    client
+        .enqueue_batch((0..JOBS).map(|i| Job::new("together", format!("{i}"))))
+        .await
+        .unwrap();
+    // Every handler waits until all have started, then they finish at once.
+    let (started, _) = watch::channel(0usize);
+    let started = Arc::new(started);
+    let running = {
+        let started = started.clone();
+        Running::spawn(
+            Worker::new(client.clone(), ["together"]).concurrency(JOBS as u32),
+            move |_| {
+                let started = started.clone();
+                async move {
+                    started.send_modify(|n| *n += 1);
+                    let _ = started.subscribe().wait_for(|n| *n == JOBS).await;
+                    Ok(())
+                }
+            },
+        )
+    };
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    running.stop(S10).await.expect("clean stop");
+    let c = calls.summary();
+    assert_eq!(calls.get("Consume.acks"), JOBS, "{c}");
+    // The first message opened the stream; the acks took a few at most.
+    let ack_messages = calls.get("Consume.messages") - 1;
+    eprintln!("{JOBS} acks in {ack_messages} message(s)");
+    assert!(
+        ack_messages <= 5,
+        "{JOBS} acks in {ack_messages} messages: {c}"
+    );
     broker.stop().await;
 }
 
@@ -1364,7 +1454,7 @@ async fn a_drain_mid_work_loses_nothing() {
         Running::spawn(worker, move |d| {
             let handled = handled.clone();
             async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
                 *handled.lock().unwrap().entry(payload(&d)).or_default() += 1;
                 Ok(())
             }
@@ -1378,6 +1468,8 @@ async fn a_drain_mid_work_loses_nothing() {
     // Mid-work: the stream ends with UNAVAILABLE, the unsettled jobs are
     // released; the worker reconnects to the next broker on that address.
     first.stop().await;
+    let before = handled.lock().unwrap().len();
+    assert!(before < JOBS, "the drain came mid-work");
     let second = Broker::start(&db, addr).await;
     until(
         &db,

@@ -187,6 +187,11 @@ pub fn endpoint(addr: &str, opts: &ConnectOptions) -> Result<Endpoint, ConnectEr
 /// The interceptor that sends `opts.token`.
 pub fn bearer(opts: &ConnectOptions) -> Result<Bearer, ConnectError> {
     let value = match opts.token.as_ref().filter(|t| !t.is_empty()) {
+        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            return Err(ConnectError::Config(
+                "token: must be printable ASCII without spaces".into(),
+            ));
+        }
         Some(t) => {
             let mut v: MetadataValue<Ascii> = format!("Bearer {t}")
                 .parse()

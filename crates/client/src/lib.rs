@@ -465,3 +465,47 @@ fn pb_duration(d: Duration) -> prost_types::Duration {
 fn timestamp(t: prost_types::Timestamp) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_cheap_to_share() {
+        fn shareable<T: Clone + Send + Sync + 'static>() {}
+        shareable::<Client>();
+        shareable::<AdminClient>();
+        shareable::<ConnectOptions>();
+    }
+
+    #[tokio::test]
+    async fn lazy_connections_check_their_options_first() {
+        let opts = ConnectOptions::default().token("t\u{f6}ken");
+        match Client::connect_lazy_with("http://127.0.0.1:1", opts) {
+            Err(ConnectError::Config(msg)) => assert!(msg.starts_with("token:"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        let opts = ConnectOptions::default().tls_ca("/nonexistent/ca.pem");
+        match Client::connect_lazy_with("https://127.0.0.1:1", opts) {
+            Err(ConnectError::Config(msg)) => assert!(msg.starts_with("tls_ca:"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(Client::connect_lazy_with("http://127.0.0.1:1", ConnectOptions::default()).is_ok());
+        assert!(format!("{:?}", ConnectOptions::default().token("s3cret")).contains("<redacted>"));
+    }
+
+    #[test]
+    fn jobs_carry_trace_context() {
+        let tp =
+            TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let req = pb::EnqueueRequest::from(
+            Job::new("q", "p")
+                .traceparent(tp)
+                .tracestate("a=b")
+                .headers([("x", "1")]),
+        );
+        assert_eq!(req.headers["traceparent"], tp.to_string());
+        assert_eq!(req.headers["tracestate"], "a=b");
+        assert_eq!(req.headers["x"], "1");
+    }
+}
