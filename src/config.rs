@@ -38,7 +38,7 @@ pub enum Command {
     Migrate(DbArgs),
     /// Enqueue one job (payload from --payload or stdin).
     Enqueue(crate::cli::EnqueueArgs),
-    /// Subscribe and print jobs as they arrive, acking each.
+    /// Consume and print jobs as they arrive, acking each on the stream.
     Tail(crate::cli::TailArgs),
     /// Run a command once per job (payload on stdin, job fields in LEASEQ_*
     /// variables): exit 0 acks, anything else nacks with its stderr's tail.
@@ -50,6 +50,16 @@ pub enum Command {
     /// Print the SHA-256 of a token (read from stdin) for the --auth-file,
     /// or with --generate make a new random token and print both.
     HashToken(crate::cli::HashTokenArgs),
+    /// Print a shell completion script, e.g.
+    /// `leaseq completions bash > /etc/bash_completion.d/leaseq`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Args, Clone, Debug, Default)]

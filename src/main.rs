@@ -1,54 +1,72 @@
 //! The `leaseq` binary: parse the command line, set up logging, run.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use leaseq::config::{Cli, Command, DbArgs};
+use leaseq::cli;
+use leaseq::config::{Cli, Command, DbArgs, ServeArgs};
 use leaseq::embedded::{EmbeddedOptions, EmbeddedPostgres};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    leaseq::telemetry::init(cli.log_format);
-    match cli.command {
-        Command::Serve(args) => {
-            let (url, embedded) = database(&args.db).await?;
-            let listener = tokio::net::TcpListener::bind(args.listen)
-                .await
-                .with_context(|| format!("binding {}", args.listen))?;
-            let shutdown = CancellationToken::new();
-            tokio::spawn(on_signal(shutdown.clone()));
-            let result = leaseq_server::server::run(args.config(), &url, listener, shutdown).await;
-            if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
-                info!("stopping embedded PostgreSQL");
-                pg.stop().await?;
-            }
-            result
+    let parsed = Cli::parse();
+    leaseq::telemetry::init(parsed.log_format);
+    // The client commands exit with the codes of `leaseq::cli::exit`; the
+    // others with 0, or 1 and their error.
+    let client = match parsed.command {
+        Command::Serve(args) => return serve(args).await,
+        Command::Migrate(db) => return migrate(&db).await,
+        Command::Bench(args) => return leaseq::bench::run(args).await,
+        Command::Completions(args) => {
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut Cli::command(), "leaseq", &mut script);
+            // Written here, not by clap_complete, which panics on a closed
+            // pipe (`leaseq completions bash | head`).
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            return Ok(());
         }
-        Command::Migrate(db) => {
-            let (url, embedded) = database(&db).await?;
-            let result = async {
-                let pool = leaseq_server::store::connect(&url, 1).await?;
-                leaseq_server::store::migrate(&pool).await?;
-                pool.close().await;
-                info!("migrations applied");
-                anyhow::Ok(())
-            }
-            .await;
-            if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
-                pg.stop().await?;
-            }
-            result
-        }
-        Command::Enqueue(args) => leaseq::cli::enqueue(args).await,
-        Command::Tail(args) => leaseq::cli::tail(args).await,
-        Command::Work(args) => leaseq::cli::work::run(args).await,
-        Command::Bench(args) => leaseq::bench::run(args).await,
-        Command::Admin(cmd) => std::process::exit(leaseq::cli::admin::run(cmd).await),
-        Command::HashToken(args) => leaseq::cli::hash_token(args),
+        Command::Enqueue(args) => cli::enqueue(args).await,
+        Command::Tail(args) => cli::tail(args).await,
+        Command::Work(args) => cli::work::run(args).await,
+        Command::Admin(cmd) => cli::admin::run(cmd).await,
+        Command::HashToken(args) => cli::hash_token(args),
+    };
+    std::process::exit(cli::report(client))
+}
+
+/// `leaseq serve`: the broker, until SIGTERM / SIGINT and its drain.
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (url, embedded) = database(&args.db).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(on_signal(shutdown.clone()));
+    let result = leaseq_server::server::run(args.config(), &url, listener, shutdown).await;
+    if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
+        info!("stopping embedded PostgreSQL");
+        pg.stop().await?;
     }
+    result
+}
+
+/// `leaseq migrate`: apply the migrations and exit.
+async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
+    let (url, embedded) = database(db).await?;
+    let result = async {
+        let pool = leaseq_server::store::connect(&url, 1).await?;
+        leaseq_server::store::migrate(&pool).await?;
+        pool.close().await;
+        info!("migrations applied");
+        anyhow::Ok(())
+    }
+    .await;
+    if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
+        pg.stop().await?;
+    }
+    result
 }
 
 /// What to connect to: DATABASE_URL / --database-url (a URI or keyword/value

@@ -1,38 +1,35 @@
 //! Operator subcommands over `leaseq.v1.AdminService`: `stats`, `queues`,
 //! `jobs`, `job`, `dlq`, `pause`, `resume`, `purge`, `queue update`.
 //!
-//! Human tables by default, `-o json` for scripts (one JSON document per
-//! command; `stats --watch` prints one per line). Exit codes: 0 ok, 1 error,
-//! 2 usage (clap, or INVALID_ARGUMENT from the broker), 3 not found,
-//! 4 broker unreachable or unavailable.
+//! Each takes the connection flags every client command takes
+//! ([`ConnectArgs`]) and `-o table|json`: human tables by default, `-o json`
+//! for scripts (one JSON document per command; `stats --watch` prints one
+//! per line). Exit codes are the shared ones ([`super::exit`]).
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
-use tonic::Code;
-use tonic::transport::Channel;
 
+use super::output::{
+    none_if_empty, opt_ts, print_json, print_table, rfc3339, set_payload, truncate,
+};
+use super::{CliError, ClientChannel, ConnectArgs, Output};
 use crate::duration::parse_duration;
 use crate::pb;
 use crate::pb::admin_service_client::AdminServiceClient;
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    Table,
-    Json,
-}
-
+/// The connection and output flags of every operator command.
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
-    /// Broker address.
-    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
-    pub addr: String,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// Output format.
-    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    #[arg(long, short = 'o', value_enum, default_value_t)]
     pub output: Output,
 }
+
+type Admin = AdminServiceClient<ClientChannel>;
 
 /// Operator commands (flattened into the top-level subcommands).
 #[derive(Subcommand, Debug)]
@@ -224,66 +221,13 @@ pub struct QueueUpdateArgs {
     pub create: bool,
 }
 
-/// A failure with its exit code.
-struct Failure {
-    code: i32,
-    message: String,
+async fn connect(c: &ClientArgs) -> Result<Admin, CliError> {
+    Ok(AdminServiceClient::new(c.connect.connect().await?)
+        .max_decoding_message_size(256 * 1024 * 1024))
 }
 
-impl From<tonic::Status> for Failure {
-    fn from(s: tonic::Status) -> Self {
-        let code = match s.code() {
-            Code::NotFound => 3,
-            Code::InvalidArgument => 2,
-            Code::Unavailable | Code::DeadlineExceeded => 4,
-            _ => 1,
-        };
-        Failure {
-            code,
-            message: format!("{:?}: {}", s.code(), s.message()),
-        }
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Self {
-        Failure {
-            code: 1,
-            message: format!("{e:#}"),
-        }
-    }
-}
-
-fn usage(message: impl Into<String>) -> Failure {
-    Failure {
-        code: 2,
-        message: message.into(),
-    }
-}
-
-/// Runs an operator command; returns the process exit code.
-pub async fn run(cmd: AdminCommand) -> i32 {
-    match dispatch(cmd).await {
-        Ok(()) => 0,
-        Err(f) => {
-            eprintln!("error: {}", f.message);
-            f.code
-        }
-    }
-}
-
-async fn connect(c: &ClientArgs) -> Result<AdminServiceClient<Channel>, Failure> {
-    let endpoint = Channel::from_shared(c.addr.clone())
-        .map_err(|e| usage(format!("--addr {:?}: {e}", c.addr)))?
-        .connect_timeout(Duration::from_secs(5));
-    let channel = endpoint.connect().await.map_err(|e| Failure {
-        code: 4,
-        message: format!("connecting to {}: {e}", c.addr),
-    })?;
-    Ok(AdminServiceClient::new(channel).max_decoding_message_size(256 * 1024 * 1024))
-}
-
-async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
+/// Runs an operator command.
+pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
     match cmd {
         AdminCommand::Stats(a) => stats(a).await,
         AdminCommand::Queues(a) => {
@@ -450,7 +394,7 @@ async fn dispatch(cmd: AdminCommand) -> Result<(), Failure> {
         }
         AdminCommand::Purge(a) => {
             if !a.yes {
-                return Err(usage(
+                return Err(CliError::usage(
                     "purge deletes the queue's waiting and completed jobs: add --yes",
                 ));
             }
@@ -509,9 +453,7 @@ fn selector(a: &DlqSelectArgs) -> pb::DeadLettersSelector {
     }
 }
 
-async fn all_queues(
-    admin: &mut AdminServiceClient<Channel>,
-) -> Result<Vec<pb::QueueInfo>, Failure> {
+async fn all_queues(admin: &mut Admin) -> Result<Vec<pb::QueueInfo>, CliError> {
     let mut out = Vec::new();
     let mut token = String::new();
     loop {
@@ -531,12 +473,12 @@ async fn all_queues(
 }
 
 async fn list_jobs(
-    admin: &mut AdminServiceClient<Channel>,
+    admin: &mut Admin,
     queue: String,
     state: pb::JobState,
     limit: usize,
     include_payload: bool,
-) -> Result<Vec<pb::JobInfo>, Failure> {
+) -> Result<Vec<pb::JobInfo>, CliError> {
     let mut out = Vec::new();
     let mut token = String::new();
     while out.len() < limit {
@@ -559,7 +501,7 @@ async fn list_jobs(
     Ok(out)
 }
 
-async fn stats(a: StatsArgs) -> Result<(), Failure> {
+async fn stats(a: StatsArgs) -> Result<(), CliError> {
     let mut admin = connect(&a.client).await?;
     if !a.watch {
         let queues = if a.queues.is_empty() {
@@ -585,7 +527,7 @@ async fn stats(a: StatsArgs) -> Result<(), Failure> {
     let interval: prost_types::Duration = a
         .interval
         .try_into()
-        .map_err(|_| usage("--interval is out of range"))?;
+        .map_err(|_| CliError::usage("--interval is out of range"))?;
     let mut stream = admin
         .watch_queues(pb::WatchQueuesRequest {
             queues: a.queues,
@@ -682,47 +624,6 @@ fn print_jobs(jobs: &[pb::JobInfo], output: Output, payload: bool) {
     }
 }
 
-fn print_json(v: &Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-    );
-}
-
-fn print_table(head: &[&str], rows: impl Iterator<Item = Vec<String>>) {
-    let rows: Vec<Vec<String>> = rows.collect();
-    let mut width: Vec<usize> = head.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            width[i] = width[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  ", w = width[i]));
-            }
-        }
-        println!("{}", s.trim_end());
-    };
-    line(head.to_vec());
-    for r in &rows {
-        line(r.iter().map(String::as_str).collect());
-    }
-}
-
-fn truncate(s: &str, n: usize) -> String {
-    let s = s.replace(['\n', '\r', '\t'], " ");
-    if s.chars().count() <= n {
-        s
-    } else {
-        format!("{}…", s.chars().take(n - 1).collect::<String>())
-    }
-}
-
 fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.into()
 }
@@ -756,17 +657,8 @@ fn human_dur(d: Option<&prost_types::Duration>) -> String {
     }
 }
 
-fn rfc3339(t: &prost_types::Timestamp) -> String {
-    DateTime::<Utc>::from_timestamp(t.seconds, t.nanos.max(0) as u32)
-        .map_or_else(|| "-".into(), |t| t.to_rfc3339())
-}
-
 fn opt_secs(d: Option<&prost_types::Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(secs_f64(d)))
-}
-
-fn opt_ts(t: Option<&prost_types::Timestamp>) -> Value {
-    t.map_or(Value::Null, |t| Value::String(rfc3339(t)))
 }
 
 /// "5 leased, 10/s burst 10", or "-" without limits.
@@ -811,13 +703,6 @@ fn queue_json(q: &pb::QueueInfo) -> Value {
 }
 
 fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
-    let none_if_empty = |s: &str| {
-        if s.is_empty() {
-            Value::Null
-        } else {
-            Value::String(s.to_owned())
-        }
-    };
     let mut v = json!({
         "id": j.id,
         "queue": j.queue,
@@ -839,15 +724,7 @@ fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
         "completed_by": none_if_empty(&j.completed_by),
     });
     if payload {
-        // Text payloads as text; anything else as hex, so JSON stays valid.
-        v["payload"] = match std::str::from_utf8(&j.payload) {
-            Ok(s) => Value::String(s.to_owned()),
-            Err(_) => Value::Null,
-        };
-        if v["payload"].is_null() {
-            v["payload_hex"] =
-                Value::String(j.payload.iter().map(|b| format!("{b:02x}")).collect());
-        }
+        set_payload(&mut v, &j.payload);
     }
     v
 }

@@ -1,28 +1,45 @@
 //! Client-side subcommands: `leaseq enqueue` and `leaseq tail` here, one
-//! file per further command: [`work`], and the operator commands in [`admin`].
+//! file per further command: [`work`], and the operator commands in
+//! [`admin`]. They share one way to reach the broker ([`ConnectArgs`]:
+//! `--addr`, `--tls-ca`, `--tls-cert`, `--tls-key`, `--token`, each with an
+//! environment twin), one output switch ([`Output`], `-o table|json`) and
+//! one table of exit codes ([`exit`]).
 
 pub mod admin;
+mod bridge;
+mod connect;
+pub mod exit;
+mod hash_token;
+mod output;
+pub mod work;
 
 use std::io::Read;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use anyhow::Context;
+use chrono::{DateTime, Utc};
 use clap::Args;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tonic::Code;
 
+use crate::duration::parse_duration;
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
+use leaseq_client::Job;
 
-mod connect;
-mod hash_token;
-pub mod work;
-pub use connect::{ClientChannel, ClientSecurity, connect};
+pub use connect::{ClientChannel, ClientSecurity, ConnectArgs, DEFAULT_ADDR, connect};
+pub use exit::{CliError, Exit, report};
 pub use hash_token::{HashTokenArgs, run as hash_token};
+pub use output::Output;
+
+/// Largest message accepted from the broker (its default
+/// `--max-message-bytes`), so a delivery of any accepted payload fits.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
-    /// Broker address.
-    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
-    pub addr: String,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// Queue name.
     #[arg(long, short)]
     pub queue: String,
@@ -30,116 +47,299 @@ pub struct EnqueueArgs {
     #[arg(long, short)]
     pub payload: Option<String>,
     /// Priority (higher first).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub priority: i32,
-    /// Deliver after this delay (e.g. 30s).
-    #[arg(long, value_parser = crate::duration::parse_duration)]
+    /// Deliver no earlier than this long from now (90s, 1h30m, 2d, or bare
+    /// seconds).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "run_at")]
     pub delay: Option<Duration>,
-    /// De-duplication key.
+    /// Deliver no earlier than this instant (RFC 3339, e.g.
+    /// 2030-01-31T09:00:00Z or 2030-01-31T10:00:00+01:00).
+    #[arg(long, value_parser = parse_rfc3339)]
+    pub run_at: Option<DateTime<Utc>>,
+    /// Dead-letter the job (reason `expired`) if it is not completed within
+    /// this long of its enqueue.
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Deliveries before the job is dead-lettered (default: the queue's).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: Option<i32>,
+    /// De-duplication key: while a job with this key is live in the queue,
+    /// enqueue adds nothing and returns that job's id as a duplicate.
     #[arg(long)]
     pub dedup_key: Option<String>,
     /// Header as KEY=VALUE (repeatable).
-    #[arg(long = "header", short = 'H')]
-    pub headers: Vec<String>,
-    #[command(flatten)]
-    pub security: ClientSecurity,
+    #[arg(long = "header", short = 'H', value_name = "KEY=VALUE", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+    /// Output: the job id (`ID` or `ID (duplicate)`), or
+    /// {"job_id", "queue", "duplicate"}.
+    #[arg(long, short = 'o', value_enum, default_value_t)]
+    pub output: Output,
 }
 
 #[derive(Args, Debug)]
 pub struct TailArgs {
-    /// Broker address.
-    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
-    pub addr: String,
-    /// Queue(s) to consume (repeatable).
-    #[arg(long, short, required = true)]
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Queue(s) to consume (repeatable, or comma-separated).
+    #[arg(long, short, required = true, value_delimiter = ',')]
     pub queue: Vec<String>,
-    /// Consumer name.
+    /// Consumer name shown in admin views.
     #[arg(long, default_value = "leaseq-tail")]
     pub consumer: String,
-    /// Leave jobs unacked (they are released when tail exits).
+    /// Leave jobs unacked: they are released (and redelivered) when tail
+    /// exits. Without it each job is acked on the stream once printed.
     #[arg(long)]
     pub no_ack: bool,
     /// Exit after this many jobs.
     #[arg(long)]
     pub count: Option<u64>,
-    #[command(flatten)]
-    pub security: ClientSecurity,
+    /// Output: one line per job (`ID queue=... attempt=... priority=...
+    /// payload=...`), or one JSON object per line.
+    #[arg(long, short = 'o', value_enum, default_value_t)]
+    pub output: Output,
 }
 
-pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
-    let mut client = QueueServiceClient::new(connect(&args.addr, &args.security).await?);
+fn parse_rfc3339(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{s:?} is not an RFC 3339 instant (e.g. 2030-01-31T09:00:00Z): {e}"))
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("header {s:?} is not KEY=VALUE"))
+}
+
+pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
     let payload = match args.payload {
         Some(p) => p.into_bytes(),
         None => {
             let mut buf = Vec::new();
-            std::io::stdin().read_to_end(&mut buf)?;
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| CliError::error(format!("reading the payload from stdin: {e}")))?;
             buf
         }
     };
-    let mut headers = std::collections::HashMap::new();
-    for h in args.headers {
-        let (k, v) = h
-            .split_once('=')
-            .with_context(|| format!("header {h:?} is not KEY=VALUE"))?;
-        headers.insert(k.to_owned(), v.to_owned());
+    let mut job = Job::new(args.queue.clone(), payload).priority(args.priority);
+    for (k, v) in args.headers {
+        job = job.header(k, v);
     }
+    if let Some(d) = args.delay {
+        job = job.delay(d);
+    }
+    if let Some(at) = args.run_at {
+        job = job.run_at(SystemTime::from(at));
+    }
+    if let Some(ttl) = args.ttl {
+        job = job.ttl(ttl);
+    }
+    if let Some(n) = args.max_attempts {
+        job = job.max_attempts(n);
+    }
+    if let Some(key) = args.dedup_key {
+        job = job.dedup_key(key);
+    }
+    let mut client = QueueServiceClient::new(args.connect.connect().await?);
     let resp = client
-        .enqueue(pb::EnqueueRequest {
-            queue: args.queue,
-            payload,
-            headers,
-            priority: args.priority,
-            delay: args.delay.map(|d| d.try_into()).transpose()?,
-            dedup_key: args.dedup_key.unwrap_or_default(),
-            ..Default::default()
-        })
+        .enqueue(pb::EnqueueRequest::from(job))
         .await?
         .into_inner();
-    if resp.duplicate {
-        println!("{} (duplicate)", resp.job_id);
-    } else {
-        println!("{}", resp.job_id);
+    match args.output {
+        Output::Json => output::print_json(&json!({
+            "job_id": resp.job_id,
+            "queue": args.queue,
+            "duplicate": resp.duplicate,
+        })),
+        Output::Table if resp.duplicate => println!("{} (duplicate)", resp.job_id),
+        Output::Table => println!("{}", resp.job_id),
     }
     Ok(())
 }
 
-pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
-    let mut client = QueueServiceClient::new(connect(&args.addr, &args.security).await?);
+/// Most jobs `tail` holds unacked at once.
+const TAIL_CREDIT: u64 = 16;
+/// The broker's largest credit: `tail --no-ack --count N` holds up to N.
+const MAX_CREDIT: u64 = 10_000;
+
+/// Prints jobs as they are delivered on a Consume stream, acking each on
+/// the same stream. At `--count` jobs, or on SIGINT / SIGTERM, it
+/// half-closes the stream and waits for the broker to end it: by then every
+/// ack it sent is settled and every job it did not ack is released.
+pub async fn tail(args: TailArgs) -> Result<(), CliError> {
+    let mut client = QueueServiceClient::new(args.connect.connect().await?)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let most = if args.no_ack { MAX_CREDIT } else { TAIL_CREDIT };
+    let mut credit = args.count.unwrap_or(TAIL_CREDIT).clamp(1, most);
+    let (tx, rx) = mpsc::channel(64);
+    let first = pb::ConsumeRequest {
+        subscribe: Some(pb::SubscribeRequest {
+            queues: args.queue.clone(),
+            consumer: args.consumer.clone(),
+            max_in_flight: credit as u32,
+            lease: None,
+        }),
+        ..Default::default()
+    };
+    tx.send(first)
+        .await
+        .expect("the receiver is alive: it is sent below");
+    let mut stream = match client
+        .consume(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == Code::Unimplemented => {
+            // A broker from before Consume.
+            return tail_subscribe(client, args).await;
+        }
+        Err(s) => return Err(s.into()),
+    };
+    let mut requests = Some(tx);
+    let mut stop = std::pin::pin!(stop_signal());
+    let (mut seen, mut failed) = (0u64, 0usize);
+    loop {
+        let msg = tokio::select! {
+            msg = stream.message() => msg?,
+            _ = &mut stop, if requests.is_some() => {
+                requests = None; // half-close
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
+        match msg.kind {
+            Some(pb::consume_response::Kind::Delivery(d)) => {
+                // After the last job (or a signal) deliveries already on
+                // their way are left alone: the broker releases them.
+                let Some(tx) = &requests else { continue };
+                print_delivery(&d, args.output);
+                seen += 1;
+                let mut req = pb::ConsumeRequest::default();
+                if !args.no_ack {
+                    req.acks.push(pb::AckRequest {
+                        job_id: d.job.map(|j| j.id).unwrap_or_default(),
+                        lease_token: d.lease_token,
+                    });
+                }
+                let remaining = args.count.map(|n| n.saturating_sub(seen));
+                if let Some(r) = remaining.filter(|&r| r > 0 && r < credit && !args.no_ack) {
+                    // No more credit than jobs still wanted. (Unacked jobs
+                    // keep theirs: with --no-ack the credit is --count.)
+                    credit = r;
+                    req.max_in_flight = r as u32;
+                }
+                if req != pb::ConsumeRequest::default() {
+                    // A send fails only once the stream is over; the next
+                    // message says why.
+                    let _ = tx.send(req).await;
+                }
+                if remaining == Some(0) {
+                    requests = None; // half-close
+                }
+            }
+            Some(pb::consume_response::Kind::Settled(r)) => {
+                for r in r.results.iter().filter(|r| r.code != 0) {
+                    failed += 1;
+                    eprintln!(
+                        "warning: ack of {} failed: {:?}: {}",
+                        r.job_id,
+                        Code::from(r.code),
+                        r.message
+                    );
+                }
+            }
+            Some(pb::consume_response::Kind::Heartbeat(_)) | None => {}
+        }
+    }
+    if failed > 0 {
+        return Err(CliError::error(format!("{failed} ack(s) failed")));
+    }
+    Ok(())
+}
+
+/// `tail` over Subscribe and unary Acks, for a broker without Consume.
+async fn tail_subscribe(
+    mut client: QueueServiceClient<ClientChannel>,
+    args: TailArgs,
+) -> Result<(), CliError> {
     let mut stream = client
         .subscribe(pb::SubscribeRequest {
             queues: args.queue,
             consumer: args.consumer,
-            max_in_flight: 16,
+            max_in_flight: TAIL_CREDIT as u32,
             lease: None,
         })
         .await?
         .into_inner();
+    let mut stop = std::pin::pin!(stop_signal());
     let mut seen = 0u64;
-    while let Some(msg) = stream.message().await? {
+    while args.count.is_none_or(|n| seen < n) {
+        let msg = tokio::select! {
+            msg = stream.message() => msg?,
+            _ = &mut stop => break,
+        };
+        let Some(msg) = msg else { break };
         let Some(pb::subscribe_response::Kind::Delivery(d)) = msg.kind else {
             continue;
         };
-        let job = d.job.unwrap_or_default();
-        println!(
+        print_delivery(&d, args.output);
+        if !args.no_ack {
+            client
+                .ack(pb::AckRequest {
+                    job_id: d.job.map(|j| j.id).unwrap_or_default(),
+                    lease_token: d.lease_token,
+                })
+                .await?;
+        }
+        seen += 1;
+    }
+    Ok(())
+}
+
+/// One delivered job: a line for people, or a JSON object on one line.
+fn print_delivery(d: &pb::Delivery, out: Output) {
+    let job = d.job.clone().unwrap_or_default();
+    match out {
+        Output::Table => println!(
             "{} queue={} attempt={} priority={} payload={}",
             job.id,
             job.queue,
             job.attempt,
             job.priority,
             String::from_utf8_lossy(&job.payload)
-        );
-        if !args.no_ack {
-            client
-                .ack(pb::AckRequest {
-                    job_id: job.id,
-                    lease_token: d.lease_token,
-                })
-                .await?;
-        }
-        seen += 1;
-        if args.count.is_some_and(|n| seen >= n) {
-            break;
+        ),
+        Output::Json => {
+            let mut v = json!({
+                "id": job.id,
+                "queue": job.queue,
+                "attempt": job.attempt,
+                "priority": job.priority,
+                "headers": job.headers,
+                "enqueued_at": output::opt_ts(job.enqueued_at.as_ref()),
+                "last_error": output::none_if_empty(&job.last_error),
+                "lease_expires_at": output::opt_ts(d.lease_expires_at.as_ref()),
+            });
+            output::set_payload(&mut v, &job.payload);
+            output::print_json_line(&v);
         }
     }
-    Ok(())
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+pub(crate) async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the process would die on the first signal
+        // anyway; run until then.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received: stopping"),
+        _ = int.recv() => tracing::info!("SIGINT received: stopping"),
+    }
 }

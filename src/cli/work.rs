@@ -24,12 +24,12 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::info;
 
-use leaseq_client::{Client, Delivery, Worker};
+use super::{CliError, ConnectArgs, stop_signal};
+use leaseq_client::{Delivery, Worker};
 
 /// Job-field variables set for CMD; inherited ones are removed first so a
 /// stale value never leaks into a job that lacks the field.
@@ -62,9 +62,8 @@ running ones get --grace to finish, then leaseq work exits.";
 #[derive(Args, Debug)]
 #[command(after_help = AFTER_HELP)]
 pub struct WorkArgs {
-    /// Broker address.
-    #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
-    pub addr: String,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// Queue(s) to consume (repeatable, or comma-separated).
     #[arg(
         long,
@@ -97,9 +96,14 @@ pub struct WorkArgs {
     pub command: Vec<OsString>,
 }
 
-pub async fn run(args: WorkArgs) -> anyhow::Result<()> {
-    let client = Client::connect_lazy(args.addr.clone())
-        .with_context(|| format!("broker address {:?}", args.addr))?;
+/// Runs until SIGTERM / SIGINT (exit 0 once drained), or until the broker
+/// refuses the stream for good (a status retrying cannot fix, e.g. a token
+/// without `consume` on the queue).
+pub async fn run(args: WorkArgs) -> Result<(), CliError> {
+    // The worker waits for a broker that is down, but would wait for ever on
+    // TLS that cannot work: find that out now.
+    args.connect.preflight().await?;
+    let client = args.connect.lazy_client()?;
     let scrub: Vec<OsString> = std::env::vars_os()
         .map(|(k, _)| k)
         .filter(|k| {
@@ -122,27 +126,9 @@ pub async fn run(args: WorkArgs) -> anyhow::Result<()> {
     info!(queues = ?args.queue, concurrency = args.concurrency, "leaseq work started");
     worker
         .run(move |job| cmd.clone().run(job), stop_signal())
-        .await
-        .map_err(|s| anyhow::anyhow!("{:?}: {}", s.code(), s.message()))?;
+        .await?;
     info!("leaseq work stopped");
     Ok(())
-}
-
-/// Completes on the first SIGTERM or SIGINT.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the process would die on the first signal
-        // anyway; run until then.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received: draining"),
-        _ = int.recv() => info!("SIGINT received: draining"),
-    }
 }
 
 struct Command {

@@ -36,6 +36,9 @@ use crate::stream_limit::Limited;
 /// Settle results waiting to be sent, per stream. Bounded: a client that
 /// stops reading responses stops having its requests read.
 const RESULTS_BACKLOG: usize = 256;
+/// Settle tasks one stream may have under way; past it the stream's next
+/// request is read only when one finishes.
+const MAX_PENDING_SETTLES: usize = 1024;
 
 /// The first request, parsed: the subscription and its options.
 pub(super) struct Opening {
@@ -109,6 +112,9 @@ impl Reader {
                 let _ = self.results.send(Err(e.into())).await;
                 return;
             }
+            while self.settles.len() >= MAX_PENDING_SETTLES {
+                self.settles.join_next().await;
+            }
             tokio::select! {
                 msg = requests.message() => match msg {
                     Ok(Some(msg)) => next = Some(msg),
@@ -125,7 +131,9 @@ impl Reader {
         let dispatcher = self.broker.dispatcher();
         dispatcher.set_credit(self.id, 0);
         while self.settles.join_next().await.is_some() {}
-        dispatcher.close(self.id);
+        // The response ends when this task drops its sender, so the client
+        // sees OK only after the release has committed.
+        dispatcher.finish(self.id).await;
     }
 
     /// Validates and starts what one request asks for. An error here ends the

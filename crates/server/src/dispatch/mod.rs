@@ -67,6 +67,9 @@ pub(crate) enum Msg {
         tx: mpsc::Sender<stream::Item>,
     },
     Closed(StreamId),
+    /// Closed by its client (Consume half-close): the sender hears when
+    /// the stream's unsettled jobs are released.
+    Finish(StreamId, oneshot::Sender<()>),
     Credit(StreamId, u32),
     Wake(Vec<Wake>),
     WakeAll,
@@ -184,9 +187,12 @@ impl Dispatcher {
     }
 
     /// Ends a stream now: its unsettled jobs are released and its
-    /// deliveries end (without error).
-    pub fn close(&self, id: StreamId) {
-        let _ = self.tx.send(Msg::Closed(id));
+    /// deliveries end (without error). Returns once the release committed.
+    pub async fn finish(&self, id: StreamId) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Finish(id, tx)).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// Jobs became available (delay 0) or will at `delay_ms`.
@@ -304,7 +310,8 @@ impl Task {
                 self.core.open(id, sub);
                 self.txs.insert(id, tx);
             }
-            Msg::Closed(id) => self.close(id),
+            Msg::Closed(id) => self.close(id, None),
+            Msg::Finish(id, done) => self.close(id, Some(done)),
             Msg::Credit(id, n) => {
                 if let Some((queues, old)) = self.core.stream_info(id) {
                     let m = &self.store.metrics.streams;
@@ -348,7 +355,14 @@ impl Task {
     }
 
     /// Pushes leased jobs into their streams; releases what nobody can take.
+    /// Once a drain has begun nothing more is pushed: jobs a round or a
+    /// hand-off leased meanwhile stay in flight and are released by the
+    /// drain, attempt given back, without reaching a consumer.
     fn deliver(&mut self, delivered: Delivered) {
+        if self.core.is_draining() {
+            self.release(delivered.orphans, "stream closed before delivery", true);
+            return;
+        }
         (self.store.metrics).on_leased(delivered.jobs.iter().map(|(_, j)| j));
         let mut gone: Vec<StreamId> = Vec::new();
         for (sid, job) in delivered.jobs {
@@ -363,19 +377,29 @@ impl Task {
             }
         }
         for sid in gone {
-            self.close(sid);
+            self.close(sid, None);
         }
         self.release(delivered.orphans, "stream closed before delivery", true);
     }
 
-    fn close(&mut self, id: StreamId) {
+    /// Forgets a stream and releases its unsettled jobs; `done` hears when
+    /// the release is over.
+    fn close(&mut self, id: StreamId, done: Option<oneshot::Sender<()>>) {
         if let Some((queues, credit)) = self.core.stream_info(id) {
             self.store.metrics.streams.closed(queues, credit);
         }
         self.txs.remove(&id);
         let leases = self.core.close(id);
         debug!(stream = id, unsettled = leases.len(), "stream closed");
-        self.release(leases, "consumer stream closed before settling", false);
+        let settle = self.settle.clone();
+        tokio::spawn(async move {
+            settle
+                .release(leases, "consumer stream closed before settling", false)
+                .await;
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
+        });
     }
 
     /// Makes leases available again at once (in a task of its own).
