@@ -1,22 +1,51 @@
-//! The Rust client (`leaseq_client`): `Client` calls and the `Worker`
-//! (reconnects across a broker drain and restart, extends leases, nacks
-//! failures with their text, bounds concurrency, stops gracefully), over real
-//! gRPC to in-process brokers on a real PostgreSQL.
+//! The Rust client (`leaseq_client`): `Client` calls, the `AdminClient`, and
+//! the `Worker` (settles on the Consume stream and the Subscribe + AckBatch
+//! fallback, handlers per queue, outcomes, timeouts, lost leases, reconnects
+//! across a broker drain and restart, lease extension, bounded concurrency,
+//! graceful stop), TLS with client certificates and tokens, and the crate's
+//! examples, over real gRPC to in-process brokers on a real PostgreSQL.
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{TestDb, test_config, until, wait_serving};
-use leaseq_client::{Client, Delivery, Job, Nack, Worker};
+use leaseq_client::pb;
+use leaseq_client::pb::queue_service_client::QueueServiceClient;
+use leaseq_client::pb::queue_service_server::{QueueService, QueueServiceServer};
+use leaseq_client::{
+    AdminClient, Client, ConnectError, ConnectOptions, DeadLetter, DeadLetters, Delivery, Job,
+    Nack, QueueUpdate, Retry, TraceParent, Worker,
+};
+use leaseq_server::Config;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::Code;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// The crate's examples, compiled into this test and run against real
+/// brokers (their `main`s are not called: they read the environment).
+#[allow(dead_code)]
+mod examples {
+    pub mod producer {
+        include!("../crates/client/examples/producer.rs");
+    }
+    pub mod worker {
+        include!("../crates/client/examples/worker.rs");
+    }
+    pub mod tls {
+        include!("../crates/client/examples/tls.rs");
+    }
+    pub mod admin {
+        include!("../crates/client/examples/admin.rs");
+    }
+}
 
 const S10: Duration = Duration::from_secs(10);
 
@@ -29,13 +58,20 @@ struct Broker {
 
 impl Broker {
     async fn start(db: &TestDb, addr: SocketAddr) -> Broker {
+        let broker = Broker::spawn(db, addr, test_config()).await;
+        wait_serving(addr, Duration::from_secs(20)).await;
+        broker
+    }
+
+    /// Starts a broker with `cfg` without waiting for it to serve.
+    async fn spawn(db: &TestDb, addr: SocketAddr, cfg: Config) -> Broker {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let shutdown = CancellationToken::new();
         let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle = tokio::spawn(async move {
-            leaseq_server::server::run(test_config(), &url, listener, token).await
-        });
-        wait_serving(addr, Duration::from_secs(20)).await;
+        let handle =
+            tokio::spawn(
+                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
+            );
         Broker { shutdown, handle }
     }
 
@@ -72,17 +108,38 @@ impl Running {
         F: Fn(Delivery) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<(), anyhow::Error>> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel::<()>();
-        let (stopped_tx, stopped_rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(worker.run(handler, async move {
-            let _ = rx.await;
-            let _ = stopped_tx.send(());
-        }));
+        let (tx, stopped_rx, shutdown) = Running::shutdown();
+        let handle = tokio::spawn(worker.run(handler, shutdown));
         Running {
             stop: Some(tx),
             stopped: Some(stopped_rx),
             handle,
         }
+    }
+
+    /// A worker whose handlers were given with `Worker::handle`.
+    fn serve(worker: Worker) -> Running {
+        let (tx, stopped_rx, shutdown) = Running::shutdown();
+        let handle = tokio::spawn(worker.serve(shutdown));
+        Running {
+            stop: Some(tx),
+            stopped: Some(stopped_rx),
+            handle,
+        }
+    }
+
+    fn shutdown() -> (
+        oneshot::Sender<()>,
+        oneshot::Receiver<()>,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let (tx, rx) = oneshot::channel::<()>();
+        let (stopped_tx, stopped_rx) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = rx.await;
+            let _ = stopped_tx.send(());
+        };
+        (tx, stopped_rx, shutdown)
     }
 
     /// Asks the worker to stop; returns once it has taken the request.
@@ -564,7 +621,12 @@ async fn unfixable_errors_end_the_worker() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().starts_with("queues[0]:"), "{}", err.message());
+    // Named in the Consume request the worker opens with.
+    assert!(
+        err.message().starts_with("subscribe.queues[0]:"),
+        "{}",
+        err.message()
+    );
     let err = Worker::new(client.clone(), ["ok"])
         .concurrency(0)
         .run(noop, std::future::pending())
@@ -661,4 +723,1199 @@ async fn handler_running_across_a_restart_keeps_the_bound_and_the_job_is_redone(
     worker.stop(S10).await.expect("clean stop");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     second.stop().await;
+}
+
+// ---- settles on the Consume stream, and the fallback ---------------------
+
+/// Calls per method seen by a [`Proxy`], and what its Consume streams carried.
+#[derive(Default)]
+struct Calls(Mutex<HashMap<String, usize>>);
+
+impl Calls {
+    fn add(&self, key: &str, n: usize) {
+        *self.0.lock().unwrap().entry(key.to_owned()).or_default() += n;
+    }
+
+    fn get(&self, key: &str) -> usize {
+        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    fn summary(&self) -> String {
+        let mut v: Vec<_> = self.0.lock().unwrap().clone().into_iter().collect();
+        v.sort();
+        format!("{v:?}")
+    }
+}
+
+/// A gRPC proxy in front of a broker's QueueService that counts every call
+/// and every settle sent on Consume streams, and (with `consume: false`)
+/// answers UNIMPLEMENTED to Consume as a broker from before it would.
+struct Proxy {
+    upstream: QueueServiceClient<Channel>,
+    calls: Arc<Calls>,
+    consume: bool,
+}
+
+#[tonic::async_trait]
+impl QueueService for Proxy {
+    async fn enqueue(
+        &self,
+        r: Request<pb::EnqueueRequest>,
+    ) -> Result<Response<pb::EnqueueResponse>, Status> {
+        self.calls.add("Enqueue", 1);
+        self.upstream.clone().enqueue(r.into_inner()).await
+    }
+
+    async fn enqueue_batch(
+        &self,
+        r: Request<pb::EnqueueBatchRequest>,
+    ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        self.calls.add("EnqueueBatch", 1);
+        self.upstream.clone().enqueue_batch(r.into_inner()).await
+    }
+
+    type SubscribeStream = Streaming<pb::SubscribeResponse>;
+
+    async fn subscribe(
+        &self,
+        r: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        self.calls.add("Subscribe", 1);
+        self.upstream.clone().subscribe(r.into_inner()).await
+    }
+
+    async fn ack(&self, r: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        self.calls.add("Ack", 1);
+        self.upstream.clone().ack(r.into_inner()).await
+    }
+
+    async fn ack_batch(
+        &self,
+        r: Request<pb::AckBatchRequest>,
+    ) -> Result<Response<pb::AckBatchResponse>, Status> {
+        self.calls.add("AckBatch", 1);
+        self.calls.add("AckBatch.acks", r.get_ref().acks.len());
+        self.upstream.clone().ack_batch(r.into_inner()).await
+    }
+
+    async fn nack(
+        &self,
+        r: Request<pb::NackRequest>,
+    ) -> Result<Response<pb::NackResponse>, Status> {
+        self.calls.add("Nack", 1);
+        self.upstream.clone().nack(r.into_inner()).await
+    }
+
+    async fn extend_lease(
+        &self,
+        r: Request<pb::ExtendLeaseRequest>,
+    ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
+        self.calls.add("ExtendLease", 1);
+        self.upstream.clone().extend_lease(r.into_inner()).await
+    }
+
+    type ConsumeStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ConsumeResponse, Status>>;
+
+    async fn consume(
+        &self,
+        r: Request<Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        self.calls.add("Consume", 1);
+        if !self.consume {
+            return Err(Status::unimplemented("leaseq.v1.QueueService/Consume"));
+        }
+        // Requests: counted, and how the client ended them (half-close or not).
+        let (req_tx, req_rx) = mpsc::channel(16);
+        let (calls, mut inbound) = (self.calls.clone(), r.into_inner());
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => {
+                        calls.add("Consume.messages", 1);
+                        calls.add("Consume.acks", m.acks.len());
+                        calls.add("Consume.nacks", m.nacks.len());
+                        calls.add("Consume.extends", m.extends.len());
+                        if req_tx.send(m).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return calls.add("Consume.half_closed", 1),
+                    Err(_) => return calls.add("Consume.reset", 1),
+                }
+            }
+        });
+        let mut upstream = self
+            .upstream
+            .clone()
+            .consume(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+            .await?
+            .into_inner();
+        // Responses: passed on, and how the broker ended them.
+        let (resp_tx, resp_rx) = mpsc::channel(16);
+        let calls = self.calls.clone();
+        tokio::spawn(async move {
+            loop {
+                match upstream.message().await {
+                    Ok(Some(m)) => {
+                        if resp_tx.send(Ok(m)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return calls.add("Consume.ended_ok", 1),
+                    Err(s) => {
+                        calls.add("Consume.ended_with_error", 1);
+                        let _ = resp_tx.send(Err(s)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            resp_rx,
+        )))
+    }
+}
+
+/// Starts a [`Proxy`] to the broker at `upstream`; returns its address.
+async fn start_proxy(upstream: SocketAddr, consume: bool) -> (SocketAddr, Arc<Calls>) {
+    let calls = Arc::new(Calls::default());
+    let proxy = Proxy {
+        upstream: QueueServiceClient::connect(format!("http://{upstream}"))
+            .await
+            .unwrap(),
+        calls: calls.clone(),
+        consume,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(QueueServiceServer::new(proxy))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (addr, calls)
+}
+
+/// Retries at once after a plain nack, so tests need not wait out the
+/// backoff (the queue is created by enqueueing to it first).
+async fn no_backoff(db: &TestDb) {
+    sqlx::query("update leaseq.queues set backoff_base_ms = 0")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
+
+/// Enqueues `ok` jobs that succeed, one that fails on its first attempt and
+/// one that runs past its 1 s lease; returns the handler for them.
+async fn mixed_jobs(
+    client: &Client,
+    db: &TestDb,
+    queue: &str,
+    ok: usize,
+) -> impl Fn(Delivery) -> BoxFuture + Send + Sync + 'static {
+    client
+        .enqueue_batch((0..ok).map(|i| Job::new(queue, format!("ok-{i}"))))
+        .await
+        .unwrap();
+    client.enqueue(Job::new(queue, "fail")).await.unwrap();
+    client.enqueue(Job::new(queue, "long")).await.unwrap();
+    no_backoff(db).await;
+    |d: Delivery| -> BoxFuture {
+        Box::pin(async move {
+            match payload(&d).as_str() {
+                "fail" if d.attempt == 1 => anyhow::bail!("first attempts fail"),
+                "long" => tokio::time::sleep(Duration::from_millis(1800)).await,
+                _ => {}
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn settles_and_lease_extensions_travel_on_the_consume_stream() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let (proxy, calls) = start_proxy(addr, true).await;
+    let client = Client::connect(format!("http://{proxy}")).await.unwrap();
+    let handler = mixed_jobs(&client, &db, "stream", 30).await;
+    let worker = Worker::new(client.clone(), ["stream"])
+        .concurrency(8)
+        .lease(Duration::from_secs(1));
+    let stats = worker.stats();
+    let running = Running::spawn(worker, handler);
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    running.stop(S10).await.expect("clean stop");
+
+    let c = calls.summary();
+    // One stream carried everything: 32 acks, a nack, the extensions of the
+    // long job's lease (every half second for 1.8 s).
+    assert_eq!(calls.get("Consume"), 1, "{c}");
+    assert_eq!(calls.get("Consume.acks"), 32, "{c}");
+    assert_eq!(calls.get("Consume.nacks"), 1, "{c}");
+    assert!(calls.get("Consume.extends") >= 2, "{c}");
+    for unary in ["Subscribe", "Ack", "AckBatch", "Nack", "ExtendLease"] {
+        assert_eq!(calls.get(unary), 0, "{unary}: {c}");
+    }
+    // The stop half-closed the stream, and the broker ended it with OK.
+    assert_eq!(calls.get("Consume.half_closed"), 1, "{c}");
+    assert_eq!(calls.get("Consume.ended_ok"), 1, "{c}");
+    assert_eq!(
+        calls.get("Consume.reset") + calls.get("Consume.ended_with_error"),
+        0,
+        "{c}"
+    );
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(n(&stats.settled_on_stream), 33);
+    assert_eq!((n(&stats.acked), n(&stats.nacked)), (32, 1));
+    assert_eq!(n(&stats.consume_streams), 1);
+    assert_eq!(n(&stats.subscribe_streams), 0);
+    assert_eq!(db.dead_jobs().await, 0);
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn acks_finishing_together_share_a_message() {
+    const JOBS: usize = 20;
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let (proxy, calls) = start_proxy(addr, true).await;
+    let client = Client::connect(format!("http://{proxy}")).await.unwrap();
+    client
+        .enqueue_batch((0..JOBS).map(|i| Job::new("together", format!("{i}"))))
+        .await
+        .unwrap();
+    // Every handler waits until all have started, then they finish at once.
+    let (started, _) = watch::channel(0usize);
+    let started = Arc::new(started);
+    let running = {
+        let started = started.clone();
+        Running::spawn(
+            Worker::new(client.clone(), ["together"]).concurrency(JOBS as u32),
+            move |_| {
+                let started = started.clone();
+                async move {
+                    started.send_modify(|n| *n += 1);
+                    let _ = started.subscribe().wait_for(|n| *n == JOBS).await;
+                    Ok(())
+                }
+            },
+        )
+    };
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    running.stop(S10).await.expect("clean stop");
+    let c = calls.summary();
+    assert_eq!(calls.get("Consume.acks"), JOBS, "{c}");
+    // The first message opened the stream; the acks took a few at most.
+    let ack_messages = calls.get("Consume.messages") - 1;
+    eprintln!("{JOBS} acks in {ack_messages} message(s)");
+    assert!(
+        ack_messages <= 5,
+        "{JOBS} acks in {ack_messages} messages: {c}"
+    );
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_broker_without_consume_gets_subscribe_and_ack_batch() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let (proxy, calls) = start_proxy(addr, false).await;
+    let client = Client::connect(format!("http://{proxy}")).await.unwrap();
+    let handler = mixed_jobs(&client, &db, "old", 20).await;
+    let worker = Worker::new(client.clone(), ["old"])
+        .concurrency(8)
+        .lease(Duration::from_secs(1));
+    let stats = worker.stats();
+    let running = Running::spawn(worker, handler);
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    running.stop(S10).await.expect("clean stop");
+
+    let c = calls.summary();
+    // Consume was tried once, then Subscribe: acks in AckBatch calls, the
+    // nack and the extensions as unary calls.
+    assert_eq!(calls.get("Consume"), 1, "{c}");
+    assert_eq!(calls.get("Subscribe"), 1, "{c}");
+    assert_eq!(calls.get("AckBatch.acks"), 22, "{c}");
+    assert!(calls.get("AckBatch") >= 1, "{c}");
+    assert_eq!(calls.get("Ack"), 0, "{c}");
+    assert_eq!(calls.get("Nack"), 1, "{c}");
+    assert!(calls.get("ExtendLease") >= 2, "{c}");
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(n(&stats.settled_on_stream), 0);
+    assert_eq!(n(&stats.settled_batched), 22);
+    assert_eq!(n(&stats.settled_unary), 1);
+    assert_eq!(n(&stats.subscribe_streams), 1);
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn stream_acks_off_uses_subscribe_from_the_start() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let (proxy, calls) = start_proxy(addr, true).await;
+    let client = Client::connect(format!("http://{proxy}")).await.unwrap();
+    client.enqueue(Job::new("plain", "x")).await.unwrap();
+    let running = Running::spawn(
+        Worker::new(client.clone(), ["plain"]).stream_acks(false),
+        |_| async { Ok(()) },
+    );
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    running.stop(S10).await.expect("clean stop");
+    let c = calls.summary();
+    assert_eq!(
+        (
+            calls.get("Consume"),
+            calls.get("Subscribe"),
+            calls.get("AckBatch")
+        ),
+        (0, 1, 1),
+        "{c}"
+    );
+    broker.stop().await;
+}
+
+// ---- handlers per queue, outcomes, timeouts, lost leases -----------------
+
+/// Sets its flag when dropped: shows a handler's future was cancelled.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn handlers_per_queue_with_a_fallback_and_trace_context() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = client
+        .enqueue(
+            Job::new("emails", "traced")
+                .traceparent(TP)
+                .tracestate("congo=t61rcWkgMzE"),
+        )
+        .await
+        .unwrap();
+    client.enqueue(Job::new("sms", "text")).await.unwrap();
+    client.enqueue(Job::new("audit", "log")).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(&'static str, Delivery)>();
+    let (tx1, tx2, tx3) = (tx.clone(), tx.clone(), tx);
+    let running = Running::spawn(
+        Worker::new(client.clone(), ["audit"])
+            .handle("emails", move |d: Delivery| {
+                let tx = tx1.clone();
+                async move {
+                    tx.send(("emails", d)).unwrap();
+                    Ok::<(), anyhow::Error>(())
+                }
+            })
+            // A different error type per handler is fine.
+            .handle("sms", move |d: Delivery| {
+                let tx = tx2.clone();
+                async move {
+                    tx.send(("sms", d)).unwrap();
+                    Ok::<(), String>(())
+                }
+            })
+            .concurrency(3),
+        move |d| {
+            let tx = tx3.clone();
+            async move {
+                tx.send(("fallback", d)).unwrap();
+                Ok(())
+            }
+        },
+    );
+    let mut got = HashMap::new();
+    while got.len() < 3 {
+        let (handler, d) = tokio::time::timeout(S10, rx.recv())
+            .await
+            .expect("3 jobs handled")
+            .unwrap();
+        got.insert(d.queue.clone(), (handler, d));
+    }
+    assert_eq!(got["emails"].0, "emails");
+    assert_eq!(got["sms"].0, "sms");
+    assert_eq!(got["audit"].0, "fallback");
+    let d = &got["emails"].1;
+    assert_eq!(d.id, traced.job_id);
+    assert_eq!(d.traceparent(), Some(TP));
+    assert_eq!(d.tracestate(), Some("congo=t61rcWkgMzE"));
+    let tp = d.trace_parent().expect("parsed");
+    assert_eq!(tp.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(tp, TraceParent::parse(TP).unwrap());
+    assert_eq!(got["sms"].1.traceparent(), None);
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    running.stop(S10).await.expect("clean stop");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn timeout_cancels_the_handler_and_the_job_comes_back() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let slow = client.enqueue(Job::new("slow", "x")).await.unwrap();
+    client.enqueue(Job::new("quick", "y")).await.unwrap();
+    no_backoff(&db).await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let worker = {
+        let (dropped, tx, tx2) = (dropped.clone(), tx.clone(), tx);
+        Worker::builder(client.clone())
+            .handle("slow", move |d: Delivery| {
+                let (dropped, tx) = (dropped.clone(), tx.clone());
+                async move {
+                    if d.attempt == 1 {
+                        let _flag = DropFlag(dropped);
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    tx.send((d.queue.clone(), d.attempt, d.last_error.clone()))
+                        .unwrap();
+                    Ok::<(), anyhow::Error>(())
+                }
+            })
+            // 300 ms for every queue but `quick`, which has far longer.
+            .timeout(Duration::from_millis(300))
+            .handle("quick", move |d: Delivery| {
+                let tx = tx2.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    tx.send((d.queue.clone(), d.attempt, d.last_error.clone()))
+                        .unwrap();
+                    Ok::<(), anyhow::Error>(())
+                }
+            })
+            .queue_timeout("quick", S10)
+            .concurrency(2)
+    };
+    let stats = worker.stats();
+    let started = Instant::now();
+    let running = Running::serve(worker);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(
+            tokio::time::timeout(S10, rx.recv())
+                .await
+                .expect("handled")
+                .unwrap(),
+        );
+    }
+    got.sort();
+    assert_eq!(
+        got[0],
+        ("quick".to_owned(), 1, None),
+        "quick kept its timeout"
+    );
+    let (queue, attempt, last_error) = &got[1];
+    assert_eq!((queue.as_str(), *attempt), ("slow", 2), "came back");
+    assert_eq!(
+        last_error.as_deref(),
+        Some("timeout: the handler ran longer than 300ms")
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler's future was dropped"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(stats.timed_out.load(Ordering::Relaxed), 1);
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    assert!(db.live_row(&slow.job_id).await.is_none());
+    running.stop(S10).await.expect("clean stop");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn retry_and_dead_letter_outcomes() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    for p in ["retry", "context", "dead", "plain"] {
+        client.enqueue(Job::new("outcomes", p)).await.unwrap();
+    }
+    // A plain failure waits for the queue's backoff: make that long, so the
+    // Retry jobs' own delays are what show.
+    sqlx::query("update leaseq.queues set backoff_base_ms = 60000, backoff_cap_ms = 60000")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let worker = Worker::new(client.clone(), ["outcomes"]).concurrency(4);
+    let stats = worker.stats();
+    let running =
+        Running::spawn(worker, move |d| {
+            let tx = tx.clone();
+            async move {
+                let p = payload(&d);
+                tx.send((p.clone(), d.attempt, d.last_error.clone(), Instant::now()))
+                    .unwrap();
+                match (p.as_str(), d.attempt) {
+                    ("retry", 1) => Err(Retry::after(Duration::from_millis(1500))
+                        .because("busy")
+                        .into()),
+                    // Found under context, as the first Retry in the chain.
+                    ("context", 1) => Err(anyhow::Error::new(Retry::after(Duration::ZERO))
+                        .context("calling upstream")),
+                    ("dead", _) => Err(DeadLetter::new("bad payload").into()),
+                    ("plain", _) => Err(anyhow::anyhow!("plain failure")),
+                    _ => Ok(()),
+                }
+            }
+        });
+    let mut seen: HashMap<(String, i32), (Option<String>, Instant)> = HashMap::new();
+    while seen.len() < 6 {
+        let (p, attempt, last_error, at) = tokio::time::timeout(S10, rx.recv())
+            .await
+            .expect("6 deliveries")
+            .unwrap();
+        seen.insert((p, attempt), (last_error, at));
+    }
+    let get = |p: &str, a: i32| seen[&(p.to_owned(), a)].clone();
+    assert_eq!(
+        get("context", 2).0.as_deref(),
+        Some("calling upstream: retry requested")
+    );
+    assert_eq!(get("retry", 2).0.as_deref(), Some("busy"));
+    let waited = get("retry", 2).1 - get("retry", 1).1;
+    assert!(
+        waited >= Duration::from_millis(1400) && waited < Duration::from_secs(5),
+        "retry_after 1.5 s, came back after {waited:?}"
+    );
+    until(&db, "select count(*) = 1 from leaseq.jobs", S10).await;
+    // The plain failure waits for the queue's backoff.
+    let rows = db.job_rows().await;
+    assert_eq!((rows[0].0.as_str(), rows[0].2), ("plain", 1));
+
+    // The dead letter, seen through the admin client.
+    let admin = AdminClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let dead = admin
+        .list_dead_letters("outcomes", 0, "", true)
+        .await
+        .unwrap()
+        .jobs;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (
+            dead[0].payload.as_slice(),
+            dead[0].attempt,
+            dead[0].dead_reason.as_str(),
+            dead[0].last_error.as_str()
+        ),
+        (&b"dead"[..], 1, "nacked", "bad payload")
+    );
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(
+        (n(&stats.acked), n(&stats.nacked), n(&stats.dead_lettered)),
+        (2, 4, 1)
+    );
+    running.stop(S10).await.expect("clean stop");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let admin = client.admin();
+
+    // Lost while the handler runs: the next extension (every half second of
+    // a 1 s lease) is refused, and the handler is cancelled.
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let running_worker =
+        Worker::new(client.clone(), ["lost.running"]).lease(Duration::from_secs(1));
+    let running_stats = running_worker.stats();
+    let running = {
+        let dropped = dropped.clone();
+        Running::spawn(running_worker, move |d| {
+            let (dropped, started_tx, done_tx) =
+                (dropped.clone(), started_tx.clone(), done_tx.clone());
+            async move {
+                if payload(&d) == "stuck" {
+                    let _flag = DropFlag(dropped);
+                    started_tx.send(d.id.clone()).unwrap();
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                done_tx.send(payload(&d)).unwrap();
+                Ok(())
+            }
+        })
+    };
+    let stuck = client
+        .enqueue(Job::new("lost.running", "stuck"))
+        .await
+        .unwrap();
+    let id = tokio::time::timeout(S10, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(id, stuck.job_id);
+    assert!(admin.cancel_job(&id).await.unwrap(), "was leased");
+    common::eventually(S10, "handler cancelled", || {
+        let dropped = dropped.clone();
+        async move { dropped.load(Ordering::SeqCst) }
+    })
+    .await;
+    // The worker goes on with the next job.
+    client
+        .enqueue(Job::new("lost.running", "next"))
+        .await
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(S10, done.recv())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("next")
+    );
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    common::eventually(S10, "next acked", || {
+        let stats = running_stats.clone();
+        async move { stats.acked.load(Ordering::Relaxed) == 1 }
+    })
+    .await;
+    assert_eq!(n(&running_stats.lease_lost), 1);
+    assert_eq!(n(&running_stats.nacked), 0);
+
+    // Lost before the settle: the handler finishes, its ack (on the stream)
+    // is refused with FAILED_PRECONDITION, and nothing else happens.
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (release_tx, release_rx) = watch::channel(false);
+    let settle_worker = Worker::new(client.clone(), ["lost.settle"]);
+    let settle_stats = settle_worker.stats();
+    let settling = Running::spawn(settle_worker, move |d| {
+        let started_tx = started_tx.clone();
+        let mut release = release_rx.clone();
+        async move {
+            started_tx.send(d.id.clone()).unwrap();
+            let _ = release.wait_for(|r| *r).await;
+            Ok(())
+        }
+    });
+    let job = client.enqueue(Job::new("lost.settle", "x")).await.unwrap();
+    let id = tokio::time::timeout(S10, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(id, job.job_id);
+    assert!(admin.cancel_job(&id).await.unwrap());
+    release_tx.send(true).unwrap();
+    common::eventually(S10, "ack refused", || {
+        let stats = settle_stats.clone();
+        async move { stats.lease_lost.load(Ordering::Relaxed) == 1 }
+    })
+    .await;
+    assert_eq!((n(&settle_stats.acked), n(&settle_stats.nacked)), (0, 0));
+    assert_eq!(n(&settle_stats.settled_on_stream), 1);
+    running.stop(S10).await.expect("clean stop");
+    settling.stop(S10).await.expect("clean stop");
+    assert_eq!(db.live_jobs().await, 0);
+    assert_eq!(db.dead_jobs().await, 0);
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_mid_work_loses_nothing() {
+    const JOBS: usize = 40;
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let first = Broker::start(&db, addr).await;
+    let client = Client::connect_lazy(format!("http://{addr}")).unwrap();
+    client
+        .enqueue_batch((0..JOBS).map(|i| Job::new("drain", format!("{i}"))))
+        .await
+        .unwrap();
+    let handled = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
+    let worker = Worker::new(client.clone(), ["drain"])
+        .concurrency(4)
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500));
+    let stats = worker.stats();
+    let running = {
+        let handled = handled.clone();
+        Running::spawn(worker, move |d| {
+            let handled = handled.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                *handled.lock().unwrap().entry(payload(&d)).or_default() += 1;
+                Ok(())
+            }
+        })
+    };
+    common::eventually(S10, "some jobs handled", || {
+        let handled = handled.clone();
+        async move { handled.lock().unwrap().len() >= 8 }
+    })
+    .await;
+    // Mid-work: the stream ends with UNAVAILABLE, the unsettled jobs are
+    // released; the worker reconnects to the next broker on that address.
+    first.stop().await;
+    let before = handled.lock().unwrap().len();
+    assert!(before < JOBS, "the drain came mid-work");
+    let second = Broker::start(&db, addr).await;
+    until(
+        &db,
+        "select count(*) = 0 from leaseq.jobs",
+        Duration::from_secs(30),
+    )
+    .await;
+    running.stop(S10).await.expect("clean stop");
+    let handled = handled.lock().unwrap().clone();
+    let missing: Vec<usize> = (0..JOBS)
+        .filter(|i| !handled.contains_key(&i.to_string()))
+        .collect();
+    assert!(missing.is_empty(), "never handled: {missing:?}");
+    assert_eq!(db.dead_jobs().await, 0);
+    assert!(
+        stats.consume_streams.load(Ordering::Relaxed) >= 2,
+        "reconnected"
+    );
+    second.stop().await;
+}
+
+// ---- TLS, client certificates, tokens ------------------------------------
+
+/// Certificates (made fresh with rcgen) and a token file.
+struct Secure {
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    auth_file: PathBuf,
+}
+
+const WORKER_TOKEN: &str = "worker-secret-0123456789";
+const ADMIN_TOKEN: &str = "admin-secret-0123456789";
+
+impl Secure {
+    fn new() -> Secure {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let dir =
+            std::env::temp_dir().join(format!("leaseq-client-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path
+        };
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        p.distinguished_name
+            .push(DnType::CommonName, "leaseq client test CA");
+        let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
+        let leaf = |names: &[&str], usage| {
+            let key = KeyPair::generate().unwrap();
+            let mut p =
+                CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                    .unwrap();
+            p.distinguished_name.push(DnType::CommonName, names[0]);
+            p.extended_key_usages = vec![usage];
+            let cert = p.signed_by(&key, &ca).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (sc, sk) = leaf(
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let (cc, ck) = leaf(&["worker"], ExtendedKeyUsagePurpose::ClientAuth);
+        let h = leaseq_server::auth::hash_token;
+        let tokens = serde_json::json!({"tokens": [
+            {"name": "worker", "sha256": h(WORKER_TOKEN),
+             "grants": [{"queues": "secure*", "actions": ["enqueue", "consume"]}]},
+            {"name": "admin", "sha256": h(ADMIN_TOKEN),
+             "grants": [{"queues": "*", "actions": ["admin"]}]},
+        ]});
+        Secure {
+            ca: write("ca.pem", &ca.pem()),
+            server_cert: write("server.pem", &sc),
+            server_key: write("server.key", &sk),
+            client_cert: write("client.pem", &cc),
+            client_key: write("client.key", &ck),
+            auth_file: write("tokens.json", &tokens.to_string()),
+        }
+    }
+
+    /// TLS, client certificates from our CA required, tokens required.
+    fn config(&self) -> Config {
+        let mut cfg = test_config();
+        cfg.security.tls_cert = Some(self.server_cert.clone());
+        cfg.security.tls_key = Some(self.server_key.clone());
+        cfg.security.tls_client_ca = Some(self.ca.clone());
+        cfg.security.auth_file = Some(self.auth_file.clone());
+        cfg
+    }
+
+    fn options(&self, token: Option<&str>) -> ConnectOptions {
+        let opts = ConnectOptions::default()
+            .tls_ca(&self.ca)
+            .tls_identity(&self.client_cert, &self.client_key);
+        match token {
+            Some(t) => opts.token(t),
+            None => opts,
+        }
+    }
+}
+
+#[tokio::test]
+async fn tls_client_certificates_and_tokens_on_every_client() {
+    let db = TestDb::new().await;
+    let sec = Secure::new();
+    let addr = free_addr();
+    let broker = Broker::spawn(&db, addr, sec.config()).await;
+    let url = format!("https://{addr}");
+    // Ready once health (no token needed) answers SERVING over mutual TLS.
+    common::eventually(Duration::from_secs(20), "TLS broker serving", || {
+        let (url, opts) = (url.clone(), sec.options(None));
+        async move {
+            let Ok(client) = Client::connect_with(&url, opts).await else {
+                return false;
+            };
+            tonic_health::pb::health_client::HealthClient::new(client.channel())
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .is_ok_and(|r| r.into_inner().status == 1)
+        }
+    })
+    .await;
+
+    // The TLS example: enqueue, and a worker's Consume stream, with the token.
+    let id = examples::tls::round_trip(&url, sec.options(Some(WORKER_TOKEN)), "secure.emails")
+        .await
+        .unwrap();
+    assert!(db.live_row(&id).await.is_none(), "handled and acked");
+
+    // The lazy variant carries the same settings.
+    let lazy = Client::connect_lazy_with(&url, sec.options(Some(WORKER_TOKEN))).unwrap();
+    lazy.enqueue(Job::new("secure.sms", "lazy")).await.unwrap();
+
+    // Without a token the worker stops at once: retrying cannot fix it.
+    let anonymous = Client::connect_with(&url, sec.options(None)).await.unwrap();
+    let err = Worker::new(anonymous.clone(), ["secure.sms"])
+        .run(|_| async { Ok::<(), String>(()) }, std::future::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let err = anonymous
+        .enqueue(Job::new("secure.sms", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    // A token for other queues: PERMISSION_DENIED, also fatal for a worker.
+    let worker_client = Client::connect_with(&url, sec.options(Some(WORKER_TOKEN)))
+        .await
+        .unwrap();
+    let err = Worker::new(worker_client.clone(), ["elsewhere"])
+        .run(|_| async { Ok::<(), String>(()) }, std::future::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    // The admin client: with the admin token; the worker's is refused.
+    let admin = AdminClient::connect_with(&url, sec.options(Some(ADMIN_TOKEN)))
+        .await
+        .unwrap();
+    let info = admin.get_queue("secure.sms").await.unwrap();
+    assert_eq!(info.stats.unwrap().available, 1);
+    let err = worker_client
+        .admin()
+        .get_queue("secure.sms")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    // Without a client certificate the TLS handshake (or first call) fails.
+    let no_cert = ConnectOptions::default()
+        .tls_ca(&sec.ca)
+        .token(WORKER_TOKEN);
+    let refused = match Client::connect_with(&url, no_cert).await {
+        Err(_) => true,
+        Ok(c) => c.enqueue(Job::new("secure.sms", "x")).await.is_err(),
+    };
+    assert!(refused, "served a client without a certificate");
+    // Options that cannot work fail before connecting, naming the option.
+    let missing = ConnectOptions::default()
+        .tls_ca(&sec.ca)
+        .tls_identity("/nonexistent/client.pem", &sec.client_key);
+    match Client::connect_lazy_with(&url, missing) {
+        Err(ConnectError::Config(msg)) => assert!(msg.starts_with("tls_cert:"), "{msg}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    match Client::connect_lazy_with(
+        format!("http://{addr}"),
+        ConnectOptions::default().tls_ca(&sec.ca),
+    ) {
+        Err(ConnectError::Config(msg)) => assert!(msg.contains("https://"), "{msg}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    assert_eq!(db.live_jobs().await, 1);
+    broker.stop().await;
+}
+
+// ---- the admin client ------------------------------------------------------
+
+#[tokio::test]
+async fn the_admin_client_covers_the_admin_service() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let admin = AdminClient::connect_with(format!("http://{addr}"), ConnectOptions::default())
+        .await
+        .unwrap();
+
+    let info = admin
+        .update_queue(
+            "adm.a",
+            QueueUpdate::new()
+                .create()
+                .max_attempts(7)
+                .default_lease(Duration::from_secs(45))
+                .backoff(Duration::from_secs(2), Duration::from_secs(20))
+                .completed_retention(Duration::from_secs(3600))
+                .concurrency_limit(3)
+                .rate_limit(50.0)
+                .rate_burst(5),
+        )
+        .await
+        .unwrap();
+    let s = info.settings.unwrap();
+    assert_eq!(
+        (
+            s.max_attempts,
+            s.concurrency_limit,
+            s.rate_limit,
+            s.rate_burst
+        ),
+        (7, 3, 50.0, 5)
+    );
+    assert_eq!(s.default_lease.unwrap().seconds, 45);
+    let err = admin
+        .update_queue("adm.a", QueueUpdate::new().max_attempts(0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("max_attempts"),
+        "{}",
+        err.message()
+    );
+    let err = admin.get_queue("adm.none").await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    for q in ["adm.b", "adm.c"] {
+        client.enqueue(Job::new(q, "x")).await.unwrap();
+    }
+    let page = admin.list_queues(1, "").await.unwrap();
+    assert_eq!(page.queues.len(), 1);
+    assert!(!page.next_page_token.is_empty());
+    let names: Vec<String> = admin
+        .queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(names, ["adm.a", "adm.b", "adm.c"]);
+
+    assert!(
+        admin
+            .pause_queue("adm.b")
+            .await
+            .unwrap()
+            .settings
+            .unwrap()
+            .paused
+    );
+    assert!(
+        !admin
+            .resume_queue("adm.b")
+            .await
+            .unwrap()
+            .settings
+            .unwrap()
+            .paused
+    );
+    let job = client.enqueue(Job::new("adm.b", "y")).await.unwrap();
+    let got = admin.get_job(&job.job_id).await.unwrap();
+    assert_eq!(
+        (got.payload.as_slice(), got.state),
+        (&b"y"[..], pb::JobState::Available as i32)
+    );
+    let listed = admin
+        .list_jobs(pb::ListJobsRequest {
+            queue: "adm.b".into(),
+            include_payload: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.jobs.len(), 2);
+    assert!(
+        !admin.cancel_job(&job.job_id).await.unwrap(),
+        "was not leased"
+    );
+    assert_eq!(
+        admin.get_job(&job.job_id).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(admin.purge_queue("adm.c").await.unwrap().purged, 1);
+
+    let mut watch = admin
+        .watch_queues(["adm.b"], Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(S10, watch.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.queues[0].name, "adm.b");
+    assert_eq!(first.queues[0].stats.unwrap().available, 1);
+    drop(watch);
+
+    // Dead letters: make two (dead-lettering nacks), requeue one, purge one.
+    let ids: Vec<String> = client
+        .enqueue_batch([Job::new("adm.d", "1"), Job::new("adm.d", "2")])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.job_id)
+        .collect();
+    let mut raw = common::connect(addr).await;
+    let mut stream = common::subscribe(&mut raw, &["adm.d"], 2, None).await;
+    for d in common::take(&mut stream, 2, S10).await {
+        let nack = Nack {
+            retry_after: None,
+            dead_letter: true,
+        };
+        assert!(
+            client
+                .nack(&common::id_of(&d), &d.lease_token, "no", nack)
+                .await
+                .unwrap()
+        );
+    }
+    drop(stream);
+    let dead = admin
+        .list_dead_letters("adm.d", 0, "", false)
+        .await
+        .unwrap();
+    assert_eq!(dead.jobs.len(), 2);
+    let r = admin
+        .requeue_dead_letters(DeadLetters::ids([ids[0].clone()]).in_queue("adm.d"))
+        .await
+        .unwrap();
+    assert_eq!(r.requeued, 1);
+    assert_eq!(
+        admin
+            .purge_dead_letters(DeadLetters::all("adm.d"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(db.dead_jobs().await, 0);
+    assert!(db.live_row(&ids[0]).await.is_some(), "requeued");
+    broker.stop().await;
+}
+
+// ---- the crate's examples --------------------------------------------------
+
+#[tokio::test]
+async fn the_examples_run_against_a_broker() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+
+    // producer: five enqueues, one of them a duplicate.
+    let ids = examples::producer::produce(&client, "produced")
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 5);
+    assert_eq!(
+        ids.iter().collect::<HashSet<_>>().len(),
+        5,
+        "the duplicate is not in the list"
+    );
+    assert_eq!(db.live_jobs().await, 5);
+    let admin = client.admin();
+    let traced = admin.get_job(&ids[4]).await.unwrap();
+    assert!(traced.headers["traceparent"].starts_with("00-4bf92f35"));
+
+    // worker: handlers per queue, outcomes, a timeout; runs until every
+    // sample is settled for good.
+    examples::worker::enqueue_samples(&client).await.unwrap();
+    let worker = examples::worker::worker(client.clone());
+    let stats = worker.stats();
+    let db2 = TestDb {
+        url: db.url.clone(),
+        name: db.name.clone(),
+        pool: db.pool.clone(),
+    };
+    worker
+        .serve(async move {
+            until(
+                &db2,
+                "select (select count(*) from leaseq.jobs where queue in ('emails', 'reports')) = 0 \
+                 and (select count(*) from leaseq.dead_jobs) = 2",
+                Duration::from_secs(30),
+            )
+            .await;
+        })
+        .await
+        .unwrap();
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    // hello, busy (2nd attempt), slow (2nd attempt) acked; busy, bounce,
+    // slow (timeout), broken twice nacked.
+    assert_eq!((n(&stats.acked), n(&stats.nacked)), (3, 5));
+    assert_eq!((n(&stats.timed_out), n(&stats.dead_lettered)), (1, 2));
+    let dead: Vec<(String, String)> = sqlx::query_as(
+        "select convert_from(payload, 'UTF8'), reason from leaseq.dead_jobs order by 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        dead,
+        [
+            ("bounce".to_owned(), "nacked".to_owned()),
+            ("broken".to_owned(), "max_attempts".to_owned())
+        ]
+    );
+
+    // admin: the tour of queue `emails` requeues its dead letter.
+    let seen = examples::admin::tour(&client, "emails").await.unwrap();
+    assert!(seen.contains(&"requeued 1".to_owned()), "{seen:?}");
+    assert!(seen.contains(&"paused, available 1".to_owned()), "{seen:?}");
+    broker.stop().await;
 }

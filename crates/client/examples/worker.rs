@@ -1,53 +1,87 @@
-//! A worker built on `leaseq-client`: enqueues a few jobs, then handles jobs
-//! of queue `examples` until Ctrl-C (or SIGTERM), stopping gracefully.
-//!
-//! ```sh
-//! cargo run --release -- serve                # terminal 1: the broker
-//! cargo run -p leaseq-client --example worker                  # terminal 2
-//! LEASEQ_ADDR=http://broker:50051 cargo run -p leaseq-client --example worker
-//! ```
+// A worker with a handler per queue, outcomes and a timeout. Enqueues a few
+// sample jobs, then works until Ctrl-C or SIGTERM and stops gracefully.
+//
+//     cargo run --release -- serve                               # the broker
+//     cargo run -p leaseq-client --example worker                # this
+//     LEASEQ_ADDR=http://broker:50051 cargo run -p leaseq-client --example worker
+//
+// What happens to the samples:
+//   emails "hello"      acked
+//   emails "busy"       Retry: back 200 ms later as attempt 2, then acked
+//   emails "bounce"     DeadLetter: straight to the dead letters
+//   reports "slow"      runs past the 1 s timeout on attempt 1: cancelled,
+//                       nacked, back after the queue's backoff, then acked
+//   reports "broken"    any other error: nacked with its text until its
+//                       max_attempts (2) are spent, then dead-lettered
+//
+// (tests/client.rs runs `enqueue_samples` and `worker` against a real broker.)
 
 use std::time::Duration;
 
-use leaseq_client::{Client, Delivery, Job, Worker};
+use leaseq_client::{Client, DeadLetter, Delivery, Job, Retry, Worker};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let addr = std::env::var("LEASEQ_ADDR").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
     let client = Client::connect(addr).await?;
-
-    for i in 0..5 {
-        let job = Job::new("examples", format!("job {i}")).header("content-type", "text/plain");
-        let sent = client.enqueue(job).await?;
-        println!("enqueued {}", sent.job_id);
-    }
-    // Fails on its first attempt: the worker nacks it with the error text,
-    // and the retry sees that text as `last_error`.
-    client.enqueue(Job::new("examples", "flaky")).await?;
-
-    Worker::new(client, ["examples"])
-        .concurrency(4)
-        .lease(Duration::from_secs(30))
-        .grace(Duration::from_secs(10))
-        .run(handle, shutdown())
-        .await?;
+    enqueue_samples(&client).await?;
+    worker(client).serve(shutdown()).await?;
     println!("stopped");
     Ok(())
 }
 
-/// Ok acks the job; Err nacks it (retried after the queue's backoff).
-async fn handle(job: Delivery) -> anyhow::Result<()> {
-    let payload = String::from_utf8_lossy(&job.payload);
+pub async fn enqueue_samples(client: &Client) -> anyhow::Result<()> {
+    for payload in ["hello", "busy", "bounce"] {
+        client.enqueue(Job::new("emails", payload)).await?;
+    }
+    client.enqueue(Job::new("reports", "slow")).await?;
+    client
+        .enqueue(Job::new("reports", "broken").max_attempts(2))
+        .await?;
+    Ok(())
+}
+
+/// The worker: a handler per queue, 4 handlers at once, a 1 s timeout for
+/// reports.
+pub fn worker(client: Client) -> Worker {
+    Worker::builder(client)
+        .handle("emails", send_email)
+        .handle("reports", build_report)
+        .queue_timeout("reports", Duration::from_secs(1))
+        .concurrency(4)
+        .lease(Duration::from_secs(30))
+        .grace(Duration::from_secs(10))
+}
+
+/// `Ok` acks; `Retry` and `DeadLetter` (here inside anyhow) nack as they say.
+async fn send_email(job: Delivery) -> anyhow::Result<()> {
+    let payload = String::from_utf8_lossy(&job.payload).into_owned();
+    println!("emails {} attempt {} {payload:?}", job.id, job.attempt);
+    match payload.as_str() {
+        "busy" if job.attempt == 1 => Err(Retry::after(Duration::from_millis(200))
+            .because("mail server busy")
+            .into()),
+        "bounce" => Err(DeadLetter::new("address does not exist").into()),
+        _ => Ok(()),
+    }
+}
+
+/// Any error type that converts into `BoxError` works: here `String`.
+async fn build_report(job: Delivery) -> Result<(), String> {
+    let payload = String::from_utf8_lossy(&job.payload).into_owned();
     println!(
-        "{} attempt {} payload {payload:?} last_error {:?}",
+        "reports {} attempt {} {payload:?} last_error {:?}",
         job.id, job.attempt, job.last_error
     );
-    if payload == "flaky" && job.attempt == 1 {
-        anyhow::bail!("first attempts of flaky jobs fail");
+    match payload.as_str() {
+        // Longer than the timeout: the worker drops this future and nacks.
+        "slow" if job.attempt == 1 => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        }
+        "broken" => Err(format!("cannot parse report {:?}", job.id)),
+        _ => Ok(()),
     }
-    // The worker extends the lease while this runs, however long it takes.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    Ok(())
 }
 
 /// Completes on Ctrl-C or SIGTERM.

@@ -1,9 +1,15 @@
 //! Reaching a broker: plaintext or TLS (`https://` addresses, a CA
 //! certificate), optionally with a client certificate (mutual TLS), and a
 //! bearer token on every call.
+//!
+//! [`Client::connect_with`](crate::Client::connect_with) and
+//! [`AdminClient::connect_with`](crate::AdminClient::connect_with) are the
+//! usual way in; [`connect`] gives the bare [`ClientChannel`] for other
+//! services (health, reflection) with the same options.
 
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
@@ -12,6 +18,16 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Request, Status};
 
 /// How to reach a broker besides its address: TLS files and a bearer token.
+///
+/// ```
+/// use leaseq_client::ConnectOptions;
+///
+/// let opts = ConnectOptions::default()
+///     .tls_ca("/etc/leaseq/ca.pem")
+///     .tls_identity("/etc/leaseq/worker.pem", "/etc/leaseq/worker.key")
+///     .token("s3cret");
+/// assert!(format!("{opts:?}").contains("<redacted>"));
+/// ```
 #[derive(Clone, Default)]
 pub struct ConnectOptions {
     /// CA certificate (PEM) that signed the broker's certificate. Needed for
@@ -22,6 +38,35 @@ pub struct ConnectOptions {
     pub tls_key: Option<PathBuf>,
     /// Bearer token sent on every call.
     pub token: Option<String>,
+}
+
+impl ConnectOptions {
+    /// Trusts the CA certificate (PEM) in `path` for the broker's
+    /// certificate. TLS also needs an `https://` address.
+    pub fn tls_ca(mut self, path: impl Into<PathBuf>) -> ConnectOptions {
+        self.tls_ca = Some(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) to a broker that
+    /// requires mutual TLS.
+    pub fn tls_identity(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> ConnectOptions {
+        self.tls_cert = Some(cert.into());
+        self.tls_key = Some(key.into());
+        self
+    }
+
+    /// Sends `authorization: Bearer <token>` on every call. An empty token
+    /// sends nothing.
+    pub fn token(mut self, token: impl Into<String>) -> ConnectOptions {
+        let token = token.into();
+        self.token = Some(token).filter(|t| !t.is_empty());
+        self
+    }
 }
 
 impl fmt::Debug for ConnectOptions {
@@ -52,8 +97,18 @@ pub enum ConnectError {
 }
 
 /// Adds `authorization: Bearer <token>` to every call (nothing without one).
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Bearer(<redacted>)"
+        } else {
+            "Bearer(none)"
+        })
+    }
+}
 
 impl Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
@@ -72,10 +127,26 @@ fn read(path: &PathBuf, option: &str) -> Result<Vec<u8>, ConnectError> {
         .map_err(|e| ConnectError::Config(format!("{option}: reading {}: {e}", path.display())))
 }
 
-/// The endpoint for `addr` (`http://` or `https://`) with `opts`' TLS.
+/// The connection settings every client of this crate uses.
+pub(crate) fn keepalive(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .connect_timeout(Duration::from_secs(5))
+        // A stream that goes quiet because the connection died (not because
+        // the queue is idle: the broker sends heartbeats) is noticed by
+        // HTTP/2 pings, so the worker reconnects.
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true)
+}
+
+/// The endpoint for `addr` (`http://` or `https://`) with `opts`' TLS, and
+/// the keep-alive settings every client of this crate uses.
 pub fn endpoint(addr: &str, opts: &ConnectOptions) -> Result<Endpoint, ConnectError> {
-    let mut endpoint = Endpoint::from_shared(addr.to_owned())
-        .map_err(|e| ConnectError::Config(format!("address {addr:?}: {e}")))?;
+    let mut endpoint = keepalive(
+        Endpoint::from_shared(addr.to_owned())
+            .map_err(|e| ConnectError::Config(format!("address {addr:?}: {e}")))?,
+    );
     let tls_wanted =
         addr.starts_with("https://") || opts.tls_ca.is_some() || opts.tls_cert.is_some();
     if tls_wanted {
@@ -115,12 +186,20 @@ pub fn endpoint(addr: &str, opts: &ConnectOptions) -> Result<Endpoint, ConnectEr
 
 /// The interceptor that sends `opts.token`.
 pub fn bearer(opts: &ConnectOptions) -> Result<Bearer, ConnectError> {
-    let value = match &opts.token {
-        Some(t) => Some(
-            format!("Bearer {t}")
+    let value = match opts.token.as_ref().filter(|t| !t.is_empty()) {
+        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            return Err(ConnectError::Config(
+                "token: must be printable ASCII without spaces".into(),
+            ));
+        }
+        Some(t) => {
+            let mut v: MetadataValue<Ascii> = format!("Bearer {t}")
                 .parse()
-                .map_err(|_| ConnectError::Config("token: must be printable ASCII".into()))?,
-        ),
+                .map_err(|_| ConnectError::Config("token: must be printable ASCII".into()))?;
+            // Never put into HTTP/2's header compression tables.
+            v.set_sensitive(true);
+            Some(v)
+        }
         None => None,
     };
     Ok(Bearer(value))
@@ -138,4 +217,22 @@ pub async fn connect(addr: &str, opts: &ConnectOptions) -> Result<ClientChannel,
             source,
         })?;
     Ok(InterceptedService::new(channel, bearer))
+}
+
+/// Like [`connect`], but connects on first use: fails only on a malformed
+/// address or unusable options (unreadable TLS files, a token that is not
+/// printable ASCII).
+pub fn connect_lazy(addr: &str, opts: &ConnectOptions) -> Result<ClientChannel, ConnectError> {
+    let endpoint = endpoint(addr, opts)?;
+    let bearer = bearer(opts)?;
+    Ok(InterceptedService::new(endpoint.connect_lazy(), bearer))
+}
+
+/// A channel configured by the caller, with `token` (if any) on every call.
+pub fn with_token(channel: Channel, token: Option<&str>) -> Result<ClientChannel, ConnectError> {
+    let opts = ConnectOptions {
+        token: token.map(str::to_owned),
+        ..ConnectOptions::default()
+    };
+    Ok(InterceptedService::new(channel, bearer(&opts)?))
 }

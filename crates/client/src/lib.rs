@@ -1,29 +1,45 @@
-//! The Rust client: [`Client`] for the unary calls (enqueue, ack, nack,
-//! extend), and [`Worker`], which holds a Subscribe stream open, reconnects
-//! when it breaks, runs a handler per job with bounded concurrency, extends
-//! leases while handlers run and settles each job with Ack or Nack.
+//! The Rust client for leaseq: [`Client`] for the unary calls (enqueue,
+//! ack, nack, extend), [`Worker`] for consuming, and [`AdminClient`] for the
+//! operator API; TLS, mutual TLS and bearer tokens through
+//! [`ConnectOptions`].
+//!
+//! The [`Worker`] keeps a `Consume` stream open (acks, nacks and lease
+//! extensions travel on it; Subscribe + AckBatch on a broker without it),
+//! reconnects when it breaks, runs a handler per queue with bounded
+//! concurrency and an optional timeout, extends leases while handlers run,
+//! and settles each job from its handler's result: `Ok(())` acks,
+//! [`Retry`] and [`DeadLetter`] nack as they say, any other error nacks
+//! with its text.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use leaseq_client::{Client, Job, Worker};
+//! use leaseq_client::{Client, ConnectOptions, DeadLetter, Delivery, Job, Retry, Worker};
 //!
 //! # async fn demo() -> anyhow::Result<()> {
-//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let client = Client::connect_with(
+//!     "https://leaseq.internal:50051",
+//!     ConnectOptions::default().tls_ca("ca.pem").token("s3cret"),
+//! )
+//! .await?;
 //! let sent = client
 //!     .enqueue(Job::new("emails", r#"{"to":"a@b.c"}"#).header("content-type", "application/json"))
 //!     .await?;
 //! println!("enqueued {}", sent.job_id);
 //!
-//! Worker::new(client, ["emails"])
+//! Worker::builder(client)
+//!     .handle("emails", |job: Delivery| async move {
+//!         if job.payload.is_empty() {
+//!             return Err(DeadLetter::new("empty payload").into());
+//!         }
+//!         if job.attempt < 3 {
+//!             return Err(Retry::after(Duration::from_secs(10)).into());
+//!         }
+//!         Ok::<(), anyhow::Error>(())
+//!     })
+//!     .handle("sms", |_job: Delivery| async { Ok::<(), anyhow::Error>(()) })
 //!     .concurrency(8)
-//!     .lease(Duration::from_secs(30))
-//!     .run(
-//!         |job| async move {
-//!             println!("{} attempt {}", job.id, job.attempt);
-//!             Ok::<(), std::io::Error>(())
-//!         },
-//!         async { tokio::signal::ctrl_c().await.ok(); },
-//!     )
+//!     .timeout(Duration::from_secs(60))
+//!     .serve(async { tokio::signal::ctrl_c().await.ok(); })
 //!     .await?;
 //! # Ok(())
 //! # }
@@ -32,21 +48,31 @@
 //! Every call returns the broker's [`tonic::Status`] unchanged, so callers
 //! can match on `status.code()` (see the error table in the README).
 
+mod admin;
 pub mod connect;
+mod outcome;
+mod session;
+pub mod trace;
 mod worker;
 
 use std::collections::HashMap;
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
-use leaseq_proto as pb;
+/// The generated API (`leaseq.v1`): messages, and the gRPC clients for
+/// anything the wrappers here do not cover.
+pub use leaseq_proto as pb;
 use pb::queue_service_client::QueueServiceClient;
 
+pub use admin::{AdminClient, DeadLetters, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, connect};
-pub use worker::Worker;
+pub use outcome::{BoxError, DeadLetter, Retry};
+pub use trace::TraceParent;
+pub use worker::{Worker, WorkerStats};
 
 /// Largest message the client accepts from the broker. Matches the broker's
 /// default `--max-message-bytes`, so a delivery of any accepted payload fits.
@@ -54,46 +80,90 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// A connection to a leaseq broker (or a load balancer in front of several).
 ///
-/// Cheap to clone: clones share one HTTP/2 connection, which reconnects on
-/// its own when it breaks.
-#[derive(Clone, Debug)]
+/// Cheap to clone (`Send + Sync`): clones share one HTTP/2 connection, which
+/// reconnects on its own when it breaks, and its TLS and token settings.
+#[derive(Clone)]
 pub struct Client {
-    channel: Channel,
-    queue: QueueServiceClient<Channel>,
+    channel: ClientChannel,
+    queue: QueueServiceClient<ClientChannel>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
 }
 
 impl Client {
-    /// Connects now; fails if the broker cannot be reached.
+    /// Connects now (plaintext `http://`); fails if the broker cannot be
+    /// reached. See [`Client::connect_with`] for TLS and tokens.
     pub async fn connect(addr: impl Into<String>) -> Result<Client, tonic::transport::Error> {
-        let channel = endpoint(addr.into())?.connect().await?;
+        let channel = connect::keepalive(Endpoint::from_shared(addr.into())?)
+            .connect()
+            .await?;
         Ok(Client::from_channel(channel))
     }
 
     /// Connects on first use; fails only on a malformed address. A [`Worker`]
     /// built on it waits for a broker that is not up yet.
     pub fn connect_lazy(addr: impl Into<String>) -> Result<Client, tonic::transport::Error> {
-        Ok(Client::from_channel(endpoint(addr.into())?.connect_lazy()))
+        Ok(Client::from_channel(
+            connect::keepalive(Endpoint::from_shared(addr.into())?).connect_lazy(),
+        ))
     }
 
-    /// Wraps a channel configured by the caller (TLS, interceptors' channel).
+    /// Connects now to `addr` (`http://` or `https://`) with `options`' TLS
+    /// files and bearer token, which every call then carries.
+    pub async fn connect_with(
+        addr: impl AsRef<str>,
+        options: ConnectOptions,
+    ) -> Result<Client, ConnectError> {
+        Ok(Client::from_client_channel(
+            connect::connect(addr.as_ref(), &options).await?,
+        ))
+    }
+
+    /// [`Client::connect_with`], connecting on first use: fails only on a
+    /// malformed address or unusable options (unreadable TLS files).
+    pub fn connect_lazy_with(
+        addr: impl AsRef<str>,
+        options: ConnectOptions,
+    ) -> Result<Client, ConnectError> {
+        Ok(Client::from_client_channel(connect::connect_lazy(
+            addr.as_ref(),
+            &options,
+        )?))
+    }
+
+    /// Wraps a channel configured by the caller (no token is added; see
+    /// [`connect::with_token`]).
     pub fn from_channel(channel: Channel) -> Client {
+        Client::from_client_channel(ClientChannel::new(channel, connect::Bearer::default()))
+    }
+
+    /// Wraps a channel from [`connect()`] / [`connect::connect_lazy`].
+    pub fn from_client_channel(channel: ClientChannel) -> Client {
         let queue = QueueServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Client { channel, queue }
     }
 
-    /// The underlying channel, for other services on the same broker
-    /// (health, and the admin service).
-    pub fn channel(&self) -> Channel {
+    /// The underlying channel (with the token, if any), for other services
+    /// on the same broker (health, reflection).
+    pub fn channel(&self) -> ClientChannel {
         self.channel.clone()
     }
 
     /// The generated gRPC client, for anything this wrapper does not cover.
-    pub fn queue_service(&self) -> QueueServiceClient<Channel> {
+    pub fn queue_service(&self) -> QueueServiceClient<ClientChannel> {
         self.queue.clone()
     }
 
+    /// An admin client on the same connection (and token).
+    pub fn admin(&self) -> AdminClient {
+        AdminClient::from_client_channel(self.channel.clone())
+    }
     /// Adds one job; returns once it is committed.
     pub async fn enqueue(&self, job: Job) -> Result<Enqueued, Status> {
         let resp = self.queue.clone().enqueue(job.req).await?.into_inner();
@@ -203,22 +273,6 @@ impl Client {
             .and_then(timestamp)
             .ok_or_else(|| Status::internal("ExtendLease response without lease_expires_at"))
     }
-
-    // Admin calls (queue settings, dead letters, stats) belong in
-    // `src/client/admin.rs` as a second `impl Client` block, reaching the
-    // admin service through `self.channel`.
-}
-
-fn endpoint(addr: String) -> Result<Endpoint, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(addr)?
-        .connect_timeout(Duration::from_secs(5))
-        // A stream that goes quiet because the connection died (not because
-        // the queue is idle: the broker sends heartbeats) is noticed by
-        // HTTP/2 pings, so the worker reconnects.
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true))
 }
 
 /// A job to enqueue: `Job::new(queue, payload)` plus optional settings.
@@ -242,6 +296,33 @@ impl Job {
     pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Job {
         self.req.headers.insert(key.into(), value.into());
         self
+    }
+
+    /// Adds several headers, e.g. the carrier an OpenTelemetry propagator
+    /// filled (`propagator.inject_context(&cx, &mut map)` on a
+    /// `HashMap<String, String>`).
+    pub fn headers<K, V>(mut self, headers: impl IntoIterator<Item = (K, V)>) -> Job
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.req
+            .headers
+            .extend(headers.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// Sets the W3C `traceparent` header (e.g.
+    /// `00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01`), which the
+    /// worker hands back as [`Delivery::traceparent`]. Any SDK's worker
+    /// reads the same header.
+    pub fn traceparent(self, traceparent: impl fmt::Display) -> Job {
+        self.header(trace::TRACEPARENT, traceparent.to_string())
+    }
+
+    /// Sets the W3C `tracestate` header that goes with `traceparent`.
+    pub fn tracestate(self, tracestate: impl Into<String>) -> Job {
+        self.header(trace::TRACESTATE, tracestate)
     }
 
     /// Higher is delivered first (default 0).
@@ -341,6 +422,22 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// The job's W3C `traceparent` header, as the producer set it.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.headers.get(trace::TRACEPARENT).map(String::as_str)
+    }
+
+    /// The job's W3C `tracestate` header.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.headers.get(trace::TRACESTATE).map(String::as_str)
+    }
+
+    /// The producer's trace context, parsed: None without a well-formed
+    /// `traceparent`.
+    pub fn trace_parent(&self) -> Option<TraceParent> {
+        self.traceparent().and_then(TraceParent::parse)
+    }
+
     fn from_pb(d: pb::Delivery) -> Option<Delivery> {
         let job = d.job?;
         Some(Delivery {
@@ -367,4 +464,48 @@ fn pb_duration(d: Duration) -> prost_types::Duration {
 
 fn timestamp(t: prost_types::Timestamp) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_cheap_to_share() {
+        fn shareable<T: Clone + Send + Sync + 'static>() {}
+        shareable::<Client>();
+        shareable::<AdminClient>();
+        shareable::<ConnectOptions>();
+    }
+
+    #[tokio::test]
+    async fn lazy_connections_check_their_options_first() {
+        let opts = ConnectOptions::default().token("t\u{f6}ken");
+        match Client::connect_lazy_with("http://127.0.0.1:1", opts) {
+            Err(ConnectError::Config(msg)) => assert!(msg.starts_with("token:"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        let opts = ConnectOptions::default().tls_ca("/nonexistent/ca.pem");
+        match Client::connect_lazy_with("https://127.0.0.1:1", opts) {
+            Err(ConnectError::Config(msg)) => assert!(msg.starts_with("tls_ca:"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(Client::connect_lazy_with("http://127.0.0.1:1", ConnectOptions::default()).is_ok());
+        assert!(format!("{:?}", ConnectOptions::default().token("s3cret")).contains("<redacted>"));
+    }
+
+    #[test]
+    fn jobs_carry_trace_context() {
+        let tp =
+            TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let req = pb::EnqueueRequest::from(
+            Job::new("q", "p")
+                .traceparent(tp)
+                .tracestate("a=b")
+                .headers([("x", "1")]),
+        );
+        assert_eq!(req.headers["traceparent"], tp.to_string());
+        assert_eq!(req.headers["tracestate"], "a=b");
+        assert_eq!(req.headers["x"], "1");
+    }
 }

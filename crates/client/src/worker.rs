@@ -1,58 +1,165 @@
-//! [`Worker`]: a Subscribe stream kept open across broker restarts and
-//! drains, a handler per job with bounded concurrency, automatic lease
-//! extension, Ack / Nack, and a graceful stop.
+//! [`Worker`]: a `Consume` stream (or Subscribe + AckBatch) kept open across
+//! broker restarts and drains, handlers per queue with bounded concurrency
+//! and an optional timeout, automatic lease extension, outcomes, and a
+//! graceful stop.
 
-use std::convert::Infallible;
-use std::fmt;
+use std::collections::HashMap;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Status, Streaming};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tonic::{Code, Status};
+use tracing::{Instrument, Level, Span, debug, field, info, info_span, warn};
 
-use super::{Client, Delivery, Nack, pb_duration};
-use leaseq_proto as pb;
-use leaseq_proto::limits::{MAX_ERROR_LEN, MAX_IN_FLIGHT, MAX_LEASE, MIN_LEASE};
+use crate::outcome::{BoxError, NackKind, NackOutcome, Outcome};
+use crate::session::{Event, Session, SettleBase, Settler};
+use crate::{Client, Delivery, Nack, pb, pb_duration};
+use leaseq_proto::limits::{MAX_IN_FLIGHT, MAX_LEASE, MIN_LEASE};
 
 /// Settle (Ack / Nack) tries before giving up on a transient error; the
 /// job's lease then runs out and it is delivered again.
 const SETTLE_TRIES: u32 = 5;
 
-/// Consumes one or more queues: subscribes, runs `handler` for each job, and
-/// settles it (Ack on `Ok`, Nack with the error's text on `Err`).
+/// How long a stopping worker waits for the broker to end a half-closed
+/// Consume stream.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// A handler's future, its error already turned into an outcome (where the
+/// error's type is still known).
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), Outcome>> + Send>>;
+type DynHandler = Arc<dyn Fn(Delivery) -> HandlerFuture + Send + Sync>;
+
+/// A tracing event at a level chosen at run time (the macros want a
+/// constant one).
+macro_rules! event_at {
+    ($level:expr, $($arg:tt)+) => {
+        match $level {
+            Level::ERROR => tracing::error!($($arg)+),
+            Level::WARN => tracing::warn!($($arg)+),
+            Level::INFO => tracing::info!($($arg)+),
+            Level::DEBUG => tracing::debug!($($arg)+),
+            _ => tracing::trace!($($arg)+),
+        }
+    };
+}
+
+fn boxed<H, F, E>(handler: H) -> DynHandler
+where
+    H: Fn(Delivery) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), E>> + Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    Arc::new(move |job| {
+        let fut = handler(job);
+        Box::pin(async move { fut.await.map_err(Outcome::of) })
+    })
+}
+
+/// Counters of one worker since it was built (read them with
+/// `load(Ordering::Relaxed)`; get them with [`Worker::stats`] before
+/// running it).
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Jobs delivered to this worker (started or not).
+    pub delivered: AtomicU64,
+    pub acked: AtomicU64,
+    /// Every nack: handler errors, `Retry`, `DeadLetter`, timeouts, panics.
+    pub nacked: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    /// Handlers cancelled by their timeout.
+    pub timed_out: AtomicU64,
+    /// Jobs whose lease was lost (a settle or an extension refused with
+    /// `FAILED_PRECONDITION`); their handlers were cancelled if running.
+    pub lease_lost: AtomicU64,
+    /// Acks and nacks sent on a Consume stream...
+    pub settled_on_stream: AtomicU64,
+    /// ... acks sent in AckBatch calls ...
+    pub settled_batched: AtomicU64,
+    /// ... and nacks sent as unary calls (Subscribe fallback, or a job whose
+    /// stream had ended).
+    pub settled_unary: AtomicU64,
+    /// Consume streams opened.
+    pub consume_streams: AtomicU64,
+    /// Subscribe streams opened (the fallback).
+    pub subscribe_streams: AtomicU64,
+}
+
+impl WorkerStats {
+    fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Consumes one or more queues: keeps a stream open, runs the queue's
+/// handler for each job, and settles it from the handler's result.
 ///
-/// - **Reconnects** when the stream ends or fails (broker restart, drain,
-///   network) or cannot be opened (`UNAVAILABLE` and other transient codes),
-///   after an exponential backoff with jitter (`reconnect_backoff`). Codes
-///   that retrying cannot fix (`INVALID_ARGUMENT`, `PERMISSION_DENIED`,
-///   `UNAUTHENTICATED`, `UNIMPLEMENTED`, ...) end [`Worker::run`] with that
-///   status.
+/// Two ways to give handlers, which mix: [`Worker::new`]`(client, queues)`
+/// then [`Worker::run`]`(handler, shutdown)` runs one handler for every
+/// queue listed; [`Worker::builder`]`(client)` then
+/// [`handle`](Worker::handle)`(queue, handler)` per queue and
+/// [`Worker::serve`]`(shutdown)`. A queue given to `handle` uses that
+/// handler, even if also listed in `new`.
+///
+/// - **Outcomes**: a handler returns `Result<(), E>` for any error type that
+///   converts into [`BoxError`] (`anyhow::Error`, `String`, any
+///   `std::error::Error`). `Ok(())` acks. An error whose chain holds a
+///   [`Retry`](crate::Retry) nacks with its `after` as `retry_after`; one
+///   holding a [`DeadLetter`](crate::DeadLetter) dead-letters the job; any
+///   other nacks it with its text (the error and its sources joined by
+///   `": "`, NUL replaced, cut to 64 KiB), the queue's backoff deciding the
+///   retry. A panic nacks with `handler panicked: <message>`.
+/// - **Timeout** ([`timeout`](Worker::timeout), or per queue with
+///   [`queue_timeout`](Worker::queue_timeout)): a handler still running then
+///   is dropped (cancelled at its next `.await`) and the job nacked with
+///   `timeout: the handler ran longer than <t>` and the queue's backoff, so
+///   it comes back as the next attempt. A handler blocking its thread
+///   cannot be cancelled: use `spawn_blocking` for such work.
+/// - **Settles on the stream**: the worker opens `Consume`; acks, nacks and
+///   lease extensions travel on it, many per message when they pile up
+///   (whatever finished while the previous message was in flight goes in
+///   the next). A broker that answers `UNIMPLEMENTED` (an older one) gets
+///   `Subscribe`, acks coalesced into `AckBatch` calls and unary `Nack` /
+///   `ExtendLease`; so does every broker with
+///   [`stream_acks(false)`](Worker::stream_acks).
+/// - **Lost lease**: a settle refused with `FAILED_PRECONDITION` (the lease
+///   expired, was taken over, the job was cancelled or released with its
+///   stream) ends that job quietly (a debug log —
+///   [`lost_lease_log_level`](Worker::lost_lease_log_level) —, counted in
+///   [`WorkerStats::lease_lost`]); if a lease extension is refused so while
+///   the handler runs, the handler is cancelled: the job is someone else's.
+/// - **Reconnects** when the stream ends or fails (broker restart, drain —
+///   `UNAVAILABLE` —, network) or cannot be opened, after an exponential
+///   backoff with jitter ([`reconnect_backoff`](Worker::reconnect_backoff)).
+///   Codes that retrying cannot fix (`INVALID_ARGUMENT`,
+///   `PERMISSION_DENIED`, `UNAUTHENTICATED`, `NOT_FOUND`, ...) end the run
+///   with that status.
 /// - **Bounded concurrency**: at most `concurrency` handlers run at once. It
-///   is also the stream's credit (`max_in_flight`), so the broker never hands
-///   this worker more jobs than it can run; a semaphore keeps the bound when
-///   handlers of a broken stream still run after a reconnect.
+///   is also the stream's credit (`max_in_flight`), so the broker never
+///   hands this worker more jobs than it can run; a semaphore keeps the
+///   bound when handlers of a broken stream still run after a reconnect.
 /// - **Lease extension**: the worker asks for an explicit `lease` (default
-///   30 s) and extends it by that much every half lease until the handler
-///   returns, so a handler may run far longer than the lease. If an extension
-///   is refused (`FAILED_PRECONDITION`: the lease was lost, e.g. after a long
-///   network partition) the handler keeps running, but the job may be
-///   delivered again meanwhile: handlers must be idempotent.
-/// - **Settling**: Ack or Nack is retried on transient errors. A handler's
-///   panic is a Nack with the panic message. Nack uses the queue's backoff.
+///   30 s) and extends it by that much every half lease from delivery until
+///   the handler returns, so a handler may run far longer than the lease.
 /// - **Graceful stop**: when `shutdown` completes, no new handler starts;
-///   running handlers get `grace` (default 30 s) to finish and settle; then
-///   any still running are cancelled and the stream is closed, which makes
-///   the broker release every job this worker had not settled (jobs that
-///   arrived after the stop and never started included; the broker counts
-///   that release as an attempt).
+///   running handlers get `grace` (default 30 s) to finish and settle (the
+///   stream stays open meanwhile); then any still running are cancelled,
+///   and the stream is half-closed (Consume: the broker applies every
+///   settle it was sent, releases the rest and ends the stream, which the
+///   worker waits for) or closed (Subscribe). Jobs delivered after the stop
+///   and never started are released at once (the broker counts that as an
+///   attempt).
 pub struct Worker {
     client: Client,
+    /// Queues for the handler given to [`Worker::run`].
     queues: Vec<String>,
+    routes: Vec<(String, DynHandler)>,
+    timeout: Option<Duration>,
+    timeouts: HashMap<String, Duration>,
     consumer: String,
     concurrency: u32,
     lease: Duration,
@@ -60,15 +167,29 @@ pub struct Worker {
     reconnect_min: Duration,
     reconnect_max: Duration,
     idle_timeout: Duration,
+    stream_acks: bool,
+    lost_lease_level: Level,
+    stats: Arc<WorkerStats>,
 }
 
 impl Worker {
-    /// A worker for `queues` with concurrency 1, a 30 s lease and a 30 s
-    /// grace.
+    /// A worker for `queues`, whose handler [`Worker::run`] takes; with
+    /// concurrency 1, a 30 s lease, a 30 s grace and no timeout.
     pub fn new(client: Client, queues: impl IntoIterator<Item = impl Into<String>>) -> Worker {
+        let mut w = Worker::builder(client);
+        w.queues = queues.into_iter().map(Into::into).collect();
+        w
+    }
+
+    /// A worker without queues yet: add them with [`Worker::handle`], then
+    /// [`Worker::serve`].
+    pub fn builder(client: Client) -> Worker {
         Worker {
             client,
-            queues: queues.into_iter().map(Into::into).collect(),
+            queues: Vec::new(),
+            routes: Vec::new(),
+            timeout: None,
+            timeouts: HashMap::new(),
             consumer: default_consumer(),
             concurrency: 1,
             lease: Duration::from_secs(30),
@@ -76,7 +197,49 @@ impl Worker {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            stream_acks: true,
+            lost_lease_level: Level::DEBUG,
+            stats: Arc::new(WorkerStats::default()),
         }
+    }
+
+    /// Runs `handler` for the jobs of `queue` (a queue may be given once).
+    ///
+    /// ```no_run
+    /// use leaseq_client::{Client, Delivery, Worker};
+    ///
+    /// async fn send_email(job: Delivery) -> anyhow::Result<()> { Ok(()) }
+    /// async fn send_sms(job: Delivery) -> Result<(), String> { Ok(()) }
+    ///
+    /// # async fn demo(client: Client) -> Result<(), tonic::Status> {
+    /// Worker::builder(client)
+    ///     .handle("emails", send_email)
+    ///     .handle("sms", send_sms)
+    ///     .serve(async { tokio::signal::ctrl_c().await.ok(); })
+    ///     .await
+    /// # }
+    /// ```
+    pub fn handle<H, F, E>(mut self, queue: impl Into<String>, handler: H) -> Worker
+    where
+        H: Fn(Delivery) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        self.routes.push((queue.into(), boxed(handler)));
+        self
+    }
+
+    /// Cancels a handler that runs longer than this, and nacks its job
+    /// (default: no timeout).
+    pub fn timeout(mut self, timeout: Duration) -> Worker {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The timeout of `queue`'s handler, instead of [`Worker::timeout`].
+    pub fn queue_timeout(mut self, queue: impl Into<String>, timeout: Duration) -> Worker {
+        self.timeouts.insert(queue.into(), timeout);
+        self
     }
 
     /// Consumer name shown in admin views (default `<hostname>-<pid>`).
@@ -120,19 +283,86 @@ impl Worker {
         self
     }
 
-    /// Runs until `shutdown` completes, then stops gracefully (see the type's
-    /// documentation). Returns `Err` only for a status that retrying cannot
-    /// fix, such as `INVALID_ARGUMENT` for a bad queue name.
+    /// Settles on the Consume stream (true, the default; Subscribe +
+    /// AckBatch on a broker without Consume), or always Subscribe + AckBatch
+    /// and unary calls (false: e.g. behind a proxy that cannot carry
+    /// bidirectional streams).
+    pub fn stream_acks(mut self, on: bool) -> Worker {
+        self.stream_acks = on;
+        self
+    }
+
+    /// The level of the log line for a lost lease (default DEBUG: with
+    /// at-least-once delivery it is an expected event, and the job is
+    /// someone else's). A program whose handlers have side effects an
+    /// operator should hear about when they may be repeated (`leaseq work`
+    /// running commands) may want WARN.
+    pub fn lost_lease_log_level(mut self, level: Level) -> Worker {
+        self.lost_lease_level = level;
+        self
+    }
+
+    /// This worker's counters, live while it runs.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    /// Runs `handler` for the queues given to [`Worker::new`] (and the
+    /// handlers given to [`Worker::handle`] for theirs) until `shutdown`
+    /// completes, then stops gracefully (see the type's documentation).
+    /// Returns `Err` only for a status that retrying cannot fix, such as
+    /// `INVALID_ARGUMENT` for a bad queue name.
     pub async fn run<H, F, E>(
-        self,
+        mut self,
         handler: H,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Status>
     where
         H: Fn(Delivery) -> F + Send + Sync + 'static,
         F: Future<Output = Result<(), E>> + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        E: Into<BoxError> + 'static,
     {
+        let handler = boxed(handler);
+        for q in std::mem::take(&mut self.queues) {
+            if !self.routes.iter().any(|(r, _)| *r == q) {
+                self.routes.push((q, handler.clone()));
+            }
+        }
+        self.serve(shutdown).await
+    }
+
+    /// Runs the handlers given to [`Worker::handle`] until `shutdown`
+    /// completes, then stops gracefully. Returns `Err` only for a status
+    /// that retrying cannot fix.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), Status> {
+        if !self.queues.is_empty() {
+            return Err(Status::invalid_argument(
+                "queues: Worker::new's queues need the handler of Worker::run",
+            ));
+        }
+        if self.routes.is_empty() {
+            return Err(Status::invalid_argument(
+                "queues: no handler (Worker::handle) registered",
+            ));
+        }
+        let mut routes = HashMap::new();
+        for (queue, handler) in &self.routes {
+            let timeout = self.timeouts.get(queue).copied().or(self.timeout);
+            let route = Route {
+                handler: handler.clone(),
+                timeout,
+            };
+            if routes.insert(queue.clone(), route).is_some() {
+                return Err(Status::invalid_argument(format!(
+                    "queues: {queue:?} has two handlers"
+                )));
+            }
+        }
+        if let Some(q) = self.timeouts.keys().find(|q| !routes.contains_key(*q)) {
+            return Err(Status::invalid_argument(format!(
+                "queue_timeout: no handler for queue {q:?}"
+            )));
+        }
         if !(1..=MAX_IN_FLIGHT).contains(&self.concurrency) {
             return Err(Status::invalid_argument(format!(
                 "concurrency: must be 1 to {MAX_IN_FLIGHT}"
@@ -143,40 +373,72 @@ impl Worker {
                 "lease: must be between 1s and 12h",
             ));
         }
+        if routes.values().any(|r| r.timeout == Some(Duration::ZERO)) {
+            return Err(Status::invalid_argument("timeout: must be above zero"));
+        }
+        let queues: Vec<String> = self.routes.iter().map(|(q, _)| q.clone()).collect();
         let ctx = Arc::new(Ctx {
-            client: self.client.clone(),
-            acker: Acker::spawn(self.client.clone()),
-            handler,
+            routes,
             lease: self.lease,
             permits: Arc::new(Semaphore::new(self.concurrency as usize)),
             stop: CancellationToken::new(),
+            stats: self.stats.clone(),
+            lost_lease_level: self.lost_lease_level,
         });
-        // One task per delivered job (waiting for a permit, running, settling).
-        // Ended by the graceful stop below: awaited, then aborted after grace.
+        let base = SettleBase {
+            client: self.client.clone(),
+            acker: Acker::spawn(self.client.clone()),
+            stats: self.stats.clone(),
+        };
+        let sub = pb::SubscribeRequest {
+            queues,
+            consumer: self.consumer.clone(),
+            max_in_flight: self.concurrency,
+            lease: Some(pb_duration(self.lease)),
+        };
+        // One task per delivered job (waiting for a permit, running,
+        // settling). Ended by the graceful stop below: awaited, then aborted
+        // after the grace.
         let mut tasks: JoinSet<()> = JoinSet::new();
         let mut backoff = Backoff::new(self.reconnect_min, self.reconnect_max);
         let mut shutdown = pin!(shutdown);
-        // The open stream. It is kept through the stop so running handlers
-        // can still settle on it, and dropped last: closing it makes the
-        // broker release whatever is left unsettled.
-        let mut stream: Option<Streaming<pb::SubscribeResponse>> = None;
+        let mut use_consume = self.stream_acks;
+        // The open stream, and whether it has said anything yet. It is kept
+        // through the stop so running handlers can still settle on it.
+        let mut session: Option<(Session, bool)> = None;
 
         let result = loop {
-            let Some(open) = stream.as_mut() else {
+            let Some((open, heard)) = session.as_mut() else {
                 let opened = tokio::select! {
                     _ = &mut shutdown => break Ok(()),
-                    r = self.subscribe() => r,
+                    Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                        log_join(done);
+                        continue;
+                    }
+                    r = async {
+                        if use_consume {
+                            Session::consume(&self.client, sub.clone(), base.clone()).await
+                        } else {
+                            Session::subscribe(&self.client, sub.clone(), base.clone()).await
+                        }
+                    } => r,
                 };
                 match opened {
                     Ok(s) => {
-                        debug!(queues = ?self.queues, "subscribed");
-                        stream = Some(s);
+                        debug!(queues = ?sub.queues, consume = s.is_consume(), "stream opened");
+                        session = Some((s, false));
+                    }
+                    Err(status) if use_consume && status.code() == Code::Unimplemented => {
+                        info!(
+                            "the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch"
+                        );
+                        use_consume = false;
                     }
                     Err(status) if fatal(&status) => break Err(status),
                     Err(status) => {
                         let wait = backoff.next();
                         warn!(code = ?status.code(), message = status.message(), retry_in = ?wait,
-                            "subscribe failed; retrying");
+                            "opening the stream failed; retrying");
                         tokio::select! {
                             _ = &mut shutdown => break Ok(()),
                             _ = tokio::time::sleep(wait) => {}
@@ -191,18 +453,20 @@ impl Worker {
                     log_join(done);
                     continue;
                 }
-                msg = tokio::time::timeout(self.idle_timeout, open.message()) => msg,
+                msg = tokio::time::timeout(self.idle_timeout, open.next()) => msg,
             };
             let ended = match event {
-                Ok(Ok(Some(msg))) => {
+                Ok(Ok(Some(event))) => {
                     // A live stream: the next failure starts from the
                     // shortest wait again.
+                    *heard = true;
                     backoff.reset();
-                    if let Some(pb::subscribe_response::Kind::Delivery(d)) = msg.kind {
-                        match Delivery::from_pb(d) {
+                    if let Event::Delivery(d) = event {
+                        match Delivery::from_pb(*d) {
                             Some(job) => {
-                                let span = info_span!("job", job_id = %job.id, queue = %job.queue, attempt = job.attempt);
-                                tasks.spawn(process(ctx.clone(), job).instrument(span));
+                                let span = job_span(&job);
+                                let settler = open.settler();
+                                tasks.spawn(process(ctx.clone(), settler, job).instrument(span));
                             }
                             None => warn!("delivery without a job; ignored"),
                         }
@@ -210,12 +474,27 @@ impl Worker {
                     continue;
                 }
                 Ok(Ok(None)) => "stream ended by the broker".to_owned(),
-                Ok(Err(status)) => format!("{:?}: {}", status.code(), status.message()),
+                Ok(Err(status)) => {
+                    // A proxy may only say UNIMPLEMENTED once the stream runs.
+                    if status.code() == Code::Unimplemented && open.is_consume() && !*heard {
+                        info!(
+                            "the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch"
+                        );
+                        use_consume = false;
+                        if let Some((s, _)) = session.take() {
+                            s.end();
+                        }
+                        continue;
+                    }
+                    format!("{:?}: {}", status.code(), status.message())
+                }
                 Err(_) => format!("no message for {:?}", self.idle_timeout),
             };
             // Running handlers keep going; their jobs were released with the
             // stream, so their settles will be refused and the jobs redelivered.
-            stream = None;
+            if let Some((s, _)) = session.take() {
+                s.end();
+            }
             let wait = backoff.next();
             info!(reason = %ended, retry_in = ?wait, "stream lost; reconnecting");
             tokio::select! {
@@ -224,107 +503,157 @@ impl Worker {
             }
         };
 
-        // Graceful stop: no new handler starts; running ones get the grace.
+        // Graceful stop: no new handler starts; running ones get the grace,
+        // while the stream stays open for their settles.
         ctx.stop.cancel();
-        let running = tasks.len();
-        if running > 0 {
-            info!(running, grace = ?self.grace, "stopping: waiting for running handlers");
+        if !tasks.is_empty() {
+            info!(running = tasks.len(), grace = ?self.grace, "stopping: waiting for running handlers");
         }
-        let finished = tokio::time::timeout(self.grace, async {
-            while let Some(done) = tasks.join_next().await {
-                log_join(done);
+        let deadline = tokio::time::Instant::now() + self.grace;
+        while !tasks.is_empty() {
+            tokio::select! {
+                Some(done) = tasks.join_next() => log_join(done),
+                _ = tokio::time::sleep_until(deadline) => {
+                    warn!(left = tasks.len(),
+                        "grace elapsed; cancelling handlers still running (their jobs are released)");
+                    tasks.shutdown().await;
+                }
+                next = async { session.as_mut().expect("checked").0.next().await },
+                    if session.is_some() =>
+                {
+                    match next {
+                        // Left unsettled: released when the stream closes.
+                        Ok(Some(Event::Delivery(_))) => debug!("delivery while stopping; released at the close"),
+                        Ok(Some(Event::Activity)) => {}
+                        Ok(None) | Err(_) => {
+                            // Settles go by unary calls from now on.
+                            if let Some((s, _)) = session.take() {
+                                s.end();
+                            }
+                        }
+                    }
+                }
             }
-        })
-        .await;
-        if finished.is_err() {
-            warn!(
-                left = tasks.len(),
-                "grace elapsed; cancelling handlers still running (their jobs are released)"
-            );
-            tasks.shutdown().await;
         }
-        drop(stream);
+        if let Some((s, _)) = session.take() {
+            s.close(CLOSE_WAIT).await;
+        }
         result
-    }
-
-    async fn subscribe(&self) -> Result<Streaming<pb::SubscribeResponse>, Status> {
-        let req = pb::SubscribeRequest {
-            queues: self.queues.clone(),
-            consumer: self.consumer.clone(),
-            max_in_flight: self.concurrency,
-            lease: Some(pb_duration(self.lease)),
-        };
-        Ok(self
-            .client
-            .queue_service()
-            .subscribe(req)
-            .await?
-            .into_inner())
     }
 }
 
+/// A queue's handler and its timeout.
+struct Route {
+    handler: DynHandler,
+    timeout: Option<Duration>,
+}
+
 /// What every job task shares.
-struct Ctx<H> {
-    client: Client,
-    /// Coalesces this worker's acks into AckBatch calls.
-    acker: Acker,
-    handler: H,
+struct Ctx {
+    routes: HashMap<String, Route>,
     lease: Duration,
     /// One permit per handler allowed to run: the concurrency bound.
     permits: Arc<Semaphore>,
     /// Cancelled at the graceful stop: jobs not yet started are left alone.
     stop: CancellationToken,
+    stats: Arc<WorkerStats>,
+    lost_lease_level: Level,
+}
+
+fn job_span(job: &Delivery) -> Span {
+    let span = info_span!("job", job_id = %job.id, queue = %job.queue, attempt = job.attempt,
+        trace_id = field::Empty);
+    if let Some(tp) = job.trace_parent() {
+        span.record("trace_id", tp.trace_id_hex());
+    }
+    span
+}
+
+/// How a job task ended, before settling.
+enum Ran {
+    /// Stopped before a permit came: released when the stream closes.
+    NotStarted,
+    Done(Outcome),
+    /// An extension was refused: the handler was cancelled.
+    LeaseLost,
 }
 
 /// One delivered job: wait for a permit, run the handler while keeping the
 /// lease alive, settle.
-async fn process<H, F, E>(ctx: Arc<Ctx<H>>, job: Delivery)
-where
-    H: Fn(Delivery) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<(), E>> + Send + 'static,
-    E: fmt::Display + Send + 'static,
-{
+async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
+    WorkerStats::inc(&ctx.stats.delivered);
     // The lease is extended from receipt on, not from the handler's start:
     // time spent waiting for a permit also runs against it.
-    let outcome = tokio::select! {
-        outcome = run_handler(&ctx, job.clone()) => outcome,
-        never = keep_leased(&ctx, &job) => match never {},
+    let ran = tokio::select! {
+        ran = run_handler(&ctx, job.clone()) => ran,
+        () = keep_leased(&ctx, &settler, &job) => Ran::LeaseLost,
     };
-    match outcome {
-        None => debug!("not started before the stop; released when the stream closes"),
-        Some(outcome) => settle(&ctx, &job, outcome).await,
+    match ran {
+        Ran::NotStarted => debug!("not started before the stop; released when the stream closes"),
+        Ran::LeaseLost => {
+            WorkerStats::inc(&ctx.stats.lease_lost);
+            event_at!(
+                ctx.lost_lease_level,
+                "lease lost before settling: an extension was refused while the handler ran; \
+                 handler cancelled, the job may be delivered again"
+            );
+        }
+        Ran::Done(outcome) => settle(&ctx, &settler, &job, outcome).await,
     }
 }
 
-/// Runs the handler under a permit. None = stopped before it could start.
-async fn run_handler<H, F, E>(ctx: &Ctx<H>, job: Delivery) -> Option<Result<(), String>>
-where
-    H: Fn(Delivery) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<(), E>> + Send + 'static,
-    E: fmt::Display + Send + 'static,
-{
+/// Runs the queue's handler under a permit, within its timeout.
+async fn run_handler(ctx: &Ctx, job: Delivery) -> Ran {
+    let Some(route) = ctx.routes.get(&job.queue) else {
+        let error = format!("no handler for queue {:?} in this worker", job.queue);
+        return Ran::Done(Outcome::nack(NackKind::Failed, &error));
+    };
     let _permit = tokio::select! {
         biased;
-        _ = ctx.stop.cancelled() => return None,
-        p = ctx.permits.clone().acquire_owned() => p.ok()?,
+        _ = ctx.stop.cancelled() => return Ran::NotStarted,
+        p = ctx.permits.clone().acquire_owned() => match p {
+            Ok(p) => p,
+            Err(_) => return Ran::NotStarted,
+        },
     };
     // A task of its own so a panic becomes a Nack rather than a lost job;
-    // aborted with this future (grace elapsed).
-    let mut task = AbortOnDrop(tokio::spawn((ctx.handler)(job)));
-    Some(match (&mut task.0).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(e) => Err(match e.try_into_panic() {
-            Ok(p) => match p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-            {
-                Some(msg) => format!("handler panicked: {msg}"),
-                None => "handler panicked".to_owned(),
+    // aborted with this future (timeout, lost lease, grace elapsed).
+    let mut task = AbortOnDrop(tokio::spawn(
+        (route.handler)(job).instrument(Span::current()),
+    ));
+    let joined = match route.timeout {
+        None => (&mut task.0).await,
+        Some(limit) => match tokio::time::timeout(limit, &mut task.0).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                // Cancelled, and gone (its destructors run) before the nack.
+                task.0.abort();
+                let _ = (&mut task.0).await;
+                WorkerStats::inc(&ctx.stats.timed_out);
+                return Ran::Done(Outcome::nack(
+                    NackKind::Timeout,
+                    &format!("timeout: the handler ran longer than {limit:?}"),
+                ));
+            }
+        },
+    };
+    Ran::Done(match joined {
+        Ok(Ok(())) => Outcome::Ack,
+        Ok(Err(outcome)) => outcome,
+        Err(e) => Outcome::nack(
+            NackKind::Panic,
+            &match e.try_into_panic() {
+                Ok(p) => match p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                {
+                    Some(msg) => format!("handler panicked: {msg}"),
+                    None => "handler panicked".to_owned(),
+                },
+                Err(_) => "handler cancelled".to_owned(),
             },
-            Err(_) => "handler cancelled".to_owned(),
-        }),
+        ),
     })
 }
 
@@ -336,32 +665,84 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Extends the job's lease every half lease. Never returns: it is dropped
-/// when the handler finishes.
-async fn keep_leased<H>(ctx: &Ctx<H>, job: &Delivery) -> Infallible {
+/// Extends the job's lease every half lease. Returns only when the lease is
+/// lost; otherwise it is dropped when the handler finishes.
+async fn keep_leased(ctx: &Ctx, settler: &Settler, job: &Delivery) {
     let mut wait = ctx.lease / 2;
     loop {
         tokio::time::sleep(wait).await;
-        match ctx
-            .client
-            .extend_lease(&job.id, &job.lease_token, ctx.lease)
-            .await
-        {
-            Ok(_) => {
-                debug!("lease extended");
-                wait = ctx.lease / 2;
-            }
+        match settler.extend(job, ctx.lease).await {
+            Ok(()) => wait = ctx.lease / 2,
             Err(s) if s.code() == Code::FailedPrecondition => {
-                warn!(
-                    message = s.message(),
-                    "lease lost; the job may be delivered again while the handler runs"
-                );
-                return std::future::pending().await;
+                debug!(message = s.message(), "lease lost");
+                return;
             }
             Err(s) => {
                 // Half the lease is left: try again soon.
                 wait = (ctx.lease / 10).max(Duration::from_millis(100));
                 warn!(code = ?s.code(), message = s.message(), "lease extension failed; retrying");
+            }
+        }
+    }
+}
+
+/// Acks or nacks, retrying transient failures.
+async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) {
+    let mut wait = Duration::from_millis(100);
+    for attempt in 1..=SETTLE_TRIES {
+        let r = match &outcome {
+            Outcome::Ack => settler.ack(job).await.map(|()| false),
+            Outcome::Nack(NackOutcome {
+                error,
+                retry_after,
+                dead_letter,
+                ..
+            }) => {
+                let options = Nack {
+                    retry_after: *retry_after,
+                    dead_letter: *dead_letter,
+                };
+                settler.nack(job, error, &options).await
+            }
+        };
+        match r {
+            Ok(dead) => {
+                match &outcome {
+                    Outcome::Ack => {
+                        WorkerStats::inc(&ctx.stats.acked);
+                        debug!("acked");
+                    }
+                    Outcome::Nack(n) => {
+                        WorkerStats::inc(&ctx.stats.nacked);
+                        if dead {
+                            WorkerStats::inc(&ctx.stats.dead_lettered);
+                        }
+                        info!(outcome = n.kind.as_str(), error = %n.error, dead_lettered = dead,
+                            retry_after = ?n.retry_after, "nacked");
+                    }
+                }
+                return;
+            }
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                // Expired, taken over, released with its stream, or the job
+                // was cancelled: it is (or will be) someone else's.
+                WorkerStats::inc(&ctx.stats.lease_lost);
+                event_at!(
+                    ctx.lost_lease_level,
+                    message = s.message(),
+                    "lease lost before settling; the job may be delivered again"
+                );
+                return;
+            }
+            Err(s) if !fatal(&s) && attempt < SETTLE_TRIES => {
+                debug!(code = ?s.code(), "settle failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            Err(s) => {
+                warn!(code = ?s.code(), message = s.message(),
+                    "settle failed; the job will be delivered again when its lease ends");
+                return;
             }
         }
     }
@@ -375,14 +756,13 @@ type AckReply = oneshot::Sender<Result<(), Status>>;
 /// sends a lone ack at once. Falls back to unary Ack against a broker without
 /// AckBatch (`UNIMPLEMENTED`).
 #[derive(Clone)]
-struct Acker {
-    /// To the task below; it ends when the last handle (the worker's `Ctx`)
-    /// is dropped.
+pub(crate) struct Acker {
+    /// To the task below; it ends when the last handle is dropped.
     tx: mpsc::UnboundedSender<((String, String), AckReply)>,
 }
 
 impl Acker {
-    fn spawn(client: Client) -> Acker {
+    pub fn spawn(client: Client) -> Acker {
         let (tx, mut rx) = mpsc::unbounded_channel::<((String, String), AckReply)>();
         tokio::spawn(async move {
             let mut batch_supported = true;
@@ -423,7 +803,7 @@ impl Acker {
         Acker { tx }
     }
 
-    async fn ack(&self, job_id: &str, lease_token: &str) -> Result<(), Status> {
+    pub async fn ack(&self, job_id: &str, lease_token: &str) -> Result<(), Status> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(((job_id.to_owned(), lease_token.to_owned()), reply))
@@ -436,66 +816,6 @@ impl Acker {
 /// Most acks in one AckBatch call: well under the broker's default batch
 /// limit (1000), and already a hundredfold fewer calls.
 const ACK_BATCH_MAX: usize = 100;
-
-/// Acks (`Ok`) or nacks (`Err(text)`), retrying transient failures.
-async fn settle<H>(ctx: &Ctx<H>, job: &Delivery, outcome: Result<(), String>) {
-    let error = outcome.as_ref().err().map(|e| error_text(e));
-    let mut wait = Duration::from_millis(100);
-    for attempt in 1..=SETTLE_TRIES {
-        let r = match &error {
-            None => ctx.acker.ack(&job.id, &job.lease_token).await,
-            Some(text) => ctx
-                .client
-                .nack(&job.id, &job.lease_token, text, Nack::default())
-                .await
-                .map(|dead| {
-                    if dead {
-                        info!("job dead-lettered");
-                    }
-                }),
-        };
-        match r {
-            Ok(()) => {
-                match &error {
-                    None => debug!("acked"),
-                    Some(e) => info!(error = %e, "handler failed; nacked"),
-                }
-                return;
-            }
-            Err(s) if s.code() == Code::FailedPrecondition => {
-                warn!(
-                    message = s.message(),
-                    "lease lost before settling; the job will be delivered again"
-                );
-                return;
-            }
-            Err(s) if !fatal(&s) && attempt < SETTLE_TRIES => {
-                debug!(code = ?s.code(), "settle failed; retrying");
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-            }
-            Err(s) => {
-                warn!(code = ?s.code(), message = s.message(),
-                    "settle failed; the job will be delivered again when its lease ends");
-                return;
-            }
-        }
-    }
-}
-
-/// A Nack `error` the broker accepts: no NUL (PostgreSQL text cannot hold
-/// it), at most 64 KiB (the start kept: it usually says what went wrong).
-fn error_text(e: &str) -> String {
-    let mut s = e.replace('\0', "\u{FFFD}");
-    if s.len() > MAX_ERROR_LEN {
-        let mut end = MAX_ERROR_LEN;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
 
 /// Statuses that retrying the same request cannot fix.
 fn fatal(s: &Status) -> bool {
@@ -585,11 +905,54 @@ mod tests {
         assert!(b.next() < Duration::from_millis(100));
     }
 
-    #[test]
-    fn error_text_is_storable() {
-        assert_eq!(error_text("a\0b"), "a\u{FFFD}b");
-        let long = "é".repeat(MAX_ERROR_LEN);
-        let t = error_text(&long);
-        assert!(t.len() <= MAX_ERROR_LEN && t.len() >= MAX_ERROR_LEN - 1);
+    fn client() -> Client {
+        Client::connect_lazy("http://127.0.0.1:1").unwrap()
+    }
+
+    async fn refused(w: Worker) -> String {
+        w.serve(std::future::pending())
+            .await
+            .unwrap_err()
+            .message()
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn configuration_errors_are_reported_before_connecting() {
+        let ok = |_: Delivery| async { Ok::<(), String>(()) };
+        assert!(
+            refused(Worker::builder(client()))
+                .await
+                .starts_with("queues:")
+        );
+        assert!(
+            refused(Worker::builder(client()).handle("a", ok).handle("a", ok))
+                .await
+                .contains("two handlers")
+        );
+        assert!(
+            refused(
+                Worker::builder(client())
+                    .handle("a", ok)
+                    .queue_timeout("b", Duration::from_secs(1))
+            )
+            .await
+            .starts_with("queue_timeout:")
+        );
+        assert!(
+            refused(
+                Worker::builder(client())
+                    .handle("a", ok)
+                    .lease(Duration::ZERO)
+            )
+            .await
+            .starts_with("lease:")
+        );
+        assert!(
+            refused(Worker::new(client(), ["a"]))
+                .await
+                .starts_with("queues:"),
+            "serve without run's handler"
+        );
     }
 }

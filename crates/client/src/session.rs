@@ -1,0 +1,368 @@
+//! One stream of a [`Worker`](crate::Worker) and how the settles of its jobs
+//! travel: on the `Consume` stream itself (many per message), or, on a
+//! broker without it, a `Subscribe` stream with acks in `AckBatch` calls and
+//! unary `Nack` / `ExtendLease`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status, Streaming};
+use tracing::debug;
+
+use crate::worker::{Acker, WorkerStats};
+use crate::{Client, Delivery, Nack, pb, pb_duration, timestamp};
+
+/// Most settles in one ConsumeRequest: well under the broker's default
+/// per-list limit (1000).
+const MAX_SETTLES_PER_MESSAGE: usize = 500;
+
+/// What the worker's loop reads from a stream.
+pub(crate) enum Event {
+    Delivery(Box<pb::Delivery>),
+    /// A heartbeat, or settle results (already handed to their waiters).
+    Activity,
+}
+
+enum Responses {
+    Consume(Streaming<pb::ConsumeResponse>),
+    Subscribe(Streaming<pb::SubscribeResponse>),
+}
+
+/// An open stream.
+pub(crate) struct Session {
+    responses: Responses,
+    settler: Arc<Settler>,
+}
+
+impl Session {
+    /// Opens a Consume stream asking for confirmed settles. `UNIMPLEMENTED`
+    /// means the broker does not serve Consume.
+    pub async fn consume(
+        client: &Client,
+        sub: pb::SubscribeRequest,
+        base: SettleBase,
+    ) -> Result<Session, Status> {
+        // Capacity 1: while one message waits for the transport, settles
+        // pile up in the outbox and go together in the next one.
+        let (requests, rx) = mpsc::channel(1);
+        let first = pb::ConsumeRequest {
+            subscribe: Some(sub),
+            confirm_settles: true,
+            ..Default::default()
+        };
+        requests
+            .try_send(first)
+            .expect("an empty channel takes one message");
+        let responses = client
+            .queue_service()
+            .consume(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let (outbox, pending) = mpsc::unbounded_channel();
+        tokio::spawn(write(pending, requests));
+        let stream = StreamSide {
+            shared: Mutex::new(Shared {
+                outbox: Some(outbox),
+                pending: HashMap::new(),
+            }),
+        };
+        base.stats.consume_streams.fetch_add(1, Ordering::Relaxed);
+        Ok(Session {
+            responses: Responses::Consume(responses),
+            settler: Arc::new(Settler {
+                base,
+                stream: Some(stream),
+            }),
+        })
+    }
+
+    /// Opens a Subscribe stream (settles by unary calls and AckBatch).
+    pub async fn subscribe(
+        client: &Client,
+        sub: pb::SubscribeRequest,
+        base: SettleBase,
+    ) -> Result<Session, Status> {
+        let responses = client.queue_service().subscribe(sub).await?.into_inner();
+        base.stats.subscribe_streams.fetch_add(1, Ordering::Relaxed);
+        Ok(Session {
+            responses: Responses::Subscribe(responses),
+            settler: Arc::new(Settler { base, stream: None }),
+        })
+    }
+
+    pub fn is_consume(&self) -> bool {
+        matches!(self.responses, Responses::Consume(_))
+    }
+
+    /// How the jobs of this stream are settled.
+    pub fn settler(&self) -> Arc<Settler> {
+        self.settler.clone()
+    }
+
+    /// The next message: `Ok(None)` when the broker ended the stream.
+    pub async fn next(&mut self) -> Result<Option<Event>, Status> {
+        match &mut self.responses {
+            Responses::Subscribe(s) => Ok(s.message().await?.map(|m| match m.kind {
+                Some(pb::subscribe_response::Kind::Delivery(d)) => Event::Delivery(Box::new(d)),
+                _ => Event::Activity,
+            })),
+            Responses::Consume(s) => Ok(match s.message().await? {
+                None => None,
+                Some(m) => Some(match m.kind {
+                    Some(pb::consume_response::Kind::Delivery(d)) => Event::Delivery(Box::new(d)),
+                    Some(pb::consume_response::Kind::Settled(r)) => {
+                        self.settler.resolve(r.results);
+                        Event::Activity
+                    }
+                    _ => Event::Activity,
+                }),
+            }),
+        }
+    }
+
+    /// Marks the stream gone: settles waiting for an answer fail with
+    /// `UNAVAILABLE` (and are retried by unary calls), later ones go by
+    /// unary calls. Dropping the responses cancels the call if it is open,
+    /// which makes the broker release whatever is still unsettled.
+    pub fn end(self) {
+        self.settler.end();
+    }
+
+    /// Graceful end: half-closes a Consume stream (the broker finishes the
+    /// settles it was sent, releases the rest and ends the stream with OK)
+    /// and waits up to `limit` for that end, handing out settle results
+    /// meanwhile. A Subscribe stream is just closed.
+    pub async fn close(mut self, limit: Duration) {
+        if let Some(stream) = &self.settler.stream {
+            stream.shared.lock().expect("poisoned").outbox = None;
+            let ended = tokio::time::timeout(limit, async {
+                loop {
+                    match self.next().await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return Ok(()),
+                        Err(s) => return Err(s),
+                    }
+                }
+            })
+            .await;
+            match ended {
+                Ok(Ok(())) => debug!("stream closed"),
+                Ok(Err(s)) => {
+                    debug!(code = ?s.code(), message = s.message(), "stream failed while closing")
+                }
+                Err(_) => debug!(
+                    ?limit,
+                    "no end of the stream after the half-close; cancelled"
+                ),
+            }
+        }
+        self.end();
+    }
+}
+
+/// Writes the outbox to the request stream, coalescing whatever queued up
+/// while the previous message was in flight. Ends when the outbox closes
+/// (half-close: dropping `requests` ends the request stream) or the call is
+/// gone.
+async fn write(
+    mut outbox: mpsc::UnboundedReceiver<Outgoing>,
+    requests: mpsc::Sender<pb::ConsumeRequest>,
+) {
+    while let Some(first) = outbox.recv().await {
+        // Let handlers finishing at the same moment add theirs.
+        tokio::task::yield_now().await;
+        let mut req = pb::ConsumeRequest::default();
+        first.add_to(&mut req);
+        for _ in 1..MAX_SETTLES_PER_MESSAGE {
+            match outbox.try_recv() {
+                Ok(more) => more.add_to(&mut req),
+                Err(_) => break,
+            }
+        }
+        if requests.send(req).await.is_err() {
+            return;
+        }
+    }
+}
+
+enum Outgoing {
+    Ack(pb::AckRequest),
+    Nack(pb::NackRequest),
+    Extend(pb::ExtendLeaseRequest),
+}
+
+impl Outgoing {
+    fn add_to(self, req: &mut pb::ConsumeRequest) {
+        match self {
+            Outgoing::Ack(a) => req.acks.push(a),
+            Outgoing::Nack(n) => req.nacks.push(n),
+            Outgoing::Extend(x) => req.extends.push(x),
+        }
+    }
+}
+
+type Reply = oneshot::Sender<pb::SettleResult>;
+
+struct StreamSide {
+    shared: Mutex<Shared>,
+}
+
+struct Shared {
+    /// To the writer; None once the stream is closing or gone.
+    outbox: Option<mpsc::UnboundedSender<Outgoing>>,
+    /// Settles sent and not yet answered, oldest first per (op, job id).
+    pending: HashMap<(i32, String), VecDeque<Reply>>,
+}
+
+/// What every stream's settler shares: the unary client, the AckBatch
+/// coalescer and the counters.
+#[derive(Clone)]
+pub(crate) struct SettleBase {
+    pub client: Client,
+    pub acker: Acker,
+    pub stats: Arc<WorkerStats>,
+}
+
+/// Settles the jobs one stream delivered: on that stream while it is open
+/// (Consume), otherwise by AckBatch and unary calls. Errors are the
+/// statuses the unary calls would have returned.
+pub(crate) struct Settler {
+    base: SettleBase,
+    stream: Option<StreamSide>,
+}
+
+impl Settler {
+    /// Queues one settle on the stream; None when the stream is closing or
+    /// gone (the caller goes unary).
+    fn send(
+        &self,
+        op: pb::SettleOp,
+        job_id: &str,
+        msg: Outgoing,
+    ) -> Option<oneshot::Receiver<pb::SettleResult>> {
+        let stream = self.stream.as_ref()?;
+        let mut shared = stream.shared.lock().expect("poisoned");
+        let outbox = shared.outbox.as_ref()?;
+        outbox.send(msg).ok()?;
+        let (tx, rx) = oneshot::channel();
+        shared
+            .pending
+            .entry((op as i32, job_id.to_owned()))
+            .or_default()
+            .push_back(tx);
+        Some(rx)
+    }
+
+    /// Sends on the stream and waits for the broker's answer. None: not
+    /// sent (use a unary call). `Some(Err(UNAVAILABLE))`: the stream ended
+    /// before the answer came (the settle may or may not have been applied).
+    async fn on_stream(
+        &self,
+        op: pb::SettleOp,
+        job_id: &str,
+        msg: Outgoing,
+    ) -> Option<Result<pb::SettleResult, Status>> {
+        let rx = self.send(op, job_id, msg)?;
+        self.base
+            .stats
+            .settled_on_stream
+            .fetch_add(u64::from(op != pb::SettleOp::Extend), Ordering::Relaxed);
+        Some(match rx.await {
+            Ok(r) if r.code == 0 => Ok(r),
+            Ok(r) => Err(Status::new(Code::from(r.code), r.message)),
+            Err(_) => Err(Status::unavailable(
+                "the stream ended before the broker answered; the settle may or may not have been applied",
+            )),
+        })
+    }
+
+    /// Hands settle results to their waiters.
+    fn resolve(&self, results: Vec<pb::SettleResult>) {
+        let Some(stream) = &self.stream else { return };
+        let mut shared = stream.shared.lock().expect("poisoned");
+        for r in results {
+            let key = (r.op, r.job_id.clone());
+            let Some(waiters) = shared.pending.get_mut(&key) else {
+                debug!(job_id = %r.job_id, op = r.op, "settle result nobody waits for");
+                continue;
+            };
+            let waiter = waiters.pop_front();
+            if waiters.is_empty() {
+                shared.pending.remove(&key);
+            }
+            if let Some(w) = waiter {
+                let _ = w.send(r);
+            }
+        }
+    }
+
+    /// The stream is gone: nothing more is sent on it, and the settles
+    /// waiting for an answer fail (their senders are dropped).
+    fn end(&self) {
+        if let Some(stream) = &self.stream {
+            let mut shared = stream.shared.lock().expect("poisoned");
+            shared.outbox = None;
+            shared.pending.clear();
+        }
+    }
+
+    pub async fn ack(&self, job: &Delivery) -> Result<(), Status> {
+        let msg = Outgoing::Ack(pb::AckRequest {
+            job_id: job.id.clone(),
+            lease_token: job.lease_token.clone(),
+        });
+        if let Some(r) = self.on_stream(pb::SettleOp::Ack, &job.id, msg).await {
+            return r.map(drop);
+        }
+        self.base
+            .stats
+            .settled_batched
+            .fetch_add(1, Ordering::Relaxed);
+        self.base.acker.ack(&job.id, &job.lease_token).await
+    }
+
+    /// Returns whether the job went to the dead letters.
+    pub async fn nack(&self, job: &Delivery, error: &str, options: &Nack) -> Result<bool, Status> {
+        let msg = Outgoing::Nack(pb::NackRequest {
+            job_id: job.id.clone(),
+            lease_token: job.lease_token.clone(),
+            error: error.to_owned(),
+            retry_after: options.retry_after.map(pb_duration),
+            dead_letter: options.dead_letter,
+        });
+        if let Some(r) = self.on_stream(pb::SettleOp::Nack, &job.id, msg).await {
+            return r.map(|r| r.dead_lettered);
+        }
+        self.base
+            .stats
+            .settled_unary
+            .fetch_add(1, Ordering::Relaxed);
+        self.base
+            .client
+            .nack(&job.id, &job.lease_token, error, options.clone())
+            .await
+    }
+
+    /// Keeps the job leased for `lease` more.
+    pub async fn extend(&self, job: &Delivery, lease: Duration) -> Result<(), Status> {
+        let msg = Outgoing::Extend(pb::ExtendLeaseRequest {
+            job_id: job.id.clone(),
+            lease_token: job.lease_token.clone(),
+            lease: Some(pb_duration(lease)),
+        });
+        if let Some(r) = self.on_stream(pb::SettleOp::Extend, &job.id, msg).await {
+            return r.map(|r| {
+                debug!(until = ?r.lease_expires_at.and_then(timestamp), "lease extended");
+            });
+        }
+        self.base
+            .client
+            .extend_lease(&job.id, &job.lease_token, lease)
+            .await
+            .map(|until| debug!(?until, "lease extended"))
+    }
+}
