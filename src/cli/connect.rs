@@ -15,7 +15,6 @@ use tonic::transport::Endpoint;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::bridge;
 use super::exit::{CliError, Exit};
 
 pub use leaseq_client::ClientChannel;
@@ -112,11 +111,10 @@ impl ConnectArgs {
     pub fn lazy_client(&self) -> Result<Client, CliError> {
         let opts = self.options();
         let lazy = configured(&self.addr, &opts)?.connect_lazy();
-        if opts.token.is_none() {
-            return Ok(Client::from_channel(lazy));
-        }
-        let upstream = InterceptedService::new(lazy, bearer(&opts)?);
-        Ok(Client::from_channel(bridge::channel(upstream)))
+        Ok(Client::from_client_channel(InterceptedService::new(
+            lazy,
+            bearer(&opts)?,
+        )))
     }
 }
 

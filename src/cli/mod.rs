@@ -6,7 +6,6 @@
 //! one table of exit codes ([`exit`]).
 
 pub mod admin;
-mod bridge;
 mod connect;
 pub mod exit;
 mod hash_token;

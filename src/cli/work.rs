@@ -119,7 +119,10 @@ pub async fn run(args: WorkArgs) -> Result<(), CliError> {
     let mut worker = Worker::new(client, args.queue.clone())
         .concurrency(args.concurrency)
         .lease(args.lease)
-        .grace(args.grace);
+        .grace(args.grace)
+        // An operator running a command per job wants to see a job whose
+        // lease ran out under it (the command was too slow for --lease).
+        .lost_lease_log_level(tracing::Level::WARN);
     if let Some(name) = args.consumer {
         worker = worker.consumer(name);
     }

@@ -54,9 +54,13 @@ retried as (
         lease_expires_at = null,
         lease_broker = null,
         leased_by = null,
-        last_error = c.error,
+        -- A refunded lease (the broker let go of it: a drain, or a stream
+        -- that closed before the job reached it) leaves no trace: the job
+        -- keeps its place in line and its last consumer's error.
+        last_error = case when c.refund then j.last_error else c.error end,
         attempt = case when c.refund then greatest(j.attempt - 1, 0) else j.attempt end,
-        run_at = now() + c.retry_ms * interval '1 millisecond'
+        run_at = case when c.refund then j.run_at
+                      else now() + c.retry_ms * interval '1 millisecond' end
     from cur c
     where j.id = c.id and c.death is null
     returning j.id
