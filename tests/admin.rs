@@ -1,12 +1,10 @@
 //! `leaseq.v1.AdminService` over real gRPC and a real PostgreSQL: every RPC,
 //! a bad-input table, pause / resume, requeue, pagination and WatchQueues.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use leaseq::pb::admin_service_client::AdminServiceClient;
 use tonic::Code;

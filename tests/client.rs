@@ -3,15 +3,13 @@
 //! failures with their text, bounds concurrency, stops gracefully), over real
 //! gRPC to in-process brokers on a real PostgreSQL.
 
-mod common;
-
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestDb, test_config, until, wait_serving};
+use crate::common::{TestDb, test_config, until, wait_serving};
 use leaseq::client::{Client, Delivery, Job, Nack, Worker};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -153,11 +151,11 @@ async fn client_calls_round_trip() {
     assert!(bad.message().starts_with("queue:"), "{}", bad.message());
 
     // Settle through the client, on deliveries from a raw stream.
-    let mut raw = common::connect(addr).await;
-    let mut stream = common::subscribe(&mut raw, &["calls"], 3, None).await;
+    let mut raw = crate::common::connect(addr).await;
+    let mut stream = crate::common::subscribe(&mut raw, &["calls"], 3, None).await;
     let mut got = Vec::new();
     for _ in 0..3 {
-        got.push(common::next_delivery(&mut stream, S10).await);
+        got.push(crate::common::next_delivery(&mut stream, S10).await);
     }
     let first = got[0].job.clone().unwrap();
     assert_eq!(first.id, a.job_id, "priority 3 first");
@@ -307,8 +305,8 @@ async fn lease_is_extended_while_the_handler_runs() {
         .expect("delivery has lease_expires_at");
     // A competitor on the same queue gets the job if the lease ever lapses
     // (the reaper runs every 200 ms).
-    let mut raw = common::connect(addr).await;
-    let mut competitor = common::subscribe(&mut raw, &["long"], 1, None).await;
+    let mut raw = crate::common::connect(addr).await;
+    let mut competitor = crate::common::subscribe(&mut raw, &["long"], 1, None).await;
     // While the handler runs, past its original lease, the job is still
     // leased to the worker with a later expiry.
     until(
@@ -329,7 +327,7 @@ async fn lease_is_extended_while_the_handler_runs() {
     );
     until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
     assert!(
-        common::try_next_delivery(&mut competitor, Duration::from_millis(300))
+        crate::common::try_next_delivery(&mut competitor, Duration::from_millis(300))
             .await
             .is_none(),
         "never redelivered"

@@ -8,20 +8,15 @@
 //! Each prints one `FAULTS` line of figures. docs/RELIABILITY.md has the
 //! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
 
-mod common;
-
-#[path = "faults/history.rs"]
 mod history;
-#[path = "faults/load.rs"]
 mod load;
-#[path = "faults/pg.rs"]
 mod pg;
 
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use history::{History, Report};
 use leaseq::pb;
 use load::*;
@@ -459,7 +454,9 @@ async fn terminated_backends_under_load() {
         let d = next_delivery(&mut probe, POLL + Duration::from_secs(3)).await;
         let latency = sent.elapsed();
         assert_eq!(d.job.as_ref().unwrap().id, id);
-        common::ack(&mut probe_client, &d).await.expect("probe ack");
+        crate::common::ack(&mut probe_client, &d)
+            .await
+            .expect("probe ack");
         latencies.push(latency.as_secs_f64());
         h.healed(f);
 
@@ -590,7 +587,7 @@ async fn paused_consumer_is_fenced() {
         let rec = h.delivered(sid, 0, Duration::from_secs(30), &d);
         assert_eq!(rec.id, id);
         assert_eq!(rec.attempt, 2, "the paused worker's lease was attempt 1");
-        let r = common::ack(&mut client, &d).await;
+        let r = crate::common::ack(&mut client, &d).await;
         h.ack_result(&rec, 0, &r);
         r.expect("the new holder acks");
     }

@@ -12,8 +12,6 @@
 //! Without the haproxy binary these tests fail (they do not skip): `.ci/run`
 //! installs it.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,7 +19,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use leaseq::pb::subscribe_response::Kind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

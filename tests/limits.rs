@@ -2,13 +2,11 @@
 //! lease path across replicas: two brokers on one database, real gRPC, and
 //! a fallback poll far beyond each test so only wake-ups can move jobs.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::config::ServeArgs;
 use leaseq::pb;
 use leaseq::pb::admin_service_client::AdminServiceClient;

@@ -3,13 +3,11 @@
 //! `serve --help`, and the `enqueue` / `tail` client subcommands. In process:
 //! health during a drain and through a database outage.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use leaseq::pb::subscribe_response::Kind;
 use tokio::time::{Instant, timeout};

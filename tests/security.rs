@@ -2,13 +2,11 @@
 //! limits, over real gRPC on loopback and a real PostgreSQL. Certificates are
 //! made fresh in each test with rcgen.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::cli::{ClientChannel, ClientSecurity};
 use leaseq::config::ServeArgs;
 use leaseq::pb;

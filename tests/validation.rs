@@ -10,13 +10,11 @@
 //! its original token and deadline, acking it with that token succeeds, and a
 //! normal enqueue + delivery still works.
 
-mod common;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use leaseq::pb::subscribe_response::Kind;
 use prost_types::{Duration as PDuration, Timestamp};
