@@ -4,11 +4,14 @@
 //! ([`BinaryBroker`]). Also the helpers several test files share: waiting on
 //! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
 //! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
-//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]) and reflection.
+//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]), scratch
+//! directories a server running as `postgres` can reach ([`scratch_path`])
+//! and reflection.
 #![allow(dead_code)]
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -307,6 +310,16 @@ impl TestBroker {
     pub fn begin_shutdown(&self) {
         self.shutdown.cancel();
     }
+}
+
+/// A fresh path (not created) under the system temp dir, for a cluster or
+/// anything else a child process may have to reach. Never under the
+/// checkout or `CARGO_TARGET_TMPDIR`: as root, PostgreSQL runs as `postgres`
+/// (else `nobody`), which must be able to enter every directory above its
+/// data, and a checkout may live where only root can (a 0700 home, a
+/// `mktemp -d`).
+pub fn scratch_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("leaseq-{tag}-{}", uuid::Uuid::new_v4().simple()))
 }
 
 pub async fn connect(addr: SocketAddr) -> Client {
