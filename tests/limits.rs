@@ -9,35 +9,11 @@ use std::time::Duration;
 use crate::common::*;
 use leaseq::config::ServeArgs;
 use leaseq::pb;
-use leaseq::pb::admin_service_client::AdminServiceClient;
-use tonic::transport::Channel;
-
-type Admin = AdminServiceClient<Channel>;
 
 const S5: Duration = Duration::from_secs(5);
 
 fn no_poll(c: &mut ServeArgs) {
     c.poll_interval = Duration::from_secs(600);
-}
-
-async fn admin(broker: &TestBroker) -> Admin {
-    AdminServiceClient::connect(broker.url())
-        .await
-        .expect("admin connect")
-}
-
-async fn update(a: &mut Admin, f: impl FnOnce(&mut pb::UpdateQueueRequest)) -> pb::QueueSettings {
-    let mut r = pb::UpdateQueueRequest {
-        create: true,
-        ..Default::default()
-    };
-    f(&mut r);
-    a.update_queue(r)
-        .await
-        .expect("update_queue")
-        .into_inner()
-        .settings
-        .expect("settings")
 }
 
 async fn enqueue_n(c: &mut Client, queue: &str, n: usize) {

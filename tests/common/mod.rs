@@ -4,9 +4,9 @@
 //! ([`BinaryBroker`]). Also the helpers several test files share: waiting on
 //! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
 //! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
-//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]), scratch
-//! directories a server running as `postgres` can reach ([`scratch_path`])
-//! and reflection.
+//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]), AdminService
+//! clients ([`admin`], [`update`]), scratch directories a server running as
+//! `postgres` can reach ([`scratch_path`]) and reflection.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use leaseq::config::ServeArgs;
 use leaseq::pb;
+use leaseq::pb::admin_service_client::AdminServiceClient;
 use leaseq::pb::queue_service_client::QueueServiceClient;
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
@@ -28,6 +29,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 pub type Client = QueueServiceClient<Channel>;
+
+pub type Admin = AdminServiceClient<Channel>;
 
 /// A Subscribe response stream.
 pub type JobStream = Streaming<pb::SubscribeResponse>;
@@ -310,6 +313,32 @@ impl TestBroker {
     pub fn begin_shutdown(&self) {
         self.shutdown.cancel();
     }
+}
+
+/// An AdminService client of `broker`.
+pub async fn admin(broker: &TestBroker) -> Admin {
+    AdminServiceClient::connect(broker.url())
+        .await
+        .expect("admin connect")
+}
+
+/// UpdateQueue with `create: true` and whatever `f` sets; returns the
+/// settings the broker answered with.
+pub async fn update(
+    a: &mut Admin,
+    f: impl FnOnce(&mut pb::UpdateQueueRequest),
+) -> pb::QueueSettings {
+    let mut r = pb::UpdateQueueRequest {
+        create: true,
+        ..Default::default()
+    };
+    f(&mut r);
+    a.update_queue(r)
+        .await
+        .expect("update_queue")
+        .into_inner()
+        .settings
+        .expect("settings")
 }
 
 /// A fresh path (not created) under the system temp dir, for a cluster or
