@@ -1,7 +1,7 @@
 //! The integration suite as one test binary (`[[test]] name = "suite"` in
 //! Cargo.toml, `autotests = false`): one link instead of one per file. Each
 //! file below is a module and keeps its own subject; `common` is the shared harness (PostgreSQL, brokers,
-//! snapshots). Run one file's tests with a filter:
+//! admin clients, snapshots, fault load). Run one file's tests with a filter:
 //! `cargo nextest run -E 'test(/^lb::/)'` or `cargo test --test suite lb::`.
 
 mod common;

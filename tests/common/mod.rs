@@ -9,6 +9,9 @@
 //! `postgres` can reach ([`scratch_path`]) and reflection.
 #![allow(dead_code)]
 
+pub mod history;
+pub mod load;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
