@@ -19,7 +19,6 @@
 #   CARGO_TARGET_DIR      as for cargo.
 set -euo pipefail
 cd "$(dirname "$0")"
-repo="$(pwd)"
 run_start=$(date +%s.%N)
 
 # --- the wall time of each step
@@ -58,7 +57,7 @@ pg_bin_dir() {
     local d
     for d in ${LEASEQ_PG_BIN:-} $(echo "${PATH:-}" | tr ':' ' ') \
         $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4 -rn) \
-        /usr/local/pgsql/bin /opt/homebrew/opt/postgresql@15/bin /usr/local/opt/postgresql@15/bin; do
+        /usr/local/pgsql/bin $(ls -d /opt/homebrew/opt/postgresql@*/bin /usr/local/opt/postgresql@*/bin 2>/dev/null); do
         if [ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/pg_ctl" ]; then
             echo "$d"
             return 0
@@ -185,7 +184,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
         exit 2
     fi
 fi
-echo "PostgreSQL server binaries: $(pg_bin_dir)"
+# The suite (leaseq::embedded, the fault suite's pg_ctl) uses the same ones.
+LEASEQ_PG_BIN="${LEASEQ_PG_BIN:-$(pg_bin_dir)}"
+export LEASEQ_PG_BIN
+echo "PostgreSQL server binaries: $LEASEQ_PG_BIN"
 echo "cargo-nextest: $(cargo nextest --version 2>/dev/null | head -n1)"
 
 # The shared throwaway cluster the suite starts (tests/common): stopped at the
@@ -254,20 +256,36 @@ if [ "$status" = 0 ]; then
     cargo nextest run --no-fail-fast "${nextest_args[@]}" 2>&1 | tee "$log"
     status=${PIPESTATUS[0]}
     set -e
+    if [ "$full" = 1 ]; then
+        # nextest does not run doc tests: cargo test does, here.
+        begin "doc tests (cargo test --doc)"
+        set +e
+        cargo test --doc 2>&1 | tee "$log.doc"
+        doc_status=${PIPESTATUS[0]}
+        set -e
+        [ "$doc_status" -ne 0 ] && status=$doc_status
+    fi
 fi
 finish_step
 
 # --- one summary line
 # nextest's "Summary [...] N tests run: P passed, F failed, ..." (timed-out
-# tests count as failed), plus the "clients: P passed, F failed" line of the
-# Python and Node suites that one Rust test (tests/clients.rs) runs.
+# tests count as failed), the "clients: P passed, F failed" line of the
+# Python and Node suites that one Rust test (tests/clients.rs) runs, and the
+# doc tests' "test result:" line.
 sum_of() { { grep -Eo "$1" || true; } | { grep -Eo '^[0-9]+' || true; } | awk '{s+=$1} END {print s+0}'; }
 rust_line="$(grep -E 'Summary \[' "$log" | tail -n1 | sed 's/.* run: //' || true)"
 clients_line="$(grep -E '^[[:space:]]*clients: [0-9]+ passed' "$log" | tail -n1 || true)"
 passed=$(($(sum_of '[0-9]+ passed' <<<"$rust_line") + $(sum_of '[0-9]+ passed' <<<"$clients_line")))
 failed=$(($(sum_of '[0-9]+ (failed|timed out)' <<<"$rust_line") + $(sum_of '[0-9]+ failed' <<<"$clients_line")))
 skipped=$(sum_of '[0-9]+ skipped' <<<"$rust_line")
-rm -f "$log"
+if [ -f "$log.doc" ]; then
+    doc_line="$(grep -E '^test result:' "$log.doc" || true)"
+    passed=$((passed + $(sum_of '[0-9]+ passed' <<<"$doc_line")))
+    failed=$((failed + $(sum_of '[0-9]+ failed' <<<"$doc_line")))
+    skipped=$((skipped + $(sum_of '[0-9]+ ignored' <<<"$doc_line")))
+fi
+rm -f "$log" "$log.doc"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
     # The build, a lint, or the runner itself failed.
     failed=1
