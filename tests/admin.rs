@@ -27,21 +27,6 @@ fn secs(n: u64) -> Option<prost_types::Duration> {
     Some(dur(Duration::from_secs(n)))
 }
 
-async fn nack_dead(c: &mut Client, d: &pb::Delivery, why: &str) {
-    let r = c
-        .nack(pb::NackRequest {
-            job_id: d.job.as_ref().unwrap().id.clone(),
-            lease_token: d.lease_token.clone(),
-            error: why.into(),
-            retry_after: None,
-            dead_letter: true,
-        })
-        .await
-        .expect("nack")
-        .into_inner();
-    assert!(r.dead_lettered);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_stats_count_jobs_by_state_and_this_brokers_streams() {
     let db = TestDb::new().await;

@@ -276,6 +276,14 @@ impl TestBroker {
     }
 
     pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut ServeArgs)) -> TestBroker {
+        let broker = Self::spawn_with(db, tweak).await;
+        wait_serving(broker.addr, Duration::from_secs(20)).await;
+        broker
+    }
+
+    /// Like [`TestBroker::start_with`], without waiting for it to serve (a
+    /// caller that speaks TLS to it probes readiness itself).
+    pub async fn spawn_with(db: &TestDb, tweak: impl FnOnce(&mut ServeArgs)) -> TestBroker {
         let mut cfg = test_config();
         tweak(&mut cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -285,13 +293,16 @@ impl TestBroker {
         let token = shutdown.clone();
         let handle =
             tokio::spawn(async move { leaseq::server::run(cfg, &url, listener, token).await });
-        let broker = TestBroker {
+        TestBroker {
             addr,
             shutdown,
             handle,
-        };
-        wait_serving(addr, Duration::from_secs(20)).await;
-        broker
+        }
+    }
+
+    /// Whether `run` has returned (e.g. it failed at startup).
+    pub fn has_exited(&self) -> bool {
+        self.handle.is_finished()
     }
 
     pub fn url(&self) -> String {
@@ -323,6 +334,22 @@ pub async fn admin(broker: &TestBroker) -> Admin {
     AdminServiceClient::connect(broker.url())
         .await
         .expect("admin connect")
+}
+
+/// Nacks `d` into the dead letters with `why` as its error.
+pub async fn nack_dead(c: &mut Client, d: &pb::Delivery, why: &str) {
+    let r = c
+        .nack(pb::NackRequest {
+            job_id: d.job.as_ref().unwrap().id.clone(),
+            lease_token: d.lease_token.clone(),
+            error: why.into(),
+            retry_after: None,
+            dead_letter: true,
+        })
+        .await
+        .expect("nack")
+        .into_inner();
+    assert!(r.dead_lettered);
 }
 
 /// UpdateQueue with `create: true` and whatever `f` sets; returns the
