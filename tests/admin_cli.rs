@@ -1,12 +1,10 @@
 //! The operator CLI as the real `leaseq` binary against a broker over real
 //! gRPC: `-o json` output and exit codes.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;

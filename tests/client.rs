@@ -5,8 +5,6 @@
 //! graceful stop), TLS with client certificates and tokens, and the crate's
 //! examples, over real gRPC to in-process brokers on a real PostgreSQL.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{TestDb, test_config, until, wait_serving};
+use crate::common::{TestDb, test_config, until, wait_serving};
 use leaseq_client::pb;
 use leaseq_client::pb::queue_service_client::QueueServiceClient;
 use leaseq_client::pb::queue_service_server::{QueueService, QueueServiceServer};
@@ -209,11 +207,11 @@ async fn client_calls_round_trip() {
     assert!(bad.message().starts_with("queue:"), "{}", bad.message());
 
     // Settle through the client, on deliveries from a raw stream.
-    let mut raw = common::connect(addr).await;
-    let mut stream = common::subscribe(&mut raw, &["calls"], 3, None).await;
+    let mut raw = crate::common::connect(addr).await;
+    let mut stream = crate::common::subscribe(&mut raw, &["calls"], 3, None).await;
     let mut got = Vec::new();
     for _ in 0..3 {
-        got.push(common::next_delivery(&mut stream, S10).await);
+        got.push(crate::common::next_delivery(&mut stream, S10).await);
     }
     let first = got[0].job.clone().unwrap();
     assert_eq!(first.id, a.job_id, "priority 3 first");
@@ -363,8 +361,8 @@ async fn lease_is_extended_while_the_handler_runs() {
         .expect("delivery has lease_expires_at");
     // A competitor on the same queue gets the job if the lease ever lapses
     // (the reaper runs every 200 ms).
-    let mut raw = common::connect(addr).await;
-    let mut competitor = common::subscribe(&mut raw, &["long"], 1, None).await;
+    let mut raw = crate::common::connect(addr).await;
+    let mut competitor = crate::common::subscribe(&mut raw, &["long"], 1, None).await;
     // While the handler runs, past its original lease, the job is still
     // leased to the worker with a later expiry.
     until(
@@ -385,7 +383,7 @@ async fn lease_is_extended_while_the_handler_runs() {
     );
     until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
     assert!(
-        common::try_next_delivery(&mut competitor, Duration::from_millis(300))
+        crate::common::try_next_delivery(&mut competitor, Duration::from_millis(300))
             .await
             .is_none(),
         "never redelivered"
@@ -1370,7 +1368,7 @@ async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
         .unwrap();
     assert_eq!(id, stuck.job_id);
     assert!(admin.cancel_job(&id).await.unwrap(), "was leased");
-    common::eventually(S10, "handler cancelled", || {
+    crate::common::eventually(S10, "handler cancelled", || {
         let dropped = dropped.clone();
         async move { dropped.load(Ordering::SeqCst) }
     })
@@ -1388,7 +1386,7 @@ async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
         Some("next")
     );
     let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    common::eventually(S10, "next acked", || {
+    crate::common::eventually(S10, "next acked", || {
         let stats = running_stats.clone();
         async move { stats.acked.load(Ordering::Relaxed) == 1 }
     })
@@ -1419,7 +1417,7 @@ async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
     assert_eq!(id, job.job_id);
     assert!(admin.cancel_job(&id).await.unwrap());
     release_tx.send(true).unwrap();
-    common::eventually(S10, "ack refused", || {
+    crate::common::eventually(S10, "ack refused", || {
         let stats = settle_stats.clone();
         async move { stats.lease_lost.load(Ordering::Relaxed) == 1 }
     })
@@ -1460,7 +1458,7 @@ async fn a_drain_mid_work_loses_nothing() {
             }
         })
     };
-    common::eventually(S10, "some jobs handled", || {
+    crate::common::eventually(S10, "some jobs handled", || {
         let handled = handled.clone();
         async move { handled.lock().unwrap().len() >= 8 }
     })
@@ -1594,7 +1592,7 @@ async fn tls_client_certificates_and_tokens_on_every_client() {
     let broker = Broker::spawn(&db, addr, sec.config()).await;
     let url = format!("https://{addr}");
     // Ready once health (no token needed) answers SERVING over mutual TLS.
-    common::eventually(Duration::from_secs(20), "TLS broker serving", || {
+    crate::common::eventually(Duration::from_secs(20), "TLS broker serving", || {
         let (url, opts) = (url.clone(), sec.options(None));
         async move {
             let Ok(client) = Client::connect_with(&url, opts).await else {
@@ -1811,16 +1809,16 @@ async fn the_admin_client_covers_the_admin_service() {
         .into_iter()
         .map(|e| e.job_id)
         .collect();
-    let mut raw = common::connect(addr).await;
-    let mut stream = common::subscribe(&mut raw, &["adm.d"], 2, None).await;
-    for d in common::take(&mut stream, 2, S10).await {
+    let mut raw = crate::common::connect(addr).await;
+    let mut stream = crate::common::subscribe(&mut raw, &["adm.d"], 2, None).await;
+    for d in crate::common::take(&mut stream, 2, S10).await {
         let nack = Nack {
             retry_after: None,
             dead_letter: true,
         };
         assert!(
             client
-                .nack(&common::id_of(&d), &d.lease_token, "no", nack)
+                .nack(&crate::common::id_of(&d), &d.lease_token, "no", nack)
                 .await
                 .unwrap()
         );

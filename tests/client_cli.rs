@@ -5,8 +5,6 @@
 //! enqueue's options taking effect; `tail` over Consume with acks on the
 //! stream; durations as usage errors; shell completions.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -14,7 +12,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::cli::ClientSecurity;
 use leaseq::pb;
 use leaseq::pb::admin_service_client::AdminServiceClient;

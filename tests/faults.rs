@@ -8,149 +8,22 @@
 //! Each prints one `FAULTS` line of figures. docs/RELIABILITY.md has the
 //! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
 
-mod common;
-
-#[path = "faults/history.rs"]
-mod history;
-#[path = "faults/load.rs"]
-mod load;
-#[path = "faults/pg.rs"]
 mod pg;
 
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
-use history::{History, Report};
+use crate::common::history::History;
+use crate::common::load::*;
+use crate::common::*;
 use leaseq::pb;
-use load::*;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-/// Producers and consumers of one run.
-struct Load {
-    history: History,
-    producers_stop: CancellationToken,
-    consumers_stop: CancellationToken,
-    producers: Vec<JoinHandle<()>>,
-    consumers: Vec<JoinHandle<()>>,
-    started: Instant,
-}
-
-impl Load {
-    /// `consumers` consumers, the i-th at home on broker `i % addrs.len()`,
-    /// and two producers at most `rate` jobs/s between them.
-    fn start(
-        history: &History,
-        addrs: &[SocketAddr],
-        queue: &'static str,
-        consumers: usize,
-        behaviour: Behaviour,
-        rate: u32,
-    ) -> Load {
-        let producers_stop = CancellationToken::new();
-        let consumers_stop = CancellationToken::new();
-        // Jobs: up to twice what the fault phase needs, since the load also
-        // runs while the test starts and while it waits for recoveries.
-        let max = (fault_seconds().as_secs_f64() * f64::from(rate) * 2.0) as usize;
-        let pace = Duration::from_secs_f64(2.0 / f64::from(rate));
-        let producers = ["pa", "pb"]
-            .into_iter()
-            .map(|prefix| {
-                tokio::spawn(producer(
-                    history.clone(),
-                    addrs.to_vec(),
-                    queue,
-                    prefix,
-                    max / 2,
-                    pace,
-                    producers_stop.clone(),
-                ))
-            })
-            .collect();
-        let consumers = (0..consumers)
-            .map(|i| {
-                tokio::spawn(consumer(
-                    history.clone(),
-                    addrs.to_vec(),
-                    i % addrs.len(),
-                    queue,
-                    behaviour,
-                    i as u64 + 1,
-                    consumers_stop.clone(),
-                ))
-            })
-            .collect();
-        Load {
-            history: history.clone(),
-            producers_stop,
-            consumers_stop,
-            producers,
-            consumers,
-            started: Instant::now(),
-        }
-    }
-
-    /// Stops the load, drains what is left through `drain_addr`, checks the
-    /// history, prints the figures and asserts the invariants.
-    async fn finish(
-        self,
-        name: &str,
-        pool: &PgPool,
-        drain_addr: SocketAddr,
-        queue: &'static str,
-    ) -> Report {
-        self.producers_stop.cancel();
-        for p in self.producers {
-            timeout(Duration::from_secs(20), p)
-                .await
-                .expect("producer stops")
-                .expect("producer task");
-        }
-        self.consumers_stop.cancel();
-        for c in self.consumers {
-            timeout(Duration::from_secs(20), c)
-                .await
-                .expect("consumer stops")
-                .expect("consumer task");
-        }
-        let drained = final_drain(
-            &self.history,
-            pool,
-            drain_addr,
-            queue,
-            Duration::from_secs(60),
-        )
-        .await;
-        let (dead, live) = final_ids(pool).await;
-        let report = self.history.check(&dead, &live);
-        eprintln!(
-            "{} drain_s={:.1}",
-            report.figures(name, self.started.elapsed()),
-            drained.as_secs_f64()
-        );
-        report.assert_ok();
-        assert!(live.is_empty(), "jobs left after the drain: {live:?}");
-        report
-    }
-}
-
-async fn wait_acked(history: &History, n: usize, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while history.acked_count() < n {
-        assert!(
-            Instant::now() < deadline,
-            "only {} jobs acked within {limit:?}",
-            history.acked_count()
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn start_replicas(url: &str, n: usize, extra: &[&str], test: &str) -> Vec<Replica> {
     let logs = log_dir(test);
@@ -172,7 +45,8 @@ async fn kill_9_replicas_under_load() {
     let mut reps = start_replicas(&db.url, 3, &[], "kill9").await;
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
-    let load = Load::start(&h, &addrs, "k9", 6, Behaviour::default(), 150);
+    const CONSUMERS: usize = 6;
+    let load = Load::start(&h, &addrs, "k9", CONSUMERS, Behaviour::default(), 150);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     let until = Instant::now() + fault_seconds();
@@ -191,6 +65,33 @@ async fn kill_9_replicas_under_load() {
     }
     let report = load.finish("kill-9", &db.pool, addrs[0], "k9").await;
     assert!(report.faults >= 1);
+    // A kill costs at most an attempt per job: nothing reaches max_attempts.
+    assert_eq!(report.dead, 0, "jobs dead-lettered by kills");
+    // Each consumer acks one job at a time, so a kill leaves at most one Ack
+    // per consumer committed without its answer.
+    assert!(
+        report.acked_unanswered <= report.faults * CONSUMERS,
+        "{} Acks committed unanswered in {} kills of {CONSUMERS} consumers",
+        report.acked_unanswered,
+        report.faults
+    );
+    // The replicas that were not killed kept their streams.
+    let failed = h.unexplained_stream_failures();
+    assert!(
+        failed.is_empty(),
+        "streams failed on live replicas: {failed:#?}"
+    );
+    // Replicas restarted after a kill (they recovered the dead ones' jobs)
+    // still drain cleanly.
+    for r in &mut reps {
+        r.signal(libc::SIGTERM);
+        let exit = r.wait(Duration::from_secs(10)).await;
+        assert!(
+            exit.success(),
+            "replica {} after SIGTERM: {exit:?}",
+            r.index
+        );
+    }
 }
 
 /// 2. SIGTERM of one of two replicas every ~2 s under load: it drains
@@ -459,7 +360,9 @@ async fn terminated_backends_under_load() {
         let d = next_delivery(&mut probe, POLL + Duration::from_secs(3)).await;
         let latency = sent.elapsed();
         assert_eq!(d.job.as_ref().unwrap().id, id);
-        common::ack(&mut probe_client, &d).await.expect("probe ack");
+        crate::common::ack(&mut probe_client, &d)
+            .await
+            .expect("probe ack");
         latencies.push(latency.as_secs_f64());
         h.healed(f);
 
@@ -590,7 +493,7 @@ async fn paused_consumer_is_fenced() {
         let rec = h.delivered(sid, 0, Duration::from_secs(30), &d);
         assert_eq!(rec.id, id);
         assert_eq!(rec.attempt, 2, "the paused worker's lease was attempt 1");
-        let r = common::ack(&mut client, &d).await;
+        let r = crate::common::ack(&mut client, &d).await;
         h.ack_result(&rec, 0, &r);
         r.expect("the new holder acks");
     }
@@ -728,19 +631,32 @@ async fn cut_streams_and_racing_consumers() {
     b1.stop().await;
 }
 
-/// Where Debian's faketime package puts libfaketime.
+/// libfaketime: `$LEASEQ_LIBFAKETIME`, else where Debian's faketime package
+/// (multiarch directories) or Fedora's libfaketime (lib64) put it.
 fn libfaketime() -> std::path::PathBuf {
-    let candidates = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-    ];
+    let mut candidates: Vec<std::path::PathBuf> = std::env::var_os("LEASEQ_LIBFAKETIME")
+        .filter(|v| !v.is_empty())
+        .map(Into::into)
+        .into_iter()
+        .collect();
+    candidates.extend(
+        std::fs::read_dir("/usr/lib")
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("faketime/libfaketime.so.1")),
+    );
+    candidates.push("/usr/lib/faketime/libfaketime.so.1".into());
+    candidates.push("/usr/lib64/faketime/libfaketime.so.1".into());
     candidates
         .iter()
-        .map(std::path::PathBuf::from)
         .find(|p| p.is_file())
+        .cloned()
         .unwrap_or_else(|| {
-            panic!("libfaketime not found in {candidates:?}: apt-get install faketime")
+            panic!(
+                "libfaketime not found (set LEASEQ_LIBFAKETIME, or apt-get install faketime; \
+                 ./test.sh installs it)"
+            )
         })
 }
 

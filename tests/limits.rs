@@ -2,44 +2,18 @@
 //! lease path across replicas: two brokers on one database, real gRPC, and
 //! a fallback poll far beyond each test so only wake-ups can move jobs.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
-use leaseq::pb::admin_service_client::AdminServiceClient;
 use leaseq_server::Config;
-use tonic::transport::Channel;
-
-type Admin = AdminServiceClient<Channel>;
 
 const S5: Duration = Duration::from_secs(5);
 
 fn no_poll(c: &mut Config) {
     c.poll_interval = Duration::from_secs(600);
-}
-
-async fn admin(broker: &TestBroker) -> Admin {
-    AdminServiceClient::connect(broker.url())
-        .await
-        .expect("admin connect")
-}
-
-async fn update(a: &mut Admin, f: impl FnOnce(&mut pb::UpdateQueueRequest)) -> pb::QueueSettings {
-    let mut r = pb::UpdateQueueRequest {
-        create: true,
-        ..Default::default()
-    };
-    f(&mut r);
-    a.update_queue(r)
-        .await
-        .expect("update_queue")
-        .into_inner()
-        .settings
-        .expect("settings")
 }
 
 async fn enqueue_n(c: &mut Client, queue: &str, n: usize) {

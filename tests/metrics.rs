@@ -1,13 +1,11 @@
 //! `--metrics-listen` on the real binary: scrape `/metrics` over HTTP after
 //! some traffic and check that counters, histograms and gauges moved.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

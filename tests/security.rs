@@ -2,13 +2,10 @@
 //! limits, over real gRPC on loopback and a real PostgreSQL. Certificates are
 //! made fresh in each test with rcgen.
 
-mod common;
-
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::cli::{ClientChannel, ClientSecurity};
 use leaseq::pb;
 use leaseq::pb::queue_service_client::QueueServiceClient;
@@ -119,30 +116,19 @@ impl Pki {
 /// A broker in this process that may speak TLS (so the harness's plaintext
 /// readiness probe cannot be used).
 struct Broker {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    inner: TestBroker,
 }
 
 impl Broker {
     /// Starts a broker and waits until a client with `probe` sees SERVING.
     async fn start(db: &TestDb, tweak: impl FnOnce(&mut Config), probe: ClientSecurity) -> Broker {
-        let mut cfg = test_config();
-        tweak(&mut cfg);
-        let tls = cfg.security.tls_cert.is_some();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle =
-            tokio::spawn(
-                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
-            );
-        let broker = Broker {
-            addr,
-            shutdown,
-            handle,
-        };
+        let mut tls = false;
+        let inner = TestBroker::spawn_with(db, |cfg| {
+            tweak(cfg);
+            tls = cfg.security.tls_cert.is_some();
+        })
+        .await;
+        let broker = Broker { inner };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(ch) = leaseq::cli::connect(&broker.url(tls), &probe).await {
@@ -160,14 +146,14 @@ impl Broker {
                 tokio::time::Instant::now() < deadline,
                 "broker not serving within 20s"
             );
-            assert!(!broker.handle.is_finished(), "broker exited at startup");
+            assert!(!broker.inner.has_exited(), "broker exited at startup");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     fn url(&self, tls: bool) -> String {
         let scheme = if tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        format!("{scheme}://{}", self.inner.addr)
     }
 
     async fn client(&self, tls: bool, sec: &ClientSecurity) -> anyhow::Result<AuthedClient> {
@@ -177,12 +163,7 @@ impl Broker {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(15), self.handle)
-            .await
-            .expect("broker stops within 15s")
-            .expect("broker task")
-            .expect("broker run");
+        self.inner.stop().await;
     }
 }
 
@@ -399,7 +380,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
 
     // Health stays reachable without a token (probes), so does reflection.
     assert_eq!(
-        health(broker.addr, "").await,
+        health(broker.inner.addr, "").await,
         Some(tonic_health::pb::health_check_response::ServingStatus::Serving)
     );
     broker.stop().await;

@@ -5,15 +5,13 @@
 //! bound every wait. Where a test must show that something does *not* happen,
 //! it watches for it for a bounded time.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use leaseq_server::Config;
 use sqlx::PgPool;

@@ -4,11 +4,9 @@
 //! these tests, so nothing else could deliver), input is validated like the
 //! gRPC API, and dedup keys behave the same.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use sqlx::Row;
 use uuid::Uuid;
 

@@ -3,14 +3,12 @@
 //! environment, exit 0 acks, non-zero nacks with the stderr tail, leases
 //! extended while CMD runs, SIGTERM drains.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use leaseq::pb;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;

@@ -4,15 +4,22 @@
 //! ([`BinaryBroker`]). Also the helpers several test files share: waiting on
 //! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
 //! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
-//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]) and reflection.
+//! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]), AdminService
+//! clients ([`admin`], [`update`]), scratch directories a server running as
+//! `postgres` can reach ([`scratch_path`]) and reflection.
 #![allow(dead_code)]
+
+pub mod history;
+pub mod load;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use leaseq::pb;
+use leaseq::pb::admin_service_client::AdminServiceClient;
 use leaseq::pb::queue_service_client::QueueServiceClient;
 use leaseq_server::Config;
 use sqlx::PgPool;
@@ -25,6 +32,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 pub type Client = QueueServiceClient<Channel>;
+
+pub type Admin = AdminServiceClient<Channel>;
 
 /// A Subscribe response stream.
 pub type JobStream = Streaming<pb::SubscribeResponse>;
@@ -246,14 +255,13 @@ pub async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
 
 /// Settings for fast tests: quick heartbeats and reaping, short drain.
 pub fn test_config() -> Config {
-    Config {
-        heartbeat_interval: Duration::from_millis(500),
-        reap_interval: Duration::from_millis(200),
-        health_interval: Duration::from_millis(200),
-        drain_grace: Duration::from_secs(5),
-        pool_size: 5,
-        ..Config::default()
-    }
+    let mut cfg = Config::default();
+    cfg.heartbeat_interval = Duration::from_millis(500);
+    cfg.reap_interval = Duration::from_millis(200);
+    cfg.health_interval = Duration::from_millis(200);
+    cfg.drain_grace = Duration::from_secs(5);
+    cfg.pool_size = 5;
+    cfg
 }
 
 /// A broker running in this process, on 127.0.0.1 and an ephemeral port.
@@ -269,6 +277,14 @@ impl TestBroker {
     }
 
     pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestBroker {
+        let broker = Self::spawn_with(db, tweak).await;
+        wait_serving(broker.addr, Duration::from_secs(20)).await;
+        broker
+    }
+
+    /// Like [`TestBroker::start_with`], without waiting for it to serve (a
+    /// caller that speaks TLS to it probes readiness itself).
+    pub async fn spawn_with(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestBroker {
         let mut cfg = test_config();
         tweak(&mut cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -280,13 +296,16 @@ impl TestBroker {
             tokio::spawn(
                 async move { leaseq_server::server::run(cfg, &url, listener, token).await },
             );
-        let broker = TestBroker {
+        TestBroker {
             addr,
             shutdown,
             handle,
-        };
-        wait_serving(addr, Duration::from_secs(20)).await;
-        broker
+        }
+    }
+
+    /// Whether `run` has returned (e.g. it failed at startup).
+    pub fn has_exited(&self) -> bool {
+        self.handle.is_finished()
     }
 
     pub fn url(&self) -> String {
@@ -311,6 +330,58 @@ impl TestBroker {
     pub fn begin_shutdown(&self) {
         self.shutdown.cancel();
     }
+}
+
+/// An AdminService client of `broker`.
+pub async fn admin(broker: &TestBroker) -> Admin {
+    AdminServiceClient::connect(broker.url())
+        .await
+        .expect("admin connect")
+}
+
+/// Nacks `d` into the dead letters with `why` as its error.
+pub async fn nack_dead(c: &mut Client, d: &pb::Delivery, why: &str) {
+    let r = c
+        .nack(pb::NackRequest {
+            job_id: d.job.as_ref().unwrap().id.clone(),
+            lease_token: d.lease_token.clone(),
+            error: why.into(),
+            retry_after: None,
+            dead_letter: true,
+        })
+        .await
+        .expect("nack")
+        .into_inner();
+    assert!(r.dead_lettered);
+}
+
+/// UpdateQueue with `create: true` and whatever `f` sets; returns the
+/// settings the broker answered with.
+pub async fn update(
+    a: &mut Admin,
+    f: impl FnOnce(&mut pb::UpdateQueueRequest),
+) -> pb::QueueSettings {
+    let mut r = pb::UpdateQueueRequest {
+        create: true,
+        ..Default::default()
+    };
+    f(&mut r);
+    a.update_queue(r)
+        .await
+        .expect("update_queue")
+        .into_inner()
+        .settings
+        .expect("settings")
+}
+
+/// A fresh path (not created) under the system temp dir, for a cluster or
+/// anything else a child process may have to reach. Never under the
+/// checkout or `CARGO_TARGET_TMPDIR`: as root, PostgreSQL runs as `postgres`
+/// (else `nobody`), which must be able to enter every directory above its
+/// data, and a checkout may live where only root can (a 0700 home, a
+/// `mktemp -d`).
+pub fn scratch_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("leaseq-{tag}-{}", uuid::Uuid::new_v4().simple()))
 }
 
 pub async fn connect(addr: SocketAddr) -> Client {

@@ -265,6 +265,12 @@ impl History {
         self.with(|h| h.ack_ok.iter().map(|a| &a.0).collect::<HashSet<_>>().len())
     }
 
+    /// How many streams clients opened (more than there are consumers:
+    /// some re-subscribed).
+    pub fn streams_opened(&self) -> usize {
+        self.with(|h| h.streams.len())
+    }
+
     pub fn deliveries(&self) -> Vec<Delivered> {
         self.with(|h| h.deliveries.clone())
     }
@@ -293,6 +299,33 @@ impl History {
                 })
                 .map(|(s, _)| h.ended.get(s).and_then(|e| e.1))
                 .collect()
+        })
+    }
+
+    /// Streams the broker ended with an error that no fault of their broker
+    /// explains: a fault on that broker injected before the end, and not
+    /// healed (restarted) before the stream was opened. A kill -9 or a drain
+    /// of one replica must not fail the streams of another.
+    pub fn unexplained_stream_failures(&self) -> Vec<String> {
+        self.with(|h| {
+            let mut out: Vec<String> = h
+                .ended
+                .iter()
+                .filter_map(|(s, (ended, status))| {
+                    let code = (*status)?;
+                    let (broker, opened) = h.streams[s];
+                    let explained = h.faults.iter().any(|f| {
+                        f.broker == Some(broker)
+                            && f.injected <= *ended
+                            && f.healed.is_none_or(|healed| opened <= healed)
+                    });
+                    (!explained).then(|| {
+                        format!("stream {s} on broker {broker}: {code:?} at {ended:?} (opened {opened:?})")
+                    })
+                })
+                .collect();
+            out.sort();
+            out
         })
     }
 

@@ -1,6 +1,7 @@
-//! Load for the fault runs: broker replicas as real processes, producers
-//! and consumers that record everything into a [`History`], and the final
-//! drain by a clean consumer.
+//! Load for the fault runs (tests/faults.rs) and the load-balancer runs
+//! (tests/lb.rs): broker replicas as real processes, producers and consumers
+//! that record everything into a [`History`], and the final drain by a clean
+//! consumer and the history's check ([`Load::finish`]).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -11,15 +12,15 @@ use std::time::Duration;
 use leaseq::pb;
 use leaseq::pb::queue_service_client::QueueServiceClient;
 use leaseq::pb::subscribe_response::Kind;
-use tokio::time::{Instant, timeout};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
-use super::history::History;
-use crate::common::{dur, free_port, wait_serving};
-
-pub type Client = QueueServiceClient<Channel>;
+use super::history::{History, Report};
+use crate::common::{Client, dur, free_port, wait_serving};
 
 /// How long the fault phase of each test runs: `LEASEQ_FAULT_SECONDS`
 /// (default 8, kept short for CI).
@@ -446,4 +447,156 @@ pub async fn final_ids(pool: &sqlx::PgPool) -> (HashSet<String>, HashSet<String>
         .await
         .expect("live ids");
     (dead.into_iter().collect(), live.into_iter().collect())
+}
+
+/// Producers and consumers of one run.
+pub struct Load {
+    history: History,
+    producers_stop: CancellationToken,
+    consumers_stop: CancellationToken,
+    producers: Vec<JoinHandle<()>>,
+    consumers: Vec<JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Load {
+    /// `consumers` consumers, the i-th at home on broker `i % addrs.len()`,
+    /// and two producers at most `rate` jobs/s between them.
+    pub fn start(
+        history: &History,
+        addrs: &[SocketAddr],
+        queue: &'static str,
+        consumers: usize,
+        behaviour: Behaviour,
+        rate: u32,
+    ) -> Load {
+        let mut load = Load::consumers_only(history, addrs, queue, consumers, behaviour);
+        // Jobs: up to twice what the fault phase needs, since the load also
+        // runs while the test starts and while it waits for recoveries.
+        let max = (fault_seconds().as_secs_f64() * f64::from(rate) * 2.0) as usize;
+        let pace = Duration::from_secs_f64(2.0 / f64::from(rate));
+        for prefix in ["pa", "pb"] {
+            load.produce(producer(
+                history.clone(),
+                addrs.to_vec(),
+                queue,
+                prefix,
+                max / 2,
+                pace,
+                load.producers_stop(),
+            ));
+        }
+        load
+    }
+
+    /// Consumers as [`Load::start`] starts them, and no producer: the test
+    /// adds its own with [`Load::produce`].
+    pub fn consumers_only(
+        history: &History,
+        addrs: &[SocketAddr],
+        queue: &'static str,
+        consumers: usize,
+        behaviour: Behaviour,
+    ) -> Load {
+        let consumers_stop = CancellationToken::new();
+        let consumers = (0..consumers)
+            .map(|i| {
+                tokio::spawn(consumer(
+                    history.clone(),
+                    addrs.to_vec(),
+                    i % addrs.len(),
+                    queue,
+                    behaviour,
+                    i as u64 + 1,
+                    consumers_stop.clone(),
+                ))
+            })
+            .collect();
+        Load {
+            history: history.clone(),
+            producers_stop: CancellationToken::new(),
+            consumers_stop,
+            producers: Vec::new(),
+            consumers,
+            started: Instant::now(),
+        }
+    }
+
+    /// Runs `task` as one more producer: [`Load::finish`] waits for it.
+    pub fn produce(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.producers.push(tokio::spawn(task));
+    }
+
+    /// The token producers stop on (for [`producer`]s the test adds).
+    pub fn producers_stop(&self) -> CancellationToken {
+        self.producers_stop.clone()
+    }
+
+    /// Stops producers and consumers, and checks nothing (for a test about
+    /// where streams go rather than about jobs).
+    pub async fn stop(self) {
+        self.producers_stop.cancel();
+        self.consumers_stop.cancel();
+        for t in self.producers.into_iter().chain(self.consumers) {
+            timeout(Duration::from_secs(20), t)
+                .await
+                .expect("load task stops")
+                .expect("load task");
+        }
+    }
+
+    /// Stops the load, drains what is left through `drain_addr`, checks the
+    /// history, prints the figures and asserts the invariants.
+    pub async fn finish(
+        self,
+        name: &str,
+        pool: &PgPool,
+        drain_addr: SocketAddr,
+        queue: &'static str,
+    ) -> Report {
+        self.producers_stop.cancel();
+        for p in self.producers {
+            timeout(Duration::from_secs(20), p)
+                .await
+                .expect("producer stops")
+                .expect("producer task");
+        }
+        self.consumers_stop.cancel();
+        for c in self.consumers {
+            timeout(Duration::from_secs(20), c)
+                .await
+                .expect("consumer stops")
+                .expect("consumer task");
+        }
+        let drained = final_drain(
+            &self.history,
+            pool,
+            drain_addr,
+            queue,
+            Duration::from_secs(60),
+        )
+        .await;
+        let (dead, live) = final_ids(pool).await;
+        let report = self.history.check(&dead, &live);
+        eprintln!(
+            "{} drain_s={:.1}",
+            report.figures(name, self.started.elapsed()),
+            drained.as_secs_f64()
+        );
+        report.assert_ok();
+        assert!(live.is_empty(), "jobs left after the drain: {live:?}");
+        report
+    }
+}
+
+pub async fn wait_acked(history: &History, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while history.acked_count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} jobs acked within {limit:?}",
+            history.acked_count()
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
 }
