@@ -4,6 +4,7 @@
 //! [`run`] takes an already-bound listener (tests bind `127.0.0.1:0`) and a
 //! shutdown token (the binary cancels it on SIGTERM / SIGINT).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -146,21 +147,14 @@ pub async fn run(
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes.max(limits.max_payload_bytes * 2));
     // Admin calls need a token with the `admin` action (when auth is on).
+    // The console calls the same AdminApi.
+    let admin_api = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
     let admin_service = InterceptedService::new(
-        AdminServiceServer::new(AdminApi::new(broker.clone(), draining.clone()))
+        AdminServiceServer::from_arc(admin_api.clone())
             .max_encoding_message_size(limits.max_message_bytes.max(limits.max_payload_bytes * 2)),
         crate::auth::AdminGate::new(auth.clone()),
     );
-    if let Some(addr) = cfg.metrics_listen {
-        let listener = crate::metrics::bind(addr).await?;
-        info!(addr = %listener.local_addr()?, "metrics on /metrics");
-        tokio::spawn(crate::metrics::serve(
-            store.clone(),
-            listener,
-            cfg.metrics_interval,
-            background.clone(),
-        ));
-    }
+    start_http(&cfg, &store, admin_api, &auth, &background).await?;
     // Authentication runs before the body is decoded; health and reflection
     // are not wrapped, so probes and grpcurl's `list` work without a token.
     let queue_service = InterceptedService::new(queue_service, auth);
@@ -214,6 +208,7 @@ pub async fn run(
     info!(grace = ?cfg.drain_grace, "draining");
     draining.cancel();
     set_ready(&reporter, false).await;
+    store.metrics.serving.set(0);
     let drained = tokio::time::timeout(cfg.drain_grace, async {
         broker.drain().await;
         stop_server.cancel();
@@ -230,6 +225,66 @@ pub async fn run(
     pool.close().await;
     conns.close().await;
     listen_pool.close().await;
+    Ok(())
+}
+
+/// Starts the HTTP servers asked for: `--metrics-listen` (only `/metrics`)
+/// and `--http-listen` (the console and `/metrics`, over TLS when the broker
+/// has TLS), and the refresher of the per-queue gauges both read.
+async fn start_http(
+    cfg: &Config,
+    store: &Store,
+    admin_api: Arc<AdminApi>,
+    auth: &crate::auth::Authenticator,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    if cfg.metrics_listen.is_none() && cfg.http_listen.is_none() {
+        return Ok(());
+    }
+    tokio::spawn(crate::metrics::refresh(
+        store.clone(),
+        cfg.metrics_interval,
+        stop.clone(),
+    ));
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = crate::console::bind(addr, "metrics").await?;
+        info!(addr = %listener.local_addr()?, "metrics on /metrics");
+        tokio::spawn(crate::console::serve(
+            listener,
+            None,
+            crate::console::metrics_router(store.clone()),
+            stop.clone(),
+        ));
+    }
+    if let Some(addr) = cfg.http_listen {
+        let tls = crate::console::tls_acceptor(&cfg.security)?;
+        let listener = crate::console::bind(addr, "http").await?;
+        let local = listener.local_addr()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        info!(url = %format!("{scheme}://{local}/"), "console and /metrics");
+        if !auth.is_enabled() {
+            warn!(
+                %local,
+                "console authentication is OFF (no --auth-file): anyone who reaches the console may read payloads, pause queues, requeue and purge dead letters"
+            );
+        }
+        if tls.is_none() {
+            warn!(%local, "console TLS is OFF (no --tls-cert): session cookies and payloads cross the network in plaintext");
+        }
+        let console = crate::console::Console::new(
+            admin_api,
+            store.clone(),
+            auth.clone(),
+            tls.is_some(),
+            stop.clone(),
+        );
+        tokio::spawn(crate::console::serve(
+            listener,
+            tls,
+            crate::console::router(console),
+            stop.clone(),
+        ));
+    }
     Ok(())
 }
 
@@ -295,6 +350,7 @@ async fn health_loop(
                 info!("health SERVING");
             }
             set_ready(&reporter, ready).await;
+            store.metrics.serving.set(i64::from(ready));
             last = Some(ready);
         }
         tokio::select! {

@@ -219,13 +219,6 @@ impl Core {
         leases
     }
 
-    /// The stream's queues, consumer and credit, for metrics and logs.
-    pub fn stream_info(&self, id: StreamId) -> Option<(&[QueueName], u32)> {
-        self.streams
-            .get(&id)
-            .map(|s| (s.queues.as_slice(), s.max_in_flight as u32))
-    }
-
     /// The stream's credit changes to `max_in_flight` (Consume). Lowering it
     /// takes nothing back: fewer new jobs are sent until enough settle.
     pub fn set_credit(&mut self, id: StreamId, max_in_flight: u32) {
@@ -452,10 +445,8 @@ impl Core {
             // yet) still hold their credit.
             let (unclaimed, target) = self.offers.adjust(id, |unclaimed| {
                 let claimed = stream.offered - unclaimed;
-                let free = stream.max_in_flight
-                    - stream.inflight.len() as i32
-                    - stream.reserved
-                    - claimed;
+                let free =
+                    stream.max_in_flight - stream.inflight.len() as i32 - stream.reserved - claimed;
                 if idle { free } else { 0 }
             });
             let claimed = stream.offered - unclaimed;
