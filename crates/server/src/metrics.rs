@@ -586,16 +586,16 @@ impl Metrics {
         self.lease_batch.observe(jobs.len() as f64);
         self.wrote(jobs.len());
         let now = Instant::now();
+        // Per queue: deliveries, and the waits of first deliveries.
+        let mut per: HashMap<&str, (u64, Vec<f64>)> = HashMap::new();
         let mut inflight = self.inflight.0.lock().expect("poisoned");
         for j in jobs {
-            let label = QueueLabel::of(&j.queue);
-            self.delivered.get_or_create(&label).inc();
+            let e = per.entry(j.queue.as_str()).or_default();
+            e.0 += 1;
             if j.attempt == 1 {
                 let start = j.lease_expires_at - chrono::Duration::milliseconds(j.lease_ms);
                 let waited = (start - j.enqueued_at).num_microseconds().unwrap_or(0);
-                self.delivery_wait
-                    .get_or_create(&label)
-                    .observe(waited.max(0) as f64 / 1e6);
+                e.1.push(waited.max(0) as f64 / 1e6);
             }
             if let Some(q) = QueueName::parse(&j.queue) {
                 inflight.insert(j.id, (q, now));
@@ -604,6 +604,17 @@ impl Metrics {
             // lets a delivery be found from a distributed trace.
             debug!(job_id = %j.id, queue = %j.queue, attempt = j.attempt,
                 traceparent = j.headers.get("traceparent").map(String::as_str), "delivered");
+        }
+        drop(inflight);
+        for (queue, (n, waits)) in per {
+            let label = QueueLabel::of(queue);
+            self.delivered.get_or_create(&label).inc_by(n);
+            if !waits.is_empty() {
+                let h = self.delivery_wait.get_or_create(&label);
+                for w in waits {
+                    h.observe(w);
+                }
+            }
         }
     }
 

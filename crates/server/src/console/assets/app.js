@@ -142,7 +142,7 @@ async function start() {
     const id = $("#job-lookup-id").value.trim();
     if (id) location.hash = "#/job/" + encodeURIComponent(id);
   });
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => route(false));
   try {
     state.session = await get("/api/session");
   } catch (e) {
@@ -234,15 +234,19 @@ function liveBadge(ok) {
 
 const page = { onQueues: null };
 
+const refresh = () => route(true);
+
 function stopTimer() {
   if (state.timer) { clearInterval(state.timer); state.timer = null; }
 }
 
-function route() {
+// Renders the page the address names; `keepFlash` when re-rendering after
+// an action whose outcome is on show.
+function route(keepFlash) {
   if (!state.session) return;
   stopTimer();
   page.onQueues = null;
-  clearFlash();
+  if (!keepFlash) clearFlash();
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   for (const a of document.querySelectorAll("#nav a")) {
     a.classList.toggle("active", a.dataset.nav === (parts[0] || "queues"));
@@ -394,9 +398,9 @@ async function queuePage(name) {
   const title = el("h1", {}, "Queue ", el("span", { class: "mono", id: "queue-name" }, q.name),
     el("span", { id: "queue-paused", class: "badge paused", hidden: !q.settings.paused }, "paused"));
   const pause = el("button", { id: "pause", disabled: !canAdmin, title: denied,
-    onclick: () => act("Pause", async () => { await post(`/api/queues/${encodeURIComponent(name)}/pause`); route(); return "Queue paused"; }) }, "Pause");
+    onclick: () => act("Pause", async () => { await post(`/api/queues/${encodeURIComponent(name)}/pause`); await refresh(); return "Queue paused"; }) }, "Pause");
   const resume = el("button", { id: "resume", disabled: !canAdmin, title: denied,
-    onclick: () => act("Resume", async () => { await post(`/api/queues/${encodeURIComponent(name)}/resume`); route(); return "Queue resumed"; }) }, "Resume");
+    onclick: () => act("Resume", async () => { await post(`/api/queues/${encodeURIComponent(name)}/resume`); await refresh(); return "Queue resumed"; }) }, "Resume");
   pause.hidden = q.settings.paused;
   resume.hidden = !q.settings.paused;
   const stats = el("dl", { id: "queue-stats" });
@@ -470,7 +474,7 @@ function settingsPanel(name, q, canAdmin) {
     if (!Object.keys(body).length) { flash("Nothing changed", "ok"); return; }
     act("Saving settings", async () => {
       await post(`/api/queues/${encodeURIComponent(name)}/settings`, body);
-      route();
+      await refresh();
       return "Settings saved: " + Object.keys(body).join(", ");
     });
   });
@@ -521,7 +525,7 @@ function renderDead(box, queue, jobs, more, canAdmin, next) {
     const confirmBox = el("div", { id: "confirm-box" });
     const requeue = (ids) => act("Requeue", async () => {
       const r = await post("/api/dead/requeue", ids ? { queue, ids } : { queue, all: true });
-      setTimeout(route, 0);
+      await refresh();
       return `Requeued ${r.requeued} job(s)` + (r.skipped_duplicates ? `, ${r.skipped_duplicates} skipped (a live job has the same dedup key)` : "");
     });
     const purge = (ids) => {
@@ -530,7 +534,7 @@ function renderDead(box, queue, jobs, more, canAdmin, next) {
         el("strong", {}, `Delete ${n} dead letter(s) of ${queue} for good?`), " ",
         el("button", { class: "danger", id: "confirm-purge", onclick: () => act("Purge", async () => {
           const r = await post("/api/dead/purge", ids ? { queue, ids, confirm: true } : { queue, all: true, confirm: true });
-          setTimeout(route, 0);
+          await refresh();
           return `Purged ${r.purged} dead letter(s)`;
         }) }, "Yes, purge"), " ",
         el("button", { id: "cancel-purge", onclick: () => clear(confirmBox) }, "Cancel")));
@@ -649,7 +653,7 @@ async function jobPage(id) {
     actions.appendChild(el("button", { id: "job-requeue", class: "primary", disabled: !canAdmin, title: denied,
       onclick: () => act("Requeue", async () => {
         const r = await post("/api/dead/requeue", { queue: j.queue, ids: [j.id] });
-        setTimeout(route, 0);
+        await refresh();
         return r.requeued ? "Requeued" : "Not requeued: a live job has the same dedup key";
       }) }, "Requeue"));
   }
