@@ -29,6 +29,8 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once per process: the size of `serve`'s arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the broker.

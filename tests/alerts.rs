@@ -51,7 +51,10 @@ fn run(dir: &Path, args: &[&str]) -> String {
 
 #[test]
 fn alerting_rules_pass_promtool_check() {
-    let out = run(&deploy().join("prometheus"), &["check", "rules", "alerts.yml"]);
+    let out = run(
+        &deploy().join("prometheus"),
+        &["check", "rules", "alerts.yml"],
+    );
     assert!(out.contains("SUCCESS: 5 rules found"), "{out}");
 }
 
@@ -96,7 +99,10 @@ fn dashboard_queries_are_valid_promql() {
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     let mut n = 0;
     for p in panels {
-        assert!(ids.insert(p["id"].as_i64().unwrap()), "panel ids are unique");
+        assert!(
+            ids.insert(p["id"].as_i64().unwrap()),
+            "panel ids are unique"
+        );
         assert!(p["gridPos"]["w"].as_i64().unwrap() > 0);
         for t in p["targets"].as_array().into_iter().flatten() {
             let expr = t["expr"].as_str().expect("a PromQL target");

@@ -327,10 +327,11 @@ async fn metrics(State(c): State<Console>) -> Response {
 /// Same-origin and CSRF checks for every POST; security headers on every
 /// response.
 async fn protect(State(c): State<Console>, req: Request, next: Next) -> Response {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        if let Err(e) = check_post(&c, req.headers()) {
-            return e.into_response();
-        }
+    if req.method() != Method::GET
+        && req.method() != Method::HEAD
+        && let Err(e) = check_post(&c, req.headers())
+    {
+        return e.into_response();
     }
     let api = req.uri().path().starts_with("/api/");
     let mut resp = next.run(req).await;
@@ -525,8 +526,8 @@ fn millis(t: &Option<prost_types::Timestamp>) -> Value {
 }
 
 fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, can_admin: bool) -> Value {
-    let s = q.settings.clone().unwrap_or_default();
-    let st = q.stats.clone().unwrap_or_default();
+    let s = q.settings.unwrap_or_default();
+    let st = q.stats.unwrap_or_default();
     json!({
         "name": q.name,
         "created_at": millis(&q.created_at),
