@@ -79,6 +79,11 @@ have_python() {
     command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1
 }
 have_node() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; }
+have_chromium() {
+    { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
+        command -v google-chrome >/dev/null 2>&1; } && command -v chromedriver >/dev/null 2>&1
+}
+have_promtool() { command -v promtool >/dev/null 2>&1; }
 have_yaml() { command -v python3 >/dev/null 2>&1 && python3 -c 'import yaml' >/dev/null 2>&1; }
 have_rust() { command -v cargo >/dev/null 2>&1 && command -v rustc >/dev/null 2>&1; }
 have_clippy() { command -v cargo-clippy >/dev/null 2>&1 && clippy_driver >/dev/null; }
@@ -98,6 +103,8 @@ prereqs=(
     "python3 with venv and pip|have_python|python3 python3-venv python3-pip|python3 python3-pip|python|the Python client suite (tests/clients.rs)"
     "node and npm|have_node|nodejs npm|nodejs npm|node|the Node client suite (tests/clients.rs)"
     "PyYAML (python3 -c 'import yaml')|have_yaml|python3-yaml|python3-pyyaml|pyyaml|deploy/check"
+    "Chromium and ChromeDriver|have_chromium|chromium chromium-driver|chromium chromedriver|chromium chromedriver|the console's browser tests (tests/console.rs)"
+    "promtool|have_promtool|prometheus|golang-github-prometheus|prometheus|the alerting rules (tests/alerts.rs, deploy/check)"
 )
 # Not packages of the system: named, never installed by this script.
 rust_prereqs=(

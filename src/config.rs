@@ -30,6 +30,8 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once per process: the size of `serve`'s arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the broker.
@@ -149,8 +151,12 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics. Unset = off.
     #[arg(long, env = "LEASEQ_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the web console and /metrics at http://ADDR/ (https:// with
+    /// --tls-cert: the same certificate). Unset = off. See docs/ADMIN.md.
+    #[arg(long, env = "LEASEQ_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
     /// How often the per-queue metric gauges are recomputed (one statistics
-    /// query each time, not one per scrape).
+    /// query each time, not one per scrape), and the console's charts.
     #[arg(long, env = "LEASEQ_METRICS_INTERVAL", default_value_t = defaults().metrics_interval.into())]
     pub metrics_interval: CliDuration,
     #[command(flatten)]
@@ -221,6 +227,7 @@ impl ServeArgs {
             max_connection_age: self.max_connection_age.map(|d| d.0),
             max_connection_age_grace: self.max_connection_age_grace.map(|d| d.0),
             metrics_listen: self.metrics_listen,
+            http_listen: self.http_listen,
             metrics_interval: self.metrics_interval.0,
             security: SecurityConfig {
                 tls_cert: s.tls_cert.clone(),

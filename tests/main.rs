@@ -8,9 +8,11 @@ mod common;
 
 mod admin;
 mod admin_cli;
+mod alerts;
 mod client;
 mod client_cli;
 mod clients;
+mod console;
 mod embedded_pg;
 mod faults;
 mod fuzz_decode;

@@ -1,7 +1,10 @@
 //! `--metrics-listen` on the real binary: scrape `/metrics` over HTTP after
-//! some traffic and check that counters, histograms and gauges moved.
+//! some traffic and check that counters, histograms and gauges moved, per
+//! queue. Also: every series the Grafana dashboard and the alerting rules in
+//! deploy/ use is one the broker exposes, and docs/METRICS.md documents
+//! exactly the families the broker exposes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -13,8 +16,13 @@ const S5: Duration = Duration::from_secs(5);
 
 /// GET `path`; returns (status line, body).
 async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    get_with_type(addr, path).await.0
+}
+
+/// GET `path`; returns ((status line, body), content type).
+async fn get_with_type(addr: SocketAddr, path: &str) -> ((String, String), String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut buf = String::new();
@@ -24,18 +32,29 @@ async fn get(addr: SocketAddr, path: &str) -> (String, String) {
         .unwrap();
     let (head, body) = buf.split_once("\r\n\r\n").expect("http response");
     let status = head.lines().next().unwrap().to_owned();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    };
+    let len: usize = header("content-length")
         .expect("content-length")
         .parse()
         .unwrap();
     assert_eq!(len, body.len(), "content-length matches the body");
-    (status, body.to_owned())
+    let ctype = header("content-type").unwrap_or_default();
+    ((status, body.to_owned()), ctype)
 }
 
-/// Sample lines as `name{labels}` → value; checks every sample has a TYPE.
+/// Sample lines as `name{labels}` → value; checks every sample has a TYPE
+/// and that the text ends with OpenMetrics' `# EOF`.
 fn parse(body: &str) -> HashMap<String, f64> {
+    assert_eq!(
+        body.lines().last(),
+        Some("# EOF"),
+        "OpenMetrics ends with # EOF"
+    );
     let mut types = Vec::new();
     let mut out = HashMap::new();
     for line in body.lines() {
@@ -49,7 +68,7 @@ fn parse(body: &str) -> HashMap<String, f64> {
         let (key, value) = line.rsplit_once(' ').expect("sample line");
         let name = key.split('{').next().unwrap();
         assert!(name.starts_with("leaseq_"), "{name}");
-        let family = ["_bucket", "_sum", "_count"]
+        let family = ["_total", "_bucket", "_sum", "_count", "_info"]
             .iter()
             .find_map(|s| {
                 name.strip_suffix(s)
@@ -58,6 +77,40 @@ fn parse(body: &str) -> HashMap<String, f64> {
             .unwrap_or(name);
         assert!(types.iter().any(|t| t == family), "no TYPE for {name}");
         out.insert(key.to_owned(), value.parse().expect("numeric value"));
+    }
+    out
+}
+
+/// The metric families (TYPE lines) of an exposition.
+fn families(body: &str) -> BTreeSet<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|t| t.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+/// Every `leaseq_*` name in `text`, reduced to its family (suffixes of
+/// counters and histograms removed).
+fn names_in(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("leaseq_") {
+        let start = i + at;
+        let before = start.checked_sub(1).map(|j| bytes[j]);
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        i = end;
+        if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            continue;
+        }
+        let mut name = &text[start..end];
+        for suffix in ["_total", "_bucket", "_sum", "_count", "_info"] {
+            name = name.strip_suffix(suffix).unwrap_or(name);
+        }
+        out.insert(name.to_owned());
     }
     out
 }
@@ -79,10 +132,16 @@ async fn metrics_move_with_traffic() {
     .await;
     let mut c = broker.client().await;
 
-    let (status, body) = get(maddr, "/metrics").await;
+    let ((status, body), ctype) = get_with_type(maddr, "/metrics").await;
     assert!(status.contains("200"), "{status}");
+    assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
     let before = parse(&body);
-    assert_eq!(before["leaseq_jobs_enqueued_total"], 0.0);
+    assert!(
+        !before
+            .keys()
+            .any(|k| k.starts_with("leaseq_jobs_enqueued_total")),
+        "no queue has enqueues yet"
+    );
 
     let jobs: Vec<_> = (0..5).map(|i| job("m", &format!("{i}"))).collect();
     c.enqueue_batch(pb::EnqueueBatchRequest { jobs })
@@ -130,6 +189,12 @@ async fn metrics_move_with_traffic() {
     .unwrap();
     next_delivery(&mut s, S5).await; // the retried job
 
+    // A lease that expires, on another queue (1 s lease, reaped every 200 ms).
+    c.enqueue(job("x", "slow")).await.unwrap();
+    let mut slow = subscribe(&mut c, &["x"], 1, Some(Duration::from_secs(1))).await;
+    next_delivery(&mut slow, S5).await;
+    next_delivery(&mut slow, S5).await; // redelivered after the expiry
+
     // Gauges are refreshed on a timer: wait for the snapshot that has the
     // dead letter (bounded by time and count).
     let mut m = HashMap::new();
@@ -143,30 +208,83 @@ async fn metrics_move_with_traffic() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let q = |name: &str| format!("{name}{{queue=\"m\"}}");
     assert_eq!(
-        m["leaseq_jobs_enqueued_total"], 6.0,
+        m[&q("leaseq_jobs_enqueued_total")],
+        6.0,
         "5 + 1 new, 1 duplicate"
     );
-    assert_eq!(m["leaseq_jobs_enqueue_duplicates_total"], 1.0);
-    assert_eq!(m["leaseq_jobs_delivered_total"], 7.0);
-    assert_eq!(m["leaseq_jobs_acked_total"], 3.0);
-    assert_eq!(m["leaseq_jobs_nacked_total"], 2.0);
-    assert_eq!(m["leaseq_jobs_dead_lettered_total"], 1.0);
+    assert_eq!(m[&q("leaseq_jobs_enqueue_duplicates_total")], 1.0);
+    assert_eq!(m[&q("leaseq_jobs_delivered_total")], 7.0);
+    assert_eq!(m[&q("leaseq_jobs_acked_total")], 3.0);
+    assert_eq!(m[&q("leaseq_jobs_nacked_total")], 2.0);
+    assert_eq!(m[&q("leaseq_jobs_dead_lettered_total")], 1.0);
     assert_eq!(m["leaseq_stale_tokens_total"], 1.0);
-    assert_eq!(m["leaseq_leases_expired_total"], 0.0);
+    assert!(
+        !m.contains_key(&q("leaseq_leases_expired_total")),
+        "no lease of queue m expired"
+    );
+    assert_eq!(m["leaseq_leases_expired_total{queue=\"x\"}"], 1.0);
     assert_eq!(
-        m["leaseq_delivery_wait_seconds_count"], 6.0,
+        m[&q("leaseq_delivery_wait_seconds_count")],
+        6.0,
         "first deliveries only"
     );
-    assert_eq!(m["leaseq_delivery_wait_seconds_bucket{le=\"+Inf\"}"], 6.0);
+    let inf = m
+        .iter()
+        .find(|(k, _)| {
+            k.starts_with("leaseq_delivery_wait_seconds_bucket{")
+                && k.contains("queue=\"m\"")
+                && k.contains("le=\"+Inf\"")
+        })
+        .map(|(_, v)| *v);
+    assert_eq!(inf, Some(6.0));
+    assert_eq!(
+        m[&q("leaseq_handler_duration_seconds_count")],
+        3.0,
+        "one per ack of a job this broker delivered"
+    );
+    assert!(m[&q("leaseq_handler_duration_seconds_sum")] >= 0.0);
     assert!(m["leaseq_enqueue_batch_jobs_sum"] >= 7.0);
     assert!(m["leaseq_lease_batch_jobs_count"] >= 1.0);
-    assert_eq!(m["leaseq_queue_dead_jobs{queue=\"m\"}"], 1.0);
-    assert_eq!(m["leaseq_queue_leased_jobs{queue=\"m\"}"], 2.0);
-    assert_eq!(m["leaseq_queue_available_jobs{queue=\"m\"}"], 0.0);
-    assert_eq!(m["leaseq_queue_streams{queue=\"m\"}"], 1.0);
-    assert_eq!(m["leaseq_queue_free_credits{queue=\"m\"}"], 8.0);
-    assert_eq!(m["leaseq_queue_paused{queue=\"m\"}"], 0.0);
+    assert_eq!(m[&q("leaseq_queue_dead_jobs")], 1.0);
+    assert_eq!(m[&q("leaseq_queue_leased_jobs")], 2.0);
+    assert_eq!(m[&q("leaseq_queue_available_jobs")], 0.0);
+    assert_eq!(m[&q("leaseq_queue_streams")], 1.0);
+    assert_eq!(m[&q("leaseq_queue_free_credits")], 8.0);
+    assert_eq!(m[&q("leaseq_queue_paused")], 0.0);
+    assert_eq!(m[&q("leaseq_queue_consumers")], 1.0);
+    assert_eq!(m["leaseq_serving"], 1.0);
+
+    // The dashboard and the alerts use only series the broker exposes, and
+    // docs/METRICS.md documents every family (and no other).
+    let (_, body) = get(maddr, "/metrics").await;
+    let exposed = families(&body);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in [
+        "deploy/grafana/leaseq-dashboard.json",
+        "deploy/prometheus/alerts.yml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).expect(file);
+        let used = names_in(&text);
+        assert!(!used.is_empty(), "{file} uses leaseq series");
+        let unknown: Vec<_> = used.difference(&exposed).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} uses series the broker does not expose: {unknown:?}"
+        );
+    }
+    let docs = names_in(&std::fs::read_to_string(root.join("docs/METRICS.md")).unwrap());
+    let undocumented: Vec<_> = exposed.difference(&docs).collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/METRICS.md: {undocumented:?}"
+    );
+    let stale: Vec<_> = docs.difference(&exposed).collect();
+    assert!(
+        stale.is_empty(),
+        "docs/METRICS.md names series the broker does not expose: {stale:?}"
+    );
 
     let (status, _) = get(maddr, "/").await;
     assert!(status.contains("404"), "{status}");

@@ -225,7 +225,7 @@ async fn enqueue(
         claims,
         leased: handed,
     });
-    settle.store().metrics.on_enqueued(&out.results);
+    settle.store().metrics.on_enqueued(&jobs, &out.results);
     known.0.lock().expect("poisoned").extend(new_queues);
     settle.wake(out.wakes);
     let mut it = out.results.into_iter();

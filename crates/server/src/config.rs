@@ -51,7 +51,11 @@ pub struct Config {
     pub max_connection_age_grace: Option<Duration>,
     /// Serve Prometheus metrics at http://ADDR/metrics. None: off.
     pub metrics_listen: Option<SocketAddr>,
-    /// How often the per-queue metric gauges are recomputed.
+    /// Serve the web console and `/metrics` at http://ADDR/ (https:// when
+    /// the broker has TLS). None: off.
+    pub http_listen: Option<SocketAddr>,
+    /// How often the per-queue metric gauges (and the console's charts) are
+    /// recomputed.
     pub metrics_interval: Duration,
     pub security: SecurityConfig,
 }
@@ -106,6 +110,7 @@ impl Default for Config {
             max_connection_age: None,
             max_connection_age_grace: None,
             metrics_listen: None,
+            http_listen: None,
             metrics_interval: Duration::from_secs(5),
             security: SecurityConfig::default(),
         }

@@ -20,7 +20,10 @@
 //!   variables and TLS to PostgreSQL, read into sqlx's connect options.
 //! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
 //!   and vacuuming the jobs table.
-//! - [`metrics`]: Prometheus counters, histograms, gauges and `/metrics`.
+//! - [`metrics`]: Prometheus counters, histograms and gauges
+//!   (`prometheus-client`).
+//! - [`console`]: the web console and `/metrics` over HTTP (axum), its
+//!   sessions, CSRF checks and JSON API over the AdminService.
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`auth`], [`tls`], [`stream_limit`]: bearer tokens and per-queue grants,
 //!   TLS and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
@@ -32,6 +35,7 @@ pub mod api;
 pub mod auth;
 pub mod broker;
 pub mod config;
+pub mod console;
 pub mod dispatch;
 pub mod domain;
 pub mod error;

@@ -47,8 +47,9 @@ async fn pass(settle: &Settle) -> Result<()> {
         }
     }
     loop {
-        let n = store.expire_ttl(BATCH).await?;
-        store.metrics.dead_lettered.add(n as usize);
+        let dead = store.expire_ttl(BATCH).await?;
+        store.metrics.on_ttl_expired(&dead);
+        let n: u64 = dead.iter().map(|(_, n)| n).sum();
         if n > 0 {
             debug!(expired = n, "jobs past their ttl dead-lettered");
         }

@@ -1,93 +1,73 @@
-//! Prometheus metrics: counters and histograms over atomics, per-queue gauges
-//! refreshed on a timer, and a tiny HTTP/1.1 responder for `GET /metrics`.
+//! Prometheus metrics on `prometheus-client` (the Prometheus project's own
+//! Rust client): per-queue counters and histograms bumped on the hot path,
+//! per-queue gauges from a statistics snapshot refreshed on a timer, and the
+//! exposition text for `GET /metrics` (served by [`crate::console`]'s HTTP
+//! server).
 //!
 //! One [`Metrics`] per broker (it hangs off [`crate::store::Store`]), not a
 //! process global, so brokers running side by side in one test process do
-//! not share counts. Counters are bumped on the hot path with one relaxed
-//! atomic add; the per-queue gauges cost one statistics query per
-//! `--metrics-interval`, never one per scrape. `docs/METRICS.md` lists every
-//! metric.
+//! not share counts. The per-queue gauges cost one statistics query per
+//! `--metrics-interval`, never one per scrape. The same snapshots feed the
+//! console's charts ([`History`]). `docs/METRICS.md` lists every metric.
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::domain::QueueName;
-use crate::domain::{Enqueued, Leased};
+use crate::domain::{JobId, NewJob, QueueName};
 use crate::store::admin::QueueRow;
+use crate::store::{Enqueued, Failed, Leased, Settled};
 
-/// A monotonically increasing count.
-#[derive(Default)]
-pub struct Counter(AtomicU64);
+/// The `Content-Type` of [`Metrics::render`]'s text (OpenMetrics 1.0, which
+/// Prometheus negotiates and parses natively).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A monotonically increasing count (a Prometheus counter without labels).
+#[derive(Clone, Debug, Default)]
+pub struct Counter(PromCounter<u64, AtomicU64>);
 
 impl Counter {
     pub fn add(&self, n: usize) {
-        self.0.fetch_add(n as u64, Ordering::Relaxed);
+        self.0.inc_by(n as u64);
     }
 
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
-/// A fixed-bucket histogram (cumulative buckets are computed when rendered).
-pub struct Histogram {
-    bounds: &'static [f64],
-    /// One count per bound, plus the +Inf bucket.
-    buckets: Vec<AtomicU64>,
-    /// f64 bits, updated with a CAS loop.
-    sum: AtomicU64,
-    count: AtomicU64,
+/// The one label of per-queue series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub queue: String,
 }
 
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0f64.to_bits()),
-            count: AtomicU64::new(0),
+impl QueueLabel {
+    fn of(queue: &str) -> QueueLabel {
+        QueueLabel {
+            queue: queue.to_owned(),
         }
     }
-
-    pub fn observe(&self, v: f64) {
-        let i = self.bounds.partition_point(|b| *b < v);
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let _ = self
-            .sum
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + v).to_bits())
-            });
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in self.bounds.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
-        }
-        cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
-    }
 }
 
-const WAIT_BOUNDS: &[f64] = &[
+type Counters = Family<QueueLabel, PromCounter<u64, AtomicU64>>;
+type Histograms = Family<QueueLabel, Histogram, fn() -> Histogram>;
+
+/// Seconds, from 1 ms to 1 h: enqueue → delivery and handler times.
+const SECONDS_BOUNDS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
     1800.0, 3600.0,
 ];
@@ -95,31 +75,83 @@ const BATCH_BOUNDS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0,
 ];
 
-/// This broker's Subscribe streams per queue: how many, and the credit
-/// (`max_in_flight`) they hold in total. Each replica knows only its own.
-#[derive(Default)]
-pub struct StreamRegistry(Mutex<HashMap<QueueName, (i64, i64)>>);
+fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BOUNDS.iter().copied())
+}
 
-impl StreamRegistry {
-    pub fn opened(&self, queues: &[QueueName], max_in_flight: u32) {
-        let mut m = self.0.lock().expect("poisoned");
+/// Adds `n` to `queue`'s series of `family`.
+fn bump(family: &Counters, queue: &str, n: u64) {
+    if n > 0 {
+        family.get_or_create(&QueueLabel::of(queue)).inc_by(n);
+    }
+}
+
+/// One Subscribe / Consume stream of this broker.
+#[derive(Clone, Debug)]
+pub struct StreamEntry {
+    pub consumer: String,
+    pub queues: Vec<QueueName>,
+    pub credit: u32,
+    pub opened: Instant,
+}
+
+#[derive(Default)]
+struct StreamMaps {
+    by_id: HashMap<u64, StreamEntry>,
+    /// Per queue: (streams, total credit).
+    by_queue: HashMap<QueueName, (i64, i64)>,
+}
+
+impl StreamMaps {
+    fn account(&mut self, queues: &[QueueName], streams: i64, credit: i64) {
         for q in queues {
-            let e = m.entry(q.clone()).or_default();
-            e.0 += 1;
-            e.1 += i64::from(max_in_flight);
+            let e = self.by_queue.entry(q.clone()).or_default();
+            e.0 += streams;
+            e.1 += credit;
+            if e.0 <= 0 {
+                self.by_queue.remove(q);
+            }
         }
     }
+}
 
-    pub fn closed(&self, queues: &[QueueName], max_in_flight: u32) {
+/// This broker's Subscribe streams: per stream its consumer, queues and
+/// credit (`max_in_flight`), and per queue how many and their total credit.
+/// Each replica knows only its own.
+#[derive(Default)]
+pub struct StreamRegistry(Mutex<StreamMaps>);
+
+impl StreamRegistry {
+    pub fn opened(&self, id: u64, consumer: &str, queues: &[QueueName], max_in_flight: u32) {
         let mut m = self.0.lock().expect("poisoned");
-        for q in queues {
-            if let Some(e) = m.get_mut(q) {
-                e.0 -= 1;
-                e.1 -= i64::from(max_in_flight);
-                if e.0 <= 0 {
-                    m.remove(q);
-                }
-            }
+        m.account(queues, 1, i64::from(max_in_flight));
+        m.by_id.insert(
+            id,
+            StreamEntry {
+                consumer: consumer.to_owned(),
+                queues: queues.to_vec(),
+                credit: max_in_flight,
+                opened: Instant::now(),
+            },
+        );
+    }
+
+    /// The stream's credit is now `max_in_flight` (Consume).
+    pub fn credit(&self, id: u64, max_in_flight: u32) {
+        let mut m = self.0.lock().expect("poisoned");
+        let Some(e) = m.by_id.get_mut(&id) else {
+            return;
+        };
+        let delta = i64::from(max_in_flight) - i64::from(e.credit);
+        e.credit = max_in_flight;
+        let queues = e.queues.clone();
+        m.account(&queues, 0, delta);
+    }
+
+    pub fn closed(&self, id: u64) {
+        let mut m = self.0.lock().expect("poisoned");
+        if let Some(e) = m.by_id.remove(&id) {
+            m.account(&e.queues, -1, -i64::from(e.credit));
         }
     }
 
@@ -127,60 +159,323 @@ impl StreamRegistry {
     pub fn get(&self, queue: &str) -> (i64, i64) {
         let m = self.0.lock().expect("poisoned");
         QueueName::parse(queue)
-            .and_then(|q| m.get(&q).copied())
+            .and_then(|q| m.by_queue.get(&q).copied())
             .unwrap_or((0, 0))
+    }
+
+    /// This broker's streams on `queue`, oldest first.
+    pub fn on_queue(&self, queue: &str) -> Vec<StreamEntry> {
+        let m = self.0.lock().expect("poisoned");
+        let mut out: Vec<StreamEntry> = m
+            .by_id
+            .values()
+            .filter(|s| s.queues.iter().any(|q| q.as_str() == queue))
+            .cloned()
+            .collect();
+        out.sort_by_key(|s| s.opened);
+        out
     }
 }
 
+/// One snapshot of a queue for the console's charts: its depth, and this
+/// broker's counters at that moment.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    pub available: i64,
+    pub scheduled: i64,
+    pub leased: i64,
+    pub dead: i64,
+    pub enqueued: u64,
+    pub acked: u64,
+}
+
+/// How long the console's charts reach back.
+pub const HISTORY: Duration = Duration::from_secs(15 * 60);
+
+/// Per queue, the snapshots of the last [`HISTORY`].
+#[derive(Default)]
+pub struct History(Mutex<HashMap<String, VecDeque<Sample>>>);
+
+impl History {
+    fn record(&self, samples: Vec<(String, Sample)>) {
+        let mut h = self.0.lock().expect("poisoned");
+        let now = samples.first().map(|s| s.1.at_ms);
+        for (queue, s) in samples {
+            h.entry(queue).or_default().push_back(s);
+        }
+        if let Some(now) = now {
+            let oldest = now - HISTORY.as_millis() as i64;
+            h.retain(|_, v| {
+                while v.front().is_some_and(|s| s.at_ms < oldest) {
+                    v.pop_front();
+                }
+                !v.is_empty()
+            });
+        }
+    }
+
+    /// The queue's snapshots, oldest first.
+    pub fn of(&self, queue: &str) -> Vec<Sample> {
+        let h = self.0.lock().expect("poisoned");
+        h.get(queue)
+            .map(|v| v.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Enqueues and acks per second on each queue over the last two
+    /// snapshots (this broker's counts).
+    pub fn rates(&self) -> HashMap<String, (f64, f64)> {
+        let h = self.0.lock().expect("poisoned");
+        h.iter()
+            .filter_map(|(q, v)| {
+                let n = v.len();
+                if n < 2 {
+                    return None;
+                }
+                let (a, b) = (v[n - 2], v[n - 1]);
+                let secs = (b.at_ms - a.at_ms) as f64 / 1000.0;
+                (secs > 0.0).then(|| {
+                    (
+                        q.clone(),
+                        (
+                            b.enqueued.saturating_sub(a.enqueued) as f64 / secs,
+                            b.acked.saturating_sub(a.acked) as f64 / secs,
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// The per-queue gauges, encoded from the last statistics snapshot at
+/// scrape time (one consistent snapshot per scrape).
+#[derive(Debug, Default)]
+struct QueueGauges(Arc<Mutex<Vec<QueueRow>>>);
+
+type GaugeDef = (&'static str, &'static str, fn(&QueueRow) -> f64);
+
+const QUEUE_GAUGES: [GaugeDef; 9] = [
+    ("leaseq_queue_available_jobs", "Jobs deliverable now", |q| {
+        q.available as f64
+    }),
+    (
+        "leaseq_queue_scheduled_jobs",
+        "Jobs waiting for a later run_at",
+        |q| q.scheduled as f64,
+    ),
+    (
+        "leaseq_queue_leased_jobs",
+        "Jobs delivered and unsettled",
+        |q| q.leased as f64,
+    ),
+    ("leaseq_queue_dead_jobs", "Jobs in the dead letters", |q| {
+        q.dead as f64
+    }),
+    (
+        "leaseq_queue_oldest_available_age_seconds",
+        "How long the longest-waiting deliverable job has been deliverable (0 when none)",
+        |q| q.oldest_age_ms.unwrap_or(0) as f64 / 1000.0,
+    ),
+    ("leaseq_queue_paused", "1 when the queue is paused", |q| {
+        if q.paused { 1.0 } else { 0.0 }
+    }),
+    (
+        "leaseq_queue_consumers",
+        "Distinct consumer names holding leases on the queue (every replica)",
+        |q| q.consumers as f64,
+    ),
+    (
+        "leaseq_queue_streams",
+        "Subscribe streams on the queue held by this broker",
+        |q| q.streams as f64,
+    ),
+    (
+        "leaseq_queue_free_credits",
+        "This broker's streams' max_in_flight on the queue minus the jobs of the queue they hold (a stream on several queues counts on each)",
+        |q| (q.credit - q.leased_here).max(0) as f64,
+    ),
+];
+
+impl Collector for QueueGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = self.0.lock().expect("poisoned");
+        for (name, help, f) in QUEUE_GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for q in rows.iter() {
+                let label = QueueLabel::of(&q.name);
+                ConstGauge::new(f(q)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Jobs this broker delivered and has not seen settled: when and on which
+/// queue, for the handler-time histogram.
+#[derive(Default)]
+struct InFlight(Mutex<HashMap<JobId, (QueueName, Instant)>>);
+
+/// Deliveries older than this are forgotten (settled on another replica,
+/// cancelled, or reaped there): twice the longest lease.
+const INFLIGHT_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
 /// Every metric of one broker.
 pub struct Metrics {
-    pub enqueued: Counter,
-    pub enqueue_duplicates: Counter,
-    pub delivered: Counter,
-    pub acked: Counter,
-    pub nacked: Counter,
-    pub lease_expired: Counter,
-    pub dead_lettered: Counter,
+    registry: Registry,
+    pub enqueued: Counters,
+    pub enqueue_duplicates: Counters,
+    pub delivered: Counters,
+    pub acked: Counters,
+    pub nacked: Counters,
+    pub lease_expired: Counters,
+    pub dead_lettered: Counters,
+    /// Ack / Nack / ExtendLease with a stale or unknown lease (no queue is
+    /// known for those).
     pub stale_tokens: Counter,
     /// Database time from enqueue to first delivery (a requested delay
     /// included).
-    pub delivery_wait: Histogram,
+    pub delivery_wait: Histograms,
+    /// From this broker's delivery of a job to its ack (this broker's clock).
+    pub handler_duration: Histograms,
     /// Jobs per group-commit enqueue statement.
     pub enqueue_batch: Histogram,
     /// Jobs per lease statement that leased any.
     pub lease_batch: Histogram,
+    /// 1 while the health service says SERVING.
+    pub serving: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub streams: StreamRegistry,
-    /// The last per-queue statistics, refreshed on a timer by [`serve`].
-    gauges: Mutex<Vec<QueueRow>>,
+    /// Rows written to the jobs table (see [`Metrics::job_writes`]).
+    writes: AtomicU64,
+    inflight: InFlight,
+    /// The last per-queue statistics, refreshed on a timer by [`refresh`].
+    gauges: Arc<Mutex<Vec<QueueRow>>>,
+    pub history: History,
 }
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics")
-            .field("enqueued", &self.enqueued.get())
-            .field("delivered", &self.delivered.get())
+            .field("job_writes", &self.job_writes())
             .finish_non_exhaustive()
     }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        let mut registry = Registry::default();
+        let counters = |registry: &mut Registry, name: &str, help: &str| {
+            let family = Counters::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let enqueued = counters(
+            &mut registry,
+            "leaseq_jobs_enqueued",
+            "Jobs enqueued (new jobs only; de-duplicated enqueues are counted apart)",
+        );
+        let enqueue_duplicates = counters(
+            &mut registry,
+            "leaseq_jobs_enqueue_duplicates",
+            "Enqueues that matched a live job's dedup_key and created nothing",
+        );
+        let delivered = counters(
+            &mut registry,
+            "leaseq_jobs_delivered",
+            "Deliveries (leases taken) by this broker's streams",
+        );
+        let acked = counters(
+            &mut registry,
+            "leaseq_jobs_acked",
+            "Successful Acks received by this broker",
+        );
+        let nacked = counters(
+            &mut registry,
+            "leaseq_jobs_nacked",
+            "Successful Nacks received by this broker",
+        );
+        let lease_expired = counters(
+            &mut registry,
+            "leaseq_leases_expired",
+            "Leases this broker found expired and ended",
+        );
+        let dead_lettered = counters(
+            &mut registry,
+            "leaseq_jobs_dead_lettered",
+            "Jobs this broker moved to the dead letters (nack, last attempt, ttl)",
+        );
+        let stale_tokens = Counter::default();
+        registry.register(
+            "leaseq_stale_tokens",
+            "Ack / Nack / ExtendLease refused with FAILED_PRECONDITION (stale or unknown lease)",
+            stale_tokens.0.clone(),
+        );
+        let delivery_wait = Histograms::new_with_constructor(seconds_histogram as fn() -> _);
+        registry.register(
+            "leaseq_delivery_wait_seconds",
+            "Time from enqueue to first delivery (delays included), database clock",
+            delivery_wait.clone(),
+        );
+        let handler_duration = Histograms::new_with_constructor(seconds_histogram as fn() -> _);
+        registry.register(
+            "leaseq_handler_duration_seconds",
+            "Time from this broker's delivery of a job to its ack received by this broker",
+            handler_duration.clone(),
+        );
+        let enqueue_batch = Histogram::new(BATCH_BOUNDS.iter().copied());
+        registry.register(
+            "leaseq_enqueue_batch_jobs",
+            "Jobs per group-commit enqueue statement",
+            enqueue_batch.clone(),
+        );
+        let lease_batch = Histogram::new(BATCH_BOUNDS.iter().copied());
+        registry.register(
+            "leaseq_lease_batch_jobs",
+            "Jobs per lease statement (statements that leased at least one)",
+            lease_batch.clone(),
+        );
+        let serving = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        registry.register(
+            "leaseq_serving",
+            "1 while the broker's health is SERVING (PostgreSQL reachable, not draining), else 0",
+            serving.clone(),
+        );
+        registry.register(
+            "leaseq_build",
+            "The broker's version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let gauges = Arc::new(Mutex::new(Vec::new()));
+        registry.register_collector(Box::new(QueueGauges(gauges.clone())));
         Metrics {
-            enqueued: Counter::default(),
-            enqueue_duplicates: Counter::default(),
-            delivered: Counter::default(),
-            acked: Counter::default(),
-            nacked: Counter::default(),
-            lease_expired: Counter::default(),
-            dead_lettered: Counter::default(),
-            stale_tokens: Counter::default(),
-            delivery_wait: Histogram::new(WAIT_BOUNDS),
-            enqueue_batch: Histogram::new(BATCH_BOUNDS),
-            lease_batch: Histogram::new(BATCH_BOUNDS),
+            registry,
+            enqueued,
+            enqueue_duplicates,
+            delivered,
+            acked,
+            nacked,
+            lease_expired,
+            dead_lettered,
+            stale_tokens,
+            delivery_wait,
+            handler_duration,
+            enqueue_batch,
+            lease_batch,
+            serving,
             streams: StreamRegistry::default(),
-            gauges: Mutex::new(Vec::new()),
+            writes: AtomicU64::new(0),
+            inflight: InFlight::default(),
+            gauges,
+            history: History::default(),
         }
     }
+}
+
+/// `family`'s count for `queue` (0 when it has none yet).
+pub fn count(family: &Counters, queue: &str) -> u64 {
+    family.get(&QueueLabel::of(queue)).map_or(0, |c| c.get())
 }
 
 impl Metrics {
@@ -188,28 +483,97 @@ impl Metrics {
     /// leased, settled, released or expired): it leaves dead tuples only
     /// when this moves, which is how the vacuum loop stays silent when idle.
     pub fn job_writes(&self) -> u64 {
-        self.enqueued.get()
-            + self.delivered.get()
-            + self.acked.get()
-            + self.nacked.get()
-            + self.lease_expired.get()
-            + self.dead_lettered.get()
+        self.writes.load(Ordering::Relaxed)
     }
 
-    /// Counts an enqueue statement's results.
-    pub fn on_enqueued(&self, results: &[Enqueued]) {
-        let dups = results.iter().filter(|r| r.duplicate).count();
-        self.enqueued.add(results.len() - dups);
-        self.enqueue_duplicates.add(dups);
+    fn wrote(&self, n: usize) {
+        self.writes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts an enqueue statement's results (`results[i]` is `jobs[i]`'s).
+    pub fn on_enqueued(&self, jobs: &[NewJob], results: &[Enqueued]) {
+        let mut per: HashMap<&str, (u64, u64)> = HashMap::new();
+        for (j, r) in jobs.iter().zip(results) {
+            let e = per.entry(j.queue.as_str()).or_default();
+            if r.duplicate {
+                e.1 += 1;
+            } else {
+                e.0 += 1;
+            }
+        }
+        for (queue, (new, dups)) in per {
+            bump(&self.enqueued, queue, new);
+            bump(&self.enqueue_duplicates, queue, dups);
+            self.wrote(new as usize);
+        }
         self.enqueue_batch.observe(results.len() as f64);
     }
 
-    /// Counts a settle statement: `asked` requests, `done` matched their
-    /// current token (the rest were stale), `dead` of those dead-lettered.
-    pub fn on_settled(&self, counter: &Counter, asked: usize, done: usize, dead: usize) {
-        counter.add(done);
-        self.stale_tokens.add(asked.saturating_sub(done));
-        self.dead_lettered.add(dead);
+    /// Counts an ack statement: `asked` requests, `done` matched their
+    /// current token (the rest were stale). Observes the handler time of
+    /// jobs this broker delivered.
+    pub fn on_acked(&self, asked: usize, done: &[Settled]) {
+        self.stale_tokens.add(asked.saturating_sub(done.len()));
+        self.wrote(done.len());
+        let now = Instant::now();
+        let mut inflight = self.inflight.0.lock().expect("poisoned");
+        let mut per: HashMap<&str, u64> = HashMap::new();
+        for s in done {
+            *per.entry(s.queue.as_str()).or_default() += 1;
+            if let Some((queue, at)) = inflight.remove(&s.id) {
+                self.handler_duration
+                    .get_or_create(&QueueLabel::of(queue.as_str()))
+                    .observe(now.duration_since(at).as_secs_f64());
+            }
+        }
+        drop(inflight);
+        for (queue, n) in per {
+            bump(&self.acked, queue, n);
+        }
+    }
+
+    /// Counts a nack statement (`asked` requests, `done` matched).
+    pub fn on_nacked(&self, asked: usize, done: &[Failed]) {
+        self.stale_tokens.add(asked.saturating_sub(done.len()));
+        self.on_failed(&self.nacked, done);
+    }
+
+    /// Counts leases found expired and ended.
+    pub fn on_expired(&self, done: &[Failed]) {
+        self.on_failed(&self.lease_expired, done);
+    }
+
+    /// Counts leases the broker released (stream closed, drain): only the
+    /// dead letters among them (a job past its ttl or last attempt).
+    pub fn on_released(&self, done: &[Failed]) {
+        self.wrote(done.len());
+        let mut inflight = self.inflight.0.lock().expect("poisoned");
+        for f in done {
+            inflight.remove(&f.id);
+            if f.death.is_some() {
+                bump(&self.dead_lettered, f.queue.as_str(), 1);
+            }
+        }
+    }
+
+    fn on_failed(&self, counter: &Counters, done: &[Failed]) {
+        self.wrote(done.len());
+        let mut inflight = self.inflight.0.lock().expect("poisoned");
+        for f in done {
+            inflight.remove(&f.id);
+            bump(counter, f.queue.as_str(), 1);
+            if f.death.is_some() {
+                bump(&self.dead_lettered, f.queue.as_str(), 1);
+            }
+        }
+    }
+
+    /// Counts waiting jobs dead-lettered past their ttl, per queue.
+    pub fn on_ttl_expired(&self, per_queue: &[(String, u64)]) {
+        for (queue, n) in per_queue {
+            bump(&self.dead_lettered, queue, *n);
+            self.wrote(*n as usize);
+        }
     }
 
     /// Counts jobs just leased and observes their wait. All instants are the
@@ -219,244 +583,138 @@ impl Metrics {
         if jobs.len() == 0 {
             return;
         }
-        self.delivered.add(jobs.len());
         self.lease_batch.observe(jobs.len() as f64);
+        self.wrote(jobs.len());
+        let now = Instant::now();
+        // Per queue: deliveries, and the waits of first deliveries.
+        let mut per: HashMap<&str, (u64, Vec<f64>)> = HashMap::new();
+        let mut inflight = self.inflight.0.lock().expect("poisoned");
         for j in jobs {
+            let e = per.entry(j.queue.as_str()).or_default();
+            e.0 += 1;
             if j.attempt == 1 {
                 let start = j.lease_expires_at - chrono::Duration::milliseconds(j.lease_ms);
                 let waited = (start - j.enqueued_at).num_microseconds().unwrap_or(0);
-                self.delivery_wait.observe(waited.max(0) as f64 / 1e6);
+                e.1.push(waited.max(0) as f64 / 1e6);
+            }
+            if let Some(q) = QueueName::parse(&j.queue) {
+                inflight.insert(j.id, (q, now));
             }
             // Trace context travels verbatim in the headers; logging it here
             // lets a delivery be found from a distributed trace.
             debug!(job_id = %j.id, queue = %j.queue, attempt = j.attempt,
                 traceparent = j.headers.get("traceparent").map(String::as_str), "delivered");
         }
-    }
-
-    /// The exposition text (format 0.0.4).
-    pub fn render(&self) -> String {
-        let mut out = String::with_capacity(8192);
-        let counters: [(&str, &str, &Counter); 8] = [
-            (
-                "leaseq_jobs_enqueued_total",
-                "Jobs enqueued (new jobs only; de-duplicated enqueues are counted apart).",
-                &self.enqueued,
-            ),
-            (
-                "leaseq_jobs_enqueue_duplicates_total",
-                "Enqueues that matched a live job's dedup_key and created nothing.",
-                &self.enqueue_duplicates,
-            ),
-            (
-                "leaseq_jobs_delivered_total",
-                "Deliveries (leases taken) by this broker's streams.",
-                &self.delivered,
-            ),
-            (
-                "leaseq_jobs_acked_total",
-                "Successful Acks received by this broker.",
-                &self.acked,
-            ),
-            (
-                "leaseq_jobs_nacked_total",
-                "Successful Nacks received by this broker.",
-                &self.nacked,
-            ),
-            (
-                "leaseq_leases_expired_total",
-                "Leases this broker found expired and ended.",
-                &self.lease_expired,
-            ),
-            (
-                "leaseq_jobs_dead_lettered_total",
-                "Jobs this broker moved to the dead letters (nack, last attempt, ttl).",
-                &self.dead_lettered,
-            ),
-            (
-                "leaseq_stale_tokens_total",
-                "Ack / Nack / ExtendLease refused with FAILED_PRECONDITION (stale or unknown lease).",
-                &self.stale_tokens,
-            ),
-        ];
-        for (name, help, c) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                c.get()
-            );
-        }
-        self.delivery_wait.render(
-            &mut out,
-            "leaseq_delivery_wait_seconds",
-            "Time from enqueue to first delivery (delays included), database clock.",
-        );
-        self.enqueue_batch.render(
-            &mut out,
-            "leaseq_enqueue_batch_jobs",
-            "Jobs per group-commit enqueue statement.",
-        );
-        self.lease_batch.render(
-            &mut out,
-            "leaseq_lease_batch_jobs",
-            "Jobs per lease statement (statements that leased at least one).",
-        );
-        let gauges = self.gauges.lock().expect("poisoned");
-        type Gauge = (&'static str, &'static str, fn(&QueueRow) -> f64);
-        let per_queue: [Gauge; 8] = [
-            (
-                "leaseq_queue_available_jobs",
-                "Jobs deliverable now.",
-                |q| q.available as f64,
-            ),
-            (
-                "leaseq_queue_scheduled_jobs",
-                "Jobs waiting for a later run_at.",
-                |q| q.scheduled as f64,
-            ),
-            (
-                "leaseq_queue_leased_jobs",
-                "Jobs delivered and unsettled.",
-                |q| q.leased as f64,
-            ),
-            ("leaseq_queue_dead_jobs", "Jobs in the dead letters.", |q| {
-                q.dead as f64
-            }),
-            (
-                "leaseq_queue_oldest_available_age_seconds",
-                "How long the longest-waiting deliverable job has been deliverable (0 when none).",
-                |q| q.oldest_age_ms.unwrap_or(0) as f64 / 1000.0,
-            ),
-            ("leaseq_queue_paused", "1 when the queue is paused.", |q| {
-                if q.paused { 1.0 } else { 0.0 }
-            }),
-            (
-                "leaseq_queue_streams",
-                "Subscribe streams on the queue held by this broker.",
-                |q| q.streams as f64,
-            ),
-            (
-                "leaseq_queue_free_credits",
-                "This broker's streams' max_in_flight on the queue minus the jobs of the queue they hold (a stream on several queues counts on each).",
-                |q| (q.credit - q.leased_here).max(0) as f64,
-            ),
-        ];
-        for (name, help, f) in per_queue {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            // Queue names are [A-Za-z0-9._:-]: nothing to escape in a label.
-            for q in gauges.iter() {
-                let _ = writeln!(out, "{name}{{queue=\"{}\"}} {}", q.name, f(q));
+        drop(inflight);
+        for (queue, (n, waits)) in per {
+            let label = QueueLabel::of(queue);
+            self.delivered.get_or_create(&label).inc_by(n);
+            if !waits.is_empty() {
+                let h = self.delivery_wait.get_or_create(&label);
+                for w in waits {
+                    h.observe(w);
+                }
             }
         }
+    }
+
+    /// The exposition text (OpenMetrics; see [`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
+
+    /// The last statistics snapshot (refreshed every `--metrics-interval`).
+    pub fn snapshot(&self) -> Vec<QueueRow> {
+        self.gauges.lock().expect("poisoned").clone()
+    }
+
+    fn refreshed(&self, rows: Vec<QueueRow>) {
+        let at_ms = chrono::Utc::now().timestamp_millis();
+        let samples = rows
+            .iter()
+            .map(|q| {
+                (
+                    q.name.clone(),
+                    Sample {
+                        at_ms,
+                        available: q.available,
+                        scheduled: q.scheduled,
+                        leased: q.leased,
+                        dead: q.dead,
+                        enqueued: count(&self.enqueued, &q.name),
+                        acked: count(&self.acked, &q.name),
+                    },
+                )
+            })
+            .collect();
+        self.history.record(samples);
+        *self.gauges.lock().expect("poisoned") = rows;
+        // Forget deliveries settled elsewhere.
+        let mut inflight = self.inflight.0.lock().expect("poisoned");
+        inflight.retain(|_, (_, at)| at.elapsed() < INFLIGHT_MAX_AGE);
+    }
 }
 
-/// Serves `GET /metrics` on `listener` and refreshes the per-queue gauges
-/// every `interval`, until `shutdown`.
-pub async fn serve(
-    store: crate::store::Store,
-    listener: TcpListener,
-    interval: Duration,
-    shutdown: CancellationToken,
-) {
-    let refresher = {
-        let store = store.clone();
-        let shutdown = shutdown.clone();
-        async move {
-            let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                match crate::store::admin::queue_stats(&store, None, None, i64::MAX).await {
-                    Ok(rows) => *store.metrics.gauges.lock().expect("poisoned") = rows,
-                    Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
-                }
-            }
-        }
-    };
-    tokio::spawn(refresher);
-    let metrics: Arc<Metrics> = store.metrics.clone();
+/// Refreshes the per-queue gauges and the console's history every
+/// `interval`, until `shutdown`.
+pub async fn refresh(store: crate::store::Store, interval: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let conn = tokio::select! {
+        tokio::select! {
             _ = shutdown.cancelled() => return,
-            c = listener.accept() => c,
-        };
-        match conn {
-            Ok((stream, _)) => {
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    // A client that sends nothing is dropped after 10 s.
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(10), respond(stream, &metrics))
-                            .await;
-                });
-            }
-            Err(e) => {
-                warn!(error = %e, "metrics: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            _ = tick.tick() => {}
+        }
+        match crate::store::admin::queue_stats(&store, None, None, i64::MAX).await {
+            Ok(rows) => store.metrics.refreshed(rows),
+            Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
         }
     }
 }
 
-/// Binds the metrics listener (so `serve` fails fast on a taken port).
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    use anyhow::Context;
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics listener {addr}"))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// One request per connection: reads the request head, answers, closes.
-async fn respond(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > 16 * 1024 {
-            return write(&mut stream, "431 Request Header Fields Too Large", "", "").await;
-        }
+    #[test]
+    fn streams_are_counted_per_queue_and_per_stream() {
+        let r = StreamRegistry::default();
+        let a = QueueName::parse("a").unwrap();
+        let b = QueueName::parse("b").unwrap();
+        r.opened(1, "w1", &[a.clone(), b.clone()], 10);
+        r.opened(2, "w2", std::slice::from_ref(&a), 5);
+        assert_eq!(r.get("a"), (2, 15));
+        assert_eq!(r.get("b"), (1, 10));
+        r.credit(1, 4);
+        assert_eq!(r.get("a"), (2, 9));
+        assert_eq!(r.on_queue("a").len(), 2);
+        r.closed(1);
+        r.closed(1);
+        assert_eq!(r.get("a"), (1, 5));
+        assert_eq!(r.get("b"), (0, 0));
+        assert_eq!(r.on_queue("a")[0].consumer, "w2");
     }
-    let line = buf.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => {
-            let body = metrics.render();
-            write(
-                &mut stream,
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                &body,
-            )
-            .await
-        }
-        (_, "/metrics") => write(&mut stream, "405 Method Not Allowed", "text/plain", "").await,
-        _ => write(&mut stream, "404 Not Found", "text/plain", "see /metrics\n").await,
-    }
-}
 
-async fn write(
-    stream: &mut TcpStream,
-    status: &str,
-    ctype: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    #[test]
+    fn renders_openmetrics_with_queue_labels() {
+        let m = Metrics::default();
+        bump(&m.enqueued, "q1", 3);
+        m.stale_tokens.add(2);
+        m.serving.set(1);
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE leaseq_jobs_enqueued counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("leaseq_jobs_enqueued_total{queue=\"q1\"} 3"),
+            "{text}"
+        );
+        assert!(text.contains("leaseq_stale_tokens_total 2"), "{text}");
+        assert!(text.contains("leaseq_serving 1"), "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    }
 }

@@ -60,12 +60,14 @@ struct Server {
     conns: store::Conns,
     listen_pool: sqlx::PgPool,
     broker: Arc<Broker>,
+    /// The operator API, shared by the gRPC AdminService and the console.
+    admin: Arc<AdminApi>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     auth: crate::auth::Authenticator,
     reporter: HealthReporter,
     health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
     /// The background services (LISTEN, reaper, retention, vacuum, health,
-    /// metrics); each ends when `stop_background` is cancelled, and
+    /// the HTTP servers of the console and the metrics); each ends when `stop_background` is cancelled, and
     /// [`Server::serve`] joins them before it returns.
     background: JoinSet<()>,
     stop_background: CancellationToken,
@@ -154,22 +156,15 @@ impl Server {
             draining.clone(),
             stop.clone(),
         ));
-        if let Some(addr) = cfg.metrics_listen {
-            let listener = crate::metrics::bind(addr).await?;
-            info!(addr = %listener.local_addr()?, "metrics on /metrics");
-            background.spawn(crate::metrics::serve(
-                store.clone(),
-                listener,
-                cfg.metrics_interval,
-                stop.clone(),
-            ));
-        }
+        let admin = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
+        start_http(&cfg, &store, admin.clone(), &auth, &stop, &mut background).await?;
         Ok(Server {
             cfg,
             pool,
             conns,
             listen_pool,
             broker,
+            admin,
             tls,
             auth,
             reporter,
@@ -229,7 +224,7 @@ impl Server {
             .max_encoding_message_size(max_encoding);
         // Admin calls need a token with the `admin` action (when auth is on).
         let admin_service = InterceptedService::new(
-            AdminServiceServer::new(AdminApi::new(self.broker.clone(), self.draining.clone()))
+            AdminServiceServer::from_arc(self.admin.clone())
                 .max_encoding_message_size(max_encoding),
             crate::auth::AdminGate::new(self.auth.clone()),
         );
@@ -280,6 +275,7 @@ impl Server {
         info!(grace = ?self.cfg.drain_grace, "draining");
         self.draining.cancel();
         set_ready(&self.reporter, false).await;
+        self.broker.store().metrics.serving.set(0);
         let drained = tokio::time::timeout(self.cfg.drain_grace, async {
             self.broker.drain().await;
             stop_server.cancel();
@@ -308,6 +304,67 @@ impl Server {
         self.conns.close().await;
         self.listen_pool.close().await;
     }
+}
+
+/// Starts the HTTP servers asked for: `--metrics-listen` (only `/metrics`)
+/// and `--http-listen` (the console and `/metrics`, over TLS when the broker
+/// has TLS), and the refresher of the per-queue gauges both read.
+async fn start_http(
+    cfg: &Config,
+    store: &Store,
+    admin: Arc<AdminApi>,
+    auth: &crate::auth::Authenticator,
+    stop: &CancellationToken,
+    background: &mut JoinSet<()>,
+) -> anyhow::Result<()> {
+    if cfg.metrics_listen.is_none() && cfg.http_listen.is_none() {
+        return Ok(());
+    }
+    background.spawn(crate::metrics::refresh(
+        store.clone(),
+        cfg.metrics_interval,
+        stop.clone(),
+    ));
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = crate::console::bind(addr, "metrics").await?;
+        info!(addr = %listener.local_addr()?, "metrics on /metrics");
+        background.spawn(crate::console::serve(
+            listener,
+            None,
+            crate::console::metrics_router(store.clone()),
+            stop.clone(),
+        ));
+    }
+    if let Some(addr) = cfg.http_listen {
+        let tls = crate::console::tls_acceptor(&cfg.security)?;
+        let listener = crate::console::bind(addr, "http").await?;
+        let local = listener.local_addr()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        info!(url = %format!("{scheme}://{local}/"), "console and /metrics");
+        if !auth.is_enabled() {
+            warn!(
+                %local,
+                "console authentication is OFF (no --auth-file): anyone who reaches the console may read payloads, pause queues, requeue and purge dead letters"
+            );
+        }
+        if tls.is_none() {
+            warn!(%local, "console TLS is OFF (no --tls-cert): session cookies and payloads cross the network in plaintext");
+        }
+        let console = crate::console::Console::new(
+            admin,
+            store.clone(),
+            auth.clone(),
+            tls.is_some(),
+            stop.clone(),
+        );
+        background.spawn(crate::console::serve(
+            listener,
+            tls,
+            crate::console::router(console),
+            stop.clone(),
+        ));
+    }
+    Ok(())
 }
 
 /// The bearer-token check, from `--auth-file` (or none, with a warning).
@@ -389,6 +446,7 @@ async fn health_loop(
                 info!("health SERVING");
             }
             set_ready(&reporter, ready).await;
+            store.metrics.serving.set(i64::from(ready));
             last = Some(ready);
         }
         tokio::select! {

@@ -80,7 +80,7 @@ impl Settle {
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
         let done = self.store.ack(reqs).await?;
         let m = &self.store.metrics;
-        m.on_settled(&m.acked, reqs.len(), done.len(), 0);
+        m.on_acked(reqs.len(), &done);
         self.return_credit(done.iter().map(|s| (s.broker, s.id, s.token)));
         // Queues with a concurrency limit have a free slot: wake their
         // consumers on every replica.
@@ -108,13 +108,12 @@ impl Settle {
         }
         let done = self.store.fail(reqs).await?;
         let m = &self.store.metrics;
-        let dead = done.iter().filter(|f| f.death.is_some()).count();
         match ending {
-            Ending::Nacked => m.on_settled(&m.nacked, reqs.len(), done.len(), dead),
-            Ending::Expired => m.on_settled(&m.lease_expired, done.len(), done.len(), dead),
+            Ending::Nacked => m.on_nacked(reqs.len(), &done),
+            Ending::Expired => m.on_expired(&done),
             // A release whose token is no longer current lost a race with a
             // settle: nobody sent a stale token.
-            Ending::Released => m.dead_lettered.add(dead),
+            Ending::Released => m.on_released(&done),
         }
         self.wake(wakes_for(&done));
         let tokens: HashMap<JobId, LeaseToken> = reqs.iter().map(|r| (r.id, r.token)).collect();

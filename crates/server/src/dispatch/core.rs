@@ -219,13 +219,6 @@ impl Core {
         leases
     }
 
-    /// The stream's queues, consumer and credit, for metrics and logs.
-    pub fn stream_info(&self, id: StreamId) -> Option<(&[QueueName], u32)> {
-        self.streams
-            .get(&id)
-            .map(|s| (s.queues.as_slice(), s.max_in_flight as u32))
-    }
-
     /// The stream's credit changes to `max_in_flight` (Consume). Lowering it
     /// takes nothing back: fewer new jobs are sent until enough settle.
     pub fn set_credit(&mut self, id: StreamId, max_in_flight: u32) {

@@ -303,21 +303,19 @@ impl Task {
                     return;
                 }
                 debug!(stream = id, queues = ?sub.queues, consumer = %sub.consumer, "stream opened");
-                self.store
-                    .metrics
-                    .streams
-                    .opened(&sub.queues, sub.max_in_flight);
+                (self.store.metrics.streams).opened(
+                    id,
+                    &sub.consumer,
+                    &sub.queues,
+                    sub.max_in_flight,
+                );
                 self.core.open(id, sub);
                 self.txs.insert(id, tx);
             }
             Msg::Closed(id) => self.close(id, None),
             Msg::Finish(id, done) => self.close(id, Some(done)),
             Msg::Credit(id, n) => {
-                if let Some((queues, old)) = self.core.stream_info(id) {
-                    let m = &self.store.metrics.streams;
-                    m.closed(queues, old);
-                    m.opened(queues, n);
-                }
+                self.store.metrics.streams.credit(id, n);
                 self.core.set_credit(id, n);
             }
             Msg::Wake(wakes) => self.core.wake(wakes, now),
@@ -385,9 +383,7 @@ impl Task {
     /// Forgets a stream and releases its unsettled jobs; `done` hears when
     /// the release is over.
     fn close(&mut self, id: StreamId, done: Option<oneshot::Sender<()>>) {
-        if let Some((queues, credit)) = self.core.stream_info(id) {
-            self.store.metrics.streams.closed(queues, credit);
-        }
+        self.store.metrics.streams.closed(id);
         self.txs.remove(&id);
         let leases = self.core.close(id);
         debug!(stream = id, unsettled = leases.len(), "stream closed");
@@ -430,8 +426,8 @@ impl Task {
         self.settle
             .release(leases, "broker shut down before the job was settled", true)
             .await;
-        for (id, queues, credit) in self.core.take_streams() {
-            self.store.metrics.streams.closed(&queues, credit);
+        for (id, _, _) in self.core.take_streams() {
+            self.store.metrics.streams.closed(id);
             if let Some(tx) = self.txs.remove(&id) {
                 let _ = tx.try_send(Err(Status::unavailable(
                     "broker is shutting down; reconnect",

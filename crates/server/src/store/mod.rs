@@ -175,6 +175,8 @@ pub struct Settled {
     pub broker: Option<Uuid>,
     /// The job's queue, if it has a concurrency limit (a slot just freed).
     pub slot_freed: Option<QueueName>,
+    /// The job's queue (for the per-queue metrics).
+    pub queue: String,
 }
 
 /// One lease to end unsuccessfully (see fail.sql).
@@ -597,6 +599,7 @@ impl Store {
                     slot_freed: r
                         .try_get::<Option<String>, _>("slot_freed")?
                         .and_then(|q| QueueName::parse(&q)),
+                    queue: r.try_get("queue")?,
                 })
             })
             .collect()
@@ -687,13 +690,15 @@ impl Store {
             .collect()
     }
 
-    /// Dead-letters waiting jobs past their ttl; returns how many.
-    pub async fn expire_ttl(&self, limit: i64) -> Result<u64> {
-        let done = sqlx::query(include_str!("sql/expire_ttl.sql"))
+    /// Dead-letters waiting jobs past their ttl; returns how many per queue.
+    pub async fn expire_ttl(&self, limit: i64) -> Result<Vec<(String, u64)>> {
+        let rows = sqlx::query(include_str!("sql/expire_ttl.sql"))
             .bind(limit)
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
-        Ok(done.rows_affected())
+        rows.iter()
+            .map(|r| Ok((r.try_get("queue")?, r.try_get::<i64, _>("n")? as u64)))
+            .collect()
     }
 
     /// Deletes up to `limit` completed records past their queue's retention

@@ -10,8 +10,13 @@ with gone as (
     )
     returning id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error
 )
-insert into leaseq.dead_jobs
-    (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason)
-select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, 'expired'
-from gone
-on conflict (id) do nothing
+-- Returns how many per queue (for the per-queue metrics).
+, dead as (
+    insert into leaseq.dead_jobs
+        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason)
+    select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, 'expired'
+    from gone
+    on conflict (id) do nothing
+    returning queue
+)
+select queue, count(*) as n from dead group by queue

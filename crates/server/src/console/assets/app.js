@@ -1,0 +1,670 @@
+// The leaseq console: one page, no build step, no dependencies.
+//
+// Rules this file keeps:
+// - Nothing from the broker is ever parsed as HTML: the DOM is built with
+//   createElement and textContent (see `el`). No innerHTML anywhere.
+// - State-changing requests are POSTs with a JSON body and the session's
+//   CSRF token in X-CSRF-Token (see `post`).
+// - Live counts come from /api/events (server-sent events fed by the
+//   AdminService's WatchQueues).
+"use strict";
+
+const state = {
+  session: null,   // {auth, name, admin, csrf, version}
+  queues: [],      // last snapshot from /api/events or /api/queues
+  events: null,    // EventSource
+  lastEvent: 0,
+  timer: null,     // the current page's refresh timer
+};
+
+// ---- DOM helpers -----------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+
+// el("td", {class: "num", "data-col": "dead"}, "text", child, ...):
+// strings become text nodes, never markup.
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  append(e, children);
+  return e;
+}
+
+function append(e, children) {
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    e.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  return e;
+}
+
+function clear(e) {
+  while (e.firstChild) e.removeChild(e.firstChild);
+  return e;
+}
+
+const $ = (sel, root) => (root || document).querySelector(sel);
+const main = () => $("#main");
+
+function flash(text, kind) {
+  const box = clear($("#flash"));
+  box.appendChild(el("div", { class: "msg " + (kind || "ok"), id: "flash-msg" }, text));
+}
+
+function clearFlash() { clear($("#flash")); }
+
+// ---- formatting ------------------------------------------------------
+
+function num(n) { return n === null || n === undefined ? "–" : Number(n).toLocaleString("en"); }
+
+function rate(r) {
+  if (r === null || r === undefined) return "–";
+  return r < 10 ? r.toFixed(2) + "/s" : Math.round(r).toLocaleString("en") + "/s";
+}
+
+function dur(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 1) return Math.round(s * 1000) + " ms";
+  if (s < 120) return (Math.round(s * 10) / 10) + " s";
+  if (s < 7200) return Math.round(s / 60) + " min";
+  if (s < 172800) return (Math.round(s / 360) / 10) + " h";
+  return (Math.round(s / 8640) / 10) + " d";
+}
+
+function when(ms) {
+  if (ms === null || ms === undefined) return "–";
+  const d = new Date(ms);
+  return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+function limits(s) {
+  const parts = [];
+  if (s.concurrency_limit) parts.push("≤ " + s.concurrency_limit + " leased");
+  if (s.rate_limit) parts.push(s.rate_limit + "/s (burst " + s.rate_burst + ")");
+  return parts.length ? parts.join(", ") : "none";
+}
+
+// ---- HTTP --------------------------------------------------------------
+
+class HttpError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function request(method, path, body) {
+  const opts = { method, credentials: "same-origin", headers: {} };
+  if (method !== "GET") {
+    opts.headers["Content-Type"] = "application/json";
+    if (state.session) opts.headers["X-CSRF-Token"] = state.session.csrf;
+    opts.body = JSON.stringify(body || {});
+  }
+  const r = await fetch(path, opts);
+  let data = null;
+  try { data = await r.json(); } catch (_) { data = null; }
+  if (r.status === 401 && path !== "/api/login") {
+    state.session = null;
+    showLogin("Your session ended: log in again.");
+    throw new HttpError(401, (data && data.error) || "not logged in");
+  }
+  if (!r.ok) throw new HttpError(r.status, (data && data.error) || r.statusText);
+  return data;
+}
+
+const get = (path) => request("GET", path);
+const post = (path, body) => request("POST", path, body);
+
+// Runs an action, reporting its outcome (server refusals included).
+async function act(what, fn) {
+  try {
+    const msg = await fn();
+    flash(msg || what + ": done", "ok");
+    return true;
+  } catch (e) {
+    if (e.status !== 401) flash(what + " failed: " + e.message, "error");
+    return false;
+  }
+}
+
+// ---- session -------------------------------------------------------------
+
+async function start() {
+  $("#job-lookup").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const id = $("#job-lookup-id").value.trim();
+    if (id) location.hash = "#/job/" + encodeURIComponent(id);
+  });
+  window.addEventListener("hashchange", () => route(false));
+  try {
+    state.session = await get("/api/session");
+  } catch (e) {
+    if (e.status === 401) return; // showLogin ran
+    clear(main()).appendChild(el("p", { class: "error" }, "The console is unavailable: " + e.message));
+    return;
+  }
+  loggedIn();
+}
+
+function loggedIn() {
+  const s = state.session;
+  const who = clear($("#who"));
+  if (s.auth) {
+    who.appendChild(el("span", { id: "who-name" }, s.name));
+    who.appendChild(s.admin
+      ? el("span", { class: "badge admin", id: "who-role" }, s.admin_everywhere ? "admin" : "admin (some queues)")
+      : el("span", { class: "badge readonly", id: "who-role" }, "read-only"));
+    who.appendChild(el("button", { id: "logout", onclick: logout }, "Log out"));
+  } else {
+    who.appendChild(el("span", { class: "badge readonly", title: "The broker runs without --auth-file" }, "no authentication"));
+  }
+  $("#nav").hidden = false;
+  connectEvents();
+  route();
+}
+
+function showLogin(message) {
+  if (state.events) { state.events.close(); state.events = null; }
+  stopTimer();
+  $("#nav").hidden = true;
+  clear($("#who"));
+  const input = el("input", { type: "password", id: "token", autocomplete: "current-password",
+    placeholder: "bearer token", "aria-label": "Bearer token", required: true });
+  const form = el("form", { class: "login panel", id: "login-form" },
+    el("h1", {}, "Log in to the leaseq console"),
+    el("p", { class: "muted" }, "Use a bearer token from the broker's --auth-file. Tokens with the \"admin\" action may change queues; others see the queues they have a grant on, read-only."),
+    message ? el("p", { class: "error", id: "login-error" }, message) : null,
+    input,
+    el("button", { type: "submit", class: "primary", id: "login-submit" }, "Log in"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      state.session = await post("/api/login", { token: input.value });
+      input.value = "";
+      clearFlash();
+      loggedIn();
+    } catch (e) {
+      showLogin(e.status === 401 ? "That token is not valid." : "Login failed: " + e.message);
+    }
+  });
+  clear(main()).appendChild(form);
+  input.focus();
+}
+
+async function logout() {
+  try { await post("/api/logout"); } catch (_) { /* the session is gone anyway */ }
+  state.session = null;
+  showLogin(null);
+}
+
+// ---- live updates ----------------------------------------------------
+
+function connectEvents() {
+  if (state.events) state.events.close();
+  const es = new EventSource("/api/events");
+  es.addEventListener("queues", (ev) => {
+    const data = JSON.parse(ev.data);
+    state.queues = data.queues;
+    state.lastEvent = Date.now();
+    liveBadge(true);
+    if (page.onQueues) page.onQueues(data.queues);
+  });
+  es.addEventListener("error", () => {
+    liveBadge(false);
+  });
+  state.events = es;
+}
+
+function liveBadge(ok) {
+  const b = $("#live");
+  if (!b) return;
+  b.className = "badge " + (ok ? "live" : "stale");
+  b.textContent = ok ? "live" : "reconnecting…";
+  b.title = ok ? "updated " + new Date(state.lastEvent).toLocaleTimeString() : "";
+}
+
+// ---- routing -------------------------------------------------------------
+
+const page = { onQueues: null };
+
+const refresh = () => route(true);
+
+function stopTimer() {
+  if (state.timer) { clearInterval(state.timer); state.timer = null; }
+}
+
+// Renders the page the address names; `keepFlash` when re-rendering after
+// an action whose outcome is on show.
+function route(keepFlash) {
+  if (!state.session) return;
+  stopTimer();
+  page.onQueues = null;
+  if (!keepFlash) clearFlash();
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  for (const a of document.querySelectorAll("#nav a")) {
+    a.classList.toggle("active", a.dataset.nav === (parts[0] || "queues"));
+  }
+  switch (parts[0]) {
+    case "queue": return queuePage(parts[1]);
+    case "dead": return deadPage(parts[1] || "");
+    case "job": return jobPage(parts[1]);
+    default: return queuesPage();
+  }
+}
+
+// ---- queues --------------------------------------------------------------
+
+const COLUMNS = [
+  ["available", "Waiting", (q) => num(q.stats.available)],
+  ["scheduled", "Delayed", (q) => num(q.stats.scheduled)],
+  ["leased", "Leased", (q) => num(q.stats.leased)],
+  ["dead", "Dead", (q) => num(q.stats.dead)],
+  ["oldest", "Oldest waiting", (q) => dur(q.stats.oldest_available_age)],
+  ["enqueue_rate", "Enqueued", (q) => rate(q.stats.enqueue_rate)],
+  ["ack_rate", "Acked", (q) => rate(q.stats.ack_rate)],
+  ["consumers", "Consumers", (q) => num(q.stats.consumers)],
+  ["streams", "Streams here", (q) => num(q.stats.streams)],
+];
+
+async function queuesPage() {
+  const m = clear(main());
+  m.appendChild(el("h1", {}, "Queues", el("span", { id: "live", class: "badge stale" }, "connecting…")));
+  const body = el("tbody", { id: "queues-body" });
+  m.appendChild(el("table", { id: "queues" },
+    el("thead", {}, el("tr", {},
+      el("th", {}, "Queue"),
+      COLUMNS.map(([, title]) => el("th", { class: "num" }, title)),
+      el("th", {}, "Paused"),
+      el("th", {}, "Limits"))),
+    body));
+  m.appendChild(el("p", { class: "muted" },
+    "Counts are the database's (every replica); rates are this broker's, over its last metrics interval. Streams are this broker's."));
+  const render = (queues) => {
+    const old = new Map([...body.querySelectorAll("tr")].map((tr) => [tr.dataset.queue, tr.dataset.sig]));
+    clear(body);
+    if (!queues.length) {
+      body.appendChild(el("tr", {}, el("td", { colspan: COLUMNS.length + 3, class: "muted" }, "No queues yet: enqueue a job to create one.")));
+    }
+    for (const q of queues) {
+      const sig = JSON.stringify(q.stats) + q.settings.paused;
+      const changed = old.has(q.name) && old.get(q.name) !== sig;
+      body.appendChild(el("tr", { "data-queue": q.name, "data-sig": sig, class: changed ? "flash" : null },
+        el("td", {}, el("a", { href: "#/queue/" + encodeURIComponent(q.name) }, q.name)),
+        COLUMNS.map(([key, , f]) => {
+          const td = el("td", { class: "num", "data-col": key }, f(q));
+          if (key === "dead" && q.stats.dead > 0) {
+            clear(td).appendChild(el("a", { href: "#/dead/" + encodeURIComponent(q.name) }, f(q)));
+          }
+          return td;
+        }),
+        el("td", { "data-col": "paused" }, q.settings.paused ? el("span", { class: "badge paused" }, "paused") : "no"),
+        el("td", { "data-col": "limits" }, limits(q.settings))));
+    }
+  };
+  page.onQueues = render;
+  if (state.lastEvent) liveBadge(true);
+  try {
+    const r = await get("/api/queues");
+    if (page.onQueues === render) render(state.lastEvent ? state.queues : r.queues);
+  } catch (e) {
+    if (e.status !== 401) flash("Loading queues failed: " + e.message, "error");
+  }
+}
+
+// ---- one queue -------------------------------------------------------------
+
+function chart(id, title, series, points) {
+  // series: [{name, color, values: [v...]}], points: [t_ms...]
+  const W = 600, H = 170, L = 44, B = 18, T = 8;
+  const s = svg("svg", { viewBox: `0 0 ${W} ${H + B + T}`, class: "chart", id, role: "img", "aria-label": title });
+  const max = Math.max(1, ...series.flatMap((x) => x.values));
+  const t0 = points.length ? points[0] : 0, t1 = points.length ? points[points.length - 1] : 1;
+  const x = (t) => L + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * (W - L - 6);
+  const y = (v) => T + H - (v / max) * H;
+  for (const f of [0, 0.5, 1]) {
+    s.appendChild(svg("line", { x1: L, x2: W - 6, y1: y(max * f), y2: y(max * f), stroke: "#d1d9e0" }));
+    const label = svg("text", { x: L - 4, y: y(max * f) + 4, "text-anchor": "end", "font-size": 10, fill: "#59636e" });
+    label.textContent = max * f >= 100 ? Math.round(max * f) : (Math.round(max * f * 10) / 10);
+    s.appendChild(label);
+  }
+  const span = svg("text", { x: W - 6, y: H + T + B - 4, "text-anchor": "end", "font-size": 10, fill: "#59636e" });
+  span.textContent = points.length > 1 ? "last " + dur((t1 - t0) / 1000) : "collecting samples…";
+  s.appendChild(span);
+  for (const sr of series) {
+    if (points.length < 2) break;
+    const d = sr.values.map((v, i) => (i ? "L" : "M") + x(points[i]).toFixed(1) + " " + y(v).toFixed(1)).join(" ");
+    s.appendChild(svg("path", { d, fill: "none", stroke: sr.color, "stroke-width": 2 }));
+  }
+  const legend = el("div", { class: "legend" });
+  for (const sr of series) {
+    const item = el("span", {}, sr.name);
+    item.style.setProperty("--c", sr.color);
+    legend.appendChild(item);
+  }
+  return el("div", {}, el("h2", {}, title), s, legend);
+}
+
+function queueCharts(history) {
+  const t = history.map((h) => h[0]);
+  const depth = chart("chart-depth", "Depth", [
+    { name: "waiting", color: "#0969da", values: history.map((h) => h[1]) },
+    { name: "delayed", color: "#8250df", values: history.map((h) => h[2]) },
+    { name: "leased", color: "#1a7f37", values: history.map((h) => h[3]) },
+    { name: "dead", color: "#cf222e", values: history.map((h) => h[4]) },
+  ], t);
+  const rt = t.slice(1);
+  const per = (col) => history.slice(1).map((h, i) => {
+    const dt = (h[0] - history[i][0]) / 1000;
+    return dt > 0 ? Math.max(0, h[col] - history[i][col]) / dt : 0;
+  });
+  const rates = chart("chart-rates", "Rates (this broker, jobs/s)", [
+    { name: "enqueued", color: "#0969da", values: per(5) },
+    { name: "acked", color: "#1a7f37", values: per(6) },
+  ], rt);
+  return el("div", { class: "grid" }, depth, rates);
+}
+
+const SETTINGS = [
+  // [field, label, unit, read(settings) -> value shown in the form]
+  ["concurrency_limit", "Concurrency limit", "jobs leased at once (0 = none)", (s) => s.concurrency_limit],
+  ["rate_limit", "Rate limit", "jobs/s (0 = none)", (s) => s.rate_limit],
+  ["rate_burst", "Rate burst", "jobs (0 = default)", (s) => s.rate_burst],
+  ["completed_retention", "Completed retention", "seconds (0 = keep none)", (s) => s.completed_retention || 0],
+  ["max_attempts", "Max attempts", "deliveries", (s) => s.max_attempts],
+  ["default_lease", "Default lease", "seconds", (s) => s.default_lease],
+  ["backoff_base", "Backoff base", "seconds", (s) => s.backoff_base],
+  ["backoff_cap", "Backoff cap", "seconds", (s) => s.backoff_cap],
+];
+
+async function queuePage(name) {
+  const m = clear(main());
+  let data;
+  try {
+    data = await get("/api/queues/" + encodeURIComponent(name));
+  } catch (e) {
+    if (e.status !== 401) m.appendChild(el("p", { class: "error", id: "error" }, e.message));
+    return;
+  }
+  const q = data.queue;
+  const canAdmin = q.can_admin;
+  const denied = canAdmin ? null : "needs the admin grant on this queue";
+  const title = el("h1", {}, "Queue ", el("span", { class: "mono", id: "queue-name" }, q.name),
+    el("span", { id: "queue-paused", class: "badge paused", hidden: !q.settings.paused }, "paused"));
+  const pause = el("button", { id: "pause", disabled: !canAdmin, title: denied,
+    onclick: () => act("Pause", async () => { await post(`/api/queues/${encodeURIComponent(name)}/pause`); await refresh(); return "Queue paused"; }) }, "Pause");
+  const resume = el("button", { id: "resume", disabled: !canAdmin, title: denied,
+    onclick: () => act("Resume", async () => { await post(`/api/queues/${encodeURIComponent(name)}/resume`); await refresh(); return "Queue resumed"; }) }, "Resume");
+  pause.hidden = q.settings.paused;
+  resume.hidden = !q.settings.paused;
+  const stats = el("dl", { id: "queue-stats" });
+  const fillStats = (q) => {
+    clear(stats);
+    for (const [key, label, f] of COLUMNS) {
+      stats.appendChild(el("dt", {}, label));
+      stats.appendChild(el("dd", { "data-col": key }, f(q)));
+    }
+  };
+  fillStats(q);
+  page.onQueues = (queues) => {
+    const now = queues.find((x) => x.name === name);
+    if (now) fillStats(now);
+  };
+  const charts = el("div", { id: "charts" }, queueCharts(data.history));
+  append(m, [title,
+    el("div", { class: "toolbar" }, pause, resume,
+      el("a", { href: "#/dead/" + encodeURIComponent(name) }, "Dead letters (" + num(q.stats.dead) + ")")),
+    el("div", { class: "grid" },
+      el("div", { class: "panel" }, el("h2", {}, "Now"), stats),
+      settingsPanel(name, q, canAdmin)),
+    charts,
+    el("h2", {}, "Consumers"),
+    consumersTable(data.consumers)]);
+  // The charts and consumers refresh with each metrics interval.
+  state.timer = setInterval(async () => {
+    try {
+      const d = await get("/api/queues/" + encodeURIComponent(name));
+      clear(charts).appendChild(queueCharts(d.history));
+      $("#consumers").replaceWith(consumersTable(d.consumers));
+    } catch (_) { /* shown on the next navigation */ }
+  }, 5000);
+}
+
+function consumersTable(consumers) {
+  if (!consumers.length) return el("p", { class: "muted", id: "consumers" }, "No consumer holds or waits for jobs of this queue.");
+  return el("table", { id: "consumers" },
+    el("thead", {}, el("tr", {},
+      el("th", {}, "Consumer"), el("th", { class: "num" }, "Streams here"),
+      el("th", { class: "num" }, "Credit here"), el("th", { class: "num" }, "In flight (all replicas)"),
+      el("th", { class: "num" }, "Connected for"))),
+    el("tbody", {}, consumers.map((c) => el("tr", { "data-consumer": c.consumer },
+      el("td", { class: "mono" }, c.consumer || "(unnamed)"),
+      el("td", { class: "num" }, num(c.streams)),
+      el("td", { class: "num" }, num(c.credit)),
+      el("td", { class: "num" }, num(c.in_flight)),
+      el("td", { class: "num" }, c.connected_for === null ? "–" : dur(c.connected_for))))));
+}
+
+function settingsPanel(name, q, canAdmin) {
+  const form = el("form", { class: "settings", id: "settings-form" });
+  const inputs = {};
+  for (const [field, label, unit, read] of SETTINGS) {
+    const input = el("input", { type: "number", step: "any", min: 0, name: field, id: "set-" + field,
+      value: read(q.settings), disabled: !canAdmin });
+    inputs[field] = input;
+    append(form, [el("label", { for: "set-" + field }, label), input, el("span", { class: "muted" }, unit)]);
+  }
+  form.appendChild(el("span"));
+  form.appendChild(el("button", { type: "submit", class: "primary", id: "save-settings", disabled: !canAdmin,
+    title: canAdmin ? null : "needs the admin grant on this queue" }, "Save"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const body = {};
+    for (const [field, , , read] of SETTINGS) {
+      const v = inputs[field].value.trim();
+      if (v === "" || Number(v) === Number(read(q.settings))) continue;
+      body[field] = Number(v);
+    }
+    if (!Object.keys(body).length) { flash("Nothing changed", "ok"); return; }
+    act("Saving settings", async () => {
+      await post(`/api/queues/${encodeURIComponent(name)}/settings`, body);
+      await refresh();
+      return "Settings saved: " + Object.keys(body).join(", ");
+    });
+  });
+  return el("div", { class: "panel" }, el("h2", {}, "Settings"), form);
+}
+
+// ---- dead letters ----------------------------------------------------------
+
+async function deadPage(queue) {
+  const m = clear(main());
+  const select = el("select", { id: "dead-queue", "aria-label": "Queue" },
+    el("option", { value: "" }, "every queue"));
+  const names = (state.queues.length ? state.queues : (await get("/api/queues").catch(() => ({ queues: [] }))).queues)
+    .map((q) => q.name);
+  for (const n of names) select.appendChild(el("option", { value: n, selected: n === queue }, n));
+  select.addEventListener("change", () => { location.hash = "#/dead/" + encodeURIComponent(select.value); });
+  m.appendChild(el("h1", {}, "Dead letters"));
+  m.appendChild(el("div", { class: "toolbar" }, el("label", { for: "dead-queue" }, "Queue"), select));
+  const q = state.queues.find((x) => x.name === queue);
+  const canAdmin = queue !== "" && (!q || q.can_admin);
+  const box = el("div", { id: "dead-box" });
+  m.appendChild(box);
+  let token = "";
+  const load = async (more) => {
+    let r;
+    try {
+      r = await get("/api/dead?queue=" + encodeURIComponent(queue) + (more ? "&page_token=" + encodeURIComponent(token) : ""));
+    } catch (e) {
+      if (e.status !== 401) box.appendChild(el("p", { class: "error", id: "error" }, e.message));
+      return;
+    }
+    token = r.next_page_token;
+    renderDead(box, queue, r.jobs, more, canAdmin, token ? () => load(true) : null);
+  };
+  await load(false);
+}
+
+function renderDead(box, queue, jobs, more, canAdmin, next) {
+  if (!more) clear(box);
+  const denied = canAdmin ? null : (queue ? "needs the admin grant on this queue" : "choose a queue first");
+  let body = $("#dead-body", box);
+  if (!body) {
+    const all = el("input", { type: "checkbox", id: "dead-all", "aria-label": "Select all" });
+    all.addEventListener("change", () => {
+      for (const c of box.querySelectorAll("input.pick")) c.checked = all.checked;
+    });
+    const selected = () => [...box.querySelectorAll("input.pick:checked")].map((c) => c.value);
+    const confirmBox = el("div", { id: "confirm-box" });
+    const requeue = (ids) => act("Requeue", async () => {
+      const r = await post("/api/dead/requeue", ids ? { queue, ids } : { queue, all: true });
+      await refresh();
+      return `Requeued ${r.requeued} job(s)` + (r.skipped_duplicates ? `, ${r.skipped_duplicates} skipped (a live job has the same dedup key)` : "");
+    });
+    const purge = (ids) => {
+      const n = ids ? ids.length : "every";
+      clear(confirmBox).appendChild(el("div", { class: "confirm" },
+        el("strong", {}, `Delete ${n} dead letter(s) of ${queue} for good?`), " ",
+        el("button", { class: "danger", id: "confirm-purge", onclick: () => act("Purge", async () => {
+          const r = await post("/api/dead/purge", ids ? { queue, ids, confirm: true } : { queue, all: true, confirm: true });
+          await refresh();
+          return `Purged ${r.purged} dead letter(s)`;
+        }) }, "Yes, purge"), " ",
+        el("button", { id: "cancel-purge", onclick: () => clear(confirmBox) }, "Cancel")));
+    };
+    const needSome = (f) => () => {
+      const ids = selected();
+      if (!ids.length) { flash("Select dead letters first", "error"); return; }
+      f(ids);
+    };
+    box.appendChild(el("div", { class: "toolbar" },
+      el("button", { id: "requeue-selected", disabled: !canAdmin, title: denied, onclick: needSome(requeue) }, "Requeue selected"),
+      el("button", { id: "requeue-all", disabled: !canAdmin, title: denied, onclick: () => requeue(null) }, "Requeue all"),
+      el("button", { id: "purge-selected", class: "danger", disabled: !canAdmin, title: denied, onclick: needSome(purge) }, "Purge selected"),
+      el("button", { id: "purge-all", class: "danger", disabled: !canAdmin, title: denied, onclick: () => purge(null) }, "Purge all…")));
+    box.appendChild(confirmBox);
+    body = el("tbody", { id: "dead-body" });
+    box.appendChild(el("table", { id: "dead" },
+      el("thead", {}, el("tr", {}, el("th", {}, all), el("th", {}, "Job"), el("th", {}, "Queue"),
+        el("th", {}, "Reason"), el("th", {}, "Last error"), el("th", { class: "num" }, "Attempts"),
+        el("th", {}, "Died"))),
+      body));
+  }
+  if (!jobs.length && !more) {
+    body.appendChild(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No dead letters.")));
+  }
+  for (const j of jobs) {
+    body.appendChild(el("tr", { "data-job": j.id },
+      el("td", {}, el("input", { type: "checkbox", class: "pick", value: j.id, "aria-label": "Select " + j.id })),
+      el("td", { class: "mono" }, el("a", { href: "#/job/" + encodeURIComponent(j.id) }, j.id)),
+      el("td", {}, j.queue),
+      el("td", { "data-col": "reason" }, j.dead_reason),
+      el("td", { class: "mono", "data-col": "error" }, j.last_error || "–"),
+      el("td", { class: "num" }, num(j.attempt)),
+      el("td", {}, when(j.died_at))));
+  }
+  const old = $("#dead-more", box);
+  if (old) old.remove();
+  if (next) box.appendChild(el("button", { id: "dead-more", onclick: next }, "Load more"));
+}
+
+// ---- one job ---------------------------------------------------------------
+
+function decodeB64(s) {
+  const bin = atob(s);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+function hexdump(bytes) {
+  const lines = [];
+  for (let off = 0; off < bytes.length; off += 16) {
+    const row = bytes.slice(off, off + 16);
+    const hex = [...row].map((b) => b.toString(16).padStart(2, "0")).join(" ");
+    const ascii = [...row].map((b) => (b >= 32 && b < 127 ? String.fromCharCode(b) : ".")).join("");
+    lines.push(off.toString(16).padStart(8, "0") + "  " + hex.padEnd(47) + "  " + ascii);
+  }
+  return lines.join("\n");
+}
+
+function payloadViews(bytes) {
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(bytes);
+  let json = null;
+  try { json = JSON.stringify(JSON.parse(text), null, 2); } catch (_) { json = null; }
+  return { text, json, hex: hexdump(bytes) };
+}
+
+async function jobPage(id) {
+  const m = clear(main());
+  let j;
+  try {
+    j = await get("/api/jobs/" + encodeURIComponent(id));
+  } catch (e) {
+    if (e.status !== 401) m.appendChild(el("p", { class: "error", id: "error" }, e.message));
+    return;
+  }
+  const q = state.queues.find((x) => x.name === j.queue);
+  const canAdmin = !q || q.can_admin;
+  const fields = [
+    ["State", el("span", { id: "job-state", class: "badge " + j.state }, j.state)],
+    ["Queue", el("a", { href: "#/queue/" + encodeURIComponent(j.queue) }, j.queue)],
+    ["Attempts", el("span", { id: "job-attempts" }, j.attempt + (j.max_attempts ? " of " + j.max_attempts : ""))],
+    ["Last error", el("span", { id: "job-error", class: "mono" }, j.last_error || "–")],
+    ["Lease holder", el("span", { id: "job-leased-by" }, j.leased_by || "–")],
+    ["Lease expires", when(j.lease_expires_at)],
+    ["Dead reason", j.dead_reason || "–"],
+    ["Died", when(j.died_at)],
+    ["Completed", j.completed_at ? when(j.completed_at) + " by " + (j.completed_by || "?") : "–"],
+    ["Enqueued", when(j.enqueued_at)],
+    ["Run at", when(j.run_at)],
+    ["Expires (ttl)", when(j.expires_at)],
+    ["Priority", String(j.priority)],
+    ["Dedup key", j.dedup_key || "–"],
+  ];
+  const dl = el("dl", { id: "job-fields" });
+  for (const [k, v] of fields) append(dl, [el("dt", {}, k), el("dd", {}, v)]);
+  const headers = el("dl", { id: "job-headers" });
+  for (const [k, v] of j.headers) append(headers, [el("dt", { class: "mono" }, k), el("dd", { class: "mono" }, v)]);
+  const bytes = decodeB64(j.payload_b64 || "");
+  const views = payloadViews(bytes);
+  const pre = el("pre", { id: "payload" });
+  const tabs = el("div", { class: "tabs", role: "tablist" });
+  const show = (kind) => {
+    pre.textContent = kind === "json" ? views.json : kind === "hex" ? views.hex : views.text;
+    pre.dataset.view = kind;
+    for (const b of tabs.querySelectorAll("button")) b.classList.toggle("on", b.dataset.kind === kind);
+  };
+  for (const [kind, label] of [["text", "Text"], ["json", "JSON"], ["hex", "Hex"]]) {
+    tabs.appendChild(el("button", { "data-kind": kind, id: "view-" + kind, disabled: kind === "json" && views.json === null,
+      title: kind === "json" && views.json === null ? "not JSON" : null, onclick: () => show(kind) }, label));
+  }
+  show(views.json !== null ? "json" : "text");
+  const actions = el("div", { class: "toolbar" });
+  if (j.state === "dead") {
+    const denied = canAdmin ? null : "needs the admin grant on this queue";
+    actions.appendChild(el("button", { id: "job-requeue", class: "primary", disabled: !canAdmin, title: denied,
+      onclick: () => act("Requeue", async () => {
+        const r = await post("/api/dead/requeue", { queue: j.queue, ids: [j.id] });
+        await refresh();
+        return r.requeued ? "Requeued" : "Not requeued: a live job has the same dedup key";
+      }) }, "Requeue"));
+  }
+  append(m, [
+    el("h1", {}, "Job ", el("span", { class: "mono", id: "job-id" }, j.id)),
+    actions,
+    el("div", { class: "grid" },
+      el("div", { class: "panel" }, dl),
+      el("div", { class: "panel" }, el("h2", {}, "Headers"), j.headers.length ? headers : el("p", { class: "muted" }, "none"))),
+    el("h2", {}, "Payload ", el("span", { class: "muted" }, "(" + num(j.payload_bytes) + " bytes)")),
+    tabs, pre]);
+}
+
+document.addEventListener("DOMContentLoaded", start);

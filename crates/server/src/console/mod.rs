@@ -1,0 +1,1015 @@
+//! The web console and `/metrics`, on one HTTP server (axum on hyper 1).
+//!
+//! `--http-listen ADDR` serves the console (a single page, its assets built
+//! into the binary) and `/metrics`; `--metrics-listen ADDR` serves only
+//! `/metrics`. The console's JSON API calls the very functions of the
+//! AdminService ([`AdminApi`]'s trait methods), so the console and
+//! `leaseq admin` can never disagree; it only adds what the browser needs:
+//! sessions, permission checks per queue, and JSON.
+//!
+//! Access (docs/ADMIN.md, "The console"):
+//!
+//! - With `--auth-file`, the browser logs in with a bearer token. The broker
+//!   keeps the session (the token's principal, never its secret) and gives
+//!   the browser only a random session id in a cookie that is `HttpOnly`,
+//!   `SameSite=Strict`, and `Secure` under TLS. Without `--auth-file`
+//!   every visitor gets an anonymous session (and the broker warns).
+//! - A token sees the queues it has any grant on; changing a queue (pause,
+//!   settings, requeue, purge) needs the `admin` action on that queue.
+//! - Cross-site request forgery: every POST must carry the session's CSRF
+//!   token in `X-CSRF-Token` (readable only by same-origin script), be
+//!   `Content-Type: application/json` (a cross-site form cannot send that
+//!   without a CORS preflight, which is never granted), and come from this
+//!   console's own origin when the browser says (`Origin`).
+//! - Nothing the broker stores is rendered as HTML: the page builds its DOM
+//!   with `textContent` only, and a Content-Security-Policy without inline
+//!   script forbids anything else from running.
+
+mod serve;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio_stream::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tracing::info;
+
+pub use serve::{bind, serve, tls_acceptor};
+
+use crate::api::admin::AdminApi;
+use crate::auth::{Action, Authenticator, Identity};
+use crate::metrics::Metrics;
+use crate::pb;
+use crate::pb::admin_service_server::AdminService;
+use crate::store::Store;
+
+/// How long a console session lasts after login.
+pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
+/// Most sessions kept at once (the oldest is dropped beyond it).
+const MAX_SESSIONS: usize = 10_000;
+pub const SESSION_COOKIE: &str = "leaseq_console";
+pub const CSRF_HEADER: &str = "x-csrf-token";
+
+/// The page's Content-Security-Policy: its own scripts and styles only, no
+/// inline script, no plugins, no framing.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+     connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+const FAVICON: &[u8] = include_bytes!("assets/favicon.svg");
+
+struct Session {
+    identity: Identity,
+    csrf: String,
+    expires: Instant,
+}
+
+/// Everything a handler needs.
+#[derive(Clone)]
+pub struct Console {
+    api: Arc<AdminApi>,
+    store: Store,
+    auth: Authenticator,
+    sessions: Arc<Mutex<HashMap<String, Session>>>,
+    /// The console is served over TLS (cookies get `Secure`).
+    tls: bool,
+    shutdown: CancellationToken,
+}
+
+impl Console {
+    pub fn new(
+        api: Arc<AdminApi>,
+        store: Store,
+        auth: Authenticator,
+        tls: bool,
+        shutdown: CancellationToken,
+    ) -> Console {
+        Console {
+            api,
+            store,
+            auth,
+            sessions: Arc::default(),
+            tls,
+            shutdown,
+        }
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.store.metrics
+    }
+
+    fn session(&self, headers: &HeaderMap) -> Option<(Identity, String)> {
+        let sid = cookie(headers, SESSION_COOKIE)?;
+        let mut sessions = self.sessions.lock().expect("poisoned");
+        match sessions.get(sid) {
+            Some(s) if s.expires > Instant::now() => Some((s.identity.clone(), s.csrf.clone())),
+            Some(_) => {
+                sessions.remove(sid);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Opens a session; returns its `Set-Cookie` value and CSRF token.
+    fn open_session(&self, identity: Identity) -> (String, String) {
+        let sid = crate::auth::generate_token();
+        let csrf = crate::auth::generate_token();
+        let now = Instant::now();
+        let mut sessions = self.sessions.lock().expect("poisoned");
+        sessions.retain(|_, s| s.expires > now);
+        if sessions.len() >= MAX_SESSIONS
+            && let Some(oldest) = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.expires)
+                .map(|(k, _)| k.clone())
+        {
+            sessions.remove(&oldest);
+        }
+        sessions.insert(
+            sid.clone(),
+            Session {
+                identity,
+                csrf: csrf.clone(),
+                expires: now + SESSION_TTL,
+            },
+        );
+        let secure = if self.tls { "; Secure" } else { "" };
+        let cookie = format!(
+            "{SESSION_COOKIE}={sid}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            SESSION_TTL.as_secs()
+        );
+        (cookie, csrf)
+    }
+}
+
+/// A cookie's value from the request's `Cookie` headers.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// An error as JSON `{"error": ...}` with its HTTP status.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<tonic::Status> for ApiError {
+    fn from(s: tonic::Status) -> ApiError {
+        let code = match s.code() {
+            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, s.message().to_owned())
+    }
+}
+
+impl From<crate::error::Error> for ApiError {
+    fn from(e: crate::error::Error) -> ApiError {
+        tonic::Status::from(e).into()
+    }
+}
+
+type ApiResult<T = axum::Json<Value>> = Result<T, ApiError>;
+
+fn bad(what: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, what.into())
+}
+
+fn forbidden(what: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::FORBIDDEN, what.into())
+}
+
+/// The caller of an API request, checked by [`guard`].
+#[derive(Clone)]
+struct Caller(Identity);
+
+impl Caller {
+    fn can_read(&self, queue: &str) -> bool {
+        match &self.0 {
+            Identity::Anonymous => true,
+            Identity::Token(p) => [Action::Enqueue, Action::Consume, Action::Admin]
+                .into_iter()
+                .any(|a| p.allows(a, queue)),
+        }
+    }
+
+    fn can_admin(&self, queue: &str) -> bool {
+        match &self.0 {
+            Identity::Anonymous => true,
+            Identity::Token(p) => p.allows(Action::Admin, queue),
+        }
+    }
+
+    fn read(&self, queue: &str) -> ApiResult<()> {
+        if self.can_read(queue) {
+            Ok(())
+        } else {
+            // Not 403: a queue the token may not see is a queue it does not know.
+            Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("queue {queue:?} does not exist"),
+            ))
+        }
+    }
+
+    fn admin(&self, queue: &str) -> ApiResult<()> {
+        self.read(queue)?;
+        if self.can_admin(queue) {
+            Ok(())
+        } else {
+            let name = self.0.name().unwrap_or("anonymous");
+            info!(token = name, queue, "console: permission denied");
+            Err(forbidden(format!(
+                "permission denied: token {name:?} lacks \"admin\" on queue {queue:?}"
+            )))
+        }
+    }
+}
+
+/// The router of `--http-listen`: the console, its API and `/metrics`.
+pub fn router(console: Console) -> Router {
+    let api = Router::new()
+        .route("/queues", get(list_queues))
+        .route("/events", get(events))
+        .route("/queues/{name}", get(get_queue))
+        .route("/queues/{name}/pause", post(pause_queue))
+        .route("/queues/{name}/resume", post(resume_queue))
+        .route("/queues/{name}/settings", post(update_queue))
+        .route("/dead", get(list_dead))
+        .route("/dead/requeue", post(requeue_dead))
+        .route("/dead/purge", post(purge_dead))
+        .route("/jobs/{id}", get(get_job))
+        .route_layer(middleware::from_fn_with_state(console.clone(), guard))
+        .route("/session", get(session))
+        .route("/login", post(login))
+        .route("/logout", post(logout))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such API".into()) });
+    Router::new()
+        .route(
+            "/",
+            get(|| async { page(INDEX_HTML, "text/html; charset=utf-8") }),
+        )
+        .route(
+            "/assets/app.js",
+            get(|| async { page(APP_JS, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/assets/app.css",
+            get(|| async { page(APP_CSS, "text/css; charset=utf-8") }),
+        )
+        .route(
+            "/favicon.svg",
+            get(|| async { ([(header::CONTENT_TYPE, "image/svg+xml")], FAVICON) }),
+        )
+        .route("/metrics", get(metrics))
+        .nest("/api", api)
+        .layer(middleware::from_fn_with_state(console.clone(), protect))
+        .with_state(console)
+}
+
+/// The router of `--metrics-listen`: `/metrics` only.
+pub fn metrics_router(store: Store) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || {
+            let store = store.clone();
+            async move { metrics_response(&store.metrics) }
+        }),
+    )
+}
+
+fn page(body: &'static str, ctype: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, ctype)], body).into_response()
+}
+
+fn metrics_response(m: &Metrics) -> Response {
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        m.render(),
+    )
+        .into_response()
+}
+
+async fn metrics(State(c): State<Console>) -> Response {
+    metrics_response(c.metrics())
+}
+
+/// Same-origin and CSRF checks for every POST; security headers on every
+/// response.
+async fn protect(State(c): State<Console>, req: Request, next: Next) -> Response {
+    if req.method() != Method::GET
+        && req.method() != Method::HEAD
+        && let Err(e) = check_post(&c, req.headers())
+    {
+        return e.into_response();
+    }
+    let api = req.uri().path().starts_with("/api/");
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+    if api {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    if c.tls {
+        h.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
+    }
+    resp
+}
+
+/// A state-changing request must be JSON, from this origin, and (but for
+/// login) carry the session's CSRF token.
+fn check_post(c: &Console, headers: &HeaderMap) -> ApiResult<()> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .ok_or_else(|| forbidden("request refused: no Host header"))?;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let scheme = if c.tls { "https" } else { "http" };
+        let ok = origin
+            .to_str()
+            .is_ok_and(|o| o == format!("{scheme}://{host}"));
+        if !ok {
+            info!(origin = ?origin, host, "console: cross-origin request refused");
+            return Err(forbidden(
+                "request refused: Origin is not this console (cross-site request)",
+            ));
+        }
+    }
+    if let Some(site) = headers.get("sec-fetch-site")
+        && !matches!(site.to_str(), Ok("same-origin" | "none"))
+    {
+        return Err(forbidden("request refused: cross-site request"));
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next() == Some("application/json"));
+    if !json {
+        return Err(ApiError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "request refused: Content-Type must be application/json".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Requires a session for the API (and its CSRF token on POSTs); attaches
+/// the [`Caller`].
+async fn guard(State(c): State<Console>, mut req: Request, next: Next) -> Response {
+    let Some((identity, csrf)) = c.session(req.headers()) else {
+        return ApiError(
+            StatusCode::UNAUTHORIZED,
+            "not logged in (or the session expired)".into(),
+        )
+        .into_response();
+    };
+    if req.method() == Method::POST {
+        let sent = req
+            .headers()
+            .get(CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let same: bool = subtle::ConstantTimeEq::ct_eq(sent.as_bytes(), csrf.as_bytes()).into();
+        if !same {
+            info!("console: request without a valid CSRF token refused");
+            return forbidden("request refused: missing or wrong X-CSRF-Token").into_response();
+        }
+    }
+    req.extensions_mut().insert(Caller(identity));
+    next.run(req).await
+}
+
+fn identity_json(identity: &Identity, auth: bool, csrf: &str) -> Value {
+    let (name, admin_everywhere, admin_somewhere) = match identity {
+        Identity::Anonymous => (Value::Null, true, true),
+        Identity::Token(p) => (
+            json!(p.name),
+            p.allows_everywhere(Action::Admin),
+            p.allows_somewhere(Action::Admin),
+        ),
+    };
+    json!({
+        "auth": auth,
+        "name": name,
+        "admin": admin_somewhere,
+        "admin_everywhere": admin_everywhere,
+        "csrf": csrf,
+        "version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// The current session; without `--auth-file` one is opened on the spot.
+async fn session(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let auth = c.auth.is_enabled();
+    if let Some((identity, csrf)) = c.session(&headers) {
+        return axum::Json(identity_json(&identity, auth, &csrf)).into_response();
+    }
+    if auth {
+        return ApiError(StatusCode::UNAUTHORIZED, "not logged in".into()).into_response();
+    }
+    let (cookie, csrf) = c.open_session(Identity::Anonymous);
+    (
+        [(header::SET_COOKIE, cookie)],
+        axum::Json(identity_json(&Identity::Anonymous, false, &csrf)),
+    )
+        .into_response()
+}
+
+/// `{"token": "..."}`: checks it as the gRPC port would and opens a session.
+async fn login(State(c): State<Console>, body: axum::Json<Value>) -> Response {
+    let token = body.get("token").and_then(Value::as_str).unwrap_or("");
+    let mut req = tonic::Request::new(());
+    if let Ok(v) = format!("Bearer {token}").parse() {
+        req.metadata_mut().insert("authorization", v);
+    }
+    let identity = match c.auth.identify(&req) {
+        Ok(id) => id,
+        Err(_) => {
+            info!("console: login with an invalid token refused");
+            return ApiError(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response();
+        }
+    };
+    info!(
+        token = identity.name().unwrap_or("anonymous"),
+        "console: login"
+    );
+    let (cookie, csrf) = c.open_session(identity.clone());
+    (
+        [(header::SET_COOKIE, cookie)],
+        axum::Json(identity_json(&identity, c.auth.is_enabled(), &csrf)),
+    )
+        .into_response()
+}
+
+async fn logout(State(c): State<Console>, headers: HeaderMap) -> Response {
+    if let Some(sid) = cookie(&headers, SESSION_COOKIE) {
+        c.sessions.lock().expect("poisoned").remove(sid);
+    }
+    let secure = if c.tls { "; Secure" } else { "" };
+    (
+        [(
+            header::SET_COOKIE,
+            format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
+        )],
+        axum::Json(json!({})),
+    )
+        .into_response()
+}
+
+// ---- JSON renditions of the AdminService's messages ----
+
+fn secs(d: &Option<prost_types::Duration>) -> Value {
+    match d {
+        Some(d) => json!(d.seconds as f64 + f64::from(d.nanos) / 1e9),
+        None => Value::Null,
+    }
+}
+
+fn millis(t: &Option<prost_types::Timestamp>) -> Value {
+    match t {
+        Some(t) => json!(t.seconds * 1000 + i64::from(t.nanos) / 1_000_000),
+        None => Value::Null,
+    }
+}
+
+fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, can_admin: bool) -> Value {
+    let s = q.settings.unwrap_or_default();
+    let st = q.stats.unwrap_or_default();
+    json!({
+        "name": q.name,
+        "created_at": millis(&q.created_at),
+        "can_admin": can_admin,
+        "stats": {
+            "available": st.available,
+            "scheduled": st.scheduled,
+            "leased": st.leased,
+            "dead": st.dead,
+            "oldest_available_age": secs(&st.oldest_available_age),
+            "streams": st.streams,
+            "consumers": st.consumers,
+            "enqueue_rate": rates.map(|r| r.0),
+            "ack_rate": rates.map(|r| r.1),
+        },
+        "settings": {
+            "paused": s.paused,
+            "default_lease": secs(&s.default_lease),
+            "max_attempts": s.max_attempts,
+            "backoff_base": secs(&s.backoff_base),
+            "backoff_cap": secs(&s.backoff_cap),
+            "completed_retention": secs(&s.completed_retention),
+            "concurrency_limit": s.concurrency_limit,
+            "rate_limit": s.rate_limit,
+            "rate_burst": s.rate_burst,
+        },
+    })
+}
+
+fn job_state(state: i32) -> &'static str {
+    match pb::JobState::try_from(state) {
+        Ok(pb::JobState::Available) => "available",
+        Ok(pb::JobState::Scheduled) => "scheduled",
+        Ok(pb::JobState::Leased) => "leased",
+        Ok(pb::JobState::Dead) => "dead",
+        Ok(pb::JobState::Completed) => "completed",
+        _ => "unknown",
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn job_json(j: &pb::JobInfo, with_payload: bool) -> Value {
+    let mut headers: Vec<(&String, &String)> = j.headers.iter().collect();
+    headers.sort();
+    json!({
+        "id": j.id,
+        "queue": j.queue,
+        "state": job_state(j.state),
+        "payload_b64": with_payload.then(|| b64(&j.payload)),
+        "payload_bytes": j.payload.len(),
+        "headers": headers.into_iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+        "priority": j.priority,
+        "attempt": j.attempt,
+        "max_attempts": j.max_attempts,
+        "dedup_key": j.dedup_key,
+        "enqueued_at": millis(&j.enqueued_at),
+        "run_at": millis(&j.run_at),
+        "expires_at": millis(&j.expires_at),
+        "last_error": j.last_error,
+        "leased_by": j.leased_by,
+        "lease_expires_at": millis(&j.lease_expires_at),
+        "dead_reason": j.dead_reason,
+        "died_at": millis(&j.died_at),
+        "completed_at": millis(&j.completed_at),
+        "completed_by": j.completed_by,
+    })
+}
+
+fn queues_json(c: &Console, caller: &Caller, queues: &[pb::QueueInfo]) -> Vec<Value> {
+    let rates = c.metrics().history.rates();
+    queues
+        .iter()
+        .filter(|q| caller.can_read(&q.name))
+        .map(|q| queue_json(q, rates.get(&q.name), caller.can_admin(&q.name)))
+        .collect()
+}
+
+// ---- handlers: each calls the AdminService's own method ----
+
+async fn list_queues(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> ApiResult {
+    let mut all = Vec::new();
+    let mut page_token = String::new();
+    // Every page, bounded: 20 pages of 1,000 queues.
+    for _ in 0..20 {
+        let r = c
+            .api
+            .list_queues(tonic::Request::new(pb::ListQueuesRequest {
+                page_size: 1000,
+                page_token,
+            }))
+            .await?
+            .into_inner();
+        all.extend(r.queues);
+        if r.next_page_token.is_empty() {
+            break;
+        }
+        page_token = r.next_page_token;
+    }
+    Ok(axum::Json(
+        json!({ "queues": queues_json(&c, &caller, &all) }),
+    ))
+}
+
+/// Server-sent events: `queues` events fed by WatchQueues (a snapshot when
+/// counts change, at most once a second, and at least every 5 s).
+async fn events(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> ApiResult<Response> {
+    let watch = c
+        .api
+        .watch_queues(tonic::Request::new(pb::WatchQueuesRequest {
+            queues: Vec::new(),
+            interval: Some(prost_types::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+        }))
+        .await?
+        .into_inner();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(2);
+    let shutdown = c.shutdown.clone();
+    tokio::spawn(async move {
+        let mut watch = std::pin::pin!(watch);
+        loop {
+            let msg = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                m = watch.next() => m,
+            };
+            let event = match msg {
+                Some(Ok(m)) => Event::default().event("queues").data(
+                    json!({
+                        "queues": queues_json(&c, &caller, &m.queues),
+                        "sent_at": millis(&m.sent_at),
+                    })
+                    .to_string(),
+                ),
+                Some(Err(status)) => {
+                    let _ = tx
+                        .send(Ok(Event::default()
+                            .event("error")
+                            .data(json!({ "error": status.message() }).to_string())))
+                        .await;
+                    return;
+                }
+                None => return,
+            };
+            if tx.send(Ok(event)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+async fn queue_info(c: &Console, caller: &Caller, name: &str) -> ApiResult<pb::QueueInfo> {
+    caller.read(name)?;
+    Ok(c.api
+        .get_queue(tonic::Request::new(pb::GetQueueRequest {
+            queue: name.to_owned(),
+        }))
+        .await?
+        .into_inner())
+}
+
+/// Per consumer name, the jobs of `queue` it holds (every replica).
+async fn in_flight(store: &Store, queue: &str) -> ApiResult<Vec<(String, i64)>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "select coalesce(leased_by, '') as consumer, count(*) as n from leaseq.jobs \
+         where queue = $1 and state = 'leased' group by 1 order by 1",
+    )
+    .bind(queue)
+    .fetch_all(&store.pool)
+    .await
+    .map_err(crate::error::Error::from)?;
+    Ok(rows)
+}
+
+async fn get_queue(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    let q = queue_info(&c, &caller, &name).await?;
+    let rates = c.metrics().history.rates();
+    let held = in_flight(&c.store, &name).await?;
+    let streams = c.metrics().streams.on_queue(&name);
+    // One row per consumer name: this broker's streams and credit, and the
+    // jobs it holds on any replica.
+    let mut consumers: Vec<Value> = Vec::new();
+    let mut names: Vec<&str> = streams.iter().map(|s| s.consumer.as_str()).collect();
+    names.extend(held.iter().map(|(n, _)| n.as_str()));
+    names.sort_unstable();
+    names.dedup();
+    for n in names {
+        let mine: Vec<_> = streams.iter().filter(|s| s.consumer == n).collect();
+        consumers.push(json!({
+            "consumer": n,
+            "streams": mine.len(),
+            "credit": mine.iter().map(|s| u64::from(s.credit)).sum::<u64>(),
+            "in_flight": held.iter().find(|(h, _)| h == n).map_or(0, |(_, k)| *k),
+            "connected_for": mine.iter().map(|s| s.opened.elapsed().as_secs()).max(),
+        }));
+    }
+    let history: Vec<Value> = c
+        .metrics()
+        .history
+        .of(&name)
+        .iter()
+        .map(|s| {
+            json!([
+                s.at_ms,
+                s.available,
+                s.scheduled,
+                s.leased,
+                s.dead,
+                s.enqueued,
+                s.acked
+            ])
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "queue": queue_json(&q, rates.get(&name), caller.can_admin(&name)),
+        "consumers": consumers,
+        "history": history,
+        "history_columns": ["at_ms", "available", "scheduled", "leased", "dead", "enqueued_total", "acked_total"],
+    })))
+}
+
+async fn pause_queue(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    caller.admin(&name)?;
+    let q = c
+        .api
+        .pause_queue(tonic::Request::new(pb::PauseQueueRequest { queue: name }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(queue_json(&q, None, true)))
+}
+
+async fn resume_queue(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    caller.admin(&name)?;
+    let q = c
+        .api
+        .resume_queue(tonic::Request::new(pb::ResumeQueueRequest { queue: name }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(queue_json(&q, None, true)))
+}
+
+fn duration(v: &Value, field: &str) -> ApiResult<Option<prost_types::Duration>> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => {
+            let s = x
+                .as_f64()
+                .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e10)
+                .ok_or_else(|| bad(format!("{field}: must be a number of seconds")))?;
+            Ok(Some(prost_types::Duration {
+                seconds: s.trunc() as i64,
+                nanos: (s.fract() * 1e9).round() as i32,
+            }))
+        }
+    }
+}
+
+fn int(v: &Value, field: &str) -> ApiResult<Option<i32>> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| bad(format!("{field}: must be an integer"))),
+    }
+}
+
+/// Settings in seconds and plain numbers (0 clears a limit or the
+/// retention), validated by UpdateQueue itself.
+async fn update_queue(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+    axum::Json(v): axum::Json<Value>,
+) -> ApiResult {
+    caller.admin(&name)?;
+    let rate_limit = match v.get("rate_limit") {
+        None | Some(Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .ok_or_else(|| bad("rate_limit: must be a number"))?,
+        ),
+    };
+    let req = pb::UpdateQueueRequest {
+        queue: name,
+        default_lease: duration(&v, "default_lease")?,
+        max_attempts: int(&v, "max_attempts")?,
+        backoff_base: duration(&v, "backoff_base")?,
+        backoff_cap: duration(&v, "backoff_cap")?,
+        completed_retention: duration(&v, "completed_retention")?,
+        paused: v.get("paused").and_then(Value::as_bool),
+        create: false,
+        concurrency_limit: int(&v, "concurrency_limit")?,
+        rate_limit,
+        rate_burst: int(&v, "rate_burst")?,
+    };
+    let q = c
+        .api
+        .update_queue(tonic::Request::new(req))
+        .await?
+        .into_inner();
+    Ok(axum::Json(queue_json(&q, None, true)))
+}
+
+async fn list_dead(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let queue = q.get("queue").cloned().unwrap_or_default();
+    if queue.is_empty() {
+        if let Identity::Token(p) = &caller.0
+            && !p.allows_everywhere(Action::Admin)
+            && ![Action::Enqueue, Action::Consume]
+                .into_iter()
+                .any(|a| p.allows_everywhere(a))
+        {
+            return Err(bad("queue: choose a queue"));
+        }
+    } else {
+        caller.read(&queue)?;
+    }
+    let r = c
+        .api
+        .list_dead_letters(tonic::Request::new(pb::ListDeadLettersRequest {
+            queue,
+            page_size: 100,
+            page_token: q.get("page_token").cloned().unwrap_or_default(),
+            include_payload: false,
+        }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(json!({
+        "jobs": r.jobs.iter().map(|j| job_json(j, false)).collect::<Vec<_>>(),
+        "next_page_token": r.next_page_token,
+    })))
+}
+
+/// `{"queue": q, "ids": [...]}` or `{"queue": q, "all": true}`.
+fn selector(v: &Value) -> ApiResult<pb::DeadLettersSelector> {
+    let queue = v.get("queue").and_then(Value::as_str).unwrap_or("");
+    if queue.is_empty() {
+        return Err(bad("queue: is required"));
+    }
+    let ids = match v.get("ids") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("ids: must be strings"))?,
+        Some(_) => return Err(bad("ids: must be an array")),
+    };
+    Ok(pb::DeadLettersSelector {
+        queue: queue.to_owned(),
+        ids,
+        all: v.get("all").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+async fn requeue_dead(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    axum::Json(v): axum::Json<Value>,
+) -> ApiResult {
+    let sel = selector(&v)?;
+    caller.admin(&sel.queue)?;
+    let r = c
+        .api
+        .requeue_dead_letters(tonic::Request::new(sel))
+        .await?
+        .into_inner();
+    Ok(axum::Json(json!({
+        "requeued": r.requeued,
+        "skipped_duplicates": r.skipped_duplicates,
+    })))
+}
+
+async fn purge_dead(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    axum::Json(v): axum::Json<Value>,
+) -> ApiResult {
+    let sel = selector(&v)?;
+    caller.admin(&sel.queue)?;
+    if v.get("confirm").and_then(Value::as_bool) != Some(true) {
+        return Err(bad(
+            "confirm: a purge must be confirmed (\"confirm\": true)",
+        ));
+    }
+    let r = c
+        .api
+        .purge_dead_letters(tonic::Request::new(sel))
+        .await?
+        .into_inner();
+    Ok(axum::Json(json!({ "purged": r.purged })))
+}
+
+async fn get_job(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let j = c
+        .api
+        .get_job(tonic::Request::new(pb::GetJobRequest {
+            job_id: id.clone(),
+        }))
+        .await?
+        .into_inner();
+    if !caller.can_read(&j.queue) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("job {id} does not exist"),
+        ));
+    }
+    Ok(axum::Json(job_json(&j, true)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(b64(b""), "");
+        assert_eq!(b64(b"f"), "Zg==");
+        assert_eq!(b64(b"fo"), "Zm8=");
+        assert_eq!(b64(b"foo"), "Zm9v");
+        assert_eq!(b64(b"<script>"), "PHNjcmlwdD4=");
+        assert_eq!(b64(&[0xff, 0x00, 0x80]), "/wCA");
+    }
+
+    #[test]
+    fn cookies_are_found_by_name() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, "a=1; leaseq_console=abc".parse().unwrap());
+        h.append(header::COOKIE, "b=2".parse().unwrap());
+        assert_eq!(cookie(&h, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&h, "b"), Some("2"));
+        assert_eq!(cookie(&h, "c"), None);
+    }
+}

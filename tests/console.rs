@@ -1,0 +1,862 @@
+//! The web console (`--http-listen`) in a real browser: Debian's headless
+//! Chromium driven over WebDriver (chromedriver + fantoccini), against a
+//! broker on loopback with bearer tokens on. Jobs are enqueued, consumed and
+//! dead-lettered over gRPC while the page is open; the page must follow
+//! without a reload. Screenshots of every page go to docs/console/ (with
+//! LEASEQ_UPDATE_SCREENSHOTS=1; otherwise under the target dir).
+//!
+//! Needs /usr/bin/chromium and /usr/bin/chromedriver (Debian packages
+//! `chromium` and `chromium-driver`): the tests fail, never skip, without
+//! them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use leaseq::cli::{ClientChannel, ClientSecurity};
+use leaseq::pb;
+use leaseq::pb::queue_service_client::QueueServiceClient;
+use leaseq_server::Config;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const ADMIN: &str = "ops-console-secret-0123456789";
+const VIEWER: &str = "viewer-console-secret-0123456789";
+const WORKER: &str = "worker-console-secret-0123456789";
+const SCRIPT: &str = "<script>alert(1)</script>";
+const S10: Duration = Duration::from_secs(10);
+
+type Grpc = QueueServiceClient<ClientChannel>;
+
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("leaseq-con-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// ops: admin everywhere; viewer: consume everywhere (no admin: read-only
+/// in the console); worker: enqueue and consume.
+fn auth_file() -> PathBuf {
+    let h = leaseq_server::auth::hash_token;
+    let text = json!({"tokens": [
+        {"name": "ops", "sha256": h(ADMIN), "grants": [{"queues": "*", "actions": ["admin"]}]},
+        {"name": "viewer", "sha256": h(VIEWER), "grants": [{"queues": "*", "actions": ["consume"]}]},
+        {"name": "worker", "sha256": h(WORKER),
+         "grants": [{"queues": "*", "actions": ["enqueue", "consume"]}]},
+    ]});
+    let path = scratch().join("tokens.json");
+    std::fs::write(&path, text.to_string()).unwrap();
+    path
+}
+
+/// A broker in this process with the console on; returns once the console
+/// answers.
+struct Broker {
+    addr: SocketAddr,
+    http: SocketAddr,
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Broker {
+    async fn start(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Broker {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut cfg = test_config();
+        cfg.http_listen = Some(http);
+        cfg.metrics_interval = Duration::from_millis(500);
+        tweak(&mut cfg);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let (url, token) = (db.url.clone(), shutdown.clone());
+        let handle =
+            tokio::spawn(
+                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
+            );
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(http).await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "console up within 30s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Broker {
+            addr,
+            http,
+            shutdown,
+            handle,
+        }
+    }
+
+    async fn grpc(&self) -> Grpc {
+        let sec = ClientSecurity {
+            token: Some(WORKER.to_owned()),
+            ..Default::default()
+        };
+        QueueServiceClient::new(
+            leaseq::cli::connect(&format!("http://{}", self.addr), &sec)
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(15), self.handle)
+            .await
+            .expect("broker stops within 15s")
+            .expect("broker task")
+            .expect("broker run");
+    }
+}
+
+async fn enqueue_to(c: &mut Grpc, queue: &str, payload: &str) -> String {
+    c.enqueue(job(queue, payload))
+        .await
+        .expect("enqueue")
+        .into_inner()
+        .job_id
+}
+
+async fn subscribe_as(c: &mut Grpc, queue: &str, consumer: &str, credit: u32) -> JobStream {
+    c.subscribe(pb::SubscribeRequest {
+        queues: vec![queue.to_owned()],
+        consumer: consumer.to_owned(),
+        max_in_flight: credit,
+        lease: None,
+    })
+    .await
+    .expect("subscribe")
+    .into_inner()
+}
+
+async fn dead_letter(c: &mut Grpc, d: &pb::Delivery, error: &str) {
+    c.nack(pb::NackRequest {
+        job_id: id_of(d),
+        lease_token: d.lease_token.clone(),
+        error: error.to_owned(),
+        retry_after: None,
+        dead_letter: true,
+    })
+    .await
+    .expect("nack");
+}
+
+// ---- the browser ---------------------------------------------------------
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// Headless Chromium under chromedriver, with a fresh profile.
+struct Chrome {
+    client: Browser,
+    _driver: tokio::process::Child,
+}
+
+impl Chrome {
+    async fn start(accept_insecure_certs: bool) -> Chrome {
+        for (path, package) in [(CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")] {
+            assert!(
+                std::path::Path::new(path).exists(),
+                "{path} is missing: the console's browser tests need Debian's `chromium` and \
+                 `chromium-driver` packages (apt-get install -y chromium chromium-driver); \
+                 {package} provides it"
+            );
+        }
+        let port = free_port();
+        let driver = tokio::process::Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn chromedriver");
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(started.elapsed() < S10, "chromedriver listening within 10s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let profile = scratch().join("profile");
+        let caps = json!({
+            "acceptInsecureCerts": accept_insecure_certs,
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    "--disable-dev-shm-usage", "--window-size=1360,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            },
+        });
+        let Value::Object(caps) = caps else {
+            unreachable!()
+        };
+        let mut builder =
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+        builder.capabilities(caps);
+        let client = builder
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("a WebDriver session in Chromium");
+        Chrome {
+            client,
+            _driver: driver,
+        }
+    }
+
+    /// Text of the first element matching `css`, or None.
+    async fn text(&self, css: &str) -> Option<String> {
+        let e = self.client.find(Locator::Css(css)).await.ok()?;
+        e.text().await.ok()
+    }
+
+    /// Waits until `css` shows `want`, polling (no reload).
+    async fn wait_text(&self, css: &str, want: &str) {
+        let started = Instant::now();
+        loop {
+            let got = self.text(css).await;
+            if got.as_deref() == Some(want) {
+                return;
+            }
+            assert!(
+                started.elapsed() < S10,
+                "{css} shows {want:?} within 10s (last: {got:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
+        let started = Instant::now();
+        loop {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                return e;
+            }
+            assert!(started.elapsed() < S10, "{css} appears within 10s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Clicks `css`, finding it again if a live update replaced it.
+    async fn click(&self, css: &str) {
+        let started = Instant::now();
+        loop {
+            match self.wait_for(css).await.click().await {
+                Ok(()) => return,
+                Err(e) => assert!(started.elapsed() < S10, "clicking {css}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn login(&self, base: &str, token: &str) {
+        self.client.goto(base).await.unwrap();
+        let input = self.wait_for("#token").await;
+        input.send_keys(token).await.unwrap();
+        self.click("#login-submit").await;
+        self.wait_for("#queues").await;
+    }
+
+    /// Saves a screenshot of the page as NAME.png: into docs/console/ when
+    /// LEASEQ_UPDATE_SCREENSHOTS is set (how the docs' pictures are made),
+    /// otherwise under the target dir (a normal run leaves the checkout as
+    /// it was). Either way the screenshot is taken, so a page that cannot
+    /// be rendered fails the test.
+    async fn screenshot(&self, name: &str) {
+        // Let charts and live badges settle.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let png = self.client.screenshot().await.expect("screenshot");
+        assert!(png.starts_with(b"\x89PNG"), "{name}: not a PNG");
+        let dir = if std::env::var_os("LEASEQ_UPDATE_SCREENSHOTS").is_some() {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/console")
+        } else {
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots")
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+
+    async fn close(self) {
+        let _ = self.client.close().await;
+    }
+}
+
+// ---- the tests -------------------------------------------------------------
+
+/// The main walk-through: live counts, a dead letter opened and requeued and
+/// delivered again, a `<script>` payload shown as text, the queue page
+/// (chart, consumers, pause, limits) and a confirmed purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_follows_the_queues_and_requeues_a_dead_letter() {
+    let db = TestDb::new().await;
+    let file = auth_file();
+    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
+    let base = format!("http://{}/", broker.http);
+    let mut grpc = broker.grpc().await;
+    let chrome = Chrome::start(false).await;
+
+    // Login, with a wrong token first.
+    chrome.client.goto(&base).await.unwrap();
+    chrome.wait_for("#token").await;
+    chrome.screenshot("login").await;
+    chrome
+        .wait_for("#token")
+        .await
+        .send_keys("not-a-token")
+        .await
+        .unwrap();
+    chrome.click("#login-submit").await;
+    chrome
+        .wait_text("#login-error", "That token is not valid.")
+        .await;
+    chrome.login(&base, ADMIN).await;
+    chrome.wait_text("#who-name", "ops").await;
+    chrome.wait_text("#who-role", "admin").await;
+    chrome.wait_text("#live", "live").await;
+
+    // Counts change while the page stays open: no reload.
+    chrome
+        .client
+        .execute("window.__sameDocument = 42; return 0;", vec![])
+        .await
+        .unwrap();
+    for i in 0..2 {
+        enqueue_to(
+            &mut grpc,
+            "emails",
+            &format!("{{\"to\":\"user{i}@example.com\"}}"),
+        )
+        .await;
+    }
+    let script_id = enqueue_to(&mut grpc, "emails", SCRIPT).await;
+    chrome
+        .wait_text(r#"tr[data-queue="emails"] td[data-col="available"]"#, "3")
+        .await;
+    for i in 0..4 {
+        enqueue_to(&mut grpc, "reports", &format!("report {i}")).await;
+    }
+    chrome
+        .wait_text(r#"tr[data-queue="reports"] td[data-col="available"]"#, "4")
+        .await;
+
+    // A consumer takes the three: one acked, the <script> one dead-lettered,
+    // one held.
+    let mut stream = subscribe_as(&mut grpc, "emails", "mailer-1", 5).await;
+    let got = take(&mut stream, 3, S10).await;
+    let script = got.iter().find(|d| id_of(d) == script_id).unwrap();
+    let others: Vec<_> = got.iter().filter(|d| id_of(d) != script_id).collect();
+    let error = "SMTP 550 <b>mailbox</b> unavailable";
+    dead_letter(&mut grpc, script, error).await;
+    ack_with(&mut grpc, others[0]).await;
+    chrome
+        .wait_text(r#"tr[data-queue="emails"] td[data-col="dead"]"#, "1")
+        .await;
+    chrome
+        .wait_text(r#"tr[data-queue="emails"] td[data-col="leased"]"#, "1")
+        .await;
+    chrome
+        .wait_text(r#"tr[data-queue="emails"] td[data-col="available"]"#, "0")
+        .await;
+    let same = chrome
+        .client
+        .execute("return window.__sameDocument;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(same, json!(42), "the page was not reloaded");
+    chrome.screenshot("queues").await;
+
+    // Dead letters: reason and last error, as text.
+    chrome
+        .click(r#"tr[data-queue="emails"] td[data-col="dead"] a"#)
+        .await;
+    let row = format!(r#"tr[data-job="{script_id}"]"#);
+    chrome
+        .wait_text(&format!("{row} td[data-col=\"error\"]"), error)
+        .await;
+    assert!(
+        !chrome
+            .text(&format!("{row} td[data-col=\"reason\"]"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    chrome.screenshot("dead-letters").await;
+
+    // The job: its payload is text, not markup; no script ran.
+    chrome.click(&format!("{row} a")).await;
+    chrome.wait_text("#job-id", &script_id).await;
+    chrome.wait_text("#payload", SCRIPT).await;
+    chrome.wait_text("#job-state", "dead").await;
+    chrome.wait_text("#job-error", error).await;
+    let inside = chrome
+        .client
+        .find_all(Locator::Css("#payload *"))
+        .await
+        .unwrap();
+    assert!(inside.is_empty(), "the payload made no elements");
+    let scripts = chrome
+        .client
+        .execute("return [...document.scripts].map(s => s.src);", vec![])
+        .await
+        .unwrap();
+    assert_eq!(scripts.as_array().unwrap().len(), 1, "{scripts}");
+    assert!(
+        chrome.client.get_alert_text().await.is_err(),
+        "no alert() ran"
+    );
+    chrome.click("#view-hex").await;
+    let hex = chrome.text("#payload").await.unwrap();
+    assert!(hex.contains("3c 73 63 72 69 70 74 3e"), "{hex}");
+    chrome.click("#view-text").await;
+    chrome.wait_text("#payload", SCRIPT).await;
+    chrome.screenshot("job").await;
+
+    // Requeue it: the consumer gets it again.
+    chrome.click("#job-requeue").await;
+    chrome.wait_text("#flash-msg", "Requeued").await;
+    let again = next_delivery(&mut stream, S10).await;
+    assert_eq!(id_of(&again), script_id);
+    assert_eq!(payload_of(&again), SCRIPT);
+    assert_eq!(db.dead_jobs().await, 0);
+    chrome.client.refresh().await.unwrap();
+    chrome.wait_text("#job-state", "leased").await;
+    chrome.wait_text("#job-leased-by", "mailer-1").await;
+    ack_with(&mut grpc, &again).await;
+
+    // The queue page: chart, consumers, pause, limits.
+    chrome
+        .client
+        .goto(&format!("{base}#/queue/emails"))
+        .await
+        .unwrap();
+    chrome.wait_text("#queue-name", "emails").await;
+    chrome
+        .wait_text(r#"tr[data-consumer="mailer-1"] td:nth-child(4)"#, "1")
+        .await;
+    // History is sampled every 500 ms since the broker started.
+    chrome.wait_for("#chart-depth path").await;
+    chrome.wait_for("#chart-rates path").await;
+    chrome.screenshot("queue").await;
+    // Hidden elements have no visible text in WebDriver.
+    assert_eq!(chrome.text("#queue-paused").await.as_deref(), Some(""));
+    chrome.click("#pause").await;
+    chrome.wait_text("#flash-msg", "Queue paused").await;
+    chrome.wait_text("#queue-paused", "paused").await;
+    assert_eq!(
+        db.count("select count(*) from leaseq.queues where name = 'emails' and paused")
+            .await,
+        1
+    );
+    chrome.click("#resume").await;
+    chrome.wait_text("#flash-msg", "Queue resumed").await;
+    let limit = chrome.wait_for("#set-concurrency_limit").await;
+    limit.clear().await.unwrap();
+    limit.send_keys("4").await.unwrap();
+    chrome.click("#save-settings").await;
+    chrome
+        .wait_text("#flash-msg", "Settings saved: concurrency_limit")
+        .await;
+    assert_eq!(
+        db.count("select count(*) from leaseq.queues where name = 'emails' and concurrency_limit = 4 and not paused")
+            .await,
+        1
+    );
+
+    // Purge needs a confirmation.
+    let id = enqueue_to(&mut grpc, "emails", "to be purged").await;
+    let d = next_delivery(&mut stream, S10).await;
+    assert_eq!(id_of(&d), id);
+    dead_letter(&mut grpc, &d, "bad address").await;
+    chrome
+        .client
+        .goto(&format!("{base}#/dead/emails"))
+        .await
+        .unwrap();
+    chrome.wait_for(&format!(r#"tr[data-job="{id}"]"#)).await;
+    chrome.click("#purge-all").await;
+    chrome.wait_for("#confirm-purge").await;
+    assert_eq!(
+        db.dead_jobs().await,
+        1,
+        "nothing purged before the confirmation"
+    );
+    chrome.screenshot("purge-confirmation").await;
+    chrome.click("#confirm-purge").await;
+    chrome
+        .wait_text("#flash-msg", "Purged 1 dead letter(s)")
+        .await;
+    assert_eq!(db.dead_jobs().await, 0);
+
+    chrome.close().await;
+    drop(stream);
+    broker.stop().await;
+}
+
+async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
+    c.ack(pb::AckRequest {
+        job_id: id_of(d),
+        lease_token: d.lease_token.clone(),
+    })
+    .await
+    .expect("ack");
+}
+
+/// A token without `admin` sees the queues but cannot change them: the
+/// buttons are disabled, and the server refuses when they are forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_token_cannot_requeue() {
+    let db = TestDb::new().await;
+    let file = auth_file();
+    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
+    let base = format!("http://{}/", broker.http);
+    let mut grpc = broker.grpc().await;
+    let id = enqueue_to(&mut grpc, "emails", "{\"n\": 1}").await;
+    let mut stream = subscribe_as(&mut grpc, "emails", "w", 1).await;
+    let d = next_delivery(&mut stream, S10).await;
+    dead_letter(&mut grpc, &d, "boom").await;
+
+    let chrome = Chrome::start(false).await;
+    chrome.login(&base, VIEWER).await;
+    chrome.wait_text("#who-name", "viewer").await;
+    chrome.wait_text("#who-role", "read-only").await;
+    chrome
+        .client
+        .goto(&format!("{base}#/job/{id}"))
+        .await
+        .unwrap();
+    chrome.wait_text("#job-state", "dead").await;
+    let button = chrome.wait_for("#job-requeue").await;
+    assert!(!button.is_enabled().await.unwrap(), "requeue is disabled");
+    chrome.screenshot("read-only").await;
+    // Force the button: the server refuses.
+    chrome
+        .client
+        .execute(
+            "const b = document.getElementById('job-requeue'); b.disabled = false; b.click(); return 0;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let flash = chrome.wait_for("#flash-msg").await.text().await.unwrap();
+    assert!(flash.contains("permission denied"), "{flash}");
+    // And straight from the page's own script, with its CSRF token.
+    let status = chrome
+        .client
+        .execute(
+            "return fetch('/api/session').then(r => r.json()).then(s => fetch('/api/dead/requeue', {
+                method: 'POST', headers: {'Content-Type': 'application/json', 'X-CSRF-Token': s.csrf},
+                body: JSON.stringify({queue: 'emails', all: true})})).then(r => r.status);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, json!(403));
+    assert_eq!(db.dead_jobs().await, 1, "still dead");
+    chrome.close().await;
+    drop(stream);
+    broker.stop().await;
+}
+
+/// Over TLS with the broker's own certificate: the session cookie is
+/// Secure, HttpOnly and SameSite=Strict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_over_tls_sets_a_secure_session_cookie() {
+    let db = TestDb::new().await;
+    let dir = scratch();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let file = auth_file();
+    let broker = Broker::start(&db, |c| {
+        c.security.auth_file = Some(file);
+        c.security.tls_cert = Some(cert_path);
+        c.security.tls_key = Some(key_path);
+    })
+    .await;
+    let chrome = Chrome::start(true).await;
+    chrome
+        .login(&format!("https://{}/", broker.http), ADMIN)
+        .await;
+    chrome.wait_text("#who-name", "ops").await;
+    let cookies = chrome.client.get_all_cookies().await.unwrap();
+    let c = cookies
+        .iter()
+        .find(|c| c.name() == "leaseq_console")
+        .expect("the session cookie");
+    assert_eq!(c.secure(), Some(true));
+    assert_eq!(c.http_only(), Some(true));
+    assert_eq!(format!("{:?}", c.same_site()), "Some(Strict)");
+    // Plain HTTP on the TLS port gets no console.
+    let plain = raw(
+        broker.http,
+        "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(!plain.contains("leaseq console"));
+    chrome.close().await;
+    broker.stop().await;
+}
+
+// ---- without a browser: CSRF and headers over raw HTTP -----------------
+
+/// Sends `request` and reads the whole response (the request must say
+/// `Connection: close`).
+async fn raw(addr: SocketAddr, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+struct Reply {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    let text = raw(addr, &req).await;
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Reply {
+        status,
+        head: head.to_ascii_lowercase(),
+        body: body.to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changes_need_the_csrf_token_and_this_origin() {
+    let db = TestDb::new().await;
+    let file = auth_file();
+    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
+    let addr = broker.http;
+    let mut grpc = broker.grpc().await;
+    enqueue_to(&mut grpc, "emails", "x").await;
+    let mut stream = subscribe_as(&mut grpc, "emails", "w", 1).await;
+    let d = next_delivery(&mut stream, S10).await;
+    dead_letter(&mut grpc, &d, "boom").await;
+    let json_ct = ("Content-Type", "application/json");
+
+    // The page itself: CSP and friends.
+    let page = http(addr, "GET", "/", &[], "").await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.head
+            .contains("content-security-policy: default-src 'none'; script-src 'self'"),
+        "{}",
+        page.head
+    );
+    assert!(page.head.contains("x-frame-options: deny"));
+    assert!(page.head.contains("x-content-type-options: nosniff"));
+
+    // No session, no API.
+    assert_eq!(http(addr, "GET", "/api/queues", &[], "").await.status, 401);
+    // Login from another site is refused; a bad token is 401.
+    let login = format!("{{\"token\":\"{ADMIN}\"}}");
+    let evil = ("Origin", "http://evil.example");
+    assert_eq!(
+        http(addr, "POST", "/api/login", &[json_ct, evil], &login)
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        http(
+            addr,
+            "POST",
+            "/api/login",
+            &[json_ct],
+            "{\"token\":\"nope\"}"
+        )
+        .await
+        .status,
+        401
+    );
+    let r = http(addr, "POST", "/api/login", &[json_ct], &login).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let set_cookie = r
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .expect("a session cookie")
+        .to_owned();
+    assert!(set_cookie.contains("httponly"), "{set_cookie}");
+    assert!(set_cookie.contains("samesite=strict"), "{set_cookie}");
+    assert!(!set_cookie.contains("secure"), "plain HTTP: {set_cookie}");
+    let session: Value = serde_json::from_str(&r.body).unwrap();
+    let csrf = session["csrf"].as_str().unwrap().to_owned();
+    // The cookie's value, as the browser would send it back.
+    let sid = r
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    // The head was lowercased; the id is lowercase hex anyway.
+    let cookie = format!("leaseq_console={sid}");
+    let cookie = ("Cookie", cookie.as_str());
+    let body = "{\"queue\":\"emails\",\"all\":true}";
+    let origin = format!("http://{addr}");
+
+    let no_token = http(addr, "POST", "/api/dead/requeue", &[json_ct, cookie], body).await;
+    assert_eq!(no_token.status, 403, "{}", no_token.body);
+    assert!(no_token.body.contains("CSRF"), "{}", no_token.body);
+    let wrong = http(
+        addr,
+        "POST",
+        "/api/dead/requeue",
+        &[json_ct, cookie, ("X-CSRF-Token", "0000")],
+        body,
+    )
+    .await;
+    assert_eq!(wrong.status, 403);
+    let token = ("X-CSRF-Token", csrf.as_str());
+    let foreign = http(
+        addr,
+        "POST",
+        "/api/dead/requeue",
+        &[json_ct, cookie, token, evil],
+        body,
+    )
+    .await;
+    assert_eq!(foreign.status, 403, "{}", foreign.body);
+    assert!(foreign.body.contains("Origin"), "{}", foreign.body);
+    let cross_site = http(
+        addr,
+        "POST",
+        "/api/dead/requeue",
+        &[json_ct, cookie, token, ("Sec-Fetch-Site", "cross-site")],
+        body,
+    )
+    .await;
+    assert_eq!(cross_site.status, 403);
+    let form = http(
+        addr,
+        "POST",
+        "/api/dead/requeue",
+        &[("Content-Type", "text/plain"), cookie, token],
+        body,
+    )
+    .await;
+    assert_eq!(form.status, 415);
+    assert_eq!(
+        db.dead_jobs().await,
+        1,
+        "nothing requeued by a refused request"
+    );
+    // A purge without its confirmation is refused too.
+    let unconfirmed = http(
+        addr,
+        "POST",
+        "/api/dead/purge",
+        &[json_ct, cookie, token],
+        body,
+    )
+    .await;
+    assert_eq!(unconfirmed.status, 400);
+
+    let ok = http(
+        addr,
+        "POST",
+        "/api/dead/requeue",
+        &[json_ct, cookie, token, ("Origin", origin.as_str())],
+        body,
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert!(ok.body.contains("\"requeued\":1"), "{}", ok.body);
+    assert_eq!(db.dead_jobs().await, 0);
+
+    // Logged out: the session is gone.
+    let out = http(addr, "POST", "/api/logout", &[json_ct, cookie], "{}").await;
+    assert_eq!(out.status, 200);
+    assert_eq!(
+        http(addr, "GET", "/api/queues", &[cookie], "").await.status,
+        401
+    );
+    drop(stream);
+    broker.stop().await;
+}
+
+/// Without --auth-file the console opens an anonymous session (and the
+/// broker warns); CSRF checks still apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_auth_the_console_is_open_but_still_checks_csrf() {
+    let db = TestDb::new().await;
+    let broker = Broker::start(&db, |_| {}).await;
+    let addr = broker.http;
+    let r = http(addr, "GET", "/api/session", &[], "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let session: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(session["auth"], json!(false));
+    let sid = r
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let cookie = format!("leaseq_console={sid}");
+    let q = http(addr, "GET", "/api/queues", &[("Cookie", &cookie)], "").await;
+    assert_eq!(q.status, 200);
+    let refused = http(
+        addr,
+        "POST",
+        "/api/queues/emails/pause",
+        &[("Content-Type", "application/json"), ("Cookie", &cookie)],
+        "{}",
+    )
+    .await;
+    assert_eq!(refused.status, 403);
+    // /metrics is on the console's port too.
+    let started = Instant::now();
+    loop {
+        let m = http(addr, "GET", "/metrics", &[], "").await;
+        assert_eq!(m.status, 200);
+        if m.body.contains("leaseq_serving 1") {
+            break;
+        }
+        assert!(started.elapsed() < S10, "{}", m.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    broker.stop().await;
+}
