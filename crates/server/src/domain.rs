@@ -429,6 +429,60 @@ pub struct Leased {
     pub lease_expires_at: DateTime<Utc>,
 }
 
+/// A queue's settings and live statistics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueRow {
+    pub name: String,
+    pub default_lease_ms: i64,
+    pub max_attempts: i32,
+    pub backoff_base_ms: i64,
+    pub backoff_cap_ms: i64,
+    pub completed_retention_ms: Option<i64>,
+    pub paused: bool,
+    pub concurrency_limit: Option<i32>,
+    pub rate_limit: Option<f64>,
+    /// The effective bucket size when there is a rate limit.
+    pub rate_burst: Option<i32>,
+    pub created_at: DateTime<Utc>,
+    pub available: i64,
+    pub scheduled: i64,
+    pub leased: i64,
+    /// Leased by this broker's streams.
+    pub leased_here: i64,
+    pub dead: i64,
+    pub consumers: i64,
+    pub oldest_age_ms: Option<i64>,
+    /// This broker's streams on the queue and their total max_in_flight.
+    pub streams: i64,
+    pub credit: i64,
+}
+
+/// Outcome of a settle (ack / fail) that matched the current token.
+#[derive(Clone, Debug)]
+pub struct Settled {
+    pub id: JobId,
+    /// The lease that was settled.
+    pub token: LeaseToken,
+    /// The broker that leased the job (its stream's credit must come back).
+    pub broker: Option<Uuid>,
+    /// The job's queue, if it has a concurrency limit (a slot just freed).
+    pub slot_freed: Option<QueueName>,
+    /// The job's queue (for the per-queue metrics).
+    pub queue: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Failed {
+    pub id: JobId,
+    pub queue: QueueName,
+    pub broker: Option<Uuid>,
+    /// Some(reason) when dead-lettered.
+    pub death: Option<String>,
+    pub retry_ms: i64,
+    /// The queue has a concurrency limit: a slot just freed.
+    pub slot_freed: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

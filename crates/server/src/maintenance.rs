@@ -165,3 +165,20 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
     result?;
     Ok(Some(dead))
 }
+
+/// Refreshes the per-queue gauges and the console's history every
+/// `interval`, until `shutdown`.
+pub async fn refresh_gauges(store: Store, interval: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match crate::store::admin::queue_stats(&store, None, None, i64::MAX).await {
+            Ok(rows) => store.metrics.refreshed(rows),
+            Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! exposition text for `GET /metrics` (served by [`crate::console`]'s HTTP
 //! server).
 //!
-//! One [`Metrics`] per broker (it hangs off [`crate::store::Store`]), not a
+//! One [`Metrics`] per broker (it hangs off `Store`), not a
 //! process global, so brokers running side by side in one test process do
 //! not share counts. The per-queue gauges cost one statistics query per
 //! `--metrics-interval`, never one per scrape. The same snapshots feed the
@@ -24,12 +24,9 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::domain::{JobId, NewJob, QueueName};
-use crate::store::admin::QueueRow;
-use crate::store::{Enqueued, Failed, Leased, Settled};
+use crate::domain::{Enqueued, Failed, JobId, Leased, NewJob, QueueName, QueueRow, Settled};
 
 /// The `Content-Type` of [`Metrics::render`]'s text (OpenMetrics 1.0, which
 /// Prometheus negotiates and parses natively).
@@ -631,7 +628,8 @@ impl Metrics {
         self.gauges.lock().expect("poisoned").clone()
     }
 
-    fn refreshed(&self, rows: Vec<QueueRow>) {
+    /// New per-queue statistics (from `maintenance::refresh_gauges`).
+    pub fn refreshed(&self, rows: Vec<QueueRow>) {
         let at_ms = chrono::Utc::now().timestamp_millis();
         let samples = rows
             .iter()
@@ -655,23 +653,6 @@ impl Metrics {
         // Forget deliveries settled elsewhere.
         let mut inflight = self.inflight.0.lock().expect("poisoned");
         inflight.retain(|_, (_, at)| at.elapsed() < INFLIGHT_MAX_AGE);
-    }
-}
-
-/// Refreshes the per-queue gauges and the console's history every
-/// `interval`, until `shutdown`.
-pub async fn refresh(store: crate::store::Store, interval: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        match crate::store::admin::queue_stats(&store, None, None, i64::MAX).await {
-            Ok(rows) => store.metrics.refreshed(rows),
-            Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
-        }
     }
 }
 

@@ -320,7 +320,7 @@ async fn start_http(
     if cfg.metrics_listen.is_none() && cfg.http_listen.is_none() {
         return Ok(());
     }
-    background.spawn(crate::metrics::refresh(
+    background.spawn(crate::maintenance::refresh_gauges(
         store.clone(),
         cfg.metrics_interval,
         stop.clone(),

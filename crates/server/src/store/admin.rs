@@ -9,37 +9,11 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
+pub use crate::domain::QueueRow;
+
 use super::Store;
 use crate::domain::{JobId, LeaseToken, QueueName};
 use crate::error::{Error, Result};
-
-/// A queue's settings and live statistics.
-#[derive(Clone, Debug, PartialEq)]
-pub struct QueueRow {
-    pub name: String,
-    pub default_lease_ms: i64,
-    pub max_attempts: i32,
-    pub backoff_base_ms: i64,
-    pub backoff_cap_ms: i64,
-    pub completed_retention_ms: Option<i64>,
-    pub paused: bool,
-    pub concurrency_limit: Option<i32>,
-    pub rate_limit: Option<f64>,
-    /// The effective bucket size when there is a rate limit.
-    pub rate_burst: Option<i32>,
-    pub created_at: DateTime<Utc>,
-    pub available: i64,
-    pub scheduled: i64,
-    pub leased: i64,
-    /// Leased by this broker's streams.
-    pub leased_here: i64,
-    pub dead: i64,
-    pub consumers: i64,
-    pub oldest_age_ms: Option<i64>,
-    /// This broker's streams on the queue and their total max_in_flight.
-    pub streams: i64,
-    pub credit: i64,
-}
 
 /// Settings to change; `None` leaves a setting as it is.
 #[derive(Clone, Debug, Default)]

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 pub use conn::Conns;
 
-pub use crate::domain::{Enqueued, Leased};
+pub use crate::domain::{Enqueued, Failed, Leased, Settled};
 
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
 use crate::error::{Error, Result};
@@ -165,20 +165,6 @@ enum LeaseRow {
     Limited(QueueName),
 }
 
-/// Outcome of a settle (ack / fail) that matched the current token.
-#[derive(Clone, Debug)]
-pub struct Settled {
-    pub id: JobId,
-    /// The lease that was settled.
-    pub token: LeaseToken,
-    /// The broker that leased the job (its stream's credit must come back).
-    pub broker: Option<Uuid>,
-    /// The job's queue, if it has a concurrency limit (a slot just freed).
-    pub slot_freed: Option<QueueName>,
-    /// The job's queue (for the per-queue metrics).
-    pub queue: String,
-}
-
 /// One lease to end unsuccessfully (see fail.sql).
 #[derive(Clone, Debug)]
 pub struct FailReq {
@@ -188,18 +174,6 @@ pub struct FailReq {
     pub retry_after_ms: Option<i64>,
     pub dead_letter: bool,
     pub refund: bool,
-}
-
-#[derive(Clone, Debug)]
-pub struct Failed {
-    pub id: JobId,
-    pub queue: QueueName,
-    pub broker: Option<Uuid>,
-    /// Some(reason) when dead-lettered.
-    pub death: Option<String>,
-    pub retry_ms: i64,
-    /// The queue has a concurrency limit: a slot just freed.
-    pub slot_freed: bool,
 }
 
 #[derive(Clone, Debug)]
