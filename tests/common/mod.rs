@@ -92,23 +92,112 @@ pub struct TestDb {
     pub pool: PgPool,
 }
 
+/// The migrated database every test database is copied from (`create
+/// database ... template`), made once per version of the migrations; and,
+/// first, the databases that test processes no longer running left behind
+/// (a test database is named `t_<pid>_<random>`), dropped so the shared
+/// cluster does not grow with every run.
+static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+
+async fn template() -> &'static str {
+    TEMPLATE
+        .get_or_init(|| async {
+            let admin = admin_url().await;
+            let pool = PgPool::connect(admin).await.expect("admin connection");
+            // One process at a time tidies up and makes the template.
+            let mut conn = pool.acquire().await.expect("admin connection");
+            sqlx::query("select pg_advisory_lock(7253411)")
+                .execute(&mut *conn)
+                .await
+                .expect("advisory lock");
+            let names: Vec<String> =
+                sqlx::query_scalar("select datname from pg_database where datname like 't\\_%'")
+                    .fetch_all(&mut *conn)
+                    .await
+                    .expect("listing test databases");
+            for name in names {
+                let pid = name.split('_').nth(1).and_then(|p| p.parse::<i32>().ok());
+                // SAFETY: kill with signal 0 only checks that the process exists.
+                let alive = pid.is_some_and(|p| unsafe { libc::kill(p, 0) } == 0);
+                if !alive {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "drop database if exists {name} with (force)"
+                    )))
+                    .execute(&mut *conn)
+                    .await;
+                }
+            }
+            let version = leaseq_server::store::MIGRATOR
+                .iter()
+                .map(|m| m.version)
+                .max()
+                .unwrap_or(0);
+            let tpl = format!("leaseq_template_{version}");
+            let exists: bool =
+                sqlx::query_scalar("select exists (select 1 from pg_database where datname = $1)")
+                    .bind(&tpl)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .expect("looking for the template");
+            if !exists {
+                let building = format!("{tpl}_building");
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "drop database if exists {building} with (force)"
+                )))
+                .execute(&mut *conn)
+                .await;
+                sqlx::query(sqlx::AssertSqlSafe(format!("create database {building}")))
+                    .execute(&mut *conn)
+                    .await
+                    .expect("create template database");
+                let migrated = leaseq_server::store::connect(&with_database(admin, &building), 1)
+                    .await
+                    .expect("template connection");
+                leaseq_server::store::migrate(&migrated)
+                    .await
+                    .expect("migrations");
+                migrated.close().await;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "alter database {building} rename to {tpl}"
+                )))
+                .execute(&mut *conn)
+                .await
+                .expect("naming the template");
+            }
+            sqlx::query("select pg_advisory_unlock(7253411)")
+                .execute(&mut *conn)
+                .await
+                .expect("advisory unlock");
+            drop(conn);
+            pool.close().await;
+            tpl
+        })
+        .await
+}
+
 impl TestDb {
+    /// A fresh database with the schema applied (a copy of the migrated
+    /// template).
     pub async fn new() -> TestDb {
         let admin = admin_url().await;
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let tpl = template().await;
+        let name = format!(
+            "t_{}_{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
         let pool = PgPool::connect(admin).await.expect("admin connection");
-        sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
-            .execute(&pool)
-            .await
-            .expect("create database");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "create database {name} template {tpl}"
+        )))
+        .execute(&pool)
+        .await
+        .expect("create database");
         pool.close().await;
         let url = with_database(admin, &name);
         let pool = leaseq_server::store::connect(&url, 4)
             .await
             .expect("test db connection");
-        leaseq_server::store::migrate(&pool)
-            .await
-            .expect("migrations");
         TestDb { url, name, pool }
     }
 
@@ -255,13 +344,14 @@ pub async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
 
 /// Settings for fast tests: quick heartbeats and reaping, short drain.
 pub fn test_config() -> Config {
-    let mut cfg = Config::default();
-    cfg.heartbeat_interval = Duration::from_millis(500);
-    cfg.reap_interval = Duration::from_millis(200);
-    cfg.health_interval = Duration::from_millis(200);
-    cfg.drain_grace = Duration::from_secs(5);
-    cfg.pool_size = 5;
-    cfg
+    Config {
+        heartbeat_interval: Duration::from_millis(500),
+        reap_interval: Duration::from_millis(200),
+        health_interval: Duration::from_millis(200),
+        drain_grace: Duration::from_secs(5),
+        pool_size: 5,
+        ..Config::default()
+    }
 }
 
 /// A broker running in this process, on 127.0.0.1 and an ephemeral port.
