@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// Does not grow with the number of streams.
     #[arg(long, env = "LEASEQ_POOL_SIZE", default_value_t = defaults().pool_size)]
     pub pool_size: u32,
+    /// Group-commit statements in flight at once per kind (enqueue, ack,
+    /// nack, extend): fewer makes larger batches under load.
+    #[arg(long, env = "LEASEQ_BATCH_CONCURRENCY", default_value_t = defaults().batch_concurrency as u16,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub batch_concurrency: u16,
     /// Heartbeat interval on idle streams.
     #[arg(long, env = "LEASEQ_HEARTBEAT_INTERVAL", default_value_t = defaults().heartbeat_interval.into())]
     pub heartbeat_interval: CliDuration,
@@ -210,6 +215,7 @@ impl ServeArgs {
         let s = &self.security;
         Config {
             pool_size: self.pool_size,
+            batch_concurrency: usize::from(self.batch_concurrency),
             heartbeat_interval: self.heartbeat_interval.0,
             poll_interval: self.poll_interval.0,
             reap_interval: self.reap_interval.0,

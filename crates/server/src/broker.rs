@@ -20,9 +20,6 @@ use crate::store::{Enqueued, FailReq, Store};
 
 /// Most rows one group-commit statement carries.
 const MAX_BATCH_ROWS: usize = 2000;
-/// Statements in flight per batcher.
-const BATCH_CONCURRENCY: usize = 4;
-
 pub struct Broker {
     store: Store,
     dispatcher: Dispatcher,
@@ -36,14 +33,14 @@ pub struct Broker {
 }
 
 impl Broker {
-    pub fn new(store: Store, dispatcher: Dispatcher) -> Arc<Broker> {
+    pub fn new(store: Store, dispatcher: Dispatcher, batch_concurrency: usize) -> Arc<Broker> {
         let settle = dispatcher.settle().clone();
         let enqueue = {
             let (dispatcher, known) = (dispatcher.clone(), KnownQueues::default());
             Batcher::new(
                 "enqueue",
                 MAX_BATCH_ROWS,
-                BATCH_CONCURRENCY,
+                batch_concurrency,
                 |r: &Vec<NewJob>| r.len(),
                 move |reqs| enqueue(dispatcher.clone(), known.clone(), reqs),
             )
@@ -53,7 +50,7 @@ impl Broker {
             Batcher::new(
                 "ack",
                 MAX_BATCH_ROWS,
-                BATCH_CONCURRENCY,
+                batch_concurrency,
                 |r: &Vec<AckReq>| r.len(),
                 move |reqs| ack(settle.clone(), reqs),
             )
@@ -63,7 +60,7 @@ impl Broker {
             Batcher::new(
                 "nack",
                 MAX_BATCH_ROWS,
-                BATCH_CONCURRENCY,
+                batch_concurrency,
                 |_| 1,
                 move |reqs| nack(settle.clone(), reqs),
             )
@@ -73,7 +70,7 @@ impl Broker {
             Batcher::new(
                 "extend",
                 MAX_BATCH_ROWS,
-                BATCH_CONCURRENCY,
+                batch_concurrency,
                 |_| 1,
                 move |reqs| extend(store.clone(), dispatcher.clone(), reqs),
             )

@@ -19,6 +19,11 @@ pub struct Config {
     /// PostgreSQL connections in the pool (plus one LISTEN connection).
     /// Does not grow with the number of streams.
     pub pool_size: u32,
+    /// Group-commit statements in flight at once per kind (enqueue, ack,
+    /// nack, extend). Fewer means larger batches (less PostgreSQL work per
+    /// job) under load; more lets more commits overlap. An idle broker runs
+    /// each call's statement at once either way.
+    pub batch_concurrency: usize,
     /// Heartbeat interval on idle streams.
     pub heartbeat_interval: Duration,
     /// Fallback poll: every queue with streams is checked this often even
@@ -97,6 +102,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             pool_size: 10,
+            batch_concurrency: 4,
             heartbeat_interval: Duration::from_secs(15),
             poll_interval: Duration::from_secs(10),
             reap_interval: Duration::from_secs(5),

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 use uuid::Uuid;
 
 use crate::dispatch::Dispatcher;
@@ -49,6 +49,7 @@ pub async fn run(
             Ok(Some(n)) => {
                 if n.channel() == WAKE_CHANNEL {
                     if let Some(w) = parse_wake(n.payload(), &me) {
+                        trace!(queue = %w.queue, "woken by another replica");
                         dispatcher.wake(vec![w]);
                     }
                 } else {

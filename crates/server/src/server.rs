@@ -111,7 +111,7 @@ impl Server {
         let listen = crate::notify::listen(&store, &listen_pool)
             .await
             .context("opening the LISTEN connection")?;
-        let broker = Broker::new(store.clone(), dispatcher.clone());
+        let broker = Broker::new(store.clone(), dispatcher.clone(), cfg.batch_concurrency);
         let reporter = HealthReporter::new();
         let health = tonic_health::pb::health_server::HealthServer::new(
             tonic_health::server::HealthService::from_health_reporter(reporter.clone()),

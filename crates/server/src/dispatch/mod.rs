@@ -37,7 +37,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 use tonic::Status;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 
 pub use offers::{Claim, Offers};
 pub use stream::{DeliveryStream, Event, SubscriptionStream};
@@ -278,6 +278,7 @@ impl Task {
             }
             self.core.reconcile_offers();
             while let Some(round) = self.core.plan_round() {
+                trace!("lease round started");
                 let (store, me) = (self.store.clone(), self.me.clone());
                 tokio::spawn(async move {
                     let result = lease(&store, &round).await;
@@ -334,6 +335,7 @@ impl Task {
                     warn!(error = %e, "lease statement failed; retrying in 1s");
                 }
                 let delivered = self.core.finish_round(round, result, now);
+                trace!(jobs = delivered.jobs.len(), "lease round finished");
                 self.deliver(delivered);
             }
             Msg::Handed(handoff) => {

@@ -94,9 +94,19 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
     // length in a custom one, so with the default plan_cache_mode every call
     // was planned again: a third of PostgreSQL's CPU per job (profiled,
     // docs/BENCHMARKS.md). Their generic plans are the same shapes.
-    let hot_opts = target
-        .options()?
-        .options([("plan_cache_mode", "force_generic_plan")]);
+    //
+    // Every hot statement reaches `leaseq.jobs` through an index (the
+    // primary key, jobs_ready, jobs_dedup). A generic plan made while the
+    // table is new and has no statistics chose a sequential scan for
+    // ack.sql, and the connection kept it: each ack then read every page of
+    // a table full of dead rows (231 pages per call, 0.27 ms, half of
+    // PostgreSQL's CPU per job at 1,000 jobs/s on a fresh database;
+    // pg_stat_statements, docs/BENCHMARKS.md). `enable_seqscan = off` makes
+    // the planner take the index whatever its statistics say.
+    let hot_opts = target.options()?.options([
+        ("plan_cache_mode", "force_generic_plan"),
+        ("enable_seqscan", "off"),
+    ]);
     let conns = Conns::new(hot_opts, hot, target.acquire_timeout());
     Ok((pool, conns))
 }
