@@ -54,6 +54,8 @@ impl Counters {
 pub struct Shared {
     pub queue: String,
     pub payload_bytes: usize,
+    /// `--max-backlog` (0: none).
+    pub max_backlog: u64,
     pub counters: Counters,
     /// Enqueue → delivery.
     pub latency: Hist,
@@ -72,10 +74,11 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn new(queue: String, payload_bytes: usize) -> Shared {
+    fn new(queue: String, payload_bytes: usize, max_backlog: u64) -> Shared {
         Shared {
             queue,
             payload_bytes,
+            max_backlog,
             counters: Counters::default(),
             latency: Hist::default(),
             enqueue_calls: Hist::default(),
@@ -163,7 +166,7 @@ impl Bench {
             .queue
             .clone()
             .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
-        let shared = Arc::new(Shared::new(queue, args.payload_bytes));
+        let shared = Arc::new(Shared::new(queue, args.payload_bytes, args.max_backlog));
         Ok(Bench {
             args: args.clone(),
             shared,
@@ -360,7 +363,7 @@ mod tests {
 
     #[test]
     fn settles_count_confirmed_acks_and_failures() {
-        let s = Shared::new("q".into(), 64);
+        let s = Shared::new("q".into(), 64, 0);
         s.on_settled(&[
             result(pb::SettleOp::Ack, 0),
             result(pb::SettleOp::Ack, 0),
@@ -374,7 +377,7 @@ mod tests {
     #[test]
     fn deliveries_record_latency_only_when_stamped() {
         stamp::init();
-        let s = Shared::new("q".into(), 64);
+        let s = Shared::new("q".into(), 64, 0);
         let job = |payload| pb::Job {
             payload,
             ..Default::default()

@@ -137,6 +137,12 @@ pub struct BenchArgs {
     /// Payload bytes (at least 8: the first 8 carry the send time).
     #[arg(long, default_value_t = 64)]
     pub payload_bytes: usize,
+    /// `throughput`: producers wait while more than this many of the run's
+    /// jobs are enqueued and not yet acked, so the run measures a steady
+    /// state (as RabbitMQ's confirm window and the raw-SQL loop do) rather
+    /// than a backlog growing for as long as it lasts. 0: no cap.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_backlog: u64,
     /// Jobs per second for `latency` and `streams`, sent open loop: send
     /// times are scheduled in advance and calls do not wait for each other.
     #[arg(long, default_value_t = 1000)]

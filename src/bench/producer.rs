@@ -29,6 +29,10 @@ pub async fn batches(
     deadline: Instant,
 ) {
     while !shared.stop.is_cancelled() && Instant::now() < deadline {
+        if backlog_full(&shared) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
         let jobs = (0..batch)
             .map(|_| shared.new_job(stamp::payload(stamp::now(), shared.payload_bytes)))
             .collect();
@@ -42,6 +46,16 @@ pub async fn batches(
             Err(e) => shared.counters.error(format_args!("EnqueueBatch: {e}")),
         }
     }
+}
+
+/// Whether this run's jobs waiting to be acked are past `--max-backlog`.
+fn backlog_full(shared: &Shared) -> bool {
+    let c = &shared.counters;
+    let waiting = c
+        .enqueued
+        .load(Ordering::Relaxed)
+        .saturating_sub(c.acked.load(Ordering::Relaxed));
+    shared.max_backlog > 0 && waiting > shared.max_backlog
 }
 
 /// Closed loop of single Enqueue calls, one at a time, until the deadline.

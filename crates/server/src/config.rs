@@ -102,7 +102,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             pool_size: 10,
-            batch_concurrency: 4,
+            batch_concurrency: 2,
             heartbeat_interval: Duration::from_secs(15),
             poll_interval: Duration::from_secs(10),
             reap_interval: Duration::from_secs(5),
