@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One benchmark sitting (docs/BENCHMARKS.md): leaseq (release build) on a fresh
+# durable embedded cluster, two replicas, the commit floor, the raw-SQL
+# baseline and RabbitMQ, one after another on this machine, one JSON line per
+# run in OUTDIR/results.jsonl. Run as root (PostgreSQL runs as postgres).
+#   usage: scripts/bench-sitting.sh OUTDIR [BIN]
+#   env:   ANCHORS=../shared/anchors (commit-floor.sh, rabbitmq/; setup.sh once)
+#          NO_RABBIT=1 skips RabbitMQ; SOAK=N adds the 10-minute soak with
+#          --batch-concurrency N.
+set -uo pipefail
+OUT=${1:?outdir}; BIN=${2:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}
+ANCHORS=${ANCHORS:-$(cd "$(dirname "$0")/.." && pwd)/../shared/anchors}
+mkdir -p "$OUT"; log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)] $*" | tee -a "$OUT/log"; }
+D=/tmp/sit-pg; rm -rf $D
+pkill -f 'leaseq serve' ; sleep 1
+LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 RUST_LOG=warn $BIN serve > "$OUT/brokerA.log" 2>&1 &
+A_PID=$!
+for i in $(seq 60); do [ -S $D/run/.s.PGSQL.5432 ] || [ -n "$(ls $D/run/.s.PGSQL.* 2>/dev/null)" ] && break; sleep 1; done
+sleep 3
+SOCK=$(ls $D/run/.s.PGSQL.* | grep -v lock | head -1); PORT=${SOCK##*.}
+U="postgres://leaseq@localhost:$PORT/leaseq?host=$D/run"
+PM=$(head -1 $D/data/postmaster.pid)
+DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > "$OUT/brokerB.log" 2>&1 &
+B_PID=$!
+C_PID=
+sleep 3
+A=http://127.0.0.1:50061; B=http://127.0.0.1:50062
+CPU="--broker-pid $A_PID --postgres-pid $PM"
+PSQL() { runuser -u postgres -- psql -qAtX "$U" -c "$1"; }
+log "url $U brokers $A_PID $B_PID pm $PM"
+PSQL "show max_wal_size; show checkpoint_timeout; show wal_compression; show synchronous_commit; show fsync" | tr '\n' ' ' | tee -a "$OUT/log"; echo
+b() { # name args...
+  local name=$1; shift; log "bench $name: $*"
+  $BIN bench --json --payload-bytes 100 "$@" 2>>"$OUT/bench.err" | tail -1 | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='$name'; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"
+  sleep 2
+}
+floor() { log "floor $1"; runuser -u postgres -- $ANCHORS/commit-floor.sh "$U" "$1" 10 | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='floor-$1'; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"; sleep 2; }
+# warm up
+$BIN bench --addr $A --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
+floor 1000; floor 100
+b lat-1000 --addr $A --scenario latency --rate 1000 --consumers 2 --duration 10 $CPU
+b lat-100 --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU
+b lat-1000-cross --addr $A --consume-addr $B --scenario latency --rate 1000 --consumers 2 --duration 10
+floor 1000
+b tp-stream --addr $A --duration 15 $CPU
+b tp-unary --addr $A --duration 15 --ack unary $CPU
+b tp-batch --addr $A --duration 15 --ack batch $CPU
+b enqueue-64 --addr $A --scenario enqueue --producers 64 --duration 10 $CPU
+b baseline --scenario baseline --database-url "$U" --batch 100 --duration 15 --postgres-pid $PM
+b lat-100-b --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU
+b lat-1000-cross-b --addr $A --consume-addr $B --scenario latency --rate 1000 --consumers 2 --duration 10
+b lat-1000-b --addr $A --scenario latency --rate 1000 --consumers 2 --duration 10 $CPU
+if [ -z "${NO_RABBIT:-}" ]; then
+  kill $A_PID $B_PID $C_PID; sleep 3; pkill -f "postgres -D $D/data"; sleep 2
+  log "rabbitmq start"; rabbitmq-server -detached; sleep 5; rabbitmqctl -q await_startup --timeout 60
+  RPID=$(ps -C beam.smp -o pid=,rss= --sort=-rss | head -1 | awk '{print $1}'); log "beam pid $RPID"
+  RB=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}/release/rabbit-bench
+  cput() { awk '{print $14+$15}' /proc/$RPID/stat; }
+  one() { local name=$1; shift; sleep 3; log "rabbit $name"; local c0 line c1
+    c0=$(cput); line=$("$RB" --duration 15 --payload-bytes 100 --prefetch 100 "$@" 2>/dev/null | tail -1); c1=$(cput)
+    echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='$name'; d['beam_cpu_s']=($c1-$c0)/100; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"; }
+  one quorum-4x4      --queue-type quorum  throughput --producers 4 --consumers 4 --confirm-window 100
+  one classic-4x4     --queue-type classic throughput --producers 4 --consumers 4 --confirm-window 100
+  one quorum-lat-1000  --queue-type quorum  latency --rate 1000
+  one classic-lat-1000 --queue-type classic latency --rate 1000
+  one quorum-lat-100   --queue-type quorum  latency --rate 100
+  rabbitmqctl -q stop; log "rabbitmq stopped"
+else
+  kill $A_PID $B_PID $C_PID; sleep 3; pkill -f "postgres -D $D/data"; sleep 2
+fi
+if [ -n "${SOAK:-}" ]; then
+  LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 LEASEQ_BATCH_CONCURRENCY=$SOAK RUST_LOG=warn $BIN serve > "$OUT/brokerA-soak.log" 2>&1 &
+  A_PID=$!; sleep 6; PM=$(head -1 $D/data/postmaster.pid)
+  log "soak (batch concurrency $SOAK)"
+  $BIN bench --addr $A --duration 600 --report-every 60 --database-url "$U" --payload-bytes 100 --json --broker-pid $A_PID --postgres-pid $PM > "$OUT/soak.txt" 2>&1
+  tail -1 "$OUT/soak.txt" | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='soak'; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"
+  PSQL "select checkpoints_timed, checkpoints_req, buffers_checkpoint from pg_stat_bgwriter" | tee -a "$OUT/log"
+  PSQL "select pg_size_pretty(pg_total_relation_size('leaseq.jobs'))" | tee -a "$OUT/log"
+  kill $A_PID
+fi
+sleep 2; pkill -f "postgres -D $D/data" ; log done
