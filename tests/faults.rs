@@ -25,6 +25,15 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
+/// The default consumers, half of them on Consume streams (settles on the
+/// stream), half on Subscribe streams with unary settles.
+fn mixed() -> Behaviour {
+    Behaviour {
+        protocol: Protocol::Mixed,
+        ..Behaviour::default()
+    }
+}
+
 async fn start_replicas(url: &str, n: usize, extra: &[&str], test: &str) -> Vec<Replica> {
     let logs = log_dir(test);
     let mut reps: Vec<Replica> = (0..n)
@@ -46,7 +55,7 @@ async fn kill_9_replicas_under_load() {
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
     const CONSUMERS: usize = 6;
-    let load = Load::start(&h, &addrs, "k9", CONSUMERS, Behaviour::default(), 150);
+    let load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     let until = Instant::now() + fault_seconds();
@@ -65,6 +74,7 @@ async fn kill_9_replicas_under_load() {
     }
     let report = load.finish("kill-9", &db.pool, addrs[0], "k9").await;
     assert!(report.faults >= 1);
+    assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     // A kill costs at most an attempt per job: nothing reaches max_attempts.
     assert_eq!(report.dead, 0, "jobs dead-lettered by kills");
     // Each consumer acks one job at a time, so a kill leaves at most one Ack
@@ -103,7 +113,7 @@ async fn sigterm_drains_under_load() {
     let mut reps = start_replicas(&db.url, 2, &[], "sigterm").await;
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
-    let load = Load::start(&h, &addrs, "term", 4, Behaviour::default(), 150);
+    let load = Load::start(&h, &addrs, "term", 4, mixed(), 150);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     let until = Instant::now() + fault_seconds();
@@ -145,6 +155,7 @@ async fn sigterm_drains_under_load() {
     }
     assert!(streams_ended > 0, "no stream was open on a drained broker");
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
+    assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     // UNAVAILABLE, except that a call racing the connection's close at the
     // end of the drain fails in the client as CANCELLED, or rarely INTERNAL
     // (an HTTP/2 reset: the broker logs no error for it). Both are unknown
@@ -615,13 +626,14 @@ async fn cut_streams_and_racing_consumers() {
     let behaviour = Behaviour {
         cut: 0.1,
         credit: 4,
-        ..Behaviour::default()
+        ..mixed()
     };
     let load = Load::start(&h, &addrs, "race", 16, behaviour, 200);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
     sleep(fault_seconds()).await;
     let report = load.finish("cut-streams", &db.pool, addrs[0], "race").await;
     assert!(report.dup_closed > 0, "no cut stream's job came back");
+    assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert!(
         report.errors.is_empty(),
         "client cuts are no errors, yet clients saw: {:?}",

@@ -21,7 +21,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common::history::History;
-use crate::common::load::{Behaviour, Load, producer, wait_acked};
+use crate::common::load::{Behaviour, Load, Protocol, producer, wait_acked};
 use crate::common::*;
 use leaseq::pb;
 use leaseq::pb::subscribe_response::Kind;
@@ -223,7 +223,9 @@ async fn lb_client(lb: SocketAddr) -> Client {
 /// (tests/common/load.rs), on the one address it knows (the balancer), with
 /// a little work per job so that streams hold unsettled jobs when a replica
 /// goes away, and no nacks, stalls or cuts of its own: every redelivery is
-/// the lost replica's doing.
+/// the lost replica's doing. Half the consumers receive and settle on
+/// Consume streams (bidirectional, through the balancer), half on Subscribe
+/// streams with unary settles.
 fn through_the_balancer(lease: Duration) -> Behaviour {
     Behaviour {
         nack: 0.0,
@@ -232,6 +234,7 @@ fn through_the_balancer(lease: Duration) -> Behaviour {
         lease,
         credit: 8,
         work: Duration::from_millis(4),
+        protocol: Protocol::Mixed,
     }
 }
 
@@ -375,6 +378,7 @@ async fn lose_a_replica_mid_flow(loss: Loss) {
         .finish(&format!("lb-{loss:?}"), &db.pool, lb.addr, QUEUE)
         .await;
     assert_eq!(report.dead, 0, "no job dead-lettered");
+    assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert_eq!(
         lb.stats().await.unwrap()["leaseq-2"].status,
         "UP",

@@ -13,6 +13,7 @@ mod client;
 mod client_cli;
 mod clients;
 mod console;
+mod consume;
 mod embedded_pg;
 mod faults;
 mod fuzz_decode;

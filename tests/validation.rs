@@ -1611,3 +1611,491 @@ async fn admin_bad_input_table() {
     .await;
     fx.finish().await;
 }
+
+// ---- Consume ----------------------------------------------------------------
+
+/// Consume's first message: Subscribe's rows as its `subscribe` field (the
+/// field names gain the `subscribe.` prefix), and the rows only Consume
+/// has. Each row is the request stream's messages (none: the client
+/// half-closes at once). A rejected opening must fail the call itself, and
+/// settles it carries must not be applied; an accepted one opens a stream
+/// that ends OK when the client half-closes.
+fn consume_opening_rows((h, t): &Held) -> Vec<Row<Vec<pb::ConsumeRequest>>> {
+    let open = |s: pb::SubscribeRequest| pb::ConsumeRequest {
+        subscribe: Some(s),
+        ..Default::default()
+    };
+    let held_ack = pb::AckRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+    };
+    let mut out: Vec<Row<Vec<pb::ConsumeRequest>>> = subscribe_rows()
+        .into_iter()
+        .map(|r| {
+            let want = match r.want {
+                Want::Err(code, text) => Want::Err(code, format!("subscribe.{text}")),
+                other => other,
+            };
+            row(r.name, vec![open(r.req)], want)
+        })
+        .collect();
+    let invalid = |text: &str| starts(INVALID, text);
+    out.push(row("no message at all", vec![], invalid("subscribe")));
+    out.push(row(
+        "an empty first message",
+        vec![pb::ConsumeRequest::default()],
+        invalid("subscribe"),
+    ));
+    out.push(row(
+        "first message: the held job's ack, no subscribe",
+        vec![pb::ConsumeRequest {
+            acks: vec![held_ack.clone()],
+            ..Default::default()
+        }],
+        invalid("subscribe"),
+    ));
+    out.push(row(
+        "first message: the held job's dead-letter nack, no subscribe",
+        vec![pb::ConsumeRequest {
+            nacks: vec![pb::NackRequest {
+                job_id: h.clone(),
+                lease_token: t.clone(),
+                error: "boom".into(),
+                retry_after: None,
+                dead_letter: true,
+            }],
+            confirm_settles: true,
+            ..Default::default()
+        }],
+        invalid("subscribe"),
+    ));
+    out.push(row(
+        "first message: a bad subscribe and the held job's ack",
+        vec![pb::ConsumeRequest {
+            acks: vec![held_ack],
+            ..open(sub(&[".bad"]))
+        }],
+        invalid("subscribe.queues[0]"),
+    ));
+    out
+}
+
+/// Opens a Consume stream with `msgs` (the request side stays open until
+/// the opening was answered): Ok when it opened (first message a
+/// heartbeat) and then ended OK on a half-close; the call's status when
+/// refused; UNKNOWN when it opened and then failed, so that the row's code
+/// check catches a bad opening the broker let through.
+async fn consume_opening(mut c: Client, msgs: Vec<pb::ConsumeRequest>) -> Result<(), Status> {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let keep = if msgs.is_empty() {
+        None
+    } else {
+        Some(tx.clone())
+    };
+    for m in msgs {
+        tx.send(m).await.expect("receiver alive");
+    }
+    drop(tx);
+    let mut s = consume::Consumer::start_with(&mut c, keep, rx).await?;
+    s.opened(Duration::from_secs(5))
+        .await
+        .map_err(|e| Status::unknown(format!("stream opened, then: {e:?}")))?;
+    s.half_close();
+    let end = s.end(Duration::from_secs(5)).await;
+    match end.status {
+        Ok(()) if end.deliveries.is_empty() => Ok(()),
+        other => Err(Status::unknown(format!(
+            "after the half-close: {other:?}, {} deliveries",
+            end.deliveries.len()
+        ))),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_opening_bad_input_table() {
+    check_table("Consume (opening)", consume_opening_rows, consume_opening).await;
+}
+
+/// Later messages of a Consume stream: every Ack, Nack and ExtendLease row
+/// (the unary tables' rows) as one entry of a message, and rows of several
+/// entries where only the last is bad. Each must get a settle result with
+/// the unary call's code and a message naming the field with the entry's
+/// place (`acks[0].job_id`, `nacks[2].retry_after`), change nothing, and
+/// leave the stream open for the next row.
+fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
+    // Invalid fields are named with the entry's place; other texts (the
+    // stale token's) are as the unary call's.
+    fn placed(want: Want, place: &str) -> Want {
+        match want {
+            Want::Err(INVALID, text) => Want::Err(INVALID, format!("{place}.{text}")),
+            other => other,
+        }
+    }
+    let ack = |(job_id, lease_token): Held| pb::AckRequest {
+        job_id,
+        lease_token,
+    };
+    let mut out: Vec<Row<pb::ConsumeRequest>> = Vec::new();
+    for r in id_token_rows(held) {
+        let want = placed(r.want, "acks[0]");
+        out.push(row(
+            format!("acks[0] {}", r.name),
+            pb::ConsumeRequest {
+                acks: vec![ack(r.req)],
+                ..Default::default()
+            },
+            want,
+        ));
+    }
+    for r in nack_rows(held) {
+        let want = placed(r.want, "nacks[0]");
+        out.push(row(
+            format!("nacks[0] {}", r.name),
+            pb::ConsumeRequest {
+                nacks: vec![r.req],
+                ..Default::default()
+            },
+            want,
+        ));
+    }
+    for r in extend_rows(held) {
+        let want = placed(r.want, "extends[0]");
+        out.push(row(
+            format!("extends[0] {}", r.name),
+            pb::ConsumeRequest {
+                extends: vec![r.req],
+                ..Default::default()
+            },
+            want,
+        ));
+    }
+    // The place of a bad entry among good ones (unknown ids: stale).
+    let unknown_ack = || ack(Fixture::unknown());
+    let unknown_nack = || pb::NackRequest {
+        job_id: Fixture::unknown().0,
+        lease_token: Fixture::unknown().1,
+        error: "boom".into(),
+        retry_after: None,
+        dead_letter: true,
+    };
+    let unknown_extend = || pb::ExtendLeaseRequest {
+        job_id: Fixture::unknown().0,
+        lease_token: Fixture::unknown().1,
+        lease: pd(60, 0),
+    };
+    out.push(row(
+        "acks[1] job_id not a UUID",
+        pb::ConsumeRequest {
+            acks: vec![
+                unknown_ack(),
+                pb::AckRequest {
+                    job_id: "nope".into(),
+                    lease_token: held.1.clone(),
+                },
+            ],
+            ..Default::default()
+        },
+        bad(INVALID, "acks[1].job_id"),
+    ));
+    out.push(row(
+        "nacks[2] retry_after negative, held job",
+        pb::ConsumeRequest {
+            nacks: vec![
+                unknown_nack(),
+                unknown_nack(),
+                pb::NackRequest {
+                    job_id: held.0.clone(),
+                    lease_token: held.1.clone(),
+                    error: "boom".into(),
+                    retry_after: pd(-1, 0),
+                    dead_letter: false,
+                },
+            ],
+            ..Default::default()
+        },
+        bad(INVALID, "nacks[2].retry_after"),
+    ));
+    out.push(row(
+        "extends[1] lease zero, held job",
+        pb::ConsumeRequest {
+            extends: vec![
+                unknown_extend(),
+                pb::ExtendLeaseRequest {
+                    job_id: held.0.clone(),
+                    lease_token: held.1.clone(),
+                    lease: pd(0, 0),
+                },
+            ],
+            ..Default::default()
+        },
+        bad(INVALID, "extends[1].lease"),
+    ));
+    // A bad entry of each kind in one message, after good-looking ones.
+    out.push(row(
+        "acks, nacks and extends in one message, a bad extends[0]",
+        pb::ConsumeRequest {
+            acks: vec![unknown_ack()],
+            nacks: vec![unknown_nack()],
+            extends: vec![pb::ExtendLeaseRequest {
+                lease: None,
+                ..unknown_extend()
+            }],
+            ..Default::default()
+        },
+        bad(INVALID, "extends[0].lease"),
+    ));
+    // More entries than a batch may hold: every one refused, nothing done.
+    let many = |n: usize| (0..n).map(|_| unknown_ack()).collect::<Vec<_>>();
+    out.push(row(
+        "1001 acks",
+        pb::ConsumeRequest {
+            acks: many(1001),
+            ..Default::default()
+        },
+        bad(TOO_BIG, "acks"),
+    ));
+    // Dead-letter nacks, the held job's last: were the limit not
+    // enforced, the held job would be buried.
+    out.push(row(
+        "1001 nacks, the held job's last",
+        pb::ConsumeRequest {
+            nacks: (0..1000)
+                .map(|_| unknown_nack())
+                .chain([pb::NackRequest {
+                    job_id: held.0.clone(),
+                    lease_token: held.1.clone(),
+                    ..unknown_nack()
+                }])
+                .collect(),
+            ..Default::default()
+        },
+        bad(TOO_BIG, "nacks"),
+    ));
+    out.push(row(
+        "1001 extends",
+        pb::ConsumeRequest {
+            extends: (0..1001).map(|_| unknown_extend()).collect(),
+            ..Default::default()
+        },
+        bad(TOO_BIG, "extends"),
+    ));
+    // Exactly the limit: each entry reaches the fencing check.
+    out.push(row(
+        "1000 acks (unknown ids)",
+        pb::ConsumeRequest {
+            acks: many(1000),
+            ..Default::default()
+        },
+        bad(STALE, "lease_token"),
+    ));
+    out
+}
+
+/// Sends one message on the open stream and waits for the result of every
+/// entry in it (the stream confirms settles, so accepted ones are answered
+/// too). Returns the status of the message's last entry (acks, then nacks,
+/// then extends), as the unary call would have returned it; UNKNOWN when
+/// the results do not answer the entries sent, one for one.
+async fn consume_settle(
+    stream: &tokio::sync::Mutex<consume::Consumer>,
+    req: pb::ConsumeRequest,
+) -> Result<(), Status> {
+    let mut sent: Vec<(i32, String)> = Vec::new();
+    sent.extend(
+        req.acks
+            .iter()
+            .map(|a| (pb::SettleOp::Ack as i32, a.job_id.clone())),
+    );
+    sent.extend(
+        req.nacks
+            .iter()
+            .map(|n| (pb::SettleOp::Nack as i32, n.job_id.clone())),
+    );
+    sent.extend(
+        req.extends
+            .iter()
+            .map(|x| (pb::SettleOp::Extend as i32, x.job_id.clone())),
+    );
+    let mut s = stream.lock().await;
+    assert!(s.send(req).await, "the stream's request side is open");
+    let results = s.results(sent.len(), Duration::from_secs(10)).await;
+    let mut got: Vec<(i32, String)> = results.iter().map(|r| (r.op, r.job_id.clone())).collect();
+    let mut want = sent.clone();
+    got.sort();
+    want.sort();
+    if got != want {
+        return Err(Status::unknown(format!(
+            "results do not answer the entries one for one: {} sent, got {results:?}",
+            sent.len()
+        )));
+    }
+    let (op, id) = sent.last().expect("a row sends at least one entry");
+    let last = results
+        .iter()
+        .rev()
+        .find(|r| r.op == *op && &r.job_id == id)
+        .expect("answered");
+    consume::status_of(last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_settle_bad_input_table() {
+    let mut fx = Fixture::new().await;
+    let held = (fx.held_id.clone(), fx.held_token.clone());
+    // One stream for every row: a bad entry must not end it. It serves the
+    // held job's queue, where nothing else waits.
+    let stream = std::sync::Arc::new(tokio::sync::Mutex::new(
+        consume::Consumer::open(&mut fx.client.clone(), &["held"], 1, None, true).await,
+    ));
+    fx.rebase().await;
+    let rows = consume_settle_rows(&held);
+    fx.run("Consume (settles)", rows, |_, r| {
+        let stream = stream.clone();
+        async move { consume_settle(&stream, r).await }
+    })
+    .await;
+    // Still open after every row: nothing was delivered on it, and a
+    // half-close ends it OK.
+    let mut s = stream.lock().await;
+    s.half_close();
+    let end = s.end(Duration::from_secs(5)).await;
+    assert!(end.status.is_ok(), "{end:?}");
+    assert!(
+        end.deliveries.is_empty() && end.results.is_empty(),
+        "{end:?}"
+    );
+    drop(s);
+    fx.finish().await;
+}
+
+/// Requests a Consume stream cannot go on after: a second `subscribe`, a
+/// credit out of range (in the first message or a later one). Each row runs
+/// on a stream of its own (opened on the held job's queue): the stream
+/// must end with the code, naming the field, without applying the settles
+/// of that message; accepted credits keep it open until the half-close.
+fn consume_stream_rows((h, t): &Held) -> Vec<Row<(pb::ConsumeRequest, pb::ConsumeRequest)>> {
+    let first = || pb::ConsumeRequest {
+        subscribe: Some(sub(&["held"])),
+        confirm_settles: true,
+        ..Default::default()
+    };
+    let held_ack = pb::AckRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+    };
+    let held_dead = pb::NackRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+        error: "boom".into(),
+        retry_after: None,
+        dead_letter: true,
+    };
+    let later = |f: &dyn Fn(&mut pb::ConsumeRequest)| {
+        let mut r = pb::ConsumeRequest::default();
+        f(&mut r);
+        (first(), r)
+    };
+    let invalid = |text: &str| starts(INVALID, text);
+    vec![
+        row(
+            "a second subscribe",
+            later(&|r| r.subscribe = Some(sub(&["held"]))),
+            invalid("subscribe"),
+        ),
+        row(
+            "a second subscribe with the held job's ack",
+            later(&|r| {
+                r.subscribe = Some(sub(&["other"]));
+                r.acks = vec![held_ack.clone()];
+            }),
+            invalid("subscribe"),
+        ),
+        row(
+            "a second, malformed subscribe",
+            later(&|r| r.subscribe = Some(sub(&[]))),
+            invalid("subscribe"),
+        ),
+        row(
+            "max_in_flight 10001",
+            later(&|r| r.max_in_flight = 10_001),
+            invalid("max_in_flight"),
+        ),
+        row(
+            "max_in_flight u32::MAX",
+            later(&|r| r.max_in_flight = u32::MAX),
+            invalid("max_in_flight"),
+        ),
+        row(
+            "max_in_flight 10001 with the held job's ack",
+            later(&|r| {
+                r.max_in_flight = 10_001;
+                r.acks = vec![held_ack.clone()];
+            }),
+            invalid("max_in_flight"),
+        ),
+        row(
+            "max_in_flight 10001 with the held job's dead-letter nack",
+            later(&|r| {
+                r.max_in_flight = 10_001;
+                r.nacks = vec![held_dead.clone()];
+            }),
+            invalid("max_in_flight"),
+        ),
+        row(
+            "first message: max_in_flight 10001 with the held job's ack",
+            (
+                pb::ConsumeRequest {
+                    max_in_flight: 10_001,
+                    acks: vec![held_ack.clone()],
+                    ..first()
+                },
+                pb::ConsumeRequest::default(),
+            ),
+            invalid("max_in_flight"),
+        ),
+        // Accepted: the stream goes on (and ends OK at the half-close).
+        row(
+            "max_in_flight 10000",
+            later(&|r| r.max_in_flight = 10_000),
+            Want::Ok(0),
+        ),
+        row(
+            "max_in_flight 1",
+            later(&|r| r.max_in_flight = 1),
+            Want::Ok(0),
+        ),
+        row(
+            "max_in_flight 0 (unchanged)",
+            later(&|r| r.max_in_flight = 0),
+            Want::Ok(0),
+        ),
+        row(
+            "an empty message",
+            (first(), pb::ConsumeRequest::default()),
+            Want::Ok(0),
+        ),
+    ]
+}
+
+/// Opens a stream with the row's first message, sends its second, then
+/// half-closes: the stream's final status (Ok when it ended OK), UNKNOWN if
+/// it carried a delivery or a settle result.
+async fn consume_stream(
+    mut c: Client,
+    (first, then): (pb::ConsumeRequest, pb::ConsumeRequest),
+) -> Result<(), Status> {
+    let mut s = consume::Consumer::start(&mut c, first).await?;
+    s.opened(Duration::from_secs(5)).await?;
+    s.send(then).await;
+    s.half_close();
+    let end = s.end(Duration::from_secs(5)).await;
+    if !end.deliveries.is_empty() || !end.results.is_empty() {
+        return Err(Status::unknown(format!("the stream carried: {end:?}")));
+    }
+    end.status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_stream_errors_table() {
+    check_table("Consume (stream)", consume_stream_rows, consume_stream).await;
+}

@@ -66,6 +66,9 @@ struct Inner {
     nack_ok: usize,
     /// stream -> (broker, opened at)
     streams: HashMap<u64, (usize, Duration)>,
+    /// Streams opened with Consume (settles on the stream); the others
+    /// are Subscribe streams.
+    consume_streams: HashSet<u64>,
     /// stream -> local time the client dropped it (it releases its jobs).
     dropped: HashMap<u64, Duration>,
     /// stream -> (local time, end status) when the broker ended it.
@@ -128,8 +131,15 @@ impl History {
         })
     }
 
-    /// The client drops `stream` (before the drop, so that the time is a
-    /// lower bound of the release).
+    /// A Consume stream was opened (settles go on it).
+    pub fn consume_opened(&self, broker: usize) -> u64 {
+        let id = self.stream_opened(broker);
+        self.with(|h| h.consume_streams.insert(id));
+        id
+    }
+
+    /// The client drops `stream`, or half-closes it (before the drop, so
+    /// that the time is a lower bound of the release).
     pub fn stream_dropped(&self, stream: u64) {
         let t = self.now();
         self.with(|h| {
@@ -348,6 +358,20 @@ impl History {
         r.ack_stale = h.ack_stale;
         r.nacks = h.nack_ok;
         r.dead = dead.len();
+        let stream_of: HashMap<&str, u64> = h
+            .deliveries
+            .iter()
+            .map(|d| (d.token.as_str(), d.stream))
+            .collect();
+        r.consume_acks = h
+            .ack_ok
+            .iter()
+            .filter(|a| {
+                stream_of
+                    .get(a.1.as_str())
+                    .is_some_and(|s| h.consume_streams.contains(s))
+            })
+            .count();
         r.faults = h.faults.len();
         for f in &h.faults {
             *r.fault_kinds.entry(f.kind).or_default() += 1;
@@ -481,6 +505,8 @@ pub struct Report {
     pub dup_nack: usize,
     pub dup_closed: usize,
     pub nacks: usize,
+    /// Acks that returned OK for jobs delivered on Consume streams.
+    pub consume_acks: usize,
     pub dead: usize,
     pub ack_unknown: usize,
     pub ack_stale: usize,
@@ -501,7 +527,7 @@ impl Report {
     pub fn figures(&self, name: &str, wall: Duration) -> String {
         format!(
             "FAULTS {name}: jobs={} enqueue_unknown={} deliveries={} faults={} {:?} duplicates={} \
-             (expiry={} nack={} closed={}) nacks={} dead={} ack_unknown={} ack_stale={} \
+             (expiry={} nack={} closed={}) nacks={} consume_acks={} dead={} ack_unknown={} ack_stale={} \
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} \
              recovery_max_s={:.2} wall_s={:.1} client_errors={:?}",
             self.enqueued,
@@ -514,6 +540,7 @@ impl Report {
             self.dup_nack,
             self.dup_closed,
             self.nacks,
+            self.consume_acks,
             self.dead,
             self.ack_unknown,
             self.ack_stale,

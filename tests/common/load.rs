@@ -1,25 +1,30 @@
 //! Load for the fault runs (tests/faults.rs) and the load-balancer runs
 //! (tests/lb.rs): broker replicas as real processes, producers and consumers
 //! that record everything into a [`History`], and the final drain by a clean
-//! consumer and the history's check ([`Load::finish`]).
+//! consumer and the history's check ([`Load::finish`]). Consumers receive
+//! jobs on Subscribe streams and settle them with unary calls, or on
+//! Consume streams with the settles on the stream ([`Protocol`]).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use leaseq::pb;
+use leaseq::pb::consume_response::Kind as ConsumeKind;
 use leaseq::pb::queue_service_client::QueueServiceClient;
 use leaseq::pb::subscribe_response::Kind;
 use sqlx::PgPool;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Endpoint;
 
-use super::history::{History, Report};
+use super::history::{Delivered, History, Report};
 use crate::common::{Client, dur, free_port, wait_serving};
 
 /// How long the fault phase of each test runs: `LEASEQ_FAULT_SECONDS`
@@ -134,6 +139,28 @@ impl Replica {
     }
 }
 
+/// The RPC consumers receive (and settle) jobs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Subscribe; settles by unary Ack and Nack calls.
+    Subscribe,
+    /// Consume; settles on the stream ([`consume_consumer`]).
+    Consume,
+    /// Half of each: consumer `i` uses Consume when `i` is odd.
+    Mixed,
+}
+
+impl Protocol {
+    /// Whether consumer `i` uses Consume.
+    fn consume(self, i: usize) -> bool {
+        match self {
+            Protocol::Subscribe => false,
+            Protocol::Consume => true,
+            Protocol::Mixed => i % 2 == 1,
+        }
+    }
+}
+
 /// What a consumer does with each delivery (fractions of deliveries).
 #[derive(Clone, Copy)]
 pub struct Behaviour {
@@ -147,6 +174,7 @@ pub struct Behaviour {
     pub credit: u32,
     /// Upper bound of the simulated work per job.
     pub work: Duration,
+    pub protocol: Protocol,
 }
 
 impl Default for Behaviour {
@@ -158,6 +186,7 @@ impl Default for Behaviour {
             lease: Duration::from_secs(2),
             credit: 8,
             work: Duration::from_millis(5),
+            protocol: Protocol::Subscribe,
         }
     }
 }
@@ -289,6 +318,279 @@ pub async fn consumer(
         drop(stream);
         broker = home;
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// As [`consumer`], on Consume streams: each Ack and Nack goes on the
+/// stream (with `confirm_settles`, so every settle is answered), one at a
+/// time, and its result is awaited before the next delivery is handled
+/// (deliveries that arrive meanwhile are recorded as they arrive and
+/// handled in order). A settle whose stream ends before its result counts
+/// as unanswered, with the stream's end status. When the consumer goes back
+/// home or stops it half-closes its stream and reads it to its end. A cut
+/// drops the call: the response side first (the client stops reading), then
+/// the request side, which the broker sees end as well; either way it
+/// releases the stream's jobs at once.
+pub async fn consume_consumer(
+    history: History,
+    addrs: Vec<SocketAddr>,
+    home: usize,
+    queue: &'static str,
+    b: Behaviour,
+    seed: u64,
+    stop: CancellationToken,
+) {
+    let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
+    let mut rng = Rng::new(seed);
+    let mut broker = home;
+    while !stop.is_cancelled() {
+        let mut client = clients[broker].clone();
+        let (tx, rx) = mpsc::channel::<pb::ConsumeRequest>(16);
+        tx.try_send(pb::ConsumeRequest {
+            subscribe: Some(pb::SubscribeRequest {
+                queues: vec![queue.into()],
+                consumer: format!("faults-consume-{seed}"),
+                max_in_flight: b.credit,
+                lease: Some(dur(b.lease)),
+            }),
+            confirm_settles: true,
+            ..Default::default()
+        })
+        .expect("room for the first message");
+        let opened = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = timeout(Duration::from_secs(5), client.consume(ReceiverStream::new(rx))) => r,
+        };
+        let stream = match opened {
+            Ok(Ok(s)) => s.into_inner(),
+            Ok(Err(s)) => {
+                history.subscribe_err(s.code());
+                broker = (broker + 1) % clients.len();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(_) => {
+                history.subscribe_err(Code::DeadlineExceeded);
+                broker = (broker + 1) % clients.len();
+                continue;
+            }
+        };
+        let sid = history.consume_opened(broker);
+        let mut s = ConsumeConn {
+            history: &history,
+            sid,
+            broker,
+            lease: b.lease,
+            stream,
+            tx: Some(tx),
+            queued: VecDeque::new(),
+        };
+        let away = tokio::time::sleep(if broker == home {
+            Duration::MAX / 4
+        } else {
+            Duration::from_secs(1)
+        });
+        tokio::pin!(away);
+        loop {
+            let rec = match s.queued.pop_front() {
+                Some(rec) => rec,
+                None => {
+                    let msg = tokio::select! {
+                        _ = stop.cancelled() => {
+                            s.close().await;
+                            return;
+                        }
+                        _ = &mut away => {
+                            s.close().await;
+                            break;
+                        }
+                        m = s.stream.message() => m,
+                    };
+                    match s.take(msg) {
+                        Ok(Some(rec)) => rec,
+                        Ok(None) => continue,
+                        Err(()) => break,
+                    }
+                }
+            };
+            let roll = rng.next_f64();
+            if roll < b.cut {
+                history.fault("client cut", Some(broker));
+                history.stream_dropped(sid);
+                break;
+            } else if roll < b.cut + b.stall {
+                continue;
+            }
+            if !b.work.is_zero() {
+                tokio::time::sleep(b.work.mul_f64(rng.next_f64())).await;
+            }
+            let mut req = pb::ConsumeRequest::default();
+            let op = if roll < b.cut + b.stall + b.nack {
+                history.nack_sent(&rec);
+                req.nacks.push(pb::NackRequest {
+                    job_id: rec.id.clone(),
+                    lease_token: rec.token.clone(),
+                    error: "faults: nacked on purpose".into(),
+                    retry_after: Some(dur(Duration::ZERO)),
+                    dead_letter: false,
+                });
+                pb::SettleOp::Nack
+            } else {
+                req.acks.push(pb::AckRequest {
+                    job_id: rec.id.clone(),
+                    lease_token: rec.token.clone(),
+                });
+                pb::SettleOp::Ack
+            };
+            let (r, open) = s.settle(req, &rec.id, op).await;
+            match op {
+                pb::SettleOp::Nack => history.nack_result(&rec, &r),
+                _ => history.ack_result(&rec, broker, &r),
+            }
+            if !open {
+                break;
+            }
+        }
+        // The call is gone (dropped here unless it ended); go back home.
+        drop(s);
+        broker = home;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One Consume call of [`consume_consumer`].
+struct ConsumeConn<'a> {
+    history: &'a History,
+    sid: u64,
+    broker: usize,
+    lease: Duration,
+    /// Declared (so dropped) before `tx`: a cut stops reading first.
+    stream: tonic::Streaming<pb::ConsumeResponse>,
+    /// None once half-closed.
+    tx: Option<mpsc::Sender<pb::ConsumeRequest>>,
+    /// Deliveries received (and recorded) while a settle's result was
+    /// awaited, not handled yet.
+    queued: VecDeque<Delivered>,
+}
+
+impl ConsumeConn<'_> {
+    /// Sorts one response: a delivery is recorded and returned; a stream
+    /// end is recorded and is `Err`. Settle results are not expected here
+    /// (every settle's result is awaited) and are skipped.
+    fn take(
+        &mut self,
+        msg: Result<Option<pb::ConsumeResponse>, tonic::Status>,
+    ) -> Result<Option<Delivered>, ()> {
+        match msg {
+            Ok(Some(m)) => match m.kind {
+                Some(ConsumeKind::Delivery(d)) => Ok(Some(self.history.delivered(
+                    self.sid,
+                    self.broker,
+                    self.lease,
+                    &d,
+                ))),
+                _ => Ok(None),
+            },
+            Ok(None) => {
+                self.history.stream_ended(self.sid, None);
+                Err(())
+            }
+            Err(s) => {
+                self.history.stream_ended(self.sid, Some(s.code()));
+                Err(())
+            }
+        }
+    }
+
+    /// Sends one settle and waits (10 s at most) for its result. Returns
+    /// the result as the unary call's, and whether the stream is still open.
+    async fn settle(
+        &mut self,
+        req: pb::ConsumeRequest,
+        id: &str,
+        op: pb::SettleOp,
+    ) -> (Result<(), tonic::Status>, bool) {
+        let sent = match &self.tx {
+            Some(tx) => tx.send(req).await.is_ok(),
+            None => false,
+        };
+        if !sent {
+            // The call is over; its end (read below) says why.
+            let end = timeout(Duration::from_secs(10), self.stream.message()).await;
+            let code = match &end {
+                Ok(Err(s)) => s.code(),
+                _ => Code::Cancelled,
+            };
+            if let Ok(msg) = end {
+                let _ = self.take(msg);
+            }
+            return (
+                Err(tonic::Status::new(code, "stream closed before the send")),
+                false,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let msg = match tokio::time::timeout_at(deadline, self.stream.message()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    return (
+                        Err(tonic::Status::deadline_exceeded("no settle result in 10 s")),
+                        true,
+                    );
+                }
+            };
+            let end = match &msg {
+                Ok(None) => Some(Code::DataLoss),
+                Err(s) => Some(s.code()),
+                Ok(Some(_)) => None,
+            };
+            if let Ok(Some(pb::ConsumeResponse {
+                kind: Some(ConsumeKind::Settled(r)),
+            })) = &msg
+            {
+                if let Some(r) = r
+                    .results
+                    .iter()
+                    .find(|r| r.job_id == id && r.op == op as i32)
+                {
+                    let r = if r.code == 0 {
+                        Ok(())
+                    } else {
+                        Err(tonic::Status::new(Code::from(r.code), r.message.clone()))
+                    };
+                    return (r, true);
+                }
+                continue;
+            }
+            match self.take(msg) {
+                Ok(Some(rec)) => self.queued.push_back(rec),
+                Ok(None) => {}
+                // The stream ended before the result: its outcome is
+                // unknown. (An OK end, which a half-close alone may give,
+                // would be a broker bug: DATA_LOSS makes it stand out.)
+                Err(()) => {
+                    let code = end.expect("an end");
+                    return (
+                        Err(tonic::Status::new(code, "stream ended before the result")),
+                        false,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Half-closes and reads the stream to its end (5 s at most), recording
+    /// what still arrives. The half-close releases the stream's jobs.
+    async fn close(&mut self) {
+        self.history.stream_dropped(self.sid);
+        self.tx = None;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(msg) = tokio::time::timeout_at(deadline, self.stream.message()).await {
+            if self.take(msg).is_err() {
+                return;
+            }
+        }
     }
 }
 
@@ -501,15 +803,15 @@ impl Load {
         let consumers_stop = CancellationToken::new();
         let consumers = (0..consumers)
             .map(|i| {
-                tokio::spawn(consumer(
-                    history.clone(),
-                    addrs.to_vec(),
-                    i % addrs.len(),
-                    queue,
-                    behaviour,
-                    i as u64 + 1,
-                    consumers_stop.clone(),
-                ))
+                let (h, addrs, home) = (history.clone(), addrs.to_vec(), i % addrs.len());
+                let (seed, stop) = (i as u64 + 1, consumers_stop.clone());
+                if behaviour.protocol.consume(i) {
+                    tokio::spawn(consume_consumer(
+                        h, addrs, home, queue, behaviour, seed, stop,
+                    ))
+                } else {
+                    tokio::spawn(consumer(h, addrs, home, queue, behaviour, seed, stop))
+                }
             })
             .collect();
         Load {

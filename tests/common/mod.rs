@@ -9,6 +9,7 @@
 //! `postgres` can reach ([`scratch_path`]) and reflection.
 #![allow(dead_code)]
 
+pub mod consume;
 pub mod history;
 pub mod load;
 
