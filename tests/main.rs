@@ -24,6 +24,7 @@ mod process;
 mod security;
 mod semantics;
 mod sql_enqueue;
+mod traces;
 mod validation;
 mod work;
 
