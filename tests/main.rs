@@ -16,6 +16,7 @@ mod console;
 mod embedded_pg;
 mod faults;
 mod fuzz_decode;
+mod go_example;
 mod lb;
 mod limits;
 mod metrics;
