@@ -84,6 +84,17 @@ have_chromium() {
         command -v google-chrome >/dev/null 2>&1; } && command -v chromedriver >/dev/null 2>&1
 }
 have_promtool() { command -v promtool >/dev/null 2>&1; }
+have_go() {
+    # The Go example builds in GOPATH mode against Debian's Go packages (no
+    # module proxy is assumed): tests/go_example.rs.
+    command -v go >/dev/null 2>&1 && command -v protoc >/dev/null 2>&1 &&
+        command -v protoc-gen-go >/dev/null 2>&1 && command -v protoc-gen-go-grpc >/dev/null 2>&1 &&
+        [ -d /usr/share/gocode/src/google.golang.org/grpc ] && [ -d /usr/share/gocode/src/google.golang.org/protobuf ] &&
+        [ -f /usr/include/google/protobuf/duration.proto ] &&
+        # grpc-go's codec through github.com/golang/protobuf 1.4+ (the 1.3
+        # package, which apt picks by default, cannot marshal APIv2 messages).
+        [ -f /usr/share/gocode/src/github.com/golang/protobuf/proto/registry.go ]
+}
 have_yaml() { command -v python3 >/dev/null 2>&1 && python3 -c 'import yaml' >/dev/null 2>&1; }
 have_rust() { command -v cargo >/dev/null 2>&1 && command -v rustc >/dev/null 2>&1; }
 have_clippy() { command -v cargo-clippy >/dev/null 2>&1 && clippy_driver >/dev/null; }
@@ -105,6 +116,7 @@ prereqs=(
     "PyYAML (python3 -c 'import yaml')|have_yaml|python3-yaml|python3-pyyaml|pyyaml|deploy/check"
     "Chromium and ChromeDriver|have_chromium|chromium chromium-driver|chromium chromedriver|chromium chromedriver|the console's browser tests (tests/console.rs)"
     "promtool|have_promtool|prometheus|golang-github-prometheus|prometheus|the alerting rules (tests/alerts.rs, deploy/check)"
+    "Go, protoc and Go gRPC packages|have_go|golang-go protobuf-compiler libprotobuf-dev protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev|golang protobuf-compiler protobuf-devel golang-google-protobuf-devel golang-google-grpc-devel|go protobuf protoc-gen-go protoc-gen-go-grpc|the Go example (tests/go_example.rs)"
 )
 # Not packages of the system: named, never installed by this script.
 rust_prereqs=(

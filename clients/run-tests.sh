@@ -8,9 +8,9 @@
 #   port, on $DATABASE_URL if set, else on its embedded PostgreSQL cluster in
 #   a fresh temporary directory (the server binaries are installed with
 #   apt-get when missing, as .ci/run does).
-# - Dependencies, installed when missing or out of date: a virtualenv in
-#   clients/python/.venv with the package and its test extras, and
-#   clients/node/node_modules from package-lock.json (`npm ci`).
+# - Dependencies, installed when missing or out of date (clients/setup.sh):
+#   a virtualenv in clients/python/.venv with the package and its test
+#   extras, and clients/node/node_modules from package-lock.json (`npm ci`).
 # - Runs pytest, then `node --test`, whatever the first one gave; stops the
 #   broker with SIGTERM and removes the temporary directory on any exit.
 #   Exits non-zero if any test failed, after a `clients: N passed, N failed`
@@ -41,39 +41,9 @@ if [ -z "${DATABASE_URL:-}" ] && ! have_pg_bins; then
     apt-get install -y -q --no-install-recommends postgresql
 fi
 
-# --- Python dependencies
-stamp_of() { cat "$@" | cksum | cut -d' ' -f1; }
-if [ ! -x "$py/.venv/bin/python" ]; then
-    echo "--- python3 -m venv clients/python/.venv"
-    if ! python3 -m venv "$py/.venv"; then
-        # Debian's python3 ships venv's pip separately.
-        rm -rf "$py/.venv"
-        if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv
-            python3 -m venv "$py/.venv"
-        else
-            echo "python3 -m venv failed: install the venv module (Debian: apt-get install python3-venv)" >&2
-            exit 1
-        fi
-    fi
-fi
-pystamp="$(stamp_of "$py/pyproject.toml")"
-if [ "$(cat "$py/.venv/.leaseq-deps" 2>/dev/null)" != "$pystamp" ]; then
-    echo "--- pip install -e clients/python[test]"
-    "$py/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$py[test]"
-    echo "$pystamp" >"$py/.venv/.leaseq-deps"
-fi
-
-# --- Node dependencies, and the package's build (TypeScript to dist/: npm
-# ci runs it as the package's prepare script; otherwise it is run here, so
-# the tests always use the current src/)
-if [ ! -f "$node/node_modules/.package-lock.json" ] || [ "$node/package-lock.json" -nt "$node/node_modules/.package-lock.json" ]; then
-    echo "--- npm ci (clients/node)"
-    (cd "$node" && npm ci --no-audit --no-fund --loglevel=error)
-else
-    echo "--- npm run build (clients/node)"
-    (cd "$node" && npm run --silent build)
-fi
+# --- dependencies (clients/setup.sh: the venv and node_modules, each only
+# when missing or out of date, under a lock shared with tests/traces.rs)
+bash "$here/setup.sh" python node
 
 # --- the broker process
 work="$(mktemp -d "${TMPDIR:-/tmp}/leaseq-clients.XXXXXX")"

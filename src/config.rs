@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::duration::CliDuration;
 use leaseq_server::Config;
-use leaseq_server::config::{RequestLimits, SecurityConfig};
+use leaseq_server::config::{OtlpConfig, RequestLimits, SecurityConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -166,6 +166,17 @@ pub struct ServeArgs {
     pub metrics_interval: CliDuration,
     #[command(flatten)]
     pub security: SecurityArgs,
+    /// Export spans of every job's enqueue, deliveries and settles (children
+    /// of its `traceparent` header) to this OTLP/gRPC collector, e.g.
+    /// http://127.0.0.1:4317. Unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; none of them = tracing off
+    /// (OTEL_SDK_DISABLED=true turns it off too). See docs/clients.md.
+    #[arg(long, env = "LEASEQ_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// service.name of the exported spans. Unset: OTEL_SERVICE_NAME, else
+    /// leaseq.
+    #[arg(long, env = "LEASEQ_OTLP_SERVICE_NAME")]
+    pub otlp_service_name: Option<String>,
 }
 
 fn defaults() -> Config {
@@ -210,6 +221,24 @@ pub struct SecurityArgs {
 }
 
 impl ServeArgs {
+    /// Where spans go: --otlp-endpoint / LEASEQ_OTLP_ENDPOINT, else the
+    /// standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then
+    /// OTEL_EXPORTER_OTLP_ENDPOINT (empty = unset); None when all are unset
+    /// or OTEL_SDK_DISABLED is true. `env` reads a variable.
+    pub fn otlp(&self, env: impl Fn(&str) -> Option<String>) -> Option<OtlpConfig> {
+        let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        if env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return None;
+        }
+        let endpoint = set(self.otlp_endpoint.clone())
+            .or_else(|| set(env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")))
+            .or_else(|| set(env("OTEL_EXPORTER_OTLP_ENDPOINT")))?;
+        Some(OtlpConfig {
+            endpoint,
+            service_name: set(self.otlp_service_name.clone()),
+        })
+    }
+
     /// The server's settings these flags describe.
     pub fn config(&self) -> Config {
         let s = &self.security;
@@ -244,6 +273,7 @@ impl ServeArgs {
                 max_streams_per_connection: s.max_streams_per_connection,
                 concurrency_limit_per_connection: s.concurrency_limit_per_connection,
             },
+            otlp: self.otlp(|k| std::env::var(k).ok()),
         }
     }
 }
@@ -260,8 +290,60 @@ mod tests {
             serve: ServeArgs,
         }
         let args = Serve::try_parse_from(["leaseq"]).unwrap().serve;
-        let (from_flags, lib) = (args.config(), Config::default());
+        let (mut from_flags, lib) = (args.config(), Config::default());
+        // Set by the environment the tests run in, if at all.
+        from_flags.otlp = args.otlp(|_| None);
         assert_eq!(args.listen.port(), 50051);
         assert_eq!(format!("{from_flags:?}"), format!("{lib:?}"));
+    }
+
+    #[test]
+    fn the_otlp_endpoint_is_the_flag_else_the_standard_variables() {
+        #[derive(Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let parse = |argv: &[&str]| Serve::try_parse_from(argv).unwrap().serve;
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let endpoint = |args: &ServeArgs, vars: &'static [(&'static str, &'static str)]| {
+            args.otlp(env(vars)).map(|o| o.endpoint)
+        };
+        let none = parse(&["leaseq"]);
+        assert_eq!(endpoint(&none, &[]), None);
+        assert_eq!(
+            endpoint(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")]).as_deref(),
+            Some("http://c:4317")
+        );
+        let both = &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317"),
+        ];
+        assert_eq!(endpoint(&none, both).as_deref(), Some("http://t:4317"));
+        let flag = parse(&["leaseq", "--otlp-endpoint", "http://f:4317"]);
+        assert_eq!(endpoint(&flag, both).as_deref(), Some("http://f:4317"));
+        assert_eq!(endpoint(&flag, &[("OTEL_SDK_DISABLED", "true")]), None);
+        assert_eq!(
+            endpoint(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]),
+            None,
+            "empty is unset"
+        );
+        let named = parse(&[
+            "leaseq",
+            "--otlp-endpoint",
+            "http://f:4317",
+            "--otlp-service-name",
+            "q1",
+        ]);
+        assert_eq!(
+            named.otlp(|_| None).unwrap().service_name.as_deref(),
+            Some("q1")
+        );
     }
 }

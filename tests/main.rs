@@ -17,6 +17,7 @@ mod consume;
 mod embedded_pg;
 mod faults;
 mod fuzz_decode;
+mod go_example;
 mod lb;
 mod limits;
 mod metrics;
@@ -25,6 +26,7 @@ mod process;
 mod security;
 mod semantics;
 mod sql_enqueue;
+mod traces;
 mod validation;
 mod work;
 

@@ -13,6 +13,11 @@
 # wheels for CPython 3.7-3.10: run this with one of those, e.g.
 #   python3.9 -m venv /tmp/gen && /tmp/gen/bin/pip install grpcio-tools==1.49.1
 #   PYTHON=/tmp/gen/bin/python ./generate.sh
+# The *_pb2.py / *_pb2.pyi files are also reproduced byte for byte by the
+# protoc of Debian 12's protobuf-compiler (3.21.12, the same protoc 21), when
+# only they change (file options, say: the *_grpc.py files hold no
+# descriptor):
+#   protoc -I ../../proto --python_out=. --pyi_out=. leaseq/v1/queue.proto leaseq/v1/admin.proto
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 proto="$here/../../proto"

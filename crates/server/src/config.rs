@@ -63,6 +63,9 @@ pub struct Config {
     /// recomputed.
     pub metrics_interval: Duration,
     pub security: SecurityConfig,
+    /// Export spans of the jobs' enqueues, deliveries and settles over
+    /// OTLP/gRPC ([`crate::telemetry`]). None: off.
+    pub otlp: Option<OtlpConfig>,
 }
 
 /// How large requests may be (not to be confused with the per-queue
@@ -98,6 +101,17 @@ pub struct SecurityConfig {
     pub concurrency_limit_per_connection: Option<usize>,
 }
 
+/// Where and as what the broker exports its spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtlpConfig {
+    /// The collector's OTLP/gRPC endpoint, e.g. `http://127.0.0.1:4317`
+    /// (`https://` for TLS, verified against the system's roots and the CA
+    /// in `OTEL_EXPORTER_OTLP_CERTIFICATE` if set).
+    pub endpoint: String,
+    /// `service.name` of the spans. None: `OTEL_SERVICE_NAME`, else `leaseq`.
+    pub service_name: Option<String>,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -119,6 +133,7 @@ impl Default for Config {
             http_listen: None,
             metrics_interval: Duration::from_secs(5),
             security: SecurityConfig::default(),
+            otlp: None,
         }
     }
 }

@@ -27,6 +27,8 @@
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`auth`], [`tls`], [`stream_limit`]: bearer tokens and per-queue grants,
 //!   TLS and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
+//! - [`telemetry`]: spans of the jobs' enqueues, deliveries and settles,
+//!   exported over OTLP (off by default).
 //! - [`config`]: [`Config`], the settings; [`error`]: errors and their one
 //!   mapping to gRPC status codes.
 //! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
@@ -48,6 +50,7 @@ pub mod server;
 pub mod settle;
 pub mod store;
 pub mod stream_limit;
+pub mod telemetry;
 pub mod tls;
 
 pub use config::Config;

@@ -28,6 +28,7 @@ use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::queue_service_server::QueueServiceServer;
 use crate::settle::Notifier;
 use crate::store::{self, Store};
+use crate::telemetry::Traces;
 
 /// Health service name that stays SERVING while the process is healthy, even
 /// when PostgreSQL is not: orchestrators use it for liveness, so a database
@@ -74,6 +75,8 @@ struct Server {
     /// Cancelled when a drain starts: health stays NOT_SERVING from then on,
     /// and WatchQueues streams end.
     draining: CancellationToken,
+    /// The OTLP exporter of job spans (off unless `cfg.otlp`); flushed last.
+    traces: Traces,
 }
 
 impl Server {
@@ -88,6 +91,10 @@ impl Server {
         // stops the broker instead of serving without the protection asked for.
         let tls = crate::tls::server_config(&cfg.security)?;
         let auth = authenticator(&cfg)?;
+        let traces = match &cfg.otlp {
+            Some(otlp) => Traces::start(otlp).context("--otlp-endpoint")?,
+            None => Traces::off(),
+        };
         if tls.is_none() {
             warn!(
                 "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
@@ -172,6 +179,7 @@ impl Server {
             background,
             stop_background: stop,
             draining,
+            traces,
         })
     }
 
@@ -215,9 +223,11 @@ impl Server {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
         let limits = cfg.request_limits;
-        let queue_api = QueueApi::new(self.broker.clone(), limits).with_stream_limit(
-            crate::stream_limit::StreamLimit::new(cfg.security.max_streams),
-        );
+        let queue_api = QueueApi::new(self.broker.clone(), limits)
+            .with_stream_limit(crate::stream_limit::StreamLimit::new(
+                cfg.security.max_streams,
+            ))
+            .with_traces(self.traces.clone());
         let max_encoding = limits.max_message_bytes.max(limits.max_payload_bytes * 2);
         let queue_service = QueueServiceServer::new(queue_api)
             .max_decoding_message_size(limits.max_message_bytes)
@@ -303,6 +313,7 @@ impl Server {
         self.pool.close().await;
         self.conns.close().await;
         self.listen_pool.close().await;
+        self.traces.shutdown().await;
     }
 }
 

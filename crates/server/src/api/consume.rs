@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
 use crate::stream_limit::Limited;
+use crate::telemetry::{Settle, Traced, Traces};
 
 /// Settle results waiting to be sent, per stream. Bounded: a client that
 /// stops reading responses stops having its requests read.
@@ -69,6 +70,7 @@ impl Opening {
 pub(super) fn start(
     broker: Arc<Broker>,
     limits: RequestLimits,
+    traces: Traces,
     id: StreamId,
     deliveries: DeliveryStream,
     opening: Opening,
@@ -78,6 +80,7 @@ pub(super) fn start(
     let reader = Reader {
         broker,
         limits,
+        traces,
         id,
         confirm: opening.confirm,
         results: tx,
@@ -93,6 +96,8 @@ pub(super) fn start(
 struct Reader {
     broker: Arc<Broker>,
     limits: RequestLimits,
+    /// Spans of the settles (off by default).
+    traces: Traces,
     id: StreamId,
     confirm: bool,
     /// To the response stream: settle results, or the error that ends it.
@@ -197,10 +202,23 @@ impl Reader {
             }
         }
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+        let spans = self.traces.settles(
+            "Consume",
+            Settle::Ack,
+            valid.iter().map(|(id, _)| id.as_str()),
+        );
         self.settles.spawn(async move {
             if !valid.is_empty() {
                 let (ids, reqs): (Vec<String>, Vec<AckReq>) = valid.into_iter().unzip();
-                match broker.ack_many(reqs).await {
+                let outcomes = broker.ack_many(reqs).await;
+                match &outcomes {
+                    Ok(r) => spans
+                        .into_iter()
+                        .zip(r)
+                        .for_each(|(s, r)| s.settled(r.as_ref().err())),
+                    Err(e) => spans.into_iter().for_each(|s| s.settled(Some(e))),
+                }
+                match outcomes {
                     Ok(outcomes) => {
                         for (id, r) in ids.iter().zip(outcomes) {
                             match r {
@@ -226,6 +244,7 @@ impl Reader {
         for (i, n) in nacks.into_iter().enumerate() {
             let id = n.job_id.clone();
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+            let traces = self.traces.clone();
             self.settles.spawn(async move {
                 let result = match NackReq::parse(n) {
                     Err(e) => Some(failure(
@@ -233,7 +252,7 @@ impl Reader {
                         SettleOp::Nack,
                         e.in_field(&format!("nacks[{i}]")),
                     )),
-                    Ok(req) => match broker.nack(req).await {
+                    Ok(req) => match nack(&broker, &traces, &id, req).await {
                         Ok(dead) if confirm => Some(pb::SettleResult {
                             dead_lettered: dead,
                             ..success(&id, SettleOp::Nack)
@@ -254,6 +273,7 @@ impl Reader {
         }
         for (i, x) in extends.into_iter().enumerate() {
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+            let traces = self.traces.clone();
             self.settles.spawn(async move {
                 let result = match ExtendReq::parse(&x) {
                     Err(e) => Some(failure(
@@ -261,7 +281,7 @@ impl Reader {
                         SettleOp::Extend,
                         e.in_field(&format!("extends[{i}]")),
                     )),
-                    Ok(req) => match broker.extend(req).await {
+                    Ok(req) => match extend(&broker, &traces, &x.job_id, req).await {
                         Ok(at) if confirm => Some(pb::SettleResult {
                             lease_expires_at: Some(std::time::SystemTime::from(at).into()),
                             ..success(&x.job_id, SettleOp::Extend)
@@ -274,6 +294,27 @@ impl Reader {
             });
         }
     }
+}
+
+/// A nack on the stream, in its span.
+async fn nack(broker: &Broker, traces: &Traces, id: &str, req: NackReq) -> Result<bool> {
+    let span = traces.settle("Consume", Settle::Nack, id);
+    let r = broker.nack(req).await;
+    span.nacked(r.as_ref().copied());
+    r
+}
+
+/// A lease extension on the stream, in its span.
+async fn extend(
+    broker: &Broker,
+    traces: &Traces,
+    id: &str,
+    req: ExtendReq,
+) -> Result<chrono::DateTime<chrono::Utc>> {
+    let span = traces.settle("Consume", Settle::Extend, id);
+    let r = broker.extend(req).await;
+    span.settled(r.as_ref().err());
+    r
 }
 
 fn success(job_id: &str, op: SettleOp) -> pb::SettleResult {
@@ -346,6 +387,7 @@ impl Stream for ConsumeStream {
     }
 }
 
-/// What the Consume handler returns: the stream, holding its place under the
-/// broker's stream cap while it lives.
-pub type ConsumeResponse = Limited<ConsumeStream>;
+/// What the Consume handler returns: the stream (its deliveries traced when
+/// tracing is on), holding its place under the broker's stream cap while it
+/// lives.
+pub type ConsumeResponse = Limited<Traced<ConsumeStream>>;

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::pb;
 use crate::pb::queue_service_server::QueueService;
 use crate::stream_limit::{Limited, StreamLimit};
+use crate::telemetry::{Settle, Traced, Traces};
 
 /// Served wrapped in [`crate::auth::Authenticator`]: every handler reads the
 /// caller's [`Identity`] and checks its grants after validating the request
@@ -22,6 +23,8 @@ pub struct QueueApi {
     broker: Arc<Broker>,
     limits: RequestLimits,
     streams: StreamLimit,
+    /// Spans of the jobs' enqueues, deliveries and settles (off by default).
+    traces: Traces,
 }
 
 impl QueueApi {
@@ -30,7 +33,14 @@ impl QueueApi {
             broker,
             limits,
             streams: StreamLimit::new(usize::MAX),
+            traces: Traces::off(),
         }
+    }
+
+    /// Exports spans of the jobs it handles (`--otlp-endpoint`).
+    pub fn with_traces(mut self, traces: Traces) -> Self {
+        self.traces = traces;
+        self
     }
 
     /// Caps open Subscribe streams on this broker (`--max-streams`).
@@ -84,13 +94,17 @@ impl QueueService for QueueApi {
         request: Request<pb::EnqueueRequest>,
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
         let who = Identity::of(&request)?;
+        let caller = self.traces.caller(request.metadata());
         let job = NewJob::parse(request.into_inner(), &self.limits)?;
         who.require(Action::Enqueue, [&job.queue])?;
-        let mut results = self.broker.enqueue(vec![job]).await?;
-        let result = results
-            .pop()
-            .ok_or(Error::Internal("enqueue lost its result"))?;
-        Ok(Response::new(enqueued(result)))
+        let span = self.traces.enqueue("Enqueue", caller.as_ref(), &job);
+        let result = self
+            .broker
+            .enqueue(vec![job])
+            .await
+            .and_then(|mut r| r.pop().ok_or(Error::Internal("enqueue lost its result")));
+        span.enqueued(result.as_ref());
+        Ok(Response::new(enqueued(result?)))
     }
 
     #[instrument(level = "debug", skip_all, fields(jobs = request.get_ref().jobs.len()))]
@@ -99,18 +113,29 @@ impl QueueService for QueueApi {
         request: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
         let who = Identity::of(&request)?;
+        let caller = self.traces.caller(request.metadata());
         let req = request.into_inner();
         let jobs = parse_batch("jobs", "job", req.jobs, self.limits.max_batch_jobs, |j| {
             NewJob::parse(j, &self.limits)
         })?;
         who.require(Action::Enqueue, jobs.iter().map(|j| &j.queue))?;
-        let results = self.broker.enqueue(jobs).await?;
+        let spans = self.traces.enqueues("EnqueueBatch", caller.as_ref(), &jobs);
+        // One transaction: every job's span ends with the same outcome.
+        let results = self.broker.enqueue(jobs).await;
+        match &results {
+            Ok(r) => spans
+                .into_iter()
+                .zip(r)
+                .for_each(|(s, e)| s.enqueued(Ok(e))),
+            Err(e) => spans.into_iter().for_each(|s| s.enqueued(Err(e))),
+        }
+        let results = results?;
         Ok(Response::new(pb::EnqueueBatchResponse {
             results: results.into_iter().map(enqueued).collect(),
         }))
     }
 
-    type SubscribeStream = Limited<SubscriptionStream>;
+    type SubscribeStream = Limited<Traced<SubscriptionStream>>;
 
     #[instrument(level = "debug", skip_all, fields(consumer = %request.get_ref().consumer))]
     async fn subscribe(
@@ -122,6 +147,7 @@ impl QueueService for QueueApi {
         who.require(Action::Consume, &sub.queues)?;
         let permit = self.streams.acquire()?;
         let stream = self.broker.subscribe(sub).await?;
+        let stream = Traced::new(stream, self.traces.clone(), "Subscribe");
         Ok(Response::new(Limited::new(stream, permit)))
     }
 
@@ -133,7 +159,12 @@ impl QueueService for QueueApi {
         let req = AckReq::parse(request.get_ref())?;
         // The lease token is the capability for its job (docs/SECURITY.md).
         Identity::of(&request)?.require_somewhere(Action::Consume)?;
-        self.broker.ack(req).await?;
+        let span = self
+            .traces
+            .settle("Ack", Settle::Ack, &request.get_ref().job_id);
+        let result = self.broker.ack(req).await;
+        span.settled(result.as_ref().err());
+        result?;
         Ok(Response::new(pb::AckResponse {}))
     }
 
@@ -150,7 +181,18 @@ impl QueueService for QueueApi {
         })?;
         // As for Ack: each lease token is the capability for its job.
         who.require_somewhere(Action::Consume)?;
-        let results = self.broker.ack_many(acks).await?;
+        let spans = self
+            .traces
+            .settles("AckBatch", Settle::Ack, ids.iter().map(String::as_str));
+        let results = self.broker.ack_many(acks).await;
+        match &results {
+            Ok(r) => spans
+                .into_iter()
+                .zip(r)
+                .for_each(|(s, r)| s.settled(r.as_ref().err())),
+            Err(e) => spans.into_iter().for_each(|s| s.settled(Some(e))),
+        }
+        let results = results?;
         Ok(Response::new(pb::AckBatchResponse {
             results: ids
                 .into_iter()
@@ -175,7 +217,12 @@ impl QueueService for QueueApi {
     ) -> Result<Response<pb::NackResponse>, Status> {
         Identity::of(&request)?.require_somewhere(Action::Consume)?;
         let req = NackReq::parse(request.into_inner())?;
-        let dead_lettered = self.broker.nack(req).await?;
+        let span = self
+            .traces
+            .settle("Nack", Settle::Nack, &req.job_id.to_string());
+        let result = self.broker.nack(req).await;
+        span.nacked(result.as_ref().copied());
+        let dead_lettered = result?;
         Ok(Response::new(pb::NackResponse { dead_lettered }))
     }
 
@@ -186,7 +233,12 @@ impl QueueService for QueueApi {
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
         let req = ExtendReq::parse(request.get_ref())?;
         Identity::of(&request)?.require_somewhere(Action::Consume)?;
-        let at = self.broker.extend(req).await?;
+        let span = self
+            .traces
+            .settle("ExtendLease", Settle::Extend, &request.get_ref().job_id);
+        let result = self.broker.extend(req).await;
+        span.settled(result.as_ref().err());
+        let at = result?;
         Ok(Response::new(pb::ExtendLeaseResponse {
             lease_expires_at: Some(std::time::SystemTime::from(at).into()),
         }))
@@ -212,11 +264,13 @@ impl QueueService for QueueApi {
         let stream = super::consume::start(
             self.broker.clone(),
             self.limits,
+            self.traces.clone(),
             id,
             deliveries,
             opening,
             requests,
         );
+        let stream = Traced::new(stream, self.traces.clone(), "Consume");
         Ok(Response::new(Limited::new(stream, permit)))
     }
 }
