@@ -670,6 +670,75 @@ async fn sigterm_with_a_consume_stream_open_loses_nothing() {
     next.stop().await;
 }
 
+/// Backends of this test database waiting for a lock.
+async fn lock_waiters(db: &TestDb) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity
+         where datname = current_database() and wait_event_type = 'Lock'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// Settles the broker read before a drain ended the stream are answered
+/// before the stream's UNAVAILABLE, as a unary call in flight during a
+/// drain is. Made deterministic with a row lock the test holds on the two
+/// jobs: the drain's release queues on it first, the acks sent after
+/// SIGTERM queue behind it, so the release wins and each ack is answered
+/// FAILED_PRECONDITION (the job is back, attempt given back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settles_under_way_when_a_drain_ends_the_stream_are_answered() {
+    let db = TestDb::new().await;
+    let mut broker = BinaryBroker::start(&db, &[]).await;
+    let mut c = broker.client().await;
+    for i in 0..2 {
+        enqueue(&mut c, "drain-r", &i.to_string()).await;
+    }
+    let mut s = Consumer::open(&mut c, &["drain-r"], 2, Some(secs(60)), true).await;
+    let d = s.take(2, S5).await;
+    let mut lock = db.pool.begin().await.unwrap();
+    sqlx::query("select 1 from leaseq.jobs where queue = 'drain-r' for update")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    broker.signal(libc::SIGTERM);
+    eventually(S5, "the drain's release waits for the lock", || async {
+        lock_waiters(&db).await >= 1
+    })
+    .await;
+    s.send(pb::ConsumeRequest {
+        acks: d.iter().map(ack_of).collect(),
+        ..Default::default()
+    })
+    .await;
+    eventually(S5, "the acks wait for the lock too", || async {
+        lock_waiters(&db).await >= 2
+    })
+    .await;
+    lock.rollback().await.unwrap();
+    let end = s.end(secs(8)).await;
+    let status = end.status.as_ref().expect_err("a drain ends the stream");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let mut answered: Vec<(String, i32)> = end
+        .results
+        .iter()
+        .map(|r| (r.job_id.clone(), r.code))
+        .collect();
+    answered.sort();
+    let mut want: Vec<(String, i32)> = d
+        .iter()
+        .map(|d| (id_of(d), Code::FailedPrecondition as i32))
+        .collect();
+    want.sort();
+    assert_eq!(answered, want, "both acks answered before the end: {end:?}");
+    for d in &d {
+        let (state, attempt, token) = db.live_row(&id_of(d)).await.expect("released");
+        assert_eq!((state.as_str(), attempt, token), ("available", 0, None));
+    }
+    assert!(broker.wait(secs(10)).await.success());
+}
+
 // ---------------------------------------------------------------------------
 // The first message, and messages the stream cannot go on after.
 

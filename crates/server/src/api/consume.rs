@@ -13,7 +13,11 @@
 //! it sent is finished (and reported), then its unsettled jobs are released
 //! and the response ends with OK. A request the stream cannot go on after (a
 //! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT;
-//! its unsettled jobs are released as when any stream closes.
+//! its unsettled jobs are released as when any stream closes. When the
+//! dispatcher ends the stream (a drain), no more requests are read, and the
+//! settles already under way are finished and reported before the response
+//! ends with the dispatcher's status, as a unary Ack in flight during a
+//! drain is answered.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,6 +26,7 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use crate::broker::Broker;
@@ -77,6 +82,7 @@ pub(super) fn start(
     requests: Streaming<pb::ConsumeRequest>,
 ) -> ConsumeStream {
     let (tx, rx) = mpsc::channel(RESULTS_BACKLOG);
+    let ended = CancellationToken::new();
     let reader = Reader {
         broker,
         limits,
@@ -85,11 +91,14 @@ pub(super) fn start(
         confirm: opening.confirm,
         results: tx,
         settles: JoinSet::new(),
+        ended: ended.clone(),
     };
     tokio::spawn(reader.run(opening.rest, requests));
     ConsumeStream {
         deliveries: Some(deliveries),
         results: rx,
+        ending: None,
+        ended,
     }
 }
 
@@ -104,6 +113,9 @@ struct Reader {
     results: mpsc::Sender<Result<pb::SettleResults, Status>>,
     /// Settles under way (their results go to `results` when done).
     settles: JoinSet<()>,
+    /// Cancelled by the response when the dispatcher ended the stream (a
+    /// drain): read no more, finish the settles under way, and end.
+    ended: CancellationToken,
 }
 
 impl Reader {
@@ -121,6 +133,13 @@ impl Reader {
                 self.settles.join_next().await;
             }
             tokio::select! {
+                biased;
+                // The dispatcher ended the stream (and released its jobs):
+                // the settles already sent are answered, nothing more is read.
+                _ = self.ended.cancelled() => {
+                    while self.settles.join_next().await.is_some() {}
+                    return;
+                }
                 msg = requests.message() => match msg {
                     Ok(Some(msg)) => next = Some(msg),
                     // Half-close: finish what was sent, then end the stream.
@@ -352,6 +371,11 @@ pub struct ConsumeStream {
     /// None once the dispatcher ended the stream (closed or drained).
     deliveries: Option<DeliveryStream>,
     results: mpsc::Receiver<Result<pb::SettleResults, Status>>,
+    /// The status the dispatcher ended the stream with, sent once the
+    /// reader has reported the settles it had under way.
+    ending: Option<Status>,
+    /// Tells the reader the dispatcher ended the stream.
+    ended: CancellationToken,
 }
 
 impl Stream for ConsumeStream {
@@ -369,7 +393,13 @@ impl Stream for ConsumeStream {
                     };
                     return Poll::Ready(Some(Ok(pb::ConsumeResponse { kind: Some(kind) })));
                 }
-                Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status))),
+                // Ended by the dispatcher (a drain): first the results of
+                // the settles under way, then this status.
+                Poll::Ready(Some(Err(status))) => {
+                    this.deliveries = None;
+                    this.ending = Some(status);
+                    this.ended.cancel();
+                }
                 // Closed after a half-close: send what results are left.
                 Poll::Ready(None) => this.deliveries = None,
                 Poll::Pending => {}
@@ -381,7 +411,9 @@ impl Stream for ConsumeStream {
             }))),
             Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
             // The reader is done; end once the deliveries have ended too.
-            Poll::Ready(None) if this.deliveries.is_none() => Poll::Ready(None),
+            Poll::Ready(None) if this.deliveries.is_none() => {
+                Poll::Ready(this.ending.take().map(Err))
+            }
             Poll::Ready(None) | Poll::Pending => Poll::Pending,
         }
     }
