@@ -289,12 +289,14 @@ finish_step
 
 # --- one summary line
 # nextest's "Summary [...] N tests run: P passed, F failed, ..." (timed-out
-# tests count as failed), the "clients: P passed, F failed" line of the
-# Python and Node suites that one Rust test (tests/clients.rs) runs, and the
+# tests count as failed), the "clients python|node: P passed, F failed"
+# lines of the Python and Node suites that tests/clients.rs runs, and the
 # doc tests' "test result:" line.
 sum_of() { { grep -Eo "$1" || true; } | { grep -Eo '^[0-9]+' || true; } | awk '{s+=$1} END {print s+0}'; }
 rust_line="$(grep -E 'Summary \[' "$log" | tail -n1 | sed 's/.* run: //' || true)"
-clients_line="$(grep -E '^[[:space:]]*clients: [0-9]+ passed' "$log" | tail -n1 || true)"
+# One line per client suite (python, node); nextest may print a failing
+# test's output twice, hence sort -u.
+clients_line="$(grep -E '^[[:space:]]*clients [a-z ]+: [0-9]+ passed' "$log" | sed 's/^[[:space:]]*//' | sort -u || true)"
 passed=$(($(sum_of '[0-9]+ passed' <<<"$rust_line") + $(sum_of '[0-9]+ passed' <<<"$clients_line")))
 failed=$(($(sum_of '[0-9]+ (failed|timed out)' <<<"$rust_line") + $(sum_of '[0-9]+ failed' <<<"$clients_line")))
 skipped=$(sum_of '[0-9]+ skipped' <<<"$rust_line")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the Python and Node client test suites against a real broker.
 #
-#   clients/run-tests.sh
+#   clients/run-tests.sh [python] [node]     (both when none is named)
 #
 # - The broker: $LEASEQ_BIN if set, else `cargo build` at the repository root
 #   and target/debug/leaseq. It runs as a process on 127.0.0.1 and a free
@@ -13,9 +13,15 @@
 #   extras, and clients/node/node_modules from package-lock.json (`npm ci`).
 # - Runs pytest, then `node --test`, whatever the first one gave; stops the
 #   broker with SIGTERM and removes the temporary directory on any exit.
-#   Exits non-zero if any test failed, after a `clients: N passed, N failed`
+#   Exits non-zero if any test failed, after a `clients SUITES: N passed, N failed`
 #   line.
 set -euo pipefail
+suites=("$@")
+[ ${#suites[@]} -eq 0 ] && suites=(python node)
+for s in "${suites[@]}"; do
+    case "$s" in python | node) ;; *) echo "unknown suite '$s' (python, node)" >&2; exit 2 ;; esac
+done
+wants() { [[ " ${suites[*]} " == *" $1 "* ]]; }
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 py="$here/python"
@@ -42,8 +48,9 @@ if [ -z "${DATABASE_URL:-}" ] && ! have_pg_bins; then
 fi
 
 # --- dependencies (clients/setup.sh: the venv and node_modules, each only
-# when missing or out of date, under a lock shared with tests/traces.rs)
-bash "$here/setup.sh" python node
+# when missing or out of date, under a lock shared with tests/traces.rs).
+# The Python venv is always needed: it waits for the broker below.
+if wants node; then bash "$here/setup.sh" python node; else bash "$here/setup.sh" python; fi
 
 # --- the broker process
 work="$(mktemp -d "${TMPDIR:-/tmp}/leaseq-clients.XXXXXX")"
@@ -140,22 +147,28 @@ EOF_PY
 export LEASEQ_ADDR
 echo "broker SERVING on $LEASEQ_ADDR"
 
-# --- the suites; both run, whatever the first gave
+# --- the suites; each one asked for runs, whatever the first gave
 set +e
-echo "--- pytest (clients/python)"
-(cd "$py" && .venv/bin/python -m pytest -q -p no:cacheprovider 2>&1) | tee "$work/pytest.log"
-py_rc=${PIPESTATUS[0]}
-echo "--- node --test (clients/node)"
-# Test files run three at a time: they mostly wait on brokers and timers.
-# --test-force-exit: a test that fails half-way may leave a worker running,
-# which must not keep its file's process (and so this script) alive.
-(cd "$node" && node --test --test-concurrency=3 --test-force-exit 2>&1) | tee "$work/node.log"
-node_rc=${PIPESTATUS[0]}
+py_rc=0 node_rc=0
+: >"$work/pytest.log"; : >"$work/node.log"
+if wants python; then
+    echo "--- pytest (clients/python)"
+    (cd "$py" && .venv/bin/python -m pytest -q -p no:cacheprovider 2>&1) | tee "$work/pytest.log"
+    py_rc=${PIPESTATUS[0]}
+fi
+if wants node; then
+    echo "--- node --test (clients/node)"
+    # Test files run three at a time: they mostly wait on brokers and timers.
+    # --test-force-exit: a test that fails half-way may leave a worker running,
+    # which must not keep its file's process (and so this script) alive.
+    (cd "$node" && node --test --test-concurrency=3 --test-force-exit 2>&1) | tee "$work/node.log"
+    node_rc=${PIPESTATUS[0]}
+fi
 set -e
 
 count() { grep -Eo "$1" "$2" | grep -Eo '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
 passed=$(( $(count '[0-9]+ passed' "$work/pytest.log") + $(count '^# pass [0-9]+' "$work/node.log") ))
 failed=$(( $(count '[0-9]+ (failed|error)' "$work/pytest.log") + $(count '^# fail [0-9]+' "$work/node.log") ))
 echo "--- summary: pytest exit $py_rc, node --test exit $node_rc"
-echo "clients: $passed passed, $failed failed"
+echo "clients ${suites[*]}: $passed passed, $failed failed"
 [ "$py_rc" -eq 0 ] && [ "$node_rc" -eq 0 ]

@@ -7,10 +7,22 @@
 use std::process::Command;
 
 #[test]
-fn the_python_and_node_clients_pass_their_suites_against_a_live_broker() {
+fn the_python_client_passes_its_suite_against_a_live_broker() {
+    run_suite("python");
+}
+
+#[test]
+fn the_node_client_passes_its_suite_against_a_live_broker() {
+    run_suite("node");
+}
+
+/// `clients/run-tests.sh SUITE`: its own broker, then pytest or node --test.
+/// Two tests, so that nextest runs the two suites at the same time.
+fn run_suite(suite: &str) {
     let root = env!("CARGO_MANIFEST_DIR");
     let status = Command::new("bash")
         .arg(format!("{root}/clients/run-tests.sh"))
+        .arg(suite)
         .current_dir(root)
         .env("LEASEQ_BIN", env!("CARGO_BIN_EXE_leaseq"))
         // The suites start their own broker on an embedded cluster unless
@@ -20,6 +32,6 @@ fn the_python_and_node_clients_pass_their_suites_against_a_live_broker() {
         .expect("running clients/run-tests.sh (needs bash)");
     assert!(
         status.success(),
-        "the client suites failed ({status}); their output is above"
+        "the {suite} client suite failed ({status}); its output is above"
     );
 }

@@ -4,6 +4,7 @@ SIGTERM (finishes what runs, settles, closes the stream)."""
 import json
 import logging
 import os
+import threading
 import time
 
 from leaseq import DeadLetter, Job, Retry, Worker
@@ -12,12 +13,20 @@ logging.basicConfig(level=logging.INFO)
 addr = os.environ.get("LEASEQ_ADDR", "127.0.0.1:50051")
 queue = os.environ.get("LEASEQ_QUEUE", "emails")
 
+out = threading.Lock()  # handlers run in threads: print one whole line at a time
+
+
+def say(*words: object) -> None:
+    with out:
+        print(*words, flush=True)
+
+
 worker = Worker(addr, max_in_flight=8, lease=30, timeout=60, grace=30)
 
 
 @worker.handler(queue)
 def send_email(job: Job) -> None:  # plain functions run in a thread pool
-    print("started", job.id, flush=True)
+    say("started", job.id)  # print under a lock (examples/worker.py)
     try:
         msg = json.loads(job.payload)
     except ValueError:
@@ -25,7 +34,7 @@ def send_email(job: Job) -> None:  # plain functions run in a thread pool
     if msg.get("busy"):
         raise Retry("mail server busy", after=30)  # again in 30 s
     time.sleep(float(msg.get("seconds", 0)))  # the work; any other exception = nack
-    print("finished", job.id, flush=True)
+    say("finished", job.id)
 
 
 worker.run()  # until SIGTERM or SIGINT
