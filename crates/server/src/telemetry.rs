@@ -672,6 +672,33 @@ mod tests {
         assert!(r.len() <= RECENT * 2);
     }
 
+    #[tokio::test]
+    async fn a_malformed_endpoint_is_refused_and_a_silent_collector_delays_nothing() {
+        let cfg = |endpoint: &str| OtlpConfig {
+            endpoint: endpoint.to_owned(),
+            service_name: Some("test".into()),
+        };
+        let e = Traces::start(&cfg("not a url")).expect_err("refused");
+        assert!(format!("{e:#}").contains("not a url"), "{e:#}");
+        // Nothing listens there: spans are made and dropped, and the drain's
+        // flush gives up within the export timeout.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let t = Traces::start(&cfg(&format!("http://127.0.0.1:{port}"))).expect("lazy");
+        assert!(t.is_on());
+        t.settle("Ack", Settle::Ack, "x").settled(None);
+        let started = std::time::Instant::now();
+        t.shutdown().await;
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
     #[test]
     fn off_costs_nothing_and_records_nothing() {
         let t = Traces::off();
