@@ -166,7 +166,7 @@ if wants node; then
 fi
 set -e
 
-count() { grep -Eo "$1" "$2" | grep -Eo '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
+count() { { grep -Eo "$1" "$2" || true; } | { grep -Eo '[0-9]+' || true; } | awk '{s+=$1} END {print s+0}'; }
 passed=$(( $(count '[0-9]+ passed' "$work/pytest.log") + $(count '^# pass [0-9]+' "$work/node.log") ))
 failed=$(( $(count '[0-9]+ (failed|error)' "$work/pytest.log") + $(count '^# fail [0-9]+' "$work/node.log") ))
 echo "--- summary: pytest exit $py_rc, node --test exit $node_rc"
