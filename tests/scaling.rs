@@ -444,11 +444,17 @@ async fn exactly_once_over_three_clusters() {
         assert!(started.elapsed() < Duration::from_secs(5));
         // Its token routes the ack to the job's cluster, through the other replica.
         if k > 0 {
-            assert!(d.lease_token.ends_with(&format!(".{k}")), "{}", d.lease_token);
+            assert!(
+                d.lease_token.ends_with(&format!(".{k}")),
+                "{}",
+                d.lease_token
+            );
         } else {
             assert!(uuid::Uuid::try_parse(&d.lease_token).is_ok());
         }
-        crate::common::ack(&mut c1, &d).await.expect("ack on another replica");
+        crate::common::ack(&mut c1, &d)
+            .await
+            .expect("ack on another replica");
         assert_eq!(three.live(k, &one_each).await, 0);
     }
     drop(stream);
@@ -520,7 +526,8 @@ async fn exactly_once_over_three_clusters() {
     let h = History::new();
     let run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
     sleep(Duration::from_secs(6)).await;
-    run.finish("scaling-exactly-once", &three, b1.addr, &queues).await;
+    run.finish("scaling-exactly-once", &three, b1.addr, &queues)
+        .await;
     for (k, b) in before.iter().enumerate() {
         let after = commits_on(&three, k).await;
         assert!(after - b > 100, "cluster {k} saw {} commits", after - b);
@@ -596,7 +603,8 @@ async fn one_cluster_crashes_the_others_flow() {
     h.healed(fault);
     // Back: its queues flow again, leases held at the crash redelivered.
     sleep(Duration::from_secs(4)).await;
-    run.finish("scaling-cluster-crash", &three, b0.addr, &all).await;
+    run.finish("scaling-cluster-crash", &three, b0.addr, &all)
+        .await;
     b0.stop().await;
     b1.stop().await;
 }
@@ -650,7 +658,8 @@ async fn bucket_moved_under_load() {
     let map = placement::load(&three.pools[0]).await.unwrap();
     assert_eq!(map.cluster_of(&moving[0]), ClusterId(1));
     assert!(map.moving.is_empty());
-    run.finish("scaling-bucket-move", &three, b1.addr, &all).await;
+    run.finish("scaling-bucket-move", &three, b1.addr, &all)
+        .await;
     b0.stop().await;
     b1.stop().await;
 }

@@ -11,7 +11,8 @@ use chrono::{DateTime, Utc};
 
 use crate::dispatch::{DeliveryStream, Dispatcher, Handoff, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Schedule, Subscription,
+    AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Schedule,
+    Subscription,
 };
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
@@ -95,11 +96,20 @@ impl Lane {
 }
 
 impl Broker {
-    pub fn new(clusters: Clusters, dispatcher: Dispatcher, batch_concurrency: usize) -> Arc<Broker> {
+    pub fn new(
+        clusters: Clusters,
+        dispatcher: Dispatcher,
+        batch_concurrency: usize,
+    ) -> Arc<Broker> {
         let lanes = clusters
             .all()
             .iter()
-            .map(|s| (s.cluster, Lane::new(s.clone(), &dispatcher, batch_concurrency)))
+            .map(|s| {
+                (
+                    s.cluster,
+                    Lane::new(s.clone(), &dispatcher, batch_concurrency),
+                )
+            })
             .collect();
         Arc::new(Broker {
             clusters,
@@ -214,7 +224,10 @@ impl Broker {
         if reqs.iter().all(|r| r.token.1 == first) {
             return match self.lanes.get(&first) {
                 Some(lane) => lane.ack.call(reqs).await,
-                None => Ok(reqs.iter().map(|r| Err(Error::StaleLease(r.job_id.0))).collect()),
+                None => Ok(reqs
+                    .iter()
+                    .map(|r| Err(Error::StaleLease(r.job_id.0)))
+                    .collect()),
             };
         }
         let n = reqs.len();
@@ -228,7 +241,10 @@ impl Broker {
                     Ok(results) => results,
                     Err(e) => places.iter().map(|_| Err(e.clone())).collect(),
                 },
-                None => reqs.iter().map(|r| Err(Error::StaleLease(r.job_id.0))).collect(),
+                None => reqs
+                    .iter()
+                    .map(|r| Err(Error::StaleLease(r.job_id.0)))
+                    .collect(),
             };
             places.into_iter().zip(results).collect::<Vec<_>>()
         });
@@ -290,7 +306,9 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
         }
     })
     .await;
-    out.into_iter().map(|o| o.expect("every future finished")).collect()
+    out.into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
 }
 
 /// Queue rows known to exist on this lane's cluster, so enqueues create them

@@ -560,7 +560,10 @@ mod tests {
         let u = Uuid::now_v7();
         let home = LeaseToken(u, ClusterId::HOME);
         assert_eq!(home.to_string(), u.to_string());
-        assert_eq!(LeaseToken::parse_field(&home.to_string(), "t").unwrap(), home);
+        assert_eq!(
+            LeaseToken::parse_field(&home.to_string(), "t").unwrap(),
+            home
+        );
         let far = LeaseToken(u, ClusterId(3));
         assert_eq!(far.to_string(), format!("{u}.3"));
         assert_eq!(LeaseToken::parse_field(&far.to_string(), "t").unwrap(), far);

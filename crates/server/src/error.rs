@@ -168,7 +168,10 @@ impl From<Error> for Status {
                 Status::new(Code::Internal, e.to_string())
             }
             Error::ClusterUnknown(id) => {
-                tracing::warn!(cluster = id, "queue placed on a cluster this broker does not know");
+                tracing::warn!(
+                    cluster = id,
+                    "queue placed on a cluster this broker does not know"
+                );
                 Status::new(Code::Unavailable, e.to_string())
             }
             Error::Internal(what) => {

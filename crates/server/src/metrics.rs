@@ -85,18 +85,24 @@ impl ClusterMetrics {
     }
 
     pub fn set_up(&self, cluster: &str, up: bool) {
-        self.up.get_or_create(&Self::label(cluster)).set(i64::from(up));
+        self.up
+            .get_or_create(&Self::label(cluster))
+            .set(i64::from(up));
     }
 
     pub fn on_enqueued(&self, cluster: &str, n: usize) {
         if n > 0 {
-            self.enqueued.get_or_create(&Self::label(cluster)).inc_by(n as u64);
+            self.enqueued
+                .get_or_create(&Self::label(cluster))
+                .inc_by(n as u64);
         }
     }
 
     pub fn on_acked(&self, cluster: &str, n: usize) {
         if n > 0 {
-            self.acked.get_or_create(&Self::label(cluster)).inc_by(n as u64);
+            self.acked
+                .get_or_create(&Self::label(cluster))
+                .inc_by(n as u64);
         }
     }
 }

@@ -202,7 +202,7 @@ impl Clusters {
 
 /// Advisory lock key held while a broker sets up the placement tables
 /// (`lqplace` in ASCII).
-const SETUP_LOCK: i64 = 0x6c71_706c_6163_65;
+const SETUP_LOCK: i64 = 0x6c71706c616365;
 
 /// On the home cluster: gives each name (home first) its id, creating ids
 /// for new names, and writes the first map if there is none (spread over the
@@ -374,7 +374,11 @@ pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationTo
             let now = epoch(&home.pool).await?;
             if now != clusters.map().epoch {
                 let map = load(&home.pool).await?;
-                info!(epoch = map.epoch, moving = map.moving.len(), "placement changed");
+                info!(
+                    epoch = map.epoch,
+                    moving = map.moving.len(),
+                    "placement changed"
+                );
                 clusters.set_map(map);
             }
             sqlx::query(
@@ -405,8 +409,16 @@ pub async fn pin(clusters: &[(ClusterId, PgPool)], pattern: &str, to: ClusterId)
     let prefix = pattern.strip_suffix('*');
     for (id, pool) in clusters.iter().filter(|(id, _)| *id != to) {
         let like = match prefix {
-            Some(p) => format!("{}%", p.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")),
-            None => pattern.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"),
+            Some(p) => format!(
+                "{}%",
+                p.replace('\\', "\\\\")
+                    .replace('%', "\\%")
+                    .replace('_', "\\_")
+            ),
+            None => pattern
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_"),
         };
         let elsewhere: bool = sqlx::query_scalar(
             "select exists (select 1 from leaseq.jobs where queue like $1) \
@@ -432,17 +444,17 @@ pub async fn pin(clusters: &[(ClusterId, PgPool)], pattern: &str, to: ClusterId)
     .bind(to.0 as i16)
     .execute(&mut *tx)
     .await?;
-    bump_epoch(&mut *tx).await?;
+    bump_epoch(&mut tx).await?;
     tx.commit().await?;
     Ok(())
 }
 
 async fn bump_epoch(tx: &mut sqlx::PgConnection) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "update leaseq.placement_epoch set epoch = epoch + 1 returning epoch",
+    Ok(
+        sqlx::query_scalar("update leaseq.placement_epoch set epoch = epoch + 1 returning epoch")
+            .fetch_one(tx)
+            .await?,
     )
-    .fetch_one(tx)
-    .await?)
 }
 
 /// How [`move_bucket`] paces itself.
@@ -545,7 +557,7 @@ pub async fn move_bucket(
             .bind(to.0 as i16)
             .execute(&mut *tx)
             .await?;
-        bump_epoch(&mut *tx).await?
+        bump_epoch(&mut tx).await?
     } else {
         sqlx::query_scalar("select epoch from leaseq.placement_epoch")
             .fetch_one(&mut *tx)
@@ -638,7 +650,7 @@ pub async fn move_bucket(
         .bind(to.0 as i16)
         .execute(&mut *tx)
         .await?;
-    let epoch = bump_epoch(&mut *tx).await?;
+    let epoch = bump_epoch(&mut tx).await?;
     tx.commit().await?;
     sqlx::query("delete from leaseq.queues where name = any($1)")
         .bind(&queues)
@@ -730,13 +742,11 @@ async fn copy_batch(
 
 /// Wakes the queues' consumers on every broker (they all LISTEN on `pool`).
 async fn wake(pool: &PgPool, queues: &[String]) {
-    let r = sqlx::query(
-        "select pg_notify($1, 'placement:0:' || q) from unnest($2::text[]) as q",
-    )
-    .bind(crate::store::WAKE_CHANNEL)
-    .bind(queues)
-    .execute(pool)
-    .await;
+    let r = sqlx::query("select pg_notify($1, 'placement:0:' || q) from unnest($2::text[]) as q")
+        .bind(crate::store::WAKE_CHANNEL)
+        .bind(queues)
+        .execute(pool)
+        .await;
     if let Err(e) = r {
         warn!(error = %e, "bucket move: wake-up failed; the fallback poll will find the jobs");
     }

@@ -209,7 +209,15 @@ impl Server {
             stop.clone(),
         ));
         let admin = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
-        start_http(&cfg, &clusters, admin.clone(), &auth, &stop, &mut background).await?;
+        start_http(
+            &cfg,
+            &clusters,
+            admin.clone(),
+            &auth,
+            &stop,
+            &mut background,
+        )
+        .await?;
         Ok(Server {
             cfg,
             connections,
@@ -514,7 +522,10 @@ async fn health_loop(
                         ServingStatus::NotServing
                     };
                     reporter
-                        .set_service_status(format!("leaseq.cluster.{}", store.cluster_name), status)
+                        .set_service_status(
+                            format!("leaseq.cluster.{}", store.cluster_name),
+                            status,
+                        )
                         .await;
                 }
                 last_up[i] = Some(ok);

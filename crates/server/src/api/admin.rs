@@ -639,7 +639,8 @@ impl AdminService for AdminApi {
             let mut last_sent = tokio::time::Instant::now();
             loop {
                 let limit = names.as_ref().map_or(WATCH_ALL_LIMIT, |n| n.len() as i64);
-                let rows = match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await {
+                let rows = match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await
+                {
                     Ok(rows) => rows,
                     Err(e) => {
                         let _ = tx.send(Err(e.into())).await;

@@ -513,7 +513,8 @@ async fn lease(
     wants: Vec<crate::store::Want>,
     limited: &[QueueName],
 ) -> crate::error::Result<LeaseOutcome> {
-    let (slow, fast): (Vec<_>, Vec<_>) = wants.into_iter().partition(|w| limited.contains(&w.queue));
+    let (slow, fast): (Vec<_>, Vec<_>) =
+        wants.into_iter().partition(|w| limited.contains(&w.queue));
     let (a, b) = tokio::join!(
         async {
             if fast.is_empty() {

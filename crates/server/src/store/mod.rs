@@ -22,9 +22,7 @@ pub use conn::Conns;
 
 pub use crate::domain::{Enqueued, Failed, Leased, Settled};
 
-use crate::domain::{
-    AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule,
-};
+use crate::domain::{AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
 use crate::error::{Error, Result};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
@@ -768,7 +766,7 @@ impl InsertedRow {
         jobs: &[NewJob],
         wakes: &mut Wakes,
         handed: &mut Vec<Leased>,
-            cluster: ClusterId,
+        cluster: ClusterId,
     ) {
         let (Some(token), Some(lease_ms), Some(expires), Some(&i)) = (
             self.lease_token,
