@@ -586,7 +586,10 @@ async fn one_cluster_crashes_the_others_flow() {
         sleep(Duration::from_millis(50)).await;
     }
     // An enqueue on a cluster that is up works.
-    crate::common::enqueue(&mut c, &up[0], "up-while-c-down").await;
+    // Recorded in the history: the consumers deliver and ack it like any
+    // other job, and the final check needs to know it was enqueued.
+    let id = crate::common::enqueue(&mut c, &up[0], "up-while-c-down").await;
+    h.enqueue_ok("up-while-c-down", &id);
     crate::common::wait_health(
         b0.addr,
         "leaseq.cluster.c",
