@@ -45,6 +45,10 @@ pub enum Command {
     /// Run a command once per job (payload on stdin, job fields in LEASEQ_*
     /// variables): exit 0 acks, anything else nacks with its stderr's tail.
     Work(crate::cli::work::WorkArgs),
+    /// Queues over several PostgreSQL clusters (docs/SCALING.md): show the
+    /// placement, move a bucket, pin a queue.
+    #[command(subcommand)]
+    Placement(PlacementCommand),
     /// Load-generate against a running broker (or the raw-SQL baseline).
     Bench(crate::bench::BenchArgs),
     #[command(flatten)]
@@ -64,6 +68,42 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
+#[derive(Subcommand, Debug)]
+pub enum PlacementCommand {
+    /// Print each cluster's buckets, the moves under way and the pins.
+    Show(PlacementArgs),
+    /// Move a bucket to another cluster without losing or duplicating a
+    /// job (brokers keep serving; see docs/SCALING.md).
+    Move {
+        #[command(flatten)]
+        db: PlacementArgs,
+        /// The bucket (0-1023); or give --queue to move the bucket of that queue.
+        #[arg(long, required_unless_present = "queue")]
+        bucket: Option<u32>,
+        #[arg(long, conflicts_with = "bucket")]
+        queue: Option<String>,
+        /// The destination cluster's name.
+        #[arg(long)]
+        to: String,
+    },
+    /// Pin a queue name, or a prefix ending in `*`, to a cluster (refused
+    /// while matching queues have jobs on another cluster).
+    Pin {
+        #[command(flatten)]
+        db: PlacementArgs,
+        pattern: String,
+        cluster: String,
+    },
+}
+
+/// Every cluster, as `leaseq serve` is given them.
+#[derive(Args, Clone, Debug)]
+pub struct PlacementArgs {
+    /// NAME=URI, repeated, the home cluster first.
+    #[arg(long = "database-url", required = true)]
+    pub database_url: Vec<String>,
+}
+
 #[derive(Args, Clone, Debug, Default)]
 pub struct DbArgs {
     /// PostgreSQL connection: a postgres:// URI or a libpq keyword/value
@@ -72,8 +112,12 @@ pub struct DbArgs {
     /// from the server binaries installed on this machine. Prefer the
     /// environment variable: command lines are visible to other users.
     /// (`--help` does not print its value: it may hold a password.)
+    ///
+    /// Several clusters (docs/SCALING.md): repeat it as NAME=URI, the home
+    /// cluster (which holds the placement) first, e.g. `--database-url
+    /// main=postgres://a/leaseq --database-url b=postgres://b/leaseq`.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Vec<String>,
     /// Directory of the embedded cluster (used only without --database-url).
     /// Default: $XDG_DATA_HOME/leaseq/pg, else ~/.local/share/leaseq/pg;
     /// as root /var/lib/leaseq/pg.
@@ -128,6 +172,10 @@ pub struct ServeArgs {
     /// How often Postgres is probed for the health service.
     #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value_t = defaults().health_interval.into())]
     pub health_interval: CliDuration,
+    /// With several --database-url: how often the placement's epoch is read
+    /// from the home cluster (the bucket map is re-read when it changed).
+    #[arg(long, env = "LEASEQ_PLACEMENT_INTERVAL", default_value_t = defaults().placement_interval.into())]
+    pub placement_interval: CliDuration,
     /// On SIGTERM/SIGINT, how long in-flight calls may take before exit.
     #[arg(long, env = "LEASEQ_DRAIN_GRACE", default_value_t = defaults().drain_grace.into())]
     pub drain_grace: CliDuration,
@@ -251,6 +299,7 @@ impl ServeArgs {
             retention_interval: self.retention_interval.0,
             vacuum_interval: self.vacuum_interval.0,
             health_interval: self.health_interval.0,
+            placement_interval: self.placement_interval.0,
             drain_grace: self.drain_grace.0,
             request_limits: RequestLimits {
                 max_payload_bytes: self.max_payload_bytes,

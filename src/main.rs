@@ -19,6 +19,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => return serve(args).await,
         Command::Migrate(db) => return migrate(&db).await,
         Command::Bench(args) => return leaseq::bench::run(args).await,
+        Command::Placement(cmd) => return placement(cmd).await,
         Command::Completions(args) => {
             let mut script = Vec::new();
             clap_complete::generate(args.shell, &mut Cli::command(), "leaseq", &mut script);
@@ -38,6 +39,9 @@ async fn main() -> anyhow::Result<()> {
 
 /// `leaseq serve`: the broker, until SIGTERM / SIGINT and its drain.
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.db.database_url.len() > 1 {
+        return serve_clusters(args).await;
+    }
     let (url, embedded) = database(&args.db).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -50,6 +54,114 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         pg.stop().await?;
     }
     result
+}
+
+/// `leaseq serve` over several clusters (docs/SCALING.md): every
+/// --database-url is NAME=URI, the home cluster first; no embedded cluster.
+async fn serve_clusters(args: ServeArgs) -> anyhow::Result<()> {
+    let databases = named_databases(&args.db.database_url)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(on_signal(shutdown.clone()));
+    leaseq_server::server::run_clusters(args.config(), &databases, listener, shutdown).await
+}
+
+/// Reads `NAME=URI` values (checked like a single DATABASE_URL).
+fn named_databases(values: &[String]) -> anyhow::Result<Vec<leaseq_server::server::Database>> {
+    use leaseq_server::placement::valid_name;
+    let mut out: Vec<leaseq_server::server::Database> = Vec::new();
+    for v in values {
+        let Some((name, url)) = v.split_once('=').filter(|(n, _)| valid_name(n)) else {
+            anyhow::bail!(
+                "with several --database-url each must be NAME=URI (NAME: lowercase letters, digits, - and _, starting with a letter)"
+            );
+        };
+        anyhow::ensure!(
+            !out.iter().any(|d| d.name == name),
+            "cluster {name:?} is given twice"
+        );
+        let target = leaseq_server::pgconn::connect_options(url)
+            .with_context(|| format!("--database-url of cluster {name}"))?;
+        for warning in &target.warnings {
+            warn!("{warning}");
+        }
+        info!(cluster = name, database = %target, "connecting to PostgreSQL");
+        out.push(leaseq_server::server::Database {
+            name: name.to_owned(),
+            url: url.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// `leaseq placement ...`: connects to every cluster (home first) and shows
+/// or changes the placement.
+async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> {
+    use leaseq::config::PlacementCommand as P;
+    use leaseq_server::domain::ClusterId;
+    use leaseq_server::placement as pl;
+    let args = match &cmd {
+        P::Show(db) | P::Move { db, .. } | P::Pin { db, .. } => db.clone(),
+    };
+    let dbs = named_databases(&args.database_url)?;
+    let mut pools = Vec::new();
+    for db in &dbs {
+        let pool = leaseq_server::store::connect(&db.url, 2)
+            .await
+            .with_context(|| format!("connecting to cluster {}", db.name))?;
+        leaseq_server::store::migrate(&pool).await?;
+        pools.push(pool);
+    }
+    let names: Vec<String> = dbs.iter().map(|d| d.name.clone()).collect();
+    let ids = pl::setup(&pools[0], &names).await?;
+    let id_of = |name: &str| {
+        names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| ids[i])
+            .ok_or_else(|| anyhow::anyhow!("no --database-url names cluster {name:?}"))
+    };
+    let placed: Vec<(ClusterId, sqlx::PgPool)> = ids.iter().copied().zip(pools).collect();
+    match cmd {
+        P::Show(_) => {
+            let map = pl::load(&placed[0].1).await?;
+            println!("epoch {}", map.epoch);
+            for (name, id) in names.iter().zip(&ids) {
+                let n = map.buckets.iter().filter(|c| *c == id).count();
+                println!("cluster {name} (id {id}): {n} buckets");
+            }
+            for (b, to) in &map.moving {
+                println!("bucket {b}: moving to cluster id {to}");
+            }
+            for (p, c) in &map.pins {
+                println!("pin {p} -> cluster id {c}");
+            }
+        }
+        P::Move {
+            bucket, queue, to, ..
+        } => {
+            let bucket = match (bucket, queue) {
+                (Some(b), _) => b,
+                (None, Some(q)) => pl::bucket_of(&q),
+                (None, None) => anyhow::bail!("give --bucket or --queue"),
+            };
+            let moved =
+                pl::move_bucket(&placed, bucket, id_of(&to)?, &pl::MoveOptions::default()).await?;
+            println!(
+                "bucket {bucket} moved to {to}: {} queues, {} jobs, {} dead letters",
+                moved.queues, moved.jobs, moved.dead
+            );
+        }
+        P::Pin {
+            pattern, cluster, ..
+        } => {
+            pl::pin(&placed, &pattern, id_of(&cluster)?).await?;
+            println!("{pattern} pinned to {cluster}");
+        }
+    }
+    Ok(())
 }
 
 /// `leaseq migrate`: apply the migrations and exit.
@@ -76,7 +188,15 @@ async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
 /// The settings are checked here, so a malformed one stops at once.
 async fn database(db: &DbArgs) -> anyhow::Result<(String, Option<EmbeddedPostgres>)> {
     use leaseq_server::pgconn;
-    let given = db.database_url.as_deref().filter(|u| !u.trim().is_empty());
+    anyhow::ensure!(
+        db.database_url.len() <= 1,
+        "this command takes one --database-url"
+    );
+    let given = db
+        .database_url
+        .first()
+        .map(String::as_str)
+        .filter(|u| !u.trim().is_empty());
     let conninfo = match (given, pgconn::server_from_env()) {
         (Some(url), _) => Some((url.to_owned(), "DATABASE_URL / --database-url")),
         (None, Some(var)) if db.data_dir.is_none() => Some((String::new(), var)),

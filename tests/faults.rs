@@ -8,7 +8,7 @@
 //! Each prints one `FAULTS` line of figures. docs/RELIABILITY.md has the
 //! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
 
-mod pg;
+pub mod pg;
 
 use std::net::SocketAddr;
 use std::str::FromStr;

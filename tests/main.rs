@@ -23,6 +23,7 @@ mod limits;
 mod metrics;
 mod pg_connect;
 mod process;
+mod scaling;
 mod security;
 mod semantics;
 mod sql_enqueue;

@@ -11,9 +11,11 @@ use chrono::{DateTime, Utc};
 
 use crate::dispatch::{DeliveryStream, Dispatcher, Handoff, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Schedule, Subscription,
+    AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Schedule,
+    Subscription,
 };
 use crate::error::{Error, Result};
+use crate::placement::Clusters;
 use crate::settle::{Ending, Settle};
 use crate::store::batch::Batcher;
 use crate::store::{Enqueued, FailReq, Store};
@@ -21,28 +23,37 @@ use crate::store::{Enqueued, FailReq, Store};
 /// Most rows one group-commit statement carries.
 const MAX_BATCH_ROWS: usize = 2000;
 pub struct Broker {
-    store: Store,
+    clusters: Clusters,
     dispatcher: Dispatcher,
+    /// One set of batchers per cluster: a statement never spans clusters,
+    /// so a cluster that is down fails only its own callers
+    /// (docs/SCALING.md). One database: one lane, as before.
+    lanes: HashMap<ClusterId, Lane>,
+    /// Set at the first moment of a drain: new streams are refused.
+    draining: AtomicBool,
+}
+
+/// The group-commit batchers of one cluster.
+struct Lane {
     enqueue: Batcher<Vec<NewJob>, Vec<Enqueued>>,
     /// One request per Ack or AckBatch call; one result per ack in it.
     ack: Batcher<Vec<AckReq>, Vec<Result<()>>>,
     nack: Batcher<NackReq, bool>,
     extend: Batcher<ExtendReq, DateTime<Utc>>,
-    /// Set at the first moment of a drain: new streams are refused.
-    draining: AtomicBool,
 }
 
-impl Broker {
-    pub fn new(store: Store, dispatcher: Dispatcher, batch_concurrency: usize) -> Arc<Broker> {
+impl Lane {
+    fn new(store: Store, dispatcher: &Dispatcher, batch_concurrency: usize) -> Lane {
         let settle = dispatcher.settle().clone();
         let enqueue = {
-            let (dispatcher, known) = (dispatcher.clone(), KnownQueues::default());
+            let (dispatcher, store, known) =
+                (dispatcher.clone(), store.clone(), KnownQueues::default());
             Batcher::new(
                 "enqueue",
                 MAX_BATCH_ROWS,
                 batch_concurrency,
                 |r: &Vec<NewJob>| r.len(),
-                move |reqs| enqueue(dispatcher.clone(), known.clone(), reqs),
+                move |reqs| enqueue(dispatcher.clone(), store.clone(), known.clone(), reqs),
             )
         };
         let ack = {
@@ -66,7 +77,7 @@ impl Broker {
             )
         };
         let extend = {
-            let (store, dispatcher) = (store.clone(), dispatcher.clone());
+            let dispatcher = dispatcher.clone();
             Batcher::new(
                 "extend",
                 MAX_BATCH_ROWS,
@@ -75,19 +86,47 @@ impl Broker {
                 move |reqs| extend(store.clone(), dispatcher.clone(), reqs),
             )
         };
-        Arc::new(Broker {
-            store,
-            dispatcher,
+        Lane {
             enqueue,
             ack,
             nack,
             extend,
+        }
+    }
+}
+
+impl Broker {
+    pub fn new(
+        clusters: Clusters,
+        dispatcher: Dispatcher,
+        batch_concurrency: usize,
+    ) -> Arc<Broker> {
+        let lanes = clusters
+            .all()
+            .iter()
+            .map(|s| {
+                (
+                    s.cluster,
+                    Lane::new(s.clone(), &dispatcher, batch_concurrency),
+                )
+            })
+            .collect();
+        Arc::new(Broker {
+            clusters,
+            dispatcher,
+            lanes,
             draining: AtomicBool::new(false),
         })
     }
 
+    /// The home cluster's store (the only one of a single-database broker):
+    /// the broker id and the metrics.
     pub fn store(&self) -> &Store {
-        &self.store
+        self.clusters.home()
+    }
+
+    pub fn clusters(&self) -> &Clusters {
+        &self.clusters
     }
 
     pub fn dispatcher(&self) -> &Dispatcher {
@@ -98,8 +137,36 @@ impl Broker {
         self.dispatcher.settle()
     }
 
+    fn lane(&self, cluster: ClusterId) -> Result<&Lane> {
+        self.lanes
+            .get(&cluster)
+            .ok_or(Error::ClusterUnknown(cluster.0))
+    }
+
+    /// Enqueues jobs, all or none, on their queues' cluster. Jobs whose
+    /// queues live on different clusters are refused with INVALID_ARGUMENT
+    /// naming the first one off (`jobs[3].queue`), and nothing is written:
+    /// one transaction cannot span clusters (docs/SCALING.md).
     pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        self.enqueue.call(jobs).await
+        let cluster = match jobs.first() {
+            Some(first) => self.clusters.cluster_of(&first.queue),
+            None => ClusterId::HOME,
+        };
+        if !self.clusters.is_single()
+            && let Some(i) = jobs
+                .iter()
+                .position(|j| self.clusters.cluster_of(&j.queue) != cluster)
+        {
+            return Err(Error::invalid(
+                format!("jobs[{i}].queue"),
+                format!(
+                    "queue {:?} is on another PostgreSQL cluster than jobs[0].queue {:?}; a batch is one transaction on one cluster (pin the queues together, or send one batch per cluster)",
+                    jobs[i].queue.as_str(),
+                    jobs[0].queue.as_str()
+                ),
+            ));
+        }
+        self.lane(cluster)?.enqueue.call(jobs).await
     }
 
     pub async fn subscribe(&self, sub: Subscription) -> Result<SubscriptionStream> {
@@ -118,8 +185,27 @@ impl Broker {
         if self.is_draining() {
             return Err(Error::Draining);
         }
-        // Queue rows carry the default lease; make sure they exist.
-        Store::ensure_queues(&self.store.pool, &sub.queues).await
+        // Queue rows carry the default lease; make sure they exist, each on
+        // its queue's cluster. A stream over several clusters opens while
+        // one of them is down (its queues wait; a queue with jobs there has
+        // its row already), unless all of them are.
+        let mut opened = false;
+        let mut down = None;
+        for (c, queues) in self
+            .clusters
+            .group(sub.queues.iter().cloned(), |q| self.clusters.cluster_of(q))
+        {
+            let store = self.clusters.get(c).ok_or(Error::ClusterUnknown(c.0))?;
+            match Store::ensure_queues(&store.pool, &queues).await {
+                Ok(()) => opened = true,
+                Err(e @ Error::Unavailable(_)) => down = down.or(Some(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        match down {
+            Some(e) if !opened => Err(e),
+            _ => Ok(()),
+        }
     }
 
     pub async fn ack(&self, req: AckReq) -> Result<()> {
@@ -129,18 +215,62 @@ impl Broker {
             .ok_or(Error::Internal("ack lost its result"))?
     }
 
-    /// Acks many jobs in one group-commit unit; one result per ack, in order.
+    /// Acks many jobs; one result per ack, in order. Each cluster's acks
+    /// are one group-commit unit of that cluster's batcher; with acks on
+    /// several clusters, those of a cluster that failed get its error and
+    /// the others their own results.
     pub async fn ack_many(&self, reqs: Vec<AckReq>) -> Result<Vec<Result<()>>> {
-        self.ack.call(reqs).await
+        let first = reqs.first().map_or(ClusterId::HOME, |r| r.token.1);
+        if reqs.iter().all(|r| r.token.1 == first) {
+            return match self.lanes.get(&first) {
+                Some(lane) => lane.ack.call(reqs).await,
+                None => Ok(reqs
+                    .iter()
+                    .map(|r| Err(Error::StaleLease(r.job_id.0)))
+                    .collect()),
+            };
+        }
+        let n = reqs.len();
+        let groups = self
+            .clusters
+            .group(reqs.into_iter().enumerate(), |(_, r)| r.token.1);
+        let runs = groups.into_iter().map(|(c, group)| async move {
+            let (places, reqs): (Vec<usize>, Vec<AckReq>) = group.into_iter().unzip();
+            let results: Vec<Result<()>> = match self.lanes.get(&c) {
+                Some(lane) => match lane.ack.call(reqs).await {
+                    Ok(results) => results,
+                    Err(e) => places.iter().map(|_| Err(e.clone())).collect(),
+                },
+                None => reqs
+                    .iter()
+                    .map(|r| Err(Error::StaleLease(r.job_id.0)))
+                    .collect(),
+            };
+            places.into_iter().zip(results).collect::<Vec<_>>()
+        });
+        let mut out: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
+        for (i, r) in join_all(runs).await.into_iter().flatten() {
+            out[i] = Some(r);
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(Error::Internal("ack lost its result"))))
+            .collect())
     }
 
     /// Returns whether the job was dead-lettered.
     pub async fn nack(&self, req: NackReq) -> Result<bool> {
-        self.nack.call(req).await
+        match self.lanes.get(&req.token.1) {
+            Some(lane) => lane.nack.call(req).await,
+            None => Err(Error::StaleLease(req.job_id.0)),
+        }
     }
 
     pub async fn extend(&self, req: ExtendReq) -> Result<DateTime<Utc>> {
-        self.extend.call(req).await
+        match self.lanes.get(&req.token.1) {
+            Some(lane) => lane.extend.call(req).await,
+            None => Err(Error::StaleLease(req.job_id.0)),
+        }
     }
 
     pub fn is_draining(&self) -> bool {
@@ -155,26 +285,59 @@ impl Broker {
     }
 }
 
-/// Queue rows known to exist, so enqueues create them only once.
+/// Runs futures concurrently in this task; results in order.
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (i, f) in pending.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
+}
+
+/// Queue rows known to exist on this lane's cluster, so enqueues create them
+/// only once; forgotten when the placement changes (a bucket moved away
+/// takes its queue rows with it, and may come back).
 #[derive(Clone, Default)]
-struct KnownQueues(Arc<Mutex<HashSet<QueueName>>>);
+struct KnownQueues(Arc<Mutex<(i64, HashSet<QueueName>)>>);
 
 /// One enqueue statement for many requests. Jobs due now whose queue has an
 /// idle stream here are handed off to it (see `dispatch::offers`); the rest
 /// wake their queues here and on every replica after the commit.
 async fn enqueue(
     dispatcher: Dispatcher,
+    store: Store,
     known: KnownQueues,
     reqs: Vec<Vec<NewJob>>,
 ) -> Result<Vec<Result<Vec<Enqueued>>>> {
     let sizes: Vec<usize> = reqs.iter().map(Vec::len).collect();
     let jobs: Vec<NewJob> = reqs.into_iter().flatten().collect();
+    let epoch = dispatcher.settle().clusters().map().epoch;
     let new_queues: Vec<QueueName> = {
-        let known = known.0.lock().expect("poisoned");
+        let mut known = known.0.lock().expect("poisoned");
+        if known.0 != epoch {
+            *known = (epoch, HashSet::new());
+        }
         let mut seen = HashSet::new();
         jobs.iter()
             .map(|j| &j.queue)
-            .filter(|q| !known.contains(*q) && seen.insert(*q))
+            .filter(|q| !known.1.contains(*q) && seen.insert(*q))
             .cloned()
             .collect()
     };
@@ -191,7 +354,7 @@ async fn enqueue(
         .map(|c| c.as_ref().map(|c| c.to.clone()))
         .collect();
     let settle = dispatcher.settle();
-    let result = settle.store().enqueue(&jobs, &to, &new_queues).await;
+    let result = store.enqueue(&jobs, &to, &new_queues).await;
     // Every claim is reported, used or not, so its credit is accounted for.
     // `index` maps a job's place in the request to its claim's.
     let mut index: HashMap<usize, usize> = HashMap::new();
@@ -222,8 +385,14 @@ async fn enqueue(
         claims,
         leased: handed,
     });
-    settle.store().metrics.on_enqueued(&jobs, &out.results);
-    known.0.lock().expect("poisoned").extend(new_queues);
+    store.metrics.on_enqueued(&jobs, &out.results);
+    (store.metrics.clusters).on_enqueued(&store.cluster_name, out.results.len());
+    {
+        let mut known = known.0.lock().expect("poisoned");
+        if known.0 == epoch {
+            known.1.extend(new_queues);
+        }
+    }
     settle.wake(out.wakes);
     let mut it = out.results.into_iter();
     Ok(sizes

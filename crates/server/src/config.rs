@@ -41,6 +41,9 @@ pub struct Config {
     pub vacuum_interval: Duration,
     /// How often PostgreSQL is probed for the health service.
     pub health_interval: Duration,
+    /// With several clusters: how often the home cluster's placement epoch
+    /// is read (the map is re-read when it moved). Unused with one database.
+    pub placement_interval: Duration,
     /// On shutdown, how long in-flight calls may take before the broker
     /// stops anyway.
     pub drain_grace: Duration,
@@ -123,6 +126,7 @@ impl Default for Config {
             retention_interval: Duration::from_secs(10),
             vacuum_interval: Duration::from_secs(2),
             health_interval: Duration::from_secs(2),
+            placement_interval: Duration::from_secs(1),
             drain_grace: Duration::from_secs(30),
             request_limits: RequestLimits::default(),
             keepalive_interval: Duration::from_secs(30),

@@ -56,6 +56,10 @@ pub enum Error {
     /// Any other database error: a bug or an operator problem, logged in full.
     #[error("database error")]
     Database(#[source] Arc<sqlx::Error>),
+    /// The queue is placed on a cluster this broker was not given
+    /// (docs/SCALING.md): its brokers are configured differently.
+    #[error("the queue is placed on cluster {0}, which this broker has no --database-url for")]
+    ClusterUnknown(u16),
     /// A broker-internal failure (a background task is gone).
     #[error("internal error: {0}")]
     Internal(&'static str),
@@ -162,6 +166,13 @@ impl From<Error> for Status {
             Error::Database(ref source) => {
                 tracing::error!(error = ?source, "database error");
                 Status::new(Code::Internal, e.to_string())
+            }
+            Error::ClusterUnknown(id) => {
+                tracing::warn!(
+                    cluster = id,
+                    "queue placed on a cluster this broker does not know"
+                );
+                Status::new(Code::Unavailable, e.to_string())
             }
             Error::Internal(what) => {
                 tracing::error!(what, "internal error");

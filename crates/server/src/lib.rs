@@ -18,6 +18,10 @@
 //! - [`notify`]: the one LISTEN connection and its fan-out.
 //! - [`pgconn`]: DATABASE_URL (libpq's URI and keyword/value forms), the PG*
 //!   variables and TLS to PostgreSQL, read into sqlx's connect options.
+//! - [`placement`]: queues over several PostgreSQL clusters: buckets, the
+//!   bucket → cluster map with its epoch, pins, and bucket moves
+//!   (docs/SCALING.md).
+//! - [`fanout`]: admin reads and writes over every cluster, merged.
 //! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
 //!   and vacuuming the jobs table.
 //! - [`metrics`]: Prometheus counters, histograms and gauges
@@ -41,11 +45,13 @@ pub mod console;
 pub mod dispatch;
 pub mod domain;
 pub mod error;
+pub mod fanout;
 pub mod fuzzing;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
 pub mod pgconn;
+pub mod placement;
 pub mod server;
 pub mod settle;
 pub mod store;

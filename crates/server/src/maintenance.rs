@@ -12,14 +12,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::error::Result;
+use crate::placement::Clusters;
 use crate::settle::Settle;
 use crate::store::Store;
 
 /// Most rows one maintenance statement touches.
 const BATCH: i64 = 1000;
 
-/// Runs the reaper and ttl expiry every `interval` until `shutdown`.
-pub async fn run(settle: Settle, interval: Duration, shutdown: CancellationToken) {
+/// Runs the reaper and ttl expiry on `store`'s cluster every `interval`
+/// until `shutdown` (one loop per cluster).
+pub async fn run(settle: Settle, store: Store, interval: Duration, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -27,14 +29,13 @@ pub async fn run(settle: Settle, interval: Duration, shutdown: CancellationToken
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = pass(&settle).await {
-            warn!(error = %e, "maintenance pass failed");
+        if let Err(e) = pass(&settle, &store).await {
+            warn!(error = %e, cluster = %store.cluster_name, "maintenance pass failed");
         }
     }
 }
 
-async fn pass(settle: &Settle) -> Result<()> {
-    let store = settle.store();
+async fn pass(settle: &Settle, store: &Store) -> Result<()> {
     loop {
         let expired = store.expired_leases(None, BATCH).await?;
         let n = expired.len() as i64;
@@ -167,8 +168,9 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
 }
 
 /// Refreshes the per-queue gauges and the console's history every
-/// `interval`, until `shutdown`.
-pub async fn refresh_gauges(store: Store, interval: Duration, shutdown: CancellationToken) {
+/// `interval`, until `shutdown`, from every cluster.
+pub async fn refresh_gauges(clusters: Clusters, interval: Duration, shutdown: CancellationToken) {
+    let store = clusters.home().clone();
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -176,7 +178,7 @@ pub async fn refresh_gauges(store: Store, interval: Duration, shutdown: Cancella
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match crate::store::admin::queue_stats(&store, None, None, i64::MAX).await {
+        match crate::fanout::queue_stats(&clusters, None, None, i64::MAX).await {
             Ok(rows) => store.metrics.refreshed(rows),
             Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
         }

@@ -61,6 +61,51 @@ impl QueueLabel {
 }
 
 type Counters = Family<QueueLabel, PromCounter<u64, AtomicU64>>;
+
+/// The one label of per-cluster series (docs/SCALING.md).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ClusterLabel {
+    pub cluster: String,
+}
+
+/// Per-cluster series: whether it answers, and the jobs it took in and
+/// completed through this broker (how evenly the placement spreads load).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMetrics {
+    pub up: Family<ClusterLabel, Gauge<i64, std::sync::atomic::AtomicI64>>,
+    pub enqueued: Family<ClusterLabel, PromCounter<u64, AtomicU64>>,
+    pub acked: Family<ClusterLabel, PromCounter<u64, AtomicU64>>,
+}
+
+impl ClusterMetrics {
+    fn label(cluster: &str) -> ClusterLabel {
+        ClusterLabel {
+            cluster: cluster.to_owned(),
+        }
+    }
+
+    pub fn set_up(&self, cluster: &str, up: bool) {
+        self.up
+            .get_or_create(&Self::label(cluster))
+            .set(i64::from(up));
+    }
+
+    pub fn on_enqueued(&self, cluster: &str, n: usize) {
+        if n > 0 {
+            self.enqueued
+                .get_or_create(&Self::label(cluster))
+                .inc_by(n as u64);
+        }
+    }
+
+    pub fn on_acked(&self, cluster: &str, n: usize) {
+        if n > 0 {
+            self.acked
+                .get_or_create(&Self::label(cluster))
+                .inc_by(n as u64);
+        }
+    }
+}
 type Histograms = Family<QueueLabel, Histogram, fn() -> Histogram>;
 
 /// Seconds, from 1 ms to 1 h: enqueue → delivery and handler times.
@@ -344,6 +389,7 @@ pub struct Metrics {
     /// 1 while the health service says SERVING.
     pub serving: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub streams: StreamRegistry,
+    pub clusters: ClusterMetrics,
     /// Rows written to the jobs table (see [`Metrics::job_writes`]).
     writes: AtomicU64,
     inflight: InFlight,
@@ -444,6 +490,22 @@ impl Default for Metrics {
             "The broker's version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let clusters = ClusterMetrics::default();
+        registry.register(
+            "leaseq_cluster_up",
+            "1 while the PostgreSQL cluster answers this broker's health probe, else 0",
+            clusters.up.clone(),
+        );
+        registry.register(
+            "leaseq_cluster_jobs_enqueued",
+            "Jobs this broker enqueued on the cluster",
+            clusters.enqueued.clone(),
+        );
+        registry.register(
+            "leaseq_cluster_jobs_acked",
+            "Jobs acked on the cluster through this broker",
+            clusters.acked.clone(),
+        );
         let gauges = Arc::new(Mutex::new(Vec::new()));
         registry.register_collector(Box::new(QueueGauges(gauges.clone())));
         Metrics {
@@ -462,6 +524,7 @@ impl Default for Metrics {
             lease_batch,
             serving,
             streams: StreamRegistry::default(),
+            clusters,
             writes: AtomicU64::new(0),
             inflight: InFlight::default(),
             gauges,

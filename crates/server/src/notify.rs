@@ -60,7 +60,7 @@ pub async fn run(
                             let (id, token) = pair.split_once(':')?;
                             Some((
                                 JobId(Uuid::try_parse(id).ok()?),
-                                LeaseToken(Uuid::try_parse(token).ok()?),
+                                LeaseToken(Uuid::try_parse(token).ok()?, store.cluster),
                             ))
                         })
                         .collect();

@@ -26,7 +26,8 @@ use crate::config::Config;
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::queue_service_server::QueueServiceServer;
-use crate::settle::Notifier;
+use crate::placement::Clusters;
+use crate::settle::Notifiers;
 use crate::store::{self, Store};
 use crate::telemetry::Traces;
 
@@ -49,17 +50,48 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let broker = Server::build(cfg, database_url, &shutdown).await?;
+    let db = Database {
+        name: crate::placement::HOME_NAME.to_owned(),
+        url: database_url.to_owned(),
+    };
+    run_clusters(cfg, &[db], listener, shutdown).await
+}
+
+/// One PostgreSQL cluster the broker routes to (docs/SCALING.md).
+#[derive(Clone, Debug)]
+pub struct Database {
+    /// `--database-url NAME=URI`'s NAME; `main` for a single database.
+    pub name: String,
+    /// A URI or keyword/value string, read with the PG* variables.
+    pub url: String,
+}
+
+/// [`run`] over several clusters, the home cluster (which holds the
+/// placement) first. One database behaves exactly as [`run`].
+pub async fn run_clusters(
+    cfg: Config,
+    databases: &[Database],
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!databases.is_empty(), "no database given");
+    let broker = Server::build(cfg, databases, &shutdown).await?;
     broker.serve(listener, shutdown).await
+}
+
+/// The connections of one cluster, closed at the end.
+struct Connections {
+    pool: sqlx::PgPool,
+    conns: store::Conns,
+    listen_pool: sqlx::PgPool,
 }
 
 /// A broker built and ready to serve: its connections, core, background
 /// services and gRPC services.
 struct Server {
     cfg: Config,
-    pool: sqlx::PgPool,
-    conns: store::Conns,
-    listen_pool: sqlx::PgPool,
+    /// Per cluster, home first.
+    connections: Vec<Connections>,
     broker: Arc<Broker>,
     /// The operator API, shared by the gRPC AdminService and the console.
     admin: Arc<AdminApi>,
@@ -84,7 +116,7 @@ impl Server {
     /// starts), migrates, and starts the core and the background services.
     async fn build(
         cfg: Config,
-        database_url: &str,
+        databases: &[Database],
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Server> {
         // Security settings are read before anything starts, so a bad file
@@ -100,25 +132,35 @@ impl Server {
                 "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
             );
         }
-        let (pool, conns) = connect_with_retry(database_url, cfg.pool_size, shutdown).await?;
-        store::migrate(&pool).await.context("applying migrations")?;
-        let store = Store::new(pool.clone(), conns.clone());
-        conns.warm(2).await;
-        info!(broker = %store.broker_id, "migrations applied");
+        let clusters = connect_clusters(&cfg, databases, shutdown).await?;
+        let home = clusters.home().clone();
+        info!(broker = %home.broker_id, clusters = clusters.all().len(), "migrations applied");
 
         let dispatcher = Dispatcher::spawn(
-            store.clone(),
-            Notifier::spawn(store.clone()),
+            clusters.clone(),
+            Notifiers::spawn(&clusters),
             DispatchConfig {
                 heartbeat_interval: cfg.heartbeat_interval,
                 poll_interval: cfg.poll_interval,
             },
         );
-        let listen_pool = store::connect_listener(database_url).await?;
-        let listen = crate::notify::listen(&store, &listen_pool)
-            .await
-            .context("opening the LISTEN connection")?;
-        let broker = Broker::new(store.clone(), dispatcher.clone(), cfg.batch_concurrency);
+        // One LISTEN connection per cluster: wake-ups and settles are sent
+        // on the cluster of the queue or the lease.
+        let mut connections = Vec::new();
+        let mut listens = Vec::new();
+        for (store, db) in clusters.all().iter().zip(databases) {
+            let listen_pool = store::connect_listener(&db.url).await?;
+            let listen = crate::notify::listen(store, &listen_pool)
+                .await
+                .with_context(|| format!("opening the LISTEN connection to cluster {}", db.name))?;
+            listens.push(listen);
+            connections.push(Connections {
+                pool: store.pool.clone(),
+                conns: store.conns.clone(),
+                listen_pool,
+            });
+        }
+        let broker = Broker::new(clusters.clone(), dispatcher.clone(), cfg.batch_concurrency);
         let reporter = HealthReporter::new();
         let health = tonic_health::pb::health_server::HealthServer::new(
             tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
@@ -131,45 +173,61 @@ impl Server {
         let stop = CancellationToken::new();
         let draining = CancellationToken::new();
         let mut background = JoinSet::new();
-        background.spawn(crate::notify::run(
-            store.clone(),
-            listen,
-            dispatcher.clone(),
-            stop.clone(),
-        ));
-        background.spawn(crate::maintenance::run(
-            dispatcher.settle().clone(),
-            cfg.reap_interval,
-            stop.clone(),
-        ));
-        if !cfg.retention_interval.is_zero() {
-            background.spawn(crate::maintenance::retention_loop(
+        for (store, listen) in clusters.all().iter().zip(listens) {
+            background.spawn(crate::notify::run(
                 store.clone(),
-                cfg.retention_interval,
+                listen,
+                dispatcher.clone(),
                 stop.clone(),
             ));
-        }
-        if !cfg.vacuum_interval.is_zero() {
-            background.spawn(crate::maintenance::vacuum_loop(
+            background.spawn(crate::maintenance::run(
+                dispatcher.settle().clone(),
                 store.clone(),
-                cfg.vacuum_interval,
+                cfg.reap_interval,
+                stop.clone(),
+            ));
+            if !cfg.retention_interval.is_zero() {
+                background.spawn(crate::maintenance::retention_loop(
+                    store.clone(),
+                    cfg.retention_interval,
+                    stop.clone(),
+                ));
+            }
+            if !cfg.vacuum_interval.is_zero() {
+                background.spawn(crate::maintenance::vacuum_loop(
+                    store.clone(),
+                    cfg.vacuum_interval,
+                    stop.clone(),
+                ));
+            }
+        }
+        if !clusters.is_single() {
+            background.spawn(crate::placement::follow(
+                clusters.clone(),
+                cfg.placement_interval,
                 stop.clone(),
             ));
         }
         background.spawn(health_loop(
-            store.clone(),
+            clusters.clone(),
             reporter.clone(),
             cfg.health_interval,
             draining.clone(),
             stop.clone(),
         ));
         let admin = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
-        start_http(&cfg, &store, admin.clone(), &auth, &stop, &mut background).await?;
+        start_http(
+            &cfg,
+            &clusters,
+            admin.clone(),
+            &auth,
+            &stop,
+            &mut background,
+        )
+        .await?;
         Ok(Server {
             cfg,
-            pool,
-            conns,
-            listen_pool,
+            connections,
             broker,
             admin,
             tls,
@@ -310,9 +368,11 @@ impl Server {
                 warn!(error = %e, "a background service panicked");
             }
         }
-        self.pool.close().await;
-        self.conns.close().await;
-        self.listen_pool.close().await;
+        for c in &self.connections {
+            c.pool.close().await;
+            c.conns.close().await;
+            c.listen_pool.close().await;
+        }
         self.traces.shutdown().await;
     }
 }
@@ -322,7 +382,7 @@ impl Server {
 /// has TLS), and the refresher of the per-queue gauges both read.
 async fn start_http(
     cfg: &Config,
-    store: &Store,
+    clusters: &Clusters,
     admin: Arc<AdminApi>,
     auth: &crate::auth::Authenticator,
     stop: &CancellationToken,
@@ -331,8 +391,9 @@ async fn start_http(
     if cfg.metrics_listen.is_none() && cfg.http_listen.is_none() {
         return Ok(());
     }
+    let store = clusters.home();
     background.spawn(crate::maintenance::refresh_gauges(
-        store.clone(),
+        clusters.clone(),
         cfg.metrics_interval,
         stop.clone(),
     ));
@@ -436,28 +497,60 @@ async fn set_ready(reporter: &HealthReporter, ready: bool) {
 }
 
 /// SERVING only while PostgreSQL answers (migrations ran before this starts)
-/// and no drain has begun.
+/// and no drain has begun. With several clusters: while any of them answers
+/// (the queues of one that does not answer UNAVAILABLE, the others flow;
+/// taking the replica out of a load balancer would not help, since every
+/// replica sees the same cluster), and each cluster has its own health
+/// service, `leaseq.cluster.NAME`.
 async fn health_loop(
-    store: Store,
+    clusters: Clusters,
     reporter: HealthReporter,
     interval: Duration,
     draining: CancellationToken,
     stop: CancellationToken,
 ) {
+    let metrics = clusters.home().metrics.clone();
     let mut last = None;
+    let mut last_up: Vec<Option<bool>> = vec![None; clusters.all().len()];
     loop {
-        let ok = tokio::time::timeout(Duration::from_secs(2), store.ping())
-            .await
-            .is_ok_and(|r| r.is_ok());
-        let ready = ok && !draining.is_cancelled();
+        let mut any = false;
+        for (i, store) in clusters.all().iter().enumerate() {
+            let ok = tokio::time::timeout(Duration::from_secs(2), store.ping())
+                .await
+                .is_ok_and(|r| r.is_ok());
+            any |= ok;
+            metrics.clusters.set_up(&store.cluster_name, ok);
+            if last_up[i] != Some(ok) {
+                if !clusters.is_single() {
+                    if ok {
+                        info!(cluster = %store.cluster_name, "cluster answers");
+                    } else {
+                        warn!(cluster = %store.cluster_name, "cluster unreachable: its queues answer UNAVAILABLE");
+                    }
+                    let status = if ok {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    reporter
+                        .set_service_status(
+                            format!("leaseq.cluster.{}", store.cluster_name),
+                            status,
+                        )
+                        .await;
+                }
+                last_up[i] = Some(ok);
+            }
+        }
+        let ready = any && !draining.is_cancelled();
         if last != Some(ready) {
-            if !ok {
+            if !any {
                 warn!("PostgreSQL unreachable: health NOT_SERVING");
             } else if ready {
                 info!("health SERVING");
             }
             set_ready(&reporter, ready).await;
-            store.metrics.serving.set(i64::from(ready));
+            metrics.serving.set(i64::from(ready));
             last = Some(ready);
         }
         tokio::select! {
@@ -466,4 +559,55 @@ async fn health_loop(
             _ = tokio::time::sleep(interval) => {}
         }
     }
+}
+
+/// Connects to every cluster (retrying while they start), migrates each,
+/// and with several sets up the placement on home (ids, first map) and
+/// checks each database is the cluster its name says.
+async fn connect_clusters(
+    cfg: &Config,
+    databases: &[Database],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Clusters> {
+    let mut opened = Vec::new();
+    for db in databases {
+        let (pool, conns) = connect_with_retry(&db.url, cfg.pool_size, shutdown)
+            .await
+            .with_context(|| format!("cluster {}", db.name))?;
+        store::migrate(&pool)
+            .await
+            .with_context(|| format!("applying migrations on cluster {}", db.name))?;
+        conns.warm(2).await;
+        opened.push((pool, conns));
+    }
+    let mut opened = opened.into_iter();
+    let (pool, conns) = opened.next().expect("one database at least");
+    let home = Store::new(pool, conns).named(&databases[0].name);
+    if databases.len() == 1 {
+        // The home of several clusters given alone would take every queue
+        // for its own, and strand the jobs of the others.
+        let elsewhere: bool = sqlx::query_scalar(
+            "select exists (select 1 from leaseq.placement where cluster <> 0 or moving_to is not null) \
+             or exists (select 1 from leaseq.placement_pins where cluster <> 0)",
+        )
+        .fetch_one(&home.pool)
+        .await?;
+        anyhow::ensure!(
+            !elsewhere,
+            "this database is the home cluster of a placement over several clusters: give every cluster's --database-url (docs/SCALING.md)"
+        );
+        return Ok(Clusters::single(home));
+    }
+    let names: Vec<String> = databases.iter().map(|d| d.name.clone()).collect();
+    let ids = crate::placement::setup(&home.pool, &names).await?;
+    let mut stores = vec![home.clone()];
+    for ((pool, conns), (id, db)) in opened.zip(ids.iter().zip(databases).skip(1)) {
+        stores.push(home.sibling(pool, conns, *id, &db.name));
+    }
+    for (store, db) in stores.iter().zip(databases) {
+        crate::placement::check_identity(&store.pool, store.cluster, &db.name).await?;
+    }
+    let map = crate::placement::load(&home.pool).await?;
+    info!(epoch = map.epoch, clusters = ?names, "placement loaded");
+    Ok(Clusters::new(stores, map))
 }

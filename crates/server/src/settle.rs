@@ -32,8 +32,9 @@ use tokio::sync::mpsc;
 use tracing::warn;
 use uuid::Uuid;
 
-use crate::domain::{AckReq, JobId, LeaseToken, QueueName};
+use crate::domain::{AckReq, ClusterId, JobId, LeaseToken, QueueName};
 use crate::error::Result;
+use crate::placement::Clusters;
 use crate::store::{FailReq, Failed, Settled, Store, Wake};
 
 /// How the settle path reaches this process's dispatcher.
@@ -58,28 +59,60 @@ pub enum Ending {
 /// Ends leases and wakes queues. Cheap to clone.
 #[derive(Clone)]
 pub struct Settle {
-    store: Store,
+    clusters: Clusters,
     local: Arc<dyn Local>,
-    notifier: Notifier,
+    notifiers: Notifiers,
 }
 
 impl Settle {
-    pub fn new(store: Store, local: Arc<dyn Local>, notifier: Notifier) -> Settle {
+    pub fn new(clusters: Clusters, local: Arc<dyn Local>, notifiers: Notifiers) -> Settle {
         Settle {
-            store,
+            clusters,
             local,
-            notifier,
+            notifiers,
         }
     }
 
+    /// The home cluster's store: the broker id and the metrics (shared by
+    /// every cluster's store).
     pub fn store(&self) -> &Store {
-        &self.store
+        self.clusters.home()
     }
 
-    /// Completes jobs whose token is current (ack.sql). Returns those.
+    pub fn clusters(&self) -> &Clusters {
+        &self.clusters
+    }
+
+    /// Completes jobs whose token is current (ack.sql), each on the cluster
+    /// its token names. Returns those. With several clusters, the ones that
+    /// answered are settled (credit, wake-ups) even if another failed, and
+    /// the error is returned.
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
-        let done = self.store.ack(reqs).await?;
-        let m = &self.store.metrics;
+        let mut groups = self.clusters.group(reqs.iter().copied(), |r| r.token.1);
+        if groups.len() == 1 {
+            // Every batch of the ack batcher: it is per cluster.
+            let (c, reqs) = groups.pop().expect("one group");
+            return self.ack_on(c, &reqs).await;
+        }
+        let mut runs = tokio::task::JoinSet::new();
+        for (c, reqs) in groups {
+            let me = self.clone();
+            runs.spawn(async move { me.ack_on(c, &reqs).await });
+        }
+        merge(runs.join_all().await)
+    }
+
+    async fn ack_on(&self, cluster: ClusterId, reqs: &[AckReq]) -> Result<Vec<Settled>> {
+        let m = &self.store().metrics;
+        // A token naming a cluster this broker does not have is stale.
+        let done = match self.clusters.get(cluster) {
+            Some(store) => {
+                let done = store.ack(reqs).await?;
+                m.clusters.on_acked(&store.cluster_name, done.len());
+                done
+            }
+            None => Vec::new(),
+        };
         m.on_acked(reqs.len(), &done);
         self.return_credit(done.iter().map(|s| (s.broker, s.id, s.token)));
         // Queues with a concurrency limit have a free slot: wake their
@@ -106,8 +139,32 @@ impl Settle {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
-        let done = self.store.fail(reqs).await?;
-        let m = &self.store.metrics;
+        let mut groups = self.clusters.group(reqs.iter().cloned(), |r| r.token.1);
+        if groups.len() == 1 {
+            let (c, reqs) = groups.pop().expect("one group");
+            return self.fail_on(c, &reqs, ending).await;
+        }
+        // A stream's release or a reap over several clusters: one statement
+        // per cluster, at once, so one that is down delays no other.
+        let mut runs = tokio::task::JoinSet::new();
+        for (c, reqs) in groups {
+            let me = self.clone();
+            runs.spawn(async move { me.fail_on(c, &reqs, ending).await });
+        }
+        merge(runs.join_all().await)
+    }
+
+    async fn fail_on(
+        &self,
+        cluster: ClusterId,
+        reqs: &[FailReq],
+        ending: Ending,
+    ) -> Result<Vec<Failed>> {
+        let done = match self.clusters.get(cluster) {
+            Some(store) => store.fail(reqs).await?,
+            None => Vec::new(),
+        };
+        let m = &self.store().metrics;
         match ending {
             Ending::Nacked => m.on_nacked(reqs.len(), &done),
             Ending::Expired => m.on_expired(&done),
@@ -174,7 +231,7 @@ impl Settle {
         if wakes.is_empty() {
             return;
         }
-        self.notifier.wake(&wakes);
+        self.notifiers.wake(&self.clusters, &wakes);
         self.local.wake(wakes);
     }
 
@@ -182,16 +239,65 @@ impl Settle {
     /// NOTIFY for leases held by streams of other replicas (`broker` is the
     /// job's `lease_broker`).
     pub fn return_credit(&self, settled: impl Iterator<Item = (Option<Uuid>, JobId, LeaseToken)>) {
-        let me = self.store.broker_id;
+        let me = self.store().broker_id;
         let mut local = Vec::new();
         for (broker, id, token) in settled {
             match broker {
-                Some(b) if b != me => self.notifier.settled(b, id, token),
+                Some(b) if b != me => self.notifiers.settled(b, id, token),
                 _ => local.push((id, token)),
             }
         }
         if !local.is_empty() {
             self.local.settled(local);
+        }
+    }
+}
+
+/// The results of one statement per cluster: all of them, or the first
+/// error (the clusters that answered were settled all the same).
+fn merge<T>(results: Vec<Result<Vec<T>>>) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    let mut failed = None;
+    for r in results {
+        match r {
+            Ok(v) => out.extend(v),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// One [`Notifier`] per cluster: a wake-up goes out on the queue's cluster,
+/// a settle on the cluster of the lease (every broker LISTENs on all).
+#[derive(Clone)]
+pub struct Notifiers(Arc<HashMap<ClusterId, Notifier>>);
+
+impl Notifiers {
+    /// Spawns one notifier task per cluster.
+    pub fn spawn(clusters: &Clusters) -> Notifiers {
+        Notifiers(Arc::new(
+            clusters
+                .all()
+                .iter()
+                .map(|s| (s.cluster, Notifier::spawn(s.clone())))
+                .collect(),
+        ))
+    }
+
+    fn wake(&self, clusters: &Clusters, wakes: &[Wake]) {
+        for w in wakes {
+            if let Some(n) = self.0.get(&clusters.cluster_of(&w.queue)) {
+                n.wake(std::slice::from_ref(w));
+            }
+        }
+    }
+
+    fn settled(&self, broker: Uuid, id: JobId, token: LeaseToken) {
+        if let Some(n) = self.0.get(&token.1) {
+            n.settled(broker, id, token);
         }
     }
 }

@@ -18,6 +18,7 @@ use uuid::Uuid;
 use crate::broker::Broker;
 use crate::domain::{self, JobId, MAX_ATTEMPTS, MAX_DELAY, MAX_SUBSCRIBE_QUEUES, QueueName};
 use crate::error::{Error, Result};
+use crate::fanout;
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::store::Wake;
@@ -49,12 +50,14 @@ impl AdminApi {
         AdminApi { broker, draining }
     }
 
-    fn store(&self) -> &crate::store::Store {
-        self.broker.store()
+    /// Every cluster: calls over all queues or jobs fan out and merge
+    /// (docs/SCALING.md); calls about one queue's settings go to its cluster.
+    fn clusters(&self) -> &crate::placement::Clusters {
+        self.broker.clusters()
     }
 
     async fn queue_info(&self, name: &QueueName) -> Result<pb::QueueInfo> {
-        sql::queue(self.store(), name)
+        fanout::queue(self.clusters(), name)
             .await?
             .map(queue_info)
             .ok_or_else(|| unknown_queue(name))
@@ -74,7 +77,9 @@ impl AdminApi {
     /// run_at (a dispatcher may have dropped that timer while paused).
     async fn resumed(&self, name: &QueueName) -> Result<()> {
         self.wake([name.clone()]).await?;
-        let due = self.store().next_due(std::slice::from_ref(name)).await?;
+        let due = (self.clusters().store_for(name)?)
+            .next_due(std::slice::from_ref(name))
+            .await?;
         let wakes: Vec<Wake> = due
             .into_iter()
             .filter_map(|(queue, ms)| ms.map(|delay_ms| Wake { queue, delay_ms }))
@@ -356,7 +361,7 @@ impl AdminService for AdminApi {
         let r = request.into_inner();
         let limit = page_size(r.page_size, "page_size")?;
         let after = decode_token(&r.page_token, 'q')?;
-        let rows = sql::queue_stats(self.store(), None, after.as_deref(), limit).await?;
+        let rows = fanout::queue_stats(self.clusters(), None, after.as_deref(), limit).await?;
         let next_page_token = match rows.last() {
             Some(last) if rows.len() as i64 == limit => encode_token('q', &last.name),
             _ => String::new(),
@@ -384,7 +389,7 @@ impl AdminService for AdminApi {
         let r = request.into_inner();
         let name = queue_field(&r.queue, "queue")?;
         let update = queue_update(&r)?;
-        if !sql::update_queue(self.store(), &name, &update, r.create).await? {
+        if !sql::update_queue(self.clusters().store_for(&name)?, &name, &update, r.create).await? {
             return Err(unknown_queue(&name).into());
         }
         info!(queue = %name, ?update, "queue settings changed");
@@ -411,7 +416,7 @@ impl AdminService for AdminApi {
             paused: Some(true),
             ..Default::default()
         };
-        if !sql::update_queue(self.store(), &name, &update, false).await? {
+        if !sql::update_queue(self.clusters().store_for(&name)?, &name, &update, false).await? {
             return Err(unknown_queue(&name).into());
         }
         info!(queue = %name, "queue paused");
@@ -428,7 +433,7 @@ impl AdminService for AdminApi {
             paused: Some(false),
             ..Default::default()
         };
-        if !sql::update_queue(self.store(), &name, &update, false).await? {
+        if !sql::update_queue(self.clusters().store_for(&name)?, &name, &update, false).await? {
             return Err(unknown_queue(&name).into());
         }
         self.resumed(&name).await?;
@@ -442,7 +447,7 @@ impl AdminService for AdminApi {
         request: Request<pb::PurgeQueueRequest>,
     ) -> Result<Response<pb::PurgeQueueResponse>, Status> {
         let name = queue_field(&request.get_ref().queue, "queue")?;
-        let purged = sql::purge_queue(self.store(), &name)
+        let purged = fanout::purge_queue(self.clusters(), &name)
             .await?
             .ok_or_else(|| unknown_queue(&name))?;
         info!(queue = %name, purged = purged.waiting, completed = purged.completed, "queue purged");
@@ -458,7 +463,7 @@ impl AdminService for AdminApi {
         request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::JobInfo>, Status> {
         let id = JobId::parse_field(&request.get_ref().job_id, "job_id")?;
-        let job = sql::get_job(self.store(), id)
+        let job = fanout::get_job(self.clusters(), id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("job {id} does not exist")))?;
         Ok(Response::new(job_info(job)))
@@ -490,12 +495,12 @@ impl AdminService for AdminApi {
         };
         let after = decode_job_token(&r.page_token, kind)?;
         if let Some(q) = &queue
-            && !sql::queue_exists(self.store(), q).await?
+            && !fanout::queue_exists(self.clusters(), q).await?
         {
             return Err(unknown_queue(q).into());
         }
-        let (rows, more) = sql::list_jobs(
-            self.store(),
+        let (rows, more) = fanout::list_jobs(
+            self.clusters(),
             queue.as_ref(),
             state,
             after,
@@ -512,7 +517,7 @@ impl AdminService for AdminApi {
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::CancelJobResponse>, Status> {
         let id = JobId::parse_field(&request.get_ref().job_id, "job_id")?;
-        let done = sql::cancel_job(self.store(), id)
+        let done = fanout::cancel_job(self.clusters(), id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("job {id} is not a live job")))?;
         info!(job_id = %id, queue = %done.queue, leased = done.lease.is_some(), "job cancelled");
@@ -549,12 +554,12 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::RequeueDeadLettersResponse>, Status> {
         let (ids, queue) = selector(request.get_ref())?;
         if let (None, Some(q)) = (&ids, &queue)
-            && !sql::queue_exists(self.store(), q).await?
+            && !fanout::queue_exists(self.clusters(), q).await?
         {
             return Err(unknown_queue(q).into());
         }
         let (moved, matched) =
-            sql::requeue_dead(self.store(), ids.as_deref(), queue.as_ref()).await?;
+            fanout::requeue_dead(self.clusters(), ids.as_deref(), queue.as_ref()).await?;
         let requeued: i64 = moved.iter().map(|(_, n)| n).sum();
         if requeued > 0 {
             self.wake(moved.into_iter().map(|(q, _)| q)).await?;
@@ -573,11 +578,11 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::PurgeDeadLettersResponse>, Status> {
         let (ids, queue) = selector(request.get_ref())?;
         if let (None, Some(q)) = (&ids, &queue)
-            && !sql::queue_exists(self.store(), q).await?
+            && !fanout::queue_exists(self.clusters(), q).await?
         {
             return Err(unknown_queue(q).into());
         }
-        let purged = sql::purge_dead(self.store(), ids.as_deref(), queue.as_ref()).await?;
+        let purged = fanout::purge_dead(self.clusters(), ids.as_deref(), queue.as_ref()).await?;
         info!(purged, "dead letters purged");
         Ok(Response::new(pb::PurgeDeadLettersResponse {
             purged: purged as i64,
@@ -613,10 +618,11 @@ impl AdminService for AdminApi {
                 Duration::from_millis(ms as u64)
             }
         };
-        let store = self.store().clone();
+        let clusters = self.clusters().clone();
         let names = (!names.is_empty()).then_some(names);
         if let Some(names) = &names {
-            let found = sql::queue_stats(&store, Some(names), None, names.len() as i64).await?;
+            let found =
+                fanout::queue_stats(&clusters, Some(names), None, names.len() as i64).await?;
             if let Some(missing) = names
                 .iter()
                 .find(|n| !found.iter().any(|f| f.name == n.as_str()))
@@ -633,7 +639,8 @@ impl AdminService for AdminApi {
             let mut last_sent = tokio::time::Instant::now();
             loop {
                 let limit = names.as_ref().map_or(WATCH_ALL_LIMIT, |n| n.len() as i64);
-                let rows = match sql::queue_stats(&store, names.as_deref(), None, limit).await {
+                let rows = match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await
+                {
                     Ok(rows) => rows,
                     Err(e) => {
                         let _ = tx.send(Err(e.into())).await;

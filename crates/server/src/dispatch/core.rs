@@ -733,7 +733,7 @@ mod tests {
             attempt: 1,
             enqueued_at: Utc::now(),
             last_error: None,
-            token: LeaseToken(uuid::Uuid::new_v4()),
+            token: LeaseToken(uuid::Uuid::new_v4(), crate::domain::ClusterId::HOME),
             lease_expires_at: Utc::now(),
         }
     }

@@ -46,7 +46,8 @@ pub(crate) use self::core::Handoff;
 use self::core::{Checks, Core, Delivered, Round};
 use crate::domain::{JobId, LeaseToken, MAX_IN_FLIGHT, QueueName, Subscription};
 use crate::pb;
-use crate::settle::{Local, Notifier, Settle};
+use crate::placement::Clusters;
+use crate::settle::{Local, Notifiers, Settle};
 use crate::store::{LeaseOutcome, Leased, Store, Wake};
 
 pub type StreamId = u64;
@@ -128,13 +129,15 @@ impl Local for Inbox {
 impl Dispatcher {
     /// Spawns the dispatcher task; it ends when every handle (and every
     /// stream it feeds) is dropped.
-    pub fn spawn(store: Store, notifier: Notifier, cfg: DispatchConfig) -> Dispatcher {
+    pub fn spawn(clusters: Clusters, notifiers: Notifiers, cfg: DispatchConfig) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        let settle = Settle::new(store.clone(), Arc::new(Inbox(tx.downgrade())), notifier);
+        let settle = Settle::new(clusters.clone(), Arc::new(Inbox(tx.downgrade())), notifiers);
+        let store = clusters.home().clone();
         let offers = Offers::default();
         let task = Task {
             core: Core::new(cfg.poll_interval, offers.clone(), Instant::now()),
             store,
+            clusters,
             settle: settle.clone(),
             me: Arc::new(Inbox(tx.downgrade())),
             txs: HashMap::new(),
@@ -239,7 +242,11 @@ impl Dispatcher {
 /// The dispatcher task: [`Core`] plus everything that does I/O.
 struct Task {
     core: Core,
+    /// The home cluster's store: metrics.
     store: Store,
+    /// Every cluster: lease rounds and lease checks go to the queue's or
+    /// the lease's cluster.
+    clusters: Clusters,
     settle: Settle,
     /// Our own inbox, for background tasks to report back. Weak: the task
     /// ends when every handle and stream is dropped.
@@ -279,17 +286,17 @@ impl Task {
             self.core.reconcile_offers();
             while let Some(round) = self.core.plan_round() {
                 trace!("lease round started");
-                let (store, me) = (self.store.clone(), self.me.clone());
+                let (clusters, me) = (self.clusters.clone(), self.me.clone());
                 tokio::spawn(async move {
-                    let result = lease(&store, &round).await;
+                    let result = lease_everywhere(&clusters, &round).await;
                     me.send(Msg::Leased(round, result));
                 });
             }
             let due = self.core.due_checks();
             if !due.is_empty() {
-                let (store, me) = (self.store.clone(), self.me.clone());
+                let (clusters, me) = (self.clusters.clone(), self.me.clone());
                 tokio::spawn(async move {
-                    me.send(Msg::DueKnown(store.next_due(&due).await));
+                    me.send(Msg::DueKnown(next_due(&clusters, due).await));
                 });
             }
         }
@@ -415,8 +422,9 @@ impl Task {
             .iter()
             .flat_map(|leases| leases.chunks(5000))
         {
-            let (store, settle, me) = (self.store.clone(), self.settle.clone(), self.me.clone());
-            tokio::spawn(check_leases(store, settle, me, chunk.to_vec()));
+            let (clusters, settle, me) =
+                (self.clusters.clone(), self.settle.clone(), self.me.clone());
+            tokio::spawn(check_leases(clusters, settle, me, chunk.to_vec()));
         }
     }
 
@@ -440,15 +448,73 @@ impl Task {
     }
 }
 
+/// Leases what a round asks for on each queue's cluster: one round per
+/// cluster, all at once. Jobs leased on one cluster are delivered even if
+/// another failed (its queues are looked at again after a wake-up, a
+/// reconnect of its LISTEN connection, or the fallback poll).
+async fn lease_everywhere(
+    clusters: &Clusters,
+    round: &Round,
+) -> crate::error::Result<LeaseOutcome> {
+    if clusters.is_single() {
+        return lease(clusters.home(), round.wants.clone(), &round.limited).await;
+    }
+    let mut runs = tokio::task::JoinSet::new();
+    for (c, wants) in clusters.group(round.wants.iter().cloned(), |w| {
+        clusters.cluster_of(&w.queue)
+    }) {
+        let Some(store) = clusters.get(c).cloned() else {
+            warn!(cluster = %c, "queues placed on a cluster this broker does not know");
+            continue;
+        };
+        let limited = round.limited.clone();
+        runs.spawn(async move { lease(&store, wants, &limited).await });
+    }
+    let mut out = LeaseOutcome::default();
+    let mut failed = None;
+    for r in runs.join_all().await {
+        match r {
+            Ok(o) => {
+                out.jobs.extend(o.jobs);
+                out.limited.extend(o.limited);
+                out.caps.extend(o.caps);
+            }
+            Err(e) => {
+                warn!(error = %e, "lease statement failed on one cluster");
+                failed = failed.or(Some(e));
+            }
+        }
+    }
+    match failed {
+        Some(e) if out.jobs.is_empty() => Err(e),
+        _ => Ok(out),
+    }
+}
+
+/// When each queue's next delayed job is due, asked of its cluster.
+async fn next_due(
+    clusters: &Clusters,
+    queues: Vec<QueueName>,
+) -> crate::error::Result<Vec<(QueueName, Option<i64>)>> {
+    let mut out = Vec::new();
+    for (c, queues) in clusters.group(queues, |q| clusters.cluster_of(q)) {
+        if let Some(store) = clusters.get(c) {
+            out.extend(store.next_due(&queues).await?);
+        }
+    }
+    Ok(out)
+}
+
 /// Leases what a round asks for: unlimited queues in one statement, queues
 /// with limits in a transaction that takes turns with other replicas
 /// (`store::limits`), both at once.
-async fn lease(store: &Store, round: &Round) -> crate::error::Result<LeaseOutcome> {
-    let (slow, fast): (Vec<_>, Vec<_>) = round
-        .wants
-        .iter()
-        .cloned()
-        .partition(|w| round.limited.contains(&w.queue));
+async fn lease(
+    store: &Store,
+    wants: Vec<crate::store::Want>,
+    limited: &[QueueName],
+) -> crate::error::Result<LeaseOutcome> {
+    let (slow, fast): (Vec<_>, Vec<_>) =
+        wants.into_iter().partition(|w| limited.contains(&w.queue));
     let (a, b) = tokio::join!(
         async {
             if fast.is_empty() {
@@ -499,28 +565,34 @@ pub(crate) fn delivery(job: Leased) -> pb::Delivery {
 }
 
 /// Reaps those of `leases` that are past expiry and reports which are still
-/// alive (and for how long) back to the dispatcher.
+/// alive (and for how long) back to the dispatcher; each on its cluster.
 async fn check_leases(
-    store: Store,
+    clusters: Clusters,
     settle: Settle,
     me: Arc<Inbox>,
     leases: Vec<(JobId, LeaseToken)>,
 ) {
-    let ids: Vec<JobId> = leases.iter().map(|l| l.0).collect();
     let checked = leases.clone();
-    let result = async {
-        let expired = store.expired_leases(Some(&ids), ids.len() as i64).await?;
-        settle.reap(expired).await?;
-        store.lease_status(&leases).await
-    }
-    .await;
-    let alive = match result {
-        Ok(alive) => alive,
-        Err(e) => {
-            warn!(error = %e, "lease check failed; retrying in 1s");
-            // Treat them as alive for another second.
-            ids.iter().map(|id| (*id, 1000)).collect()
+    let mut alive = Vec::new();
+    for (c, leases) in clusters.group(leases, |l| l.1.1) {
+        let ids: Vec<JobId> = leases.iter().map(|l| l.0).collect();
+        let Some(store) = clusters.get(c) else {
+            continue; // no such cluster: nothing to keep alive
+        };
+        let result = async {
+            let expired = store.expired_leases(Some(&ids), ids.len() as i64).await?;
+            settle.reap(expired).await?;
+            store.lease_status(&leases).await
         }
-    };
+        .await;
+        match result {
+            Ok(a) => alive.extend(a),
+            Err(e) => {
+                warn!(error = %e, cluster = %store.cluster_name, "lease check failed; retrying in 1s");
+                // Treat them as alive for another second.
+                alive.extend(ids.iter().map(|id| (*id, 1000)));
+            }
+        }
+    }
     me.send(Msg::LeaseChecked { checked, alive });
 }

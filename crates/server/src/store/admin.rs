@@ -394,7 +394,7 @@ pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
     Ok(Some(Cancelled {
         queue: row.try_get("queue")?,
         lease: token
-            .map(|t| Ok::<_, Error>((row.try_get("lease_broker")?, LeaseToken(t))))
+            .map(|t| Ok::<_, Error>((row.try_get("lease_broker")?, LeaseToken(t, store.cluster))))
             .transpose()?,
     }))
 }

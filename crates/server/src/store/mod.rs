@@ -22,7 +22,7 @@ pub use conn::Conns;
 
 pub use crate::domain::{Enqueued, Failed, Leased, Settled};
 
-use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
+use crate::domain::{AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
 use crate::error::{Error, Result};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
@@ -225,6 +225,11 @@ pub struct Store {
     pub broker_id: Uuid,
     /// This broker's counters, histograms and stream registry.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The cluster these connections reach (docs/SCALING.md): stamped on the
+    /// lease tokens this store reads, so settles find their way back.
+    pub cluster: ClusterId,
+    /// Its name (`--database-url NAME=URI`; `main` for a single database).
+    pub cluster_name: std::sync::Arc<str>,
 }
 
 impl Store {
@@ -234,7 +239,28 @@ impl Store {
             conns,
             broker_id: Uuid::new_v4(),
             metrics: Default::default(),
+            cluster: ClusterId::HOME,
+            cluster_name: std::sync::Arc::from(crate::placement::HOME_NAME),
         }
+    }
+
+    /// The store of another cluster of the same broker: same broker id and
+    /// metrics, other connections.
+    pub fn sibling(&self, pool: PgPool, conns: Conns, cluster: ClusterId, name: &str) -> Store {
+        Store {
+            pool,
+            conns,
+            broker_id: self.broker_id,
+            metrics: self.metrics.clone(),
+            cluster,
+            cluster_name: std::sync::Arc::from(name),
+        }
+    }
+
+    /// Names this (home) store's cluster.
+    pub fn named(mut self, name: &str) -> Store {
+        self.cluster_name = std::sync::Arc::from(name);
+        self
     }
 
     /// Creates queue rows (with defaults) for names not seen before.
@@ -288,7 +314,7 @@ impl Store {
                 jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
             let mut wakes = Wakes::default();
             for row in inserted {
-                row.into_outcome(&by_id, jobs, &mut wakes, &mut out.handed);
+                row.into_outcome(&by_id, jobs, &mut wakes, &mut out.handed, self.cluster);
             }
             out.wakes = wakes.into_vec();
             out
@@ -334,7 +360,7 @@ impl Store {
             let mut done: std::collections::HashSet<Uuid> = Default::default();
             for row in inserted {
                 done.insert(row.id);
-                row.into_outcome(&by_id, jobs, &mut wakes, &mut handed);
+                row.into_outcome(&by_id, jobs, &mut wakes, &mut handed, self.cluster);
             }
             let mut dups: Vec<usize> = Vec::new();
             for &i in &pending {
@@ -452,7 +478,8 @@ impl Store {
             by_broker
                 .entry(*broker)
                 .or_default()
-                .push(format!("{id}:{token}"));
+                // The bare UUID: the listener knows the cluster it listens on.
+                .push(format!("{id}:{}", token.0));
         }
         for (broker, ids) in by_broker {
             // NOTIFY payloads are limited to 8000 bytes: 100 pairs is 7400.
@@ -554,7 +581,7 @@ impl Store {
                     attempt: r.try_get("attempt")?,
                     enqueued_at: r.try_get("enqueued_at")?,
                     last_error: r.try_get("last_error")?,
-                    token: LeaseToken(r.try_get("lease_token")?),
+                    token: LeaseToken(r.try_get("lease_token")?, self.cluster),
                     lease_expires_at: r.try_get("lease_expires_at")?,
                 }))
             })
@@ -578,7 +605,7 @@ impl Store {
             .map(|r| {
                 Ok(Settled {
                     id: JobId(r.try_get("id")?),
-                    token: LeaseToken(r.try_get("lease_token")?),
+                    token: LeaseToken(r.try_get("lease_token")?, self.cluster),
                     broker: r.try_get("lease_broker")?,
                     slot_freed: r
                         .try_get::<Option<String>, _>("slot_freed")?
@@ -656,7 +683,7 @@ impl Store {
             .map(|r| {
                 Ok((
                     JobId(r.try_get("id")?),
-                    LeaseToken(r.try_get("lease_token")?),
+                    LeaseToken(r.try_get("lease_token")?, self.cluster),
                 ))
             })
             .collect()
@@ -739,6 +766,7 @@ impl InsertedRow {
         jobs: &[NewJob],
         wakes: &mut Wakes,
         handed: &mut Vec<Leased>,
+        cluster: ClusterId,
     ) {
         let (Some(token), Some(lease_ms), Some(expires), Some(&i)) = (
             self.lease_token,
@@ -761,7 +789,7 @@ impl InsertedRow {
             attempt: 1,
             enqueued_at: self.enqueued_at,
             last_error: None,
-            token: LeaseToken(token),
+            token: LeaseToken(token, cluster),
             lease_expires_at: expires,
         });
     }

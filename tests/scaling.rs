@@ -1,0 +1,721 @@
+//! Queues over three PostgreSQL clusters (docs/SCALING.md): three private
+//! clusters (started like the fault suite's, `tests/faults/pg.rs`), brokers
+//! in this process given all three, and the fault suite's history checker
+//! over the result: every job acked exactly once, no two live leases of one
+//! job, with streams over queues on every cluster and acks sent to another
+//! replica; wake-ups by NOTIFY on each cluster with the fallback poll set
+//! long; a batch over two clusters refused with nothing written; one
+//! cluster crashed (`pg_ctl stop -m immediate`) while the others flow; a
+//! bucket moved under load.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use leaseq::pb;
+use leaseq::pb::subscribe_response::Kind;
+use leaseq_server::domain::ClusterId;
+use leaseq_server::placement::{self, MoveOptions, bucket_of};
+use leaseq_server::server::Database;
+use sqlx::PgPool;
+use tokio::time::{Instant, sleep, timeout};
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use crate::common::history::History;
+use crate::common::load::{Rng, lazy_client};
+use crate::common::{Client, dur, test_config, wait_serving};
+use crate::faults::pg::PrivatePg;
+
+const NAMES: [&str; 3] = ["a", "b", "c"];
+
+/// Three private clusters and a pool on each.
+struct Three {
+    pgs: Vec<PrivatePg>,
+    pools: Vec<PgPool>,
+}
+
+impl Three {
+    async fn start() -> Three {
+        let (a, b, c) = tokio::join!(PrivatePg::start(), PrivatePg::start(), PrivatePg::start());
+        let pgs = vec![a, b, c];
+        let mut pools = Vec::new();
+        for pg in &pgs {
+            pools.push(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(3)
+                    .connect(&pg.url)
+                    .await
+                    .expect("test pool"),
+            );
+        }
+        Three { pgs, pools }
+    }
+
+    fn databases(&self) -> Vec<Database> {
+        self.pgs
+            .iter()
+            .zip(NAMES)
+            .map(|(pg, name)| Database {
+                name: name.to_owned(),
+                url: pg.url.clone(),
+            })
+            .collect()
+    }
+
+    /// (id, pool) per cluster, home first: what `move_bucket` takes.
+    fn placement_pools(&self) -> Vec<(ClusterId, PgPool)> {
+        self.pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (ClusterId(i as u16), p.clone()))
+            .collect()
+    }
+
+    async fn live(&self, k: usize, queues: &[String]) -> i64 {
+        sqlx::query_scalar("select count(*) from leaseq.jobs where queue = any($1)")
+            .bind(queues)
+            .fetch_one(&self.pools[k])
+            .await
+            .expect("count")
+    }
+
+    async fn live_everywhere(&self, queues: &[String]) -> i64 {
+        let mut n = 0;
+        for k in 0..3 {
+            n += self.live(k, queues).await;
+        }
+        n
+    }
+
+    /// Dead and live ids over every cluster, for the checker.
+    async fn final_ids(&self) -> (HashSet<String>, HashSet<String>) {
+        let (mut dead, mut live) = (HashSet::new(), HashSet::new());
+        for p in &self.pools {
+            let (d, l) = crate::common::load::final_ids(p).await;
+            dead.extend(d);
+            live.extend(l);
+        }
+        (dead, live)
+    }
+}
+
+/// A broker over the three clusters, in this process.
+struct Broker {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Broker {
+    async fn start(dbs: &[Database]) -> Broker {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut cfg = test_config();
+        // Longer than any test: deliveries must come from NOTIFY wake-ups.
+        cfg.poll_interval = Duration::from_secs(600);
+        cfg.placement_interval = Duration::from_millis(200);
+        let stop = CancellationToken::new();
+        let dbs = dbs.to_vec();
+        let token = stop.clone();
+        let handle = tokio::spawn(async move {
+            leaseq_server::server::run_clusters(cfg, &dbs, listener, token).await
+        });
+        wait_serving(addr, Duration::from_secs(60)).await;
+        Broker { addr, stop, handle }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let r = timeout(Duration::from_secs(20), self.handle)
+            .await
+            .expect("broker stops")
+            .expect("broker task");
+        r.expect("broker ran cleanly");
+    }
+}
+
+/// `n` queue names on cluster `k` under the first map of a new deployment
+/// (bucket b on cluster b mod 3).
+fn queues_on(k: usize, n: usize, prefix: &str) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}{k}-{i}"))
+        .filter(|q| bucket_of(q) as usize % 3 == k)
+        .take(n)
+        .collect()
+}
+
+/// Consumes `queues` with one stream at a time on `consume` and sends its
+/// settles to `settle` (another replica, when they differ), recording
+/// everything, until `stop`. Nacks a share of its jobs.
+#[allow(clippy::too_many_arguments)]
+async fn consumer(
+    h: History,
+    consume: SocketAddr,
+    settle: SocketAddr,
+    broker: usize,
+    queues: Vec<String>,
+    nack: f64,
+    seed: u64,
+    stop: CancellationToken,
+) {
+    let lease = Duration::from_secs(2);
+    let mut rng = Rng::new(seed);
+    let mut settler = lazy_client(settle);
+    while !stop.is_cancelled() {
+        let mut c = lazy_client(consume);
+        let opened = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = timeout(Duration::from_secs(5), c.subscribe(pb::SubscribeRequest {
+                queues: queues.clone(),
+                consumer: format!("scaling-{seed}"),
+                max_in_flight: 8,
+                lease: Some(dur(lease)),
+            })) => r,
+        };
+        let mut stream = match opened {
+            Ok(Ok(s)) => s.into_inner(),
+            Ok(Err(s)) => {
+                h.subscribe_err(s.code());
+                sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(_) => {
+                h.subscribe_err(Code::DeadlineExceeded);
+                continue;
+            }
+        };
+        let sid = h.stream_opened(broker);
+        loop {
+            let msg = tokio::select! {
+                _ = stop.cancelled() => {
+                    h.stream_dropped(sid);
+                    return;
+                }
+                m = stream.message() => m,
+            };
+            let d = match msg {
+                Ok(Some(m)) => match m.kind {
+                    Some(Kind::Delivery(d)) => d,
+                    _ => continue,
+                },
+                Ok(None) => {
+                    h.stream_ended(sid, None);
+                    break;
+                }
+                Err(s) => {
+                    h.stream_ended(sid, Some(s.code()));
+                    break;
+                }
+            };
+            let rec = h.delivered(sid, broker, lease, &d);
+            if rng.next_f64() < nack {
+                h.nack_sent(&rec);
+                let r = timeout(
+                    Duration::from_secs(10),
+                    settler.nack(pb::NackRequest {
+                        job_id: rec.id.clone(),
+                        lease_token: rec.token.clone(),
+                        error: "scaling: nacked on purpose".into(),
+                        retry_after: Some(dur(Duration::ZERO)),
+                        dead_letter: false,
+                    }),
+                )
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
+                .map(|_| ());
+                h.nack_result(&rec, &r);
+            } else {
+                let r = crate::common::load::ack(&mut settler, &rec.id, &rec.token).await;
+                h.ack_result(&rec, broker, &r);
+            }
+        }
+        drop(stream);
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Enqueues `{prefix}{n}` round-robin over `queues` and `addrs`, one every
+/// `pace`, until `stop` or `max`. Returns per queue index how many went OK.
+async fn producer(
+    h: History,
+    addrs: Vec<SocketAddr>,
+    queues: Vec<String>,
+    prefix: &'static str,
+    max: usize,
+    pace: Duration,
+    stop: CancellationToken,
+) {
+    let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
+    let mut tick = tokio::time::interval(pace);
+    for n in 0..max {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let payload = format!("{prefix}{n:06}");
+        let mut c = clients[n % clients.len()].clone();
+        let r = timeout(
+            Duration::from_secs(10),
+            c.enqueue(pb::EnqueueRequest {
+                queue: queues[n % queues.len()].clone(),
+                payload: payload.clone().into_bytes(),
+                ..Default::default()
+            }),
+        )
+        .await;
+        match r {
+            Ok(Ok(resp)) => h.enqueue_ok(&payload, &resp.into_inner().job_id),
+            Ok(Err(s)) => h.enqueue_err(&payload, s.code()),
+            Err(_) => h.enqueue_err(&payload, Code::DeadlineExceeded),
+        }
+    }
+}
+
+/// Takes and acks everything left in `queues` through `addr` (recorded),
+/// until no cluster holds a job of them.
+async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let lease = Duration::from_secs(30);
+    let mut client = lazy_client(addr);
+    'outer: loop {
+        assert!(
+            Instant::now() < deadline,
+            "final drain: {} jobs left",
+            three.live_everywhere(queues).await
+        );
+        let Ok(Ok(s)) = timeout(
+            Duration::from_secs(5),
+            client.subscribe(pb::SubscribeRequest {
+                queues: queues.to_vec(),
+                consumer: "final-drain".into(),
+                max_in_flight: 256,
+                lease: Some(dur(lease)),
+            }),
+        )
+        .await
+        else {
+            sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut stream = s.into_inner();
+        let sid = h.stream_opened(usize::MAX);
+        loop {
+            if three.live_everywhere(queues).await == 0 {
+                h.stream_dropped(sid);
+                break 'outer;
+            }
+            let d = match timeout(Duration::from_millis(500), stream.message()).await {
+                Err(_) => continue,
+                Ok(Ok(Some(m))) => match m.kind {
+                    Some(Kind::Delivery(d)) => d,
+                    _ => continue,
+                },
+                Ok(Ok(None)) => {
+                    h.stream_ended(sid, None);
+                    continue 'outer;
+                }
+                Ok(Err(s)) => {
+                    h.stream_ended(sid, Some(s.code()));
+                    continue 'outer;
+                }
+            };
+            let rec = h.delivered(sid, usize::MAX, lease, &d);
+            let r = crate::common::load::ack(&mut client, &rec.id, &rec.token).await;
+            h.ack_result(&rec, usize::MAX, &r);
+        }
+    }
+}
+
+/// Producers and consumers of one run.
+struct Run {
+    h: History,
+    producers: CancellationToken,
+    consumers: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    consumer_tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Run {
+    /// Two consumers per broker, each streaming every queue from its broker
+    /// and settling on the other one; two producers over every queue and
+    /// broker, about `rate` jobs/s between them.
+    fn start(h: &History, addrs: &[SocketAddr], queues: &[String], rate: u32) -> Run {
+        let (producers, consumers) = (CancellationToken::new(), CancellationToken::new());
+        let mut consumer_tasks = Vec::new();
+        for i in 0..2 * addrs.len() {
+            let b = i % addrs.len();
+            consumer_tasks.push(tokio::spawn(consumer(
+                h.clone(),
+                addrs[b],
+                addrs[(b + 1) % addrs.len()],
+                b,
+                queues.to_vec(),
+                0.05,
+                i as u64 + 1,
+                consumers.clone(),
+            )));
+        }
+        let pace = Duration::from_secs_f64(2.0 / f64::from(rate));
+        let tasks = ["pa", "pb"]
+            .into_iter()
+            .map(|prefix| {
+                tokio::spawn(producer(
+                    h.clone(),
+                    addrs.to_vec(),
+                    queues.to_vec(),
+                    prefix,
+                    20_000,
+                    pace,
+                    producers.clone(),
+                ))
+            })
+            .collect();
+        Run {
+            h: h.clone(),
+            producers,
+            consumers,
+            tasks,
+            consumer_tasks,
+        }
+    }
+
+    /// Stops the load, drains, checks the history over every cluster.
+    async fn finish(self, name: &str, three: &Three, drain: SocketAddr, queues: &[String]) {
+        self.producers.cancel();
+        for t in self.tasks {
+            timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
+        }
+        self.consumers.cancel();
+        for t in self.consumer_tasks {
+            timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
+        }
+        final_drain(&self.h, three, drain, queues).await;
+        let (dead, live) = three.final_ids().await;
+        let report = self.h.check(&dead, &live);
+        eprintln!("{}", report.figures(name, self.h.now()));
+        report.assert_ok();
+        assert!(live.is_empty(), "jobs left after the drain: {live:?}");
+    }
+}
+
+/// Commits on cluster `k` so far: they move with every enqueue, lease and
+/// ack there (the load reached that cluster).
+async fn commits_on(three: &Three, k: usize) -> i64 {
+    sqlx::query_scalar(
+        "select xact_commit from pg_stat_database where datname = current_database()",
+    )
+    .fetch_one(&three.pools[k])
+    .await
+    .expect("stats")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_over_three_clusters() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let b0 = Broker::start(&dbs).await;
+    let b1 = Broker::start(&dbs).await;
+    let queues: Vec<String> = (0..3).flat_map(|k| queues_on(k, 2, "q")).collect();
+
+    // Wake-ups by NOTIFY on every cluster: a stream on broker 0 over one
+    // queue per cluster; jobs enqueued through broker 1 (no stream there,
+    // so inserted available and announced on the queue's cluster), and one
+    // by `leaseq.enqueue()` in cluster c's own database. The fallback poll
+    // is 10 minutes: only the notifications can deliver them.
+    let mut c0 = lazy_client(b0.addr);
+    let mut c1 = lazy_client(b1.addr);
+    let one_each: Vec<String> = (0..3).map(|k| queues_on(k, 1, "q").remove(0)).collect();
+    let names: Vec<&str> = one_each.iter().map(String::as_str).collect();
+    let mut stream = crate::common::subscribe(&mut c0, &names, 16, None).await;
+    for (k, q) in one_each.iter().enumerate() {
+        let started = Instant::now();
+        if k == 2 {
+            sqlx::query("select leaseq.enqueue($1, 'by-sql'::bytea)")
+                .bind(q)
+                .execute(&three.pools[2])
+                .await
+                .unwrap();
+        } else {
+            crate::common::enqueue(&mut c1, q, &format!("wake-{k}")).await;
+        }
+        let d = crate::common::next_delivery(&mut stream, Duration::from_secs(5)).await;
+        assert_eq!(&crate::common::job_of(&d).queue, q);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Its token routes the ack to the job's cluster, through the other replica.
+        if k > 0 {
+            assert!(
+                d.lease_token.ends_with(&format!(".{k}")),
+                "{}",
+                d.lease_token
+            );
+        } else {
+            assert!(uuid::Uuid::try_parse(&d.lease_token).is_ok());
+        }
+        crate::common::ack(&mut c1, &d)
+            .await
+            .expect("ack on another replica");
+        assert_eq!(three.live(k, &one_each).await, 0);
+    }
+    drop(stream);
+
+    // A batch over two clusters is refused, naming the field, and nothing
+    // is written anywhere.
+    let batch = pb::EnqueueBatchRequest {
+        jobs: vec![
+            crate::common::job(&queues_on(0, 1, "q")[0], "x"),
+            crate::common::job(&queues_on(0, 2, "q")[1], "y"),
+            crate::common::job(&queues_on(1, 1, "q")[0], "z"),
+        ],
+    };
+    let err = c0.enqueue_batch(batch).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("jobs[2].queue"), "{}", err.message());
+    assert_eq!(three.live_everywhere(&queues).await, 0);
+    // On one cluster, a batch goes through.
+    let ok = pb::EnqueueBatchRequest {
+        jobs: vec![
+            crate::common::job(&queues_on(1, 1, "q")[0], "batch-1"),
+            crate::common::job(&queues_on(1, 2, "q")[1], "batch-2"),
+        ],
+    };
+    let ids: Vec<String> = c0
+        .enqueue_batch(ok)
+        .await
+        .unwrap()
+        .into_inner()
+        .results
+        .into_iter()
+        .map(|r| r.job_id)
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(three.live(1, &queues).await, 2);
+    let mut admin = leaseq::pb::admin_service_client::AdminServiceClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{}", b0.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for id in &ids {
+        admin
+            .cancel_job(pb::CancelJobRequest { job_id: id.clone() })
+            .await
+            .expect("cancel fans out to the job's cluster");
+    }
+    // Admin lists merge every cluster.
+    let listed = admin
+        .list_queues(pb::ListQueuesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .queues;
+    for q in &one_each {
+        assert!(listed.iter().any(|l| &l.name == q), "{q} not listed");
+    }
+
+    // Load: streams over six queues on three clusters, settles on the other
+    // replica, nacks, producers on both replicas.
+    let before: Vec<i64> = {
+        let mut v = Vec::new();
+        for k in 0..3 {
+            v.push(commits_on(&three, k).await);
+        }
+        v
+    };
+    let h = History::new();
+    let run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
+    sleep(Duration::from_secs(6)).await;
+    run.finish("scaling-exactly-once", &three, b1.addr, &queues)
+        .await;
+    for (k, b) in before.iter().enumerate() {
+        let after = commits_on(&three, k).await;
+        assert!(after - b > 100, "cluster {k} saw {} commits", after - b);
+    }
+    b0.stop().await;
+    b1.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_cluster_crashes_the_others_flow() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let b0 = Broker::start(&dbs).await;
+    let b1 = Broker::start(&dbs).await;
+    let up: Vec<String> = (0..2).flat_map(|k| queues_on(k, 2, "u")).collect();
+    let down = queues_on(2, 2, "u");
+    let all: Vec<String> = up.iter().chain(&down).cloned().collect();
+
+    let h = History::new();
+    let run = Run::start(&h, &[b0.addr, b1.addr], &all, 200);
+    sleep(Duration::from_secs(2)).await;
+
+    let fault = h.fault("cluster c stopped -m immediate", None);
+    three.pgs[2].stop_immediate();
+    sleep(Duration::from_millis(500)).await;
+    // Its queues answer UNAVAILABLE...
+    let mut c = lazy_client(b0.addr);
+    let err = timeout(
+        Duration::from_secs(40),
+        c.enqueue(crate::common::job(&down[0], "while-down")),
+    )
+    .await
+    .expect("answered")
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let err = timeout(
+        Duration::from_secs(40),
+        c.subscribe(pb::SubscribeRequest {
+            queues: vec![down[0].clone()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("answered")
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    // ...and the others keep flowing, on the streams that span all three.
+    let acked = h.acked_count();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.acked_count() < acked + 50 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} acks in 10 s with cluster c down",
+            h.acked_count() - acked
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    // An enqueue on a cluster that is up works.
+    // Recorded in the history: the consumers deliver and ack it like any
+    // other job, and the final check needs to know it was enqueued.
+    let id = crate::common::enqueue(&mut c, &up[0], "up-while-c-down").await;
+    h.enqueue_ok("up-while-c-down", &id);
+    crate::common::wait_health(
+        b0.addr,
+        "leaseq.cluster.c",
+        tonic_health::pb::health_check_response::ServingStatus::NotServing,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        crate::common::health(b0.addr, "").await,
+        Some(tonic_health::pb::health_check_response::ServingStatus::Serving)
+    );
+
+    three.pgs[2].start_again();
+    h.healed(fault);
+    // Back: its queues flow again, leases held at the crash redelivered.
+    sleep(Duration::from_secs(4)).await;
+    run.finish("scaling-cluster-crash", &three, b0.addr, &all)
+        .await;
+    b0.stop().await;
+    b1.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bucket_moved_under_load() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let b0 = Broker::start(&dbs).await;
+    let b1 = Broker::start(&dbs).await;
+    // Two queues of one bucket... is rare; one moving queue and a queue on
+    // each other cluster that stays put.
+    let moving = queues_on(0, 1, "m");
+    let stay: Vec<String> = (1..3).flat_map(|k| queues_on(k, 1, "m")).collect();
+    let all: Vec<String> = moving.iter().chain(&stay).cloned().collect();
+    let bucket = bucket_of(&moving[0]);
+
+    let h = History::new();
+    let run = Run::start(&h, &[b0.addr, b1.addr], &all, 300);
+    sleep(Duration::from_secs(2)).await;
+    // A backlog on the source too, so the copy has something to carry.
+    let mut c = lazy_client(b0.addr);
+    let backlog = pb::EnqueueBatchRequest {
+        jobs: (0..300)
+            .map(|i| crate::common::job(&moving[0], &format!("backlog{i:04}")))
+            .collect(),
+    };
+    let resp = c.enqueue_batch(backlog).await.unwrap().into_inner();
+    for (i, r) in resp.results.iter().enumerate() {
+        h.enqueue_ok(&format!("backlog{i:04}"), &r.job_id);
+    }
+
+    let moved = placement::move_bucket(
+        &three.placement_pools(),
+        bucket,
+        ClusterId(1),
+        &MoveOptions {
+            batch: 50,
+            grace: Duration::from_secs(1),
+            limit: Duration::from_secs(60),
+            ..MoveOptions::default()
+        },
+    )
+    .await
+    .expect("bucket moved");
+    eprintln!("moved: {moved:?}");
+    assert_eq!(moved.queues, 1);
+    // Brokers follow; new jobs go to b, and nothing of the queue is left on a.
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(three.live(0, &moving).await, 0);
+    let map = placement::load(&three.pools[0]).await.unwrap();
+    assert_eq!(map.cluster_of(&moving[0]), ClusterId(1));
+    assert!(map.moving.is_empty());
+    run.finish("scaling-bucket-move", &three, b1.addr, &all)
+        .await;
+    b0.stop().await;
+    b1.stop().await;
+}
+
+/// One broker over three clusters answers a single-database deployment's
+/// upgrade: tokens issued by the single-database broker stay valid, and
+/// the first map keeps every bucket home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upgrade_in_place_keeps_queues_home() {
+    let three = Three::start().await;
+    let home = &three.pgs[0].url;
+    // The single-database broker, as today.
+    let single = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let (url, token) = (home.clone(), stop.clone());
+        let handle = tokio::spawn(async move {
+            leaseq_server::server::run(test_config(), &url, listener, token).await
+        });
+        wait_serving(addr, Duration::from_secs(60)).await;
+        Broker { addr, stop, handle }
+    };
+    let mut c = lazy_client(single.addr);
+    let mut s = crate::common::subscribe(&mut c, &["old"], 4, None).await;
+    crate::common::enqueue(&mut c, "old", "before").await;
+    let d = crate::common::next_delivery(&mut s, Duration::from_secs(5)).await;
+    crate::common::enqueue(&mut c, "old", "waiting").await;
+    drop(s);
+    single.stop().await;
+
+    let dbs = three.databases();
+    let b = Broker::start(&dbs).await;
+    let mut c = lazy_client(b.addr);
+    // A token of the single-database broker (a bare UUID) is understood as
+    // cluster 0's: this one was released when its stream closed, so it is
+    // stale, not malformed.
+    let r = crate::common::ack(&mut c, &d).await;
+    assert!(
+        r.is_ok() || r.as_ref().unwrap_err().code() == Code::FailedPrecondition,
+        "{r:?}"
+    );
+    let map = placement::load(&three.pools[0]).await.unwrap();
+    assert!(map.buckets.iter().all(|c| *c == ClusterId::HOME));
+    // The waiting jobs are delivered from home.
+    let mut s = crate::common::subscribe(&mut c, &["old"], 4, None).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let d = crate::common::next_delivery(&mut s, Duration::from_secs(5)).await;
+        got.push(crate::common::payload_of(&d));
+        crate::common::ack(&mut c, &d).await.unwrap();
+    }
+    assert!(got.contains(&"waiting".to_owned()), "{got:?}");
+    drop(s);
+    b.stop().await;
+}
