@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use leaseq::pb;
-use leaseq::pb::subscribe_response::Kind;
 use leaseq_server::domain::ClusterId;
 use leaseq_server::placement::{self, MoveOptions, bucket_of};
 use leaseq_server::server::Database;
@@ -23,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::common::history::History;
-use crate::common::load::{Rng, lazy_client};
+use crate::common::load::{self, Next, Rng, lazy_client, next};
 use crate::common::{Client, dur, test_config, wait_serving};
 use crate::faults::pg::PrivatePg;
 
@@ -194,39 +193,16 @@ async fn consumer(
                 }
                 m = stream.message() => m,
             };
-            let d = match msg {
-                Ok(Some(m)) => match m.kind {
-                    Some(Kind::Delivery(d)) => d,
-                    _ => continue,
-                },
-                Ok(None) => {
-                    h.stream_ended(sid, None);
-                    break;
-                }
-                Err(s) => {
-                    h.stream_ended(sid, Some(s.code()));
-                    break;
-                }
+            let d = match next(&h, sid, msg) {
+                Next::Job(d) => d,
+                Next::Nothing => continue,
+                Next::Ended => break,
             };
             let rec = h.delivered(sid, broker, lease, &d);
             if rng.next_f64() < nack {
-                h.nack_sent(&rec);
-                let r = timeout(
-                    Duration::from_secs(10),
-                    settler.nack(pb::NackRequest {
-                        job_id: rec.id.clone(),
-                        lease_token: rec.token.clone(),
-                        error: "scaling: nacked on purpose".into(),
-                        retry_after: Some(dur(Duration::ZERO)),
-                        dead_letter: false,
-                    }),
-                )
-                .await
-                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
-                .map(|_| ());
-                h.nack_result(&rec, &r);
+                load::nack(&h, &mut settler, &rec, "scaling: nacked on purpose").await;
             } else {
-                let r = crate::common::load::ack(&mut settler, &rec.id, &rec.token).await;
+                let r = load::ack(&mut settler, &rec.id, &rec.token).await;
                 h.ack_result(&rec, broker, &r);
             }
         }
@@ -305,23 +281,17 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
                 h.stream_dropped(sid);
                 break 'outer;
             }
-            let d = match timeout(Duration::from_millis(500), stream.message()).await {
+            let msg = match timeout(Duration::from_millis(500), stream.message()).await {
                 Err(_) => continue,
-                Ok(Ok(Some(m))) => match m.kind {
-                    Some(Kind::Delivery(d)) => d,
-                    _ => continue,
-                },
-                Ok(Ok(None)) => {
-                    h.stream_ended(sid, None);
-                    continue 'outer;
-                }
-                Ok(Err(s)) => {
-                    h.stream_ended(sid, Some(s.code()));
-                    continue 'outer;
-                }
+                Ok(m) => m,
+            };
+            let d = match next(h, sid, msg) {
+                Next::Job(d) => d,
+                Next::Nothing => continue,
+                Next::Ended => continue 'outer,
             };
             let rec = h.delivered(sid, usize::MAX, lease, &d);
-            let r = crate::common::load::ack(&mut client, &rec.id, &rec.token).await;
+            let r = load::ack(&mut client, &rec.id, &rec.token).await;
             h.ack_result(&rec, usize::MAX, &r);
         }
     }

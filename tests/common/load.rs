@@ -267,19 +267,10 @@ pub async fn consumer(
                 }
                 m = stream.message() => m,
             };
-            let d = match msg {
-                Ok(Some(m)) => match m.kind {
-                    Some(Kind::Delivery(d)) => d,
-                    _ => continue,
-                },
-                Ok(None) => {
-                    history.stream_ended(sid, None);
-                    break;
-                }
-                Err(s) => {
-                    history.stream_ended(sid, Some(s.code()));
-                    break;
-                }
+            let d = match next(&history, sid, msg) {
+                Next::Job(d) => d,
+                Next::Nothing => continue,
+                Next::Ended => break,
             };
             let rec = history.delivered(sid, broker, b.lease, &d);
             let roll = rng.next_f64();
@@ -294,21 +285,7 @@ pub async fn consumer(
                 tokio::time::sleep(b.work.mul_f64(rng.next_f64())).await;
             }
             if roll < b.cut + b.stall + b.nack {
-                history.nack_sent(&rec);
-                let r = timeout(
-                    Duration::from_secs(10),
-                    client.nack(pb::NackRequest {
-                        job_id: rec.id.clone(),
-                        lease_token: rec.token.clone(),
-                        error: "faults: nacked on purpose".into(),
-                        retry_after: Some(dur(Duration::ZERO)),
-                        dead_letter: false,
-                    }),
-                )
-                .await
-                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
-                .map(|_| ());
-                history.nack_result(&rec, &r);
+                nack(&history, &mut client, &rec, "faults: nacked on purpose").await;
             } else {
                 let r = ack(&mut client, &rec.id, &rec.token).await;
                 history.ack_result(&rec, broker, &r);
@@ -607,6 +584,57 @@ pub async fn ack(client: &mut Client, id: &str, token: &str) -> Result<(), tonic
     .map(|_| ())
 }
 
+/// Nacks a delivery (retry at once, not dead-lettered) with a 10 s timeout,
+/// recording the Nack and its outcome in `history`.
+pub async fn nack(history: &History, client: &mut Client, rec: &Delivered, why: &str) {
+    history.nack_sent(rec);
+    let r = timeout(
+        Duration::from_secs(10),
+        client.nack(pb::NackRequest {
+            job_id: rec.id.clone(),
+            lease_token: rec.token.clone(),
+            error: why.into(),
+            retry_after: Some(dur(Duration::ZERO)),
+            dead_letter: false,
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
+    .map(|_| ());
+    history.nack_result(rec, &r);
+}
+
+/// One message of a Subscribe stream, as a test consumer sees it.
+pub enum Next {
+    Job(Box<pb::Delivery>),
+    /// A heartbeat: nothing to do.
+    Nothing,
+    /// The stream ended (recorded in the history, with its status).
+    Ended,
+}
+
+/// Reads what `stream.message()` gave on stream `sid`, recording its end.
+pub fn next(
+    history: &History,
+    sid: u64,
+    msg: Result<Option<pb::SubscribeResponse>, tonic::Status>,
+) -> Next {
+    match msg {
+        Ok(Some(m)) => match m.kind {
+            Some(Kind::Delivery(d)) => Next::Job(Box::new(d)),
+            _ => Next::Nothing,
+        },
+        Ok(None) => {
+            history.stream_ended(sid, None);
+            Next::Ended
+        }
+        Err(s) => {
+            history.stream_ended(sid, Some(s.code()));
+            Next::Ended
+        }
+    }
+}
+
 /// Enqueues unique payloads `{prefix}{n}` round-robin across `addrs` until
 /// `stop` or `max` jobs, at most one every `pace`.
 pub async fn producer(
@@ -708,19 +736,10 @@ pub async fn final_drain(
                 Err(_) => continue,
                 Ok(m) => m,
             };
-            let d = match msg {
-                Ok(Some(m)) => match m.kind {
-                    Some(Kind::Delivery(d)) => d,
-                    _ => continue,
-                },
-                Ok(None) => {
-                    history.stream_ended(sid, None);
-                    continue 'outer;
-                }
-                Err(s) => {
-                    history.stream_ended(sid, Some(s.code()));
-                    continue 'outer;
-                }
+            let d = match next(history, sid, msg) {
+                Next::Job(d) => d,
+                Next::Nothing => continue,
+                Next::Ended => continue 'outer,
             };
             let rec = history.delivered(sid, usize::MAX, lease, &d);
             let r = ack(&mut client, &rec.id, &rec.token).await;

@@ -148,14 +148,19 @@ impl Broker {
     /// naming the first one off (`jobs[3].queue`), and nothing is written:
     /// one transaction cannot span clusters (docs/SCALING.md).
     pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        // One snapshot of the placement for the whole batch (several
+        // clusters only): every job is judged by the same map.
+        let map = (!self.clusters.is_single()).then(|| self.clusters.map());
+        let cluster_of = |q: &QueueName| match &map {
+            Some(m) => m.cluster_of(q.as_str()),
+            None => self.clusters.cluster_of(q),
+        };
         let cluster = match jobs.first() {
-            Some(first) => self.clusters.cluster_of(&first.queue),
+            Some(first) => cluster_of(&first.queue),
             None => ClusterId::HOME,
         };
-        if !self.clusters.is_single()
-            && let Some(i) = jobs
-                .iter()
-                .position(|j| self.clusters.cluster_of(&j.queue) != cluster)
+        if map.is_some()
+            && let Some(i) = jobs.iter().position(|j| cluster_of(&j.queue) != cluster)
         {
             return Err(Error::invalid(
                 format!("jobs[{i}].queue"),
