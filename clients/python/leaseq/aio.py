@@ -195,7 +195,7 @@ class AsyncClient:
         req = pb.ConsumeRequest(
             subscribe=subscribe_request(queues, consumer, max_in_flight, lease), confirm_settles=True
         )
-        return AsyncConsumer(self._stub.Consume(metadata=self._conn.metadata), req, idle_timeout)
+        return AsyncConsumer(lambda: self._stub.Consume(metadata=self._conn.metadata), req, idle_timeout)
 
 
 class _Stream:
@@ -216,6 +216,10 @@ class _Stream:
             while True:
                 try:
                     msg = await asyncio.wait_for(self._call.read(), self._idle_timeout)
+                except grpc.RpcError as e:
+                    if not self._opened.done() and self._reopen(e):
+                        continue
+                    raise
                 except asyncio.TimeoutError:
                     # Heartbeats stopped: a hung broker or a silently dropped
                     # connection. wait_for cancelled the read (and the call).
@@ -254,6 +258,11 @@ class _Stream:
 
     def _on_settled(self, settled: Any) -> None:  # overridden by AsyncConsumer
         pass
+
+    def _reopen(self, error: grpc.RpcError) -> bool:  # overridden by AsyncConsumer
+        """Whether the stream, failed with ``error`` before its first
+        message, was opened again (and is to be read again)."""
+        return False
 
     def _ended(self) -> None:  # overridden by AsyncConsumer
         pass
@@ -334,20 +343,50 @@ class AsyncConsumer(_Stream):
     the broker settles what it was sent, releases the rest, and ends the
     stream."""
 
-    def __init__(self, call: Any, first: pb.ConsumeRequest, idle_timeout: Optional[float]) -> None:
+    # grpc.aio reports a write that gRPC core fails because the call has
+    # already ended as INTERNAL "Internal error from Core", and that status
+    # replaces the one the broker sent. A broker that ends the call before
+    # reading the opening message (UNIMPLEMENTED from a broker without
+    # Consume, UNAUTHENTICATED) races the opening write, so about one open in
+    # ten would fail with INTERNAL instead. Such an open is tried again, up
+    # to this many times; nothing was read or settled on it.
+    _OPEN_ATTEMPTS = 5
+    _CORE_WRITE_FAILED = "Internal error from Core"
+
+    def __init__(self, open_call: Any, first: pb.ConsumeRequest, idle_timeout: Optional[float]) -> None:
         # Settles waiting for their SettleResult, oldest first per (op, id).
         self._pending: Dict[Tuple[int, str], Deque["asyncio.Future[SettleResult]"]] = {}
         self._outbox: List[Tuple[int, Any]] = []
         self._wake = asyncio.Event()
         self._half_closed = False
         self._credit: Optional[int] = None
-        super().__init__(call, idle_timeout)
+        self._open_call = open_call
+        self._opens = 1
+        self._opening_sent = False
+        super().__init__(open_call(), idle_timeout)
         self._outbox_first = first
         self._writer = asyncio.ensure_future(self._write())
+
+    def _reopen(self, error: grpc.RpcError) -> bool:
+        if (
+            self._opening_sent
+            or self._opens >= self._OPEN_ATTEMPTS
+            or error.code() != grpc.StatusCode.INTERNAL
+            or error.details() != self._CORE_WRITE_FAILED
+        ):
+            return False
+        log.debug("consume stream: the opening write failed as the call ended (status lost); opening again")
+        self._opens += 1
+        self._writer.cancel()
+        self._call.cancel()
+        self._call = self._open_call()
+        self._writer = asyncio.ensure_future(self._write())
+        return True
 
     async def _write(self) -> None:
         try:
             await self._call.write(self._outbox_first)
+            self._opening_sent = True
             while True:
                 await self._wake.wait()
                 self._wake.clear()
