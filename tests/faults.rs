@@ -816,7 +816,8 @@ fn checker_finds_planted_anomalies() {
     let s1 = h.stream_opened(0);
     let s2 = h.stream_opened(0);
 
-    deliver(s1, "lost", "l1", 100);
+    let a = deliver(s1, "lost", "l1", 100);
+    h.ack_result(&a, 0, &Err(tonic::Status::failed_precondition("stale")));
 
     let a = deliver(s1, "overlap", "o1", 100);
     let b = deliver(s2, "overlap", "o2", 101);
@@ -863,6 +864,12 @@ fn checker_finds_planted_anomalies() {
     let r = h.check(&Default::default(), &Default::default());
     assert_eq!(r.lost.len(), 1, "{r:#?}");
     assert!(r.lost[0].starts_with("lost"), "{r:#?}");
+    // With its story: the delivery and the refused Ack.
+    assert!(
+        r.lost[0].contains("delivered attempt 1 token l1 on Subscribe stream")
+            && r.lost[0].contains("ack of token l1 via broker 0: FAILED_PRECONDITION"),
+        "{r:#?}"
+    );
     assert_eq!(r.lease_overlap.len(), 2, "{r:#?}");
     assert!(r.lease_overlap[0].starts_with("nack-refused"), "{r:#?}");
     assert!(r.lease_overlap[1].starts_with("overlap"), "{r:#?}");

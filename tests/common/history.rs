@@ -59,8 +59,9 @@ struct Inner {
     ack_ok: Vec<(String, String, usize, Duration)>,
     /// Acks whose outcome is unknown (transport error, UNAVAILABLE, ...).
     ack_unknown: Vec<(String, String, Code)>,
-    /// Acks refused with FAILED_PRECONDITION (stale token: fine).
-    ack_stale: usize,
+    /// Acks refused with FAILED_PRECONDITION (stale token: fine):
+    /// (id, token, broker, t answered).
+    ack_stale: Vec<(String, String, usize, Duration)>,
     /// token -> local time the Nack was sent.
     nack_sent: HashMap<String, Duration>,
     nack_ok: usize,
@@ -79,6 +80,72 @@ struct Inner {
     /// Every error a client saw: (operation, code, local time).
     errors: Vec<(&'static str, Code, Duration)>,
     next_stream: u64,
+}
+
+impl Inner {
+    /// What the history holds of one job, in local time order: its
+    /// deliveries (with what became of their streams) and settles. For the
+    /// post mortem of an anomaly.
+    fn story(&self, id: &str) -> String {
+        let mut events: Vec<(Duration, String)> = Vec::new();
+        for d in self.deliveries.iter().filter(|d| d.id == id) {
+            let stream = match (self.dropped.get(&d.stream), self.ended.get(&d.stream)) {
+                (Some(t), _) => format!("dropped by the client at {t:.3?}"),
+                (None, Some((t, code))) => format!("ended by the broker at {t:.3?} ({code:?})"),
+                (None, None) => "open at the end".into(),
+            };
+            let kind = if self.consume_streams.contains(&d.stream) {
+                "Consume"
+            } else {
+                "Subscribe"
+            };
+            events.push((
+                d.t,
+                format!(
+                    "delivered attempt {} token {} on {kind} stream {} of broker {} ({stream})",
+                    d.attempt, d.token, d.stream, d.broker
+                ),
+            ));
+            if let Some(t) = self.nack_sent.get(&d.token) {
+                events.push((*t, format!("nack sent for token {}", d.token)));
+            }
+        }
+        for (i, tok, b, t) in &self.ack_stale {
+            if i == id {
+                events.push((
+                    *t,
+                    format!("ack of token {tok} via broker {b}: FAILED_PRECONDITION"),
+                ));
+            }
+        }
+        for (i, tok, code) in &self.ack_unknown {
+            if i == id {
+                events.push((
+                    Duration::MAX,
+                    format!("ack of token {tok}: unknown ({code:?})"),
+                ));
+            }
+        }
+        for (i, tok, b, t) in &self.ack_ok {
+            if i == id {
+                events.push((*t, format!("ack of token {tok} via broker {b}: OK")));
+            }
+        }
+        events.sort_by_key(|e| e.0);
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|f| format!("{} on {:?} at {:.3?}", f.kind, f.broker, f.injected))
+            .collect();
+        let lines: Vec<String> = events
+            .into_iter()
+            .map(|(t, e)| match t {
+                Duration::MAX => format!("(time unknown) {e}"),
+                t => format!("{t:.3?} {e}"),
+            })
+            .collect();
+        format!("[{}] faults: [{}]", lines.join("; "), faults.join(", "))
+    }
 }
 
 /// Shared by every client task of one run.
@@ -190,7 +257,9 @@ impl History {
         let t = self.now();
         self.with(|h| match r {
             Ok(()) => h.ack_ok.push((d.id.clone(), d.token.clone(), broker, t)),
-            Err(s) if s.code() == Code::FailedPrecondition => h.ack_stale += 1,
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                h.ack_stale.push((d.id.clone(), d.token.clone(), broker, t))
+            }
             Err(s) => {
                 h.ack_unknown
                     .push((d.id.clone(), d.token.clone(), s.code()));
@@ -355,7 +424,7 @@ impl History {
         r.enqueue_unknown = h.enq_err.len();
         r.deliveries = h.deliveries.len();
         r.ack_unknown = h.ack_unknown.len();
-        r.ack_stale = h.ack_stale;
+        r.ack_stale = h.ack_stale.len();
         r.nacks = h.nack_ok;
         r.dead = dead.len();
         let stream_of: HashMap<&str, u64> = h
@@ -390,7 +459,7 @@ impl History {
                 r.acked_unanswered += 1;
                 continue;
             }
-            r.lost.push(format!("{payload} ({id})"));
+            r.lost.push(format!("{payload} ({id}): {}", h.story(id)));
         }
         for (id, tokens) in &acks_per_id {
             if tokens.len() > 1 {
