@@ -281,9 +281,23 @@ async fn stale_and_unknown_settles_fail_alone_with_the_unary_code_and_the_stream
     );
     assert_eq!(db.dead_jobs().await, 0);
 
-    // The stream goes on: the current token settles, new jobs flow.
-    s.ack(&second).await;
-    assert_eq!(s.result(S5).await.code, 0);
+    // Two acks of the job in one message, with the stale token and the
+    // current one: results come in no set order, and each names its token,
+    // so a client tells them apart. The stream goes on.
+    s.send(pb::ConsumeRequest {
+        acks: vec![ack_of(&first), ack_of(&second)],
+        ..Default::default()
+    })
+    .await;
+    let both = s.results(2, S5).await;
+    let of = |token: &str| {
+        both.iter()
+            .find(|r| r.lease_token == token)
+            .unwrap_or_else(|| panic!("no result for token {token}: {both:?}"))
+            .code
+    };
+    assert_eq!(of(&first.lease_token), Code::FailedPrecondition as i32);
+    assert_eq!(of(&second.lease_token), 0);
     enqueue(&mut c, "stale", "k").await;
     let k = s.next_delivery(S5).await;
     assert_eq!(payload_of(&k), "k");

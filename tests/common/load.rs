@@ -419,7 +419,7 @@ pub async fn consume_consumer(
                 });
                 pb::SettleOp::Ack
             };
-            let (r, open) = s.settle(req, &rec.id, op).await;
+            let (r, open) = s.settle(req, &rec, op).await;
             match op {
                 pb::SettleOp::Nack => history.nack_result(&rec, &r),
                 _ => history.ack_result(&rec, broker, &r),
@@ -484,7 +484,7 @@ impl ConsumeConn<'_> {
     async fn settle(
         &mut self,
         req: pb::ConsumeRequest,
-        id: &str,
+        rec: &Delivered,
         op: pb::SettleOp,
     ) -> (Result<(), tonic::Status>, bool) {
         let sent = match &self.tx {
@@ -529,7 +529,7 @@ impl ConsumeConn<'_> {
                 if let Some(r) = r
                     .results
                     .iter()
-                    .find(|r| r.job_id == id && r.op == op as i32)
+                    .find(|r| r.job_id == rec.id && r.lease_token == rec.token && r.op == op as i32)
                 {
                     let r = if r.code == 0 {
                         Ok(())

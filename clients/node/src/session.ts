@@ -28,6 +28,7 @@ interface PbSettleResult {
   message: string;
   deadLettered: boolean;
   leaseExpiresAt: PbTime | null;
+  leaseToken?: string;
 }
 
 interface StreamMessage {
@@ -37,6 +38,9 @@ interface StreamMessage {
 }
 
 interface Pending {
+  // The settle's lease token: two settles of one job are answered in no set
+  // order, and the broker echoes the token to tell them apart.
+  leaseToken: string;
   resolve: (r: PbSettleResult) => void;
   reject: (e: LeaseqError) => void;
   retryUnary: () => Promise<unknown>;
@@ -139,7 +143,10 @@ export class Session implements Settler {
   #onResult(r: PbSettleResult): void {
     const key = `${r.op}:${r.jobId}`;
     const queue = this.#pending.get(key);
-    const p = queue?.shift();
+    // The waiter with the echoed token; a broker from before the echo sends
+    // none: the oldest.
+    const at = r.leaseToken ? (queue?.findIndex((w) => w.leaseToken === r.leaseToken) ?? -1) : 0;
+    const p = at >= 0 ? queue?.splice(at, 1)[0] : undefined;
     if (queue && queue.length === 0) this.#pending.delete(key);
     if (!p) return; // not ours (a settle sent before a reconnect, say)
     if (r.code === status.OK) p.resolve(r);
@@ -161,13 +168,14 @@ export class Session implements Settler {
     for (const p of all) p.retryUnary().then(() => p.resolve(okResult), p.reject);
   }
 
-  #send<T>(op: keyof typeof OPS, jobId: string, entry: object, unary: () => Promise<T>): Promise<PbSettleResult | T> {
+  #send<T>(op: keyof typeof OPS, job: Job, entry: object, unary: () => Promise<T>): Promise<PbSettleResult | T> {
     if (this.protocol !== 'consume' || !this.#open || this.#closing) return unary();
     return new Promise<PbSettleResult | T>((resolve, reject) => {
       let unaryResult: T | undefined;
-      const key = `${OPS[op]}:${jobId}`;
+      const key = `${OPS[op]}:${job.id}`;
       const list = this.#pending.get(key) ?? [];
       list.push({
+        leaseToken: job.leaseToken,
         resolve: (r) => resolve(unaryResult !== undefined ? unaryResult : r),
         reject,
         retryUnary: () => unary().then((v) => (unaryResult = v)),
@@ -199,7 +207,7 @@ export class Session implements Settler {
   ack(job: Job): Promise<void> {
     const unary = () => this.#rpc.ack(job.id, job.leaseToken);
     if (this.protocol === 'subscribe') return this.#track(unary());
-    return this.#send('ack', job.id, { jobId: job.id, leaseToken: job.leaseToken }, unary).then(() => {});
+    return this.#send('ack', job, { jobId: job.id, leaseToken: job.leaseToken }, unary).then(() => {});
   }
 
   nack(job: Job, error: string, opts: NackOptions): Promise<boolean> {
@@ -207,14 +215,14 @@ export class Session implements Settler {
     if (opts.retryAfterMs != null) req.retryAfter = duration(opts.retryAfterMs);
     const unary = () => this.#rpc.nack(req);
     if (this.protocol === 'subscribe') return this.#track(unary());
-    return this.#send('nack', job.id, req, unary).then((r) => (typeof r === 'boolean' ? r : r.deadLettered));
+    return this.#send('nack', job, req, unary).then((r) => (typeof r === 'boolean' ? r : r.deadLettered));
   }
 
   extend(job: Job, leaseMs: number): Promise<Date> {
     const req = { jobId: job.id, leaseToken: job.leaseToken, lease: duration(leaseMs) };
     const unary = () => this.#rpc.extend(job.id, job.leaseToken, leaseMs);
     if (this.protocol === 'subscribe') return unary();
-    return this.#send('extend', job.id, req, unary).then((r) =>
+    return this.#send('extend', job, req, unary).then((r) =>
       r instanceof Date ? r : (toDate(r.leaseExpiresAt) ?? new Date(Date.now() + leaseMs)),
     );
   }
@@ -298,4 +306,5 @@ const okResult: PbSettleResult = {
   message: '',
   deadLettered: false,
   leaseExpiresAt: null,
+  leaseToken: '',
 };

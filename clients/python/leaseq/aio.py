@@ -355,7 +355,9 @@ class AsyncConsumer(_Stream):
 
     def __init__(self, open_call: Any, first: pb.ConsumeRequest, idle_timeout: Optional[float]) -> None:
         # Settles waiting for their SettleResult, oldest first per (op, id).
-        self._pending: Dict[Tuple[int, str], Deque["asyncio.Future[SettleResult]"]] = {}
+        # Each with its lease token: the broker answers two settles of one job
+        # in no set order, and echoes the token to tell them apart.
+        self._pending: Dict[Tuple[int, str], Deque[Tuple[str, "asyncio.Future[SettleResult]"]]] = {}
         self._outbox: List[Tuple[int, Any]] = []
         self._wake = asyncio.Event()
         self._half_closed = False
@@ -420,7 +422,13 @@ class AsyncConsumer(_Stream):
             waiters = self._pending.get((r.op, r.job_id))
             if not waiters:
                 continue
-            fut = waiters.popleft()
+            # The waiter with the echoed token; a broker from before the echo
+            # sends none: the oldest.
+            at = next((i for i, w in enumerate(waiters) if w[0] == r.lease_token), None) if r.lease_token else 0
+            if at is None:
+                continue
+            _, fut = waiters[at]
+            del waiters[at]
             if not waiters:
                 del self._pending[(r.op, r.job_id)]
             if not fut.done():
@@ -430,7 +438,7 @@ class AsyncConsumer(_Stream):
         self._writer_cancel()
         why = self._error or RpcError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
         for waiters in self._pending.values():
-            for fut in waiters:
+            for _, fut in waiters:
                 if not fut.done():
                     fut.set_exception(
                         RpcError(
@@ -450,7 +458,7 @@ class AsyncConsumer(_Stream):
         if self.done or self._half_closed:
             raise RpcError(grpc.StatusCode.UNAVAILABLE, "the stream is closed")
         fut: "asyncio.Future[SettleResult]" = asyncio.get_running_loop().create_future()
-        self._pending.setdefault((op, msg.job_id), deque()).append(fut)
+        self._pending.setdefault((op, msg.job_id), deque()).append((msg.lease_token, fut))
         self._outbox.append((op, msg))
         self._wake.set()
         return await fut

@@ -214,8 +214,10 @@ struct StreamSide {
 struct Shared {
     /// To the writer; None once the stream is closing or gone.
     outbox: Option<mpsc::UnboundedSender<Outgoing>>,
-    /// Settles sent and not yet answered, oldest first per (op, job id).
-    pending: HashMap<(i32, String), VecDeque<Reply>>,
+    /// Settles sent and not yet answered, oldest first per (op, job id),
+    /// each with its lease token: the broker answers two settles of one job
+    /// in no set order, and echoes the token to tell them apart.
+    pending: HashMap<(i32, String), VecDeque<(String, Reply)>>,
 }
 
 /// What every stream's settler shares: the unary client, the AckBatch
@@ -241,7 +243,7 @@ impl Settler {
     fn send(
         &self,
         op: pb::SettleOp,
-        job_id: &str,
+        (job_id, token): (&str, &str),
         msg: Outgoing,
     ) -> Option<oneshot::Receiver<pb::SettleResult>> {
         let stream = self.stream.as_ref()?;
@@ -253,7 +255,7 @@ impl Settler {
             .pending
             .entry((op as i32, job_id.to_owned()))
             .or_default()
-            .push_back(tx);
+            .push_back((token.to_owned(), tx));
         Some(rx)
     }
 
@@ -263,10 +265,10 @@ impl Settler {
     async fn on_stream(
         &self,
         op: pb::SettleOp,
-        job_id: &str,
+        job: &Delivery,
         msg: Outgoing,
     ) -> Option<Result<pb::SettleResult, Status>> {
-        let rx = self.send(op, job_id, msg)?;
+        let rx = self.send(op, (&job.id, &job.lease_token), msg)?;
         self.base
             .stats
             .settled_on_stream
@@ -290,12 +292,20 @@ impl Settler {
                 debug!(job_id = %r.job_id, op = r.op, "settle result nobody waits for");
                 continue;
             };
-            let waiter = waiters.pop_front();
+            // The waiter with the echoed token; a broker from before the
+            // echo sends none: the oldest.
+            let at = match r.lease_token.as_str() {
+                "" => Some(0),
+                t => waiters.iter().position(|(token, _)| token == t),
+            };
+            let waiter = at.and_then(|i| waiters.remove(i)).map(|(_, w)| w);
             if waiters.is_empty() {
                 shared.pending.remove(&key);
             }
             if let Some(w) = waiter {
                 let _ = w.send(r);
+            } else {
+                debug!(job_id = %r.job_id, op = r.op, "settle result for a token nobody waits for");
             }
         }
     }
@@ -315,7 +325,7 @@ impl Settler {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
         });
-        if let Some(r) = self.on_stream(pb::SettleOp::Ack, &job.id, msg).await {
+        if let Some(r) = self.on_stream(pb::SettleOp::Ack, job, msg).await {
             return r.map(drop);
         }
         self.base
@@ -334,7 +344,7 @@ impl Settler {
             retry_after: options.retry_after.map(pb_duration),
             dead_letter: options.dead_letter,
         });
-        if let Some(r) = self.on_stream(pb::SettleOp::Nack, &job.id, msg).await {
+        if let Some(r) = self.on_stream(pb::SettleOp::Nack, job, msg).await {
             return r.map(|r| r.dead_lettered);
         }
         self.base
@@ -354,7 +364,7 @@ impl Settler {
             lease_token: job.lease_token.clone(),
             lease: Some(pb_duration(lease)),
         });
-        if let Some(r) = self.on_stream(pb::SettleOp::Extend, &job.id, msg).await {
+        if let Some(r) = self.on_stream(pb::SettleOp::Extend, job, msg).await {
             return r.map(|r| {
                 debug!(until = ?r.lease_expires_at.and_then(timestamp), "lease extended");
             });

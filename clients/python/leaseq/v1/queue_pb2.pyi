@@ -201,20 +201,22 @@ class NackResponse(_message.Message):
     def __init__(self, dead_lettered: bool = ...) -> None: ...
 
 class SettleResult(_message.Message):
-    __slots__ = ["code", "dead_lettered", "job_id", "lease_expires_at", "message", "op"]
+    __slots__ = ["code", "dead_lettered", "job_id", "lease_expires_at", "lease_token", "message", "op"]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     code: int
     dead_lettered: bool
     job_id: str
     lease_expires_at: _timestamp_pb2.Timestamp
+    lease_token: str
     message: str
     op: SettleOp
-    def __init__(self, job_id: _Optional[str] = ..., op: _Optional[_Union[SettleOp, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., dead_lettered: bool = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., op: _Optional[_Union[SettleOp, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., dead_lettered: bool = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ...) -> None: ...
 
 class SettleResults(_message.Message):
     __slots__ = ["results"]

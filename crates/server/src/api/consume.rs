@@ -187,7 +187,13 @@ impl Reader {
     }
 
     /// Checks a list's length: past the batch limit, every entry is refused.
-    fn too_many<T>(&self, field: &str, op: SettleOp, items: &[T], id: impl Fn(&T) -> &str) -> bool {
+    fn too_many<T>(
+        &self,
+        field: &str,
+        op: SettleOp,
+        items: &[T],
+        key: impl Fn(&T) -> (&str, &str),
+    ) -> bool {
         let max = self.limits.max_batch_jobs;
         if items.len() <= max {
             return false;
@@ -198,23 +204,28 @@ impl Reader {
         );
         let results = items
             .iter()
-            .map(|i| failure(id(i), op, e.clone()))
+            .map(|i| failure(key(i), op, e.clone()))
             .collect();
         let _ = self.results.try_send(Ok(pb::SettleResults { results }));
         true
     }
 
     fn acks(&mut self, acks: Vec<pb::AckRequest>) {
-        if acks.is_empty() || self.too_many("acks", SettleOp::Ack, &acks, |a| &a.job_id) {
+        if acks.is_empty()
+            || self.too_many("acks", SettleOp::Ack, &acks, |a| {
+                (&a.job_id, &a.lease_token)
+            })
+        {
             return;
         }
         let mut results = Vec::new();
-        let mut valid: Vec<(String, AckReq)> = Vec::new();
+        // (job id, lease token) as sent, and the parsed request.
+        let mut valid: Vec<((String, String), AckReq)> = Vec::new();
         for (i, a) in acks.into_iter().enumerate() {
             match AckReq::parse(&a) {
-                Ok(r) => valid.push((a.job_id, r)),
+                Ok(r) => valid.push(((a.job_id, a.lease_token), r)),
                 Err(e) => results.push(failure(
-                    &a.job_id,
+                    (&a.job_id, &a.lease_token),
                     SettleOp::Ack,
                     e.in_field(&format!("acks[{i}]")),
                 )),
@@ -224,11 +235,11 @@ impl Reader {
         let spans = self.traces.settles(
             "Consume",
             Settle::Ack,
-            valid.iter().map(|(id, _)| id.as_str()),
+            valid.iter().map(|((id, _), _)| id.as_str()),
         );
         self.settles.spawn(async move {
             if !valid.is_empty() {
-                let (ids, reqs): (Vec<String>, Vec<AckReq>) = valid.into_iter().unzip();
+                let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
                 let outcomes = broker.ack_many(reqs).await;
                 match &outcomes {
                     Ok(r) => spans
@@ -239,17 +250,20 @@ impl Reader {
                 }
                 match outcomes {
                     Ok(outcomes) => {
-                        for (id, r) in ids.iter().zip(outcomes) {
+                        for ((id, token), r) in keys.iter().zip(outcomes) {
                             match r {
-                                Ok(()) if confirm => results.push(success(id, SettleOp::Ack)),
+                                Ok(()) if confirm => {
+                                    results.push(success((id, token), SettleOp::Ack))
+                                }
                                 Ok(()) => {}
-                                Err(e) => results.push(failure(id, SettleOp::Ack, e)),
+                                Err(e) => results.push(failure((id, token), SettleOp::Ack, e)),
                             }
                         }
                     }
-                    Err(e) => {
-                        results.extend(ids.iter().map(|id| failure(id, SettleOp::Ack, e.clone())))
-                    }
+                    Err(e) => results.extend(
+                        keys.iter()
+                            .map(|(id, token)| failure((id, token), SettleOp::Ack, e.clone())),
+                    ),
                 }
             }
             send(&tx, results).await;
@@ -257,27 +271,31 @@ impl Reader {
     }
 
     fn nacks(&mut self, nacks: Vec<pb::NackRequest>) {
-        if nacks.is_empty() || self.too_many("nacks", SettleOp::Nack, &nacks, |n| &n.job_id) {
+        if nacks.is_empty()
+            || self.too_many("nacks", SettleOp::Nack, &nacks, |n| {
+                (&n.job_id, &n.lease_token)
+            })
+        {
             return;
         }
         for (i, n) in nacks.into_iter().enumerate() {
-            let id = n.job_id.clone();
+            let (id, token) = (n.job_id.clone(), n.lease_token.clone());
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
             let traces = self.traces.clone();
             self.settles.spawn(async move {
                 let result = match NackReq::parse(n) {
                     Err(e) => Some(failure(
-                        &id,
+                        (&id, &token),
                         SettleOp::Nack,
                         e.in_field(&format!("nacks[{i}]")),
                     )),
                     Ok(req) => match nack(&broker, &traces, &id, req).await {
                         Ok(dead) if confirm => Some(pb::SettleResult {
                             dead_lettered: dead,
-                            ..success(&id, SettleOp::Nack)
+                            ..success((&id, &token), SettleOp::Nack)
                         }),
                         Ok(_) => None,
-                        Err(e) => Some(failure(&id, SettleOp::Nack, e)),
+                        Err(e) => Some(failure((&id, &token), SettleOp::Nack, e)),
                     },
                 };
                 send(&tx, result.into_iter().collect()).await;
@@ -286,7 +304,10 @@ impl Reader {
     }
 
     fn extends(&mut self, extends: Vec<pb::ExtendLeaseRequest>) {
-        if extends.is_empty() || self.too_many("extends", SettleOp::Extend, &extends, |x| &x.job_id)
+        if extends.is_empty()
+            || self.too_many("extends", SettleOp::Extend, &extends, |x| {
+                (&x.job_id, &x.lease_token)
+            })
         {
             return;
         }
@@ -296,17 +317,17 @@ impl Reader {
             self.settles.spawn(async move {
                 let result = match ExtendReq::parse(&x) {
                     Err(e) => Some(failure(
-                        &x.job_id,
+                        (&x.job_id, &x.lease_token),
                         SettleOp::Extend,
                         e.in_field(&format!("extends[{i}]")),
                     )),
                     Ok(req) => match extend(&broker, &traces, &x.job_id, req).await {
                         Ok(at) if confirm => Some(pb::SettleResult {
                             lease_expires_at: Some(std::time::SystemTime::from(at).into()),
-                            ..success(&x.job_id, SettleOp::Extend)
+                            ..success((&x.job_id, &x.lease_token), SettleOp::Extend)
                         }),
                         Ok(_) => None,
-                        Err(e) => Some(failure(&x.job_id, SettleOp::Extend, e)),
+                        Err(e) => Some(failure((&x.job_id, &x.lease_token), SettleOp::Extend, e)),
                     },
                 };
                 send(&tx, result.into_iter().collect()).await;
@@ -336,19 +357,25 @@ async fn extend(
     r
 }
 
-fn success(job_id: &str, op: SettleOp) -> pb::SettleResult {
+/// A settle as the client sent it: (job id, lease token), echoed in its
+/// result so that two settles of one job can be told apart.
+type Sent<'a> = (&'a str, &'a str);
+
+fn success((job_id, token): Sent<'_>, op: SettleOp) -> pb::SettleResult {
     pb::SettleResult {
         job_id: job_id.to_owned(),
+        lease_token: token.to_owned(),
         op: op as i32,
         ..Default::default()
     }
 }
 
 /// The result the unary call would have given, as a settle result.
-fn failure(job_id: &str, op: SettleOp, e: Error) -> pb::SettleResult {
+fn failure((job_id, token): Sent<'_>, op: SettleOp, e: Error) -> pb::SettleResult {
     let status = Status::from(e);
     pb::SettleResult {
         job_id: job_id.to_owned(),
+        lease_token: token.to_owned(),
         op: op as i32,
         code: status.code() as i32,
         message: status.message().to_owned(),
