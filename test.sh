@@ -239,12 +239,33 @@ stop_test_pg() {
         for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     fi
 }
-trap stop_test_pg EXIT
+# The client installs started below in the background are waited for, so
+# that no install is left running (and half done) after the script.
+setup_pid=""
+on_exit() {
+    if [ -n "$setup_pid" ] && kill -0 "$setup_pid" 2>/dev/null; then
+        echo "--- waiting for the client installs in the background"
+        wait "$setup_pid" 2>/dev/null || true
+    fi
+    stop_test_pg
+}
+trap on_exit EXIT
 
 # --- lint, build, test
 nextest_args=("$@")
 full=1
 [ "${#nextest_args[@]}" -gt 0 ] && full=0
+
+# The client suites' installs (the Python venvs, `npm ci`, the Node build)
+# run in the background while cargo builds: on a fresh machine they were
+# about two minutes of the test step's critical path. The tests that need
+# them run clients/setup.sh themselves, which waits for this one (a lock)
+# and finds the work done, or redoes it and reports what failed.
+if [ "$full" = 1 ]; then
+    setup_log="$(mktemp "${tmp_root}/leaseq-clients-setup.XXXXXX")"
+    bash clients/setup.sh python node traces >"$setup_log" 2>&1 &
+    setup_pid=$!
+fi
 
 if [ "$full" = 1 ]; then
     begin "deploy/check"
@@ -270,6 +291,10 @@ if ! cargo nextest run --no-run "${nextest_args[@]}"; then
     echo "the build or a lint failed: no test ran" >&2
 fi
 if [ "$status" = 0 ]; then
+    if [ -n "$setup_pid" ] && ! kill -0 "$setup_pid" 2>/dev/null && ! wait "$setup_pid"; then
+        echo "--- the client installs in the background failed (the client tests retry them):"
+        tail -n 20 "$setup_log"
+    fi
     begin "tests (cargo nextest run)"
     set +e
     cargo nextest run --no-fail-fast "${nextest_args[@]}" 2>&1 | tee "$log"
