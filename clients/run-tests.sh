@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Runs the Python and Node client test suites against a real broker.
 #
-#   clients/run-tests.sh [python] [node]     (both when none is named)
+#   clients/run-tests.sh [python] [packaging] [node]   (all when none is named)
+#
+#   python     pytest, all but tests/test_packaging.py
+#   packaging  pytest tests/test_packaging.py: the wheel built and installed
+#              into a fresh venv, mypy --strict (about 50 s, apart so that
+#              tests/clients.rs runs it beside the rest)
+#   node       node --test
 #
 # - The broker: $LEASEQ_BIN if set, else `cargo build` at the repository root
 #   and target/debug/leaseq. It runs as a process on 127.0.0.1 and a free
@@ -17,9 +23,9 @@
 #   line.
 set -euo pipefail
 suites=("$@")
-[ ${#suites[@]} -eq 0 ] && suites=(python node)
+[ ${#suites[@]} -eq 0 ] && suites=(python packaging node)
 for s in "${suites[@]}"; do
-    case "$s" in python | node) ;; *) echo "unknown suite '$s' (python, node)" >&2; exit 2 ;; esac
+    case "$s" in python | packaging | node) ;; *) echo "unknown suite '$s' (python, packaging, node)" >&2; exit 2 ;; esac
 done
 wants() { [[ " ${suites[*]} " == *" $1 "* ]]; }
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -151,9 +157,12 @@ echo "broker SERVING on $LEASEQ_ADDR"
 set +e
 py_rc=0 node_rc=0
 : >"$work/pytest.log"; : >"$work/node.log"
-if wants python; then
-    echo "--- pytest (clients/python)"
-    (cd "$py" && .venv/bin/python -m pytest -q -p no:cacheprovider 2>&1) | tee "$work/pytest.log"
+pytest_args=()
+if wants python && ! wants packaging; then pytest_args=(--ignore=tests/test_packaging.py); fi
+if ! wants python && wants packaging; then pytest_args=(tests/test_packaging.py); fi
+if wants python || wants packaging; then
+    echo "--- pytest (clients/python) ${pytest_args[*]}"
+    (cd "$py" && .venv/bin/python -m pytest -q -p no:cacheprovider "${pytest_args[@]}" 2>&1) | tee "$work/pytest.log"
     py_rc=${PIPESTATUS[0]}
 fi
 if wants node; then

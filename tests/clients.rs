@@ -11,13 +11,20 @@ fn the_python_client_passes_its_suite_against_a_live_broker() {
     run_suite("python");
 }
 
+/// The wheel built and installed into a fresh venv, and mypy --strict: the
+/// slowest part of the Python suite, apart so that it runs beside the rest.
+#[test]
+fn the_python_package_installs_and_type_checks() {
+    run_suite("packaging");
+}
+
 #[test]
 fn the_node_client_passes_its_suite_against_a_live_broker() {
     run_suite("node");
 }
 
 /// `clients/run-tests.sh SUITE`: its own broker, then pytest or node --test.
-/// Two tests, so that nextest runs the two suites at the same time.
+/// A test per suite, so that nextest runs them at the same time.
 fn run_suite(suite: &str) {
     let root = env!("CARGO_MANIFEST_DIR");
     let status = Command::new("bash")
