@@ -626,13 +626,13 @@ async fn raw(addr: SocketAddr, request: &str) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-struct Reply {
-    status: u16,
-    head: String,
-    body: String,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) head: String,
+    pub(crate) body: String,
 }
 
-async fn http(
+pub(crate) async fn http(
     addr: SocketAddr,
     method: &str,
     path: &str,

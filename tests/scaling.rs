@@ -108,12 +108,20 @@ struct Broker {
 
 impl Broker {
     async fn start(dbs: &[Database]) -> Broker {
+        Broker::start_with(dbs, |_| {}).await
+    }
+
+    async fn start_with(
+        dbs: &[Database],
+        tweak: impl FnOnce(&mut leaseq_server::Config),
+    ) -> Broker {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut cfg = test_config();
         // Longer than any test: deliveries must come from NOTIFY wake-ups.
         cfg.poll_interval = Duration::from_secs(600);
         cfg.placement_interval = Duration::from_millis(200);
+        tweak(&mut cfg);
         let stop = CancellationToken::new();
         let dbs = dbs.to_vec();
         let token = stop.clone();
@@ -687,5 +695,250 @@ async fn upgrade_in_place_keeps_queues_home() {
     }
     assert!(got.contains(&"waiting".to_owned()), "{got:?}");
     drop(s);
+    b.stop().await;
+}
+
+type Admin = pb::admin_service_client::AdminServiceClient<tonic::transport::Channel>;
+
+async fn admin_client(addr: SocketAddr) -> Admin {
+    Admin::new(
+        tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+/// The clusters a response names as missing, in its metadata.
+fn missing_header<T>(r: &tonic::Response<T>) -> Option<String> {
+    r.metadata()
+        .get("leaseq-unavailable-clusters")
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// A GET of the console's API (open: no --auth-file), in a new session.
+async fn console_json(http: SocketAddr, path: &str) -> serde_json::Value {
+    let r = crate::console::http(http, "GET", "/api/session", &[], "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let sid = r
+        .head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
+        .expect("a session cookie")
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let cookie = format!("leaseq_console={sid}");
+    let r = crate::console::http(http, "GET", path, &[("Cookie", &cookie)], "").await;
+    assert_eq!(r.status, 200, "{path}: {}", r.body);
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", r.body))
+}
+
+/// The in-flight count of `consumer` in the console's table of `queue`.
+async fn console_in_flight(
+    http: SocketAddr,
+    queue: &str,
+    consumer: &str,
+) -> (i64, serde_json::Value) {
+    let v = console_json(http, &format!("/api/queues/{queue}")).await;
+    let n = v["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer"] == consumer)
+        .map_or(0, |c| c["in_flight"].as_i64().unwrap());
+    (n, v)
+}
+
+/// Admin reads over three clusters with one stopped answer from the other
+/// two and name the missing one (docs/SCALING.md, "Admin calls"); writes
+/// that need it fail UNAVAILABLE naming it; the console's in-flight table
+/// counts the leases held on every cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_reads_answer_without_a_stopped_cluster() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let http: SocketAddr = format!("127.0.0.1:{}", crate::common::free_port())
+        .parse()
+        .unwrap();
+    let b = Broker::start_with(&dbs, |cfg| cfg.http_listen = Some(http)).await;
+    let qs: Vec<String> = (0..3).map(|k| queues_on(k, 1, "r").remove(0)).collect();
+    let mut c = lazy_client(b.addr);
+    let mut admin = admin_client(b.addr).await;
+
+    // On each cluster: a job held by consumer holder-K, one waiting.
+    let mut ids = Vec::new();
+    let mut streams = Vec::new();
+    for (k, q) in qs.iter().enumerate() {
+        ids.push(crate::common::enqueue(&mut c, q, "held").await);
+        ids.push(crate::common::enqueue(&mut c, q, "waiting").await);
+        let mut s = c
+            .subscribe(pb::SubscribeRequest {
+                queues: vec![q.clone()],
+                consumer: format!("holder-{k}"),
+                max_in_flight: 1,
+                lease: Some(dur(Duration::from_secs(120))),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        crate::common::next_delivery(&mut s, Duration::from_secs(10)).await;
+        streams.push(s);
+    }
+    // The console's in-flight table reads every cluster, not only home.
+    for (k, q) in qs.iter().enumerate() {
+        let (n, v) = console_in_flight(http, q, &format!("holder-{k}")).await;
+        assert_eq!(n, 1, "in flight of {q} (cluster {}): {v}", NAMES[k]);
+        assert_eq!(v["unavailable_clusters"], serde_json::json!([]), "{v}");
+    }
+
+    let fault = std::time::Instant::now();
+    three.pgs[2].stop_immediate();
+    let answered_within = Duration::from_secs(8);
+
+    // Reads answer from a and b, and name c.
+    let started = Instant::now();
+    let r = admin
+        .list_queues(pb::ListQueuesRequest::default())
+        .await
+        .expect("ListQueues answers with a cluster down");
+    assert!(
+        started.elapsed() < answered_within,
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(missing_header(&r).as_deref(), Some("c"));
+    let r = r.into_inner();
+    assert_eq!(r.unavailable_clusters, vec!["c".to_owned()]);
+    let names: Vec<&str> = r.queues.iter().map(|q| q.name.as_str()).collect();
+    assert!(
+        names.contains(&qs[0].as_str()) && names.contains(&qs[1].as_str()),
+        "{names:?}"
+    );
+    assert!(!names.contains(&qs[2].as_str()), "{names:?}");
+    // Queue a's figures are whole: one leased, one waiting.
+    let qa = r.queues.iter().find(|q| q.name == qs[0]).unwrap();
+    let st = qa.stats.as_ref().unwrap();
+    assert_eq!((st.leased, st.available), (1, 1), "{qa:?}");
+
+    let r = admin
+        .list_jobs(pb::ListJobsRequest::default())
+        .await
+        .expect("ListJobs answers with a cluster down");
+    assert_eq!(missing_header(&r).as_deref(), Some("c"));
+    let r = r.into_inner();
+    assert_eq!(r.unavailable_clusters, vec!["c".to_owned()]);
+    let mut listed: Vec<String> = r.jobs.iter().map(|j| j.id.clone()).collect();
+    listed.sort();
+    let mut want = ids[..4].to_vec();
+    want.sort();
+    assert_eq!(listed, want);
+
+    let r = admin
+        .get_queue(pb::GetQueueRequest {
+            queue: qs[0].clone(),
+        })
+        .await
+        .expect("GetQueue of a queue on a cluster that answers");
+    assert_eq!(missing_header(&r).as_deref(), Some("c"));
+    admin
+        .get_job(pb::GetJobRequest {
+            job_id: ids[0].clone(),
+        })
+        .await
+        .expect("GetJob of a job on a cluster that answers");
+
+    // What only c could answer, and writes that need c: UNAVAILABLE naming c.
+    let named_c = |e: tonic::Status| {
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert!(e.message().contains("cluster c"), "{e:?}");
+    };
+    named_c(
+        admin
+            .get_job(pb::GetJobRequest {
+                job_id: ids[4].clone(),
+            })
+            .await
+            .unwrap_err(),
+    );
+    named_c(
+        admin
+            .get_queue(pb::GetQueueRequest {
+                queue: qs[2].clone(),
+            })
+            .await
+            .unwrap_err(),
+    );
+    named_c(
+        admin
+            .pause_queue(pb::PauseQueueRequest {
+                queue: qs[2].clone(),
+            })
+            .await
+            .unwrap_err(),
+    );
+    named_c(
+        admin
+            .purge_dead_letters(pb::DeadLettersSelector {
+                queue: qs[0].clone(),
+                all: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err(),
+    );
+    named_c(
+        timeout(
+            Duration::from_secs(20),
+            c.enqueue(crate::common::job(&qs[2], "x")),
+        )
+        .await
+        .expect("answered")
+        .unwrap_err(),
+    );
+    // A write on a cluster that answers goes through.
+    admin
+        .pause_queue(pb::PauseQueueRequest {
+            queue: qs[1].clone(),
+        })
+        .await
+        .expect("pause a queue on b");
+    admin
+        .resume_queue(pb::ResumeQueueRequest {
+            queue: qs[1].clone(),
+        })
+        .await
+        .expect("resume a queue on b");
+
+    // The console says which cluster is missing, and counts the others.
+    let v = console_json(http, "/api/queues").await;
+    assert_eq!(v["unavailable_clusters"], serde_json::json!(["c"]), "{v}");
+    let (n, v) = console_in_flight(http, &qs[1], "holder-1").await;
+    assert_eq!(n, 1, "{v}");
+    assert_eq!(v["unavailable_clusters"], serde_json::json!(["c"]), "{v}");
+    eprintln!("reads with c down checked in {:?}", fault.elapsed());
+
+    // Back: complete answers again.
+    three.pgs[2].start_again();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = admin.list_queues(pb::ListQueuesRequest::default()).await;
+        if let Ok(r) = r
+            && missing_header(&r).is_none()
+        {
+            let r = r.into_inner();
+            assert!(r.unavailable_clusters.is_empty());
+            assert!(r.queues.iter().any(|q| q.name == qs[2]));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "c not back in ListQueues within 30 s"
+        );
+        sleep(Duration::from_millis(200)).await;
+    }
+    drop(streams);
     b.stop().await;
 }

@@ -453,6 +453,17 @@ fn selector(a: &DlqSelectArgs) -> pb::DeadLettersSelector {
     }
 }
 
+/// A broker over several PostgreSQL clusters answered without some: say
+/// so on stderr, so a partial listing does not pass for a complete one.
+fn warn_partial(missing: &[String]) {
+    if !missing.is_empty() {
+        eprintln!(
+            "warning: PostgreSQL cluster {} did not answer: its queues and jobs are missing below",
+            missing.join(", ")
+        );
+    }
+}
+
 async fn all_queues(admin: &mut Admin) -> Result<Vec<pb::QueueInfo>, CliError> {
     let mut out = Vec::new();
     let mut token = String::new();
@@ -464,6 +475,7 @@ async fn all_queues(admin: &mut Admin) -> Result<Vec<pb::QueueInfo>, CliError> {
             })
             .await?
             .into_inner();
+        warn_partial(&page.unavailable_clusters);
         out.extend(page.queues);
         if page.next_page_token.is_empty() {
             return Ok(out);
@@ -492,6 +504,7 @@ async fn list_jobs(
             })
             .await?
             .into_inner();
+        warn_partial(&page.unavailable_clusters);
         out.extend(page.jobs);
         if page.next_page_token.is_empty() {
             break;

@@ -137,6 +137,21 @@ impl Broker {
         self.dispatcher.settle()
     }
 
+    /// An outage of cluster `c` names it (several clusters only: one
+    /// database answers as before).
+    fn named<T>(&self, c: ClusterId, r: Result<T>) -> Result<T> {
+        match (&r, self.clusters.is_single()) {
+            (Err(e), false) if e.is_unavailable() => {
+                let name = self
+                    .clusters
+                    .get(c)
+                    .map_or_else(|| c.to_string(), |s| s.cluster_name.to_string());
+                r.map_err(|e| e.on_cluster(&name))
+            }
+            _ => r,
+        }
+    }
+
     fn lane(&self, cluster: ClusterId) -> Result<&Lane> {
         self.lanes
             .get(&cluster)
@@ -171,7 +186,8 @@ impl Broker {
                 ),
             ));
         }
-        self.lane(cluster)?.enqueue.call(jobs).await
+        let r = self.lane(cluster)?.enqueue.call(jobs).await;
+        self.named(cluster, r)
     }
 
     pub async fn subscribe(&self, sub: Subscription) -> Result<SubscriptionStream> {
@@ -201,9 +217,9 @@ impl Broker {
             .group(sub.queues.iter().cloned(), |q| self.clusters.cluster_of(q))
         {
             let store = self.clusters.get(c).ok_or(Error::ClusterUnknown(c.0))?;
-            match Store::ensure_queues(&store.pool, &queues).await {
+            match self.named(c, Store::ensure_queues(&store.pool, &queues).await) {
                 Ok(()) => opened = true,
-                Err(e @ Error::Unavailable(_)) => down = down.or(Some(e)),
+                Err(e) if e.is_unavailable() => down = down.or(Some(e)),
                 Err(e) => return Err(e),
             }
         }
@@ -228,7 +244,10 @@ impl Broker {
         let first = reqs.first().map_or(ClusterId::HOME, |r| r.token.1);
         if reqs.iter().all(|r| r.token.1 == first) {
             return match self.lanes.get(&first) {
-                Some(lane) => lane.ack.call(reqs).await,
+                Some(lane) => {
+                    let r = lane.ack.call(reqs).await;
+                    self.named(first, r)
+                }
                 None => Ok(reqs
                     .iter()
                     .map(|r| Err(Error::StaleLease(r.job_id.0)))
@@ -242,7 +261,7 @@ impl Broker {
         let runs = groups.into_iter().map(|(c, group)| async move {
             let (places, reqs): (Vec<usize>, Vec<AckReq>) = group.into_iter().unzip();
             let results: Vec<Result<()>> = match self.lanes.get(&c) {
-                Some(lane) => match lane.ack.call(reqs).await {
+                Some(lane) => match self.named(c, lane.ack.call(reqs).await) {
                     Ok(results) => results,
                     Err(e) => places.iter().map(|_| Err(e.clone())).collect(),
                 },
@@ -265,15 +284,17 @@ impl Broker {
 
     /// Returns whether the job was dead-lettered.
     pub async fn nack(&self, req: NackReq) -> Result<bool> {
-        match self.lanes.get(&req.token.1) {
-            Some(lane) => lane.nack.call(req).await,
+        let c = req.token.1;
+        match self.lanes.get(&c) {
+            Some(lane) => self.named(c, lane.nack.call(req).await),
             None => Err(Error::StaleLease(req.job_id.0)),
         }
     }
 
     pub async fn extend(&self, req: ExtendReq) -> Result<DateTime<Utc>> {
-        match self.lanes.get(&req.token.1) {
-            Some(lane) => lane.extend.call(req).await,
+        let c = req.token.1;
+        match self.lanes.get(&c) {
+            Some(lane) => self.named(c, lane.extend.call(req).await),
             None => Err(Error::StaleLease(req.job_id.0)),
         }
     }
@@ -291,7 +312,9 @@ impl Broker {
 }
 
 /// Runs futures concurrently in this task; results in order.
-async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+pub(crate) async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
     let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {

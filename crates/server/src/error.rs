@@ -60,6 +60,14 @@ pub enum Error {
     /// (docs/SCALING.md): its brokers are configured differently.
     #[error("the queue is placed on cluster {0}, which this broker has no --database-url for")]
     ClusterUnknown(u16),
+    /// PostgreSQL clusters (named, comma-separated) that the call needed
+    /// did not answer (docs/SCALING.md, "Admin calls"): several clusters
+    /// only; one database says [`Error::Unavailable`] as before.
+    #[error("PostgreSQL cluster {clusters} unavailable")]
+    ClusterUnavailable {
+        clusters: String,
+        source: Option<Arc<sqlx::Error>>,
+    },
     /// A broker-internal failure (a background task is gone).
     #[error("internal error: {0}")]
     Internal(&'static str),
@@ -78,6 +86,27 @@ impl Error {
             field: field.into(),
             rule: rule.into(),
         }
+    }
+
+    /// An outage of the cluster `name` names it (several clusters only:
+    /// callers pass their store's name only then). Other errors are kept.
+    pub fn on_cluster(self, name: &str) -> Self {
+        match self {
+            Error::Unavailable(source) => Error::ClusterUnavailable {
+                clusters: name.to_owned(),
+                source: Some(source),
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the error is an outage (the caller may retry elsewhere or
+    /// later), as opposed to a bad request or a bug.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::ClusterUnavailable { .. }
+        )
     }
 
     /// Prefixes the field name, for errors found inside a nested message
@@ -172,6 +201,18 @@ impl From<Error> for Status {
                     cluster = id,
                     "queue placed on a cluster this broker does not know"
                 );
+                Status::new(Code::Unavailable, e.to_string())
+            }
+            Error::ClusterUnavailable {
+                ref clusters,
+                ref source,
+            } => {
+                match source {
+                    Some(source) => {
+                        tracing::warn!(clusters, error = %source, "cluster unavailable")
+                    }
+                    None => tracing::warn!(clusters, "cluster unavailable"),
+                }
                 Status::new(Code::Unavailable, e.to_string())
             }
             Error::Internal(what) => {

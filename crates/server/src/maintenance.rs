@@ -179,7 +179,7 @@ pub async fn refresh_gauges(clusters: Clusters, interval: Duration, shutdown: Ca
             _ = tick.tick() => {}
         }
         match crate::fanout::queue_stats(&clusters, None, None, i64::MAX).await {
-            Ok(rows) => store.metrics.refreshed(rows),
+            Ok(found) => store.metrics.refreshed(found.value),
             Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
         }
     }

@@ -90,6 +90,14 @@ impl ClusterMetrics {
             .set(i64::from(up));
     }
 
+    /// Whether the last health probe of the cluster failed (false before
+    /// the first probe).
+    pub fn is_down(&self, cluster: &str) -> bool {
+        self.up
+            .get(&Self::label(cluster))
+            .is_some_and(|g| g.get() == 0)
+    }
+
     pub fn on_enqueued(&self, cluster: &str, n: usize) {
         if n > 0 {
             self.enqueued

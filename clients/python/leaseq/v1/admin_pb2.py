@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15leaseq/v1/admin.proto\x12\tleaseq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x02\n\rQueueSettings\x12\x30\n\rdefault_lease\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\x05\x12/\n\x0c\x62\x61\x63koff_base\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_cap\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13\x63ompleted_retention\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x19\n\x11\x63oncurrency_limit\x18\x07 \x01(\x05\x12\x12\n\nrate_limit\x18\x08 \x01(\x01\x12\x12\n\nrate_burst\x18\t \x01(\x05\"\xad\x01\n\nQueueStats\x12\x11\n\tavailable\x18\x01 \x01(\x03\x12\x11\n\tscheduled\x18\x02 \x01(\x03\x12\x0e\n\x06leased\x18\x03 \x01(\x03\x12\x0c\n\x04\x64\x65\x61\x64\x18\x04 \x01(\x03\x12\x37\n\x14oldest_available_age\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07streams\x18\x06 \x01(\x03\x12\x11\n\tconsumers\x18\x07 \x01(\x03\"\x9b\x01\n\tQueueInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x08settings\x18\x02 \x01(\x0b\x32\x18.leaseq.v1.QueueSettings\x12$\n\x05stats\x18\x03 \x01(\x0b\x32\x15.leaseq.v1.QueueStats\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x11ListQueuesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"S\n\x12ListQueuesResponse\x12$\n\x06queues\x18\x01 \x03(\x0b\x32\x14.leaseq.v1.QueueInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\" \n\x0fGetQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\xd0\x03\n\x12UpdateQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x30\n\rdefault_lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12/\n\x0c\x62\x61\x63koff_base\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_cap\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13\x63ompleted_retention\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x06paused\x18\x07 \x01(\x08H\x01\x88\x01\x01\x12\x0e\n\x06\x63reate\x18\x08 \x01(\x08\x12\x1e\n\x11\x63oncurrency_limit\x18\t \x01(\x05H\x02\x88\x01\x01\x12\x17\n\nrate_limit\x18\n \x01(\x01H\x03\x88\x01\x01\x12\x17\n\nrate_burst\x18\x0b \x01(\x05H\x04\x88\x01\x01\x42\x0f\n\r_max_attemptsB\t\n\x07_pausedB\x14\n\x12_concurrency_limitB\r\n\x0b_rate_limitB\r\n\x0b_rate_burst\"\"\n\x11PauseQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"#\n\x12ResumeQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\"\n\x11PurgeQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\">\n\x12PurgeQueueResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x03\x12\x18\n\x10purged_completed\x18\x02 \x01(\x03\"\xfb\x04\n\x07JobInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.leaseq.v1.JobState\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x30\n\x07headers\x18\x05 \x03(\x0b\x32\x1f.leaseq.v1.JobInfo.HeadersEntry\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x11\n\tdedup_key\x18\t \x01(\t\x12/\n\x0b\x65nqueued_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06run_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nlast_error\x18\r \x01(\t\x12\x11\n\tleased_by\x18\x0e \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x64\x65\x61\x64_reason\x18\x10 \x01(\t\x12+\n\x07\x64ied_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ompleted_by\x18\x15 \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x84\x01\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.leaseq.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x17\n\x0finclude_payload\x18\x05 \x01(\x08\"M\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.leaseq.v1.JobInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x11\x43\x61ncelJobResponse\x12\x12\n\nwas_leased\x18\x01 \x01(\x08\"g\n\x16ListDeadLettersRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0finclude_payload\x18\x04 \x01(\x08\">\n\x13\x44\x65\x61\x64LettersSelector\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\"J\n\x1aRequeueDeadLettersResponse\x12\x10\n\x08requeued\x18\x01 \x01(\x03\x12\x1a\n\x12skipped_duplicates\x18\x02 \x01(\x03\"*\n\x18PurgeDeadLettersResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x03\"Q\n\x12WatchQueuesRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\x12+\n\x08interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"h\n\x13WatchQueuesResponse\x12$\n\x06queues\x18\x01 \x03(\x0b\x32\x14.leaseq.v1.QueueInfo\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_AVAILABLE\x10\x01\x12\x17\n\x13JOB_STATE_SCHEDULED\x10\x02\x12\x14\n\x10JOB_STATE_LEASED\x10\x03\x12\x12\n\x0eJOB_STATE_DEAD\x10\x04\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x05\x32\xca\x07\n\x0c\x41\x64minService\x12I\n\nListQueues\x12\x1c.leaseq.v1.ListQueuesRequest\x1a\x1d.leaseq.v1.ListQueuesResponse\x12<\n\x08GetQueue\x12\x1a.leaseq.v1.GetQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12\x42\n\x0bUpdateQueue\x12\x1d.leaseq.v1.UpdateQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12@\n\nPauseQueue\x12\x1c.leaseq.v1.PauseQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12\x42\n\x0bResumeQueue\x12\x1d.leaseq.v1.ResumeQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12I\n\nPurgeQueue\x12\x1c.leaseq.v1.PurgeQueueRequest\x1a\x1d.leaseq.v1.PurgeQueueResponse\x12\x36\n\x06GetJob\x12\x18.leaseq.v1.GetJobRequest\x1a\x12.leaseq.v1.JobInfo\x12\x43\n\x08ListJobs\x12\x1a.leaseq.v1.ListJobsRequest\x1a\x1b.leaseq.v1.ListJobsResponse\x12\x46\n\tCancelJob\x12\x1b.leaseq.v1.CancelJobRequest\x1a\x1c.leaseq.v1.CancelJobResponse\x12Q\n\x0fListDeadLetters\x12!.leaseq.v1.ListDeadLettersRequest\x1a\x1b.leaseq.v1.ListJobsResponse\x12[\n\x12RequeueDeadLetters\x12\x1e.leaseq.v1.DeadLettersSelector\x1a%.leaseq.v1.RequeueDeadLettersResponse\x12W\n\x10PurgeDeadLetters\x12\x1e.leaseq.v1.DeadLettersSelector\x1a#.leaseq.v1.PurgeDeadLettersResponse\x12N\n\x0bWatchQueues\x12\x1d.leaseq.v1.WatchQueuesRequest\x1a\x1e.leaseq.v1.WatchQueuesResponse0\x01\x42\x7f\n\x0cio.leaseq.v1B\nAdminProtoP\x01Z6github.com/leaseq/leaseq/clients/go/leaseq/v1;leaseqv1\xa2\x02\x03LQX\xaa\x02\tLeaseq.V1\xca\x02\tLeaseq\\V1\xea\x02\nLeaseq::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15leaseq/v1/admin.proto\x12\tleaseq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x02\n\rQueueSettings\x12\x30\n\rdefault_lease\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\x02 \x01(\x05\x12/\n\x0c\x62\x61\x63koff_base\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_cap\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13\x63ompleted_retention\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x19\n\x11\x63oncurrency_limit\x18\x07 \x01(\x05\x12\x12\n\nrate_limit\x18\x08 \x01(\x01\x12\x12\n\nrate_burst\x18\t \x01(\x05\"\xad\x01\n\nQueueStats\x12\x11\n\tavailable\x18\x01 \x01(\x03\x12\x11\n\tscheduled\x18\x02 \x01(\x03\x12\x0e\n\x06leased\x18\x03 \x01(\x03\x12\x0c\n\x04\x64\x65\x61\x64\x18\x04 \x01(\x03\x12\x37\n\x14oldest_available_age\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07streams\x18\x06 \x01(\x03\x12\x11\n\tconsumers\x18\x07 \x01(\x03\"\x9b\x01\n\tQueueInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x08settings\x18\x02 \x01(\x0b\x32\x18.leaseq.v1.QueueSettings\x12$\n\x05stats\x18\x03 \x01(\x0b\x32\x15.leaseq.v1.QueueStats\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x11ListQueuesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"q\n\x12ListQueuesResponse\x12$\n\x06queues\x18\x01 \x03(\x0b\x32\x14.leaseq.v1.QueueInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x1c\n\x14unavailable_clusters\x18\x03 \x03(\t\" \n\x0fGetQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\xd0\x03\n\x12UpdateQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x30\n\rdefault_lease\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12/\n\x0c\x62\x61\x63koff_base\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_cap\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13\x63ompleted_retention\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x06paused\x18\x07 \x01(\x08H\x01\x88\x01\x01\x12\x0e\n\x06\x63reate\x18\x08 \x01(\x08\x12\x1e\n\x11\x63oncurrency_limit\x18\t \x01(\x05H\x02\x88\x01\x01\x12\x17\n\nrate_limit\x18\n \x01(\x01H\x03\x88\x01\x01\x12\x17\n\nrate_burst\x18\x0b \x01(\x05H\x04\x88\x01\x01\x42\x0f\n\r_max_attemptsB\t\n\x07_pausedB\x14\n\x12_concurrency_limitB\r\n\x0b_rate_limitB\r\n\x0b_rate_burst\"\"\n\x11PauseQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"#\n\x12ResumeQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\"\n\x11PurgeQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\">\n\x12PurgeQueueResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x03\x12\x18\n\x10purged_completed\x18\x02 \x01(\x03\"\xfb\x04\n\x07JobInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.leaseq.v1.JobState\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x30\n\x07headers\x18\x05 \x03(\x0b\x32\x1f.leaseq.v1.JobInfo.HeadersEntry\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x11\n\tdedup_key\x18\t \x01(\t\x12/\n\x0b\x65nqueued_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06run_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nlast_error\x18\r \x01(\t\x12\x11\n\tleased_by\x18\x0e \x01(\t\x12\x34\n\x10lease_expires_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x64\x65\x61\x64_reason\x18\x10 \x01(\t\x12+\n\x07\x64ied_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ompleted_by\x18\x15 \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x84\x01\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.leaseq.v1.JobState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x17\n\x0finclude_payload\x18\x05 \x01(\x08\"k\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.leaseq.v1.JobInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x1c\n\x14unavailable_clusters\x18\x03 \x03(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x11\x43\x61ncelJobResponse\x12\x12\n\nwas_leased\x18\x01 \x01(\x08\"g\n\x16ListDeadLettersRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x17\n\x0finclude_payload\x18\x04 \x01(\x08\">\n\x13\x44\x65\x61\x64LettersSelector\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12\x0b\n\x03\x61ll\x18\x03 \x01(\x08\"J\n\x1aRequeueDeadLettersResponse\x12\x10\n\x08requeued\x18\x01 \x01(\x03\x12\x1a\n\x12skipped_duplicates\x18\x02 \x01(\x03\"*\n\x18PurgeDeadLettersResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x03\"Q\n\x12WatchQueuesRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\x12+\n\x08interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x01\n\x13WatchQueuesResponse\x12$\n\x06queues\x18\x01 \x03(\x0b\x32\x14.leaseq.v1.QueueInfo\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14unavailable_clusters\x18\x03 \x03(\t*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_AVAILABLE\x10\x01\x12\x17\n\x13JOB_STATE_SCHEDULED\x10\x02\x12\x14\n\x10JOB_STATE_LEASED\x10\x03\x12\x12\n\x0eJOB_STATE_DEAD\x10\x04\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x05\x32\xca\x07\n\x0c\x41\x64minService\x12I\n\nListQueues\x12\x1c.leaseq.v1.ListQueuesRequest\x1a\x1d.leaseq.v1.ListQueuesResponse\x12<\n\x08GetQueue\x12\x1a.leaseq.v1.GetQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12\x42\n\x0bUpdateQueue\x12\x1d.leaseq.v1.UpdateQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12@\n\nPauseQueue\x12\x1c.leaseq.v1.PauseQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12\x42\n\x0bResumeQueue\x12\x1d.leaseq.v1.ResumeQueueRequest\x1a\x14.leaseq.v1.QueueInfo\x12I\n\nPurgeQueue\x12\x1c.leaseq.v1.PurgeQueueRequest\x1a\x1d.leaseq.v1.PurgeQueueResponse\x12\x36\n\x06GetJob\x12\x18.leaseq.v1.GetJobRequest\x1a\x12.leaseq.v1.JobInfo\x12\x43\n\x08ListJobs\x12\x1a.leaseq.v1.ListJobsRequest\x1a\x1b.leaseq.v1.ListJobsResponse\x12\x46\n\tCancelJob\x12\x1b.leaseq.v1.CancelJobRequest\x1a\x1c.leaseq.v1.CancelJobResponse\x12Q\n\x0fListDeadLetters\x12!.leaseq.v1.ListDeadLettersRequest\x1a\x1b.leaseq.v1.ListJobsResponse\x12[\n\x12RequeueDeadLetters\x12\x1e.leaseq.v1.DeadLettersSelector\x1a%.leaseq.v1.RequeueDeadLettersResponse\x12W\n\x10PurgeDeadLetters\x12\x1e.leaseq.v1.DeadLettersSelector\x1a#.leaseq.v1.PurgeDeadLettersResponse\x12N\n\x0bWatchQueues\x12\x1d.leaseq.v1.WatchQueuesRequest\x1a\x1e.leaseq.v1.WatchQueuesResponse0\x01\x42\x7f\n\x0cio.leaseq.v1B\nAdminProtoP\x01Z6github.com/leaseq/leaseq/clients/go/leaseq/v1;leaseqv1\xa2\x02\x03LQX\xaa\x02\tLeaseq.V1\xca\x02\tLeaseq\\V1\xea\x02\nLeaseq::V1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'leaseq.v1.admin_pb2', globals())
@@ -25,8 +25,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._serialized_options = b'\n\014io.leaseq.v1B\nAdminProtoP\001Z6github.com/leaseq/leaseq/clients/go/leaseq/v1;leaseqv1\242\002\003LQX\252\002\tLeaseq.V1\312\002\tLeaseq\\V1\352\002\nLeaseq::V1'
   _JOBINFO_HEADERSENTRY._options = None
   _JOBINFO_HEADERSENTRY._serialized_options = b'8\001'
-  _JOBSTATE._serialized_start=3021
-  _JOBSTATE._serialized_end=3175
+  _JOBSTATE._serialized_start=3112
+  _JOBSTATE._serialized_end=3266
   _QUEUESETTINGS._serialized_start=102
   _QUEUESETTINGS._serialized_end=425
   _QUEUESTATS._serialized_start=428
@@ -36,45 +36,45 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _LISTQUEUESREQUEST._serialized_start=761
   _LISTQUEUESREQUEST._serialized_end=819
   _LISTQUEUESRESPONSE._serialized_start=821
-  _LISTQUEUESRESPONSE._serialized_end=904
-  _GETQUEUEREQUEST._serialized_start=906
-  _GETQUEUEREQUEST._serialized_end=938
-  _UPDATEQUEUEREQUEST._serialized_start=941
-  _UPDATEQUEUEREQUEST._serialized_end=1405
-  _PAUSEQUEUEREQUEST._serialized_start=1407
-  _PAUSEQUEUEREQUEST._serialized_end=1441
-  _RESUMEQUEUEREQUEST._serialized_start=1443
-  _RESUMEQUEUEREQUEST._serialized_end=1478
-  _PURGEQUEUEREQUEST._serialized_start=1480
-  _PURGEQUEUEREQUEST._serialized_end=1514
-  _PURGEQUEUERESPONSE._serialized_start=1516
-  _PURGEQUEUERESPONSE._serialized_end=1578
-  _JOBINFO._serialized_start=1581
-  _JOBINFO._serialized_end=2216
-  _JOBINFO_HEADERSENTRY._serialized_start=2170
-  _JOBINFO_HEADERSENTRY._serialized_end=2216
-  _GETJOBREQUEST._serialized_start=2218
-  _GETJOBREQUEST._serialized_end=2249
-  _LISTJOBSREQUEST._serialized_start=2252
-  _LISTJOBSREQUEST._serialized_end=2384
-  _LISTJOBSRESPONSE._serialized_start=2386
-  _LISTJOBSRESPONSE._serialized_end=2463
-  _CANCELJOBREQUEST._serialized_start=2465
-  _CANCELJOBREQUEST._serialized_end=2499
-  _CANCELJOBRESPONSE._serialized_start=2501
-  _CANCELJOBRESPONSE._serialized_end=2540
-  _LISTDEADLETTERSREQUEST._serialized_start=2542
-  _LISTDEADLETTERSREQUEST._serialized_end=2645
-  _DEADLETTERSSELECTOR._serialized_start=2647
-  _DEADLETTERSSELECTOR._serialized_end=2709
-  _REQUEUEDEADLETTERSRESPONSE._serialized_start=2711
-  _REQUEUEDEADLETTERSRESPONSE._serialized_end=2785
-  _PURGEDEADLETTERSRESPONSE._serialized_start=2787
-  _PURGEDEADLETTERSRESPONSE._serialized_end=2829
-  _WATCHQUEUESREQUEST._serialized_start=2831
-  _WATCHQUEUESREQUEST._serialized_end=2912
-  _WATCHQUEUESRESPONSE._serialized_start=2914
-  _WATCHQUEUESRESPONSE._serialized_end=3018
-  _ADMINSERVICE._serialized_start=3178
-  _ADMINSERVICE._serialized_end=4148
+  _LISTQUEUESRESPONSE._serialized_end=934
+  _GETQUEUEREQUEST._serialized_start=936
+  _GETQUEUEREQUEST._serialized_end=968
+  _UPDATEQUEUEREQUEST._serialized_start=971
+  _UPDATEQUEUEREQUEST._serialized_end=1435
+  _PAUSEQUEUEREQUEST._serialized_start=1437
+  _PAUSEQUEUEREQUEST._serialized_end=1471
+  _RESUMEQUEUEREQUEST._serialized_start=1473
+  _RESUMEQUEUEREQUEST._serialized_end=1508
+  _PURGEQUEUEREQUEST._serialized_start=1510
+  _PURGEQUEUEREQUEST._serialized_end=1544
+  _PURGEQUEUERESPONSE._serialized_start=1546
+  _PURGEQUEUERESPONSE._serialized_end=1608
+  _JOBINFO._serialized_start=1611
+  _JOBINFO._serialized_end=2246
+  _JOBINFO_HEADERSENTRY._serialized_start=2200
+  _JOBINFO_HEADERSENTRY._serialized_end=2246
+  _GETJOBREQUEST._serialized_start=2248
+  _GETJOBREQUEST._serialized_end=2279
+  _LISTJOBSREQUEST._serialized_start=2282
+  _LISTJOBSREQUEST._serialized_end=2414
+  _LISTJOBSRESPONSE._serialized_start=2416
+  _LISTJOBSRESPONSE._serialized_end=2523
+  _CANCELJOBREQUEST._serialized_start=2525
+  _CANCELJOBREQUEST._serialized_end=2559
+  _CANCELJOBRESPONSE._serialized_start=2561
+  _CANCELJOBRESPONSE._serialized_end=2600
+  _LISTDEADLETTERSREQUEST._serialized_start=2602
+  _LISTDEADLETTERSREQUEST._serialized_end=2705
+  _DEADLETTERSSELECTOR._serialized_start=2707
+  _DEADLETTERSSELECTOR._serialized_end=2769
+  _REQUEUEDEADLETTERSRESPONSE._serialized_start=2771
+  _REQUEUEDEADLETTERSRESPONSE._serialized_end=2845
+  _PURGEDEADLETTERSRESPONSE._serialized_start=2847
+  _PURGEDEADLETTERSRESPONSE._serialized_end=2889
+  _WATCHQUEUESREQUEST._serialized_start=2891
+  _WATCHQUEUESREQUEST._serialized_end=2972
+  _WATCHQUEUESRESPONSE._serialized_start=2975
+  _WATCHQUEUESRESPONSE._serialized_end=3109
+  _ADMINSERVICE._serialized_start=3269
+  _ADMINSERVICE._serialized_end=4239
 # @@protoc_insertion_point(module_scope)

@@ -124,12 +124,14 @@ class ListJobsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: bool = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ["jobs", "next_page_token"]
+    __slots__ = ["jobs", "next_page_token", "unavailable_clusters"]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     next_page_token: str
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    unavailable_clusters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ["page_size", "page_token"]
@@ -140,12 +142,14 @@ class ListQueuesRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListQueuesResponse(_message.Message):
-    __slots__ = ["next_page_token", "queues"]
+    __slots__ = ["next_page_token", "queues", "unavailable_clusters"]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     next_page_token: str
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    unavailable_clusters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PauseQueueRequest(_message.Message):
     __slots__ = ["queue"]
@@ -274,12 +278,14 @@ class WatchQueuesRequest(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[str]] = ..., interval: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class WatchQueuesResponse(_message.Message):
-    __slots__ = ["queues", "sent_at"]
+    __slots__ = ["queues", "sent_at", "unavailable_clusters"]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     sent_at: _timestamp_pb2.Timestamp
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    unavailable_clusters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

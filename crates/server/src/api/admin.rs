@@ -52,15 +52,41 @@ impl AdminApi {
 
     /// Every cluster: calls over all queues or jobs fan out and merge
     /// (docs/SCALING.md); calls about one queue's settings go to its cluster.
-    fn clusters(&self) -> &crate::placement::Clusters {
+    pub fn clusters(&self) -> &crate::placement::Clusters {
         self.broker.clusters()
     }
 
-    async fn queue_info(&self, name: &QueueName) -> Result<pb::QueueInfo> {
-        fanout::queue(self.clusters(), name)
-            .await?
+    /// The queue's settings and statistics (from the clusters that answer:
+    /// the names of those that did not come along).
+    async fn queue_info(&self, name: &QueueName) -> Result<fanout::Partial<pb::QueueInfo>> {
+        let found = fanout::queue(self.clusters(), name).await?;
+        let missing = found.missing;
+        let info = found
+            .value
             .map(queue_info)
-            .ok_or_else(|| unknown_queue(name))
+            .ok_or_else(|| unknown_queue(name))?;
+        Ok(fanout::Partial {
+            value: info,
+            missing,
+        })
+    }
+
+    /// Runs a write on the queue's cluster; an outage of it names it.
+    async fn on_queue_cluster<'a, T, Fut>(
+        &'a self,
+        name: &QueueName,
+        f: impl FnOnce(&'a crate::store::Store) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let store = self.clusters().store_for(name)?;
+        let r = f(store).await;
+        if self.clusters().is_single() {
+            r
+        } else {
+            r.map_err(|e| e.on_cluster(&store.cluster_name))
+        }
     }
 
     /// Wakes the queue's streams here and on every replica.
@@ -77,8 +103,8 @@ impl AdminApi {
     /// run_at (a dispatcher may have dropped that timer while paused).
     async fn resumed(&self, name: &QueueName) -> Result<()> {
         self.wake([name.clone()]).await?;
-        let due = (self.clusters().store_for(name)?)
-            .next_due(std::slice::from_ref(name))
+        let due = self
+            .on_queue_cluster(name, |store| store.next_due(std::slice::from_ref(name)))
             .await?;
         let wakes: Vec<Wake> = due
             .into_iter()
@@ -87,6 +113,19 @@ impl AdminApi {
         self.broker.settle().wake(wakes);
         Ok(())
     }
+}
+
+/// A response, with the clusters it lacks named in its metadata
+/// ([`fanout::UNAVAILABLE_CLUSTERS_HEADER`]) when some did not answer.
+fn partial_response<T>(value: T, missing: &[String]) -> Response<T> {
+    let mut r = Response::new(value);
+    if !missing.is_empty()
+        && let Ok(v) = missing.join(",").parse()
+    {
+        r.metadata_mut()
+            .insert(fanout::UNAVAILABLE_CLUSTERS_HEADER, v);
+    }
+    r
 }
 
 fn unknown_queue(name: &QueueName) -> Error {
@@ -232,6 +271,7 @@ fn jobs_page(rows: Vec<JobRow>, more: bool, kind: char) -> pb::ListJobsResponse 
     pb::ListJobsResponse {
         jobs: rows.into_iter().map(job_info).collect(),
         next_page_token,
+        unavailable_clusters: Vec::new(),
     }
 }
 
@@ -361,15 +401,20 @@ impl AdminService for AdminApi {
         let r = request.into_inner();
         let limit = page_size(r.page_size, "page_size")?;
         let after = decode_token(&r.page_token, 'q')?;
-        let rows = fanout::queue_stats(self.clusters(), None, after.as_deref(), limit).await?;
+        let found = fanout::queue_stats(self.clusters(), None, after.as_deref(), limit).await?;
+        let rows = found.value;
         let next_page_token = match rows.last() {
             Some(last) if rows.len() as i64 == limit => encode_token('q', &last.name),
             _ => String::new(),
         };
-        Ok(Response::new(pb::ListQueuesResponse {
-            queues: rows.into_iter().map(queue_info).collect(),
-            next_page_token,
-        }))
+        Ok(partial_response(
+            pb::ListQueuesResponse {
+                queues: rows.into_iter().map(queue_info).collect(),
+                next_page_token,
+                unavailable_clusters: found.missing.clone(),
+            },
+            &found.missing,
+        ))
     }
 
     #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
@@ -378,7 +423,8 @@ impl AdminService for AdminApi {
         request: Request<pb::GetQueueRequest>,
     ) -> Result<Response<pb::QueueInfo>, Status> {
         let name = queue_field(&request.get_ref().queue, "queue")?;
-        Ok(Response::new(self.queue_info(&name).await?))
+        let info = self.queue_info(&name).await?;
+        Ok(partial_response(info.value, &info.missing))
     }
 
     #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
@@ -389,7 +435,12 @@ impl AdminService for AdminApi {
         let r = request.into_inner();
         let name = queue_field(&r.queue, "queue")?;
         let update = queue_update(&r)?;
-        if !sql::update_queue(self.clusters().store_for(&name)?, &name, &update, r.create).await? {
+        if !self
+            .on_queue_cluster(&name, |store| {
+                sql::update_queue(store, &name, &update, r.create)
+            })
+            .await?
+        {
             return Err(unknown_queue(&name).into());
         }
         info!(queue = %name, ?update, "queue settings changed");
@@ -403,7 +454,8 @@ impl AdminService for AdminApi {
             // every replica.
             self.wake([name.clone()]).await?;
         }
-        Ok(Response::new(self.queue_info(&name).await?))
+        let info = self.queue_info(&name).await?;
+        Ok(partial_response(info.value, &info.missing))
     }
 
     #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
@@ -416,11 +468,17 @@ impl AdminService for AdminApi {
             paused: Some(true),
             ..Default::default()
         };
-        if !sql::update_queue(self.clusters().store_for(&name)?, &name, &update, false).await? {
+        if !self
+            .on_queue_cluster(&name, |store| {
+                sql::update_queue(store, &name, &update, false)
+            })
+            .await?
+        {
             return Err(unknown_queue(&name).into());
         }
         info!(queue = %name, "queue paused");
-        Ok(Response::new(self.queue_info(&name).await?))
+        let info = self.queue_info(&name).await?;
+        Ok(partial_response(info.value, &info.missing))
     }
 
     #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
@@ -433,12 +491,18 @@ impl AdminService for AdminApi {
             paused: Some(false),
             ..Default::default()
         };
-        if !sql::update_queue(self.clusters().store_for(&name)?, &name, &update, false).await? {
+        if !self
+            .on_queue_cluster(&name, |store| {
+                sql::update_queue(store, &name, &update, false)
+            })
+            .await?
+        {
             return Err(unknown_queue(&name).into());
         }
         self.resumed(&name).await?;
         info!(queue = %name, "queue resumed");
-        Ok(Response::new(self.queue_info(&name).await?))
+        let info = self.queue_info(&name).await?;
+        Ok(partial_response(info.value, &info.missing))
     }
 
     #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
@@ -499,7 +563,7 @@ impl AdminService for AdminApi {
         {
             return Err(unknown_queue(q).into());
         }
-        let (rows, more) = fanout::list_jobs(
+        let found = fanout::list_jobs(
             self.clusters(),
             queue.as_ref(),
             state,
@@ -508,7 +572,10 @@ impl AdminService for AdminApi {
             r.include_payload,
         )
         .await?;
-        Ok(Response::new(jobs_page(rows, more, kind)))
+        let (rows, more) = found.value;
+        let mut page = jobs_page(rows, more, kind);
+        page.unavailable_clusters = found.missing.clone();
+        Ok(partial_response(page, &found.missing))
     }
 
     #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -623,11 +690,15 @@ impl AdminService for AdminApi {
         if let Some(names) = &names {
             let found =
                 fanout::queue_stats(&clusters, Some(names), None, names.len() as i64).await?;
-            if let Some(missing) = names
+            if let Some(unknown) = names
                 .iter()
-                .find(|n| !found.iter().any(|f| f.name == n.as_str()))
+                .find(|n| !found.value.iter().any(|f| f.name == n.as_str()))
             {
-                return Err(unknown_queue(missing).into());
+                // It may be on a cluster that did not answer.
+                return Err(found
+                    .missing_error()
+                    .unwrap_or_else(|| unknown_queue(unknown))
+                    .into());
             }
         }
         // Small buffer: a slow watcher makes the sampler wait, it does not
@@ -635,18 +706,20 @@ impl AdminService for AdminApi {
         let (tx, rx) = mpsc::channel(2);
         let draining = self.draining.clone();
         tokio::spawn(async move {
-            let mut last: Option<Vec<(String, [i64; 6], bool)>> = None;
+            let mut last: Option<(Vec<(String, [i64; 6], bool)>, Vec<String>)> = None;
             let mut last_sent = tokio::time::Instant::now();
             loop {
                 let limit = names.as_ref().map_or(WATCH_ALL_LIMIT, |n| n.len() as i64);
-                let rows = match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await
-                {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                };
+                // A cluster that does not answer leaves its queues out of the
+                // message, named in it; every cluster down ends the stream.
+                let (rows, missing) =
+                    match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await {
+                        Ok(found) => (found.value, found.missing),
+                        Err(e) => {
+                            let _ = tx.send(Err(e.into())).await;
+                            return;
+                        }
+                    };
                 // Ages change every sample; a push "on change" is about counts.
                 let counts: Vec<(String, [i64; 6], bool)> = rows
                     .iter()
@@ -662,10 +735,12 @@ impl AdminService for AdminApi {
                         (q.name.clone(), c, q.paused)
                     })
                     .collect();
+                let counts = (counts, missing);
                 if last.as_ref() != Some(&counts) || last_sent.elapsed() >= interval {
                     let msg = pb::WatchQueuesResponse {
                         queues: rows.into_iter().map(queue_info).collect(),
                         sent_at: Some(std::time::SystemTime::now().into()),
+                        unavailable_clusters: counts.1.clone(),
                     };
                     if tx.send(Ok(msg)).await.is_err() {
                         return; // the watcher is gone

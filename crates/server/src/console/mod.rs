@@ -630,6 +630,7 @@ async fn list_queues(
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> ApiResult {
     let mut all = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
     let mut page_token = String::new();
     // Every page, bounded: 20 pages of 1,000 queues.
     for _ in 0..20 {
@@ -642,13 +643,18 @@ async fn list_queues(
             .await?
             .into_inner();
         all.extend(r.queues);
+        for m in r.unavailable_clusters {
+            if !missing.contains(&m) {
+                missing.push(m);
+            }
+        }
         if r.next_page_token.is_empty() {
             break;
         }
         page_token = r.next_page_token;
     }
     Ok(axum::Json(
-        json!({ "queues": queues_json(&c, &caller, &all) }),
+        json!({ "queues": queues_json(&c, &caller, &all), "unavailable_clusters": missing }),
     ))
 }
 
@@ -684,6 +690,7 @@ async fn events(
                     json!({
                         "queues": queues_json(&c, &caller, &m.queues),
                         "sent_at": millis(&m.sent_at),
+                        "unavailable_clusters": m.unavailable_clusters,
                     })
                     .to_string(),
                 ),
@@ -718,17 +725,14 @@ async fn queue_info(c: &Console, caller: &Caller, name: &str) -> ApiResult<pb::Q
         .into_inner())
 }
 
-/// Per consumer name, the jobs of `queue` it holds (every replica).
-async fn in_flight(store: &Store, queue: &str) -> ApiResult<Vec<(String, i64)>> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "select coalesce(leased_by, '') as consumer, count(*) as n from leaseq.jobs \
-         where queue = $1 and state = 'leased' group by 1 order by 1",
-    )
-    .bind(queue)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(crate::error::Error::from)?;
-    Ok(rows)
+/// Per consumer name, the jobs of `queue` it holds (every replica, every
+/// cluster that answers: the names of those that did not come along).
+async fn in_flight(
+    c: &Console,
+    queue: &str,
+) -> ApiResult<crate::fanout::Partial<Vec<(String, i64)>>> {
+    let name = crate::domain::QueueName::parse_field(queue, "queue")?;
+    Ok(crate::fanout::in_flight(c.api.clusters(), &name).await?)
 }
 
 async fn get_queue(
@@ -738,7 +742,9 @@ async fn get_queue(
 ) -> ApiResult {
     let q = queue_info(&c, &caller, &name).await?;
     let rates = c.metrics().history.rates();
-    let held = in_flight(&c.store, &name).await?;
+    let held = in_flight(&c, &name).await?;
+    let unavailable_clusters = held.missing;
+    let held = held.value;
     let streams = c.metrics().streams.on_queue(&name);
     // One row per consumer name: this broker's streams and credit, and the
     // jobs it holds on any replica.
@@ -779,6 +785,7 @@ async fn get_queue(
         "consumers": consumers,
         "history": history,
         "history_columns": ["at_ms", "available", "scheduled", "leased", "dead", "enqueued_total", "acked_total"],
+        "unavailable_clusters": unavailable_clusters,
     })))
 }
 

@@ -399,6 +399,18 @@ pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
     }))
 }
 
+/// Per consumer name, how many jobs of `queue` it holds here (leased by a
+/// stream of any replica).
+pub async fn in_flight(store: &Store, queue: &QueueName) -> Result<Vec<(String, i64)>> {
+    Ok(sqlx::query_as(
+        "select coalesce(leased_by, '') as consumer, count(*) as n from leaseq.jobs \
+         where queue = $1 and state = 'leased' group by 1 order by 1",
+    )
+    .bind(queue.as_str())
+    .fetch_all(&store.pool)
+    .await?)
+}
+
 /// Does the queue exist?
 pub async fn queue_exists(store: &Store, name: &QueueName) -> Result<bool> {
     Ok(

@@ -214,12 +214,30 @@ function connectEvents() {
     state.queues = data.queues;
     state.lastEvent = Date.now();
     liveBadge(true);
+    partialNote(data.unavailable_clusters);
     if (page.onQueues) page.onQueues(data.queues);
   });
   es.addEventListener("error", () => {
     liveBadge(false);
   });
   state.events = es;
+}
+
+// A broker over several PostgreSQL clusters answers from those that answer
+// and names the others: say so above the page, and nothing when complete.
+function partialNote(missing) {
+  let p = $("#partial");
+  if (!missing || !missing.length) {
+    if (p) p.remove();
+    return;
+  }
+  const text = "PostgreSQL cluster " + missing.join(", ") + " did not answer: its queues and jobs are missing from these figures.";
+  if (!p) {
+    p = el("p", { class: "error", id: "partial" }, text);
+    main().prepend(p);
+  } else {
+    p.textContent = text;
+  }
 }
 
 function liveBadge(ok) {
@@ -426,12 +444,14 @@ async function queuePage(name) {
     charts,
     el("h2", {}, "Consumers"),
     consumersTable(data.consumers)]);
+  partialNote(data.unavailable_clusters);
   // The charts and consumers refresh with each metrics interval.
   state.timer = setInterval(async () => {
     try {
       const d = await get("/api/queues/" + encodeURIComponent(name));
       clear(charts).appendChild(queueCharts(d.history));
       $("#consumers").replaceWith(consumersTable(d.consumers));
+      partialNote(d.unavailable_clusters);
     } catch (_) { /* shown on the next navigation */ }
   }, 5000);
 }
