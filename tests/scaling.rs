@@ -942,3 +942,100 @@ async fn admin_reads_answer_without_a_stopped_cluster() {
     drop(streams);
     b.stop().await;
 }
+
+/// A bucket move takes the queue's settings and its completed records with
+/// it: a settings row the destination had already (as `leaseq.enqueue()`
+/// on that database leaves) is replaced by the source's, and the completed
+/// records kept for the queue's retention leave the source (whose
+/// retention loop no longer sees the queue once its row is gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bucket_move_carries_settings_and_completed_records() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let b = Broker::start(&dbs).await;
+    let q = queues_on(0, 1, "k").remove(0);
+    let mut admin = admin_client(b.addr).await;
+    admin
+        .update_queue(pb::UpdateQueueRequest {
+            queue: q.clone(),
+            create: true,
+            max_attempts: Some(3),
+            concurrency_limit: Some(2),
+            completed_retention: Some(dur(Duration::from_secs(3600))),
+            ..Default::default()
+        })
+        .await
+        .expect("settings");
+    let mut c = lazy_client(b.addr);
+    let mut s = crate::common::subscribe(&mut c, &[q.as_str()], 8, None).await;
+    for i in 0..3 {
+        crate::common::enqueue(&mut c, &q, &format!("done{i}")).await;
+        let d = crate::common::next_delivery(&mut s, Duration::from_secs(10)).await;
+        crate::common::ack(&mut c, &d).await.expect("ack");
+    }
+    drop(s);
+    let completed_on = |k: usize| {
+        let pool = three.pools[k].clone();
+        let q = q.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from leaseq.completed_jobs where queue = $1",
+            )
+            .bind(q)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(completed_on(0).await, 3);
+    // A stale row with the defaults on the destination.
+    sqlx::query("insert into leaseq.queues (name) values ($1)")
+        .bind(&q)
+        .execute(&three.pools[1])
+        .await
+        .unwrap();
+
+    let moved = placement::move_bucket(
+        &three.placement_pools(),
+        bucket_of(&q),
+        ClusterId(1),
+        &MoveOptions {
+            grace: Duration::from_millis(500),
+            limit: Duration::from_secs(60),
+            ..MoveOptions::default()
+        },
+    )
+    .await
+    .expect("bucket moved");
+    assert_eq!(moved.completed, 3, "{moved:?}");
+    assert_eq!(completed_on(0).await, 0);
+    assert_eq!(completed_on(1).await, 3);
+    let (attempts, limit, retention): (i32, Option<i32>, Option<i64>) = sqlx::query_as(
+        "select max_attempts, concurrency_limit, completed_retention_ms from leaseq.queues where name = $1",
+    )
+    .bind(&q)
+    .fetch_one(&three.pools[1])
+    .await
+    .unwrap();
+    assert_eq!((attempts, limit, retention), (3, Some(2), Some(3_600_000)));
+    // Through the broker, once it follows the new map.
+    sleep(Duration::from_secs(1)).await;
+    let info = admin
+        .get_queue(pb::GetQueueRequest { queue: q.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let settings = info.settings.unwrap();
+    assert_eq!((settings.max_attempts, settings.concurrency_limit), (3, 2));
+    let listed = admin
+        .list_jobs(pb::ListJobsRequest {
+            queue: q.clone(),
+            state: pb::JobState::Completed as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.jobs.len(), 3);
+    b.stop().await;
+}

@@ -488,6 +488,8 @@ pub struct Moved {
     pub queues: usize,
     pub jobs: u64,
     pub dead: u64,
+    /// Completed records kept for retention.
+    pub completed: u64,
 }
 
 /// Moves `bucket` to cluster `to` (docs/SCALING.md, "Moving a bucket"):
@@ -549,8 +551,12 @@ pub async fn move_bucket(
         .into_iter()
         .filter(|q| bucket_of(q) == bucket && pinned.pinned(q).is_none())
         .collect();
-    // Queue rows (settings) exist on the destination before any job goes there.
-    copy_queue_rows(&source, &dest, &queues).await?;
+    // Queue rows (settings) exist on the destination before any job goes
+    // there, with the source's settings: a row the destination had already
+    // (left by `leaseq.enqueue()` there, say) is replaced, since nothing
+    // leases the queue there yet. A resumed move keeps the destination's:
+    // the source's rows are fenced (paused) by then.
+    copy_queue_rows(&source, &dest, &queues, moving.is_none()).await?;
     let epoch = if moving.is_none() {
         sqlx::query("update leaseq.placement set moving_to = $2 where bucket = $1")
             .bind(bucket as i32)
@@ -616,9 +622,19 @@ pub async fn move_bucket(
                 break;
             }
         }
+        // Completed records kept for the queues' retention: the queue's
+        // retention runs where its row is, so they go with it.
+        loop {
+            let n = copy_batch(&source, &dest, &queues, "completed_jobs", opts.batch).await?;
+            moved.completed += n;
+            if (n as i64) < opts.batch {
+                break;
+            }
+        }
         let left: i64 = sqlx::query_scalar(
             "select (select count(*) from leaseq.jobs where queue = any($1)) \
-                  + (select count(*) from leaseq.dead_jobs where queue = any($1))",
+                  + (select count(*) from leaseq.dead_jobs where queue = any($1)) \
+                  + (select count(*) from leaseq.completed_jobs where queue = any($1))",
         )
         .bind(&queues)
         .fetch_one(&source)
@@ -656,13 +672,18 @@ pub async fn move_bucket(
         .bind(&queues)
         .execute(&source)
         .await?;
-    info!(bucket, %from, %to, epoch, jobs = moved.jobs, dead = moved.dead, "bucket moved");
+    info!(bucket, %from, %to, epoch, jobs = moved.jobs, dead = moved.dead, completed = moved.completed, "bucket moved");
     Ok(moved)
 }
 
-/// Creates the queues' rows on `dest` with the source's settings (rows that
-/// exist there already are kept).
-async fn copy_queue_rows(source: &PgPool, dest: &PgPool, queues: &[String]) -> Result<()> {
+/// Creates the queues' rows on `dest` with the source's settings; rows that
+/// exist there already are replaced when `replace`, else kept.
+async fn copy_queue_rows(
+    source: &PgPool,
+    dest: &PgPool,
+    queues: &[String],
+    replace: bool,
+) -> Result<()> {
     // As JSON text: one statement whatever the table's columns are (the
     // schema is the same on every cluster).
     let rows: String = sqlx::query_scalar(
@@ -671,18 +692,29 @@ async fn copy_queue_rows(source: &PgPool, dest: &PgPool, queues: &[String]) -> R
     .bind(queues)
     .fetch_one(source)
     .await?;
+    let mut tx = dest.begin().await?;
+    if replace {
+        sqlx::query(
+            "delete from leaseq.queues where name in \
+             (select name from json_populate_recordset(null::leaseq.queues, $1::json))",
+        )
+        .bind(&rows)
+        .execute(&mut *tx)
+        .await?;
+    }
     sqlx::query(
         "insert into leaseq.queues select * from json_populate_recordset(null::leaseq.queues, $1::json) \
          on conflict (name) do nothing",
     )
     .bind(rows)
-    .execute(dest)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
 /// One copy transaction of up to `batch` rows of `table` (`jobs`: waiting
-/// ones only; `dead_jobs`): locked on the source, inserted on the
+/// ones only; `dead_jobs`; `completed_jobs`): locked on the source, inserted on the
 /// destination with tombstones (skipping ids already tombstoned: a repeated
 /// copy), committed there, then deleted on the source. Returns how many.
 async fn copy_batch(
