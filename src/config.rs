@@ -176,6 +176,12 @@ pub struct ServeArgs {
     /// from the home cluster (the bucket map is re-read when it changed).
     #[arg(long, env = "LEASEQ_PLACEMENT_INTERVAL", default_value_t = defaults().placement_interval.into())]
     pub placement_interval: CliDuration,
+    /// With several --database-url: how often each cluster is swept for
+    /// stray jobs (jobs of queues placed on another cluster, e.g. from
+    /// `leaseq.enqueue()` on the wrong database), which are moved to their
+    /// queue's cluster as a bucket move moves them. 0 turns it off.
+    #[arg(long, env = "LEASEQ_SWEEP_INTERVAL", default_value_t = defaults().sweep_interval.into())]
+    pub sweep_interval: CliDuration,
     /// On SIGTERM/SIGINT, how long in-flight calls may take before exit.
     #[arg(long, env = "LEASEQ_DRAIN_GRACE", default_value_t = defaults().drain_grace.into())]
     pub drain_grace: CliDuration,
@@ -300,6 +306,7 @@ impl ServeArgs {
             vacuum_interval: self.vacuum_interval.0,
             health_interval: self.health_interval.0,
             placement_interval: self.placement_interval.0,
+            sweep_interval: self.sweep_interval.0,
             drain_grace: self.drain_grace.0,
             request_limits: RequestLimits {
                 max_payload_bytes: self.max_payload_bytes,

@@ -943,6 +943,114 @@ async fn admin_reads_answer_without_a_stopped_cluster() {
     b.stop().await;
 }
 
+/// Stray jobs, on a cluster that does not hold their queue, are moved to
+/// their queue's cluster by the brokers' sweep and delivered exactly once
+/// (the history checker), under load: jobs put by `leaseq.enqueue()` on the
+/// wrong database, and a job left on both sides by a copy interrupted
+/// between its two commits (the tombstone on the destination keeps it from
+/// being delivered a second time after its ack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stray_jobs_are_swept_to_their_cluster() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let sweep = |cfg: &mut leaseq_server::Config| cfg.sweep_interval = Duration::from_millis(300);
+    let b0 = Broker::start_with(&dbs, sweep).await;
+    let b1 = Broker::start_with(&dbs, sweep).await;
+    let queues: Vec<String> = (0..3).flat_map(|k| queues_on(k, 1, "s")).collect();
+    // queues[k] lives on cluster k.
+
+    let h = History::new();
+    let run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
+    sleep(Duration::from_secs(1)).await;
+
+    // An interrupted copy of a job of queues[0] from c to a: committed on
+    // a with its tombstone, then delivered and acked there; the source row
+    // on c is still there (its transaction "rolled back").
+    let id = uuid::Uuid::now_v7();
+    let payload = "interrupted-copy";
+    let row = |k: usize| {
+        let q = queues[0].clone();
+        let pool = three.pools[k].clone();
+        async move {
+            sqlx::query(
+                "insert into leaseq.jobs (id, queue, run_at, payload) values ($1, $2, now(), $3)",
+            )
+            .bind(id)
+            .bind(q)
+            .bind(payload.as_bytes())
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    sqlx::query("insert into leaseq.moved_jobs (id) values ($1)")
+        .bind(id)
+        .execute(&three.pools[0])
+        .await
+        .unwrap();
+    row(0).await;
+    h.enqueue_ok(payload, &id.to_string());
+    sqlx::query("select pg_notify('leaseq_wake', 'test:0:' || $1)")
+        .bind(&queues[0])
+        .execute(&three.pools[0])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sqlx::query_scalar::<_, bool>("select exists (select 1 from leaseq.jobs where id = $1)")
+        .bind(id)
+        .fetch_one(&three.pools[0])
+        .await
+        .unwrap()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the copied job was not acked on a"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    row(2).await;
+
+    // leaseq.enqueue() on the wrong database, for every queue, while the
+    // load runs: each stray is swept to its queue's cluster.
+    for n in 0..30 {
+        let k = n % 3;
+        let wrong = (k + 1 + n % 2) % 3;
+        let payload = format!("stray{n:03}");
+        let id: uuid::Uuid = sqlx::query_scalar("select leaseq.enqueue($1, $2::bytea)")
+            .bind(&queues[k])
+            .bind(payload.as_bytes())
+            .fetch_one(&three.pools[wrong])
+            .await
+            .unwrap();
+        h.enqueue_ok(&payload, &id.to_string());
+        sleep(Duration::from_millis(50)).await;
+    }
+    // Swept: no cluster holds a job of a queue it does not own.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    'swept: loop {
+        let mut stray = 0;
+        for k in 0..3 {
+            let others: Vec<String> = (0..3)
+                .filter(|j| *j != k)
+                .map(|j| queues[j].clone())
+                .collect();
+            stray += three.live(k, &others).await;
+        }
+        if stray == 0 {
+            break 'swept;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{stray} stray jobs left after 20 s"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    run.finish("scaling-stray-sweep", &three, b0.addr, &queues)
+        .await;
+    b0.stop().await;
+    b1.stop().await;
+}
+
 /// A bucket move takes the queue's settings and its completed records with
 /// it: a settings row the destination had already (as `leaseq.enqueue()`
 /// on that database leaves) is replaced by the source's, and the completed

@@ -44,6 +44,9 @@ pub struct Config {
     /// With several clusters: how often the home cluster's placement epoch
     /// is read (the map is re-read when it moved). Unused with one database.
     pub placement_interval: Duration,
+    /// With several clusters: how often each cluster is swept for stray
+    /// jobs (`placement::sweep`). Zero: never. Unused with one database.
+    pub sweep_interval: Duration,
     /// On shutdown, how long in-flight calls may take before the broker
     /// stops anyway.
     pub drain_grace: Duration,
@@ -127,6 +130,7 @@ impl Default for Config {
             vacuum_interval: Duration::from_secs(2),
             health_interval: Duration::from_secs(2),
             placement_interval: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(30),
             drain_grace: Duration::from_secs(30),
             request_limits: RequestLimits::default(),
             keepalive_interval: Duration::from_secs(30),

@@ -676,6 +676,142 @@ pub async fn move_bucket(
     Ok(moved)
 }
 
+/// What one sweep moved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Queues that had stray jobs or dead letters.
+    pub queues: usize,
+    pub jobs: u64,
+    pub dead: u64,
+}
+
+/// Distinct queues of `table` on a cluster, by a skip scan of the index
+/// that leads with the queue (`jobs_ready` for waiting jobs,
+/// `dead_jobs_queue`): one index probe per queue, not a scan of the table.
+async fn queues_holding(pool: &PgPool, table: &'static str) -> Result<Vec<String>> {
+    let filter = if table == "jobs" {
+        "and state = 'available'"
+    } else {
+        ""
+    };
+    let first = if table == "jobs" {
+        "where state = 'available'"
+    } else {
+        ""
+    };
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "with recursive q(queue) as ( \
+             (select queue from leaseq.{table} {first} order by queue limit 1) \
+             union all \
+             select (select t.queue from leaseq.{table} t where t.queue > q.queue {filter} \
+                     order by t.queue limit 1) \
+             from q where q.queue is not null) \
+         select queue from q where queue is not null"
+    )))
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Moves **stray** jobs to their queue's cluster (docs/SCALING.md, "Stray
+/// jobs"): waiting jobs and dead letters sitting on a cluster that does not
+/// hold their queue, left by a broker that enqueued by an old map after a
+/// move had ended, or by `leaseq.enqueue()` called on the wrong database.
+/// They move exactly as a bucket move copies (row locks on the source,
+/// tombstones on the destination), so none is lost or delivered twice, and
+/// every broker may sweep at once. Buckets being moved are left to their
+/// mover; leased jobs stay where their token says until they are settled
+/// (a nacked or expired one is swept by a later pass). A pass stops as soon
+/// as the placement changed under it (the next pass uses the new map).
+/// `clusters` is every cluster, home first (the map is read from home).
+pub async fn sweep(clusters: &[(ClusterId, PgPool)], batch: i64) -> Result<Swept> {
+    let mut swept = Swept::default();
+    if clusters.len() < 2 {
+        return Ok(swept);
+    }
+    let home = clusters[0].1.clone();
+    let map = load(&home).await?;
+    let current = || async { Ok::<_, Error>(epoch(&home).await? == map.epoch) };
+    for (id, pool) in clusters {
+        let mut strays: Vec<(String, ClusterId)> = Vec::new();
+        for table in ["jobs", "dead_jobs"] {
+            let held = match queues_holding(pool, table).await {
+                Ok(q) => q,
+                // A cluster that is down is swept when it is back.
+                Err(e) if e.is_unavailable() => continue,
+                Err(e) => return Err(e),
+            };
+            for q in held {
+                let owner = map.cluster_of(&q);
+                let moving = map.pinned(&q).is_none() && map.moving.contains_key(&bucket_of(&q));
+                if owner != *id && !moving && !strays.iter().any(|(s, _)| *s == q) {
+                    strays.push((q, owner));
+                }
+            }
+        }
+        for (q, owner) in strays {
+            let Some((_, dest)) = clusters.iter().find(|(c, _)| *c == owner) else {
+                continue;
+            };
+            let queues = [q];
+            // The queue's own cluster's settings stand.
+            copy_queue_rows(pool, dest, &queues, false).await?;
+            let mut any = false;
+            for table in ["jobs", "dead_jobs"] {
+                loop {
+                    // Placement changed: the owner may be another now.
+                    if !current().await? {
+                        return Ok(swept);
+                    }
+                    let n = copy_batch(pool, dest, &queues, table, batch).await?;
+                    if table == "jobs" {
+                        swept.jobs += n;
+                        if n > 0 {
+                            wake(dest, &queues).await;
+                        }
+                    } else {
+                        swept.dead += n;
+                    }
+                    any |= n > 0;
+                    if (n as i64) < batch {
+                        break;
+                    }
+                }
+            }
+            if any {
+                swept.queues += 1;
+                info!(queue = %queues[0], from = %id, to = %owner, "stray jobs moved to their queue's cluster");
+            }
+        }
+    }
+    Ok(swept)
+}
+
+/// Sweeps every `interval` until `stop` ([`sweep`]).
+pub async fn sweep_loop(clusters: Clusters, interval: Duration, stop: CancellationToken) {
+    let pools: Vec<(ClusterId, PgPool)> = clusters
+        .all()
+        .iter()
+        .map(|s| (s.cluster, s.pool.clone()))
+        .collect();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Not at start: the placement was just read, other brokers start too.
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let pass = tokio::select! {
+            _ = stop.cancelled() => break,
+            r = sweep(&pools, 500) => r,
+        };
+        if let Err(e) = pass {
+            warn!(error = %e, "stray-job sweep failed; retrying at the next interval");
+        }
+    }
+}
+
 /// Creates the queues' rows on `dest` with the source's settings; rows that
 /// exist there already are replaced when `replace`, else kept.
 async fn copy_queue_rows(

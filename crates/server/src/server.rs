@@ -207,6 +207,13 @@ impl Server {
                 cfg.placement_interval,
                 stop.clone(),
             ));
+            if !cfg.sweep_interval.is_zero() {
+                background.spawn(crate::placement::sweep_loop(
+                    clusters.clone(),
+                    cfg.sweep_interval,
+                    stop.clone(),
+                ));
+            }
         }
         background.spawn(health_loop(
             clusters.clone(),
