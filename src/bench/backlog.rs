@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::harness::Bench;
+use super::harness::{Bench, Shared};
 use super::summary::Summary;
 use super::{BenchArgs, Scenario, stamp, throughput};
 use crate::pb;
@@ -14,20 +14,22 @@ use crate::pb;
 const FILL_BATCH: u64 = 1000;
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
-    let bench = Bench::connect(args).await?;
-    fill(&bench).await?;
+    let mut bench = Bench::connect(args).await?;
+    fill(&mut bench).await?;
     throughput::measure(bench, Scenario::Backlog).await
 }
 
-async fn fill(bench: &Bench) -> anyhow::Result<()> {
+async fn fill(bench: &mut Bench) -> anyhow::Result<()> {
     let (total, size) = (bench.args.backlog, bench.args.payload_bytes);
     let mut client = bench.producer_client();
     let mut done = 0u64;
     let started = Instant::now();
     while done < total {
         let n = (total - done).min(FILL_BATCH);
+        // One queue per batch (a batch is one transaction on one cluster).
+        let queue = bench.shared.next_queue().to_owned();
         let jobs = (0..n)
-            .map(|_| bench.shared.new_job(stamp::unstamped(size)))
+            .map(|_| Shared::job_on(queue.clone(), stamp::unstamped(size)))
             .collect();
         client
             .enqueue_batch(pb::EnqueueBatchRequest { jobs })

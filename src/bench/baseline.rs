@@ -59,7 +59,7 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
         .execute(&pool)
         .await?;
     let done = Arc::new(AtomicU64::new(0));
-    let cpu_before = CpuTimes::read(args.broker_pid, args.postgres_pid);
+    let cpu_before = CpuTimes::read(&args.broker_pid, &args.postgres_pid);
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.duration);
     let mut tasks = tokio::task::JoinSet::new();
@@ -86,7 +86,7 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
     }
     eprintln!();
     let seconds = started.elapsed().as_secs_f64();
-    let cpu = CpuTimes::read(args.broker_pid, args.postgres_pid).since(&cpu_before);
+    let cpu = CpuTimes::read(&args.broker_pid, &args.postgres_pid).since(&cpu_before);
     let jobs = done.load(Ordering::Relaxed);
     println!(
         "raw-sql batch={batch} workers={workers} jobs={jobs} seconds={seconds:.1} jobs_per_s={:.0}",

@@ -33,7 +33,7 @@ const MAX_ACKS_PER_MESSAGE: usize = 1000;
 pub async fn run(shared: Arc<Shared>, channel: ClientChannel, i: usize, credit: u32, ack: AckMode) {
     let client = QueueServiceClient::new(channel);
     let sub = pb::SubscribeRequest {
-        queues: vec![shared.queue.clone()],
+        queues: shared.queues.clone(),
         consumer: format!("bench-{i}"),
         max_in_flight: credit,
         lease: None,

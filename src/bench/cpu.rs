@@ -13,11 +13,19 @@ pub struct CpuTimes {
 }
 
 impl CpuTimes {
-    pub fn read(broker_pid: Option<u32>, postgres_pid: Option<u32>) -> CpuTimes {
+    /// Several broker or postgres pids: the sum over them (None if any
+    /// cannot be read, or none was given).
+    pub fn read(broker_pids: &[u32], postgres_pids: &[u32]) -> CpuTimes {
+        let sum = |pids: &[u32], f: &dyn Fn(u32) -> Option<f64>| -> Option<f64> {
+            if pids.is_empty() {
+                return None;
+            }
+            pids.iter().map(|p| f(*p)).sum()
+        };
         CpuTimes {
-            broker: broker_pid.and_then(|p| proc_cpu(p, true)),
+            broker: sum(broker_pids, &|p| proc_cpu(p, true)),
             client: proc_cpu(std::process::id(), false),
-            postgres: postgres_pid.and_then(cluster_cpu),
+            postgres: sum(postgres_pids, &cluster_cpu),
         }
     }
 

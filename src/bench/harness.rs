@@ -52,7 +52,9 @@ impl Counters {
 
 /// State shared by the producer and consumer tasks of one run.
 pub struct Shared {
-    pub queue: String,
+    /// The run's queues (one unless `--queues`), used in turn.
+    pub queues: Vec<String>,
+    next_queue: AtomicU64,
     pub payload_bytes: usize,
     /// `--max-backlog` (0: none).
     pub max_backlog: u64,
@@ -74,9 +76,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn new(queue: String, payload_bytes: usize, max_backlog: u64) -> Shared {
+    fn new(queues: Vec<String>, payload_bytes: usize, max_backlog: u64) -> Shared {
         Shared {
-            queue,
+            queues,
+            next_queue: AtomicU64::new(0),
             payload_bytes,
             max_backlog,
             counters: Counters::default(),
@@ -131,9 +134,21 @@ impl Shared {
         self.ready.add_permits(1);
     }
 
+    /// The next queue in turn.
+    pub fn next_queue(&self) -> &str {
+        let i = self.next_queue.fetch_add(1, Ordering::Relaxed) as usize;
+        &self.queues[i % self.queues.len()]
+    }
+
+    /// A job for the next queue in turn.
     pub fn new_job(&self, payload: Vec<u8>) -> pb::EnqueueRequest {
+        let queue = self.next_queue().to_owned();
+        Self::job_on(queue, payload)
+    }
+
+    pub fn job_on(queue: String, payload: Vec<u8>) -> pb::EnqueueRequest {
         pb::EnqueueRequest {
-            queue: self.queue.clone(),
+            queue,
             payload,
             ..Default::default()
         }
@@ -147,11 +162,39 @@ pub struct Window {
     cpu: CpuTimes,
 }
 
+/// The addresses of a comma-separated `--addr`.
+fn addrs(list: &str) -> Vec<&str> {
+    let v: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    if v.is_empty() { vec![list] } else { v }
+}
+
+/// `n` queue names from `base`: `base` itself for one; else `base-i...`,
+/// queue i named so that its bucket is i modulo n (a suffix is searched).
+fn spread_queues(base: &str, n: usize) -> Vec<String> {
+    if n <= 1 {
+        return vec![base.to_owned()];
+    }
+    (0..n)
+        .map(|i| {
+            (0..)
+                .map(|k| format!("{base}-{i}-{k}"))
+                .find(|q| leaseq_server::placement::bucket_of(q) as usize % n == i)
+                .expect("some suffix lands in every residue")
+        })
+        .collect()
+}
+
 /// One run against a broker: connections, shared state, and its tasks.
 pub struct Bench {
     pub args: BenchArgs,
     pub shared: Arc<Shared>,
-    producers: ClientChannel,
+    /// One connection per address of `--addr`.
+    producers: Vec<ClientChannel>,
+    next_producer: usize,
     tasks: JoinSet<()>,
     consumers: usize,
     rate: Option<u64>,
@@ -161,25 +204,32 @@ impl Bench {
     /// Connects the producers to --addr (consumers connect when started).
     pub async fn connect(args: &BenchArgs) -> anyhow::Result<Bench> {
         stamp::init();
-        let producers = crate::cli::connect(&args.addr, &args.security).await?;
+        let mut producers = Vec::new();
+        for addr in addrs(&args.addr) {
+            producers.push(crate::cli::connect(addr, &args.security).await?);
+        }
         let queue = args
             .queue
             .clone()
             .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
-        let shared = Arc::new(Shared::new(queue, args.payload_bytes, args.max_backlog));
+        let queues = spread_queues(&queue, args.queues as usize);
+        let shared = Arc::new(Shared::new(queues, args.payload_bytes, args.max_backlog));
         Ok(Bench {
             args: args.clone(),
             shared,
             producers,
+            next_producer: 0,
             tasks: JoinSet::new(),
             consumers: 0,
             rate: None,
         })
     }
 
-    /// A client on the producers' connection.
-    pub fn producer_client(&self) -> QueueServiceClient<ClientChannel> {
-        QueueServiceClient::new(self.producers.clone())
+    /// A client on a producers' connection: each call the next address.
+    pub fn producer_client(&mut self) -> QueueServiceClient<ClientChannel> {
+        let channel = self.producers[self.next_producer % self.producers.len()].clone();
+        self.next_producer += 1;
+        QueueServiceClient::new(channel)
     }
 
     /// Starts `n` consumer streams of `credit` each on --consume-addr (or
@@ -187,9 +237,11 @@ impl Bench {
     /// producers'), and waits until the broker has registered them.
     pub async fn start_consumers(&mut self, n: usize, credit: u32) -> anyhow::Result<()> {
         let addr = self.args.consume_addr.as_ref().unwrap_or(&self.args.addr);
+        let addrs = addrs(addr);
         let mut channels = Vec::new();
-        for _ in 0..n.div_ceil(STREAMS_PER_CONNECTION) {
-            channels.push(crate::cli::connect(addr, &self.args.security).await?);
+        // At least one connection per address; consumer i on address i mod N.
+        for i in 0..n.div_ceil(STREAMS_PER_CONNECTION).max(addrs.len()) {
+            channels.push(crate::cli::connect(addrs[i % addrs.len()], &self.args.security).await?);
         }
         for i in 0..n {
             let channel = channels[i % channels.len()].clone();
@@ -218,7 +270,7 @@ impl Bench {
         Window {
             started,
             deadline: started + Duration::from_secs(self.args.duration),
-            cpu: CpuTimes::read(self.args.broker_pid, self.args.postgres_pid),
+            cpu: CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid),
         }
     }
 
@@ -256,7 +308,7 @@ impl Bench {
     pub async fn measure(mut self, scenario: Scenario, w: Window) -> anyhow::Result<Summary> {
         self.progress(&w).await?;
         let seconds = w.started.elapsed().as_secs_f64();
-        let cpu = CpuTimes::read(self.args.broker_pid, self.args.postgres_pid).since(&w.cpu);
+        let cpu = CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid).since(&w.cpu);
         let c = &self.shared.counters;
         let mut s = Summary {
             scenario: scenario.name(),
@@ -363,7 +415,7 @@ mod tests {
 
     #[test]
     fn settles_count_confirmed_acks_and_failures() {
-        let s = Shared::new("q".into(), 64, 0);
+        let s = Shared::new(vec!["q".into()], 64, 0);
         s.on_settled(&[
             result(pb::SettleOp::Ack, 0),
             result(pb::SettleOp::Ack, 0),
@@ -377,7 +429,7 @@ mod tests {
     #[test]
     fn deliveries_record_latency_only_when_stamped() {
         stamp::init();
-        let s = Shared::new("q".into(), 64, 0);
+        let s = Shared::new(vec!["q".into()], 64, 0);
         let job = |payload| pb::Job {
             payload,
             ..Default::default()
@@ -386,5 +438,27 @@ mod tests {
         s.on_delivery(&job(stamp::unstamped(64)));
         assert_eq!(Counters::get(&s.counters.delivered), 2);
         assert_eq!(s.latency.percentiles().count, 1);
+    }
+
+    #[test]
+    fn spread_queues_cover_every_residue_and_addresses_split() {
+        let qs = spread_queues("b", 6);
+        assert_eq!(qs.len(), 6);
+        for (i, q) in qs.iter().enumerate() {
+            assert_eq!(
+                leaseq_server::placement::bucket_of(q) as usize % 6,
+                i,
+                "{q}"
+            );
+        }
+        assert_eq!(spread_queues("b", 1), vec!["b".to_owned()]);
+        assert_eq!(
+            addrs("http://a:1, http://b:2"),
+            vec!["http://a:1", "http://b:2"]
+        );
+        assert_eq!(addrs("http://a:1"), vec!["http://a:1"]);
+        let s = Shared::new(vec!["x".into(), "y".into()], 64, 0);
+        let seen: Vec<&str> = (0..4).map(|_| s.next_queue()).collect();
+        assert_eq!(seen, ["x", "y", "x", "y"]);
     }
 }

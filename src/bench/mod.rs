@@ -91,11 +91,13 @@ impl AckMode {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Broker address (producers; consumers too unless --consume-addr).
+    /// Several, comma-separated: the producers' connections and the
+    /// consumer streams are spread over them in turn (broker replicas).
     #[arg(long, env = "LEASEQ_ADDR", default_value = "http://127.0.0.1:50051")]
     pub addr: String,
-    /// Broker address for the consumers (default: --addr). Another replica
-    /// on the same database measures the cross-replica path, as behind a
-    /// load balancer.
+    /// Broker address(es) for the consumers (default: --addr). Another
+    /// replica on the same database measures the cross-replica path, as
+    /// behind a load balancer.
     #[arg(long)]
     pub consume_addr: Option<String>,
     #[arg(long, value_enum, default_value_t = Scenario::Throughput)]
@@ -120,13 +122,15 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = AckMode::Stream)]
     pub ack: AckMode,
     /// The broker's process id: report its CPU time per job (Linux /proc).
-    #[arg(long)]
-    pub broker_pid: Option<u32>,
+    /// Several (comma-separated or repeated): their sum (replicas).
+    #[arg(long, value_delimiter = ',')]
+    pub broker_pid: Vec<u32>,
     /// The PostgreSQL postmaster's process id (first line of
     /// `postmaster.pid` in the data directory): report the CPU time of the
     /// whole cluster (postmaster, backends, vacuum workers) per job.
-    #[arg(long)]
-    pub postgres_pid: Option<u32>,
+    /// Several (comma-separated or repeated): their sum (clusters).
+    #[arg(long, value_delimiter = ',')]
+    pub postgres_pid: Vec<u32>,
     /// Print a line with the rate of the last N seconds (and, with
     /// --database-url, the size of leaseq.jobs) every N seconds: for soaks.
     #[arg(long)]
@@ -156,6 +160,13 @@ pub struct BenchArgs {
     /// Queue name (a fresh one per run by default).
     #[arg(long)]
     pub queue: Option<String>,
+    /// Spread the jobs over this many queues (`QUEUE-0` ...), in turn: one
+    /// EnqueueBatch per queue, every consumer stream on all of them. Queue
+    /// i's bucket (docs/SCALING.md) is i modulo N, so under the first map of
+    /// a new deployment over C clusters (bucket b on cluster b mod C) an N
+    /// that is a multiple of C puts N/C queues on each cluster.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub queues: u32,
     /// Database for `baseline`, and for `--compare` and `--report-every`.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,

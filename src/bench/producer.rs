@@ -33,8 +33,15 @@ pub async fn batches(
             tokio::time::sleep(Duration::from_millis(1)).await;
             continue;
         }
+        // One queue per batch: a batch is one transaction on one cluster.
+        let queue = shared.next_queue().to_owned();
         let jobs = (0..batch)
-            .map(|_| shared.new_job(stamp::payload(stamp::now(), shared.payload_bytes)))
+            .map(|_| {
+                Shared::job_on(
+                    queue.clone(),
+                    stamp::payload(stamp::now(), shared.payload_bytes),
+                )
+            })
             .collect();
         let began = Instant::now();
         match client.enqueue_batch(pb::EnqueueBatchRequest { jobs }).await {
