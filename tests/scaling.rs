@@ -794,6 +794,14 @@ async fn admin_reads_answer_without_a_stopped_cluster() {
         assert_eq!(v["unavailable_clusters"], serde_json::json!([]), "{v}");
     }
 
+    // A leftover settings row of c's queue on a (as `leaseq.enqueue()` on
+    // the wrong database leaves): with c down, the queue is missing with
+    // c, not shown with a's leftover defaults.
+    sqlx::query("insert into leaseq.queues (name) values ($1)")
+        .bind(&qs[2])
+        .execute(&three.pools[0])
+        .await
+        .unwrap();
     let fault = std::time::Instant::now();
     three.pgs[2].stop_immediate();
     let answered_within = Duration::from_secs(8);

@@ -139,10 +139,27 @@ pub async fn queue_stats(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Partial<Vec<QueueRow>>> {
+    Ok(queue_page(clusters, names, after, limit)
+        .await?
+        .map(|(rows, _)| rows))
+}
+
+/// [`queue_stats`], and the name to continue after when the page was full
+/// (None: the last page). A page may hold fewer than `limit` rows and still
+/// not be the last, when queues of a missing cluster were left out of it.
+pub async fn queue_page(
+    clusters: &Clusters,
+    names: Option<&[QueueName]>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Partial<(Vec<QueueRow>, Option<String>)>> {
     if clusters.is_single() {
-        return Ok(Partial::complete(
-            sql::queue_stats(clusters.home(), names, after, limit).await?,
-        ));
+        let rows = sql::queue_stats(clusters.home(), names, after, limit).await?;
+        let next = match rows.last() {
+            Some(last) if rows.len() as i64 == limit => Some(last.name.clone()),
+            _ => None,
+        };
+        return Ok(Partial::complete((rows, next)));
     }
     let (answers, missing) = split(
         ask(clusters, |store| {
@@ -177,12 +194,35 @@ pub async fn queue_stats(
             }
         }
     }
+    // A queue placed on a cluster that did not answer is left out, not
+    // shown with the figures and settings of another cluster's leftovers
+    // (a stray row, the source side of a move): it is missing with its
+    // cluster.
+    let missing_ids: Vec<_> = clusters
+        .all()
+        .iter()
+        .filter(|s| missing.iter().any(|m| **m == *s.cluster_name))
+        .map(|s| s.cluster)
+        .collect();
+    let page: Vec<QueueRow> = merged
+        .into_values()
+        .map(|(_, r)| r)
+        .take(limit.max(0) as usize)
+        .collect();
+    let next = match page.last() {
+        Some(last) if page.len() as i64 == limit => Some(last.name.clone()),
+        _ => None,
+    };
+    let rows = page
+        .into_iter()
+        .filter(|r| {
+            missing_ids.is_empty()
+                || !QueueName::parse(&r.name)
+                    .is_some_and(|q| missing_ids.contains(&clusters.cluster_of(&q)))
+        })
+        .collect();
     Ok(Partial {
-        value: merged
-            .into_values()
-            .map(|(_, r)| r)
-            .take(limit.max(0) as usize)
-            .collect(),
+        value: (rows, next),
         missing,
     })
 }

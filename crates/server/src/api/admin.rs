@@ -401,12 +401,9 @@ impl AdminService for AdminApi {
         let r = request.into_inner();
         let limit = page_size(r.page_size, "page_size")?;
         let after = decode_token(&r.page_token, 'q')?;
-        let found = fanout::queue_stats(self.clusters(), None, after.as_deref(), limit).await?;
-        let rows = found.value;
-        let next_page_token = match rows.last() {
-            Some(last) if rows.len() as i64 == limit => encode_token('q', &last.name),
-            _ => String::new(),
-        };
+        let found = fanout::queue_page(self.clusters(), None, after.as_deref(), limit).await?;
+        let (rows, next) = found.value;
+        let next_page_token = next.map_or_else(String::new, |last| encode_token('q', &last));
         Ok(partial_response(
             pb::ListQueuesResponse {
                 queues: rows.into_iter().map(queue_info).collect(),
