@@ -20,6 +20,8 @@
 #   usage: scripts/bench-clusters.sh OUTDIR [BIN]
 #   env:   DURATION (s, default 15), REPS (default 2), ONLY=replicas|spread,
 #          RATE (jobs/s of the spread's fixed-rate runs, default 3000),
+#          PERF=1 (perf record of the broker during each spread run:
+#          OUTDIR/perf-RUN.data),
 #          LEASEQ_PG_BIN (initdb, pg_ctl, postgres), ROOT (default
 #          /tmp/leaseq-bench-clusters: wiped first)
 set -uo pipefail
@@ -159,9 +161,17 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
         local single_before single_after
         single_before=$(PSQL "${URL[0]}" "select xact_commit from pg_stat_database where datname = 'single'")
         log "bench $name"
+        local perf=
+        if [ -n "${PERF:-}" ] && command -v perf >/dev/null; then
+            # The broker's profile over the measured window (after the
+            # bench's own setup of about a second).
+            (sleep 2 && exec perf record -q -F 499 -g -p "$pid" -o "$OUT/perf-$name.data" -- sleep $((DURATION - 4))) >/dev/null 2>&1 &
+            perf=$!
+        fi
         "$BIN" bench --json --payload-bytes 100 --duration "$DURATION" --addr "http://127.0.0.1:$port" \
             --queues 6 --consumers 6 --broker-pid "$pid" --postgres-pid "$ALLPM" "$@" \
             2>>"$OUT/bench.err" | tail -1 >"$OUT/last.json"
+        [ -n "$perf" ] && wait "$perf"
         python3 -c "import json,sys; d=json.load(open('$OUT/last.json')); d['run']='$name'; print(json.dumps(d))" >"$OUT/last2.json"
         mv "$OUT/last2.json" "$OUT/last.json"
         single_after=$(PSQL "${URL[0]}" "select xact_commit from pg_stat_database where datname = 'single'")
