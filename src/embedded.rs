@@ -317,11 +317,12 @@ impl EmbeddedPostgres {
     /// Creates database `leaseq` if missing.
     async fn create_database(&self) -> Result<(), EmbeddedError> {
         let mut conn = PgConnection::connect_with(&self.connect_options("postgres")?).await?;
-        let exists: bool =
-            sqlx::query_scalar("select exists (select 1 from pg_database where datname = $1)")
-                .bind(DATABASE)
-                .fetch_one(&mut conn)
-                .await?;
+        let exists: bool = sqlx::query_scalar!(
+            r#"select exists (select 1 from pg_database where datname = $1) as "exists!""#,
+            DATABASE,
+        )
+        .fetch_one(&mut conn)
+        .await?;
         if !exists {
             match sqlx::query(CREATE_DATABASE).execute(&mut conn).await {
                 Ok(_) => {}

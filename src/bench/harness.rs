@@ -391,7 +391,7 @@ impl Bench {
 }
 
 async fn jobs_table_size(pool: &sqlx::PgPool) -> String {
-    sqlx::query_scalar::<_, i64>("select pg_total_relation_size('leaseq.jobs')")
+    sqlx::query_scalar!(r#"select pg_total_relation_size('leaseq.jobs') as "size!""#)
         .fetch_one(pool)
         .await
         .map_or_else(

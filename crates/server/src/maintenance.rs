@@ -137,31 +137,34 @@ pub async fn vacuum_loop(store: Store, interval: Duration, shutdown: Cancellatio
 /// Vacuums the jobs table if it has enough dead tuples and no other replica
 /// is at it. Returns the dead tuple count it acted on.
 pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
-    let (dead, live): (i64, i64) = sqlx::query_as(
-        "select n_dead_tup, n_live_tup from pg_stat_user_tables \
+    // The view's columns are never null for a table (sqlx cannot tell).
+    let row = sqlx::query!(
+        "select n_dead_tup as \"n_dead_tup!\", n_live_tup as \"n_live_tup!\" from pg_stat_user_tables \
          where relid = 'leaseq.jobs'::regclass",
     )
     .fetch_one(&store.pool)
     .await?;
+    let (dead, live): (i64, i64) = (row.n_dead_tup, row.n_live_tup);
     if dead < 10_000 + live / 5 {
         return Ok(None);
     }
     // Session-level lock and VACUUM (which cannot run in a transaction) on
     // one connection; the lock goes with the connection if it dies.
     let mut conn = store.pool.acquire().await?;
-    let locked: bool = sqlx::query_scalar("select pg_try_advisory_lock($1)")
-        .bind(VACUUM_LOCK)
-        .fetch_one(&mut *conn)
-        .await?;
+    let locked: bool = sqlx::query_scalar!(
+        r#"select pg_try_advisory_lock($1) as "locked!""#,
+        VACUUM_LOCK
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     if !locked {
         return Ok(None);
     }
     let result = sqlx::query("vacuum (skip_locked) leaseq.jobs")
         .execute(&mut *conn)
         .await;
-    sqlx::query("select pg_advisory_unlock($1)")
-        .bind(VACUUM_LOCK)
-        .execute(&mut *conn)
+    sqlx::query_scalar!("select pg_advisory_unlock($1)", VACUUM_LOCK)
+        .fetch_one(&mut *conn)
         .await?;
     result?;
     Ok(Some(dead))

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -210,15 +210,13 @@ const SETUP_LOCK: i64 = 0x6c71706c616365;
 /// Returns the ids in the order of `names`.
 pub async fn setup(home: &PgPool, names: &[String]) -> anyhow::Result<Vec<ClusterId>> {
     let mut tx = home.begin().await?;
-    sqlx::query("select pg_advisory_xact_lock($1)")
-        .bind(SETUP_LOCK)
+    sqlx::query!("select pg_advisory_xact_lock($1)", SETUP_LOCK)
         .execute(&mut *tx)
         .await?;
-    let known: Vec<(i16, String)> =
-        sqlx::query_as("select id, name from leaseq.placement_clusters")
-            .fetch_all(&mut *tx)
-            .await?;
-    let mut known: HashMap<String, i16> = known.into_iter().map(|(id, n)| (n, id)).collect();
+    let known = sqlx::query!("select id, name from leaseq.placement_clusters")
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut known: HashMap<String, i16> = known.into_iter().map(|r| (r.name, r.id)).collect();
     let mut ids = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let id = match known.get(name) {
@@ -239,22 +237,25 @@ pub async fn setup(home: &PgPool, names: &[String]) -> anyhow::Result<Vec<Cluste
             );
         }
         if !known.contains_key(name) {
-            sqlx::query("insert into leaseq.placement_clusters (id, name) values ($1, $2)")
-                .bind(id)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query!(
+                "insert into leaseq.placement_clusters (id, name) values ($1, $2)",
+                id,
+                name,
+            )
+            .execute(&mut *tx)
+            .await?;
             known.insert(name.clone(), id);
         }
         ids.push(ClusterId(id as u16));
     }
-    let mapped: i64 = sqlx::query_scalar("select count(*) from leaseq.placement")
+    let mapped: i64 = sqlx::query_scalar!(r#"select count(*) as "count!" from leaseq.placement"#)
         .fetch_one(&mut *tx)
         .await?;
     if mapped == 0 {
-        let has_queues: bool = sqlx::query_scalar("select exists (select 1 from leaseq.queues)")
-            .fetch_one(&mut *tx)
-            .await?;
+        let has_queues: bool =
+            sqlx::query_scalar!(r#"select exists (select 1 from leaseq.queues) as "exists!""#)
+                .fetch_one(&mut *tx)
+                .await?;
         // An upgrade keeps every existing queue where its jobs are; a new
         // deployment spreads the buckets.
         let over: Vec<i16> = if has_queues {
@@ -265,14 +266,14 @@ pub async fn setup(home: &PgPool, names: &[String]) -> anyhow::Result<Vec<Cluste
         let clusters: Vec<i16> = (0..BUCKETS as usize)
             .map(|b| over[b % over.len()])
             .collect();
-        sqlx::query(
+        sqlx::query!(
             "insert into leaseq.placement (bucket, cluster) \
              select b - 1, c from unnest($1::int2[]) with ordinality as u(c, b)",
+            &clusters,
         )
-        .bind(&clusters)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
+        sqlx::query!(
             "insert into leaseq.placement_epoch (epoch) values (1) \
              on conflict (one) do update set epoch = leaseq.placement_epoch.epoch + 1",
         )
@@ -291,17 +292,17 @@ pub async fn setup(home: &PgPool, names: &[String]) -> anyhow::Result<Vec<Cluste
 /// On each cluster: checks that the database knows itself as this cluster
 /// (recording it the first time).
 pub async fn check_identity(pool: &PgPool, id: ClusterId, name: &str) -> anyhow::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "insert into leaseq.cluster_identity (id, name) values ($1, $2) on conflict (one) do nothing",
+        id.0 as i16,
+        name,
     )
-    .bind(id.0 as i16)
-    .bind(name)
     .execute(pool)
     .await?;
-    let (was_id, was_name): (i16, String) =
-        sqlx::query_as("select id, name from leaseq.cluster_identity")
-            .fetch_one(pool)
-            .await?;
+    let was = sqlx::query!("select id, name from leaseq.cluster_identity")
+        .fetch_one(pool)
+        .await?;
+    let (was_id, was_name) = (was.id, was.name);
     if was_id != id.0 as i16 || was_name != name {
         anyhow::bail!(
             "the database given for cluster {name:?} is cluster {was_name:?} (id {was_id}): check the order and names of --database-url"
@@ -313,7 +314,7 @@ pub async fn check_identity(pool: &PgPool, id: ClusterId, name: &str) -> anyhow:
 /// The current epoch on home.
 pub async fn epoch(home: &PgPool) -> Result<i64> {
     Ok(
-        sqlx::query_scalar("select epoch from leaseq.placement_epoch")
+        sqlx::query_scalar!("select epoch from leaseq.placement_epoch")
             .fetch_optional(home)
             .await?
             .unwrap_or(0),
@@ -327,19 +328,19 @@ pub async fn load(home: &PgPool) -> Result<Map> {
     sqlx::query("set transaction isolation level repeatable read")
         .execute(&mut *tx)
         .await?;
-    let epoch: i64 = sqlx::query_scalar("select epoch from leaseq.placement_epoch")
+    let epoch: i64 = sqlx::query_scalar!("select epoch from leaseq.placement_epoch")
         .fetch_optional(&mut *tx)
         .await?
         .unwrap_or(0);
-    let rows = sqlx::query("select bucket, cluster, moving_to from leaseq.placement")
+    let rows = sqlx::query!("select bucket, cluster, moving_to from leaseq.placement")
         .fetch_all(&mut *tx)
         .await?;
     let mut map = Map::home_only();
     map.epoch = epoch;
     for r in rows {
-        let b: i32 = r.try_get("bucket")?;
-        let c: i16 = r.try_get("cluster")?;
-        let to: Option<i16> = r.try_get("moving_to")?;
+        let b: i32 = r.bucket;
+        let c: i16 = r.cluster;
+        let to: Option<i16> = r.moving_to;
         if let Some(slot) = map.buckets.get_mut(b as usize) {
             *slot = ClusterId(c as u16);
         }
@@ -347,13 +348,12 @@ pub async fn load(home: &PgPool) -> Result<Map> {
             map.moving.insert(b as u32, ClusterId(to as u16));
         }
     }
-    let pins: Vec<(String, i16)> =
-        sqlx::query_as("select pattern, cluster from leaseq.placement_pins")
-            .fetch_all(&mut *tx)
-            .await?;
+    let pins = sqlx::query!("select pattern, cluster from leaseq.placement_pins")
+        .fetch_all(&mut *tx)
+        .await?;
     map.pins = pins
         .into_iter()
-        .map(|(p, c)| (p, ClusterId(c as u16)))
+        .map(|r| (r.pattern, ClusterId(r.cluster as u16)))
         .collect();
     tx.commit().await?;
     Ok(map)
@@ -381,12 +381,12 @@ pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationTo
                 );
                 clusters.set_map(map);
             }
-            sqlx::query(
+            sqlx::query!(
                 "insert into leaseq.placement_brokers (broker, epoch) values ($1, $2) \
                  on conflict (broker) do update set epoch = excluded.epoch, seen_at = now()",
+                home.broker_id,
+                clusters.map().epoch,
             )
-            .bind(home.broker_id)
-            .bind(clusters.map().epoch)
             .execute(&home.pool)
             .await?;
             Ok::<_, Error>(())
@@ -397,10 +397,12 @@ pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationTo
         }
     }
     // Gone: a move need not wait for this broker.
-    let _ = sqlx::query("delete from leaseq.placement_brokers where broker = $1")
-        .bind(home.broker_id)
-        .execute(&home.pool)
-        .await;
+    let _ = sqlx::query!(
+        "delete from leaseq.placement_brokers where broker = $1",
+        home.broker_id,
+    )
+    .execute(&home.pool)
+    .await;
 }
 
 /// Pins a queue name (or a prefix ending in `*`) to a cluster. Refused if
@@ -420,11 +422,11 @@ pub async fn pin(clusters: &[(ClusterId, PgPool)], pattern: &str, to: ClusterId)
                 .replace('%', "\\%")
                 .replace('_', "\\_"),
         };
-        let elsewhere: bool = sqlx::query_scalar(
+        let elsewhere: bool = sqlx::query_scalar!(
             "select exists (select 1 from leaseq.jobs where queue like $1) \
-             or exists (select 1 from leaseq.dead_jobs where queue like $1)",
+             or exists (select 1 from leaseq.dead_jobs where queue like $1) as \"elsewhere!\"",
+            &like,
         )
-        .bind(&like)
         .fetch_one(pool)
         .await?;
         if elsewhere {
@@ -436,12 +438,12 @@ pub async fn pin(clusters: &[(ClusterId, PgPool)], pattern: &str, to: ClusterId)
     }
     let home = &clusters[0].1;
     let mut tx = home.begin().await?;
-    sqlx::query(
+    sqlx::query!(
         "insert into leaseq.placement_pins (pattern, cluster) values ($1, $2) \
          on conflict (pattern) do update set cluster = excluded.cluster",
+        pattern,
+        to.0 as i16,
     )
-    .bind(pattern)
-    .bind(to.0 as i16)
     .execute(&mut *tx)
     .await?;
     bump_epoch(&mut tx).await?;
@@ -451,7 +453,7 @@ pub async fn pin(clusters: &[(ClusterId, PgPool)], pattern: &str, to: ClusterId)
 
 async fn bump_epoch(tx: &mut sqlx::PgConnection) -> Result<i64> {
     Ok(
-        sqlx::query_scalar("update leaseq.placement_epoch set epoch = epoch + 1 returning epoch")
+        sqlx::query_scalar!("update leaseq.placement_epoch set epoch = epoch + 1 returning epoch")
             .fetch_one(tx)
             .await?,
     )
@@ -518,12 +520,13 @@ pub async fn move_bucket(
 
     // 1. Announce (and find the source).
     let mut tx = home.begin().await?;
-    let (from, moving): (i16, Option<i16>) = sqlx::query_as(
+    let row = sqlx::query!(
         "select cluster, moving_to from leaseq.placement where bucket = $1 for update",
+        bucket as i32,
     )
-    .bind(bucket as i32)
     .fetch_one(&mut *tx)
     .await?;
+    let (from, moving): (i16, Option<i16>) = (row.cluster, row.moving_to);
     let from = ClusterId(from as u16);
     if from == to && moving.is_none() {
         return Ok(Moved::default());
@@ -534,17 +537,16 @@ pub async fn move_bucket(
         anyhow::bail!("bucket {bucket} is being moved to cluster {m} already");
     }
     let source = pool_of(from)?;
-    let pins: Vec<(String, i16)> =
-        sqlx::query_as("select pattern, cluster from leaseq.placement_pins")
-            .fetch_all(&mut *tx)
-            .await?;
+    let pins = sqlx::query!("select pattern, cluster from leaseq.placement_pins")
+        .fetch_all(&mut *tx)
+        .await?;
     let mut pinned = Map::home_only();
     pinned.pins = pins
         .into_iter()
-        .map(|(p, c)| (p, ClusterId(c as u16)))
+        .map(|r| (r.pattern, ClusterId(r.cluster as u16)))
         .collect();
     // The bucket's queues on the source (pinned ones stay where pinned).
-    let names: Vec<String> = sqlx::query_scalar("select name from leaseq.queues")
+    let names: Vec<String> = sqlx::query_scalar!("select name from leaseq.queues")
         .fetch_all(&source)
         .await?;
     let queues: Vec<String> = names
@@ -558,14 +560,16 @@ pub async fn move_bucket(
     // the source's rows are fenced (paused) by then.
     copy_queue_rows(&source, &dest, &queues, moving.is_none()).await?;
     let epoch = if moving.is_none() {
-        sqlx::query("update leaseq.placement set moving_to = $2 where bucket = $1")
-            .bind(bucket as i32)
-            .bind(to.0 as i16)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query!(
+            "update leaseq.placement set moving_to = $2 where bucket = $1",
+            bucket as i32,
+            to.0 as i16,
+        )
+        .execute(&mut *tx)
+        .await?;
         bump_epoch(&mut tx).await?
     } else {
-        sqlx::query_scalar("select epoch from leaseq.placement_epoch")
+        sqlx::query_scalar!("select epoch from leaseq.placement_epoch")
             .fetch_one(&mut *tx)
             .await?
     };
@@ -574,12 +578,12 @@ pub async fn move_bucket(
 
     // Wait until every live broker routes by the new epoch.
     loop {
-        let behind: i64 = sqlx::query_scalar(
-            "select count(*) from leaseq.placement_brokers \
+        let behind: i64 = sqlx::query_scalar!(
+            "select count(*) as \"count!\" from leaseq.placement_brokers \
              where epoch < $1 and seen_at > now() - make_interval(secs => $2)",
+            epoch,
+            opts.broker_timeout.as_secs_f64(),
         )
-        .bind(epoch)
-        .bind(opts.broker_timeout.as_secs_f64())
         .fetch_one(&home)
         .await?;
         if behind == 0 {
@@ -594,10 +598,12 @@ pub async fn move_bucket(
     tokio::time::sleep(opts.grace).await;
 
     // 2. Fence the source: its lease statements skip paused queues.
-    sqlx::query("update leaseq.queues set paused = true where name = any($1)")
-        .bind(&queues)
-        .execute(&source)
-        .await?;
+    sqlx::query!(
+        "update leaseq.queues set paused = true where name = any($1)",
+        &queues,
+    )
+    .execute(&source)
+    .await?;
 
     // 3. Copy, until the source holds nothing of the bucket.
     let mut moved = Moved {
@@ -631,23 +637,24 @@ pub async fn move_bucket(
                 break;
             }
         }
-        let left: i64 = sqlx::query_scalar(
+        let left: i64 = sqlx::query_scalar!(
             "select (select count(*) from leaseq.jobs where queue = any($1)) \
                   + (select count(*) from leaseq.dead_jobs where queue = any($1)) \
-                  + (select count(*) from leaseq.completed_jobs where queue = any($1))",
+                  + (select count(*) from leaseq.completed_jobs where queue = any($1)) as \"left!\"",
+            &queues,
         )
-        .bind(&queues)
         .fetch_one(&source)
         .await?;
         if left == 0 {
             // A last look after the grace: an enqueue that began before the
             // brokers followed may commit late.
             tokio::time::sleep(opts.grace).await;
-            let late: i64 =
-                sqlx::query_scalar("select count(*) from leaseq.jobs where queue = any($1)")
-                    .bind(&queues)
-                    .fetch_one(&source)
-                    .await?;
+            let late: i64 = sqlx::query_scalar!(
+                r#"select count(*) as "count!" from leaseq.jobs where queue = any($1)"#,
+                &queues,
+            )
+            .fetch_one(&source)
+            .await?;
             if late == 0 {
                 break;
             }
@@ -661,15 +668,16 @@ pub async fn move_bucket(
 
     // 4. Finish.
     let mut tx = home.begin().await?;
-    sqlx::query("update leaseq.placement set cluster = $2, moving_to = null where bucket = $1")
-        .bind(bucket as i32)
-        .bind(to.0 as i16)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "update leaseq.placement set cluster = $2, moving_to = null where bucket = $1",
+        bucket as i32,
+        to.0 as i16,
+    )
+    .execute(&mut *tx)
+    .await?;
     let epoch = bump_epoch(&mut tx).await?;
     tx.commit().await?;
-    sqlx::query("delete from leaseq.queues where name = any($1)")
-        .bind(&queues)
+    sqlx::query!("delete from leaseq.queues where name = any($1)", &queues)
         .execute(&source)
         .await?;
     info!(bucket, %from, %to, epoch, jobs = moved.jobs, dead = moved.dead, completed = moved.completed, "bucket moved");
@@ -822,27 +830,29 @@ async fn copy_queue_rows(
 ) -> Result<()> {
     // As JSON text: one statement whatever the table's columns are (the
     // schema is the same on every cluster).
-    let rows: String = sqlx::query_scalar(
-        "select coalesce(json_agg(q), '[]')::text from leaseq.queues q where name = any($1)",
+    let rows: String = sqlx::query_scalar!(
+        r#"select coalesce(json_agg(q), '[]')::text as "rows!" from leaseq.queues q where name = any($1)"#,
+        queues as &[String],
     )
-    .bind(queues)
     .fetch_one(source)
     .await?;
+    // $1 is sent as text, as before (`as String`): sqlx maps `json` to
+    // serde_json, which leaseq does not use.
     let mut tx = dest.begin().await?;
     if replace {
-        sqlx::query(
+        sqlx::query!(
             "delete from leaseq.queues where name in \
              (select name from json_populate_recordset(null::leaseq.queues, $1::json))",
+            &rows as &String,
         )
-        .bind(&rows)
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query(
+    sqlx::query!(
         "insert into leaseq.queues select * from json_populate_recordset(null::leaseq.queues, $1::json) \
          on conflict (name) do nothing",
+        rows as String,
     )
-    .bind(rows)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -901,8 +911,7 @@ async fn copy_batch(
     .await?;
     src.commit().await?;
     // The source no longer has them: the tombstones have done their work.
-    sqlx::query("delete from leaseq.moved_jobs where id = any($1)")
-        .bind(&ids)
+    sqlx::query!("delete from leaseq.moved_jobs where id = any($1)", &ids)
         .execute(dest)
         .await?;
     Ok(ids.len() as u64)
@@ -910,11 +919,13 @@ async fn copy_batch(
 
 /// Wakes the queues' consumers on every broker (they all LISTEN on `pool`).
 async fn wake(pool: &PgPool, queues: &[String]) {
-    let r = sqlx::query("select pg_notify($1, 'placement:0:' || q) from unnest($2::text[]) as q")
-        .bind(crate::store::WAKE_CHANNEL)
-        .bind(queues)
-        .execute(pool)
-        .await;
+    let r = sqlx::query!(
+        "select pg_notify($1, 'placement:0:' || q) from unnest($2::text[]) as q",
+        crate::store::WAKE_CHANNEL,
+        queues as &[String],
+    )
+    .execute(pool)
+    .await;
     if let Err(e) = r {
         warn!(error = %e, "bucket move: wake-up failed; the fallback poll will find the jobs");
     }

@@ -593,9 +593,9 @@ async fn connect_clusters(
     if databases.len() == 1 {
         // The home of several clusters given alone would take every queue
         // for its own, and strand the jobs of the others.
-        let elsewhere: bool = sqlx::query_scalar(
+        let elsewhere: bool = sqlx::query_scalar!(
             "select exists (select 1 from leaseq.placement where cluster <> 0 or moving_to is not null) \
-             or exists (select 1 from leaseq.placement_pins where cluster <> 0)",
+             or exists (select 1 from leaseq.placement_pins where cluster <> 0) as \"elsewhere!\"",
         )
         .fetch_one(&home.pool)
         .await?;

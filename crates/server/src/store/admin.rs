@@ -141,33 +141,6 @@ fn job_row(r: &PgRow) -> Result<JobRow> {
     })
 }
 
-fn queue_row(store: &Store, r: &PgRow) -> Result<QueueRow> {
-    let name: String = r.try_get("name")?;
-    let (streams, credit) = store.metrics.streams.get(&name);
-    Ok(QueueRow {
-        default_lease_ms: r.try_get("default_lease_ms")?,
-        max_attempts: r.try_get("max_attempts")?,
-        backoff_base_ms: r.try_get("backoff_base_ms")?,
-        backoff_cap_ms: r.try_get("backoff_cap_ms")?,
-        completed_retention_ms: r.try_get("completed_retention_ms")?,
-        paused: r.try_get("paused")?,
-        concurrency_limit: r.try_get("concurrency_limit")?,
-        rate_limit: r.try_get("rate_limit")?,
-        rate_burst: r.try_get("rate_burst")?,
-        created_at: r.try_get("created_at")?,
-        available: r.try_get("available")?,
-        scheduled: r.try_get("scheduled")?,
-        leased: r.try_get("leased")?,
-        leased_here: r.try_get("leased_here")?,
-        dead: r.try_get("dead")?,
-        consumers: r.try_get("consumers")?,
-        oldest_age_ms: r.try_get("oldest_age_ms")?,
-        streams,
-        credit,
-        name,
-    })
-}
-
 /// Statistics of the named queues (`names`), or of a page of all queues in
 /// name order after `after`.
 pub async fn queue_stats(
@@ -177,14 +150,43 @@ pub async fn queue_stats(
     limit: i64,
 ) -> Result<Vec<QueueRow>> {
     let names: Option<Vec<&str>> = names.map(|n| n.iter().map(QueueName::as_str).collect());
-    let rows = sqlx::query(include_str!("sql/admin_queue_stats.sql"))
-        .bind(names)
-        .bind(after)
-        .bind(limit)
-        .bind(store.broker_id)
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(|r| queue_row(store, r)).collect()
+    let rows = sqlx::query_file!(
+        "src/store/sql/admin_queue_stats.sql",
+        names as Option<Vec<&str>>,
+        after,
+        limit,
+        store.broker_id,
+    )
+    .fetch_all(&store.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let (streams, credit) = store.metrics.streams.get(&r.name);
+            QueueRow {
+                default_lease_ms: r.default_lease_ms,
+                max_attempts: r.max_attempts,
+                backoff_base_ms: r.backoff_base_ms,
+                backoff_cap_ms: r.backoff_cap_ms,
+                completed_retention_ms: r.completed_retention_ms,
+                paused: r.paused,
+                concurrency_limit: r.concurrency_limit,
+                rate_limit: r.rate_limit,
+                rate_burst: r.rate_burst,
+                created_at: r.created_at,
+                available: r.available,
+                scheduled: r.scheduled,
+                leased: r.leased,
+                leased_here: r.leased_here,
+                dead: r.dead,
+                consumers: r.consumers,
+                oldest_age_ms: r.oldest_age_ms,
+                streams,
+                credit,
+                name: r.name,
+            }
+        })
+        .collect())
 }
 
 /// One queue, or None when it does not exist.
@@ -208,29 +210,25 @@ pub async fn update_queue(
     if create {
         Store::ensure_queues(&mut *tx, std::slice::from_ref(name)).await?;
     }
-    let Some(cur) = sqlx::query(
+    let Some(cur) = sqlx::query!(
         "select backoff_base_ms, backoff_cap_ms from leaseq.queues where name = $1 for update",
+        name.as_str(),
     )
-    .bind(name.as_str())
     .fetch_optional(&mut *tx)
     .await?
     else {
         return Ok(false);
     };
     // The rule spans two settings, so it is checked on the merged values.
-    let base = update
-        .backoff_base_ms
-        .unwrap_or(cur.try_get("backoff_base_ms")?);
-    let cap = update
-        .backoff_cap_ms
-        .unwrap_or(cur.try_get("backoff_cap_ms")?);
+    let base = update.backoff_base_ms.unwrap_or(cur.backoff_base_ms);
+    let cap = update.backoff_cap_ms.unwrap_or(cur.backoff_cap_ms);
     if base > cap {
         return Err(Error::invalid(
             "backoff_base",
             format!("must not exceed backoff_cap ({base} ms > {cap} ms)"),
         ));
     }
-    sqlx::query(
+    sqlx::query!(
         "update leaseq.queues set \
             default_lease_ms = coalesce($2, default_lease_ms), \
             max_attempts = coalesce($3, max_attempts), \
@@ -243,21 +241,21 @@ pub async fn update_queue(
             rate_burst = case when $11 and $12 is null then null when $13 then $14 else rate_burst end, \
             rate_tokens = case when $11 or $13 then null else rate_tokens end \
          where name = $1",
+        name.as_str(),
+        update.default_lease_ms,
+        update.max_attempts,
+        base,
+        cap,
+        update.completed_retention_ms.is_some(),
+        update.completed_retention_ms.flatten(),
+        update.paused,
+        update.concurrency_limit.is_some(),
+        update.concurrency_limit.flatten(),
+        update.rate_limit.is_some(),
+        update.rate_limit.flatten(),
+        update.rate_burst.is_some(),
+        update.rate_burst.flatten(),
     )
-    .bind(name.as_str())
-    .bind(update.default_lease_ms)
-    .bind(update.max_attempts)
-    .bind(base)
-    .bind(cap)
-    .bind(update.completed_retention_ms.is_some())
-    .bind(update.completed_retention_ms.flatten())
-    .bind(update.paused)
-    .bind(update.concurrency_limit.is_some())
-    .bind(update.concurrency_limit.flatten())
-    .bind(update.rate_limit.is_some())
-    .bind(update.rate_limit.flatten())
-    .bind(update.rate_burst.is_some())
-    .bind(update.rate_burst.flatten())
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -279,22 +277,19 @@ pub struct Purged {
 /// 'available'. A job acked after this statement's snapshot is recorded as
 /// completed and stays.
 pub async fn purge_queue(store: &Store, name: &QueueName) -> Result<Option<Purged>> {
-    let row = sqlx::query(
+    let row = sqlx::query!(
         "with q as (select name from leaseq.queues where name = $1), \
          gone as (delete from leaseq.jobs where queue = $1 and state = 'available' returning 1), \
          done as (delete from leaseq.completed_jobs where queue = $1 returning 1) \
-         select (select count(*) from q) as found, (select count(*) from gone) as purged, \
-             (select count(*) from done) as completed",
+         select (select count(*) from q) as \"found!\", (select count(*) from gone) as \"purged!\", \
+             (select count(*) from done) as \"completed!\"",
+        name.as_str(),
     )
-    .bind(name.as_str())
     .fetch_one(&store.pool)
     .await?;
-    let found: i64 = row.try_get("found")?;
-    let waiting: i64 = row.try_get("purged")?;
-    let completed: i64 = row.try_get("completed")?;
-    Ok((found > 0).then_some(Purged {
-        waiting: waiting as u64,
-        completed: completed as u64,
+    Ok((row.found > 0).then_some(Purged {
+        waiting: row.purged as u64,
+        completed: row.completed as u64,
     }))
 }
 
@@ -383,42 +378,42 @@ pub async fn list_jobs(
 
 /// Deletes a live job. None = no live job with that id.
 pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
-    let row = sqlx::query(
+    let row = sqlx::query!(
         "delete from leaseq.jobs where id = $1 returning queue, lease_token, lease_broker",
+        id.0,
     )
-    .bind(id.0)
     .fetch_optional(&store.pool)
     .await?;
     let Some(row) = row else { return Ok(None) };
-    let token: Option<Uuid> = row.try_get("lease_token")?;
     Ok(Some(Cancelled {
-        queue: row.try_get("queue")?,
-        lease: token
-            .map(|t| Ok::<_, Error>((row.try_get("lease_broker")?, LeaseToken(t, store.cluster))))
-            .transpose()?,
+        queue: row.queue,
+        lease: row
+            .lease_token
+            .map(|t| (row.lease_broker, LeaseToken(t, store.cluster))),
     }))
 }
 
 /// Per consumer name, how many jobs of `queue` it holds here (leased by a
 /// stream of any replica).
 pub async fn in_flight(store: &Store, queue: &QueueName) -> Result<Vec<(String, i64)>> {
-    Ok(sqlx::query_as(
-        "select coalesce(leased_by, '') as consumer, count(*) as n from leaseq.jobs \
+    let rows = sqlx::query!(
+        "select coalesce(leased_by, '') as \"consumer!\", count(*) as \"n!\" from leaseq.jobs \
          where queue = $1 and state = 'leased' group by 1 order by 1",
+        queue.as_str(),
     )
-    .bind(queue.as_str())
     .fetch_all(&store.pool)
-    .await?)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.consumer, r.n)).collect())
 }
 
 /// Does the queue exist?
 pub async fn queue_exists(store: &Store, name: &QueueName) -> Result<bool> {
-    Ok(
-        sqlx::query_scalar::<_, bool>("select exists(select 1 from leaseq.queues where name = $1)")
-            .bind(name.as_str())
-            .fetch_one(&store.pool)
-            .await?,
+    Ok(sqlx::query_scalar!(
+        r#"select exists(select 1 from leaseq.queues where name = $1) as "exists!""#,
+        name.as_str(),
     )
+    .fetch_one(&store.pool)
+    .await?)
 }
 
 /// Moves dead letters back to their queues (see admin_requeue.sql). Returns
@@ -429,20 +424,21 @@ pub async fn requeue_dead(
     queue: Option<&QueueName>,
 ) -> Result<(Vec<(QueueName, i64)>, i64)> {
     let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(|i| i.0).collect());
-    let rows = sqlx::query(include_str!("sql/admin_requeue.sql"))
-        .bind(ids)
-        .bind(queue.map(QueueName::as_str))
-        .fetch_all(&store.pool)
-        .await?;
+    let rows = sqlx::query_file!(
+        "src/store/sql/admin_requeue.sql",
+        ids.as_deref(),
+        queue.map(QueueName::as_str),
+    )
+    .fetch_all(&store.pool)
+    .await?;
     let mut matched = 0;
     let mut moved = Vec::new();
     for r in rows {
-        let q: Option<String> = r.try_get("queue")?;
-        match q {
-            None => matched = r.try_get("matched")?,
+        match r.queue {
+            None => matched = r.matched,
             Some(q) => moved.push((
                 QueueName::parse(&q).ok_or(Error::Internal("bad queue name in db"))?,
-                r.try_get("n")?,
+                r.n,
             )),
         }
     }
@@ -457,12 +453,12 @@ pub async fn purge_dead(
     queue: Option<&QueueName>,
 ) -> Result<u64> {
     let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(|i| i.0).collect());
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "delete from leaseq.dead_jobs \
          where ($1::uuid[] is null or id = any($1)) and ($2::text is null or queue = $2)",
+        ids.as_deref(),
+        queue.map(QueueName::as_str),
     )
-    .bind(ids)
-    .bind(queue.map(QueueName::as_str))
     .execute(&store.pool)
     .await?;
     Ok(done.rows_affected())

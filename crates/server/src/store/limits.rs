@@ -22,7 +22,6 @@
 use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 
 use super::{LeaseOutcome, LeaseRow, Store, Want};
 use crate::domain::QueueName;
@@ -58,31 +57,32 @@ impl Store {
             .collect();
         let mut c = self.conns.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *c).await?;
-        sqlx::query("select 1 from leaseq.queues where name = any($1) order by name for update")
-            .bind(&names)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query_scalar!(
+            "select 1 from leaseq.queues where name = any($1) order by name for update",
+            &names as &Vec<&str>,
+        )
+        .fetch_all(&mut *tx)
+        .await?;
         let mut allow: HashMap<String, Allowance> = HashMap::new();
-        for r in sqlx::query(include_str!("sql/limits.sql"))
-            .bind(&names)
+        for r in sqlx::query_file!("src/store/sql/limits.sql", &names as &Vec<&str>)
             .fetch_all(&mut *tx)
             .await?
         {
-            let slots: Option<i64> = r.try_get("slots")?;
-            let tokens: Option<f64> = r.try_get("tokens")?;
+            let slots: Option<i64> = r.slots;
+            let tokens: Option<f64> = r.tokens;
             let by_rate = tokens.map(|t| t.floor() as i64);
             let n = match (slots, by_rate) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
             allow.insert(
-                r.try_get("name")?,
+                r.name,
                 Allowance {
                     n: n.map(|n| n.max(0)),
-                    rate: r.try_get("rate_limit")?,
+                    rate: r.rate_limit,
                     tokens,
-                    at: r.try_get("at")?,
-                    paused: r.try_get("paused")?,
+                    at: r.at,
+                    paused: r.paused,
                 },
             );
         }
@@ -127,14 +127,14 @@ impl Store {
             }
         }
         if !bq.is_empty() {
-            sqlx::query(
+            sqlx::query!(
                 "update leaseq.queues q set rate_tokens = u.tokens, rate_at = u.at \
                  from unnest($1::text[], $2::float8[], $3::timestamptz[]) as u(name, tokens, at) \
                  where q.name = u.name",
+                &bq as &Vec<&str>,
+                &bt,
+                &ba,
             )
-            .bind(&bq)
-            .bind(&bt)
-            .bind(&ba)
             .execute(&mut *tx)
             .await?;
         }

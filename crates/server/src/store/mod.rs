@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Executor, Postgres, Row};
+use sqlx::{Executor, Postgres};
 use uuid::Uuid;
 
 pub use conn::Conns;
@@ -269,10 +269,10 @@ impl Store {
         names: &[QueueName],
     ) -> Result<()> {
         let names: Vec<&str> = names.iter().map(QueueName::as_str).collect();
-        sqlx::query(
+        sqlx::query!(
             "insert into leaseq.queues (name) select unnest($1::text[]) on conflict do nothing",
+            names as Vec<&str>,
         )
-        .bind(names)
         .execute(exec)
         .await?;
         Ok(())
@@ -382,21 +382,18 @@ impl Store {
                 .iter()
                 .map(|&i| jobs[i].dedup_key.as_deref().unwrap_or(""))
                 .collect();
-            let rows = sqlx::query(
-                "select j.id, j.queue, j.dedup_key from leaseq.jobs j \
+            let rows = sqlx::query!(
+                "select j.id, j.queue, j.dedup_key as \"dedup_key!\" from leaseq.jobs j \
                  join unnest($1::text[], $2::text[]) as k(queue, dedup_key) \
                  on j.queue = k.queue and j.dedup_key = k.dedup_key",
+                &queues as &Vec<&str>,
+                &keys as &Vec<&str>,
             )
-            .bind(&queues)
-            .bind(&keys)
             .fetch_all(&mut *tx)
             .await?;
             let mut live: HashMap<(String, String), Uuid> = HashMap::new();
             for r in rows {
-                live.insert(
-                    (r.try_get("queue")?, r.try_get("dedup_key")?),
-                    r.try_get("id")?,
-                );
+                live.insert((r.queue, r.dedup_key), r.id);
             }
             pending.clear();
             for i in dups {
@@ -435,23 +432,27 @@ impl Store {
         jobs: &[&NewJob],
         claims: &[Option<&HandoffTo>],
     ) -> Result<Vec<InsertedRow>> {
-        let rows = bind_jobs(sqlx::query(include_str!("sql/enqueue.sql")), jobs, claims)
-            .bind(self.broker_id)
-            .fetch_all(conn)
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(InsertedRow {
-                    id: r.try_get("id")?,
-                    queue: r.try_get("queue")?,
-                    delay_ms: r.try_get("delay_ms")?,
-                    lease_token: r.try_get("lease_token")?,
-                    lease_ms: r.try_get("lease_ms")?,
-                    lease_expires_at: r.try_get("lease_expires_at")?,
-                    enqueued_at: r.try_get("enqueued_at")?,
-                })
-            })
-            .collect()
+        let c = JobColumns::new(jobs, claims);
+        Ok(sqlx::query_file_as!(
+            InsertedRow,
+            "src/store/sql/enqueue.sql",
+            &c.id,
+            &c.queue,
+            &c.priority,
+            &c.run_at as &Vec<Option<DateTime<Utc>>>,
+            &c.delay_ms,
+            &c.payload,
+            &c.headers,
+            &c.max_attempts as &Vec<Option<i32>>,
+            &c.dedup as &Vec<Option<String>>,
+            &c.ttl as &Vec<Option<i64>>,
+            &c.handoff,
+            &c.lease_ms as &Vec<Option<i64>>,
+            &c.consumer as &Vec<Option<&str>>,
+            self.broker_id,
+        )
+        .fetch_all(conn)
+        .await?)
     }
 
     /// Sends wake-ups (`<broker>:<delay ms>:<queue>` on [`WAKE_CHANNEL`]) and
@@ -492,11 +493,13 @@ impl Store {
             return Ok(());
         }
         let mut c = self.conns.acquire().await?;
-        sqlx::query("select pg_notify(c, p) from unnest($1::text[], $2::text[]) as n(c, p)")
-            .bind(channels)
-            .bind(payloads)
-            .execute(&mut *c)
-            .await?;
+        sqlx::query!(
+            "select pg_notify(c, p) from unnest($1::text[], $2::text[]) as n(c, p)",
+            &channels,
+            &payloads,
+        )
+        .execute(&mut *c)
+        .await?;
         c.done();
         Ok(())
     }
@@ -544,45 +547,52 @@ impl Store {
             slot.push(w.slot);
             consumer.push(&*w.consumer);
         }
-        let rows = sqlx::query(include_str!("sql/lease.sql"))
-            .bind(queues)
-            .bind(lo)
-            .bind(hi)
-            .bind(lease)
-            .bind(slot)
-            .bind(consumer)
-            .bind(self.broker_id)
-            .bind(include_limited)
-            .fetch_all(exec)
-            .await?;
+        let rows = sqlx::query_file!(
+            "src/store/sql/lease.sql",
+            &queues as &Vec<&str>,
+            &lo,
+            &hi,
+            &lease as &Vec<Option<i64>>,
+            &slot,
+            &consumer as &Vec<&str>,
+            self.broker_id,
+            include_limited,
+        )
+        .fetch_all(exec)
+        .await?;
+        // To sqlx every column is nullable (a `union all` with the marker
+        // rows, whose job columns are null): a job row has them all.
+        fn col<T>(v: Option<T>) -> Result<T> {
+            v.ok_or(Error::Internal("null column in a lease row"))
+        }
         rows.into_iter()
             .map(|r| {
-                let slot: i32 = r.try_get("slot")?;
-                let queue: String = r.try_get("queue")?;
+                let slot: i32 = col(r.slot)?;
+                let queue: String = col(r.queue)?;
                 if slot < 0 {
                     let q =
                         QueueName::parse(&queue).ok_or(Error::Internal("bad queue name in db"))?;
                     return Ok(LeaseRow::Limited(q));
                 }
-                let headers: String = r.try_get("headers")?;
+                let headers: String = col(r.headers)?;
                 Ok(LeaseRow::Job(Leased {
                     slot,
-                    lease_ms: r.try_get("lease_ms")?,
-                    id: JobId(r.try_get("id")?),
+                    lease_ms: col(r.lease_ms)?,
+                    id: JobId(col(r.id)?),
                     queue,
-                    payload: r.try_get("payload")?,
+                    payload: col(r.payload)?,
                     // Most jobs have no headers: skip the JSON parser for them.
                     headers: if headers == "{}" {
                         HashMap::new()
                     } else {
                         serde_json::from_str(&headers).unwrap_or_default()
                     },
-                    priority: r.try_get("priority")?,
-                    attempt: r.try_get("attempt")?,
-                    enqueued_at: r.try_get("enqueued_at")?,
-                    last_error: r.try_get("last_error")?,
-                    token: LeaseToken(r.try_get("lease_token")?, self.cluster),
-                    lease_expires_at: r.try_get("lease_expires_at")?,
+                    priority: col(r.priority)?,
+                    attempt: col(r.attempt)?,
+                    enqueued_at: col(r.enqueued_at)?,
+                    last_error: r.last_error,
+                    token: LeaseToken(col(r.lease_token)?, self.cluster),
+                    lease_expires_at: col(r.lease_expires_at)?,
                 }))
             })
             .collect()
@@ -595,51 +605,47 @@ impl Store {
         let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
         let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
         let mut c = self.conns.acquire().await?;
-        let rows = sqlx::query(include_str!("sql/ack.sql"))
-            .bind(ids)
-            .bind(tokens)
+        let rows = sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens)
             .fetch_all(&mut *c)
             .await?;
         c.done();
-        rows.into_iter()
-            .map(|r| {
-                Ok(Settled {
-                    id: JobId(r.try_get("id")?),
-                    token: LeaseToken(r.try_get("lease_token")?, self.cluster),
-                    broker: r.try_get("lease_broker")?,
-                    slot_freed: r
-                        .try_get::<Option<String>, _>("slot_freed")?
-                        .and_then(|q| QueueName::parse(&q)),
-                    queue: r.try_get("queue")?,
-                })
+        Ok(rows
+            .into_iter()
+            .map(|r| Settled {
+                id: JobId(r.id),
+                token: LeaseToken(r.lease_token, self.cluster),
+                broker: r.lease_broker,
+                slot_freed: r.slot_freed.and_then(|q| QueueName::parse(&q)),
+                queue: r.queue,
             })
-            .collect()
+            .collect())
     }
 
     /// Ends leases unsuccessfully (see fail.sql). Returns the ones matched.
     pub async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
         let mut c = self.conns.acquire().await?;
-        let rows = sqlx::query(include_str!("sql/fail.sql"))
-            .bind(reqs.iter().map(|r| r.id.0).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.token.0).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.error.as_str()).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.retry_after_ms).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.dead_letter).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.refund).collect::<Vec<_>>())
-            .fetch_all(&mut *c)
-            .await?;
+        let rows = sqlx::query_file!(
+            "src/store/sql/fail.sql",
+            &reqs.iter().map(|r| r.id.0).collect::<Vec<_>>(),
+            &reqs.iter().map(|r| r.token.0).collect::<Vec<_>>(),
+            reqs.iter().map(|r| r.error.as_str()).collect::<Vec<_>>() as Vec<&str>,
+            reqs.iter().map(|r| r.retry_after_ms).collect::<Vec<_>>() as Vec<Option<i64>>,
+            &reqs.iter().map(|r| r.dead_letter).collect::<Vec<_>>(),
+            &reqs.iter().map(|r| r.refund).collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *c)
+        .await?;
         c.done();
         rows.into_iter()
             .map(|r| {
-                let queue: String = r.try_get("queue")?;
                 Ok(Failed {
-                    id: JobId(r.try_get("id")?),
-                    queue: QueueName::parse(&queue)
+                    id: JobId(r.id),
+                    queue: QueueName::parse(&r.queue)
                         .ok_or(Error::Internal("bad queue name in db"))?,
-                    broker: r.try_get("lease_broker")?,
-                    death: r.try_get("death")?,
-                    retry_ms: r.try_get("retry_ms")?,
-                    slot_freed: r.try_get("slot_freed")?,
+                    broker: r.lease_broker,
+                    death: r.death,
+                    retry_ms: r.retry_ms,
+                    slot_freed: r.slot_freed,
                 })
             })
             .collect()
@@ -648,23 +654,24 @@ impl Store {
     /// Extends leases whose token is current and not yet expired.
     pub async fn extend(&self, reqs: &[ExtendReq]) -> Result<Vec<Extended>> {
         let mut c = self.conns.acquire().await?;
-        let rows = sqlx::query(include_str!("sql/extend.sql"))
-            .bind(reqs.iter().map(|r| r.job_id.0).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.token.0).collect::<Vec<_>>())
-            .bind(reqs.iter().map(|r| r.lease_ms).collect::<Vec<_>>())
-            .fetch_all(&mut *c)
-            .await?;
+        let rows = sqlx::query_file!(
+            "src/store/sql/extend.sql",
+            &reqs.iter().map(|r| r.job_id.0).collect::<Vec<_>>(),
+            &reqs.iter().map(|r| r.token.0).collect::<Vec<_>>(),
+            &reqs.iter().map(|r| r.lease_ms).collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *c)
+        .await?;
         c.done();
-        rows.into_iter()
-            .map(|r| {
-                Ok(Extended {
-                    id: JobId(r.try_get("id")?),
-                    lease_expires_at: r.try_get("lease_expires_at")?,
-                    broker: r.try_get("lease_broker")?,
-                    lease_ms: r.try_get("lease_ms")?,
-                })
+        Ok(rows
+            .into_iter()
+            .map(|r| Extended {
+                id: JobId(r.id),
+                lease_expires_at: r.lease_expires_at,
+                broker: r.lease_broker,
+                lease_ms: r.lease_ms,
             })
-            .collect()
+            .collect())
     }
 
     /// Leases past their expiry (all, or only among `only`).
@@ -674,49 +681,42 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<(JobId, LeaseToken)>> {
         let only: Option<Vec<Uuid>> = only.map(|ids| ids.iter().map(|i| i.0).collect());
-        let rows = sqlx::query(include_str!("sql/expired_leases.sql"))
-            .bind(only)
-            .bind(limit)
+        let rows = sqlx::query_file!("src/store/sql/expired_leases.sql", only.as_deref(), limit)
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok((
-                    JobId(r.try_get("id")?),
-                    LeaseToken(r.try_get("lease_token")?, self.cluster),
-                ))
-            })
-            .collect()
+        Ok(rows
+            .into_iter()
+            .map(|r| (JobId(r.id), LeaseToken(r.lease_token, self.cluster)))
+            .collect())
     }
 
     /// Which of these leases are still current, with milliseconds left.
     pub async fn lease_status(&self, leases: &[(JobId, LeaseToken)]) -> Result<Vec<(JobId, i64)>> {
-        let rows = sqlx::query(include_str!("sql/lease_status.sql"))
-            .bind(leases.iter().map(|l| l.0.0).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.1.0).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter()
-            .map(|r| Ok((JobId(r.try_get("id")?), r.try_get("remaining_ms")?)))
-            .collect()
+        let rows = sqlx::query_file!(
+            "src/store/sql/lease_status.sql",
+            &leases.iter().map(|l| l.0.0).collect::<Vec<_>>(),
+            &leases.iter().map(|l| l.1.0).collect::<Vec<_>>(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (JobId(r.id), r.remaining_ms))
+            .collect())
     }
 
     /// Dead-letters waiting jobs past their ttl; returns how many per queue.
     pub async fn expire_ttl(&self, limit: i64) -> Result<Vec<(String, u64)>> {
-        let rows = sqlx::query(include_str!("sql/expire_ttl.sql"))
-            .bind(limit)
+        let rows = sqlx::query_file!("src/store/sql/expire_ttl.sql", limit)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get("queue")?, r.try_get::<i64, _>("n")? as u64)))
-            .collect()
+        Ok(rows.into_iter().map(|r| (r.queue, r.n as u64)).collect())
     }
 
     /// Deletes up to `limit` completed records past their queue's retention
     /// (see expire_completed.sql). Returns how many.
     pub async fn expire_completed(&self, limit: i64) -> Result<u64> {
-        let done = sqlx::query(include_str!("sql/expire_completed.sql"))
-            .bind(limit)
+        let done = sqlx::query_file!("src/store/sql/expire_completed.sql", limit)
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
@@ -725,22 +725,22 @@ impl Store {
     /// Milliseconds until each queue's next delayed job (None: no such job).
     pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<(QueueName, Option<i64>)>> {
         let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
-        let rows = sqlx::query(include_str!("sql/next_due.sql"))
-            .bind(names)
+        let rows = sqlx::query_file!("src/store/sql/next_due.sql", names as Vec<&str>)
             .fetch_all(&self.pool)
             .await?;
         rows.into_iter()
             .map(|r| {
-                let name: String = r.try_get("name")?;
-                let q = QueueName::parse(&name).ok_or(Error::Internal("bad queue name"))?;
-                Ok((q, r.try_get("due_ms")?))
+                let q = QueueName::parse(&r.name).ok_or(Error::Internal("bad queue name"))?;
+                Ok((q, r.due_ms))
             })
             .collect()
     }
 
     /// A cheap liveness probe for health reporting.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("select 1").execute(&self.pool).await?;
+        sqlx::query_scalar!("select 1")
+            .fetch_one(&self.pool)
+            .await?;
         Ok(())
     }
 }
@@ -795,60 +795,75 @@ impl InsertedRow {
     }
 }
 
-/// Binds $1..$13 of enqueue.sql: one array per column.
-fn bind_jobs<'q>(
-    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    jobs: &[&NewJob],
-    claims: &[Option<&HandoffTo>],
-) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    let n = jobs.len();
-    let mut handoff = Vec::with_capacity(n);
-    let mut lease_ms: Vec<Option<i64>> = Vec::with_capacity(n);
-    let mut consumer: Vec<Option<&str>> = Vec::with_capacity(n);
-    for c in claims {
-        handoff.push(c.is_some());
-        lease_ms.push(c.and_then(|c| c.lease_ms));
-        consumer.push(c.map(|c| &*c.consumer));
+/// $1..$13 of enqueue.sql: one array per column.
+struct JobColumns<'a> {
+    id: Vec<Uuid>,
+    queue: Vec<String>,
+    priority: Vec<i32>,
+    run_at: Vec<Option<DateTime<Utc>>>,
+    delay_ms: Vec<i64>,
+    payload: Vec<Vec<u8>>,
+    headers: Vec<String>,
+    max_attempts: Vec<Option<i32>>,
+    dedup: Vec<Option<String>>,
+    ttl: Vec<Option<i64>>,
+    handoff: Vec<bool>,
+    lease_ms: Vec<Option<i64>>,
+    consumer: Vec<Option<&'a str>>,
+}
+
+impl<'a> JobColumns<'a> {
+    fn new(jobs: &[&NewJob], claims: &[Option<&'a HandoffTo>]) -> JobColumns<'a> {
+        let n = jobs.len();
+        let mut handoff = Vec::with_capacity(n);
+        let mut lease_ms: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut consumer: Vec<Option<&str>> = Vec::with_capacity(n);
+        for c in claims {
+            handoff.push(c.is_some());
+            lease_ms.push(c.and_then(|c| c.lease_ms));
+            consumer.push(c.map(|c| &*c.consumer));
+        }
+        let mut id = Vec::with_capacity(n);
+        let mut queue = Vec::with_capacity(n);
+        let mut priority = Vec::with_capacity(n);
+        let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        let mut delay_ms = Vec::with_capacity(n);
+        let mut payload: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut headers: Vec<String> = Vec::with_capacity(n);
+        let mut max_attempts = Vec::with_capacity(n);
+        let mut dedup: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut ttl = Vec::with_capacity(n);
+        for j in jobs {
+            id.push(j.id.0);
+            queue.push(j.queue.as_str().to_owned());
+            priority.push(j.priority);
+            let (at, delay) = match &j.schedule {
+                Schedule::Now => (None, 0i64),
+                Schedule::Delay(ms) => (None, *ms),
+                Schedule::At(t) => (Some(*t), 0),
+            };
+            run_at.push(at);
+            delay_ms.push(delay);
+            payload.push(j.payload.clone());
+            headers.push(j.headers_json.clone());
+            max_attempts.push(j.max_attempts);
+            dedup.push(j.dedup_key.clone());
+            ttl.push(j.ttl_ms);
+        }
+        JobColumns {
+            id,
+            queue,
+            priority,
+            run_at,
+            delay_ms,
+            payload,
+            headers,
+            max_attempts,
+            dedup,
+            ttl,
+            handoff,
+            lease_ms,
+            consumer,
+        }
     }
-    let mut id = Vec::with_capacity(n);
-    let mut queue = Vec::with_capacity(n);
-    let mut priority = Vec::with_capacity(n);
-    let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
-    let mut delay_ms = Vec::with_capacity(n);
-    let mut payload: Vec<Vec<u8>> = Vec::with_capacity(n);
-    let mut headers: Vec<String> = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut dedup: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut ttl = Vec::with_capacity(n);
-    for j in jobs {
-        id.push(j.id.0);
-        queue.push(j.queue.as_str().to_owned());
-        priority.push(j.priority);
-        let (at, delay) = match &j.schedule {
-            Schedule::Now => (None, 0i64),
-            Schedule::Delay(ms) => (None, *ms),
-            Schedule::At(t) => (Some(*t), 0),
-        };
-        run_at.push(at);
-        delay_ms.push(delay);
-        payload.push(j.payload.clone());
-        headers.push(j.headers_json.clone());
-        max_attempts.push(j.max_attempts);
-        dedup.push(j.dedup_key.clone());
-        ttl.push(j.ttl_ms);
-    }
-    query
-        .bind(id)
-        .bind(queue)
-        .bind(priority)
-        .bind(run_at)
-        .bind(delay_ms)
-        .bind(payload)
-        .bind(headers)
-        .bind(max_attempts)
-        .bind(dedup)
-        .bind(ttl)
-        .bind(handoff)
-        .bind(lease_ms)
-        .bind(consumer)
 }

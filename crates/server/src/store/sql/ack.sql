@@ -46,4 +46,4 @@ kept as (
 delete from leaseq.jobs j
 using target t
 where j.id = t.id
-returning j.id, j.lease_token, j.lease_broker, t.slot_freed, t.queue
+returning j.id, j.lease_token as "lease_token!", j.lease_broker, t.slot_freed, t.queue

@@ -34,13 +34,13 @@ select p.name, p.default_lease_ms, p.max_attempts, p.backoff_base_ms, p.backoff_
     p.concurrency_limit, p.rate_limit,
     case when p.rate_limit is not null
         then coalesce(p.rate_burst, greatest(1, ceil(p.rate_limit))::int4) end as rate_burst,
-    coalesce(l.available, 0) as available,
-    coalesce(l.scheduled, 0) as scheduled,
-    coalesce(l.leased, 0) as leased,
-    coalesce(l.leased_here, 0) as leased_here,
-    coalesce(l.consumers, 0) as consumers,
+    coalesce(l.available, 0) as "available!",
+    coalesce(l.scheduled, 0) as "scheduled!",
+    coalesce(l.leased, 0) as "leased!",
+    coalesce(l.leased_here, 0) as "leased_here!",
+    coalesce(l.consumers, 0) as "consumers!",
     (extract(epoch from (now() - l.oldest)) * 1000)::int8 as oldest_age_ms,
-    coalesce(d.dead, 0) as dead
+    coalesce(d.dead, 0) as "dead!"
 from page p
 left join live l on l.queue = p.name
 left join dead d on d.queue = p.name

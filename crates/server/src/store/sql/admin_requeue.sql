@@ -33,6 +33,6 @@ ins as (
     returning queue
 )
 -- One row with how many matched, then one per queue with how many moved.
-select null::text as queue, 0::int8 as n, (select count(*) from matched) as matched
+select null::text as queue, 0::int8 as "n!", (select count(*) from matched) as "matched!"
 union all
 select queue, count(*), 0 from ins group by queue

@@ -33,7 +33,7 @@ left join lateral (
 on conflict (queue, dedup_key) where dedup_key is not null do nothing
 returning id, queue,
     -- Milliseconds until deliverable (0 = now): feeds the wake-up notification.
-    greatest(0, ceil(extract(epoch from (run_at - now())) * 1000))::int8 as delay_ms,
+    greatest(0, ceil(extract(epoch from (run_at - now())) * 1000))::int8 as "delay_ms!",
     lease_token, lease_expires_at, enqueued_at,
     -- The lease given (lease_expires_at was now() plus exactly this).
     (extract(epoch from (lease_expires_at - now())) * 1000)::int8 as lease_ms

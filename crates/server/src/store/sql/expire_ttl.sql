@@ -19,4 +19,4 @@ with gone as (
     on conflict (id) do nothing
     returning queue
 )
-select queue, count(*) as n from dead group by queue
+select queue, count(*) as "n!" from dead group by queue

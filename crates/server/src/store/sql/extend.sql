@@ -15,4 +15,4 @@ update leaseq.jobs j set
     lease_expires_at = now() + t.lease_ms * interval '1 millisecond'
 from target t
 where j.id = t.id
-returning j.id, j.lease_expires_at, j.lease_broker, t.lease_ms
+returning j.id, j.lease_expires_at as "lease_expires_at!", j.lease_broker, t.lease_ms as "lease_ms!"

@@ -65,4 +65,4 @@ retried as (
     where j.id = c.id and c.death is null
     returning j.id
 )
-select c.id, c.queue, c.lease_broker, c.death, c.retry_ms, c.slot_freed from cur c
+select c.id, c.queue, c.lease_broker, c.death, c.retry_ms as "retry_ms!", c.slot_freed as "slot_freed!" from cur c

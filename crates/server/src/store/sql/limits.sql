@@ -21,7 +21,7 @@ select q.name, q.paused,
                 * greatest(0, extract(epoch from statement_timestamp() - q.rate_at))::float8
         end)
     end as tokens,
-    statement_timestamp() as at
+    statement_timestamp() as "at!"
 from leaseq.queues q
 cross join lateral (
     select coalesce(q.rate_burst, greatest(1, ceil(q.rate_limit)))::float8 as burst
