@@ -58,7 +58,7 @@ pg_bin_dir() {
     for d in ${LEASEQ_PG_BIN:-} $(echo "${PATH:-}" | tr ':' ' ') \
         $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4 -rn) \
         /usr/local/pgsql/bin $(ls -d /opt/homebrew/opt/postgresql@*/bin /usr/local/opt/postgresql@*/bin 2>/dev/null); do
-        if [ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/pg_ctl" ]; then
+        if [ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/psql" ]; then
             echo "$d"
             return 0
         fi
@@ -108,7 +108,7 @@ clippy_driver() {
 
 # name | check | Debian package(s) | Fedora package(s) | Homebrew formula(e) | what needs it
 prereqs=(
-    "PostgreSQL server binaries (initdb, postgres, pg_ctl)|have_pg|postgresql|postgresql-server|postgresql@15|the embedded test cluster; the fault suite's pg_ctl"
+    "PostgreSQL server binaries (initdb, postgres, pg_ctl, psql)|have_pg|postgresql|postgresql-server|postgresql@15|the embedded test cluster; the fault suite's pg_ctl; the SQL check"
     "HAProxy|have_haproxy|haproxy|haproxy|haproxy|tests/lb.rs, deploy/check"
     "libfaketime (libfaketime.so.1)|have_faketime|faketime|libfaketime|libfaketime|faults::skewed_broker_clocks"
     "python3 with venv and pip|have_python|python3 python3-venv python3-pip|python3 python3-pip|python|the Python client suite (tests/clients.rs)"
@@ -239,6 +239,12 @@ stop_test_pg() {
         for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     fi
 }
+# The SQL checked at compile time (docs/ARCHITECTURE.md): the build's query
+# macros describe every statement on a throwaway cluster of their own,
+# migrated from migrations/ (a renamed column fails the build), and write
+# what they found, which must be the committed .sqlx/.
+# shellcheck source=scripts/sqlx-lib.sh
+. scripts/sqlx-lib.sh
 # The client installs started below in the background are waited for, so
 # that no install is left running (and half done) after the script.
 setup_pid=""
@@ -247,6 +253,7 @@ on_exit() {
         echo "--- waiting for the client installs in the background"
         wait "$setup_pid" 2>/dev/null || true
     fi
+    sqlx_db_stop
     stop_test_pg
 }
 trap on_exit EXIT
@@ -285,10 +292,23 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
 log="$(mktemp "${tmp_root}/leaseq-test-log.XXXXXX")"
 status=0
+begin "schema for the SQL check (initdb, migrations)"
+sqlx_db_start
+sqlx_out="${CARGO_TARGET_DIR:-target}/sqlx-live"
+sqlx_live_env "$sqlx_out"
 begin "build and lint (clippy -D warnings)"
-if ! cargo nextest run --no-run "${nextest_args[@]}"; then
+if ! env "${sqlx_env[@]}" cargo nextest run --no-run "${nextest_args[@]}"; then
     status=1
     echo "the build or a lint failed: no test ran" >&2
+    echo "(an error in a sqlx::query! or query_file! macro: the statement does not fit the schema migrations/ make)" >&2
+fi
+if [ "$status" = 0 ]; then
+    begin "offline query data (.sqlx) matches the SQL"
+    sqlx_db_stop
+    if ! sqlx_compare "$sqlx_out"; then
+        status=1
+        echo "no test ran" >&2
+    fi
 fi
 if [ "$status" = 0 ]; then
     if [ -n "$setup_pid" ] && ! kill -0 "$setup_pid" 2>/dev/null && ! wait "$setup_pid"; then
