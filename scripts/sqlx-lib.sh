@@ -63,10 +63,23 @@ sqlx_db_stop() {
 sqlx_live_env() {
     local out
     out="$(realpath -m "$1")"
-    rm -rf "$out"
+    rm -rf "$out" "$out.ok"
     mkdir -p "$out"
     sqlx_env=(SQLX_OFFLINE=false "DATABASE_URL=$SQLX_DB_URL" "SQLX_OFFLINE_DIR=$out")
     touch crates/server/src/lib.rs src/lib.rs
+}
+
+# A digest of everything the check's outcome depends on: the crates with
+# query macros, the migrations, .sqlx/, the sqlx version (Cargo.lock), this
+# file and the PostgreSQL version. ./test.sh skips the check when it equals
+# the digest of the last check that passed.
+sqlx_inputs_digest() {
+    {
+        find crates/server/src src migrations .sqlx -type f -print0 2>/dev/null | sort -z |
+            xargs -0 sha256sum
+        sha256sum Cargo.lock scripts/sqlx-lib.sh
+        "$LEASEQ_PG_BIN/postgres" --version
+    } | sha256sum | cut -d' ' -f1
 }
 
 # Compares the data a live build wrote ($1) with .sqlx/: same files, same
