@@ -311,7 +311,7 @@ if ! env "${sqlx_env[@]}" cargo nextest run --no-run "${nextest_args[@]}"; then
 fi
 if [ "$status" = 0 ] && [ "${#sqlx_env[@]}" -gt 0 ]; then
     begin "offline data (.sqlx) check"
-    sqlx_db_stop
+    sqlx_db_stop --no-wait
     if sqlx_compare "$sqlx_out"; then
         echo "$sqlx_digest" >"$sqlx_out.ok"
     else

@@ -20,16 +20,17 @@ sqlx_db_start() {
     local bin="$LEASEQ_PG_BIN" tmp="${TMPDIR:-/tmp}" f
     tmp="${tmp%/}"
     SQLX_DB_DIR="$(mktemp -d "$tmp/leaseq-sqlx-pg.XXXXXX")"
-    # PostgreSQL refuses to run as root: then it runs as `postgres`.
+    # PostgreSQL refuses to run as root: then it runs as `postgres`, from
+    # `/` (the checkout may be a directory it cannot enter).
     sqlx_as=()
     if [ "$(id -u)" = 0 ]; then
         chown postgres: "$SQLX_DB_DIR"
         sqlx_as=(runuser -u postgres --)
     fi
-    "${sqlx_as[@]}" "$bin/initdb" -D "$SQLX_DB_DIR/data" -U postgres --auth=trust \
+    sqlx_pg "$bin/initdb" -D "$SQLX_DB_DIR/data" -U postgres --auth=trust \
         -E UTF8 --no-locale --no-sync >"$SQLX_DB_DIR/initdb.log" 2>&1 ||
         { cat "$SQLX_DB_DIR/initdb.log" >&2; return 1; }
-    "${sqlx_as[@]}" "$bin/pg_ctl" -D "$SQLX_DB_DIR/data" -l "$SQLX_DB_DIR/log" -w -s \
+    sqlx_pg "$bin/pg_ctl" -D "$SQLX_DB_DIR/data" -l "$SQLX_DB_DIR/log" -w -s \
         -o "-k $SQLX_DB_DIR -c listen_addresses= -c fsync=off -c full_page_writes=off" start ||
         { cat "$SQLX_DB_DIR/log" >&2; return 1; }
     local psql=("$bin/psql" -X -q -v ON_ERROR_STOP=1 -h "$SQLX_DB_DIR" -U postgres)
@@ -45,10 +46,22 @@ sqlx_db_start() {
     SQLX_DB_URL="postgres://postgres@localhost/leaseq?host=$SQLX_DB_DIR&sslmode=disable"
 }
 
-# Stops and removes the cluster sqlx_db_start made (if any).
+# Runs a PostgreSQL program as the cluster's owner, from `/`.
+sqlx_pg() {
+    (cd / && "${sqlx_as[@]}" "$@")
+}
+
+# Stops and removes the cluster sqlx_db_start made (if any). With
+# --no-wait, only tells it to stop (immediate shutdown): a later call
+# removes it.
 sqlx_db_stop() {
     [ -n "${SQLX_DB_DIR:-}" ] || return 0
-    "${sqlx_as[@]}" "$LEASEQ_PG_BIN/pg_ctl" -D "$SQLX_DB_DIR/data" -m immediate -w -s stop \
+    if [ "${1:-}" = --no-wait ]; then
+        sqlx_pg "$LEASEQ_PG_BIN/pg_ctl" -D "$SQLX_DB_DIR/data" -m immediate -W -s stop \
+            >/dev/null 2>&1 || true
+        return 0
+    fi
+    sqlx_pg "$LEASEQ_PG_BIN/pg_ctl" -D "$SQLX_DB_DIR/data" -m immediate -w -s stop \
         >/dev/null 2>&1 || true
     rm -rf "$SQLX_DB_DIR"
     SQLX_DB_DIR=""
