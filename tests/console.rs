@@ -632,6 +632,19 @@ pub(crate) struct Reply {
     pub(crate) body: String,
 }
 
+/// The session cookie a response's head sets, as the browser sends it back
+/// (`leaseq_console=<id>`).
+pub(crate) fn session_cookie(head: &str) -> String {
+    let sid = head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
+        .expect("a session cookie")
+        .split(';')
+        .next()
+        .unwrap_or_default();
+    format!("leaseq_console={sid}")
+}
+
 pub(crate) async fn http(
     addr: SocketAddr,
     method: &str,
@@ -720,17 +733,8 @@ async fn state_changes_need_the_csrf_token_and_this_origin() {
     let session: Value = serde_json::from_str(&r.body).unwrap();
     let csrf = session["csrf"].as_str().unwrap().to_owned();
     // The cookie's value, as the browser would send it back.
-    let sid = r
-        .head
-        .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
     // The head was lowercased; the id is lowercase hex anyway.
-    let cookie = format!("leaseq_console={sid}");
+    let cookie = session_cookie(&r.head);
     let cookie = ("Cookie", cookie.as_str());
     let body = "{\"queue\":\"emails\",\"all\":true}";
     let origin = format!("http://{addr}");
@@ -826,16 +830,7 @@ async fn without_auth_the_console_is_open_but_still_checks_csrf() {
     assert_eq!(r.status, 200, "{}", r.body);
     let session: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(session["auth"], json!(false));
-    let sid = r
-        .head
-        .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let cookie = format!("leaseq_console={sid}");
+    let cookie = session_cookie(&r.head);
     let q = http(addr, "GET", "/api/queues", &[("Cookie", &cookie)], "").await;
     assert_eq!(q.status, 200);
     let refused = http(

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::common::history::History;
-use crate::common::load::{self, Next, Rng, lazy_client, next};
-use crate::common::{Client, dur, test_config, wait_serving};
+use crate::common::load::{self, Next, Rng, lazy_client, next, producer_over};
+use crate::common::{dur, test_config, wait_serving};
 use crate::faults::pg::PrivatePg;
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
@@ -219,43 +219,6 @@ async fn consumer(
     }
 }
 
-/// Enqueues `{prefix}{n}` round-robin over `queues` and `addrs`, one every
-/// `pace`, until `stop` or `max`. Returns per queue index how many went OK.
-async fn producer(
-    h: History,
-    addrs: Vec<SocketAddr>,
-    queues: Vec<String>,
-    prefix: &'static str,
-    max: usize,
-    pace: Duration,
-    stop: CancellationToken,
-) {
-    let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
-    let mut tick = tokio::time::interval(pace);
-    for n in 0..max {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let payload = format!("{prefix}{n:06}");
-        let mut c = clients[n % clients.len()].clone();
-        let r = timeout(
-            Duration::from_secs(10),
-            c.enqueue(pb::EnqueueRequest {
-                queue: queues[n % queues.len()].clone(),
-                payload: payload.clone().into_bytes(),
-                ..Default::default()
-            }),
-        )
-        .await;
-        match r {
-            Ok(Ok(resp)) => h.enqueue_ok(&payload, &resp.into_inner().job_id),
-            Ok(Err(s)) => h.enqueue_err(&payload, s.code()),
-            Err(_) => h.enqueue_err(&payload, Code::DeadlineExceeded),
-        }
-    }
-}
-
 /// Takes and acks everything left in `queues` through `addr` (recorded),
 /// until no cluster holds a job of them.
 async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[String]) {
@@ -338,7 +301,7 @@ impl Run {
         let tasks = ["pa", "pb"]
             .into_iter()
             .map(|prefix| {
-                tokio::spawn(producer(
+                tokio::spawn(producer_over(
                     h.clone(),
                     addrs.to_vec(),
                     queues.to_vec(),
@@ -721,16 +684,7 @@ fn missing_header<T>(r: &tonic::Response<T>) -> Option<String> {
 async fn console_json(http: SocketAddr, path: &str) -> serde_json::Value {
     let r = crate::console::http(http, "GET", "/api/session", &[], "").await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let sid = r
-        .head
-        .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: leaseq_console="))
-        .expect("a session cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let cookie = format!("leaseq_console={sid}");
+    let cookie = crate::console::session_cookie(&r.head);
     let r = crate::console::http(http, "GET", path, &[("Cookie", &cookie)], "").await;
     assert_eq!(r.status, 200, "{path}: {}", r.body);
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", r.body))

@@ -41,21 +41,6 @@ fn diff_ms(a: SystemTime, b: SystemTime) -> i64 {
     }
 }
 
-fn nack_req(
-    d: &pb::Delivery,
-    error: &str,
-    retry_after: Option<Duration>,
-    dead_letter: bool,
-) -> pb::NackRequest {
-    pb::NackRequest {
-        job_id: id_of(d),
-        lease_token: d.lease_token.clone(),
-        error: error.to_owned(),
-        retry_after: retry_after.map(dur),
-        dead_letter,
-    }
-}
-
 async fn nack(
     c: &mut Client,
     d: &pb::Delivery,
@@ -63,9 +48,14 @@ async fn nack(
     retry_after: Option<Duration>,
     dead_letter: bool,
 ) -> Result<pb::NackResponse, tonic::Status> {
-    c.nack(nack_req(d, error, retry_after, dead_letter))
-        .await
-        .map(|r| r.into_inner())
+    c.nack(crate::common::consume::nack_of(
+        d,
+        error,
+        retry_after,
+        dead_letter,
+    ))
+    .await
+    .map(|r| r.into_inner())
 }
 
 async fn extend(

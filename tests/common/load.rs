@@ -232,28 +232,12 @@ pub async fn consumer(
                 lease: Some(dur(b.lease)),
             })) => r,
         };
-        let mut stream = match opened {
-            Ok(Ok(s)) => s.into_inner(),
-            Ok(Err(s)) => {
-                history.subscribe_err(s.code());
-                broker = (broker + 1) % clients.len();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            Err(_) => {
-                history.subscribe_err(Code::DeadlineExceeded);
-                broker = (broker + 1) % clients.len();
-                continue;
-            }
+        let Some(mut stream) = opened_or_next(&history, opened, &mut broker, clients.len()).await
+        else {
+            continue;
         };
         let sid = history.stream_opened(broker);
-        // Away from home (it was down), go back after a while, so that a
-        // restarted broker gets its consumers back.
-        let away = tokio::time::sleep(if broker == home {
-            Duration::MAX / 4
-        } else {
-            Duration::from_secs(1)
-        });
+        let away = away_from(broker, home);
         tokio::pin!(away);
         loop {
             let msg = tokio::select! {
@@ -298,6 +282,38 @@ pub async fn consumer(
     }
 }
 
+/// The stream a consumer's open on `broker` gave; or None, the failure
+/// recorded and `broker` moved on to the next of `brokers` (after a pause
+/// when the broker answered).
+async fn opened_or_next<T>(
+    history: &History,
+    opened: Result<Result<tonic::Response<T>, tonic::Status>, tokio::time::error::Elapsed>,
+    broker: &mut usize,
+    brokers: usize,
+) -> Option<T> {
+    let code = match opened {
+        Ok(Ok(s)) => return Some(s.into_inner()),
+        Ok(Err(s)) => s.code(),
+        Err(_) => Code::DeadlineExceeded,
+    };
+    history.subscribe_err(code);
+    *broker = (*broker + 1) % brokers;
+    if code != Code::DeadlineExceeded {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Fires when a consumer away from home (it was down) should go back, so
+/// that a restarted broker gets its consumers back; never at home.
+fn away_from(broker: usize, home: usize) -> tokio::time::Sleep {
+    tokio::time::sleep(if broker == home {
+        Duration::MAX / 4
+    } else {
+        Duration::from_secs(1)
+    })
+}
+
 /// As [`consumer`], on Consume streams: each Ack and Nack goes on the
 /// stream (with `confirm_settles`, so every settle is answered), one at a
 /// time, and its result is awaited before the next delivery is handled
@@ -338,19 +354,9 @@ pub async fn consume_consumer(
             _ = stop.cancelled() => return,
             r = timeout(Duration::from_secs(5), client.consume(ReceiverStream::new(rx))) => r,
         };
-        let stream = match opened {
-            Ok(Ok(s)) => s.into_inner(),
-            Ok(Err(s)) => {
-                history.subscribe_err(s.code());
-                broker = (broker + 1) % clients.len();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            Err(_) => {
-                history.subscribe_err(Code::DeadlineExceeded);
-                broker = (broker + 1) % clients.len();
-                continue;
-            }
+        let Some(stream) = opened_or_next(&history, opened, &mut broker, clients.len()).await
+        else {
+            continue;
         };
         let sid = history.consume_opened(broker);
         let mut s = ConsumeConn {
@@ -362,11 +368,7 @@ pub async fn consume_consumer(
             tx: Some(tx),
             queued: VecDeque::new(),
         };
-        let away = tokio::time::sleep(if broker == home {
-            Duration::MAX / 4
-        } else {
-            Duration::from_secs(1)
-        });
+        let away = away_from(broker, home);
         tokio::pin!(away);
         loop {
             let rec = match s.queued.pop_front() {
@@ -646,6 +648,20 @@ pub async fn producer(
     pace: Duration,
     stop: CancellationToken,
 ) {
+    let queues = vec![queue.to_owned()];
+    producer_over(history, addrs, queues, prefix, max, pace, stop).await
+}
+
+/// As [`producer`], the jobs round-robin over `queues` as well.
+pub async fn producer_over(
+    history: History,
+    addrs: Vec<SocketAddr>,
+    queues: Vec<String>,
+    prefix: &'static str,
+    max: usize,
+    pace: Duration,
+    stop: CancellationToken,
+) {
     let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
     let mut tick = tokio::time::interval(pace);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -659,7 +675,7 @@ pub async fn producer(
         let r = timeout(
             Duration::from_secs(10),
             c.enqueue(pb::EnqueueRequest {
-                queue: queue.into(),
+                queue: queues[n % queues.len()].clone(),
                 payload: payload.clone().into_bytes(),
                 ..Default::default()
             }),
