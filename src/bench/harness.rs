@@ -50,6 +50,28 @@ impl Counters {
     }
 }
 
+/// `--latency-log` keeps at most this many deliveries (16 bytes each).
+const LATENCY_LOG_MAX: usize = 2_000_000;
+
+/// Writes `--latency-log`: `sent_us,latency_us` per delivery, send times
+/// relative to the window's start (`start_us`, stamp µs).
+fn write_latency_log(
+    path: &std::path::Path,
+    log: &[(u64, u64)],
+    start_us: u64,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let file = std::fs::File::create(path)
+        .map_err(|e| anyhow::anyhow!("--latency-log {}: {e}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "sent_us,latency_us")?;
+    for (sent, latency) in log {
+        writeln!(out, "{},{latency}", sent.saturating_sub(start_us))?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 /// State shared by the producer and consumer tasks of one run.
 pub struct Shared {
     /// The run's queues (one unless `--queues`), used in turn.
@@ -67,6 +89,8 @@ pub struct Shared {
     pub late: Hist,
     /// Open loop: sends more than [`producer::LATE_US`] behind schedule.
     pub late_sends: AtomicU64,
+    /// `--latency-log`: (send time, latency) of each stamped delivery, µs.
+    latency_log: Option<Mutex<Vec<(u64, u64)>>>,
     /// Cancelled when the measured window ends.
     pub stop: CancellationToken,
     /// One permit per consumer stream registered (its first response).
@@ -87,6 +111,7 @@ impl Shared {
             enqueue_calls: Hist::default(),
             late: Hist::default(),
             late_sends: AtomicU64::new(0),
+            latency_log: None,
             stop: CancellationToken::new(),
             ready: Semaphore::new(0),
             open_failed: Mutex::new(None),
@@ -96,7 +121,14 @@ impl Shared {
     /// Records a delivery: its latency, if its payload carries a send time.
     pub fn on_delivery(&self, job: &pb::Job) {
         if let Some(sent) = stamp::read(&job.payload) {
-            self.latency.record_us(stamp::now().saturating_sub(sent));
+            let latency = stamp::now().saturating_sub(sent);
+            self.latency.record_us(latency);
+            if let Some(log) = &self.latency_log {
+                let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                if log.len() < LATENCY_LOG_MAX {
+                    log.push((sent, latency));
+                }
+            }
         }
         self.counters.delivered.fetch_add(1, Ordering::Relaxed);
     }
@@ -213,7 +245,11 @@ impl Bench {
             .clone()
             .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
         let queues = spread_queues(&queue, args.queues as usize);
-        let shared = Arc::new(Shared::new(queues, args.payload_bytes, args.max_backlog));
+        let mut shared = Shared::new(queues, args.payload_bytes, args.max_backlog);
+        if args.latency_log.is_some() {
+            shared.latency_log = Some(Mutex::new(Vec::new()));
+        }
+        let shared = Arc::new(shared);
         Ok(Bench {
             args: args.clone(),
             shared,
@@ -335,6 +371,10 @@ impl Bench {
             s.late_sends = Some(self.shared.late_sends.load(Ordering::Relaxed));
             s.late_p99_ms = self.shared.late.percentiles().p99.map(|v| round(v, 3));
         }
+        if let (Some(path), Some(log)) = (&self.args.latency_log, &self.shared.latency_log) {
+            let log = log.lock().unwrap_or_else(|e| e.into_inner());
+            write_latency_log(path, &log, stamp::at(w.started))?;
+        }
         Ok(s)
     }
 
@@ -438,6 +478,30 @@ mod tests {
         s.on_delivery(&job(stamp::unstamped(64)));
         assert_eq!(Counters::get(&s.counters.delivered), 2);
         assert_eq!(s.latency.percentiles().count, 1);
+    }
+
+    #[test]
+    fn the_latency_log_holds_stamped_deliveries_relative_to_the_start() {
+        stamp::init();
+        let mut s = Shared::new(vec!["q".into()], 64, 0);
+        s.latency_log = Some(Mutex::new(Vec::new()));
+        let start = stamp::now();
+        let job = |payload| pb::Job {
+            payload,
+            ..Default::default()
+        };
+        s.on_delivery(&job(stamp::payload(start + 1_500, 64)));
+        s.on_delivery(&job(stamp::unstamped(64)));
+        let log = s.latency_log.as_ref().unwrap().lock().unwrap().clone();
+        assert_eq!(log.len(), 1, "only stamped deliveries are logged");
+        let path = std::env::temp_dir().join(format!("leaseq-latlog-{}", std::process::id()));
+        write_latency_log(&path, &log, start).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "sent_us,latency_us");
+        assert_eq!(lines.len(), 2);
+        assert!(lines[1].starts_with("1500,"), "{}", lines[1]);
     }
 
     #[test]

@@ -174,6 +174,12 @@ pub struct BenchArgs {
     /// --database-url for the same duration and print the ratio.
     #[arg(long)]
     pub compare: bool,
+    /// Write every stamped delivery of the measured window to this file,
+    /// one `sent_us,latency_us` line each (send time in µs since the run's
+    /// start), in delivery order: where the tail of a latency run sits in
+    /// time. At most the first 2,000,000 deliveries.
+    #[arg(long)]
+    pub latency_log: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub security: crate::cli::ClientSecurity,
 }
