@@ -35,8 +35,13 @@ b() { # name args...
   sleep 2
 }
 floor() { log "floor $1"; runuser -u postgres -- $ANCHORS/commit-floor.sh "$U" "$1" 10 | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='floor-$1'; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"; sleep 2; }
-# warm up
+# warm up: 15 s flat out, then a checkpoint, so that PostgreSQL has WAL
+# segments to recycle, as a cluster in service does (a fresh cluster creates
+# each new 16 MB segment while commits wait: a 35-46 ms stall every ~23 s at
+# 1,000 jobs/s; docs/BENCHMARKS.md, "The tail at 1,000 jobs/s")
 $BIN bench --addr $A --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
+$BIN bench --addr $A --duration 15 --json >/dev/null 2>&1
+PSQL checkpoint >/dev/null
 floor 1000; floor 100
 b lat-1000 --addr $A --scenario latency --rate 1000 --consumers 2 --duration 10 $CPU
 b lat-100 --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU

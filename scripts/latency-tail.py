@@ -14,6 +14,7 @@ Reads a `leaseq bench --scenario latency --latency-log FILE` log
 
     scripts/latency-tail.py /tmp/lat.csv
 """
+import signal
 import sys
 
 
@@ -65,4 +66,5 @@ def main(path):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # | head
     main(sys.argv[1])
