@@ -11,15 +11,11 @@ set -uo pipefail
 OUT=${1:?outdir}; BIN=${2:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}
 ANCHORS=${ANCHORS:-$(cd "$(dirname "$0")/.." && pwd)/../shared/anchors}
 mkdir -p "$OUT"; log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)] $*" | tee -a "$OUT/log"; }
-D=/tmp/sit-pg; rm -rf $D
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
+D=/tmp/sit-pg
 pkill -f 'leaseq serve' ; sleep 1
-LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 RUST_LOG=warn $BIN serve > "$OUT/brokerA.log" 2>&1 &
-A_PID=$!
-for i in $(seq 60); do [ -S $D/run/.s.PGSQL.5432 ] || [ -n "$(ls $D/run/.s.PGSQL.* 2>/dev/null)" ] && break; sleep 1; done
-sleep 3
-SOCK=$(ls $D/run/.s.PGSQL.* | grep -v lock | head -1); PORT=${SOCK##*.}
-U="postgres://leaseq@localhost:$PORT/leaseq?host=$D/run"
-PM=$(head -1 $D/data/postmaster.pid)
+embedded_broker $D 127.0.0.1:50061 "$OUT/brokerA.log"
 DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > "$OUT/brokerB.log" 2>&1 &
 B_PID=$!
 C_PID=

@@ -4,7 +4,7 @@
 # broker, warmed (15 s flat out, then CHECKPOINT, so that PostgreSQL recycles
 # WAL segments as a cluster in service does), then one open-loop latency run
 # with --latency-log, and the stalls (100 ms windows with a delivery above
-# 8 ms) next to the ends of the broker's vacuums of leaseq.jobs and the
+# 8 ms, from scripts/latency-tail.py) next to the ends of the broker's vacuums of leaseq.jobs and the
 # births of WAL segments, all as seconds from the run's start.
 # Run as root (PostgreSQL runs as postgres); a release build.
 #   usage: scripts/bench-tail.sh OUTDIR
@@ -15,13 +15,13 @@ set -uo pipefail
 OUT=${1:?outdir}; DUR=${DUR:-60}; RATE=${RATE:-1000}
 ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=${BIN:-$ROOT/target/release/leaseq}
 mkdir -p "$OUT"
-D=/tmp/leaseq-bench-tail-pg; rm -rf $D; pkill -f 'leaseq serve'; sleep 1
-env ${BENV:-LEASEQ_UNUSED=1} LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 \
-    RUST_LOG=warn,leaseq_server::maintenance=debug LEASEQ_LOG_FORMAT=json "$BIN" serve > "$OUT/broker.log" 2>&1 &
-A_PID=$!
-for _ in $(seq 60); do [ -n "$(ls $D/run/.s.PGSQL.* 2>/dev/null)" ] && break; sleep 1; done; sleep 3
-SOCK=$(ls $D/run/.s.PGSQL.* | grep -v lock | head -1); PORT=${SOCK##*.}
-U="postgres://leaseq@localhost:$PORT/leaseq?host=$D/run"; PM=$(head -1 $D/data/postmaster.pid); A=http://127.0.0.1:50061
+# shellcheck source=scripts/bench-lib.sh
+. "$ROOT/scripts/bench-lib.sh"
+D=/tmp/leaseq-bench-tail-pg; pkill -f 'leaseq serve'; sleep 1
+# shellcheck disable=SC2086 # BENV: a list of VAR=value
+RUST_LOG=warn,leaseq_server::maintenance=debug embedded_broker $D 127.0.0.1:50061 "$OUT/broker.log" \
+    LEASEQ_LOG_FORMAT=json ${BENV:-}
+A=http://127.0.0.1:50061
 PSQL() { runuser -u postgres -- psql -qAtX "$U" -c "$1"; }
 "$BIN" bench --addr $A --duration 15 --json >/dev/null 2>&1; PSQL checkpoint >/dev/null; sleep 2
 [ -n "${PGSQL:-}" ] && PSQL "$PGSQL"; [ -n "${PGSQL2:-}" ] && PSQL "$PGSQL2"
@@ -29,15 +29,10 @@ t0=$(date +%s.%N)
 "$BIN" bench --json --payload-bytes 100 --latency-log "$OUT/lat.csv" --addr $A --scenario latency \
     --rate "$RATE" --consumers 2 --duration "$DUR" --broker-pid $A_PID --postgres-pid "$PM" 2>/dev/null | tail -1 > "$OUT/result.json"
 python3 - "$OUT" "$t0" $D/data/pg_wal <<'PY'
-import collections, datetime, json, os, subprocess, sys
+import datetime, json, os, subprocess, sys
 out, t0, wal = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 d = json.load(open(out + "/result.json"))
 print({k: d[k] for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")}, "cpu µs/job", d["cpu_us_per_job"])
-b = collections.defaultdict(list)
-for line in list(open(out + "/lat.csv"))[1:]:
-    s, x = map(int, line.split(","))
-    b[s // 100000].append(x)
-print("stalls (s: worst ms):", " ".join(f"{k/10:.1f}:{max(v)/1000:.0f}" for k, v in sorted(b.items()) if max(v) > 8000))
 vac = []
 for line in open(out + "/broker.log"):
     try:
@@ -56,5 +51,5 @@ for n in sorted(os.listdir(wal)):
             births.append(round(w - t0, 2))
 print("WAL segments born:", births)
 PY
-python3 "$ROOT/scripts/latency-tail.py" "$OUT/lat.csv" | head -3
+python3 "$ROOT/scripts/latency-tail.py" "$OUT/lat.csv" | head -4
 kill $A_PID; sleep 3; pkill -f "postgres -D $D/data"

@@ -4,6 +4,7 @@
 Reads a `leaseq bench --scenario latency --latency-log FILE` log
 (`sent_us,latency_us` per delivery) and prints:
   - the percentiles;
+  - the stalls: 100 ms windows with a delivery above 8 ms, and their worst;
   - how the slow deliveries (above the run's p99) spread over 100 ms
     windows: a few windows holding most of them means stalls (something
     periodic or a pause of a process); an even spread means queueing for a
@@ -39,6 +40,12 @@ def main(path):
     p50, p90, p99, p999 = (pct(lat, p) for p in (50, 90, 99, 99.9))
     print(f"{len(rows)} deliveries; p50 {p50/1000:.2f} ms, p90 {p90/1000:.2f}, "
           f"p99 {p99/1000:.2f}, p99.9 {p999/1000:.2f}, max {lat[-1]/1000:.2f}")
+    worst = {}
+    for s, l in rows:
+        w = s // 100_000
+        worst[w] = max(worst.get(w, 0), l)
+    print("stalls (100 ms windows with a delivery above 8 ms; start s: worst ms):",
+          " ".join(f"{w/10:.1f}:{l/1000:.0f}" for w, l in sorted(worst.items()) if l > 8000) or "none")
     slow = [(s, l) for s, l in rows if l > p99]
     if not slow:
         return
