@@ -16,6 +16,9 @@
 #   DATABASE_URL          the suite uses it if set (otherwise a throwaway
 #                         cluster under $TMPDIR, stopped at the end if this
 #                         script started it).
+#   TMPDIR                the suite's scratch space; unset, it is
+#                         /dev/shm/leaseq-test-$UID where /dev/shm is a
+#                         tmpfs with 2 GiB free, else /tmp.
 #   CARGO_TARGET_DIR      as for cargo.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -209,6 +212,33 @@ export LEASEQ_PG_BIN
 echo "PostgreSQL server binaries: $LEASEQ_PG_BIN"
 echo "cargo-nextest: $(cargo nextest --version 2>/dev/null | head -n1)"
 
+# The suite's scratch space on a RAM-backed tmpfs when there is room: its
+# throwaway PostgreSQL clusters (the shared one, about 200 databases made
+# from a template, and 22 private ones) are file creation and copying. On
+# ext4 that was a third of the suite's CPU (205 s of CPU and 105 s on 2 cores
+# against 156 s and 81 s on /dev/shm). Only when TMPDIR is not set: a TMPDIR
+# of your own is used as it is.
+tmpfs_scratch() {
+    local shm=/dev/shm dir avail
+    [ -d "$shm" ] && [ -w "$shm" ] || return 1
+    [ "$(stat -f -c %T "$shm" 2>/dev/null)" = tmpfs ] || return 1
+    # 2 GiB free: what a run leaves (about 300 MB, reused by the next run)
+    # with a wide margin; a container's 64 MB /dev/shm falls back to /tmp.
+    avail="$(df -Pk "$shm" | awk 'NR == 2 {print $4}')"
+    [ "${avail:-0}" -ge 2097152 ] || return 1
+    dir="$shm/leaseq-test-$(id -u)"
+    # Ours, and not a link someone else planted; 0755: as root, PostgreSQL
+    # runs as `postgres`, who must enter it.
+    mkdir -p -m 0755 "$dir" 2>/dev/null || return 1
+    [ -d "$dir" ] && [ ! -L "$dir" ] && [ -O "$dir" ] || return 1
+    chmod 0755 "$dir"
+    echo "$dir"
+}
+if [ -z "${TMPDIR:-}" ] && scratch="$(tmpfs_scratch)"; then
+    export TMPDIR="$scratch"
+fi
+echo "scratch space (TMPDIR): ${TMPDIR:-/tmp}"
+
 # The shared throwaway cluster the suite starts (tests/common): stopped at the
 # end if this run started it, left alone if it was already running.
 tmp_root="${TMPDIR:-/tmp}"
@@ -255,6 +285,7 @@ on_exit() {
     fi
     sqlx_db_stop
     stop_test_pg
+    if [ -n "${setup_log:-}" ]; then rm -f "$setup_log"; fi
 }
 trap on_exit EXIT
 

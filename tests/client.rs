@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{TestDb, test_config, until, wait_serving};
+use crate::common::{Scratch, TestDb, test_config, until, wait_serving};
 use leaseq_client::pb;
 use leaseq_client::pb::queue_service_client::QueueServiceClient;
 use leaseq_client::pb::queue_service_server::{QueueService, QueueServiceServer};
@@ -1499,6 +1499,8 @@ struct Secure {
     client_cert: PathBuf,
     client_key: PathBuf,
     auth_file: PathBuf,
+    /// Where the files are; removed with the Secure.
+    _dir: Scratch,
 }
 
 const WORKER_TOKEN: &str = "worker-secret-0123456789";
@@ -1510,12 +1512,10 @@ impl Secure {
             BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
             IsCa, KeyPair, KeyUsagePurpose,
         };
-        let dir =
-            std::env::temp_dir().join(format!("leaseq-client-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Scratch::new("client");
         let write = |name: &str, text: &str| {
             use std::os::unix::fs::PermissionsExt;
-            let path = dir.join(name);
+            let path = dir.path(name);
             std::fs::write(&path, text).unwrap();
             let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -1560,6 +1560,7 @@ impl Secure {
             client_cert: write("client.pem", &cc),
             client_key: write("client.key", &ck),
             auth_file: write("tokens.json", &tokens.to_string()),
+            _dir: dir,
         }
     }
 

@@ -119,12 +119,6 @@ fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
 
 // ---- a broker with TLS, mutual TLS and tokens ------------------------------
 
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("leaseq-cli-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -166,14 +160,16 @@ struct SecureBroker {
     other_ca: PathBuf,
     shutdown: CancellationToken,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// Where the files are; removed with the broker.
+    _dir: Scratch,
 }
 
 impl SecureBroker {
     async fn start(db: &TestDb) -> SecureBroker {
-        let dir = scratch();
+        let dir = Scratch::new("cli");
         let write = |name: &str, text: &str| {
             use std::os::unix::fs::PermissionsExt;
-            let path = dir.join(name);
+            let path = dir.path(name);
             std::fs::write(&path, text).unwrap();
             let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -218,6 +214,7 @@ impl SecureBroker {
             other_ca: write("other-ca.pem", &ca("someone else's CA").pem()),
             shutdown,
             handle,
+            _dir: dir,
         };
         broker.wait_serving().await;
         broker
@@ -917,7 +914,8 @@ async fn tail_acks_what_it_prints_on_a_real_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_with_a_token_survives_a_broker_restart() {
     let db = TestDb::new().await;
-    let tokens = scratch().join("tokens.json");
+    let scratch = Scratch::new("cli");
+    let tokens = scratch.path("tokens.json");
     let h = leaseq_server::auth::hash_token;
     std::fs::write(
         &tokens,

@@ -32,15 +32,9 @@ const S10: Duration = Duration::from_secs(10);
 
 type Grpc = QueueServiceClient<ClientChannel>;
 
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("leaseq-con-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// ops: admin everywhere; viewer: consume everywhere (no admin: read-only
 /// in the console); worker: enqueue and consume.
-fn auth_file() -> PathBuf {
+fn auth_file() -> (Scratch, PathBuf) {
     let h = leaseq_server::auth::hash_token;
     let text = json!({"tokens": [
         {"name": "ops", "sha256": h(ADMIN), "grants": [{"queues": "*", "actions": ["admin"]}]},
@@ -48,9 +42,7 @@ fn auth_file() -> PathBuf {
         {"name": "worker", "sha256": h(WORKER),
          "grants": [{"queues": "*", "actions": ["enqueue", "consume"]}]},
     ]});
-    let path = scratch().join("tokens.json");
-    std::fs::write(&path, text.to_string()).unwrap();
-    path
+    Scratch::with_file("con", "tokens.json", &text.to_string())
 }
 
 /// A broker in this process with the console on; returns once the console
@@ -156,6 +148,8 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 struct Chrome {
     client: Browser,
     _driver: tokio::process::Child,
+    /// The profile's directory: removed after the driver is gone.
+    _profile: Scratch,
 }
 
 impl Chrome {
@@ -185,7 +179,8 @@ impl Chrome {
             assert!(started.elapsed() < S10, "chromedriver listening within 10s");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let profile = scratch().join("profile");
+        let profile_dir = Scratch::new("con");
+        let profile = profile_dir.path("profile");
         let caps = json!({
             "acceptInsecureCerts": accept_insecure_certs,
             "goog:chromeOptions": {
@@ -212,6 +207,7 @@ impl Chrome {
         Chrome {
             client,
             _driver: driver,
+            _profile: profile_dir,
         }
     }
 
@@ -300,7 +296,7 @@ impl Chrome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_follows_the_queues_and_requeues_a_dead_letter() {
     let db = TestDb::new().await;
-    let file = auth_file();
+    let (_scratch, file) = auth_file();
     let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
     let base = format!("http://{}/", broker.http);
     let mut grpc = broker.grpc().await;
@@ -517,7 +513,7 @@ async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_token_cannot_requeue() {
     let db = TestDb::new().await;
-    let file = auth_file();
+    let (_scratch, file) = auth_file();
     let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
     let base = format!("http://{}/", broker.http);
     let mut grpc = broker.grpc().await;
@@ -573,17 +569,17 @@ async fn read_only_token_cannot_requeue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_over_tls_sets_a_secure_session_cookie() {
     let db = TestDb::new().await;
-    let dir = scratch();
+    let dir = Scratch::new("con");
     let cert =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+    let (cert_path, key_path) = (dir.path("server.pem"), dir.path("server.key"));
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let file = auth_file();
+    let (_scratch, file) = auth_file();
     let broker = Broker::start(&db, |c| {
         c.security.auth_file = Some(file);
         c.security.tls_cert = Some(cert_path);
@@ -674,7 +670,7 @@ pub(crate) async fn http(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_changes_need_the_csrf_token_and_this_origin() {
     let db = TestDb::new().await;
-    let file = auth_file();
+    let (_scratch, file) = auth_file();
     let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
     let addr = broker.http;
     let mut grpc = broker.grpc().await;

@@ -21,17 +21,12 @@ use tonic_health::pb::health_client::HealthClient;
 
 type AuthedClient = QueueServiceClient<ClientChannel>;
 
-/// A scratch directory for certificates and auth files.
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("leaseq-sec-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A CA, a server certificate for localhost / 127.0.0.1 signed by it, a
 /// client certificate signed by it, and a client certificate from a CA the
 /// broker does not trust. All as PEM files.
 struct Pki {
+    /// Where the files are; removed with the Pki.
+    _dir: Scratch,
     ca: PathBuf,
     server_cert: PathBuf,
     server_key: PathBuf,
@@ -69,10 +64,10 @@ fn leaf(
 
 impl Pki {
     fn new() -> Pki {
-        let dir = scratch();
+        let dir = Scratch::new("sec");
         let write = |name: &str, pem: &str| {
             use std::os::unix::fs::PermissionsExt;
-            let path = dir.join(name);
+            let path = dir.path(name);
             std::fs::write(&path, pem).unwrap();
             // Private keys as an operator should keep them (the broker
             // warns about keys others can read).
@@ -97,6 +92,7 @@ impl Pki {
             client_key: write("client.key", &ck),
             rogue_cert: write("rogue.pem", &rc),
             rogue_key: write("rogue.key", &rk),
+            _dir: dir,
         }
     }
 
@@ -193,8 +189,7 @@ async fn tls_is_required_and_works() {
     assert_eq!(db.live_jobs().await, 0);
 
     // A client that does not trust the broker's CA refuses it.
-    let other_ca = scratch().join("other.pem");
-    std::fs::write(&other_ca, ca("unrelated").pem()).unwrap();
+    let (_scratch, other_ca) = Scratch::with_file("sec", "other.pem", &ca("unrelated").pem());
     let untrusting = ClientSecurity {
         tls_ca: Some(other_ca),
         ..Default::default()
@@ -292,7 +287,7 @@ const PRODUCER: &str = "producer-secret-0123456789";
 const CONSUMER: &str = "consumer-secret-0123456789";
 const BOTH: &str = "both-secret-0123456789";
 
-fn auth_file() -> PathBuf {
+fn auth_file() -> (Scratch, PathBuf) {
     let h = leaseq_server::auth::hash_token;
     let text = serde_json::json!({"tokens": [
         {"name": "producer", "sha256": h(PRODUCER),
@@ -302,9 +297,7 @@ fn auth_file() -> PathBuf {
         {"name": "both", "sha256": h(BOTH),
          "grants": [{"queues": ["orders", "audit.*"], "actions": ["enqueue", "consume"]}]},
     ]});
-    let path = scratch().join("tokens.json");
-    std::fs::write(&path, text.to_string()).unwrap();
-    path
+    Scratch::with_file("sec", "tokens.json", &text.to_string())
 }
 
 fn token(t: &str) -> ClientSecurity {
@@ -315,7 +308,7 @@ fn token(t: &str) -> ClientSecurity {
 }
 
 async fn auth_broker(db: &TestDb) -> Broker {
-    let file = auth_file();
+    let (_scratch, file) = auth_file();
     Broker::start(
         db,
         |c| c.security.auth_file = Some(file),
@@ -650,7 +643,7 @@ async fn per_connection_concurrency_limit_sheds_with_resource_exhausted() {
 async fn binary_serves_tls_with_tokens_and_the_cli_speaks_it() {
     let db = TestDb::new().await;
     let pki = Pki::new();
-    let auth = auth_file();
+    let (_scratch, auth) = auth_file();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let bin = env!("CARGO_BIN_EXE_leaseq");
@@ -720,12 +713,11 @@ async fn binary_serves_tls_with_tokens_and_the_cli_speaks_it() {
 #[tokio::test]
 async fn binary_refuses_a_bad_auth_file_and_hashes_tokens() {
     let db = TestDb::new().await;
-    let bad = scratch().join("tokens.json");
-    std::fs::write(
-        &bad,
+    let (_scratch, bad) = Scratch::with_file(
+        "sec",
+        "tokens.json",
         r#"{"tokens":[{"name":"x","sha256":"nothex","grants":[]}]}"#,
-    )
-    .unwrap();
+    );
     let bin = env!("CARGO_BIN_EXE_leaseq");
     let out = tokio::process::Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0"])

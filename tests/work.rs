@@ -4,7 +4,7 @@
 //! extended while CMD runs, SIGTERM drains.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,28 +14,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 const S20: Duration = Duration::from_secs(20);
-
-/// A scratch directory for one test's scripts to write into.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("leaseq-work-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `leaseq work` with `args`, running `sh -c script` (`OUT` is the scratch
 /// dir), and its stderr lines (its log, and the script's stderr).
@@ -117,10 +95,10 @@ async fn exit_status(
 async fn runs_the_command_with_payload_on_stdin_and_job_env() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
-    let out = Scratch::new();
+    let out = Scratch::new("work");
     let (mut work, _lines) = spawn_work(
         &broker,
-        &out.0,
+        out.dir(),
         &["--queue", "reports"],
         r#"cat > "$OUT/$LEASEQ_JOB_ID.payload" && env > "$OUT/$LEASEQ_JOB_ID.env""#,
     );
@@ -178,11 +156,11 @@ async fn runs_the_command_with_payload_on_stdin_and_job_env() {
 async fn failing_command_is_nacked_with_the_tail_of_its_stderr() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
-    let out = Scratch::new();
+    let out = Scratch::new("work");
     // Retries at once; the second attempt sees the first one's error.
     let (mut work, _lines) = spawn_work(
         &broker,
-        &out.0,
+        out.dir(),
         &["--queue", "fragile", "--stderr-tail", "32"],
         r#"if [ "$LEASEQ_ATTEMPT" = 1 ]; then
              echo "this early line is cut off by the tail limit" >&2
@@ -229,10 +207,10 @@ async fn failing_command_is_nacked_with_the_tail_of_its_stderr() {
 async fn sigterm_drains_and_leases_are_extended_while_the_command_runs() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
-    let out = Scratch::new();
+    let out = Scratch::new("work");
     let (mut work, mut lines) = spawn_work(
         &broker,
-        &out.0,
+        out.dir(),
         &[
             "--queue",
             "drain",
@@ -366,11 +344,11 @@ fn help_documents_flags_env_twins_and_job_variables() {
 async fn command_exit_settles_even_if_a_background_child_keeps_its_pipes() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
-    let out = Scratch::new();
+    let out = Scratch::new("work");
     // The background sleep inherits stdin and stderr and outlives CMD.
     let (mut work, _lines) = spawn_work(
         &broker,
-        &out.0,
+        out.dir(),
         &["--queue", "bg"],
         r#"sleep 30 & echo "$!" > "$OUT/bg.pid"; echo "gave up" >&2; exit 1"#,
     );

@@ -31,6 +31,7 @@ impl PrivatePg {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let dir = root.join("pg");
+        seed_data_dir(&dir).await;
         let pg = EmbeddedPostgres::start(EmbeddedOptions {
             dir: dir.clone(),
             durable: true,
@@ -128,6 +129,78 @@ impl Drop for PrivatePg {
             .status();
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// Fills `dir/data` with a copy of a cluster that `leaseq::embedded`
+/// initialised and stopped once per machine (and per PostgreSQL binary), so
+/// `EmbeddedPostgres::start` finds a cluster and skips initdb. initdb's
+/// bootstrap costs about 0.7 s of CPU; the scaling tests start 21 clusters,
+/// on 2 cores shared by the whole suite. The copy is not fsynced: the
+/// tests crash PostgreSQL, never the machine.
+async fn seed_data_dir(dir: &Path) {
+    let template = template_cluster().await;
+    std::fs::create_dir_all(dir).expect("mkdir");
+    // -a: as root, the files stay the server user's; the data directory 0700.
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(template.join("data"))
+        .arg(dir.join("data"))
+        .output()
+        .expect("run cp");
+    assert!(
+        out.status.success(),
+        "copying the template cluster: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+static TEMPLATE: tokio::sync::OnceCell<PathBuf> = tokio::sync::OnceCell::const_new();
+
+/// `$TMPDIR/leaseq-pg-template-<key>`: an initialised, cleanly stopped
+/// cluster (with the `leaseq` database), made by the first test process
+/// that needs it and renamed into place whole, so a process that finds it
+/// finds it complete. The key names the `postgres` binary (path, size,
+/// mtime): an upgraded PostgreSQL gets a template of its own.
+async fn template_cluster() -> &'static Path {
+    TEMPLATE
+        .get_or_init(|| async {
+            use std::hash::{Hash, Hasher};
+            let postgres = pg_bin().join("postgres");
+            let meta = std::fs::metadata(&postgres).expect("stat postgres");
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&postgres, meta.len(), meta.modified().ok()).hash(&mut h);
+            let tmp = std::env::temp_dir();
+            let done = tmp.join(format!("leaseq-pg-template-{:016x}", h.finish()));
+            if done.join("data/PG_VERSION").is_file() {
+                return done;
+            }
+            let building = tmp.join(format!(
+                "leaseq-pg-template-building-{}",
+                uuid::Uuid::new_v4().simple()
+            ));
+            std::fs::create_dir_all(&building).expect("mkdir");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&building, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            let pg = EmbeddedPostgres::start(EmbeddedOptions {
+                dir: building.clone(),
+                durable: false,
+            })
+            .await
+            .expect("starting the template cluster");
+            pg.stop().await.expect("stopping the template cluster");
+            // Another process may have won the race: its copy is as good.
+            if std::fs::rename(&building, &done).is_err() {
+                let _ = std::fs::remove_dir_all(&building);
+            }
+            assert!(
+                done.join("data/PG_VERSION").is_file(),
+                "no template cluster at {}",
+                done.display()
+            );
+            done
+        })
+        .await
 }
 
 /// As root, the (uid, gid) the server runs as (`postgres`, else `nobody`,
