@@ -21,7 +21,9 @@
 #   env:   DURATION (s, default 15), REPS (default 2), ONLY=replicas|spread,
 #          RATE (jobs/s of the spread's fixed-rate runs, default 3000),
 #          PERF=1 (perf record of the broker during each spread run:
-#          OUTDIR/perf-RUN.data),
+#          OUTDIR/perf-RUN.data), PGSS=1 (pg_stat_statements on every
+#          cluster: calls, rows and time per statement of each spread run,
+#          summed over the clusters, in OUTDIR/pgss-RUN.txt),
 #          LEASEQ_PG_BIN (initdb, pg_ctl, postgres), ROOT (default
 #          /tmp/leaseq-bench-clusters: wiped first)
 set -uo pipefail
@@ -66,12 +68,15 @@ for k in 0 1 2; do
     }
     runuser -u postgres -- "$PGBIN/pg_ctl" -D "$D/data" -l "$D/log" -w -o "-k $D/run -p $port \
         -c listen_addresses= -c max_connections=300 -c max_wal_size=4GB -c min_wal_size=512MB \
-        -c checkpoint_timeout=15min -c wal_compression=on -c wal_buffers=16MB" start >/dev/null || {
+        -c checkpoint_timeout=15min -c wal_compression=on -c wal_buffers=16MB ${PGSS:+-c shared_preload_libraries=pg_stat_statements}" start >/dev/null || {
         echo "pg_ctl start failed: $D/log" >&2
         exit 1
     }
     for db in leaseq single replicas; do
         runuser -u postgres -- psql -qAtX -h "$D/run" -p $port -U leaseq -d postgres -c "create database $db" >/dev/null
+        if [ -n "${PGSS:-}" ]; then
+            runuser -u postgres -- psql -qAtX -h "$D/run" -p $port -U leaseq -d $db -c "create extension pg_stat_statements" >/dev/null
+        fi
     done
     URL[k]="postgres://leaseq@localhost:$port/leaseq?host=$D/run"
     PM[k]=$(head -1 "$D/data/postmaster.pid")
@@ -160,6 +165,9 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
         # commits are read from `single` on cluster a.
         local single_before single_after
         single_before=$(PSQL "${URL[0]}" "select xact_commit from pg_stat_database where datname = 'single'")
+        if [ -n "${PGSS:-}" ]; then
+            for k in 0 1 2; do PSQL "${URL[k]}" "select pg_stat_statements_reset()" >/dev/null; done
+        fi
         log "bench $name"
         local perf=
         if [ -n "${PERF:-}" ] && command -v perf >/dev/null; then
@@ -172,6 +180,15 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
             --queues 6 --consumers 6 --broker-pid "$pid" --postgres-pid "$ALLPM" "$@" \
             2>>"$OUT/bench.err" | tail -1 >"$OUT/last.json"
         [ -n "$perf" ] && wait "$perf"
+        if [ -n "${PGSS:-}" ]; then
+            # Each statement's calls, rows and execution time over the run,
+            # summed over the clusters (the broker's databases: leaseq, and
+            # single for the one-database broker).
+            for k in 0 1 2; do
+                PSQL "${URL[k]}" "select s.calls, s.rows, round(s.total_exec_time::numeric, 1), regexp_replace(left(s.query, 60), '\s+', ' ', 'g') from pg_stat_statements s join pg_database d on d.oid = s.dbid where d.datname in ('leaseq', 'single') and s.calls > 0"
+            done | awk -F'|' '{c[$4]+=$1; r[$4]+=$2; t[$4]+=$3} END {for (q in c) printf "%9d calls %10d rows %9.1f ms  %s\n", c[q], r[q], t[q], q}' |
+                sort -rn >"$OUT/pgss-$name.txt"
+        fi
         python3 -c "import json,sys; d=json.load(open('$OUT/last.json')); d['run']='$name'; print(json.dumps(d))" >"$OUT/last2.json"
         mv "$OUT/last2.json" "$OUT/last.json"
         single_after=$(PSQL "${URL[0]}" "select xact_commit from pg_stat_database where datname = 'single'")
