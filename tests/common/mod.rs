@@ -5,8 +5,9 @@
 //! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
 //! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
 //! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]), AdminService
-//! clients ([`admin`], [`update`]), scratch directories a server running as
-//! `postgres` can reach ([`scratch_path`]) and reflection.
+//! clients ([`admin`], [`update`]), scratch directories under the temp dir
+//! that a server running as `postgres` can reach ([`scratch_path`];
+//! [`Scratch`], removed when dropped) and reflection.
 #![allow(dead_code)]
 
 pub mod consume;
