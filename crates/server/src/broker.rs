@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 
 use crate::dispatch::{DeliveryStream, Dispatcher, Handoff, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NackReq, NewJob, QueueName, Schedule,
-    Subscription,
+    AckReq, ClusterId, ExtendReq, FastMap, FastSet, JobId, LeaseToken, NackReq, NewJob, QueueName,
+    Schedule, Subscription,
 };
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
@@ -434,7 +434,7 @@ async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Re
     let done = settle.ack(&all).await?;
     // Keyed by (job, token): two acks of one job with different tokens may
     // share a statement, and only the current token's ack succeeded.
-    let acked: HashSet<(JobId, LeaseToken)> = done.iter().map(|s| (s.id, s.token)).collect();
+    let acked: FastSet<(JobId, LeaseToken)> = done.iter().map(|s| (s.id, s.token)).collect();
     Ok(reqs
         .iter()
         .map(|batch| {
@@ -465,7 +465,7 @@ async fn nack(settle: Settle, reqs: Vec<NackReq>) -> Result<Vec<Result<bool>>> {
         })
         .collect();
     let done = settle.fail(&fails, Ending::Nacked).await?;
-    let dead: HashMap<JobId, bool> = done.iter().map(|f| (f.id, f.death.is_some())).collect();
+    let dead: FastMap<JobId, bool> = done.iter().map(|f| (f.id, f.death.is_some())).collect();
     Ok(reqs
         .iter()
         .map(|r| {
@@ -488,7 +488,7 @@ async fn extend(
     for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
         dispatcher.extended(e.id, e.lease_ms);
     }
-    let until: HashMap<JobId, DateTime<Utc>> =
+    let until: FastMap<JobId, DateTime<Utc>> =
         done.iter().map(|e| (e.id, e.lease_expires_at)).collect();
     Ok(reqs
         .iter()

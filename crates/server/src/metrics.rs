@@ -26,7 +26,9 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tracing::debug;
 
-use crate::domain::{Enqueued, Failed, JobId, Leased, NewJob, QueueName, QueueRow, Settled};
+use crate::domain::{
+    Enqueued, Failed, FastMap, JobId, Leased, NewJob, QueueName, QueueRow, Settled,
+};
 
 /// The `Content-Type` of [`Metrics::render`]'s text (OpenMetrics 1.0, which
 /// Prometheus negotiates and parses natively).
@@ -366,7 +368,7 @@ impl Collector for QueueGauges {
 /// Jobs this broker delivered and has not seen settled: when and on which
 /// queue, for the handler-time histogram.
 #[derive(Default)]
-struct InFlight(Mutex<HashMap<JobId, (QueueName, Instant)>>);
+struct InFlight(Mutex<FastMap<JobId, (QueueName, Instant)>>);
 
 /// Deliveries older than this are forgotten (settled on another replica,
 /// cancelled, or reaped there): twice the longest lease.
@@ -560,7 +562,7 @@ impl Metrics {
 
     /// Counts an enqueue statement's results (`results[i]` is `jobs[i]`'s).
     pub fn on_enqueued(&self, jobs: &[NewJob], results: &[Enqueued]) {
-        let mut per: HashMap<&str, (u64, u64)> = HashMap::new();
+        let mut per: FastMap<&str, (u64, u64)> = FastMap::default();
         for (j, r) in jobs.iter().zip(results) {
             let e = per.entry(j.queue.as_str()).or_default();
             if r.duplicate {
@@ -585,7 +587,7 @@ impl Metrics {
         self.wrote(done.len());
         let now = Instant::now();
         let mut inflight = self.inflight.0.lock().expect("poisoned");
-        let mut per: HashMap<&str, u64> = HashMap::new();
+        let mut per: FastMap<&str, u64> = FastMap::default();
         for s in done {
             *per.entry(s.queue.as_str()).or_default() += 1;
             if let Some((queue, at)) = inflight.remove(&s.id) {
@@ -655,7 +657,7 @@ impl Metrics {
         self.wrote(jobs.len());
         let now = Instant::now();
         // Per queue: deliveries, and the waits of first deliveries.
-        let mut per: HashMap<&str, (u64, Vec<f64>)> = HashMap::new();
+        let mut per: FastMap<&str, (u64, Vec<f64>)> = FastMap::default();
         let mut inflight = self.inflight.0.lock().expect("poisoned");
         for j in jobs {
             let e = per.entry(j.queue.as_str()).or_default();

@@ -12,7 +12,7 @@
 //! reported).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::StreamId;
 use super::offers::{Claim, Offers};
-use crate::domain::{JobId, LeaseToken, QueueName, Subscription};
+use crate::domain::{FastMap, FastSet, JobId, LeaseToken, QueueName, Subscription};
 use crate::store::{LeaseOutcome, Leased, Wake, Want};
 
 /// Most jobs one lease statement asks for.
@@ -43,7 +43,7 @@ struct StreamState {
     consumer: Arc<str>,
     lease_ms: Option<i64>,
     max_in_flight: i32,
-    inflight: HashMap<JobId, Inflight>,
+    inflight: FastMap<JobId, Inflight>,
     /// Rotating start among this stream's queues (fairness across queues).
     next_queue: usize,
     /// Credit asked for by lease statements still running.
@@ -118,10 +118,10 @@ pub(crate) struct Checks {
 }
 
 pub(crate) struct Core {
-    streams: HashMap<StreamId, StreamState>,
-    queues: HashMap<QueueName, QueueState>,
+    streams: FastMap<StreamId, StreamState>,
+    queues: FastMap<QueueName, QueueState>,
     /// Which stream holds each job leased by this process.
-    owner: HashMap<JobId, StreamId>,
+    owner: FastMap<JobId, StreamId>,
     /// Local lease deadlines, earliest first (stale entries are skipped).
     deadlines: BinaryHeap<Reverse<(Instant, JobId)>>,
     poll_interval: Duration,
@@ -134,15 +134,15 @@ pub(crate) struct Core {
     next_stream: usize,
     offers: Offers,
     /// Streams whose hand-off offer may be out of date.
-    dirty: HashSet<StreamId>,
+    dirty: FastSet<StreamId>,
 }
 
 impl Core {
     pub fn new(poll_interval: Duration, offers: Offers, now: Instant) -> Core {
         Core {
-            streams: HashMap::new(),
-            queues: HashMap::new(),
-            owner: HashMap::new(),
+            streams: FastMap::default(),
+            queues: FastMap::default(),
+            owner: FastMap::default(),
             deadlines: BinaryHeap::new(),
             poll_interval,
             next_poll: now + poll_interval,
@@ -151,7 +151,7 @@ impl Core {
             rounds_in_flight: 0,
             next_stream: 0,
             offers,
-            dirty: HashSet::new(),
+            dirty: FastSet::default(),
         }
     }
 
@@ -181,7 +181,7 @@ impl Core {
                 consumer,
                 lease_ms: sub.lease_ms,
                 max_in_flight: sub.max_in_flight as i32,
-                inflight: HashMap::new(),
+                inflight: FastMap::default(),
                 next_queue: 0,
                 reserved: 0,
                 offered: 0,

@@ -29,7 +29,6 @@ mod core;
 pub mod offers;
 mod stream;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -44,7 +43,7 @@ pub use stream::{DeliveryStream, Event, SubscriptionStream};
 
 pub(crate) use self::core::Handoff;
 use self::core::{Checks, Core, Delivered, Round};
-use crate::domain::{JobId, LeaseToken, MAX_IN_FLIGHT, QueueName, Subscription};
+use crate::domain::{FastMap, JobId, LeaseToken, MAX_IN_FLIGHT, QueueName, Subscription};
 use crate::pb;
 use crate::placement::Clusters;
 use crate::settle::{Local, Notifiers, Settle};
@@ -140,7 +139,7 @@ impl Dispatcher {
             clusters,
             settle: settle.clone(),
             me: Arc::new(Inbox(tx.downgrade())),
-            txs: HashMap::new(),
+            txs: FastMap::default(),
             drained: None,
         };
         tokio::spawn(task.run(rx));
@@ -252,7 +251,7 @@ struct Task {
     /// ends when every handle and stream is dropped.
     me: Arc<Inbox>,
     /// Where each stream's deliveries go.
-    txs: HashMap<StreamId, mpsc::Sender<stream::Item>>,
+    txs: FastMap<StreamId, mpsc::Sender<stream::Item>>,
     /// Who waits for the drain to finish (it runs once no round is in flight).
     drained: Option<oneshot::Sender<()>>,
 }

@@ -22,7 +22,9 @@ pub use conn::Conns;
 
 pub use crate::domain::{Enqueued, Failed, Leased, Settled};
 
-use crate::domain::{AckReq, ClusterId, ExtendReq, JobId, LeaseToken, NewJob, QueueName, Schedule};
+use crate::domain::{
+    AckReq, ClusterId, ExtendReq, FastMap, FastSet, JobId, LeaseToken, NewJob, QueueName, Schedule,
+};
 use crate::error::{Error, Result};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
@@ -132,7 +134,7 @@ pub struct Wake {
 /// Coalesces wake-ups: per queue, the earliest ready job and the earliest
 /// delayed one (at most two notifications per queue per batch).
 #[derive(Default)]
-struct Wakes(HashMap<(QueueName, bool), i64>);
+struct Wakes(FastMap<(QueueName, bool), i64>);
 
 impl Wakes {
     fn add(&mut self, queue: &str, delay_ms: i64) {
@@ -310,7 +312,7 @@ impl Store {
                     .collect(),
                 ..Default::default()
             };
-            let by_id: HashMap<Uuid, usize> =
+            let by_id: FastMap<Uuid, usize> =
                 jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
             let mut wakes = Wakes::default();
             for row in inserted {
@@ -341,7 +343,7 @@ impl Store {
         if !new_queues.is_empty() {
             Self::ensure_queues(&mut *tx, new_queues).await?;
         }
-        let by_id: HashMap<Uuid, usize> =
+        let by_id: FastMap<Uuid, usize> =
             jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
         let mut results: Vec<Option<Enqueued>> = vec![None; jobs.len()];
         let mut wakes = Wakes::default();
@@ -357,7 +359,7 @@ impl Store {
             let batch_claims: Vec<Option<&HandoffTo>> =
                 pending.iter().map(|&i| claims[i].as_ref()).collect();
             let inserted = self.insert_jobs(&mut *tx, &batch, &batch_claims).await?;
-            let mut done: std::collections::HashSet<Uuid> = Default::default();
+            let mut done: FastSet<Uuid> = Default::default();
             for row in inserted {
                 done.insert(row.id);
                 row.into_outcome(&by_id, jobs, &mut wakes, &mut handed, self.cluster);
@@ -762,7 +764,7 @@ impl InsertedRow {
     /// delivery for a handed-off one (`by_id` maps ids to request indexes).
     fn into_outcome(
         self,
-        by_id: &HashMap<Uuid, usize>,
+        by_id: &FastMap<Uuid, usize>,
         jobs: &[NewJob],
         wakes: &mut Wakes,
         handed: &mut Vec<Leased>,

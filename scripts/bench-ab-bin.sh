@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A/B of two broker binaries (docs/BENCHMARKS.md, "What each change bought"),
+# alternating, on one durable embedded cluster owned by an idle broker (run by
+# BIN_A), warmed first; flat-out stream run and 64 single-Enqueue clients,
+# one JSON line per run in OUTDIR/results.jsonl. Run as root.
+#   usage: scripts/bench-ab-bin.sh OUTDIR ROUNDS BIN_A BIN_B
+set -uo pipefail
+OUT=$1; ROUNDS=$2; A=$3; B=$4; BENCH=$A
+mkdir -p $OUT; D=/tmp/ab-pg; rm -rf $D
+pkill -f 'leaseq[^ ]* serve'; sleep 1
+LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 RUST_LOG=warn $A serve > $OUT/owner.log 2>&1 &
+for i in $(seq 60); do [ -n "$(ls $D/run/.s.PGSQL.* 2>/dev/null)" ] && break; sleep 1; done; sleep 3
+SOCK=$(ls $D/run/.s.PGSQL.* | grep -v lock | head -1); PORT=${SOCK##*.}
+U="postgres://leaseq@localhost:$PORT/leaseq?host=$D/run"; PM=$(head -1 $D/data/postmaster.pid)
+# warm-up, as bench-sitting.sh
+$BENCH bench --addr http://127.0.0.1:50061 --duration 15 --json >/dev/null 2>&1
+runuser -u postgres -- psql -qAtX "$U" -c checkpoint >/dev/null
+for r in $(seq $ROUNDS); do for V in A B; do
+  BIN=$A; [ $V = B ] && BIN=$B
+  DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > $OUT/b.log 2>&1 &
+  BP=$!; sleep 3
+  for s in stream enq64; do
+    args="--duration 15"; [ $s = enq64 ] && args="--scenario enqueue --producers 64 --duration 10"
+    $BENCH bench --json --payload-bytes 100 --addr http://127.0.0.1:50062 $args --broker-pid $BP --postgres-pid $PM 2>/dev/null | tail -1 \
+    | python3 -c "import json,sys; d=json.load(sys.stdin); c=d['cpu_us_per_job']; print(json.dumps({'run':'$V-$s-$r','jobs_per_s':round(d['jobs_per_s']),'broker':c['broker'],'client':c['client'],'postgres':c['postgres']}))" | tee -a $OUT/results.jsonl
+    sleep 2
+  done
+  kill $BP; wait $BP 2>/dev/null; sleep 1
+done; done
+pkill -f 'leaseq[^ ]* serve'; sleep 2
