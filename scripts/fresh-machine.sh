@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times the README's test command as on a fresh machine (the "How long it
 # takes" table): removes the suite's Debian packages (./test.sh installs them
-# again), the suite's scratch space in /dev/shm and /tmp, then clones this
+# again) and the clusters a suite run leaves for the next (/dev/shm, /tmp), then clones this
 # repository's HEAD into a new 0700 directory under /root and runs
 # ./test.sh there with empty cargo, pip, npm and Go caches. Run as root, with
 # no PostgreSQL of the suite's running. Prints the exit code, the wall time
@@ -13,7 +13,9 @@ set -u
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 apt-get remove -y -q haproxy faketime libfaketime chromium chromium-driver prometheus \
     golang-go protobuf-compiler >/dev/null 2>&1
-rm -rf /dev/shm/leaseq-test-* /tmp/leaseq-*
+# The suite's caches a later run reuses: its shared cluster and the
+# private clusters' template (under /dev/shm, or /tmp without a tmpfs).
+rm -rf /dev/shm/leaseq-test-* /tmp/leaseq-test-pg /tmp/leaseq-pg-template-*
 root="$(mktemp -d /root/fresh.XXXXXX)"
 chmod 700 "$root"
 export CARGO_HOME="$root/cargo-home" PIP_CACHE_DIR="$root/pip-cache" \
