@@ -480,12 +480,6 @@ pub async fn update(
         .expect("settings")
 }
 
-/// A fresh path (not created) under the system temp dir, for a cluster or
-/// anything else a child process may have to reach. Never under the
-/// checkout or `CARGO_TARGET_TMPDIR`: as root, PostgreSQL runs as `postgres`
-/// (else `nobody`), which must be able to enter every directory above its
-/// data, and a checkout may live where only root can (a 0700 home, a
-/// `mktemp -d`).
 /// A directory of one test's files under the temp dir
 /// (`leaseq-<tag>-<uuid>`), removed with everything in it when dropped: the
 /// suite runs on a tmpfs (test.sh), where what a test leaves holds memory.
@@ -521,6 +515,12 @@ impl Drop for Scratch {
     }
 }
 
+/// A fresh path (not created) under the system temp dir, for a cluster or
+/// anything else a child process may have to reach. Never under the
+/// checkout or `CARGO_TARGET_TMPDIR`: as root, PostgreSQL runs as `postgres`
+/// (else `nobody`), which must be able to enter every directory above its
+/// data, and a checkout may live where only root can (a 0700 home, a
+/// `mktemp -d`).
 pub fn scratch_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("leaseq-{tag}-{}", uuid::Uuid::new_v4().simple()))
 }
