@@ -6,12 +6,11 @@
 #   usage: scripts/bench-ab-bin.sh OUTDIR ROUNDS BIN_A BIN_B
 set -uo pipefail
 OUT=$1; ROUNDS=$2; A=$3; B=$4; BENCH=$A
-mkdir -p $OUT; D=/tmp/ab-pg; rm -rf $D
+mkdir -p $OUT
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 pkill -f 'leaseq[^ ]* serve'; sleep 1
-LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 RUST_LOG=warn $A serve > $OUT/owner.log 2>&1 &
-for i in $(seq 60); do [ -n "$(ls $D/run/.s.PGSQL.* 2>/dev/null)" ] && break; sleep 1; done; sleep 3
-SOCK=$(ls $D/run/.s.PGSQL.* | grep -v lock | head -1); PORT=${SOCK##*.}
-U="postgres://leaseq@localhost:$PORT/leaseq?host=$D/run"; PM=$(head -1 $D/data/postmaster.pid)
+BIN=$A embedded_broker /tmp/ab-pg 127.0.0.1:50061 "$OUT/owner.log"
 # warm-up, as bench-sitting.sh
 $BENCH bench --addr http://127.0.0.1:50061 --duration 15 --json >/dev/null 2>&1
 runuser -u postgres -- psql -qAtX "$U" -c checkpoint >/dev/null

@@ -5,12 +5,11 @@
 #   env:   VARIANTS="2 1" (thread counts), RATES="1000 100", DUR=10, GEN_THREADS=2
 set -uo pipefail
 OUT=${1:?}; ROUNDS=${2:-2}; BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}
-mkdir -p $OUT; D=/tmp/ab-pg; rm -rf $D
+mkdir -p $OUT
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 pkill -f 'leaseq serve'; sleep 1
-LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 RUST_LOG=warn $BIN serve > $OUT/owner.log 2>&1 &
-for i in $(seq 60); do [ -n "$(ls $D/run/.s.PGSQL.* 2>/dev/null)" ] && break; sleep 1; done; sleep 3
-SOCK=$(ls $D/run/.s.PGSQL.* | grep -v lock | head -1); PORT=${SOCK##*.}
-U="postgres://leaseq@localhost:$PORT/leaseq?host=$D/run"; PM=$(head -1 $D/data/postmaster.pid)
+embedded_broker /tmp/ab-pg 127.0.0.1:50061 "$OUT/owner.log"
 $BIN bench --addr http://127.0.0.1:50061 --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
 for r in $(seq $ROUNDS); do for W in ${VARIANTS:-2 1}; do
   DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 TOKIO_WORKER_THREADS=$W RUST_LOG=warn $BIN serve > $OUT/b.log 2>&1 &

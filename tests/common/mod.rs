@@ -98,7 +98,12 @@ pub struct TestDb {
 /// database ... template`), made once per version of the migrations; and,
 /// first, the databases that test processes no longer running left behind
 /// (a test database is named `t_<pid>_<random>`), dropped so the shared
-/// cluster does not grow with every run.
+/// cluster does not grow with every run. Its value is what follows
+/// `create database NAME template`: the template's name and, on PostgreSQL
+/// 15+, `strategy file_copy` (the copy is a few small files and a
+/// checkpoint, about 45 ms of CPU against 125 ms for the default WAL_LOG,
+/// which writes every page of the template to the WAL; the suite makes
+/// about 200 databases on 2 cores).
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 
 async fn template() -> &'static str {
@@ -170,9 +175,18 @@ async fn template() -> &'static str {
                 .execute(&mut *conn)
                 .await
                 .expect("advisory unlock");
+            let new_enough: bool =
+                sqlx::query_scalar("select current_setting('server_version_num')::int >= 150000")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .expect("server version");
             drop(conn);
             pool.close().await;
-            tpl
+            if new_enough {
+                format!("{tpl} strategy file_copy")
+            } else {
+                tpl
+            }
         })
         .await
 }
@@ -189,22 +203,8 @@ impl TestDb {
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
         let pool = PgPool::connect(admin).await.expect("admin connection");
-        // FILE_COPY (PostgreSQL 15+): the copy is a few small files and a
-        // checkpoint, about 45 ms of CPU against 125 ms for the default
-        // WAL_LOG, which writes every page of the template to the WAL. The
-        // suite makes about 200 databases on 2 cores.
-        let new_enough: bool =
-            sqlx::query_scalar("select current_setting('server_version_num')::int >= 150000")
-                .fetch_one(&pool)
-                .await
-                .expect("server version");
-        let strategy = if new_enough {
-            " strategy file_copy"
-        } else {
-            ""
-        };
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "create database {name} template {tpl}{strategy}"
+            "create database {name} template {tpl}"
         )))
         .execute(&pool)
         .await

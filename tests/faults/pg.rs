@@ -61,16 +61,11 @@ impl PrivatePg {
     /// `pg_ctl stop -m immediate`: every backend is killed at once, no
     /// checkpoint (a crash, recovered from the WAL at the next start).
     pub fn stop_immediate(&self) {
-        let out = self
-            .pg_ctl()
-            .args(["stop", "-w", "-t", "30", "-m", "immediate", "-D"])
-            .arg(self.dir.join("data"))
-            .output()
-            .expect("run pg_ctl stop");
-        assert!(
-            out.status.success(),
-            "pg_ctl stop: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            self.pg_ctl()
+                .args(["stop", "-w", "-t", "30", "-m", "immediate", "-D"])
+                .arg(self.dir.join("data")),
+            "pg_ctl stop",
         );
     }
 
@@ -98,22 +93,17 @@ impl PrivatePg {
             "-k {} -p 5432 -c listen_addresses= -c unix_socket_permissions=0700 -c max_connections=300",
             self.dir.join("run").display()
         );
-        let out = self
-            .pg_ctl()
-            .args(["start", "-w", "-t", "60", "-D"])
-            .arg(self.dir.join("data"))
-            .arg("-l")
-            .arg(self.dir.join("postgres.log"))
-            .args(["-o", &opts])
-            // pg_ctl's server keeps our stdout open otherwise.
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .expect("run pg_ctl start");
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            self.pg_ctl()
+                .args(["start", "-w", "-t", "60", "-D"])
+                .arg(self.dir.join("data"))
+                .arg("-l")
+                .arg(self.dir.join("postgres.log"))
+                .args(["-o", &opts])
+                // pg_ctl's server keeps our stdout open otherwise.
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "pg_ctl start",
         );
     }
 }
@@ -141,15 +131,22 @@ async fn seed_data_dir(dir: &Path) {
     let template = template_cluster().await;
     std::fs::create_dir_all(dir).expect("mkdir");
     // -a: as root, the files stay the server user's; the data directory 0700.
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(template.join("data"))
-        .arg(dir.join("data"))
-        .output()
-        .expect("run cp");
+    run_ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(template.join("data"))
+            .arg(dir.join("data")),
+        "copying the template cluster",
+    );
+}
+
+/// Runs `cmd` to the end; panics with `what` and its stderr unless it
+/// succeeded.
+fn run_ok(cmd: &mut Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
         out.status.success(),
-        "copying the template cluster: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
