@@ -2,7 +2,9 @@
 //! some traffic and check that counters, histograms and gauges moved, per
 //! queue. Also: every series the Grafana dashboard and the alerting rules in
 //! deploy/ use is one the broker exposes, and docs/METRICS.md documents
-//! exactly the families the broker exposes.
+//! exactly the families the broker exposes. And `--http-listen` (or
+//! `LEASEQ_HTTP_LISTEN`) on the real binary: the console's page and
+//! `/metrics` on one port (the console itself is tests/console.rs's).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -21,6 +23,21 @@ async fn get(addr: SocketAddr, path: &str) -> (String, String) {
 
 /// GET `path`; returns ((status line, body), content type).
 async fn get_with_type(addr: SocketAddr, path: &str) -> ((String, String), String) {
+    let (status, head, body) = get_full(addr, path).await;
+    let ctype = header(&head, "content-type").unwrap_or_default();
+    ((status, body), ctype)
+}
+
+/// The value of header `name` in a response head.
+fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+    })
+}
+
+/// GET `path`; returns (status line, head, body).
+async fn get_full(addr: SocketAddr, path: &str) -> (String, String, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
@@ -32,19 +49,12 @@ async fn get_with_type(addr: SocketAddr, path: &str) -> ((String, String), Strin
         .unwrap();
     let (head, body) = buf.split_once("\r\n\r\n").expect("http response");
     let status = head.lines().next().unwrap().to_owned();
-    let header = |name: &str| {
-        head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-        })
-    };
-    let len: usize = header("content-length")
+    let len: usize = header(head, "content-length")
         .expect("content-length")
         .parse()
         .unwrap();
     assert_eq!(len, body.len(), "content-length matches the body");
-    let ctype = header("content-type").unwrap_or_default();
-    ((status, body.to_owned()), ctype)
+    (status, head.to_owned(), body.to_owned())
 }
 
 /// Sample lines as `name{labels}` → value; checks every sample has a TYPE
@@ -287,5 +297,74 @@ async fn metrics_move_with_traffic() {
     );
 
     let (status, _) = get(maddr, "/").await;
+    assert!(status.contains("404"), "{status}");
+}
+
+/// `--http-listen` on the real binary: the console's page (with its
+/// Content-Security-Policy) at `/` and the OpenMetrics exposition at
+/// `/metrics`, on one port; without `--auth-file` the broker warns that the
+/// console is open to anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_listen_serves_the_console_and_metrics() {
+    let db = TestDb::new().await;
+    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let scratch = Scratch::new("http");
+    let log = scratch.path("broker.log");
+    let broker =
+        BinaryBroker::start_logging(&db, &["--http-listen", &http.to_string()], &[], &log).await;
+    console_and_metrics_on(http, &broker).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(
+            "console authentication is OFF (no --auth-file): anyone who reaches the console may read payloads"
+        ),
+        "no warning that the console is open, in the broker's log:\n{text}"
+    );
+}
+
+/// The same through the environment twin, `LEASEQ_HTTP_LISTEN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaseq_http_listen_env_serves_the_console_and_metrics() {
+    let db = TestDb::new().await;
+    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let scratch = Scratch::new("http");
+    let log = scratch.path("broker.log");
+    let broker =
+        BinaryBroker::start_logging(&db, &[], &[("LEASEQ_HTTP_LISTEN", &http.to_string())], &log)
+            .await;
+    console_and_metrics_on(http, &broker).await;
+}
+
+/// Checks what a console port answers: the page, `/metrics` (after one
+/// enqueue over gRPC, so a per-queue counter is there), and 404 elsewhere.
+async fn console_and_metrics_on(http: SocketAddr, broker: &BinaryBroker) {
+    let (status, head, body) = get_full(http, "/").await;
+    assert!(status.contains("200"), "GET /: {status}");
+    assert!(
+        header(&head, "content-type").is_some_and(|t| t.starts_with("text/html")),
+        "{head}"
+    );
+    let csp = header(&head, "content-security-policy")
+        .unwrap_or_else(|| panic!("GET / has no Content-Security-Policy:\n{head}"));
+    assert!(
+        csp.starts_with("default-src 'none'; script-src 'self'")
+            && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert!(body.contains("<title>leaseq console</title>"), "{body}");
+    assert!(body.contains("/assets/app.js"), "{body}");
+
+    let mut c = broker.client().await;
+    c.enqueue(job("web", "x")).await.unwrap();
+    let ((status, body), ctype) = get_with_type(http, "/metrics").await;
+    assert!(status.contains("200"), "GET /metrics: {status}");
+    assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+    let m = parse(&body);
+    assert_eq!(
+        m.get("leaseq_jobs_enqueued_total{queue=\"web\"}"),
+        Some(&1.0)
+    );
+
+    let (status, _, _) = get_full(http, "/no-such-page").await;
     assert!(status.contains("404"), "{status}");
 }

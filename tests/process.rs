@@ -223,6 +223,7 @@ fn serve_help_documents_listen_and_database_url() {
         .args(["serve", "--help"])
         .env_remove("DATABASE_URL")
         .env_remove("LEASEQ_LISTEN")
+        .env_remove("LEASEQ_HTTP_LISTEN")
         .output()
         .expect("run leaseq serve --help");
     assert!(out.status.success(), "{:?}", out.status);
@@ -232,6 +233,8 @@ fn serve_help_documents_listen_and_database_url() {
         "LEASEQ_LISTEN",
         "--database-url",
         "DATABASE_URL",
+        "--http-listen",
+        "LEASEQ_HTTP_LISTEN",
     ] {
         assert!(text.contains(want), "`serve --help` lacks {want}:\n{text}");
     }

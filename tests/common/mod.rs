@@ -753,6 +753,30 @@ impl BinaryBroker {
     /// Like [`BinaryBroker::start`], on an address chosen beforehand (e.g.
     /// one a load balancer's config already names).
     pub async fn start_at(db: &TestDb, addr: SocketAddr, extra: &[&str]) -> BinaryBroker {
+        Self::spawn(db, addr, extra, &[], Stdio::inherit()).await
+    }
+
+    /// Like [`BinaryBroker::start`], with `env` set for the child and its
+    /// log (stderr, warnings and up) written to the file `log`, for tests
+    /// that check an environment variable or what the broker warns.
+    pub async fn start_logging(
+        db: &TestDb,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> BinaryBroker {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let file = std::fs::File::create(log).expect("creating the broker's log file");
+        Self::spawn(db, addr, extra, env, Stdio::from(file)).await
+    }
+
+    async fn spawn(
+        db: &TestDb,
+        addr: SocketAddr,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> BinaryBroker {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
             .arg("serve")
             .args(["--listen", &addr.to_string()])
@@ -761,9 +785,10 @@ impl BinaryBroker {
             .args(["--heartbeat-interval", "500ms", "--drain-grace", "5s"])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .expect("spawn leaseq");
