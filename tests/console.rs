@@ -283,6 +283,31 @@ impl Chrome {
         std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
     }
 
+    /// As [`Chrome::screenshot`], of the whole page: the window is made as
+    /// tall as the document for the shot (the queue page's consumers table
+    /// is below the fold at 900 px), then put back.
+    async fn screenshot_full(&self, name: &str) {
+        let size = self
+            .client
+            .execute(
+                "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let height = size[0].as_u64().unwrap() + size[1].as_u64().unwrap_or(0);
+        let (width, normal) = self.client.get_window_size().await.unwrap();
+        self.client
+            .set_window_size(width as u32, height.max(normal) as u32)
+            .await
+            .unwrap();
+        self.screenshot(name).await;
+        self.client
+            .set_window_size(width as u32, normal as u32)
+            .await
+            .unwrap();
+    }
+
     async fn close(self) {
         let _ = self.client.close().await;
     }
@@ -292,7 +317,9 @@ impl Chrome {
 
 /// The main walk-through: live counts, a dead letter opened and requeued and
 /// delivered again, a `<script>` payload shown as text, the queue page
-/// (chart, consumers, pause, limits) and a confirmed purge.
+/// (chart, consumers, pause, limits, completed retention), a confirmed
+/// purge, a selection of dead letters requeued, and a JSON payload pretty
+/// printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_follows_the_queues_and_requeues_a_dead_letter() {
     let db = TestDb::new().await;
@@ -305,6 +332,11 @@ async fn console_follows_the_queues_and_requeues_a_dead_letter() {
     // Login, with a wrong token first.
     chrome.client.goto(&base).await.unwrap();
     chrome.wait_for("#token").await;
+    assert_eq!(
+        chrome.text("#login-error").await,
+        None,
+        "a first visit has no session that ended"
+    );
     chrome.screenshot("login").await;
     chrome
         .wait_for("#token")
@@ -443,7 +475,7 @@ async fn console_follows_the_queues_and_requeues_a_dead_letter() {
     // History is sampled every 500 ms since the broker started.
     chrome.wait_for("#chart-depth path").await;
     chrome.wait_for("#chart-rates path").await;
-    chrome.screenshot("queue").await;
+    chrome.screenshot_full("queue").await;
     // Hidden elements have no visible text in WebDriver.
     assert_eq!(chrome.text("#queue-paused").await.as_deref(), Some(""));
     chrome.click("#pause").await;
@@ -468,6 +500,34 @@ async fn console_follows_the_queues_and_requeues_a_dead_letter() {
             .await,
         1
     );
+    // Completed retention: saved alone (the form sends only what changed),
+    // shown again by the re-rendered page, and acked jobs are kept.
+    let retention = chrome.wait_for("#set-completed_retention").await;
+    assert_eq!(retention.prop("value").await.unwrap().as_deref(), Some("0"));
+    retention.clear().await.unwrap();
+    retention.send_keys("3600").await.unwrap();
+    chrome.click("#save-settings").await;
+    chrome
+        .wait_text("#flash-msg", "Settings saved: completed_retention")
+        .await;
+    assert_eq!(
+        db.count("select count(*) from leaseq.queues where name = 'emails' and completed_retention_ms = 3600000 and concurrency_limit = 4")
+            .await,
+        1
+    );
+    let shown = chrome.wait_for("#set-completed_retention").await;
+    assert_eq!(shown.prop("value").await.unwrap().as_deref(), Some("3600"));
+    let kept = enqueue_to(&mut grpc, "emails", "kept after its ack").await;
+    let d = next_delivery(&mut stream, S10).await;
+    assert_eq!(id_of(&d), kept);
+    ack_with(&mut grpc, &d).await;
+    chrome
+        .client
+        .goto(&format!("{base}#/job/{kept}"))
+        .await
+        .unwrap();
+    chrome.wait_text("#job-state", "completed").await;
+    chrome.wait_text("#payload", "kept after its ack").await;
 
     // Purge needs a confirmation.
     let id = enqueue_to(&mut grpc, "emails", "to be purged").await;
@@ -494,10 +554,133 @@ async fn console_follows_the_queues_and_requeues_a_dead_letter() {
         .await;
     assert_eq!(db.dead_jobs().await, 0);
 
+    // A selection: five dead letters of `reports` (the four waiting since
+    // the start and a JSON one), two ticked and requeued; only those two
+    // come back, the other three stay dead.
+    let json_id = enqueue_to(&mut grpc, "reports", JSON_PAYLOAD).await;
+    let mut reporter = subscribe_as(&mut grpc, "reports", "reporter-1", 5).await;
+    let dead = take(&mut reporter, 5, S10).await;
+    for d in &dead {
+        dead_letter(&mut grpc, d, "renderer timed out").await;
+    }
+    assert_eq!(db.dead_jobs().await, 5);
+    let picked: Vec<String> = dead
+        .iter()
+        .map(id_of)
+        .filter(|id| *id != json_id)
+        .take(2)
+        .collect();
+    chrome
+        .client
+        .goto(&format!("{base}#/dead/reports"))
+        .await
+        .unwrap();
+    for d in &dead {
+        chrome
+            .wait_for(&format!(r#"tr[data-job="{}"]"#, id_of(d)))
+            .await;
+    }
+    for id in &picked {
+        chrome
+            .click(&format!(r#"tr[data-job="{id}"] input.pick"#))
+            .await;
+    }
+    chrome.click("#requeue-selected").await;
+    chrome.wait_text("#flash-msg", "Requeued 2 job(s)").await;
+    let mut back: Vec<String> = take(&mut reporter, 2, S10)
+        .await
+        .iter()
+        .map(id_of)
+        .collect();
+    back.sort();
+    let mut want = picked.clone();
+    want.sort();
+    assert_eq!(back, want, "exactly the ticked ones are delivered again");
+    assert_quiet(
+        &mut reporter,
+        Duration::from_millis(500),
+        "only two were requeued",
+    )
+    .await;
+    assert_eq!(db.dead_jobs().await, 3);
+    let still_dead: Vec<String> = sqlx::query_scalar("select id::text from leaseq.dead_jobs")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    for d in &dead {
+        let id = id_of(d);
+        assert_eq!(
+            still_dead.contains(&id),
+            !picked.contains(&id),
+            "{id}: dead now {still_dead:?}, picked {picked:?}"
+        );
+    }
+    // The list was re-rendered without them.
+    let started = Instant::now();
+    while chrome
+        .client
+        .find_all(Locator::Css("#dead-body tr[data-job]"))
+        .await
+        .unwrap()
+        .len()
+        != 3
+    {
+        assert!(started.elapsed() < S10, "three rows left within 10s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A JSON payload opens pretty printed, as text; the Text tab shows it
+    // as it was sent.
+    chrome
+        .click(&format!(r#"tr[data-job="{json_id}"] a"#))
+        .await;
+    chrome.wait_text("#job-id", &json_id).await;
+    let payload = chrome.wait_for("#payload").await;
+    assert_eq!(
+        payload.attr("data-view").await.unwrap().as_deref(),
+        Some("json")
+    );
+    let shown = chrome
+        .client
+        .execute(
+            "return document.getElementById('payload').textContent;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(shown, json!(JSON_PRETTY));
+    let inside = chrome
+        .client
+        .find_all(Locator::Css("#payload *"))
+        .await
+        .unwrap();
+    assert!(inside.is_empty(), "the JSON view made no elements");
+    chrome.click("#view-text").await;
+    chrome.wait_text("#payload", JSON_PAYLOAD).await;
+    chrome.click("#view-json").await;
+    let payload = chrome.wait_for("#payload").await;
+    assert_eq!(
+        payload.attr("data-view").await.unwrap().as_deref(),
+        Some("json")
+    );
+
     chrome.close().await;
     drop(stream);
+    drop(reporter);
     broker.stop().await;
 }
+
+/// A JSON payload, and how the console's JSON view shows it (two-space
+/// indent, keys in their order, the markup as text).
+const JSON_PAYLOAD: &str = r#"{"report":"daily","rows":[1,2],"note":"<b>bold</b>"}"#;
+const JSON_PRETTY: &str = r#"{
+  "report": "daily",
+  "rows": [
+    1,
+    2
+  ],
+  "note": "<b>bold</b>"
+}"#;
 
 async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
     c.ack(pb::AckRequest {

@@ -111,8 +111,10 @@ async function request(method, path, body) {
   let data = null;
   try { data = await r.json(); } catch (_) { data = null; }
   if (r.status === 401 && path !== "/api/login") {
+    // A first visit has had no session to end: just the form.
+    const had = state.session !== null;
     state.session = null;
-    showLogin("Your session ended: log in again.");
+    showLogin(had ? "Your session ended: log in again." : null);
     throw new HttpError(401, (data && data.error) || "not logged in");
   }
   if (!r.ok) throw new HttpError(r.status, (data && data.error) || r.statusText);
