@@ -43,6 +43,9 @@ mod examples {
     pub mod admin {
         include!("../crates/client/examples/admin.rs");
     }
+    pub mod tracing {
+        include!("../crates/client/examples/tracing.rs");
+    }
 }
 
 const S10: Duration = Duration::from_secs(10);
@@ -1157,6 +1160,330 @@ async fn handlers_per_queue_with_a_fallback_and_trace_context() {
     assert_eq!(got["sms"].1.traceparent(), None);
     until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
     running.stop(S10).await.expect("clean stop");
+    broker.stop().await;
+}
+
+/// The spans of a real OpenTelemetry SDK, as its exporter receives them.
+#[derive(Clone, Debug, Default)]
+struct Collected(Arc<Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+impl opentelemetry_sdk::trace::SpanExporter for Collected {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.lock().unwrap().extend(batch);
+        Ok(())
+    }
+}
+
+/// The `otel` feature: an enqueue inside a span carries that span's context
+/// (a job with its own `traceparent` keeps it; one outside any span gets
+/// none), and the worker runs each handler in a `process <queue>` consumer
+/// span, child of the producer's, whose outcome and status it records; the
+/// handler's own spans are children of that span.
+#[tokio::test]
+async fn otel_enqueue_carries_the_current_span_and_the_handler_span_is_its_child() {
+    use opentelemetry::context::FutureExt as _;
+    use opentelemetry::trace::{
+        Span as _, SpanKind, Status, TraceContextExt, Tracer, TracerProvider as _,
+    };
+    use opentelemetry::{Context, KeyValue};
+
+    let spans = Collected::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+
+    let cx = Context::current_with_span(provider.tracer("app").start("produce"));
+    let producer = cx.span().span_context().clone();
+    let fine = client
+        .enqueue(Job::new("otel", "fine"))
+        .with_context(cx.clone())
+        .await
+        .unwrap();
+    let failing = client
+        .enqueue_batch([Job::new("otel", "fail")])
+        .with_context(cx.clone())
+        .await
+        .unwrap()
+        .remove(0);
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let own = client
+        .enqueue(Job::new("otel", "own").traceparent(TP))
+        .with_context(cx.clone())
+        .await
+        .unwrap();
+    cx.span().end();
+    let bare = client.enqueue(Job::new("otel", "bare")).await.unwrap();
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let running = Running::serve(Worker::builder(client.clone()).handle(
+        "otel",
+        move |d: Delivery| {
+            let tx = tx.clone();
+            async move {
+                // A span of the handler's own, in the context it runs in.
+                let tracer = opentelemetry::global::tracer("handler");
+                tracer.start("work").end();
+                let sc = Context::current().span().span_context().clone();
+                tx.send((d.id.clone(), d.traceparent().map(str::to_owned), sc))
+                    .unwrap();
+                if d.payload == b"fail" {
+                    return Err(DeadLetter::new("bad input").into());
+                }
+                Ok::<(), anyhow::Error>(())
+            }
+        },
+    ));
+    let mut seen = HashMap::new();
+    while seen.len() < 4 {
+        let (id, tp, sc) = tokio::time::timeout(S10, rx.recv())
+            .await
+            .expect("4 jobs handled")
+            .unwrap();
+        seen.insert(id, (tp, sc));
+    }
+    until(
+        &db,
+        "select (select count(*) from leaseq.jobs) = 0
+            and (select count(*) from leaseq.dead_jobs) = 1",
+        S10,
+    )
+    .await;
+    running.stop(S10).await.expect("clean stop");
+    broker.stop().await;
+
+    let producer_tp = TraceParent {
+        trace_id: producer.trace_id().to_bytes(),
+        parent_id: producer.span_id().to_bytes(),
+        flags: producer.trace_flags().to_u8(),
+    }
+    .to_string();
+    assert!(producer.is_sampled());
+    assert_eq!(seen[&fine.job_id].0.as_deref(), Some(producer_tp.as_str()));
+    assert_eq!(
+        seen[&failing.job_id].0.as_deref(),
+        Some(producer_tp.as_str())
+    );
+    assert_eq!(
+        seen[&own.job_id].0.as_deref(),
+        Some(TP),
+        "a job's own traceparent is kept"
+    );
+    assert_eq!(seen[&bare.job_id].0, None, "no span, no traceparent");
+
+    let spans = spans.0.lock().unwrap().clone();
+    let process = |id: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == "process otel"
+                    && s.attributes
+                        .contains(&KeyValue::new("messaging.message.id", id.to_owned()))
+            })
+            .unwrap_or_else(|| panic!("a process span for {id} in {spans:#?}"))
+    };
+    let attr = |s: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    for (id, status, outcome) in [
+        (&fine.job_id, Status::Ok, "ack"),
+        (&failing.job_id, Status::error("bad input"), "dead_letter"),
+    ] {
+        let s = process(id);
+        assert_eq!(s.span_context.trace_id(), producer.trace_id(), "{id}");
+        assert_eq!(
+            s.parent_span_id,
+            producer.span_id(),
+            "child of the producer's span"
+        );
+        assert!(s.parent_span_is_remote);
+        assert_eq!(s.span_kind, SpanKind::Consumer);
+        assert_eq!(s.status, status);
+        assert_eq!(attr(s, "leaseq.outcome").as_deref(), Some(outcome));
+        assert_eq!(
+            attr(s, "messaging.destination.name").as_deref(),
+            Some("otel")
+        );
+        assert_eq!(attr(s, "messaging.system").as_deref(), Some("leaseq"));
+        // The handler ran in this span: its context and its own span say so.
+        assert_eq!(seen[id].1.span_id(), s.span_context.span_id());
+        let work = spans.iter().find(|w| {
+            w.name == "work"
+                && w.span_context.trace_id() == producer.trace_id()
+                && w.parent_span_id == s.span_context.span_id()
+        });
+        assert!(
+            work.is_some(),
+            "the handler's span is a child of {id}'s process span"
+        );
+    }
+    let s = process(&own.job_id);
+    assert_eq!(
+        s.span_context.trace_id().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
+    let s = process(&bare.job_id);
+    assert_eq!(
+        s.parent_span_id,
+        opentelemetry::trace::SpanId::INVALID,
+        "a root span"
+    );
+    assert_ne!(s.span_context.trace_id(), producer.trace_id());
+    let produce = spans
+        .iter()
+        .find(|s| s.name == "produce")
+        .expect("the producer's span");
+    assert_eq!(produce.span_context.span_id(), producer.span_id());
+}
+
+/// The tracing example: `signup` → `process <queue>` → `send email`, one
+/// trace, each span the parent of the next.
+#[tokio::test]
+async fn the_tracing_example_makes_one_trace_from_producer_to_handler() {
+    let spans = Collected::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    opentelemetry::global::set_tracer_provider(provider);
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let id = tokio::time::timeout(S10, examples::tracing::traced_round_trip(&client, "traced"))
+        .await
+        .expect("the example ends")
+        .unwrap();
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    broker.stop().await;
+    let spans = spans.0.lock().unwrap().clone();
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("a span {name} in {spans:#?}"))
+    };
+    let (signup, process, send) = (
+        named("signup"),
+        named("process traced"),
+        named("send email"),
+    );
+    assert!(
+        process
+            .attributes
+            .contains(&opentelemetry::KeyValue::new("messaging.message.id", id))
+    );
+    assert_eq!(process.parent_span_id, signup.span_context.span_id());
+    assert_eq!(send.parent_span_id, process.span_context.span_id());
+    for s in [process, send] {
+        assert_eq!(s.span_context.trace_id(), signup.span_context.trace_id());
+    }
+}
+
+/// The crate installs from its folder into a project of its own: a new
+/// cargo package that depends on `leaseq-client` by path (nothing of this
+/// workspace but the crate and the lock file's versions) builds offline and
+/// runs, enqueueing a job and working it with a `Worker` against a broker.
+/// The build shares this workspace's target directory and profiles, so the
+/// registry crates already built are reused; leaseq-client and leaseq-proto
+/// are compiled for it.
+#[tokio::test]
+async fn the_crate_builds_and_runs_in_a_project_of_its_own() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let profiles = &workspace[workspace.find("\n[profile.").expect("profiles") + 1..];
+    let project = Scratch::new("rust-user");
+    let dir = project.dir();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            r#"[package]
+name = "leaseq-user"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+leaseq-client = {{ path = "{}" }}
+anyhow = "1"
+tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
+
+{profiles}"#,
+            root.join("crates/client").display()
+        ),
+    )
+    .unwrap();
+    std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    std::fs::create_dir(dir.join("src")).unwrap();
+    std::fs::write(
+        dir.join("src/main.rs"),
+        r#"use leaseq_client::{Client, Delivery, Job, Worker};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let client = Client::connect(std::env::var("LEASEQ_ADDR")?).await?;
+    let sent = client.enqueue(Job::new("installed", "hello")).await?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+    let tx = std::sync::Mutex::new(Some(tx));
+    let worker = Worker::builder(client.clone()).handle("installed", move |job: Delivery| {
+        if let Some(tx) = tx.lock().unwrap().take() {
+            let _ = tx.send(format!("{} {}", job.id, String::from_utf8_lossy(&job.payload)));
+        }
+        async { Ok::<(), anyhow::Error>(()) }
+    });
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(worker.serve(async { let _ = done_rx.await; }));
+    let handled = rx.await?;
+    done_tx.send(()).ok();
+    serving.await??;
+    println!("enqueued {} handled {handled}", sent.job_id);
+    Ok(())
+}
+"#,
+    )
+    .unwrap();
+
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let out = tokio::process::Command::new(env!("CARGO"))
+        .args(["run", "--offline", "--quiet"])
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", target)
+        .env("LEASEQ_ADDR", format!("http://{addr}"))
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(600), out)
+        .await
+        .expect("the project builds and runs within 10 minutes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cargo run: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let words: Vec<&str> = stdout.split_whitespace().collect();
+    assert!(
+        matches!(words.as_slice(), ["enqueued", a, "handled", b, "hello"] if a == b),
+        "{stdout}"
+    );
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
     broker.stop().await;
 }
 

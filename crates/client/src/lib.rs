@@ -50,6 +50,8 @@
 
 mod admin;
 pub mod connect;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod outcome;
 mod session;
 pub mod trace;
@@ -165,8 +167,15 @@ impl Client {
         AdminClient::from_client_channel(self.channel.clone())
     }
     /// Adds one job; returns once it is committed.
+    /// With the `otel` feature, the current OpenTelemetry span's context goes
+    /// into the job's headers unless the job has a `traceparent` already.
     pub async fn enqueue(&self, job: Job) -> Result<Enqueued, Status> {
-        let resp = self.queue.clone().enqueue(job.req).await?.into_inner();
+        let resp = self
+            .queue
+            .clone()
+            .enqueue(job.into_pb())
+            .await?
+            .into_inner();
         Ok(Enqueued::from(resp))
     }
 
@@ -176,7 +185,7 @@ impl Client {
         jobs: impl IntoIterator<Item = Job>,
     ) -> Result<Vec<Enqueued>, Status> {
         let req = pb::EnqueueBatchRequest {
-            jobs: jobs.into_iter().map(|j| j.req).collect(),
+            jobs: jobs.into_iter().map(Job::into_pb).collect(),
         };
         let resp = self.queue.clone().enqueue_batch(req).await?.into_inner();
         Ok(resp.results.into_iter().map(Enqueued::from).collect())
@@ -282,6 +291,16 @@ pub struct Job {
 }
 
 impl Job {
+    /// The request, with the caller's trace context where the `otel`
+    /// feature adds it.
+    fn into_pb(self) -> pb::EnqueueRequest {
+        #[allow(unused_mut)]
+        let mut req = self.req;
+        #[cfg(feature = "otel")]
+        otel::inject_current(&mut req.headers);
+        req
+    }
+
     pub fn new(queue: impl Into<String>, payload: impl Into<Vec<u8>>) -> Job {
         Job {
             req: pb::EnqueueRequest {

@@ -2,15 +2,14 @@
 //! so a trace can follow a job from its producer to its handler, across
 //! languages: the Python and Node clients write and read the same headers.
 //!
-//! What is automatic: nothing is injected on enqueue (this crate does not
-//! depend on OpenTelemetry); the worker reads `traceparent` from each
-//! delivery and records its trace id on the job's `tracing` span (field
-//! `trace_id`), so the worker's logs for a job carry the producer's trace id.
-//! What is not: making the handler's span a child of the producer's. With
-//! OpenTelemetry, inject on the producer side with your propagator into a
-//! `HashMap<String, String>` and pass it to [`Job::headers`], and on the
-//! worker side extract from [`Delivery::headers`] (a `HashMap` is both an
-//! `Injector` and an `Extractor`); see the crate README.
+//! What is automatic: the worker reads `traceparent` from each delivery
+//! and records its trace id on the job's `tracing` span (field
+//! `trace_id`), so the worker's logs for a job carry the producer's trace
+//! id. With the `otel` feature, enqueue also writes the current
+//! OpenTelemetry span's context into the job's headers, and the worker runs
+//! each handler in a consumer span that is a child of the producer's (see
+//! [`crate::otel`], when built with the feature). Without it, set the
+//! headers with [`Job::headers`] and read them from [`Delivery::headers`].
 //!
 //! [`Job::headers`]: crate::Job::headers
 //! [`Delivery::headers`]: crate::Delivery::headers

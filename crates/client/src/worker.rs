@@ -466,7 +466,13 @@ impl Worker {
                             Some(job) => {
                                 let span = job_span(&job);
                                 let settler = open.settler();
-                                tasks.spawn(process(ctx.clone(), settler, job).instrument(span));
+                                #[cfg(feature = "otel")]
+                                let otel_cx = crate::otel::handler_context(&job);
+                                let task = process(ctx.clone(), settler, job).instrument(span);
+                                #[cfg(feature = "otel")]
+                                let task =
+                                    opentelemetry::context::FutureExt::with_context(task, otel_cx);
+                                tasks.spawn(task);
                             }
                             None => warn!("delivery without a job; ignored"),
                         }
@@ -588,6 +594,12 @@ async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
         ran = run_handler(&ctx, job.clone()) => ran,
         () = keep_leased(&ctx, &settler, &job) => Ran::LeaseLost,
     };
+    #[cfg(feature = "otel")]
+    match &ran {
+        Ran::NotStarted => crate::otel::record(None, false),
+        Ran::LeaseLost => crate::otel::record(None, true),
+        Ran::Done(outcome) => crate::otel::record(Some(outcome), false),
+    }
     match ran {
         Ran::NotStarted => debug!("not started before the stop; released when the stream closes"),
         Ran::LeaseLost => {
@@ -618,9 +630,12 @@ async fn run_handler(ctx: &Ctx, job: Delivery) -> Ran {
     };
     // A task of its own so a panic becomes a Nack rather than a lost job;
     // aborted with this future (timeout, lost lease, grace elapsed).
-    let mut task = AbortOnDrop(tokio::spawn(
-        (route.handler)(job).instrument(Span::current()),
-    ));
+    let handler = (route.handler)(job).instrument(Span::current());
+    // The handler's task runs in this task's OpenTelemetry context: its
+    // spans are children of the job's.
+    #[cfg(feature = "otel")]
+    let handler = opentelemetry::context::FutureExt::with_current_context(handler);
+    let mut task = AbortOnDrop(tokio::spawn(handler));
     let joined = match route.timeout {
         None => (&mut task.0).await,
         Some(limit) => match tokio::time::timeout(limit, &mut task.0).await {
