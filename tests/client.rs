@@ -1394,9 +1394,52 @@ async fn the_tracing_example_makes_one_trace_from_producer_to_handler() {
 /// cargo package that depends on `leaseq-client` by path (nothing of this
 /// workspace but the crate and the lock file's versions) builds offline and
 /// runs, enqueueing a job and working it with a `Worker` against a broker.
-/// The build shares this workspace's target directory and profiles, so the
-/// registry crates already built are reused; leaseq-client and leaseq-proto
-/// are compiled for it.
+/// Every ```rust block of the crate's README is compiled in it too, each
+/// as the body of an async function (`client`, `id` and `payload` given,
+/// and a stub `deliver`), so the README's snippets stay true to the API.
+/// The build shares this workspace's target directory and profiles.
+/// The crate README's ```rust blocks as a module: each the body of an
+/// async function, in the README's order.
+fn readme_blocks(root: &std::path::Path) -> String {
+    let readme = std::fs::read_to_string(root.join("crates/client/README.md")).unwrap();
+    let mut out = String::from(
+        "//! The README's Rust blocks, compiled (not run).\n\
+         #![allow(unused, clippy::all)]\n\
+         use leaseq_client::*;\n\
+         /// What the consume block's handler calls.\n\
+         #[derive(Debug)]\n\
+         pub struct SendError;\n\
+         impl std::fmt::Display for SendError {\n\
+             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(\"send\") }\n\
+         }\n\
+         impl std::error::Error for SendError {}\n\
+         impl SendError {\n\
+             pub fn is_busy(&self) -> bool { false }\n\
+             pub fn is_permanent(&self) -> bool { false }\n\
+         }\n\
+         pub async fn deliver(_: &[u8]) -> Result<(), SendError> { Ok(()) }\n",
+    );
+    let mut blocks = 0;
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "```rust" {
+            continue;
+        }
+        blocks += 1;
+        out.push_str(&format!(
+            "\npub async fn block_{blocks}(client: Client, id: String, payload: &'static str) \
+             -> anyhow::Result<()> {{\n"
+        ));
+        for body in lines.by_ref().take_while(|l| l.trim() != "```") {
+            out.push_str(body);
+            out.push('\n');
+        }
+        out.push_str("Ok(())\n}\n");
+    }
+    assert!(blocks >= 5, "the README's Rust blocks: {blocks}");
+    out
+}
+
 #[tokio::test]
 async fn the_crate_builds_and_runs_in_a_project_of_its_own() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -1414,9 +1457,10 @@ edition = "2024"
 publish = false
 
 [dependencies]
-leaseq-client = {{ path = "{}" }}
+leaseq-client = {{ path = "{}", features = ["otel"] }}
 anyhow = "1"
-tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
+opentelemetry = {{ version = "0.33", default-features = false, features = ["trace"] }}
+tokio = {{ version = "1", features = ["macros", "rt-multi-thread", "signal"] }}
 
 {profiles}"#,
             root.join("crates/client").display()
@@ -1425,9 +1469,12 @@ tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}
     .unwrap();
     std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
     std::fs::create_dir(dir.join("src")).unwrap();
+    std::fs::write(dir.join("src/readme.rs"), readme_blocks(&root)).unwrap();
     std::fs::write(
         dir.join("src/main.rs"),
-        r#"use leaseq_client::{Client, Delivery, Job, Worker};
+        r#"mod readme;
+
+use leaseq_client::{Client, Delivery, Job, Worker};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
