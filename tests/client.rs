@@ -1394,14 +1394,14 @@ async fn the_tracing_example_makes_one_trace_from_producer_to_handler() {
 /// cargo package that depends on `leaseq-client` by path (nothing of this
 /// workspace but the crate and the lock file's versions) builds offline and
 /// runs, enqueueing a job and working it with a `Worker` against a broker.
-/// Every ```rust block of the crate's README is compiled in it too, each
-/// as the body of an async function (`client`, `id` and `payload` given,
-/// and a stub `deliver`), so the README's snippets stay true to the API.
+/// Every ```rust block of the crate's README and of docs/clients.md is
+/// compiled in it too, each as the body of an async function (`client`,
+/// `id` and `payload` given, and stubs for what the handlers call), so the
+/// snippets stay true to the API.
 /// The build shares this workspace's target directory and profiles.
-/// The crate README's ```rust blocks as a module: each the body of an
-/// async function, in the README's order.
+/// The ```rust blocks of the crate's README and of docs/clients.md as a
+/// module: each the body of an async function, in the files' order.
 fn readme_blocks(root: &std::path::Path) -> String {
-    let readme = std::fs::read_to_string(root.join("crates/client/README.md")).unwrap();
     let mut out = String::from(
         "//! The README's Rust blocks, compiled (not run).\n\
          #![allow(unused, clippy::all)]\n\
@@ -1417,26 +1417,36 @@ fn readme_blocks(root: &std::path::Path) -> String {
              pub fn is_busy(&self) -> bool { false }\n\
              pub fn is_permanent(&self) -> bool { false }\n\
          }\n\
-         pub async fn deliver(_: &[u8]) -> Result<(), SendError> { Ok(()) }\n",
+         pub async fn deliver(_: &[u8]) -> Result<(), SendError> { Ok(()) }\n\
+         pub async fn mail_server_busy() -> bool { false }\n\
+         pub async fn send_sms(_: Delivery) -> anyhow::Result<()> { Ok(()) }\n",
     );
     let mut blocks = 0;
-    let mut lines = readme.lines();
-    while let Some(line) = lines.next() {
-        if line.trim() != "```rust" {
-            continue;
+    for (file, at_least) in [("crates/client/README.md", 5), ("docs/clients.md", 1)] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let before = blocks;
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "```rust" {
+                continue;
+            }
+            blocks += 1;
+            out.push_str(&format!(
+                "\n/// {file}\npub async fn block_{blocks}(client: Client, id: String, \
+                 payload: &'static str) -> anyhow::Result<()> {{\n"
+            ));
+            for body in lines.by_ref().take_while(|l| l.trim() != "```") {
+                out.push_str(body);
+                out.push('\n');
+            }
+            out.push_str("Ok(())\n}\n");
         }
-        blocks += 1;
-        out.push_str(&format!(
-            "\npub async fn block_{blocks}(client: Client, id: String, payload: &'static str) \
-             -> anyhow::Result<()> {{\n"
-        ));
-        for body in lines.by_ref().take_while(|l| l.trim() != "```") {
-            out.push_str(body);
-            out.push('\n');
-        }
-        out.push_str("Ok(())\n}\n");
+        assert!(
+            blocks - before >= at_least,
+            "{file}'s Rust blocks: {}",
+            blocks - before
+        );
     }
-    assert!(blocks >= 5, "the README's Rust blocks: {blocks}");
     out
 }
 
