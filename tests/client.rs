@@ -1516,7 +1516,18 @@ async fn main() -> anyhow::Result<()> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let out = tokio::process::Command::new(env!("CARGO"))
+    let mut cargo = tokio::process::Command::new(env!("CARGO"));
+    // The environment of a shell, not of this test: cargo gives a test
+    // CARGO_MANIFEST_DIR, CARGO_PKG_* and more, and build scripts that track
+    // one of them (ring's does) would be rebuilt in the shared target
+    // directory, and then again by the workspace's next build.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("NEXTEST") {
+            cargo.env_remove(&*key);
+        }
+    }
+    let out = cargo
         .args(["run", "--offline", "--quiet"])
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", target)

@@ -98,11 +98,19 @@ test('the installed package: require (CommonJS) against the broker', { timeout: 
   assert.deepEqual(await node('require.cjs', { QUEUE: queueName() }), ['round trip: from CommonJS']);
 });
 
-test('the installed package: tsc --noEmit --strict accepts a user file (ESM and CommonJS)', { timeout: 90000 }, async () => {
+test('the installed package: tsc --noEmit --strict accepts a user file (ESM and CommonJS) and docs/clients.md\'s block', { timeout: 90000 }, async () => {
   assert.ok(project, 'installed by an earlier test');
   for (const f of ['user.mts', 'user.cts', 'tsconfig.json']) {
     fs.copyFileSync(path.join(__dirname, 'fixtures', f), path.join(project, f));
   }
+  // docs/clients.md's Node block, checked as a user's ES module too.
+  const docs = fs.readFileSync(path.join(REPO, 'docs', 'clients.md'), 'utf8');
+  const blocks = [...docs.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]);
+  assert.ok(blocks.length >= 1, 'docs/clients.md has a js block');
+  fs.writeFileSync(path.join(project, 'docs.mts'), blocks.join('\n'));
+  const tsconfig = JSON.parse(fs.readFileSync(path.join(project, 'tsconfig.json'), 'utf8').replace(/^\s*\/\/.*$/gm, ''));
+  tsconfig.files.push('docs.mts');
+  fs.writeFileSync(path.join(project, 'tsconfig.json'), JSON.stringify(tsconfig));
   // The user's own @types/node: this package's devDependency.
   const tsc = require.resolve('typescript/bin/tsc');
   try {

@@ -6,6 +6,7 @@ installed package (py.typed)."""
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,7 +86,13 @@ def test_the_wheel_installs_into_a_fresh_venv_and_works(installed, addr):
 
 def test_mypy_strict_accepts_user_code_against_the_installed_package(installed, tmp_path):
     py, _ = installed
-    user_files = [HERE / "tests" / "typed_user.py", *sorted((HERE / "examples").glob("*.py"))]
+    # docs/clients.md's Python block, with what its handler calls.
+    docs = (HERE.parent.parent / "docs" / "clients.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", docs, re.S)
+    assert blocks, "docs/clients.md has a python block"
+    docs_file = tmp_path / "docs_clients.py"
+    docs_file.write_text("def mail_server_busy() -> bool:\n    return False\n\n\n" + "\n".join(blocks))
+    user_files = [HERE / "tests" / "typed_user.py", *sorted((HERE / "examples").glob("*.py")), docs_file]
     # From a directory without the sources, so `leaseq` is the installed one.
     r = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--python-executable", str(py),
