@@ -2244,6 +2244,56 @@ async fn the_admin_client_covers_the_admin_service() {
 
 // ---- the crate's examples --------------------------------------------------
 
+/// The worker example as users run it (`cargo run --example worker`: the
+/// binary cargo built beside this test): its `main` connects, enqueues the
+/// samples, works them, and on SIGTERM stops gracefully and exits 0.
+#[tokio::test]
+async fn the_worker_example_runs_as_a_program_and_stops_on_sigterm() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = target.join("debug/examples/worker");
+    assert!(
+        bin.exists(),
+        "{} (built by cargo test --no-run)",
+        bin.display()
+    );
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = Broker::start(&db, addr).await;
+    let child = tokio::process::Command::new(&bin)
+        .env("LEASEQ_ADDR", format!("http://{addr}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until(
+        &db,
+        "select (select count(*) from leaseq.jobs where queue in ('emails', 'reports')) = 0 \
+         and (select count(*) from leaseq.dead_jobs) = 2",
+        Duration::from_secs(30),
+    )
+    .await;
+    let pid = child.id().expect("running") as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the example stops within its grace")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.lines().last() == Some("stopped"), "{stdout}");
+    assert!(stdout.contains("attempt 2 \"busy\""), "{stdout}");
+    broker.stop().await;
+}
+
 #[tokio::test]
 async fn the_examples_run_against_a_broker() {
     let db = TestDb::new().await;
