@@ -144,6 +144,12 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEQ_BATCH_CONCURRENCY", default_value_t = defaults().batch_concurrency as u16,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub batch_concurrency: u16,
+    /// How long an ack on a Consume stream that finds nothing else to commit
+    /// waits for company: fewer commits at light load for up to this much
+    /// ack latency (unary Ack and AckBatch never wait). 0s: none. At most 1s.
+    #[arg(long, env = "LEASEQ_ACK_LINGER", default_value_t = defaults().ack_linger.into(),
+          value_parser = parse_ack_linger)]
+    pub ack_linger: CliDuration,
     /// Heartbeat interval on idle streams.
     #[arg(long, env = "LEASEQ_HEARTBEAT_INTERVAL", default_value_t = defaults().heartbeat_interval.into())]
     pub heartbeat_interval: CliDuration,
@@ -274,6 +280,16 @@ pub struct SecurityArgs {
     pub concurrency_limit_per_connection: Option<usize>,
 }
 
+/// `--ack-linger`: a duration of at most a second (a longer one would hold
+/// every stream's credit back that long).
+fn parse_ack_linger(s: &str) -> Result<CliDuration, String> {
+    let d = crate::duration::parse_duration(s)?;
+    if d > std::time::Duration::from_secs(1) {
+        return Err(format!("{s}: at most 1s"));
+    }
+    Ok(CliDuration(d))
+}
+
 impl ServeArgs {
     /// Where spans go: --otlp-endpoint / LEASEQ_OTLP_ENDPOINT, else the
     /// standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then
@@ -299,6 +315,7 @@ impl ServeArgs {
         Config {
             pool_size: self.pool_size,
             batch_concurrency: usize::from(self.batch_concurrency),
+            ack_linger: self.ack_linger.0,
             heartbeat_interval: self.heartbeat_interval.0,
             poll_interval: self.poll_interval.0,
             reap_interval: self.reap_interval.0,
@@ -351,6 +368,31 @@ mod tests {
         from_flags.otlp = args.otlp(|_| None);
         assert_eq!(args.listen.port(), 50051);
         assert_eq!(format!("{from_flags:?}"), format!("{lib:?}"));
+    }
+
+    #[test]
+    fn the_ack_linger_is_a_duration_of_at_most_a_second() {
+        #[derive(Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let linger = |v: &str| {
+            Serve::try_parse_from(["leaseq", "--ack-linger", v])
+                .map(|a| a.serve.config().ack_linger)
+        };
+        assert_eq!(linger("0s").unwrap(), std::time::Duration::ZERO);
+        assert_eq!(
+            linger("500us").unwrap(),
+            std::time::Duration::from_micros(500)
+        );
+        assert_eq!(linger("1s").unwrap(), std::time::Duration::from_secs(1));
+        let e = linger("2s").unwrap_err().to_string();
+        assert!(
+            e.contains("--ack-linger") && e.contains("at most 1s"),
+            "{e}"
+        );
+        assert!(linger("soon").is_err());
     }
 
     #[test]

@@ -43,7 +43,12 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(store: Store, dispatcher: &Dispatcher, batch_concurrency: usize) -> Lane {
+    fn new(
+        store: Store,
+        dispatcher: &Dispatcher,
+        batch_concurrency: usize,
+        ack_linger: std::time::Duration,
+    ) -> Lane {
         let settle = dispatcher.settle().clone();
         let enqueue = {
             let (dispatcher, store, known) =
@@ -65,6 +70,7 @@ impl Lane {
                 |r: &Vec<AckReq>| r.len(),
                 move |reqs| ack(settle.clone(), reqs),
             )
+            .with_linger(ack_linger)
         };
         let nack = {
             let settle = settle.clone();
@@ -96,10 +102,12 @@ impl Lane {
 }
 
 impl Broker {
+    /// `batch_concurrency` and `ack_linger` as in [`crate::Config`].
     pub fn new(
         clusters: Clusters,
         dispatcher: Dispatcher,
         batch_concurrency: usize,
+        ack_linger: std::time::Duration,
     ) -> Arc<Broker> {
         let lanes = clusters
             .all()
@@ -107,7 +115,7 @@ impl Broker {
             .map(|s| {
                 (
                     s.cluster,
-                    Lane::new(s.clone(), &dispatcher, batch_concurrency),
+                    Lane::new(s.clone(), &dispatcher, batch_concurrency, ack_linger),
                 )
             })
             .collect();
@@ -241,11 +249,26 @@ impl Broker {
     /// several clusters, those of a cluster that failed get its error and
     /// the others their own results.
     pub async fn ack_many(&self, reqs: Vec<AckReq>) -> Result<Vec<Result<()>>> {
+        self.ack_in_lanes(reqs, false).await
+    }
+
+    /// [`Broker::ack_many`] for acks whose sender does not wait on them
+    /// (a Consume stream's): at light load they linger for company (see
+    /// `Batcher::call_lingering`).
+    pub async fn ack_streamed(&self, reqs: Vec<AckReq>) -> Result<Vec<Result<()>>> {
+        self.ack_in_lanes(reqs, true).await
+    }
+
+    async fn ack_in_lanes(&self, reqs: Vec<AckReq>, linger: bool) -> Result<Vec<Result<()>>> {
         let first = reqs.first().map_or(ClusterId::HOME, |r| r.token.1);
         if reqs.iter().all(|r| r.token.1 == first) {
             return match self.lanes.get(&first) {
                 Some(lane) => {
-                    let r = lane.ack.call(reqs).await;
+                    let r = if linger {
+                        lane.ack.call_lingering(reqs).await
+                    } else {
+                        lane.ack.call(reqs).await
+                    };
                     self.named(first, r)
                 }
                 None => Ok(reqs

@@ -24,6 +24,13 @@ pub struct Config {
     /// job) under load; more lets more commits overlap. An idle broker runs
     /// each call's statement at once either way.
     pub batch_concurrency: usize,
+    /// How long an ack sent on a Consume stream that finds its batcher idle
+    /// waits for others to share its commit. The sender does not wait on it
+    /// (its result comes back on the stream), so at light load this trades
+    /// up to this much ack latency for fewer commits; under load batches
+    /// form anyway. Zero: every ack commits at once. Unary Ack and AckBatch
+    /// calls never wait.
+    pub ack_linger: Duration,
     /// Heartbeat interval on idle streams.
     pub heartbeat_interval: Duration,
     /// Fallback poll: every queue with streams is checked this often even
@@ -123,6 +130,7 @@ impl Default for Config {
         Config {
             pool_size: 10,
             batch_concurrency: 2,
+            ack_linger: Duration::from_millis(1),
             heartbeat_interval: Duration::from_secs(15),
             poll_interval: Duration::from_secs(10),
             reap_interval: Duration::from_secs(5),

@@ -160,7 +160,12 @@ impl Server {
                 listen_pool,
             });
         }
-        let broker = Broker::new(clusters.clone(), dispatcher.clone(), cfg.batch_concurrency);
+        let broker = Broker::new(
+            clusters.clone(),
+            dispatcher.clone(),
+            cfg.batch_concurrency,
+            cfg.ack_linger,
+        );
         let reporter = HealthReporter::new();
         let health = tonic_health::pb::health_server::HealthServer::new(
             tonic_health::server::HealthService::from_health_reporter(reporter.clone()),

@@ -240,7 +240,7 @@ impl Reader {
         self.settles.spawn(async move {
             if !valid.is_empty() {
                 let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
-                let outcomes = broker.ack_many(reqs).await;
+                let outcomes = broker.ack_streamed(reqs).await;
                 match &outcomes {
                     Ok(r) => spans
                         .into_iter()

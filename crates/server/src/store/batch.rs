@@ -57,6 +57,11 @@ struct Inner<Req, Resp> {
     /// of the database connections).
     slots: Arc<Semaphore>,
     next_call: AtomicU64,
+    /// How long a request that finds the batcher idle waits for company
+    /// when its caller asked to linger (see [`Batcher::call_lingering`]).
+    linger: std::time::Duration,
+    /// A lingering request holds a slot: others queue behind it.
+    lingering: std::sync::atomic::AtomicBool,
 }
 
 impl<Req, Resp> Batcher<Req, Resp>
@@ -87,8 +92,60 @@ where
                 queue: Mutex::new(VecDeque::new()),
                 slots: Arc::new(Semaphore::new(concurrency.max(1))),
                 next_call: AtomicU64::new(0),
+                linger: std::time::Duration::ZERO,
+                lingering: std::sync::atomic::AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Sets the linger of [`Batcher::call_lingering`] (zero: none).
+    pub fn with_linger(mut self, linger: std::time::Duration) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("set before the batcher is shared")
+            .linger = linger;
+        self
+    }
+
+    /// Like [`Batcher::call`], for a caller that does not wait on the
+    /// answer to go on: a request that finds the batcher idle holds a slot
+    /// for the linger, so that requests arriving meanwhile share its
+    /// statement (one commit for several at light load).
+    pub async fn call_lingering(&self, req: Req) -> Result<Resp> {
+        let linger = self.inner.linger;
+        if linger.is_zero() {
+            return self.call(req).await;
+        }
+        let call = self.inner.next_call.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        self.inner
+            .queue
+            .lock()
+            .expect("poisoned")
+            .push_back(Queued { call, req, reply });
+        if !self.inner.lingering.load(Ordering::Acquire)
+            && let Ok(slot) = self.inner.slots.clone().try_acquire_owned()
+            && !self.inner.lingering.swap(true, Ordering::AcqRel)
+        {
+            let slot = Slot {
+                inner: self.inner.clone(),
+                permit: Some(slot),
+            };
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(linger).await;
+                inner.lingering.store(false, Ordering::Release);
+                let batch = inner.take_batch();
+                if !batch.is_empty() {
+                    inner.run(batch).await;
+                }
+                // Dropping the slot runs whatever queued meanwhile.
+                drop(slot);
+            });
+        }
+        // Otherwise a lingering request or a running statement takes ours
+        // (a slot taken while another lingered is given back by its drop,
+        // which runs what is queued).
+        rx.await.map_err(|_| Error::Internal("batch dropped"))?
     }
 
     /// Queues one request and waits for its result.
@@ -217,6 +274,43 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Lingering calls a moment apart share one statement; calls that do not
+    /// linger run at once, each its own; a lingering call alone still runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lingering_calls_share_a_statement() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let b: Batcher<u32, u32> = Batcher::new(
+            "test",
+            100,
+            2,
+            |_| 1,
+            move |reqs: Vec<u32>| {
+                seen.lock().unwrap().push(reqs.clone());
+                async move { Ok(reqs.into_iter().map(|r| Ok(r + 1)).collect()) }
+            },
+        )
+        .with_linger(Duration::from_millis(50));
+        let first = tokio::spawn({
+            let b = b.clone();
+            async move { b.call_lingering(1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let second = tokio::spawn({
+            let b = b.clone();
+            async move { b.call_lingering(2).await }
+        });
+        assert_eq!(first.await.unwrap().unwrap(), 2);
+        assert_eq!(second.await.unwrap().unwrap(), 3);
+        assert_eq!(*batches.lock().unwrap(), [vec![1, 2]]);
+        // A plain call does not wait for company.
+        let started = std::time::Instant::now();
+        assert_eq!(b.call(3).await.unwrap(), 4);
+        assert!(started.elapsed() < Duration::from_millis(50));
+        assert_eq!(b.call_lingering(4).await.unwrap(), 5);
+        assert_eq!(*batches.lock().unwrap(), [vec![1, 2], vec![3], vec![4]]);
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn every_call_is_answered_and_concurrent_calls_share_batches() {
