@@ -62,6 +62,10 @@ struct Inner<Req, Resp> {
     linger: std::time::Duration,
     /// A lingering request holds a slot: others queue behind it.
     lingering: std::sync::atomic::AtomicBool,
+    /// When the last lingering call came (nanoseconds since `epoch`;
+    /// `u64::MAX`: none yet).
+    last_call: AtomicU64,
+    epoch: tokio::time::Instant,
 }
 
 impl<Req, Resp> Batcher<Req, Resp>
@@ -94,6 +98,8 @@ where
                 next_call: AtomicU64::new(0),
                 linger: std::time::Duration::ZERO,
                 lingering: std::sync::atomic::AtomicBool::new(false),
+                last_call: AtomicU64::new(u64::MAX),
+                epoch: tokio::time::Instant::now(),
             }),
         }
     }
@@ -109,10 +115,17 @@ where
     /// Like [`Batcher::call`], for a caller that does not wait on the
     /// answer to go on: a request that finds the batcher idle holds a slot
     /// for the linger, so that requests arriving meanwhile share its
-    /// statement (one commit for several at light load).
+    /// statement (one commit for several at light load). Only while such
+    /// calls come less than two lingers apart: sparser ones would wait for
+    /// nobody, and run at once.
     pub async fn call_lingering(&self, req: Req) -> Result<Resp> {
         let linger = self.inner.linger;
-        if linger.is_zero() {
+        let now = self.inner.epoch.elapsed().as_nanos() as u64;
+        let last = self.inner.last_call.swap(now, Ordering::Relaxed);
+        if linger.is_zero()
+            || last == u64::MAX
+            || now.saturating_sub(last) >= 2 * linger.as_nanos() as u64
+        {
             return self.call(req).await;
         }
         let call = self.inner.next_call.fetch_add(1, Ordering::Relaxed);
@@ -275,9 +288,10 @@ mod tests {
 
     use super::*;
 
-    /// Lingering calls a moment apart share one statement; calls that do not
-    /// linger run at once, each its own; a lingering call alone still runs.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// Lingering calls a moment apart share one statement; a lingering call
+    /// with no call in the last two lingers runs at once, as do calls that
+    /// do not linger.
+    #[tokio::test(start_paused = true)]
     async fn lingering_calls_share_a_statement() {
         let batches = Arc::new(Mutex::new(Vec::new()));
         let seen = batches.clone();
@@ -292,6 +306,11 @@ mod tests {
             },
         )
         .with_linger(Duration::from_millis(50));
+        // The first call has no recent company: it runs at once, alone (on
+        // the paused clock, no time passes).
+        let started = tokio::time::Instant::now();
+        assert_eq!(b.call_lingering(0).await.unwrap(), 1);
+        assert_eq!(started.elapsed(), Duration::ZERO);
         let first = tokio::spawn({
             let b = b.clone();
             async move { b.call_lingering(1).await }
@@ -303,13 +322,22 @@ mod tests {
         });
         assert_eq!(first.await.unwrap().unwrap(), 2);
         assert_eq!(second.await.unwrap().unwrap(), 3);
-        assert_eq!(*batches.lock().unwrap(), [vec![1, 2]]);
+        assert_eq!(*batches.lock().unwrap(), [vec![0], vec![1, 2]]);
+        // The first lingered from its start: the second, 10 ms later, joined it.
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
         // A plain call does not wait for company.
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         assert_eq!(b.call(3).await.unwrap(), 4);
-        assert!(started.elapsed() < Duration::from_millis(50));
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        // A lingering call long after the last one runs at once.
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let started = tokio::time::Instant::now();
         assert_eq!(b.call_lingering(4).await.unwrap(), 5);
-        assert_eq!(*batches.lock().unwrap(), [vec![1, 2], vec![3], vec![4]]);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(
+            *batches.lock().unwrap(),
+            [vec![0], vec![1, 2], vec![3], vec![4]]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
