@@ -2244,6 +2244,11 @@ async fn the_admin_client_covers_the_admin_service() {
 
 // ---- the crate's examples --------------------------------------------------
 
+/// The worker example's samples are settled for good: none left, two
+/// dead-lettered.
+const SAMPLES_SETTLED: &str = "select (select count(*) from leaseq.jobs \
+     where queue in ('emails', 'reports')) = 0 and (select count(*) from leaseq.dead_jobs) = 2";
+
 /// The worker example as users run it (`cargo run --example worker`: the
 /// binary cargo built beside this test): its `main` connects, enqueues the
 /// samples, works them, and on SIGTERM stops gracefully and exits 0.
@@ -2269,13 +2274,7 @@ async fn the_worker_example_runs_as_a_program_and_stops_on_sigterm() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    until(
-        &db,
-        "select (select count(*) from leaseq.jobs where queue in ('emails', 'reports')) = 0 \
-         and (select count(*) from leaseq.dead_jobs) = 2",
-        Duration::from_secs(30),
-    )
-    .await;
+    until(&db, SAMPLES_SETTLED, Duration::from_secs(30)).await;
     let pid = child.id().expect("running") as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
@@ -2328,13 +2327,7 @@ async fn the_examples_run_against_a_broker() {
     };
     worker
         .serve(async move {
-            until(
-                &db2,
-                "select (select count(*) from leaseq.jobs where queue in ('emails', 'reports')) = 0 \
-                 and (select count(*) from leaseq.dead_jobs) = 2",
-                Duration::from_secs(30),
-            )
-            .await;
+            until(&db2, SAMPLES_SETTLED, Duration::from_secs(30)).await;
         })
         .await
         .unwrap();

@@ -128,13 +128,7 @@ where
         {
             return self.call(req).await;
         }
-        let call = self.inner.next_call.fetch_add(1, Ordering::Relaxed);
-        let (reply, rx) = oneshot::channel();
-        self.inner
-            .queue
-            .lock()
-            .expect("poisoned")
-            .push_back(Queued { call, req, reply });
+        let (_, rx) = self.inner.queue_up(req);
         if !self.inner.lingering.load(Ordering::Acquire)
             && let Ok(slot) = self.inner.slots.clone().try_acquire_owned()
             && !self.inner.lingering.swap(true, Ordering::AcqRel)
@@ -163,13 +157,7 @@ where
 
     /// Queues one request and waits for its result.
     pub async fn call(&self, req: Req) -> Result<Resp> {
-        let call = self.inner.next_call.fetch_add(1, Ordering::Relaxed);
-        let (reply, rx) = oneshot::channel();
-        self.inner
-            .queue
-            .lock()
-            .expect("poisoned")
-            .push_back(Queued { call, req, reply });
+        let (call, rx) = self.inner.queue_up(req);
         if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
             let mut slot = Slot {
                 inner: self.inner.clone(),
@@ -200,6 +188,17 @@ where
     Req: Send + 'static,
     Resp: Send + 'static,
 {
+    /// Queues a request: its call number and where its result will come.
+    fn queue_up(&self, req: Req) -> (u64, oneshot::Receiver<Result<Resp>>) {
+        let call = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        self.queue
+            .lock()
+            .expect("poisoned")
+            .push_back(Queued { call, req, reply });
+        (call, rx)
+    }
+
     /// Takes the queued requests, up to `max_rows` rows (at least one).
     fn take_batch(&self) -> Vec<Queued<Req, Resp>> {
         let mut queue = self.queue.lock().expect("poisoned");
