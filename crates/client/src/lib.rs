@@ -167,6 +167,7 @@ impl Client {
         AdminClient::from_client_channel(self.channel.clone())
     }
     /// Adds one job; returns once it is committed.
+    ///
     /// With the `otel` feature, the current OpenTelemetry span's context goes
     /// into the job's headers unless the job has a `traceparent` already.
     pub async fn enqueue(&self, job: Job) -> Result<Enqueued, Status> {
