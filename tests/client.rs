@@ -1177,6 +1177,19 @@ impl opentelemetry_sdk::trace::SpanExporter for Collected {
     }
 }
 
+impl Collected {
+    /// A real SDK tracer provider exporting into a new collection, installed
+    /// as the global one (each test runs in a process of its own).
+    fn install() -> (Collected, opentelemetry_sdk::trace::SdkTracerProvider) {
+        let spans = Collected::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(spans.clone())
+            .build();
+        opentelemetry::global::set_tracer_provider(provider.clone());
+        (spans, provider)
+    }
+}
+
 /// The `otel` feature: an enqueue inside a span carries that span's context
 /// (a job with its own `traceparent` keeps it; one outside any span gets
 /// none), and the worker runs each handler in a `process <queue>` consumer
@@ -1190,11 +1203,7 @@ async fn otel_enqueue_carries_the_current_span_and_the_handler_span_is_its_child
     };
     use opentelemetry::{Context, KeyValue};
 
-    let spans = Collected::default();
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_simple_exporter(spans.clone())
-        .build();
-    opentelemetry::global::set_tracer_provider(provider.clone());
+    let (spans, provider) = Collected::install();
     let db = TestDb::new().await;
     let addr = free_addr();
     let broker = Broker::start(&db, addr).await;
@@ -1351,11 +1360,7 @@ async fn otel_enqueue_carries_the_current_span_and_the_handler_span_is_its_child
 /// trace, each span the parent of the next.
 #[tokio::test]
 async fn the_tracing_example_makes_one_trace_from_producer_to_handler() {
-    let spans = Collected::default();
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_simple_exporter(spans.clone())
-        .build();
-    opentelemetry::global::set_tracer_provider(provider);
+    let (spans, _provider) = Collected::install();
     let db = TestDb::new().await;
     let addr = free_addr();
     let broker = Broker::start(&db, addr).await;
@@ -1399,6 +1404,15 @@ async fn the_tracing_example_makes_one_trace_from_producer_to_handler() {
 /// `id` and `payload` given, and stubs for what the handlers call), so the
 /// snippets stay true to the API.
 /// The build shares this workspace's target directory and profiles.
+/// Where cargo put this test's build (`target/debug`, wherever the target
+/// directory is): beside the `leaseq` binary it built for the tests.
+fn profile_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leaseq"))
+        .parent()
+        .expect("the binary's directory")
+        .to_owned()
+}
+
 /// The ```rust blocks of the crate's README and of docs/clients.md as a
 /// module: each the body of an async function, in the files' order.
 fn readme_blocks(root: &std::path::Path) -> String {
@@ -1513,9 +1527,10 @@ async fn main() -> anyhow::Result<()> {
     let db = TestDb::new().await;
     let addr = free_addr();
     let broker = Broker::start(&db, addr).await;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
+    let target = profile_dir()
+        .parent()
+        .expect("the target directory")
+        .to_owned();
     let mut cargo = tokio::process::Command::new(env!("CARGO"));
     // The environment of a shell, not of this test: cargo gives a test
     // CARGO_MANIFEST_DIR, CARGO_PKG_* and more, and build scripts that track
@@ -2254,11 +2269,7 @@ const SAMPLES_SETTLED: &str = "select (select count(*) from leaseq.jobs \
 /// samples, works them, and on SIGTERM stops gracefully and exits 0.
 #[tokio::test]
 async fn the_worker_example_runs_as_a_program_and_stops_on_sigterm() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let bin = target.join("debug/examples/worker");
+    let bin = profile_dir().join("examples/worker");
     assert!(
         bin.exists(),
         "{} (built by cargo test --no-run)",
