@@ -24,6 +24,10 @@
 #          OUTDIR/perf-RUN.data), PGSS=1 (pg_stat_statements on every
 #          cluster: calls, rows and time per statement of each spread run,
 #          summed over the clusters, in OUTDIR/pgss-RUN.txt),
+#          SHARED=1 (the three "clusters" are three databases of ONE
+#          PostgreSQL cluster, a: the broker's routing and its per-cluster
+#          batchers as over three clusters, without three postmasters on
+#          the same cores; WAL shares are then not per cluster),
 #          LEASEQ_PG_BIN (initdb, pg_ctl, postgres), ROOT (default
 #          /tmp/leaseq-bench-clusters: wiped first)
 set -uo pipefail
@@ -52,6 +56,8 @@ trap cleanup EXIT
 
 # --- three private clusters: a, b, c
 NAMES=(a b c)
+DB=(leaseq leaseq leaseq)
+[ -n "${SHARED:-}" ] && DB=(leaseq leaseq_b leaseq_c)
 URL=()
 PM=()
 rm -rf "$ROOT"
@@ -60,6 +66,11 @@ chmod 755 "$ROOT"
 for k in 0 1 2; do
     D=$ROOT/pg$k
     port=$((54320 + k))
+    if [ -n "${SHARED:-}" ] && [ "$k" -gt 0 ]; then
+        URL[k]="postgres://leaseq@localhost:54320/${DB[k]}?host=$ROOT/pg0/run"
+        PM[k]=${PM[0]}
+        continue
+    fi
     mkdir -p "$D/run"
     chown -R postgres "$D"
     runuser -u postgres -- "$PGBIN/initdb" -D "$D/data" -U leaseq --auth=trust -E UTF8 --no-locale --no-sync >"$D/initdb.log" 2>&1 || {
@@ -72,7 +83,7 @@ for k in 0 1 2; do
         echo "pg_ctl start failed: $D/log" >&2
         exit 1
     }
-    for db in leaseq single replicas; do
+    for db in leaseq single replicas ${SHARED:+leaseq_b leaseq_c}; do
         runuser -u postgres -- psql -qAtX -h "$D/run" -p $port -U leaseq -d postgres -c "create database $db" >/dev/null
         if [ -n "${PGSS:-}" ]; then
             runuser -u postgres -- psql -qAtX -h "$D/run" -p $port -U leaseq -d $db -c "create extension pg_stat_statements" >/dev/null
@@ -108,7 +119,7 @@ stop_broker() {
 }
 
 # stats K: "commits wal_bytes" of cluster K's leaseq database now.
-stats() { PSQL "${URL[$1]}" "select (select xact_commit from pg_stat_database where datname = 'leaseq'), (select wal_bytes from pg_stat_wal)" | tr '|' ' '; }
+stats() { PSQL "${URL[$1]}" "select (select xact_commit from pg_stat_database where datname = '${DB[$1]}'), (select wal_bytes from pg_stat_wal)" | tr '|' ' '; }
 
 # bench NAME ARGS...: one run, its summary as one JSON line, appended to
 # results.jsonl.
@@ -156,6 +167,12 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
     "$BIN" bench --addr http://127.0.0.1:50081 --queues 6 --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
     "$BIN" bench --addr http://127.0.0.1:50082 --queues 6 --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
     ALLPM="${PM[0]},${PM[1]},${PM[2]}"
+    # The clusters whose pg_stat_statements are read (once each).
+    PGSS_K="0 1 2"
+    if [ -n "${SHARED:-}" ]; then
+        ALLPM=${PM[0]}
+        PGSS_K=0
+    fi
     spread() { # name port pid bench-args...
         local name=$1 port=$2 pid=$3 k before after
         shift 3
@@ -166,7 +183,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
         local single_before single_after
         single_before=$(PSQL "${URL[0]}" "select xact_commit from pg_stat_database where datname = 'single'")
         if [ -n "${PGSS:-}" ]; then
-            for k in 0 1 2; do PSQL "${URL[k]}" "select pg_stat_statements_reset()" >/dev/null; done
+            for k in $PGSS_K; do PSQL "${URL[k]}" "select pg_stat_statements_reset()" >/dev/null; done
         fi
         log "bench $name"
         local perf=
@@ -184,8 +201,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
             # Each statement's calls, rows and execution time over the run,
             # summed over the clusters (the broker's databases: leaseq, and
             # single for the one-database broker).
-            for k in 0 1 2; do
-                PSQL "${URL[k]}" "select s.calls, s.rows, round(s.total_exec_time::numeric, 1), regexp_replace(left(s.query, 60), '\s+', ' ', 'g') from pg_stat_statements s join pg_database d on d.oid = s.dbid where d.datname in ('leaseq', 'single') and s.calls > 0"
+            for k in $PGSS_K; do
+                PSQL "${URL[k]}" "select s.calls, s.rows, round(s.total_exec_time::numeric, 1), regexp_replace(left(s.query, 60), '\s+', ' ', 'g') from pg_stat_statements s join pg_database d on d.oid = s.dbid where d.datname in ('leaseq', 'leaseq_b', 'leaseq_c', 'single') and s.calls > 0"
             done | awk -F'|' '{c[$4]+=$1; r[$4]+=$2; t[$4]+=$3} END {for (q in c) printf "%9d calls %10d rows %9.1f ms  %s\n", c[q], r[q], t[q], q}' |
                 sort -rn >"$OUT/pgss-$name.txt"
         fi

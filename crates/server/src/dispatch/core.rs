@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::StreamId;
 use super::offers::{Claim, Offers};
-use crate::domain::{FastMap, FastSet, JobId, LeaseToken, QueueName, Subscription};
+use crate::domain::{ClusterId, FastMap, FastSet, JobId, LeaseToken, QueueName, Subscription};
 use crate::store::{LeaseOutcome, Leased, Wake, Want};
 
 /// Most jobs one lease statement asks for.
@@ -77,6 +77,9 @@ struct QueueState {
     limited: bool,
     /// Its rate limit cut the last round: look again then.
     limit_due: Option<Instant>,
+    /// Its last round came back full: it has a backlog (see
+    /// [`Core::plan_round`]). A round that comes back short clears it.
+    backlog: bool,
 }
 
 /// One lease statement under way: what it asked for, for whom.
@@ -135,7 +138,14 @@ pub(crate) struct Core {
     offers: Offers,
     /// Streams whose hand-off offer may be out of date.
     dirty: FastSet<StreamId>,
+    /// Each queue's cluster, when the broker has more than one.
+    placement: Option<Placement>,
+    /// Rotating choice of the cluster a backlogged round leases from.
+    next_cluster: usize,
 }
+
+/// Where a queue's lease rounds go (the current placement map).
+pub(crate) type Placement = Box<dyn Fn(&QueueName) -> ClusterId + Send>;
 
 impl Core {
     pub fn new(poll_interval: Duration, offers: Offers, now: Instant) -> Core {
@@ -152,7 +162,14 @@ impl Core {
             next_stream: 0,
             offers,
             dirty: FastSet::default(),
+            placement: None,
+            next_cluster: 0,
         }
+    }
+
+    /// Queues live on several clusters: `placement` tells which.
+    pub fn set_placement(&mut self, placement: Placement) {
+        self.placement = Some(placement);
     }
 
     pub fn is_draining(&self) -> bool {
@@ -457,6 +474,16 @@ impl Core {
 
     /// Plans the next lease round, if there is credit, a ready queue and
     /// room for another statement. The credit asked for is reserved.
+    ///
+    /// A stream's credit is split over its ready queues, which may live on
+    /// several clusters (one statement each). Over several clusters, a
+    /// stream whose ready queues all have a backlog gives its whole credit
+    /// to the queues of one cluster instead, the same cluster for every
+    /// such stream of the round, in turn: flat out, a round is then one
+    /// statement carrying as many rows as over one database, not one
+    /// statement per cluster carrying a share each (docs/BENCHMARKS.md,
+    /// "Past one PostgreSQL"). A queue woken by a new job has no backlog,
+    /// so at light load a round still asks every cluster at once.
     pub fn plan_round(&mut self) -> Option<Round> {
         if self.draining || self.retry_at.is_some() || self.rounds_in_flight >= MAX_ROUNDS_IN_FLIGHT
         {
@@ -472,6 +499,7 @@ impl Core {
         self.next_stream = self.next_stream.wrapping_add(1);
         let start = self.next_stream % ids.len();
         ids.rotate_left(start);
+        let focus = self.focus_cluster();
         let mut total = 0;
         for sid in ids {
             let Some(stream) = self.streams.get_mut(&sid) else {
@@ -481,13 +509,25 @@ impl Core {
             if credit <= 0 {
                 continue;
             }
-            let ready: Vec<&QueueName> = stream
+            let mut ready: Vec<&QueueName> = stream
                 .queues
                 .iter()
                 .filter(|q| self.queues.get(*q).is_some_and(|qs| qs.ready))
                 .collect();
             if ready.is_empty() {
                 continue;
+            }
+            if let (Some(focus), Some(cluster_of)) = (focus, &self.placement)
+                && ready.iter().all(|q| self.queues[*q].backlog)
+            {
+                // This round's cluster, or else the cluster of the queue
+                // whose turn it is among the stream's.
+                let c = if ready.iter().any(|q| cluster_of(q) == focus) {
+                    focus
+                } else {
+                    cluster_of(ready[stream.next_queue % ready.len()])
+                };
+                ready.retain(|q| cluster_of(q) == c);
             }
             let k = ready.len() as i32;
             let first = stream.next_queue % ready.len();
@@ -535,6 +575,25 @@ impl Core {
             limited,
             seqs,
         })
+    }
+
+    /// The cluster a round of backlogged queues leases from: the clusters
+    /// of the ready queues with a backlog, in turn. None over one cluster.
+    fn focus_cluster(&mut self) -> Option<ClusterId> {
+        let cluster_of = self.placement.as_ref()?;
+        let mut clusters: Vec<ClusterId> = self
+            .queues
+            .iter()
+            .filter(|(_, qs)| qs.ready && qs.backlog)
+            .map(|(q, _)| cluster_of(q))
+            .collect();
+        clusters.sort_unstable();
+        clusters.dedup();
+        if clusters.is_empty() {
+            return None;
+        }
+        self.next_cluster = self.next_cluster.wrapping_add(1);
+        Some(clusters[self.next_cluster % clusters.len()])
     }
 
     /// A lease round finished: its reservations end, queues that came back
@@ -593,11 +652,15 @@ impl Core {
             };
             if got.get(q.as_str()).copied().unwrap_or(0) >= n {
                 // Full: there may be more.
+                qs.backlog = true;
                 full.push(q.clone());
-            } else if round.seqs.get(q) == Some(&qs.seq) {
-                // Short, and nothing woke the queue since: it is drained.
-                qs.ready = false;
-                self.dirty.extend(qs.streams.iter().copied());
+            } else {
+                qs.backlog = false;
+                if round.seqs.get(q) == Some(&qs.seq) {
+                    // Short, and nothing woke the queue since: it is drained.
+                    qs.ready = false;
+                    self.dirty.extend(qs.streams.iter().copied());
+                }
             }
         }
         for q in &full {
@@ -1011,5 +1074,76 @@ mod tests {
         let round2 = c.plan_round().unwrap();
         assert_ne!(round2.slots[0], first, "the next round starts elsewhere");
         assert!(c.plan_round().is_none(), "two rounds in flight at most");
+    }
+
+    /// Every job a round asked for: it comes back full.
+    fn everything(round: &Round) -> Vec<Leased> {
+        (round.wants.iter())
+            .flat_map(|w| (0..w.n).map(|_| job(w.slot, w.queue.as_str())))
+            .collect()
+    }
+
+    /// Finishes a round with `jobs` and settles them at once (credit back).
+    fn finish_and_settle(c: &mut Core, round: Round, jobs: Vec<Leased>) {
+        let d = c.finish_round(round, outcome(jobs), Instant::now());
+        c.settled(d.jobs.iter().map(|(_, j)| (j.id, j.token)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn over_several_clusters_backlogged_queues_take_the_whole_credit_in_turn() {
+        let (mut c, _) = core();
+        // a1 and a2 on one cluster, b1 on another.
+        c.set_placement(Box::new(|q: &QueueName| {
+            ClusterId(if q.as_str().starts_with('a') { 1 } else { 2 })
+        }));
+        c.open(1, sub(&["a1", "a2", "b1"], 12));
+        c.reconcile_offers();
+        // Nothing known of the queues: the credit is split over all of them,
+        // every cluster at once (the light-load path).
+        let round = c.plan_round().unwrap();
+        let expect: HashMap<String, i32> = [("a1", 4), ("a2", 4), ("b1", 4)]
+            .map(|(q, n)| (q.to_owned(), n))
+            .into();
+        assert_eq!(asks(&round), expect);
+        let jobs = everything(&round);
+        finish_and_settle(&mut c, round, jobs);
+        // Every queue came back full (a backlog): each round now asks one
+        // cluster for the whole credit, the clusters in turn.
+        let mut on_a = Vec::new();
+        for _ in 0..4 {
+            let round = c.plan_round().unwrap();
+            let asks = asks(&round);
+            assert_eq!(asks.values().sum::<i32>(), 12, "{asks:?}");
+            let a = asks.keys().filter(|q| q.starts_with('a')).count();
+            assert!(a == 0 || a == asks.len(), "one cluster per round: {asks:?}");
+            on_a.push(a > 0);
+            let jobs = everything(&round);
+            finish_and_settle(&mut c, round, jobs);
+        }
+        assert_eq!(on_a, [on_a[0], !on_a[0], on_a[0], !on_a[0]], "in turn");
+        // a1 comes back short (drained), then a new job wakes it: a queue
+        // without a backlog puts the stream back on the light-load path.
+        let round = loop {
+            let round = c.plan_round().unwrap();
+            if round.wants.iter().any(|w| w.queue.as_str() == "a1") {
+                break round;
+            }
+            let jobs = everything(&round);
+            finish_and_settle(&mut c, round, jobs);
+        };
+        let jobs: Vec<Leased> = everything(&round)
+            .into_iter()
+            .filter(|j| j.queue.as_str() != "a1")
+            .collect();
+        finish_and_settle(&mut c, round, jobs);
+        c.wake(
+            vec![Wake {
+                queue: q("a1"),
+                delay_ms: 0,
+            }],
+            Instant::now(),
+        );
+        let round = c.plan_round().unwrap();
+        assert_eq!(asks(&round), expect, "split over every cluster again");
     }
 }

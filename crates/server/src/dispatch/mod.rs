@@ -133,8 +133,13 @@ impl Dispatcher {
         let settle = Settle::new(clusters.clone(), Arc::new(Inbox(tx.downgrade())), notifiers);
         let store = clusters.home().clone();
         let offers = Offers::default();
+        let mut core = Core::new(cfg.poll_interval, offers.clone(), Instant::now());
+        if !clusters.is_single() {
+            let clusters = clusters.clone();
+            core.set_placement(Box::new(move |q| clusters.cluster_of(q)));
+        }
         let task = Task {
-            core: Core::new(cfg.poll_interval, offers.clone(), Instant::now()),
+            core,
             store,
             clusters,
             settle: settle.clone(),
