@@ -22,6 +22,7 @@ mod lb;
 mod limits;
 mod metrics;
 mod pg_connect;
+mod plans;
 mod process;
 mod scaling;
 mod security;

@@ -29,6 +29,11 @@ use crate::error::{Error, Result};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
+/// The planner settings of [`Store::expire_ttl`] and
+/// [`Store::expired_leases`] (public for the test that checks their plans).
+pub const SWEEP_PLANNER_SETTINGS: &str =
+    "set local enable_seqscan = off; set local enable_sort = off";
+
 /// Applies pending migrations. Safe to run from several replicas at once
 /// (sqlx holds an advisory lock while migrating).
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
@@ -683,9 +688,11 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<(JobId, LeaseToken)>> {
         let only: Option<Vec<Uuid>> = only.map(|ids| ids.iter().map(|i| i.0).collect());
+        let mut tx = self.sweep_tx().await?;
         let rows = sqlx::query_file!("src/store/sql/expired_leases.sql", only.as_deref(), limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(rows
             .into_iter()
             .map(|r| (JobId(r.id), LeaseToken(r.lease_token, self.cluster)))
@@ -709,10 +716,30 @@ impl Store {
 
     /// Dead-letters waiting jobs past their ttl; returns how many per queue.
     pub async fn expire_ttl(&self, limit: i64) -> Result<Vec<(String, u64)>> {
+        let mut tx = self.sweep_tx().await?;
         let rows = sqlx::query_file!("src/store/sql/expire_ttl.sql", limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(rows.into_iter().map(|r| (r.queue, r.n as u64)).collect())
+    }
+
+    /// A transaction for the sweeps over leaseq.jobs (expired leases, ttl)
+    /// in which the planner takes no sequential scan and no sort where an
+    /// index serves: their plan, an ordered range scan of a small partial
+    /// index, must not depend on how big the table was when the statement
+    /// was planned. Planned on a drained table, the ttl sweep read every
+    /// waiting job through jobs_ready instead, and under a steady stream of
+    /// enqueues one run took minutes (docs/BENCHMARKS.md, "A ttl sweep that
+    /// ran for minutes"). These statements run only in such a transaction,
+    /// so every plan the connection caches for them is made with these
+    /// settings.
+    async fn sweep_tx(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::raw_sql(SWEEP_PLANNER_SETTINGS)
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
     }
 
     /// Deletes up to `limit` completed records past their queue's retention

@@ -5,6 +5,9 @@ with gone as (
     where id in (
         select id from leaseq.jobs
         where expires_at <= now() and state = 'available'
+        -- Through jobs_ttl, oldest first: Store::expire_ttl prices
+        -- sequential scans and sorts out, so no plan reads every waiting job.
+        order by expires_at
         limit $1
         for update skip locked
     )

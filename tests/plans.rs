@@ -1,0 +1,111 @@
+//! The maintenance sweeps over leaseq.jobs keep their plans when the table
+//! is planned empty: a statement is priced by the table's size when it is
+//! planned, and a drained queue table is small. Planned so, the ttl sweep
+//! once read every waiting job through jobs_ready, and ran for minutes under
+//! a steady stream of enqueues (docs/BENCHMARKS.md, "A ttl sweep that ran
+//! for minutes"); `Store::expire_ttl` and `Store::expired_leases` now run
+//! with `SWEEP_PLANNER_SETTINGS`, and VACUUM no longer truncates the table.
+
+use leaseq_server::store::SWEEP_PLANNER_SETTINGS;
+use sqlx::Row;
+
+use crate::common::*;
+
+/// The generic plan (what a connection caches after five runs) of `sql`
+/// with `params`, in a transaction with `settings`, on an empty, vacuumed
+/// and analysed leaseq.jobs.
+async fn generic_plan(
+    db: &TestDb,
+    settings: &'static str,
+    sql: &str,
+    types: &str,
+    args: &str,
+) -> String {
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql("vacuum analyze leaseq.jobs")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut tx = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    sqlx::raw_sql("set local plan_cache_mode = force_generic_plan")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::raw_sql(settings).execute(&mut *tx).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "prepare sweep{types} as {sql}"
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!("explain execute sweep{args}")))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    // A prepared statement outlives the transaction.
+    sqlx::raw_sql("deallocate sweep")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    rows.iter()
+        .map(|r| r.get::<String, _>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn the_sweeps_scan_their_partial_index_even_when_planned_on_an_empty_table() {
+    let db = TestDb::new().await;
+    let sweeps = [
+        (
+            include_str!("../crates/server/src/store/sql/expire_ttl.sql"),
+            "(bigint)",
+            "(1000)",
+            "jobs_ttl",
+        ),
+        (
+            include_str!("../crates/server/src/store/sql/expired_leases.sql"),
+            "(uuid[], bigint)",
+            "(null, 1000)",
+            "jobs_lease_expiry",
+        ),
+    ];
+    for (sql, types, args, index) in sweeps {
+        let plan = generic_plan(&db, SWEEP_PLANNER_SETTINGS, sql, types, args).await;
+        assert!(
+            plan.contains(&format!("Index Scan using {index} on jobs")),
+            "the sweep should read {index}:\n{plan}"
+        );
+        for bad in ["Seq Scan on jobs", "jobs_ready", "Sort"] {
+            assert!(!plan.contains(bad), "{bad} in the sweep's plan:\n{plan}");
+        }
+    }
+    // What the settings prevent, on this PostgreSQL: without them the ttl
+    // sweep's plan reads the table another way.
+    let plain = generic_plan(&db, "select 1", sweeps[0].0, sweeps[0].1, sweeps[0].2).await;
+    assert!(
+        !plain.contains("Index Scan using jobs_ttl on jobs"),
+        "the planner now finds jobs_ttl by itself; the settings may be unneeded:\n{plain}"
+    );
+}
+
+#[tokio::test]
+async fn vacuum_keeps_the_queue_tables_pages() {
+    let db = TestDb::new().await;
+    for table in ["jobs", "completed_jobs"] {
+        let options: Option<Vec<String>> = sqlx::query_scalar(
+            "select reloptions from pg_class where oid = ('leaseq.' || $1)::regclass",
+        )
+        .bind(table)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(
+            options
+                .unwrap_or_default()
+                .contains(&"vacuum_truncate=false".to_owned()),
+            "leaseq.{table} is truncated by VACUUM"
+        );
+    }
+}
