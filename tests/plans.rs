@@ -2,8 +2,8 @@
 //! is planned empty: a statement is priced by the table's size when it is
 //! planned, and a drained queue table is small. Planned so, the ttl sweep
 //! once read every waiting job through jobs_ready, and ran for minutes under
-//! a steady stream of enqueues (docs/BENCHMARKS.md, "A ttl sweep that ran
-//! for minutes"); `Store::expire_ttl` and `Store::expired_leases` now run
+//! a steady stream of enqueues (docs/BENCHMARKS.md, "Plans made on an
+//! empty table"); `Store::expire_ttl` and `Store::expired_leases` now run
 //! with `SWEEP_PLANNER_SETTINGS`, and VACUUM no longer truncates the table.
 
 use leaseq_server::store::SWEEP_PLANNER_SETTINGS;

@@ -730,8 +730,8 @@ impl Store {
     /// index, must not depend on how big the table was when the statement
     /// was planned. Planned on a drained table, the ttl sweep read every
     /// waiting job through jobs_ready instead, and under a steady stream of
-    /// enqueues one run took minutes (docs/BENCHMARKS.md, "A ttl sweep that
-    /// ran for minutes"). These statements run only in such a transaction,
+    /// enqueues one run took minutes (docs/BENCHMARKS.md, "Plans made on an
+    /// empty table"). These statements run only in such a transaction,
     /// so every plan the connection caches for them is made with these
     /// settings.
     async fn sweep_tx(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
