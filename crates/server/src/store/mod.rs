@@ -727,8 +727,9 @@ impl Store {
     /// A transaction for the sweeps over leaseq.jobs (expired leases, ttl)
     /// in which the planner takes no sequential scan and no sort where an
     /// index serves: their plan, an ordered range scan of a small partial
-    /// index, must not depend on how big the table was when the statement
-    /// was planned. Planned on a drained table, the ttl sweep read every
+    /// index, must not depend on the table's statistics when the statement
+    /// was planned (after a VACUUM or ANALYZE of a drained table: no
+    /// rows). Planned so, the ttl sweep read every
     /// waiting job through jobs_ready instead, and under a steady stream of
     /// enqueues one run took minutes (docs/BENCHMARKS.md, "Plans made on an
     /// empty table"). These statements run only in such a transaction,
