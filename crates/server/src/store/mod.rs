@@ -109,7 +109,10 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
     // a table full of dead rows (231 pages per call, 0.27 ms, half of
     // PostgreSQL's CPU per job at 1,000 jobs/s on a fresh database;
     // pg_stat_statements, docs/BENCHMARKS.md). `enable_seqscan = off` makes
-    // the planner take the index whatever its statistics say.
+    // the planner take an index whatever its statistics say; not always the
+    // right scan of it: planned on a drained, vacuumed table ack.sql reads
+    // all of jobs_pkey for its `order by j.id` (docs/BENCHMARKS.md, "Plans
+    // made on an empty table"; open).
     let hot_opts = target.options()?.options([
         ("plan_cache_mode", "force_generic_plan"),
         ("enable_seqscan", "off"),
