@@ -5,7 +5,8 @@
 //! jobs_ready, and ran for minutes under a steady stream of enqueues
 //! (docs/BENCHMARKS.md, "Plans made on an empty table").
 //! `Store::expire_ttl` and `Store::expired_leases` now run with
-//! `SWEEP_PLANNER_SETTINGS`.
+//! `SWEEP_PLANNER_SETTINGS`. The ack statement's generic plan read all of
+//! jobs_pkey for every call when planned so; it now probes the key per id.
 
 use leaseq_server::store::SWEEP_PLANNER_SETTINGS;
 use sqlx::Row;
@@ -78,6 +79,7 @@ async fn the_sweeps_scan_their_partial_index_even_when_planned_on_an_empty_table
             plan.contains(&format!("Index Scan using {index} on jobs")),
             "the sweep should read {index}:\n{plan}"
         );
+        every_jobs_scan_is_bounded(&plan).unwrap();
         for bad in ["Seq Scan on jobs", "jobs_ready", "Sort"] {
             assert!(!plan.contains(bad), "{bad} in the sweep's plan:\n{plan}");
         }
@@ -89,4 +91,39 @@ async fn the_sweeps_scan_their_partial_index_even_when_planned_on_an_empty_table
         !plain.contains("Index Scan using jobs_ttl on jobs"),
         "the planner now finds jobs_ttl by itself; the settings may be unneeded:\n{plain}"
     );
+}
+
+/// Every scan of leaseq.jobs in `plan` has an index or TID condition: no
+/// scan reads the whole table or a whole index.
+fn every_jobs_scan_is_bounded(plan: &str) -> Result<(), String> {
+    let lines: Vec<&str> = plan.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.contains(" on jobs") && line.contains("Scan") {
+            let cond = lines
+                .get(i + 1)
+                .is_some_and(|next| next.contains("Index Cond") || next.contains("TID Cond"));
+            if !cond {
+                return Err(format!("unbounded scan `{}` in:\n{plan}", line.trim()));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_ack_statement_probes_the_key_per_id_even_when_planned_on_an_empty_table() {
+    let db = TestDb::new().await;
+    let z = "'{00000000-0000-0000-0000-000000000000}'";
+    // The hot connections' settings (store::open): generic plans, no
+    // sequential scans.
+    let plan = generic_plan(
+        &db,
+        "set local enable_seqscan = off",
+        include_str!("../crates/server/src/store/sql/ack.sql"),
+        "(uuid[], uuid[])",
+        &format!("({z}, {z})"),
+    )
+    .await;
+    every_jobs_scan_is_bounded(&plan).unwrap();
+    assert!(plan.contains("Index Cond: (id = i.id)"), "{plan}");
 }

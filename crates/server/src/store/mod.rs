@@ -612,8 +612,10 @@ impl Store {
     /// record of those whose queue has a completed retention (see ack.sql).
     /// Returns the ones completed.
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
-        let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
-        let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        // In id order: ack.sql locks the rows in the order given.
+        let mut pairs: Vec<(Uuid, Uuid)> = reqs.iter().map(|r| (r.job_id.0, r.token.0)).collect();
+        pairs.sort_unstable();
+        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = pairs.into_iter().unzip();
         let mut c = self.conns.acquire().await?;
         let rows = sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens)
             .fetch_all(&mut *c)

@@ -1,7 +1,17 @@
 -- Completes jobs. Only the holder of the current lease token may settle a
 -- job: a stale token matches no row and the caller gets FAILED_PRECONDITION.
--- Rows are locked in id order first: concurrent settle statements (acks,
--- nacks, releases, extends) then never deadlock on each other.
+-- Rows are locked in id order (the broker passes the ids sorted, and each
+-- is locked in its turn): concurrent settle statements (acks, nacks,
+-- releases, extends) then never deadlock on each other.
+--
+-- Each id is looked up in a lateral subquery that holds its own lock, which
+-- PostgreSQL plans apart: a primary-key probe is its only plan, whatever
+-- the table's statistics say. Joined to the array instead, a statement
+-- planned on a drained, vacuumed table read all of jobs_pkey for every
+-- call (docs/BENCHMARKS.md, "Plans made on an empty table"). The DELETE
+-- finds the rows by id, not by ctid: a row an extension updated since the
+-- statement's snapshot is locked in its new version, which a ctid lookup
+-- under that snapshot would miss.
 --
 -- A job of a queue with completed_retention_ms > 0 is copied to
 -- leaseq.completed_jobs by this same statement (the retention loop in
@@ -18,18 +28,22 @@ with retaining as (
         array(select q.name from leaseq.queues q where q.concurrency_limit is not null) as limited
 ),
 target as (
-    select j.id, k.keep,
-        case when k.keep then j.payload end as payload,
-        case when k.keep then j.headers end as headers,
-        j.queue, j.priority, j.attempt, j.max_attempts, j.dedup_key, j.enqueued_at, j.last_error,
-        j.leased_by,
-        case when j.queue = any(r.limited) then j.queue end as slot_freed
-    from leaseq.jobs j
-    join unnest($1::uuid[], $2::uuid[]) as i(id, token) on j.id = i.id and j.lease_token = i.token
+    select j.*
+    from unnest($1::uuid[], $2::uuid[]) with ordinality as i(id, token, n)
     cross join retaining r
-    cross join lateral (select j.queue = any(r.queues) as keep) k
-    order by j.id
-    for update of j
+    cross join lateral (
+        select j.id, k.keep,
+            case when k.keep then j.payload end as payload,
+            case when k.keep then j.headers end as headers,
+            j.queue, j.priority, j.attempt, j.max_attempts, j.dedup_key, j.enqueued_at,
+            j.last_error, j.leased_by, j.lease_token, j.lease_broker,
+            case when j.queue = any(r.limited) then j.queue end as slot_freed
+        from leaseq.jobs j
+        cross join lateral (select j.queue = any(r.queues) as keep) k
+        where j.id = i.id and j.lease_token = i.token
+        for update of j
+    ) j
+    order by i.n
 ),
 kept as (
     -- Job ids are never reused, so a conflict cannot happen; should one
@@ -42,8 +56,14 @@ kept as (
     from target t
     where t.keep
     on conflict (id) do nothing
+),
+gone as (
+    delete from leaseq.jobs j
+    where j.id = any(array(select t.id from target t))
+    returning j.id
 )
-delete from leaseq.jobs j
-using target t
-where j.id = t.id
-returning j.id, j.lease_token as "lease_token!", j.lease_broker, t.slot_freed, t.queue
+-- Every target row is deleted (its lock is ours): answer from the locked
+-- versions, once per job.
+select distinct on (t.id) t.id, t.lease_token as "lease_token!", t.lease_broker, t.slot_freed, t.queue
+from target t
+join gone g on g.id = t.id

@@ -2,7 +2,9 @@
 -- (Leased jobs past their ttl are dead-lettered when their lease ends.)
 with gone as (
     delete from leaseq.jobs
-    where id in (
+    -- An array, not `in (...)`: planned on an empty table, a semi join read
+    -- all of jobs_pkey to match the ids.
+    where id = any(array(
         select id from leaseq.jobs
         where expires_at <= now() and state = 'available'
         -- Through jobs_ttl, oldest first: Store::expire_ttl prices
@@ -10,7 +12,7 @@ with gone as (
         order by expires_at
         limit $1
         for update skip locked
-    )
+    ))
     returning id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error
 )
 -- Returns how many per queue (for the per-queue metrics).
