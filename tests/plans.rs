@@ -127,3 +127,26 @@ async fn the_ack_statement_probes_the_key_per_id_even_when_planned_on_an_empty_t
     every_jobs_scan_is_bounded(&plan).unwrap();
     assert!(plan.contains("Index Cond: (id = i.id)"), "{plan}");
 }
+
+#[tokio::test]
+async fn the_other_settle_statements_probe_the_key_per_id_even_when_planned_on_an_empty_table() {
+    let db = TestDb::new().await;
+    let z = "'{00000000-0000-0000-0000-000000000000}'";
+    let settles = [
+        (
+            include_str!("../crates/server/src/store/sql/fail.sql"),
+            "(uuid[], uuid[], text[], int8[], bool[], bool[])",
+            format!("({z}, {z}, '{{x}}', '{{1}}', '{{f}}', '{{f}}')"),
+        ),
+        (
+            include_str!("../crates/server/src/store/sql/extend.sql"),
+            "(uuid[], uuid[], int8[])",
+            format!("({z}, {z}, '{{1000}}')"),
+        ),
+    ];
+    for (sql, types, args) in settles {
+        let plan = generic_plan(&db, "set local enable_seqscan = off", sql, types, &args).await;
+        every_jobs_scan_is_bounded(&plan).unwrap();
+        assert!(plan.contains("Index Cond: (id = i.id)"), "{plan}");
+    }
+}

@@ -635,6 +635,9 @@ impl Store {
 
     /// Ends leases unsuccessfully (see fail.sql). Returns the ones matched.
     pub async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
+        // In id order: fail.sql locks the rows in the order given.
+        let mut reqs: Vec<&FailReq> = reqs.iter().collect();
+        reqs.sort_unstable_by_key(|r| r.id.0);
         let mut c = self.conns.acquire().await?;
         let rows = sqlx::query_file!(
             "src/store/sql/fail.sql",
@@ -665,6 +668,9 @@ impl Store {
 
     /// Extends leases whose token is current and not yet expired.
     pub async fn extend(&self, reqs: &[ExtendReq]) -> Result<Vec<Extended>> {
+        // In id order: extend.sql locks the rows in the order given.
+        let mut reqs: Vec<&ExtendReq> = reqs.iter().collect();
+        reqs.sort_unstable_by_key(|r| r.job_id.0);
         let mut c = self.conns.acquire().await?;
         let rows = sqlx::query_file!(
             "src/store/sql/extend.sql",

@@ -9,9 +9,13 @@
 -- consumer, ended the lease) and never dead-letters for attempts.
 -- `slot_freed`: the queue has a concurrency limit, so its waiting consumers
 -- are woken at once whatever happens to the job.
+--
+-- As in ack.sql: each id is locked in a lateral subquery of its own (a
+-- primary-key probe whatever the statistics say), in the order the broker
+-- passes them (sorted by id), and the writes find their rows by an id array.
 with input as (
     select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::int8[], $5::bool[], $6::bool[])
-        as i(id, token, error, retry_ms, dead, refund)
+        with ordinality as i(id, token, error, retry_ms, dead, refund, n)
 ),
 cur as (
     select j.id, j.queue, j.lease_broker, i.error, i.refund,
@@ -27,16 +31,21 @@ cur as (
                 * (0.5 + random() / 2))::int8
         ) as retry_ms
     from input i
-    join leaseq.jobs j on j.id = i.id and j.lease_token = i.token
+    cross join lateral (
+        select j.id, j.queue, j.lease_broker, j.expires_at, j.attempt, j.max_attempts
+        from leaseq.jobs j
+        where j.id = i.id and j.lease_token = i.token
+        for update of j
+    ) j
     join leaseq.queues q on q.name = j.queue
     -- Locked in id order, like every settle statement: no deadlocks.
-    order by j.id
-    for update of j
+    order by i.n
 ),
 buried as (
     delete from leaseq.jobs j
     using cur c
     where j.id = c.id and c.death is not null
+        and j.id = any(array(select d.id from cur d where d.death is not null))
     returning j.id, j.queue, j.priority, j.payload, j.headers, j.attempt, j.max_attempts,
         j.dedup_key, j.enqueued_at, c.error, c.death
 ),
@@ -63,6 +72,7 @@ retried as (
                       else now() + c.retry_ms * interval '1 millisecond' end
     from cur c
     where j.id = c.id and c.death is null
+        and j.id = any(array(select r.id from cur r where r.death is null))
     returning j.id
 )
 select c.id, c.queue, c.lease_broker, c.death, c.retry_ms as "retry_ms!", c.slot_freed as "slot_freed!" from cur c
