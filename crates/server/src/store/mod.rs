@@ -109,10 +109,12 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
     // a table full of dead rows (231 pages per call, 0.27 ms, half of
     // PostgreSQL's CPU per job at 1,000 jobs/s on a fresh database;
     // pg_stat_statements, docs/BENCHMARKS.md). `enable_seqscan = off` makes
-    // the planner take an index whatever its statistics say; not always the
-    // right scan of it: planned on a drained, vacuumed table ack.sql reads
-    // all of jobs_pkey for its `order by j.id` (docs/BENCHMARKS.md, "Plans
-    // made on an empty table"; open).
+    // the planner take an index whatever its statistics say, but not always
+    // the right scan of it: planned on a drained, vacuumed table, ack.sql
+    // read all of jobs_pkey for its `order by j.id`. The settle statements
+    // now lock each id in a lateral subquery, whose only plan is a key
+    // probe (docs/BENCHMARKS.md, "Plans made on an empty table";
+    // tests/plans.rs).
     let hot_opts = target.options()?.options([
         ("plan_cache_mode", "force_generic_plan"),
         ("enable_seqscan", "off"),
