@@ -8,7 +8,8 @@
 #             load spread over them (`leaseq bench --addr A,B,C`), with the
 #             raw-SQL baseline on the same cluster as the sitting's anchor;
 #   spread    one broker over ONE database and one broker over the THREE
-#             clusters, same load (6 queues, 2 per cluster), alternating:
+#             clusters, same load (6 queues, 2 per cluster), alternating,
+#             after the raw-SQL baseline on cluster a (the anchor):
 #             each cluster's commits (pg_stat_database.xact_commit of the
 #             leaseq database) and WAL bytes (pg_stat_wal.wal_bytes) during
 #             the run, and broker CPU per job.
@@ -226,6 +227,9 @@ EOF
         sleep 2
     }
     for rep in $(seq "$REPS"); do
+        # The sitting's anchor: the raw-SQL pattern on cluster a (database
+        # `replicas`, unused here).
+        bench "spread-baseline-$rep" --scenario baseline --database-url "$(url_of 0 replicas)" --batch 100 --postgres-pid "${PM[0]}"
         # The same offered load (open loop, single Enqueue calls), then
         # flat out (EnqueueBatch of 100, one queue per batch).
         spread "one-db-rate-$rep" 50081 $ONE --scenario latency --rate "$RATE"
