@@ -3,7 +3,8 @@
 //! environment twins) that reaches a broker run with TLS, mutual TLS and an
 //! `--auth-file`; the documented exit codes when they are wrong; `-o json`;
 //! enqueue's options taking effect; `tail` over Consume with acks on the
-//! stream; durations as usage errors; shell completions.
+//! stream; durations as usage errors; shell completions; `bench`'s open-loop
+//! scenarios against a real broker.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -968,4 +969,59 @@ async fn work_with_a_token_survives_a_broker_restart() {
     assert_eq!(status.code(), Some(0));
     broker.signal(libc::SIGTERM);
     broker.wait(S20).await;
+}
+
+/// `leaseq bench`'s open-loop scenarios against a real broker: `ping`
+/// (health checks, the gRPC hop alone) and `latency` (Enqueue → delivery)
+/// send at the rate asked, without errors, and report their latencies; the
+/// latency run's jobs are delivered and acked (but for the last few in
+/// flight when its window ends).
+#[tokio::test]
+async fn bench_open_loop_scenarios_measure_a_real_broker() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let e = env(&[]);
+    let run = async |scenario: &str| {
+        let addr = broker.url();
+        let args = [
+            "bench",
+            "--addr",
+            &addr,
+            "--scenario",
+            scenario,
+            "--rate",
+            "200",
+            "--duration",
+            "1",
+            "--consumers",
+            "1",
+            "--json",
+        ];
+        let out = leaseq(&args, &e, None).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let last = out.stdout.lines().last().unwrap_or_default();
+        serde_json::from_str::<Value>(last).unwrap_or_else(|e| panic!("not JSON ({e}): {last}"))
+    };
+    let ping = run("ping").await;
+    assert_eq!(ping["scenario"], "Ping", "{ping}");
+    assert_eq!(ping["errors"], 0, "{ping}");
+    assert_eq!(ping["rate"], 200, "{ping}");
+    let answered = ping["jobs"].as_u64().unwrap();
+    assert!((100..=200).contains(&answered), "{ping}");
+    let (from_due, call) = (
+        ping["p50_ms"].as_f64().unwrap(),
+        ping["enqueue_p50_ms"].as_f64().unwrap(),
+    );
+    assert!(call > 0.0 && from_due >= call, "{ping}");
+    assert_eq!(ping["delivered"], 0, "{ping}");
+    assert_eq!(db.live_jobs().await, 0, "a ping enqueues nothing");
+
+    let lat = run("latency").await;
+    assert_eq!(lat["scenario"], "Latency", "{lat}");
+    assert_eq!(lat["errors"], 0, "{lat}");
+    let enqueued = lat["enqueued"].as_u64().unwrap();
+    assert!((100..=200).contains(&enqueued), "{lat}");
+    assert!(lat["delivered"].as_u64().unwrap() + 20 >= enqueued, "{lat}");
+    assert!(lat["acked"].as_u64().unwrap() + 20 >= enqueued, "{lat}");
+    assert!(lat["p50_ms"].as_f64().unwrap() > 0.0, "{lat}");
 }

@@ -263,9 +263,14 @@ impl Bench {
 
     /// A client on a producers' connection: each call the next address.
     pub fn producer_client(&mut self) -> QueueServiceClient<ClientChannel> {
+        QueueServiceClient::new(self.producer_channel())
+    }
+
+    /// The next producer connection in turn.
+    pub fn producer_channel(&mut self) -> ClientChannel {
         let channel = self.producers[self.next_producer % self.producers.len()].clone();
         self.next_producer += 1;
-        QueueServiceClient::new(channel)
+        channel
     }
 
     /// Starts `n` consumer streams of `credit` each on --consume-addr (or
@@ -315,17 +320,23 @@ impl Bench {
         self.tasks.spawn(task);
     }
 
-    /// Starts the open-loop generator at `rate` jobs/s for the window.
+    /// Starts the open-loop generator of Enqueue calls at `rate` jobs/s for
+    /// the window.
     pub fn open_loop(&mut self, rate: u64, w: &Window) -> anyhow::Result<()> {
+        let call = producer::Call::Enqueue(self.producer_client());
+        self.open_loop_of(call, rate, w)
+    }
+
+    /// Starts the open-loop generator of `call` at `rate` calls/s.
+    pub fn open_loop_of(
+        &mut self,
+        call: producer::Call,
+        rate: u64,
+        w: &Window,
+    ) -> anyhow::Result<()> {
         let rate = rate.max(1);
         self.rate = Some(rate);
-        producer::open_loop(
-            self.shared.clone(),
-            self.producer_client(),
-            rate,
-            w.started,
-            w.deadline,
-        )?;
+        producer::open_loop(self.shared.clone(), call, rate, w.started, w.deadline)?;
         Ok(())
     }
 

@@ -2,7 +2,8 @@
 //! baseline it is compared with.
 //!
 //! One function per scenario, each in its own file: [`throughput`],
-//! [`enqueue`], [`latency`], [`streams`], [`backlog`] and [`baseline`]. They
+//! [`enqueue`], [`latency`], [`ping`], [`streams`], [`backlog`] and
+//! [`baseline`]. They
 //! share a small harness ([`harness`]: connections, the progress and soak
 //! report loop, counters and histograms), the consumer loops ([`consumer`],
 //! settling as `--ack` says), the producer loops ([`producer`]: closed loops,
@@ -23,6 +24,7 @@ mod enqueue;
 mod harness;
 mod histogram;
 mod latency;
+mod ping;
 mod producer;
 mod stamp;
 mod streams;
@@ -39,6 +41,9 @@ pub enum Scenario {
     Enqueue,
     /// Enqueue at a fixed --rate, open loop; measures enqueue → delivery latency.
     Latency,
+    /// gRPC health checks at a fixed --rate, open loop: the gRPC hop's own
+    /// round trip on this machine (no job, no database).
+    Ping,
     /// --streams idle-ish consumer streams on one broker, fed at --rate.
     Streams,
     /// Fill --backlog jobs first, then run the throughput scenario.
@@ -55,6 +60,7 @@ impl Scenario {
             Scenario::Throughput => "Throughput",
             Scenario::Enqueue => "Enqueue",
             Scenario::Latency => "Latency",
+            Scenario::Ping => "Ping",
             Scenario::Streams => "Streams",
             Scenario::Backlog => "Backlog",
             Scenario::Baseline => "Baseline",
@@ -147,8 +153,9 @@ pub struct BenchArgs {
     /// than a backlog growing for as long as it lasts. 0: no cap.
     #[arg(long, default_value_t = 10_000)]
     pub max_backlog: u64,
-    /// Jobs per second for `latency` and `streams`, sent open loop: send
-    /// times are scheduled in advance and calls do not wait for each other.
+    /// Jobs per second for `latency` and `streams` (calls per second for
+    /// `ping`), sent open loop: send times are scheduled in advance and calls
+    /// do not wait for each other.
     #[arg(long, default_value_t = 1000)]
     pub rate: u64,
     /// Streams for `streams`.
@@ -189,6 +196,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Throughput => throughput::run(&args).await?,
         Scenario::Enqueue => enqueue::run(&args).await?,
         Scenario::Latency => latency::run(&args).await?,
+        Scenario::Ping => ping::run(&args).await?,
         Scenario::Streams => streams::run(&args).await?,
         Scenario::Backlog => backlog::run(&args).await?,
         Scenario::Baseline => baseline::run(&args).await?,

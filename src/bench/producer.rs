@@ -10,6 +10,8 @@ use super::stamp;
 use crate::cli::ClientChannel;
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
 
 /// A send that starts more than this many µs after its scheduled time
 /// counts as late.
@@ -84,6 +86,18 @@ pub async fn singles(
     }
 }
 
+/// What each send of the open loop is.
+#[derive(Clone)]
+pub enum Call {
+    /// An Enqueue of one job stamped with its due time.
+    Enqueue(QueueServiceClient<ClientChannel>),
+    /// A gRPC health check (`grpc.health.v1.Health/Check`, answered from
+    /// memory): the round trip of the gRPC hop alone, the floor under an
+    /// Enqueue call's on this machine. Its latency is recorded as a
+    /// delivery's would be (from the due time) and as a call's.
+    Ping(HealthClient<ClientChannel>),
+}
+
 /// The open loop: send k is due at `start + k / rate`, scheduled in advance.
 /// A thread of its own sleeps until each due time (the OS timer, finer than
 /// the runtime's 1 ms one) and starts the call as a task of its own without
@@ -93,7 +107,7 @@ pub async fn singles(
 /// recorded apart, so an overloaded generator shows too.
 pub fn open_loop(
     shared: Arc<Shared>,
-    client: QueueServiceClient<ClientChannel>,
+    call: Call,
     rate: u64,
     start: Instant,
     deadline: Instant,
@@ -122,8 +136,8 @@ pub fn open_loop(
                     continue;
                 }
                 in_flight.fetch_add(1, Ordering::Relaxed);
-                let (shared, mut client, in_flight) =
-                    (shared.clone(), client.clone(), in_flight.clone());
+                let (shared, mut call, in_flight) =
+                    (shared.clone(), call.clone(), in_flight.clone());
                 runtime.spawn(async move {
                     let began = Instant::now();
                     let late = began.saturating_duration_since(due);
@@ -131,13 +145,24 @@ pub fn open_loop(
                     if late > Duration::from_micros(LATE_US) {
                         shared.late_sends.fetch_add(1, Ordering::Relaxed);
                     }
-                    let job = shared.new_job(stamp::payload(stamp::at(due), shared.payload_bytes));
-                    match client.enqueue(job).await {
-                        Ok(_) => {
+                    let answered = match &mut call {
+                        Call::Enqueue(client) => {
+                            let job = shared
+                                .new_job(stamp::payload(stamp::at(due), shared.payload_bytes));
+                            client.enqueue(job).await.map(drop)
+                        }
+                        Call::Ping(client) => {
+                            let r = client.check(HealthCheckRequest::default()).await;
+                            shared.latency.record(due.elapsed());
+                            r.map(drop)
+                        }
+                    };
+                    match answered {
+                        Ok(()) => {
                             shared.enqueue_calls.record(began.elapsed());
                             shared.counters.enqueued.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(e) => shared.counters.error(format_args!("Enqueue: {e}")),
+                        Err(e) => shared.counters.error(format_args!("open-loop call: {e}")),
                     }
                     in_flight.fetch_sub(1, Ordering::Relaxed);
                 });

@@ -9,23 +9,25 @@ use super::histogram::Percentiles;
 /// is `null` where the scenario does not measure it.
 #[derive(Serialize, Debug, Clone, Default)]
 pub struct Summary {
-    /// `Throughput`, `Enqueue`, `Latency`, `Streams`, `Backlog` or `Baseline`.
+    /// `Throughput`, `Enqueue`, `Latency`, `Ping`, `Streams`, `Backlog` or
+    /// `Baseline`.
     pub scenario: &'static str,
     /// Jobs done in the measured window: acked (confirmed by the broker) when
-    /// the scenario consumes, else enqueued.
+    /// the scenario consumes, else enqueued (`Ping`: health checks answered,
+    /// also counted as `enqueued`).
     pub jobs: u64,
     pub seconds: f64,
     pub jobs_per_s: f64,
     /// Enqueue → delivery: from the send time in the payload (for the open
     /// loop, the time the send was scheduled for) to the consumer reading
-    /// the delivery.
+    /// the delivery. `Ping`: from the due time to the health check's answer.
     pub p50_ms: Option<f64>,
     pub p90_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub p999_ms: Option<f64>,
     pub max_ms: Option<f64>,
     /// The round trip of the producers' own Enqueue (EnqueueBatch in
-    /// `throughput` and `backlog`) calls.
+    /// `throughput` and `backlog`; the health check in `Ping`) calls.
     pub enqueue_p50_ms: Option<f64>,
     pub enqueue_p99_ms: Option<f64>,
     /// Open loop only: sends that started more than 1 ms after their
