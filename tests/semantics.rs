@@ -1763,3 +1763,90 @@ async fn the_broker_vacuums_the_jobs_table_past_its_dead_tuple_threshold() {
     .await;
     drop(broker);
 }
+
+/// A job enqueued alone (enqueue_one.sql, plain parameters) is stored as the
+/// same job enqueued in a batch (enqueue.sql, arrays): every option, with and
+/// without a dedup key, and handed off to a waiting stream alike.
+#[tokio::test]
+async fn a_job_alone_and_in_a_batch_are_stored_alike() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let with_options = |payload: &str, dedup: &str| pb::EnqueueRequest {
+        queue: "alike".into(),
+        payload: payload.as_bytes().to_vec(),
+        headers: HashMap::from([("k".to_owned(), "v".to_owned())]),
+        priority: 3,
+        delay: Some(dur(Duration::from_secs(60))),
+        dedup_key: dedup.into(),
+        max_attempts: 7,
+        ttl: Some(dur(Duration::from_secs(3600))),
+        ..Default::default()
+    };
+    // Everything but the id and the times, with the times relative to the
+    // job's enqueue time, in whole seconds (concat_ws leaves out nulls).
+    let row = async |payload: &str| -> String {
+        sqlx::query_scalar::<_, String>(
+            "select concat_ws(' | ', queue, state, priority, convert_from(payload, 'UTF8'),
+                    headers::text, attempt, max_attempts, dedup_key is not null,
+                    round(extract(epoch from run_at - enqueued_at)),
+                    round(extract(epoch from expires_at - enqueued_at)),
+                    lease_token is not null, lease_broker is not null, leased_by,
+                    round(extract(epoch from lease_expires_at - enqueued_at)))
+             from leaseq.jobs where convert_from(payload, 'UTF8') like $1 || '%'",
+        )
+        .bind(payload)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    for dedup in ["", "key"] {
+        let key = |n: &str| {
+            if dedup.is_empty() {
+                String::new()
+            } else {
+                format!("{dedup}-{n}")
+            }
+        };
+        c.enqueue(with_options(&format!("alone{dedup}"), &key("a")))
+            .await
+            .unwrap();
+        c.enqueue_batch(pb::EnqueueBatchRequest {
+            jobs: vec![
+                with_options(&format!("batched{dedup}"), &key("b")),
+                with_options(&format!("other{dedup}"), &key("c")),
+            ],
+        })
+        .await
+        .unwrap();
+        let (alone, batched) = (
+            row(&format!("alone{dedup}")).await,
+            row(&format!("batched{dedup}")).await,
+        );
+        assert_eq!(alone.replacen("alone", "batched", 1), batched);
+        assert!(alone.contains("| available | 3 |"), "{alone}");
+        assert!(alone.contains(r#"{"k": "v"}"#), "{alone}");
+        assert!(alone.contains("| 0 | 7 |"), "{alone}");
+        assert!(alone.ends_with("| 60 | 3600 | f | f"), "{alone}");
+    }
+
+    // Handed off: inserted leased to the waiting stream, by either statement.
+    let mut s = subscribe(&mut c, &["handed"], 10, Some(Duration::from_secs(45))).await;
+    c.enqueue(job("handed", "alone-h")).await.unwrap();
+    assert_eq!(
+        payload_of(&next_delivery(&mut s, Duration::from_secs(5)).await),
+        "alone-h"
+    );
+    c.enqueue_batch(pb::EnqueueBatchRequest {
+        jobs: vec![job("handed", "batched-h"), job("handed", "other-h")],
+    })
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        next_delivery(&mut s, Duration::from_secs(5)).await;
+    }
+    let (alone, batched) = (row("alone-h").await, row("batched-h").await);
+    assert_eq!(alone.replacen("alone", "batched", 1), batched);
+    assert!(alone.contains("| leased |"), "{alone}");
+    assert!(alone.contains("| {} | 1 | f | 0 | t | t | test | 45"), "{alone}");
+}

@@ -437,13 +437,17 @@ impl Store {
         })
     }
 
-    /// Runs enqueue.sql for `jobs` (with their claims, if any).
+    /// Runs enqueue.sql for `jobs` (with their claims, if any); one job,
+    /// enqueue_one.sql.
     async fn insert_jobs(
         &self,
         conn: &mut sqlx::PgConnection,
         jobs: &[&NewJob],
         claims: &[Option<&HandoffTo>],
     ) -> Result<Vec<InsertedRow>> {
+        if let ([job], [claim]) = (jobs, claims) {
+            return self.insert_job(conn, job, *claim).await;
+        }
         let c = JobColumns::new(jobs, claims);
         Ok(sqlx::query_file_as!(
             InsertedRow,
@@ -461,6 +465,42 @@ impl Store {
             &c.handoff,
             &c.lease_ms as &Vec<Option<i64>>,
             &c.consumer as &Vec<Option<&str>>,
+            self.broker_id,
+        )
+        .fetch_all(conn)
+        .await?)
+    }
+
+    /// [`Store::insert_jobs`] for one job: enqueue_one.sql, the same
+    /// statement with plain parameters (cheaper for PostgreSQL than unnest
+    /// over one-element arrays; a light load enqueues one job at a time).
+    async fn insert_job(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job: &NewJob,
+        claim: Option<&HandoffTo>,
+    ) -> Result<Vec<InsertedRow>> {
+        let (run_at, delay_ms) = match &job.schedule {
+            Schedule::Now => (None, 0i64),
+            Schedule::Delay(ms) => (None, *ms),
+            Schedule::At(t) => (Some(*t), 0),
+        };
+        Ok(sqlx::query_file_as!(
+            InsertedRow,
+            "src/store/sql/enqueue_one.sql",
+            job.id.0,
+            job.queue.as_str(),
+            job.priority,
+            run_at,
+            delay_ms,
+            &job.payload,
+            &job.headers_json,
+            job.max_attempts,
+            job.dedup_key.as_deref(),
+            job.ttl_ms,
+            claim.is_some(),
+            claim.and_then(|c| c.lease_ms),
+            claim.map(|c| &*c.consumer),
             self.broker_id,
         )
         .fetch_all(conn)
