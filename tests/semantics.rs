@@ -1848,5 +1848,8 @@ async fn a_job_alone_and_in_a_batch_are_stored_alike() {
     let (alone, batched) = (row("alone-h").await, row("batched-h").await);
     assert_eq!(alone.replacen("alone", "batched", 1), batched);
     assert!(alone.contains("| leased |"), "{alone}");
-    assert!(alone.contains("| {} | 1 | f | 0 | t | t | test | 45"), "{alone}");
+    assert!(
+        alone.contains("| {} | 1 | f | 0 | t | t | test | 45"),
+        "{alone}"
+    );
 }
