@@ -1027,9 +1027,7 @@ async fn bench_open_loop_scenarios_measure_a_real_broker() {
         lat["delivered"].as_u64().unwrap(),
         lat["acked"].as_u64().unwrap(),
     );
-    assert!(
-        acked >= 1 && acked <= delivered && delivered <= enqueued,
-        "{lat}"
-    );
+    // (A delivery may be counted before its Enqueue call's answer.)
+    assert!(acked >= 1 && acked <= delivered, "{lat}");
     assert!(lat["p50_ms"].as_f64().unwrap() > 0.0, "{lat}");
 }
