@@ -950,3 +950,32 @@ impl<'a> JobColumns<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The SQL of a statement file without its comment lines.
+    fn code(sql: &str) -> String {
+        sql.lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// enqueue_one.sql is enqueue.sql with the job's fields as plain
+    /// parameters: the two differ only in their `from` item, so a change to
+    /// one cannot silently miss the other (tests/semantics.rs checks that
+    /// they store a job alike).
+    #[test]
+    fn the_one_job_statement_is_the_batch_statement_with_plain_parameters() {
+        let batch = code(include_str!("sql/enqueue.sql"));
+        let one = code(include_str!("sql/enqueue_one.sql"));
+        let around = |s: &str| {
+            let from = s.find("\nfrom ").expect("a from item");
+            let join = s.find("\nleft join lateral").expect("the queue lookup");
+            (s[..from].to_owned(), s[join..].to_owned())
+        };
+        assert_eq!(around(&batch), around(&one));
+        assert!(batch.contains("from unnest($1::uuid[]"), "{batch}");
+        assert!(one.contains("from (select $1::uuid as id"), "{one}");
+    }
+}
