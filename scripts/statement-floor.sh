@@ -14,7 +14,8 @@
 #   env:   SQL=FILE (default: enqueue_one.sql)
 # Prints one JSON line like commit-floor.sh's: rate, p50_ms, p90_ms, p99_ms.
 # Its jobs go to a queue of their own, `statement-floor`, leased to a broker
-# id that no broker has, and are deleted at the end. Run it as a user that
+# id that no broker has; that queue and its jobs are deleted at the end, so
+# run it against a benchmark database only. Run it as a user that
 # can connect with that URL (e.g. under `runuser -u postgres --`).
 set -euo pipefail
 URL=${1:?DATABASE_URL}; RATE=${2:-1000}; SECS=${3:-10}
