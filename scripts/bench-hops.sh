@@ -22,7 +22,7 @@ DUR=${DUR:-10}
 mkdir -p "$OUT"; : > "$OUT/results.jsonl"
 # shellcheck source=scripts/bench-lib.sh
 . "$HERE/bench-lib.sh"
-pkill -f 'leaseq serve'; sleep 1
+pkill -f 'leaseq[^ ]* serve'; sleep 3
 embedded_broker /tmp/hops-pg 127.0.0.1:50061 "$OUT/broker.log"
 A=http://127.0.0.1:50061
 $BIN bench --addr $A --duration 15 --json >/dev/null 2>&1

@@ -3,12 +3,11 @@
 //!
 //! One function per scenario, each in its own file: [`throughput`],
 //! [`enqueue`], [`latency`], [`ping`], [`streams`], [`backlog`] and
-//! [`baseline`]. They
-//! share a small harness ([`harness`]: connections, the progress and soak
-//! report loop, counters and histograms), the consumer loops ([`consumer`],
-//! settling as `--ack` says), the producer loops ([`producer`]: closed loops,
-//! and the open-loop generator at `--rate`), CPU accounting ([`cpu`]) and the
-//! [`Summary`] every scenario ends with.
+//! [`baseline`]. They share a small harness ([`harness`]: connections, the
+//! progress and soak report loop, counters and histograms), the consumer
+//! loops ([`consumer`], settling as `--ack` says), the producer loops
+//! ([`producer`]: closed loops, and the open-loop generator at `--rate`),
+//! CPU accounting ([`cpu`]) and the [`Summary`] every scenario ends with.
 //!
 //! Every scenario is bounded by `--duration` (and the backlog fill by its
 //! count); it prints a live progress line on stderr, its results on stdout

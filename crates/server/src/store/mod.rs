@@ -480,11 +480,7 @@ impl Store {
         job: &NewJob,
         claim: Option<&HandoffTo>,
     ) -> Result<Vec<InsertedRow>> {
-        let (run_at, delay_ms) = match &job.schedule {
-            Schedule::Now => (None, 0i64),
-            Schedule::Delay(ms) => (None, *ms),
-            Schedule::At(t) => (Some(*t), 0),
-        };
+        let (run_at, delay_ms) = schedule_columns(&job.schedule);
         Ok(sqlx::query_file_as!(
             InsertedRow,
             "src/store/sql/enqueue_one.sql",
@@ -878,6 +874,15 @@ impl InsertedRow {
     }
 }
 
+/// A schedule as enqueue.sql's `run_at` and `delay_ms` columns.
+fn schedule_columns(schedule: &Schedule) -> (Option<DateTime<Utc>>, i64) {
+    match schedule {
+        Schedule::Now => (None, 0),
+        Schedule::Delay(ms) => (None, *ms),
+        Schedule::At(t) => (Some(*t), 0),
+    }
+}
+
 /// $1..$13 of enqueue.sql: one array per column.
 struct JobColumns<'a> {
     id: Vec<Uuid>,
@@ -920,11 +925,7 @@ impl<'a> JobColumns<'a> {
             id.push(j.id.0);
             queue.push(j.queue.as_str().to_owned());
             priority.push(j.priority);
-            let (at, delay) = match &j.schedule {
-                Schedule::Now => (None, 0i64),
-                Schedule::Delay(ms) => (None, *ms),
-                Schedule::At(t) => (Some(*t), 0),
-            };
+            let (at, delay) = schedule_columns(&j.schedule);
             run_at.push(at);
             delay_ms.push(delay);
             payload.push(j.payload.clone());
