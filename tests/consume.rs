@@ -991,3 +991,158 @@ async fn handed_off_jobs_never_overtake_a_waiting_higher_priority_backlog() {
         "an idle stream with free credit takes a new job at its insert"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Hand-off across replicas (dispatch/remote.rs).
+
+/// The producer on one replica, the consumer on another (as behind a load
+/// balancer): an idle stream's offer reaches the producer's replica, which
+/// inserts new jobs already leased to that stream. Past the stream's credit
+/// nothing is pushed, and nothing is lost: jobs the producer's replica
+/// handed over beyond it are released and come once credit returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_enqueued_on_one_replica_is_handed_to_an_idle_stream_of_another() {
+    let db = TestDb::new().await;
+    let a = TestBroker::start_with(&db, no_poll).await;
+    let b = TestBroker::start_with(&db, no_poll).await;
+    let mut ca = a.client().await;
+    let mut cb = b.client().await;
+    let lease = secs(30);
+    let mut s = Consumer::open(&mut cb, &["ho-x"], 3, Some(lease), true).await;
+    // No stream on A: a job handed off at its insert went to B's.
+    until_handed_off(&mut ca, &mut s, "ho-x", "warm-", lease).await;
+
+    // Credit 3, all held; A may still think some is free.
+    let held = {
+        for i in 0..3 {
+            enqueue(&mut ca, "ho-x", &format!("H{i}")).await;
+        }
+        s.take(3, S5).await
+    };
+    for i in 0..3 {
+        enqueue(&mut ca, "ho-x", &format!("W{i}")).await;
+    }
+    s.assert_quiet(ms(500), "no credit left").await;
+    for d in &held {
+        s.ack(d).await;
+        assert_eq!(s.result(S5).await.code, 0);
+    }
+    let rest = s.take(3, S5).await;
+    let mut got: Vec<String> = rest.iter().map(payload_of).collect();
+    got.sort();
+    assert_eq!(got, ["W0", "W1", "W2"]);
+    assert!(rest.iter().all(|d| job_of(d).attempt == 1), "{rest:?}");
+    for d in &rest {
+        s.ack(d).await;
+        assert_eq!(s.result(S5).await.code, 0);
+    }
+    s.assert_quiet(ms(300), "each job once").await;
+    assert_eq!(db.live_jobs().await, 0);
+}
+
+/// What the producer's replica does with another replica's offer, seen from
+/// outside: the test plays a broker that offers one credit and never takes
+/// the job (as if killed). The job is inserted leased to that broker's
+/// stream, stamped with its id and consumer; its hand-over notification
+/// carries the job and the lease token; the offer is spent after one job,
+/// a job too big for a notification is never handed over; and the job comes
+/// back when its lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_handed_to_a_replica_that_never_takes_it_comes_back_when_its_lease_runs_out() {
+    let db = TestDb::new().await;
+    let a = TestBroker::start_with(&db, no_poll).await;
+    let mut c = a.client().await;
+    let ghost = Uuid::new_v4();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    let channel = format!("leaseq_handed_{}", ghost.simple());
+    listener.listen(&channel).await.unwrap();
+    let offer = |queue: &str, credit: i32| {
+        serde_json::json!({
+            "b": ghost, "s": 5, "c": credit, "l": 1000, "n": "ghost", "q": [queue],
+        })
+        .to_string()
+    };
+    let leased_to = |id: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, i32, Option<Uuid>, Option<String>, Option<Uuid>)>(
+                "select state, attempt, lease_broker, leased_by, lease_token
+                 from leaseq.jobs where id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // Until A has heard the offer (each try on a queue of its own).
+    let mut handed = None;
+    for i in 0..30 {
+        let queue = format!("ho-g{i}");
+        sqlx::query("select pg_notify('leaseq_offers', $1)")
+            .bind(offer(&queue, 2))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        tokio::time::sleep(ms(100)).await;
+        let id = enqueue(&mut c, &queue, "g").await;
+        let row = leased_to(id.clone()).await;
+        if row.0 == "leased" {
+            handed = Some((queue, id, row));
+            break;
+        }
+    }
+    let (queue, id, row) = handed.expect("A heard the offer within 30 tries");
+    assert_eq!(
+        (row.1, row.2, row.3.as_deref()),
+        (1, Some(ghost), Some("ghost"))
+    );
+    let note = tokio::time::timeout(S5, listener.recv())
+        .await
+        .expect("the hand-over within 5s")
+        .unwrap();
+    let note: serde_json::Value = serde_json::from_str(note.payload()).unwrap();
+    assert_eq!(note["s"], 5);
+    assert_eq!(note["id"], id);
+    assert_eq!(note["t"], row.4.unwrap().to_string());
+    assert_eq!(note["q"], queue);
+    assert_eq!(note["p"], "Zw==", "the payload, base64");
+    // One credit left: a job too big for a notification is not handed over,
+    // the next one is, and the one after that finds the offer spent.
+    let big = c
+        .enqueue(pb::EnqueueRequest {
+            queue: queue.clone(),
+            payload: vec![b'x'; 4096],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    assert_eq!(leased_to(big.clone()).await.0, "available");
+    let second = enqueue(&mut c, &queue, "g2").await;
+    assert_eq!(leased_to(second.clone()).await.3.as_deref(), Some("ghost"));
+    let third = enqueue(&mut c, &queue, "g3").await;
+    assert_eq!(
+        leased_to(third.clone()).await.0,
+        "available",
+        "the offer is spent"
+    );
+
+    // A consumer here gets the two never handed over at once, and the two
+    // handed to the ghost once their 1 s leases run out.
+    let mut s = Consumer::open(&mut c, &[&queue], 10, Some(secs(30)), true).await;
+    let first = s.take(2, S5).await;
+    let mut ids: Vec<String> = first.iter().map(id_of).collect();
+    ids.sort();
+    let mut want = vec![big, third];
+    want.sort();
+    assert_eq!(ids, want);
+    let back = s.take(2, S5).await;
+    let mut ids: Vec<String> = back.iter().map(id_of).collect();
+    ids.sort();
+    let mut want = vec![id, second];
+    want.sort();
+    assert_eq!(ids, want);
+    assert!(back.iter().all(|d| job_of(d).attempt == 2), "{back:?}");
+}

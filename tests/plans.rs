@@ -4,7 +4,7 @@
 //! planned so, the ttl sweep once read every waiting job through
 //! jobs_ready, and ran for minutes under a steady stream of enqueues
 //! (docs/BENCHMARKS.md, "Plans made on an empty table").
-//! `Store::expire_ttl` and `Store::expired_leases` now run with
+//! `Store::expire_ttl`, `Store::expired_leases` and `Store::unheard_leases` run with
 //! `SWEEP_PLANNER_SETTINGS`. The ack statement's generic plan read all of
 //! jobs_pkey for every call when planned so; it now probes the key per id.
 
@@ -70,6 +70,12 @@ async fn the_sweeps_scan_their_partial_index_even_when_planned_on_an_empty_table
             include_str!("../crates/server/src/store/sql/expired_leases.sql"),
             "(uuid[], bigint)",
             "(null, 1000)",
+            "jobs_lease_expiry",
+        ),
+        (
+            include_str!("../crates/server/src/store/sql/unheard_leases.sql"),
+            "(uuid, bigint)",
+            "(gen_random_uuid(), 1000)",
             "jobs_lease_expiry",
         ),
     ];

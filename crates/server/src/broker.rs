@@ -369,8 +369,9 @@ pub(crate) async fn join_all<F: std::future::Future>(
 struct KnownQueues(Arc<Mutex<(i64, HashSet<QueueName>)>>);
 
 /// One enqueue statement for many requests. Jobs due now whose queue has an
-/// idle stream here are handed off to it (see `dispatch::offers`); the rest
-/// wake their queues here and on every replica after the commit.
+/// idle stream here, or else on another replica, are handed off to it (see
+/// `dispatch::offers` and `dispatch::remote`); the rest wake their queues
+/// here and on every replica after the commit.
 async fn enqueue(
     dispatcher: Dispatcher,
     store: Store,
@@ -396,7 +397,7 @@ async fn enqueue(
     let claims: Vec<Option<crate::dispatch::Claim>> = jobs
         .iter()
         .map(|j| match j.schedule {
-            Schedule::Now => offers.claim(&j.queue),
+            Schedule::Now => offers.claim(&j.queue, crate::dispatch::remote::fits(j)),
             _ => None,
         })
         .collect();
@@ -406,14 +407,23 @@ async fn enqueue(
         .collect();
     let settle = dispatcher.settle();
     let result = store.enqueue(&jobs, &to, &new_queues).await;
-    // Every claim is reported, used or not, so its credit is accounted for.
-    // `index` maps a job's place in the request to its claim's.
+    // Every claim on a stream of ours is reported, used or not, so its
+    // credit is accounted for. `index` maps a job's place in the request to
+    // its claim's; `remote` to another replica's stream (that replica counts
+    // its credit when the job reaches it).
     let mut index: HashMap<usize, usize> = HashMap::new();
+    let mut remote: HashMap<usize, (uuid::Uuid, StreamId)> = HashMap::new();
     let mut used = Vec::new();
     for (i, c) in claims.into_iter().enumerate() {
-        if let Some(c) = c {
-            index.insert(i, used.len());
-            used.push(c);
+        let Some(c) = c else { continue };
+        match c.to.broker {
+            Some(b) => {
+                remote.insert(i, (b, c.stream));
+            }
+            None => {
+                index.insert(i, used.len());
+                used.push(c);
+            }
         }
     }
     let claims = used;
@@ -427,10 +437,16 @@ async fn enqueue(
             return Err(e);
         }
     };
-    let mut handed = out.handed;
-    for job in &mut handed {
-        // From the job's index in the request to its claim's.
-        job.slot = index[&(job.slot as usize)] as i32;
+    let mut handed = Vec::with_capacity(out.handed.len());
+    for mut job in out.handed {
+        let i = job.slot as usize;
+        if let Some(&(broker, stream)) = remote.get(&i) {
+            settle.hand_over(broker, stream, job).await;
+        } else {
+            // From the job's index in the request to its claim's.
+            job.slot = index[&i] as i32;
+            handed.push(job);
+        }
     }
     dispatcher.handed(Handoff {
         claims,

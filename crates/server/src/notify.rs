@@ -1,10 +1,13 @@
 //! The one LISTEN connection of a broker process, and its fan-out.
 //!
 //! It listens on [`WAKE_CHANNEL`] (jobs became available somewhere: wake the
-//! local dispatcher for that queue) and on this broker's settle channel (jobs
+//! local dispatcher for that queue), on this broker's settle channel (jobs
 //! leased here were acked / nacked on another replica: give the streams their
-//! credit back). Notifications sent by this process itself are skipped: it
-//! woke its own dispatcher in-process already.
+//! credit back), and for hand-off across replicas (`dispatch::remote`) on
+//! [`OFFERS_CHANNEL`] (other replicas' idle streams) and this broker's
+//! handed channel (jobs another replica inserted leased to our streams).
+//! Notifications sent by this process itself are skipped: it woke its own
+//! dispatcher in-process already.
 //!
 //! If the connection drops, sqlx's `PgListener` reconnects and re-LISTENs;
 //! anything sent meanwhile is lost, so after a reconnect every queue is looked
@@ -18,6 +21,7 @@ use tracing::{debug, info, trace, warn};
 use uuid::Uuid;
 
 use crate::dispatch::Dispatcher;
+use crate::dispatch::remote::{HandedNote, OFFERS_CHANNEL, OfferNote, handed_channel};
 use crate::domain::{JobId, LeaseToken, QueueName};
 use crate::store::{Store, WAKE_CHANNEL, Wake, settle_channel};
 
@@ -28,7 +32,14 @@ pub async fn listen(store: &Store, own_pool: &sqlx::PgPool) -> Result<PgListener
     // life of the process, and must not take one of the working pool's.
     let mut listener = PgListener::connect_with(own_pool).await?;
     let settle = settle_channel(store.broker_id);
-    listener.listen_all([WAKE_CHANNEL, settle.as_str()]).await?;
+    let handed = handed_channel(store.broker_id);
+    let channels = [
+        WAKE_CHANNEL,
+        settle.as_str(),
+        OFFERS_CHANNEL,
+        handed.as_str(),
+    ];
+    listener.listen_all(channels).await?;
     Ok(listener)
 }
 
@@ -40,6 +51,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let me = store.broker_id.simple().to_string();
+    let handed = handed_channel(store.broker_id);
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -51,6 +63,23 @@ pub async fn run(
                     if let Some(w) = parse_wake(n.payload(), &me) {
                         trace!(queue = %w.queue, "woken by another replica");
                         dispatcher.wake(vec![w]);
+                    }
+                } else if n.channel() == OFFERS_CHANNEL {
+                    match OfferNote::parse(n.payload()) {
+                        Some(o) if o.broker != store.broker_id => {
+                            trace!(broker = %o.broker, stream = o.stream, credit = o.credit, "offer heard");
+                            dispatcher.offers().heard(o, tokio::time::Instant::now());
+                        }
+                        Some(_) => {}
+                        None => warn!(payload = n.payload(), "unreadable offer notification"),
+                    }
+                } else if n.channel() == handed {
+                    match HandedNote::parse(n.payload(), store.cluster) {
+                        Some(h) => {
+                            trace!(job = %h.job.id, stream = h.stream, "job handed over");
+                            dispatcher.remote_handed(h.stream, h.job);
+                        }
+                        None => warn!("unreadable hand-over notification"),
                     }
                 } else {
                     let ids: Vec<(JobId, LeaseToken)> = n

@@ -235,6 +235,34 @@ impl Settle {
         self.local.wake(wakes);
     }
 
+    /// Another replica's idle streams offer these (payloads on
+    /// `dispatch::remote::OFFERS_CHANNEL`); sent on the home cluster, where
+    /// every replica listens.
+    pub fn publish_offers(&self, payloads: Vec<String>) {
+        let home = self.store().cluster;
+        for p in payloads {
+            self.notifiers
+                .raw(home, crate::dispatch::remote::OFFERS_CHANNEL.to_owned(), p);
+        }
+    }
+
+    /// A job this replica inserted leased to stream `stream` of broker
+    /// `broker` goes to that broker (on the job's cluster). One that does
+    /// not fit a notification is released at once instead, so it is leased
+    /// again the usual way (the enqueue path only hands over jobs that fit).
+    pub async fn hand_over(&self, broker: Uuid, stream: u64, job: crate::store::Leased) {
+        match crate::dispatch::remote::HandedNote::encode(stream, &job) {
+            Some(p) => {
+                let channel = crate::dispatch::remote::handed_channel(broker);
+                self.notifiers.raw(job.token.1, channel, p);
+            }
+            None => {
+                let lease = vec![(job.id, job.token)];
+                self.release(lease, "too large to hand over", true).await;
+            }
+        }
+    }
+
     /// Gives streams their credit back: in-process for our own leases, by
     /// NOTIFY for leases held by streams of other replicas (`broker` is the
     /// job's `lease_broker`).
@@ -300,6 +328,12 @@ impl Notifiers {
             n.settled(broker, id, token);
         }
     }
+
+    fn raw(&self, cluster: ClusterId, channel: String, payload: String) {
+        if let Some(n) = self.0.get(&cluster) {
+            let _ = n.tx.send(Note::Raw(channel, payload));
+        }
+    }
 }
 
 /// One wake per queue that got a job back (the earliest), and an immediate
@@ -329,6 +363,8 @@ fn wakes_for(done: &[Failed]) -> Vec<Wake> {
 enum Note {
     Wake(Wake),
     Settled(Uuid, JobId, LeaseToken),
+    /// A payload for a channel, as is (hand-off across replicas).
+    Raw(String, String),
 }
 
 /// Sends NOTIFYs from a task of its own: whatever was asked for while the
@@ -364,6 +400,7 @@ async fn notify_loop(store: Store, mut rx: mpsc::UnboundedReceiver<Note>) {
     while let Some(first) = rx.recv().await {
         let mut wakes: HashMap<(QueueName, bool), i64> = HashMap::new();
         let mut settled: Vec<(Uuid, JobId, LeaseToken)> = Vec::new();
+        let mut raw: Vec<(String, String)> = Vec::new();
         let mut next = Some(first);
         while let Some(note) = next {
             match note {
@@ -372,6 +409,7 @@ async fn notify_loop(store: Store, mut rx: mpsc::UnboundedReceiver<Note>) {
                     *e = (*e).min(w.delay_ms);
                 }
                 Note::Settled(b, id, token) => settled.push((b, id, token)),
+                Note::Raw(channel, payload) => raw.push((channel, payload)),
             }
             next = rx.try_recv().ok();
         }
@@ -379,7 +417,7 @@ async fn notify_loop(store: Store, mut rx: mpsc::UnboundedReceiver<Note>) {
             .into_iter()
             .map(|((queue, _), delay_ms)| Wake { queue, delay_ms })
             .collect();
-        if let Err(e) = store.notify(&wakes, &settled).await {
+        if let Err(e) = store.notify(&wakes, &settled, raw).await {
             // Other replicas find these jobs at their fallback poll, and
             // their streams' credit at the lease check.
             warn!(error = %e, "notification failed");

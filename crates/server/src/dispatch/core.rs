@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::StreamId;
 use super::offers::{Claim, Offers};
+use super::remote::OFFER_REFRESH;
 use crate::domain::{ClusterId, FastMap, FastSet, JobId, LeaseToken, QueueName, Subscription};
 use crate::store::{LeaseOutcome, Leased, Wake, Want};
 
@@ -27,6 +28,12 @@ use crate::store::{LeaseOutcome, Leased, Wake, Want};
 pub(crate) const MAX_ROUND_JOBS: i32 = 2000;
 /// Lease statements running at once.
 pub(crate) const MAX_ROUNDS_IN_FLIGHT: usize = 2;
+/// A lease of ours on a job enqueued this long ago that none of our streams
+/// holds is a lost hand-over (`super::remote`), released at the next poll.
+pub(crate) const UNHEARD_AFTER: Duration = Duration::from_secs(1);
+/// How long a lease released so is remembered (a late hand-over of it is
+/// then dropped, not delivered).
+const RELEASED_MEMORY: Duration = Duration::from_secs(600);
 
 /// A lease held by one of our streams.
 #[derive(Debug)]
@@ -50,6 +57,27 @@ struct StreamState {
     reserved: i32,
     /// Credit in the hand-off book, claimed or not (see [`Offers`]).
     offered: i32,
+    /// What this stream last published to other replicas.
+    published: Published,
+}
+
+/// A stream's offer as other replicas last heard it (`super::remote`).
+#[derive(Debug, Default)]
+struct Published {
+    credit: i32,
+    /// Jobs other replicas handed to the stream since.
+    arrived: i32,
+    at: Option<Instant>,
+}
+
+/// An offer to publish to the other replicas (credit 0 withdraws it).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Publish {
+    pub stream: StreamId,
+    pub credit: i32,
+    pub lease_ms: Option<i64>,
+    pub consumer: Arc<str>,
+    pub queues: Vec<QueueName>,
 }
 
 impl StreamState {
@@ -142,6 +170,15 @@ pub(crate) struct Core {
     placement: Option<Placement>,
     /// Rotating choice of the cluster a backlogged round leases from.
     next_cluster: usize,
+    /// Offers are published to other replicas (`super::remote`); the next
+    /// refresh of lasting ones is due then.
+    publish: Option<Instant>,
+    /// Streams closed with an offer out: withdraw it.
+    withdrawn: Vec<StreamId>,
+    /// Look for our leases that no stream holds (lost hand-overs).
+    sweep: bool,
+    /// Leases released as lost hand-overs, and when: never delivered.
+    unheard: FastMap<JobId, (LeaseToken, Instant)>,
 }
 
 /// Where a queue's lease rounds go (the current placement map).
@@ -164,7 +201,16 @@ impl Core {
             dirty: FastSet::default(),
             placement: None,
             next_cluster: 0,
+            publish: None,
+            withdrawn: Vec::new(),
+            sweep: false,
+            unheard: FastMap::default(),
         }
+    }
+
+    /// Idle streams' offers are published to other replicas too.
+    pub fn publish_offers(&mut self, now: Instant) {
+        self.publish = Some(now + OFFER_REFRESH);
     }
 
     /// Queues live on several clusters: `placement` tells which.
@@ -202,6 +248,7 @@ impl Core {
                 next_queue: 0,
                 reserved: 0,
                 offered: 0,
+                published: Published::default(),
             },
         );
         self.dirty.insert(id);
@@ -214,6 +261,9 @@ impl Core {
         };
         self.offers.close(id, &stream.queues);
         self.dirty.remove(&id);
+        if stream.published.credit > 0 {
+            self.withdrawn.push(id);
+        }
         for q in &stream.queues {
             if let Some(qs) = self.queues.get_mut(q) {
                 qs.streams.retain(|s| *s != id);
@@ -274,6 +324,7 @@ impl Core {
             self.touch(q);
             self.queues.get_mut(q).expect("listed").check_due = true;
         }
+        self.sweep = self.publish.is_some();
         self.leases_to_verify()
     }
 
@@ -358,6 +409,9 @@ impl Core {
         if let Some(r) = self.retry_at {
             t = t.min(r);
         }
+        if let Some(p) = self.publish {
+            t = t.min(p);
+        }
         for q in self.queues.values() {
             for d in [q.due, q.limit_due].into_iter().flatten() {
                 t = t.min(d);
@@ -376,6 +430,14 @@ impl Core {
         if self.retry_at.is_some_and(|r| r <= now) {
             self.retry_at = None;
         }
+        if let Some(p) = self.publish
+            && p <= now
+        {
+            // Lasting offers are published again (reconcile_offers decides).
+            self.publish = Some(now + OFFER_REFRESH);
+            let out = self.streams.iter().filter(|(_, s)| s.published.credit > 0);
+            self.dirty.extend(out.map(|(id, _)| *id));
+        }
         if self.next_poll <= now {
             self.next_poll = now + self.poll_interval;
             let names: Vec<QueueName> = self.queues.keys().cloned().collect();
@@ -384,6 +446,9 @@ impl Core {
                 self.queues.get_mut(q).expect("listed").check_due = true;
             }
             checks.verify = self.leases_to_verify();
+            self.sweep = self.publish.is_some() && !self.streams.is_empty();
+            self.unheard
+                .retain(|_, (_, at)| now.duration_since(*at) < RELEASED_MEMORY);
         }
         let mut due = Vec::new();
         for (name, q) in self.queues.iter_mut() {
@@ -446,7 +511,9 @@ impl Core {
     /// Brings every changed stream's hand-off offer up to date: an idle
     /// stream (all its queues drained and unlimited) offers all its free
     /// credit; any other offers nothing, so lease rounds can use its credit.
-    pub fn reconcile_offers(&mut self) {
+    /// Returns the offers to publish to other replicas, if they are.
+    pub fn reconcile_offers(&mut self, now: Instant) -> Vec<Publish> {
+        let mut out = self.withdrawals();
         for id in std::mem::take(&mut self.dirty) {
             let Some(stream) = self.streams.get(&id) else {
                 continue;
@@ -469,7 +536,19 @@ impl Core {
             let claimed = stream.offered - unclaimed;
             let stream = self.streams.get_mut(&id).expect("looked up above");
             stream.offered = claimed + target;
+            if self.publish.is_some()
+                && let Some(p) = publish_now(stream, target, now)
+            {
+                out.push(Publish {
+                    stream: id,
+                    credit: p,
+                    lease_ms: stream.lease_ms,
+                    consumer: stream.consumer.clone(),
+                    queues: stream.queues.clone(),
+                });
+            }
         }
+        out
     }
 
     /// Plans the next lease round, if there is credit, a ready queue and
@@ -700,10 +779,81 @@ impl Core {
         self.assign(jobs, now)
     }
 
+    /// Another replica inserted jobs leased to our streams (`super::remote`).
+    /// Each takes one credit of its stream, its offer's first: a job for a
+    /// stream that is gone or has no credit left (two replicas claimed the
+    /// same offer) is an orphan, released at once.
+    pub fn remote_handed(&mut self, jobs: Vec<(StreamId, Leased)>, now: Instant) -> Delivered {
+        let mut out = Delivered::default();
+        for (sid, job) in jobs {
+            let taken = !self.draining
+                && self.streams.get_mut(&sid).is_some_and(|s| {
+                    s.published.arrived += 1;
+                    let (unclaimed, _) = self.offers.adjust(sid, |u| u - 1);
+                    if unclaimed > 0 {
+                        s.offered -= 1;
+                        true
+                    } else {
+                        s.credit() > 0
+                    }
+                });
+            if taken {
+                self.dirty.insert(sid);
+                let d = self.assign(vec![(sid, job)], now);
+                out.jobs.extend(d.jobs);
+                out.orphans.extend(d.orphans);
+            } else {
+                out.orphans.push((job.id, job.token));
+            }
+        }
+        out
+    }
+
+    /// Whether to look for lost hand-overs now (see [`Core::unheard`]).
+    pub fn take_sweep(&mut self) -> bool {
+        std::mem::take(&mut self.sweep) && !self.draining
+    }
+
+    /// The database lists our live leases on jobs enqueued a while ago
+    /// (`Store::unheard_leases`): those none of our streams holds were
+    /// handed to us by another replica whose notification never arrived.
+    /// Returns them, to be released (attempt given back); a hand-over of
+    /// one that arrives later is dropped. While a lease round runs, its
+    /// jobs may be leased but not yet assigned: the list is ignored then.
+    pub fn unheard(
+        &mut self,
+        leases: Vec<(JobId, LeaseToken)>,
+        now: Instant,
+    ) -> Vec<(JobId, LeaseToken)> {
+        if self.rounds_in_flight > 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (id, token) in leases {
+            let held = (self.owner.get(&id))
+                .and_then(|s| self.streams.get(s))
+                .and_then(|s| s.inflight.get(&id))
+                .is_some_and(|f| f.token == token);
+            if !held {
+                self.unheard.insert(id, (token, now));
+                out.push((id, token));
+            }
+        }
+        out
+    }
+
     /// Records leased jobs as in flight on their streams.
     fn assign(&mut self, jobs: Vec<(StreamId, Leased)>, now: Instant) -> Delivered {
         let mut out = Delivered::default();
         for (sid, job) in jobs {
+            if self
+                .unheard
+                .get(&job.id)
+                .is_some_and(|(t, _)| *t == job.token)
+            {
+                // Released as a lost hand-over already: not ours any more.
+                continue;
+            }
             if !self.streams.contains_key(&sid) {
                 // The stream closed meanwhile: the consumer never saw this
                 // job, so it goes back with its attempt.
@@ -741,6 +891,25 @@ impl Core {
     pub fn begin_drain(&mut self) {
         self.draining = true;
         self.offers.clear();
+        let out = self.streams.iter().filter(|(_, s)| s.published.credit > 0);
+        self.withdrawn.extend(out.map(|(id, _)| *id));
+        for s in self.streams.values_mut() {
+            s.published = Published::default();
+        }
+    }
+
+    /// Offers to withdraw now (streams closed, or the broker draining).
+    pub fn withdrawals(&mut self) -> Vec<Publish> {
+        std::mem::take(&mut self.withdrawn)
+            .into_iter()
+            .map(|stream| Publish {
+                stream,
+                credit: 0,
+                lease_ms: None,
+                consumer: "".into(),
+                queues: Vec::new(),
+            })
+            .collect()
     }
 
     /// Every lease our streams hold, to be released when draining.
@@ -762,6 +931,29 @@ impl Core {
             .map(|(id, s)| (id, s.queues, s.max_in_flight as u32))
             .collect()
     }
+}
+
+/// What a stream that offers `target` now must publish, if anything: a
+/// withdrawal when its offer ended; the new offer when it starts, when the
+/// other replicas have used about half of what they heard, or when it is
+/// due for a refresh.
+fn publish_now(stream: &mut StreamState, target: i32, now: Instant) -> Option<i32> {
+    let p = &mut stream.published;
+    let left = p.credit - p.arrived;
+    let send = if target == 0 {
+        p.credit > 0
+    } else {
+        p.credit == 0 || left * 2 <= target || p.at.is_none_or(|at| now >= at + OFFER_REFRESH)
+    };
+    if !send {
+        return None;
+    }
+    *p = Published {
+        credit: target,
+        arrived: 0,
+        at: Some(now),
+    };
+    Some(target)
 }
 
 #[cfg(test)]
@@ -827,7 +1019,7 @@ mod tests {
     async fn a_new_stream_asks_each_queue_for_a_share_of_its_credit() {
         let (mut c, _) = core();
         c.open(1, sub(&["a", "b", "c"], 10));
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         let round = c.plan_round().expect("a round");
         let asks = asks(&round);
         assert_eq!(asks.values().sum::<i32>(), 10);
@@ -840,36 +1032,57 @@ mod tests {
     async fn short_rounds_drain_queues_and_idle_streams_offer_their_credit() {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 4));
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         assert_eq!(
-            offers.claim(&q("a")),
+            offers.claim(&q("a"), false),
             None,
             "a new stream's queue may have jobs"
         );
         let round = c.plan_round().unwrap();
         let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
         assert_eq!(d.jobs.len(), 1);
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         // Drained: the 3 credits left are offered for hand-off.
         for _ in 0..3 {
-            assert!(offers.claim(&q("a")).is_some());
+            assert!(offers.claim(&q("a"), false).is_some());
         }
-        assert_eq!(offers.claim(&q("a")), None);
+        assert_eq!(offers.claim(&q("a"), false), None);
         assert!(
             c.plan_round().is_none(),
             "nothing ready, all credit offered"
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_wake_takes_the_offer_back_so_waiting_jobs_go_first() {
+    /// A core that publishes its offers, with one stream of credit
+    /// `credit` on queue `a`, drained: the whole credit is offered.
+    fn publishing(credit: u32) -> (Core, Offers) {
         let (mut c, offers) = core();
-        c.open(1, sub(&["a"], 4));
-        c.reconcile_offers();
+        c.publish_offers(Instant::now());
+        c.open(1, sub(&["a"], credit));
+        assert_eq!(c.reconcile_offers(Instant::now()), vec![], "not idle yet");
         let round = c.plan_round().unwrap();
         c.finish_round(round, outcome(vec![]), Instant::now());
-        c.reconcile_offers();
-        let claim = offers.claim(&q("a")).expect("offered");
+        (c, offers)
+    }
+
+    fn credits(p: &[Publish]) -> Vec<(StreamId, i32)> {
+        p.iter().map(|p| (p.stream, p.credit)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_streams_publish_their_offer_and_withdraw_it_when_a_queue_wakes() {
+        let (mut c, _) = publishing(4);
+        let p = c.reconcile_offers(Instant::now());
+        assert_eq!(credits(&p), vec![(1, 4)]);
+        assert_eq!(
+            (&p[0].queues, p[0].lease_ms, &*p[0].consumer),
+            (&vec![q("a")], Some(30_000), "test")
+        );
+        assert_eq!(
+            c.reconcile_offers(Instant::now()),
+            vec![],
+            "nothing changed"
+        );
         c.wake(
             vec![Wake {
                 queue: q("a"),
@@ -877,8 +1090,134 @@ mod tests {
             }],
             Instant::now(),
         );
-        c.reconcile_offers();
-        assert_eq!(offers.claim(&q("a")), None, "withdrawn");
+        assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 0)]);
+        assert_eq!(c.reconcile_offers(Instant::now()), vec![]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jobs_handed_over_take_the_offer_and_the_rest_are_released() {
+        let (mut c, offers) = publishing(2);
+        c.reconcile_offers(Instant::now());
+        let j = [job(0, "a"), job(0, "a"), job(0, "a"), job(0, "a")];
+        let d = c.remote_handed(
+            vec![
+                (1, j[0].clone()),
+                (1, j[1].clone()),
+                (1, j[2].clone()),
+                (9, j[3].clone()),
+            ],
+            Instant::now(),
+        );
+        let ids = |v: &[(StreamId, Leased)]| v.iter().map(|(s, j)| (*s, j.id)).collect::<Vec<_>>();
+        assert_eq!(ids(&d.jobs), vec![(1, j[0].id), (1, j[1].id)]);
+        assert_eq!(
+            d.orphans,
+            vec![(j[2].id, j[2].token), (j[3].id, j[3].token)],
+            "past the credit, and for a stream that is gone"
+        );
+        assert_eq!(offers.claim(&q("a"), false), None, "the offer was used up");
+        assert!(c.plan_round().is_none(), "no credit left");
+        // Credit back: offered here again, and published again.
+        c.settled([(j[0].id, j[0].token)]);
+        assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 1)]);
+        assert!(offers.claim(&q("a"), false).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn offers_are_published_again_when_half_used_when_due_and_withdrawn_on_close() {
+        let (mut c, _) = publishing(10);
+        assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 10)]);
+        let jobs: Vec<Leased> = (0..6).map(|_| job(0, "a")).collect();
+        let handed = jobs.iter().map(|j| (1, j.clone())).collect();
+        assert_eq!(c.remote_handed(handed, Instant::now()).jobs.len(), 6);
+        // 4 left of the 10 heard, and 4 offered: nothing to correct.
+        assert_eq!(c.reconcile_offers(Instant::now()), vec![]);
+        // Five acks later 9 are offered while the others count 4: again.
+        c.settled(jobs[..5].iter().map(|j| (j.id, j.token)));
+        assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 9)]);
+        assert_eq!(c.reconcile_offers(Instant::now()), vec![]);
+        // A lasting offer is published again when due.
+        tokio::time::advance(OFFER_REFRESH).await;
+        assert!(c.next_timer() <= Instant::now());
+        c.fire_timers(Instant::now());
+        assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 9)]);
+        c.close(1);
+        assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 0)]);
+        // Draining withdraws every published offer.
+        let (mut c, _) = publishing(3);
+        c.reconcile_offers(Instant::now());
+        c.begin_drain();
+        assert_eq!(credits(&c.withdrawals()), vec![(1, 0)]);
+        let d = c.remote_handed(vec![(1, job(0, "a"))], Instant::now());
+        assert_eq!(
+            (d.jobs.len(), d.orphans.len()),
+            (0, 1),
+            "nothing new once draining"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_no_stream_holds_are_released_and_their_late_hand_over_dropped() {
+        let (mut c, _) = publishing(3);
+        c.reconcile_offers(Instant::now());
+        let held = job(0, "a");
+        let lost = job(0, "a");
+        assert_eq!(
+            c.remote_handed(vec![(1, held.clone())], Instant::now())
+                .jobs
+                .len(),
+            1
+        );
+        // The fallback poll asks the database for our leases.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        c.fire_timers(Instant::now());
+        assert!(c.take_sweep());
+        assert!(!c.take_sweep(), "once per poll");
+        let stale = LeaseToken(uuid::Uuid::new_v4(), crate::domain::ClusterId::HOME);
+        let listed = vec![
+            (held.id, held.token),
+            (lost.id, lost.token),
+            (held.id, stale),
+        ];
+        // Not while a lease round runs: its jobs are not assigned yet.
+        c.wake(
+            vec![Wake {
+                queue: q("a"),
+                delay_ms: 0,
+            }],
+            Instant::now(),
+        );
+        c.reconcile_offers(Instant::now());
+        let round = c.plan_round().expect("a round");
+        assert_eq!(c.unheard(listed.clone(), Instant::now()), vec![]);
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        assert_eq!(
+            c.unheard(listed, Instant::now()),
+            vec![(lost.id, lost.token), (held.id, stale)]
+        );
+        // Its hand-over arrives after all: dropped, neither pushed nor released.
+        let d = c.remote_handed(vec![(1, lost.clone())], Instant::now());
+        assert_eq!((d.jobs.len(), d.orphans.len()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_takes_the_offer_back_so_waiting_jobs_go_first() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 4));
+        c.reconcile_offers(Instant::now());
+        let round = c.plan_round().unwrap();
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        c.reconcile_offers(Instant::now());
+        let claim = offers.claim(&q("a"), false).expect("offered");
+        c.wake(
+            vec![Wake {
+                queue: q("a"),
+                delay_ms: 0,
+            }],
+            Instant::now(),
+        );
+        c.reconcile_offers(Instant::now());
+        assert_eq!(offers.claim(&q("a"), false), None, "withdrawn");
         // The claim taken before the wake still holds its credit until the
         // enqueue path reports it: the round asks for 3, not 4.
         let round = c.plan_round().unwrap();
@@ -892,9 +1231,9 @@ mod tests {
             Instant::now(),
         );
         c.finish_round(round, outcome(vec![]), Instant::now());
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         for _ in 0..4 {
-            assert!(offers.claim(&q("a")).is_some());
+            assert!(offers.claim(&q("a"), false).is_some());
         }
     }
 
@@ -902,11 +1241,11 @@ mod tests {
     async fn handed_jobs_are_in_flight_until_settled() {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 1));
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         let round = c.plan_round().unwrap();
         c.finish_round(round, outcome(vec![]), Instant::now());
-        c.reconcile_offers();
-        let claim = offers.claim(&q("a")).unwrap();
+        c.reconcile_offers(Instant::now());
+        let claim = offers.claim(&q("a"), false).unwrap();
         let j = job(0, "a");
         let (id, token) = (j.id, j.token);
         let d = c.handed(
@@ -917,23 +1256,30 @@ mod tests {
             Instant::now(),
         );
         assert_eq!(d.jobs.len(), 1);
-        c.reconcile_offers();
-        assert_eq!(offers.claim(&q("a")), None, "the one credit is in flight");
+        c.reconcile_offers(Instant::now());
+        assert_eq!(
+            offers.claim(&q("a"), false),
+            None,
+            "the one credit is in flight"
+        );
         c.settled([(id, token)]);
-        c.reconcile_offers();
-        assert!(offers.claim(&q("a")).is_some(), "credit back after the ack");
+        c.reconcile_offers(Instant::now());
+        assert!(
+            offers.claim(&q("a"), false).is_some(),
+            "credit back after the ack"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn jobs_for_a_closed_stream_are_orphans_and_its_leases_are_released() {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 2));
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         let round = c.plan_round().unwrap();
         let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
         let held = d.jobs[0].1.id;
-        c.reconcile_offers();
-        let claim = offers.claim(&q("a")).unwrap();
+        c.reconcile_offers(Instant::now());
+        let claim = offers.claim(&q("a"), false).unwrap();
         let released = c.close(1);
         assert_eq!(released.iter().map(|l| l.0).collect::<Vec<_>>(), vec![held]);
         let late = job(0, "a");
@@ -952,7 +1298,7 @@ mod tests {
     async fn lowering_credit_stops_new_work_until_enough_settles() {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 3));
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         let round = c.plan_round().unwrap();
         let d = c.finish_round(
             round,
@@ -961,20 +1307,20 @@ mod tests {
         );
         c.set_credit(1, 1);
         c.settled([(d.jobs[0].1.id, d.jobs[0].1.token)]);
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         assert!(
             c.plan_round().is_none(),
             "2 in flight, credit 1: nothing asked"
         );
         c.settled([(d.jobs[1].1.id, d.jobs[1].1.token)]);
         c.settled([(d.jobs[2].1.id, d.jobs[2].1.token)]);
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         let round = c.plan_round().expect("credit again");
         assert_eq!(asks(&round)["a"], 1, "credit is 1 now");
         c.finish_round(round, outcome(vec![]), Instant::now());
-        c.reconcile_offers();
-        assert!(offers.claim(&q("a")).is_some());
-        assert_eq!(offers.claim(&q("a")), None, "credit 1");
+        c.reconcile_offers(Instant::now());
+        assert!(offers.claim(&q("a"), false).is_some());
+        assert_eq!(offers.claim(&q("a"), false), None, "credit 1");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1019,8 +1365,8 @@ mod tests {
             caps: vec![],
         });
         c.finish_round(round, r, Instant::now());
-        c.reconcile_offers();
-        assert_eq!(offers.claim(&q("a")), None);
+        c.reconcile_offers(Instant::now());
+        assert_eq!(offers.claim(&q("a"), false), None);
         let round = c.plan_round().expect("the queue stays ready");
         assert_eq!(round.limited, vec![q("a")]);
         let r = Ok(LeaseOutcome {
@@ -1045,11 +1391,11 @@ mod tests {
         c.open(1, sub(&["a"], 3));
         let round = c.plan_round().unwrap();
         c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
-        c.reconcile_offers();
-        assert!(offers.claim(&q("a")).is_some());
+        c.reconcile_offers(Instant::now());
+        assert!(offers.claim(&q("a"), false).is_some());
         c.begin_drain();
         assert_eq!(c.unsettled().len(), 1);
-        assert_eq!(offers.claim(&q("a")), None);
+        assert_eq!(offers.claim(&q("a"), false), None);
         c.wake(
             vec![Wake {
                 queue: q("a"),
@@ -1097,7 +1443,7 @@ mod tests {
             ClusterId(if q.as_str().starts_with('a') { 1 } else { 2 })
         }));
         c.open(1, sub(&["a1", "a2", "b1"], 12));
-        c.reconcile_offers();
+        c.reconcile_offers(Instant::now());
         // Nothing known of the queues: the credit is split over all of them,
         // every cluster at once (the light-load path).
         let round = c.plan_round().unwrap();

@@ -13,7 +13,9 @@
 //!    comes back when a lease expires), the slow fallback poll;
 //! 3. brings hand-off offers up to date: a stream whose queues are all
 //!    drained offers its free credit to the enqueue path, which then inserts
-//!    a new job already leased to it ([`offers`]);
+//!    a new job already leased to it ([`offers`]); over one cluster, the
+//!    offer also goes to the other replicas, whose enqueue paths do the same
+//!    ([`remote`]);
 //! 4. starts lease rounds: for every stream with free credit and every ready
 //!    queue it serves, it asks for exactly that many jobs, and leases for all
 //!    of them in **one statement** (`lease.sql`). The credit asked for is
@@ -27,6 +29,7 @@
 
 mod core;
 pub mod offers;
+pub mod remote;
 mod stream;
 
 use std::sync::Arc;
@@ -42,7 +45,7 @@ pub use offers::{Claim, Offers};
 pub use stream::{DeliveryStream, Event, SubscriptionStream};
 
 pub(crate) use self::core::Handoff;
-use self::core::{Checks, Core, Delivered, Round};
+use self::core::{Checks, Core, Delivered, Publish, Round};
 use crate::domain::{FastMap, JobId, LeaseToken, MAX_IN_FLIGHT, QueueName, Subscription};
 use crate::pb;
 use crate::placement::Clusters;
@@ -83,8 +86,12 @@ pub(crate) enum Msg {
     },
     /// A lease round finished.
     Leased(Round, crate::error::Result<LeaseOutcome>),
+    /// Our live leases on jobs enqueued a while ago (lost hand-overs?).
+    Unheard(crate::error::Result<Vec<(JobId, LeaseToken)>>),
     /// The enqueue path used (or returned) hand-off claims.
     Handed(Handoff),
+    /// Another replica inserted jobs leased to these streams of ours.
+    RemoteHanded(Vec<(StreamId, Leased)>),
     /// When the next delayed job of these queues is due.
     DueKnown(crate::error::Result<Vec<(QueueName, Option<i64>)>>),
     Drain(oneshot::Sender<()>),
@@ -134,7 +141,12 @@ impl Dispatcher {
         let store = clusters.home().clone();
         let offers = Offers::default();
         let mut core = Core::new(cfg.poll_interval, offers.clone(), Instant::now());
-        if !clusters.is_single() {
+        if clusters.is_single() {
+            // Hand-off across replicas (remote.rs): over several clusters a
+            // queue's jobs may move between them, so it stays local there.
+            core.publish_offers(Instant::now());
+            offers.hear_remote();
+        } else {
             let clusters = clusters.clone();
             core.set_placement(Box::new(move |q| clusters.cluster_of(q)));
         }
@@ -233,6 +245,11 @@ impl Dispatcher {
         }
     }
 
+    /// Another replica inserted a job leased to one of our streams.
+    pub(crate) fn remote_handed(&self, stream: StreamId, job: Leased) {
+        let _ = self.tx.send(Msg::RemoteHanded(vec![(stream, job)]));
+    }
+
     /// Stops delivering, releases every unsettled job (giving the attempt
     /// back) and ends every stream with UNAVAILABLE. Returns when done.
     pub async fn drain(&self) {
@@ -276,9 +293,12 @@ impl Task {
                 }
                 _ = sleep_until(timer) => {}
             }
-            let checks = self.core.fire_timers(Instant::now());
+            let now = Instant::now();
+            let checks = self.core.fire_timers(now);
             self.check(checks);
             if self.core.is_draining() {
+                let gone = self.core.withdrawals();
+                self.publish(gone);
                 if self.core.rounds_in_flight() == 0
                     && let Some(done) = self.drained.take()
                 {
@@ -287,13 +307,21 @@ impl Task {
                 }
                 continue;
             }
-            self.core.reconcile_offers();
+            let offers = self.core.reconcile_offers(now);
+            self.publish(offers);
             while let Some(round) = self.core.plan_round() {
                 trace!("lease round started");
                 let (clusters, me) = (self.clusters.clone(), self.me.clone());
                 tokio::spawn(async move {
                     let result = lease_everywhere(&clusters, &round).await;
                     me.send(Msg::Leased(round, result));
+                });
+            }
+            if self.core.take_sweep() {
+                let (store, me) = (self.store.clone(), self.me.clone());
+                tokio::spawn(async move {
+                    let older = core::UNHEARD_AFTER.as_millis() as i64;
+                    me.send(Msg::Unheard(store.unheard_leases(older).await));
                 });
             }
             let due = self.core.due_checks();
@@ -353,6 +381,28 @@ impl Task {
                 let delivered = self.core.handed(handoff, now);
                 self.deliver(delivered);
             }
+            Msg::RemoteHanded(jobs) => {
+                let delivered = self.core.remote_handed(jobs, now);
+                trace!(
+                    jobs = delivered.jobs.len(),
+                    orphans = delivered.orphans.len(),
+                    "handed over by another replica"
+                );
+                self.deliver(delivered);
+            }
+            Msg::Unheard(Ok(leases)) => {
+                let lost = self.core.unheard(leases, now);
+                if !lost.is_empty() {
+                    warn!(
+                        jobs = lost.len(),
+                        "releasing jobs handed to this broker whose hand-over never arrived"
+                    );
+                }
+                self.release(lost, "handed over, never heard of", true);
+            }
+            Msg::Unheard(Err(e)) => {
+                warn!(error = %e, "lost hand-over check failed; the next poll retries")
+            }
             Msg::DueKnown(Ok(rows)) => self.core.due_known(rows, now),
             Msg::DueKnown(Err(e)) => {
                 warn!(error = %e, "next-due query failed; the fallback poll covers it")
@@ -391,6 +441,29 @@ impl Task {
             self.close(sid, None);
         }
         self.release(delivered.orphans, "stream closed before delivery", true);
+    }
+
+    /// Tells the other replicas what our idle streams offer now.
+    fn publish(&self, offers: Vec<Publish>) {
+        if offers.is_empty() {
+            return;
+        }
+        let broker = self.store.broker_id;
+        let notes = offers
+            .into_iter()
+            .filter_map(|p| {
+                remote::OfferNote {
+                    broker,
+                    stream: p.stream,
+                    credit: p.credit,
+                    lease_ms: p.lease_ms,
+                    consumer: p.consumer.to_string(),
+                    queues: p.queues.iter().map(|q| q.as_str().to_owned()).collect(),
+                }
+                .encode()
+            })
+            .collect();
+        self.settle.publish_offers(notes);
     }
 
     /// Forgets a stream and releases its unsettled jobs; `done` hears when

@@ -16,11 +16,21 @@
 //! shrinks, or the stream closes. The enqueue path [`Offers::claim`]s credit
 //! one job at a time and reports every claim back (`Msg::Handed`), used or
 //! not, so the dispatcher's count stays exact.
+//!
+//! The book also holds what idle streams of other replicas offer
+//! ([`super::remote`]): a claim takes this broker's own streams' credit
+//! first, and only then another replica's. Those offers are counted down
+//! here by each claim and replaced whenever their broker publishes again;
+//! they are forgotten after [`OFFER_TTL`](super::remote::OFFER_TTL).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use tokio::time::Instant;
+use uuid::Uuid;
+
 use super::StreamId;
+use super::remote::{OFFER_TTL, OfferNote};
 use crate::domain::QueueName;
 use crate::store::HandoffTo;
 
@@ -46,6 +56,21 @@ struct Book {
     limited: HashSet<QueueName>,
     /// Rotates the first stream tried, so idle streams share the jobs.
     cursor: usize,
+    /// Other replicas' offers, by (broker, stream).
+    remote: HashMap<(Uuid, StreamId), Remote>,
+    /// The remote offers serving each queue.
+    remote_by_queue: HashMap<QueueName, Vec<(Uuid, StreamId)>>,
+    /// Whether other replicas' offers are heard (one cluster only).
+    remote_on: bool,
+}
+
+#[derive(Debug)]
+struct Remote {
+    credit: i32,
+    lease_ms: Option<i64>,
+    consumer: Arc<str>,
+    queues: Vec<QueueName>,
+    until: Instant,
 }
 
 #[derive(Debug)]
@@ -56,32 +81,122 @@ struct Offer {
 }
 
 impl Offers {
-    /// Takes one credit from a stream serving `queue`, if one offers any.
-    pub fn claim(&self, queue: &QueueName) -> Option<Claim> {
+    /// Takes one credit from a stream serving `queue`, if one offers any: a
+    /// stream of this broker, or else (if `remote`) of another replica.
+    pub fn claim(&self, queue: &QueueName, remote: bool) -> Option<Claim> {
         let mut book = self.0.lock().expect("poisoned");
         let book = &mut *book;
         if book.limited.contains(queue) {
             return None;
         }
-        let ids = book.by_queue.get(queue)?;
         book.cursor = book.cursor.wrapping_add(1);
+        if let Some(ids) = book.by_queue.get(queue) {
+            let n = ids.len();
+            for i in 0..n {
+                let id = ids[(book.cursor + i) % n];
+                if let Some(offer) = book.streams.get_mut(&id)
+                    && offer.credit > 0
+                {
+                    offer.credit -= 1;
+                    return Some(Claim {
+                        stream: id,
+                        to: HandoffTo {
+                            lease_ms: offer.lease_ms,
+                            consumer: offer.consumer.clone(),
+                            broker: None,
+                        },
+                    });
+                }
+            }
+        }
+        if !remote {
+            return None;
+        }
+        let ids = book.remote_by_queue.get(queue)?;
+        let now = Instant::now();
         let n = ids.len();
         for i in 0..n {
-            let id = ids[(book.cursor + i) % n];
-            if let Some(offer) = book.streams.get_mut(&id)
+            let key = ids[(book.cursor + i) % n];
+            if let Some(offer) = book.remote.get_mut(&key)
                 && offer.credit > 0
+                && offer.until > now
             {
                 offer.credit -= 1;
                 return Some(Claim {
-                    stream: id,
+                    stream: key.1,
                     to: HandoffTo {
                         lease_ms: offer.lease_ms,
                         consumer: offer.consumer.clone(),
+                        broker: Some(key.0),
                     },
                 });
             }
         }
         None
+    }
+
+    /// Other replicas' offers are heard from now on (see [`Offers::heard`]).
+    pub(super) fn hear_remote(&self) {
+        self.0.lock().expect("poisoned").remote_on = true;
+    }
+
+    /// Another replica published an offer: it replaces what that stream
+    /// offered before (credit 0 withdraws it).
+    pub fn heard(&self, note: OfferNote, now: Instant) {
+        let mut book = self.0.lock().expect("poisoned");
+        let book = &mut *book;
+        if !book.remote_on {
+            return;
+        }
+        let key = (note.broker, note.stream);
+        if let Some(old) = book.remote.remove(&key) {
+            for q in &old.queues {
+                if let Some(ids) = book.remote_by_queue.get_mut(q) {
+                    ids.retain(|k| *k != key);
+                    if ids.is_empty() {
+                        book.remote_by_queue.remove(q);
+                    }
+                }
+            }
+        }
+        // Offers past their time are dropped here too, so a book that hears
+        // anything at all does not keep dead brokers' offers.
+        let dead: Vec<(Uuid, StreamId)> = (book.remote.iter())
+            .filter(|(_, o)| o.until <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in dead {
+            let old = book.remote.remove(&k).expect("listed");
+            for q in &old.queues {
+                if let Some(ids) = book.remote_by_queue.get_mut(q) {
+                    ids.retain(|x| *x != k);
+                    if ids.is_empty() {
+                        book.remote_by_queue.remove(q);
+                    }
+                }
+            }
+        }
+        if note.credit <= 0 {
+            return;
+        }
+        let queues: Vec<QueueName> = note
+            .queues
+            .iter()
+            .filter_map(|q| QueueName::parse(q))
+            .collect();
+        for q in &queues {
+            book.remote_by_queue.entry(q.clone()).or_default().push(key);
+        }
+        book.remote.insert(
+            key,
+            Remote {
+                credit: note.credit,
+                lease_ms: note.lease_ms,
+                consumer: note.consumer.into(),
+                queues,
+                until: now + OFFER_TTL,
+            },
+        );
     }
 
     /// A stream opens: it may offer credit for these queues (none yet).
@@ -170,16 +285,16 @@ mod tests {
     fn claims_take_offered_credit_only() {
         let o = Offers::default();
         o.open(1, &[q("a"), q("b")], Some(5000), "c1".into());
-        assert_eq!(o.claim(&q("a")), None, "nothing offered yet");
+        assert_eq!(o.claim(&q("a"), false), None, "nothing offered yet");
         assert_eq!(o.set(1, 2), 0);
-        let c = o.claim(&q("b")).unwrap();
+        let c = o.claim(&q("b"), false).unwrap();
         assert_eq!(
             (c.stream, c.to.lease_ms, &*c.to.consumer),
             (1, Some(5000), "c1")
         );
-        assert!(o.claim(&q("a")).is_some());
-        assert_eq!(o.claim(&q("a")), None, "credit 2 is spent");
-        assert_eq!(o.claim(&q("other")), None);
+        assert!(o.claim(&q("a"), false).is_some());
+        assert_eq!(o.claim(&q("a"), false), None, "credit 2 is spent");
+        assert_eq!(o.claim(&q("other"), false), None);
         assert_eq!(o.set(1, 3), 0);
         assert_eq!(o.set(1, 0), 3, "withdrawing returns the unclaimed credit");
     }
@@ -190,11 +305,64 @@ mod tests {
         o.open(1, &[q("a")], None, "c".into());
         o.set(1, 5);
         o.set_limited(&q("a"), true);
-        assert_eq!(o.claim(&q("a")), None);
+        assert_eq!(o.claim(&q("a"), false), None);
         o.set_limited(&q("a"), false);
-        assert!(o.claim(&q("a")).is_some());
+        assert!(o.claim(&q("a"), false).is_some());
         assert_eq!(o.close(1, &[q("a")]), 4);
-        assert_eq!(o.claim(&q("a")), None);
+        assert_eq!(o.claim(&q("a"), false), None);
+    }
+
+    fn note(broker: Uuid, stream: StreamId, credit: i32, queues: &[&str]) -> OfferNote {
+        OfferNote {
+            broker,
+            stream,
+            credit,
+            lease_ms: Some(7000),
+            consumer: "far".into(),
+            queues: queues.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_replicas_offers_are_claimed_after_our_own_and_only_while_fresh() {
+        let o = Offers::default();
+        let b = Uuid::new_v4();
+        o.heard(note(b, 7, 2, &["a"]), Instant::now());
+        assert_eq!(o.claim(&q("a"), true), None, "not heard before hear_remote");
+        o.hear_remote();
+        o.heard(note(b, 7, 2, &["a"]), Instant::now());
+        o.open(1, &[q("a")], None, "near".into());
+        o.set(1, 1);
+        let c = o.claim(&q("a"), true).unwrap();
+        assert_eq!((c.stream, c.to.broker), (1, None), "our own stream first");
+        assert_eq!(
+            o.claim(&q("a"), false),
+            None,
+            "remote claims only when asked"
+        );
+        let c = o.claim(&q("a"), true).unwrap();
+        assert_eq!(
+            (c.stream, c.to.broker, c.to.lease_ms, &*c.to.consumer),
+            (7, Some(b), Some(7000), "far")
+        );
+        assert!(o.claim(&q("a"), true).is_some());
+        assert_eq!(o.claim(&q("a"), true), None, "its credit 2 is spent");
+        // Published again: the new credit replaces the count.
+        o.heard(note(b, 7, 1, &["a"]), Instant::now());
+        assert!(o.claim(&q("a"), true).is_some());
+        o.heard(note(b, 7, 5, &["a"]), Instant::now());
+        o.heard(note(b, 7, 0, &["a"]), Instant::now());
+        assert_eq!(o.claim(&q("a"), true), None, "withdrawn");
+        o.heard(note(b, 7, 5, &["a"]), Instant::now());
+        tokio::time::advance(OFFER_TTL).await;
+        assert_eq!(o.claim(&q("a"), true), None, "expired");
+        o.set_limited(&q("a"), true);
+        o.heard(note(b, 7, 5, &["a"]), Instant::now());
+        assert_eq!(
+            o.claim(&q("a"), true),
+            None,
+            "a limited queue is never handed off"
+        );
     }
 
     #[test]
@@ -206,7 +374,7 @@ mod tests {
         o.set(2, 10);
         let mut seen = HashSet::new();
         for _ in 0..4 {
-            seen.insert(o.claim(&q("a")).unwrap().stream);
+            seen.insert(o.claim(&q("a"), false).unwrap().stream);
         }
         assert_eq!(seen.len(), 2, "both streams get jobs");
     }

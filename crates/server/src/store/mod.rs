@@ -206,12 +206,14 @@ pub struct Extended {
     pub lease_ms: i64,
 }
 
-/// A stream of this broker that a new job may be handed to (enqueue.sql):
-/// its lease (None = the queue's default) and consumer name.
+/// An idle stream that a new job may be handed to (enqueue.sql): its lease
+/// (None = the queue's default), consumer name, and broker (None = this
+/// one; another replica's id for a stream it offered, `dispatch::offers`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HandoffTo {
     pub lease_ms: Option<i64>,
     pub consumer: std::sync::Arc<str>,
+    pub broker: Option<Uuid>,
 }
 
 /// What an enqueue statement did.
@@ -448,7 +450,7 @@ impl Store {
         if let ([job], [claim]) = (jobs, claims) {
             return self.insert_job(conn, job, *claim).await;
         }
-        let c = JobColumns::new(jobs, claims);
+        let c = JobColumns::new(jobs, claims, self.broker_id);
         Ok(sqlx::query_file_as!(
             InsertedRow,
             "src/store/sql/enqueue.sql",
@@ -465,7 +467,7 @@ impl Store {
             &c.handoff,
             &c.lease_ms as &Vec<Option<i64>>,
             &c.consumer as &Vec<Option<&str>>,
-            self.broker_id,
+            &c.broker as &Vec<Option<Uuid>>,
         )
         .fetch_all(conn)
         .await?)
@@ -497,22 +499,23 @@ impl Store {
             claim.is_some(),
             claim.and_then(|c| c.lease_ms),
             claim.map(|c| &*c.consumer),
-            self.broker_id,
+            claim.map(|c| c.broker.unwrap_or(self.broker_id)),
         )
         .fetch_all(conn)
         .await?)
     }
 
-    /// Sends wake-ups (`<broker>:<delay ms>:<queue>` on [`WAKE_CHANNEL`]) and
-    /// settle notices (`job:token,...` on each broker's settle channel) in
-    /// one statement, outside any write transaction.
+    /// Sends wake-ups (`<broker>:<delay ms>:<queue>` on [`WAKE_CHANNEL`]),
+    /// settle notices (`job:token,...` on each broker's settle channel) and
+    /// `raw` (channel, payload) pairs in one statement, outside any write
+    /// transaction.
     pub async fn notify(
         &self,
         wakes: &[Wake],
         settled: &[(Uuid, JobId, LeaseToken)],
+        raw: Vec<(String, String)>,
     ) -> Result<()> {
-        let mut channels = Vec::new();
-        let mut payloads = Vec::new();
+        let (mut channels, mut payloads): (Vec<String>, Vec<String>) = raw.into_iter().unzip();
         for w in wakes {
             channels.push(WAKE_CHANNEL.to_owned());
             payloads.push(format!(
@@ -748,6 +751,20 @@ impl Store {
             .collect())
     }
 
+    /// Live leases of this broker on jobs enqueued more than `older_ms` ago
+    /// (see unheard_leases.sql): the dispatcher keeps those its streams hold.
+    pub async fn unheard_leases(&self, older_ms: i64) -> Result<Vec<(JobId, LeaseToken)>> {
+        let mut tx = self.sweep_tx().await?;
+        let rows = sqlx::query_file!("src/store/sql/unheard_leases.sql", self.broker_id, older_ms)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (JobId(r.id), LeaseToken(r.lease_token, self.cluster)))
+            .collect())
+    }
+
     /// Which of these leases are still current, with milliseconds left.
     pub async fn lease_status(&self, leases: &[(JobId, LeaseToken)]) -> Result<Vec<(JobId, i64)>> {
         let rows = sqlx::query_file!(
@@ -883,7 +900,7 @@ fn schedule_columns(schedule: &Schedule) -> (Option<DateTime<Utc>>, i64) {
     }
 }
 
-/// $1..$13 of enqueue.sql: one array per column.
+/// $1..$14 of enqueue.sql: one array per column.
 struct JobColumns<'a> {
     id: Vec<Uuid>,
     queue: Vec<String>,
@@ -898,18 +915,22 @@ struct JobColumns<'a> {
     handoff: Vec<bool>,
     lease_ms: Vec<Option<i64>>,
     consumer: Vec<Option<&'a str>>,
+    broker: Vec<Option<Uuid>>,
 }
 
 impl<'a> JobColumns<'a> {
-    fn new(jobs: &[&NewJob], claims: &[Option<&'a HandoffTo>]) -> JobColumns<'a> {
+    /// `me`: the broker of a claim on a stream of this one.
+    fn new(jobs: &[&NewJob], claims: &[Option<&'a HandoffTo>], me: Uuid) -> JobColumns<'a> {
         let n = jobs.len();
         let mut handoff = Vec::with_capacity(n);
         let mut lease_ms: Vec<Option<i64>> = Vec::with_capacity(n);
         let mut consumer: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut broker: Vec<Option<Uuid>> = Vec::with_capacity(n);
         for c in claims {
             handoff.push(c.is_some());
             lease_ms.push(c.and_then(|c| c.lease_ms));
             consumer.push(c.map(|c| &*c.consumer));
+            broker.push(c.map(|c| c.broker.unwrap_or(me)));
         }
         let mut id = Vec::with_capacity(n);
         let mut queue = Vec::with_capacity(n);
@@ -948,6 +969,7 @@ impl<'a> JobColumns<'a> {
             handoff,
             lease_ms,
             consumer,
+            broker,
         }
     }
 }

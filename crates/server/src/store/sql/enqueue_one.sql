@@ -16,13 +16,13 @@ select
     case when h.lease_ms is null then 0 else 1 end,
     case when h.lease_ms is not null then gen_random_uuid() end,
     now() + h.lease_ms * interval '1 millisecond',
-    case when h.lease_ms is not null then $14::uuid end,
+    case when h.lease_ms is not null then i.broker end,
     case when h.lease_ms is not null then i.consumer end
 from (select $1::uuid as id, $2::text as queue, $3::int4 as priority,
              $4::timestamptz as run_at, $5::int8 as delay_ms, $6::bytea as payload,
              $7::text as headers, $8::int4 as max_attempts, $9::text as dedup_key,
              $10::int8 as ttl_ms, $11::bool as handoff, $12::int8 as lease_ms,
-             $13::text as consumer) as i
+             $13::text as consumer, $14::uuid as broker) as i
 left join lateral (
     select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
     from leaseq.queues q
