@@ -75,6 +75,7 @@ async fn kill_9_replicas_under_load() {
     let report = load.finish("kill-9", &db.pool, addrs[0], "k9").await;
     assert!(report.faults >= 1);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
+    assert!(report.handed_across > 0, "no job handed across replicas");
     // A kill costs at most an attempt per job: nothing reaches max_attempts.
     assert_eq!(report.dead, 0, "jobs dead-lettered by kills");
     // Each consumer acks one job at a time, so a kill leaves at most one Ack
@@ -156,6 +157,7 @@ async fn sigterm_drains_under_load() {
     assert!(streams_ended > 0, "no stream was open on a drained broker");
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
+    assert!(report.handed_across > 0, "no job handed across replicas");
     // UNAVAILABLE, except that a call racing the connection's close at the
     // end of the drain fails in the client as CANCELLED, or rarely INTERNAL
     // (an HTTP/2 reset: the broker logs no error for it). Both are unknown

@@ -35,6 +35,9 @@ pub struct Delivered {
     pub expires_us: i64,
     /// `expires_us - lease`: the database's `now()` when it was leased.
     pub start_us: i64,
+    /// The job's `enqueued_at`, database time: equal to `start_us` when the
+    /// job was handed off at its insert (inserted already leased).
+    pub enqueued_us: i64,
     /// Local receive time.
     pub t: Duration,
 }
@@ -53,6 +56,8 @@ pub struct Fault {
 #[derive(Default)]
 struct Inner {
     enq_ok: HashMap<String, String>,
+    /// payload -> the broker its Enqueue went to, where known.
+    enq_broker: HashMap<String, usize>,
     enq_err: HashMap<String, Code>,
     deliveries: Vec<Delivered>,
     /// (id, token, broker, t answered)
@@ -179,6 +184,14 @@ impl History {
         self.with(|h| h.enq_ok.insert(payload.to_owned(), id.to_owned()));
     }
 
+    /// [`History::enqueue_ok`] through broker `broker`.
+    pub fn enqueue_ok_via(&self, payload: &str, id: &str, broker: usize) {
+        self.with(|h| {
+            h.enq_ok.insert(payload.to_owned(), id.to_owned());
+            h.enq_broker.insert(payload.to_owned(), broker);
+        });
+    }
+
     /// An Enqueue that failed: it may still have committed.
     pub fn enqueue_err(&self, payload: &str, code: Code) {
         let t = self.now();
@@ -247,6 +260,8 @@ impl History {
             token: d.lease_token.clone(),
             expires_us,
             start_us: expires_us - lease.as_micros() as i64,
+            // Absent only from the checker's own planted deliveries.
+            enqueued_us: job.enqueued_at.as_ref().map_or(i64::MIN, ts_us),
             t: self.now(),
         };
         self.with(|h| h.deliveries.push(rec.clone()));
@@ -441,6 +456,15 @@ impl History {
                     .is_some_and(|s| h.consume_streams.contains(s))
             })
             .count();
+        r.handed_across = h
+            .deliveries
+            .iter()
+            .filter(|d| {
+                d.attempt == 1
+                    && d.start_us == d.enqueued_us
+                    && h.enq_broker.get(&d.payload).is_some_and(|b| *b != d.broker)
+            })
+            .count();
         r.faults = h.faults.len();
         for f in &h.faults {
             *r.fault_kinds.entry(f.kind).or_default() += 1;
@@ -576,6 +600,9 @@ pub struct Report {
     pub nacks: usize,
     /// Acks that returned OK for jobs delivered on Consume streams.
     pub consume_acks: usize,
+    /// Deliveries handed off at their insert to a stream of another replica
+    /// than the one the job was enqueued on (dispatch/remote.rs).
+    pub handed_across: usize,
     pub dead: usize,
     pub ack_unknown: usize,
     pub ack_stale: usize,
@@ -596,7 +623,7 @@ impl Report {
     pub fn figures(&self, name: &str, wall: Duration) -> String {
         format!(
             "FAULTS {name}: jobs={} enqueue_unknown={} deliveries={} faults={} {:?} duplicates={} \
-             (expiry={} nack={} closed={}) nacks={} consume_acks={} dead={} ack_unknown={} ack_stale={} \
+             (expiry={} nack={} closed={}) nacks={} consume_acks={} handed_across={} dead={} ack_unknown={} ack_stale={} \
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} \
              recovery_max_s={:.2} wall_s={:.1} client_errors={:?}",
             self.enqueued,
@@ -610,6 +637,7 @@ impl Report {
             self.dup_closed,
             self.nacks,
             self.consume_acks,
+            self.handed_across,
             self.dead,
             self.ack_unknown,
             self.ack_stale,

@@ -671,7 +671,8 @@ pub async fn producer_over(
             _ = tick.tick() => {}
         }
         let payload = format!("{prefix}{n:06}");
-        let mut c = clients[n % clients.len()].clone();
+        let broker = n % clients.len();
+        let mut c = clients[broker].clone();
         let r = timeout(
             Duration::from_secs(10),
             c.enqueue(pb::EnqueueRequest {
@@ -682,7 +683,7 @@ pub async fn producer_over(
         )
         .await;
         match r {
-            Ok(Ok(resp)) => history.enqueue_ok(&payload, &resp.into_inner().job_id),
+            Ok(Ok(resp)) => history.enqueue_ok_via(&payload, &resp.into_inner().job_id, broker),
             Ok(Err(s)) => history.enqueue_err(&payload, s.code()),
             Err(_) => history.enqueue_err(&payload, Code::DeadlineExceeded),
         }

@@ -175,8 +175,12 @@ pub(crate) struct Core {
     publish: Option<Instant>,
     /// Streams closed with an offer out: withdraw it.
     withdrawn: Vec<StreamId>,
-    /// Look for our leases that no stream holds (lost hand-overs).
+    /// Look for our leases that no stream holds (lost hand-overs): now, or
+    /// at `sweep_at`.
     sweep: bool,
+    sweep_at: Option<Instant>,
+    /// What the database listed, until no lease round is under way.
+    listed: Option<Vec<(JobId, LeaseToken)>>,
     /// Leases released as lost hand-overs, and when: never delivered.
     unheard: FastMap<JobId, (LeaseToken, Instant)>,
 }
@@ -204,6 +208,8 @@ impl Core {
             publish: None,
             withdrawn: Vec::new(),
             sweep: false,
+            sweep_at: None,
+            listed: None,
             unheard: FastMap::default(),
         }
     }
@@ -316,15 +322,18 @@ impl Core {
         }
     }
 
-    /// Look at every queue and every lease (after LISTEN reconnected).
-    /// Returns the leases to verify.
-    pub fn wake_all(&mut self) -> Vec<(JobId, LeaseToken)> {
+    /// Look at every queue and every lease (after LISTEN reconnected), and
+    /// for lost hand-overs once those sent meanwhile are old enough to be
+    /// listed. Returns the leases to verify.
+    pub fn wake_all(&mut self, now: Instant) -> Vec<(JobId, LeaseToken)> {
         let names: Vec<QueueName> = self.queues.keys().cloned().collect();
         for q in &names {
             self.touch(q);
             self.queues.get_mut(q).expect("listed").check_due = true;
         }
-        self.sweep = self.publish.is_some();
+        if self.publish.is_some() {
+            self.sweep_at = Some(now + UNHEARD_AFTER + Duration::from_millis(50));
+        }
         self.leases_to_verify()
     }
 
@@ -409,7 +418,7 @@ impl Core {
         if let Some(r) = self.retry_at {
             t = t.min(r);
         }
-        if let Some(p) = self.publish {
+        for p in [self.publish, self.sweep_at].into_iter().flatten() {
             t = t.min(p);
         }
         for q in self.queues.values() {
@@ -429,6 +438,10 @@ impl Core {
         let mut checks = Checks::default();
         if self.retry_at.is_some_and(|r| r <= now) {
             self.retry_at = None;
+        }
+        if self.sweep_at.is_some_and(|t| t <= now) {
+            self.sweep_at = None;
+            self.sweep = true;
         }
         if let Some(p) = self.publish
             && p <= now
@@ -817,17 +830,23 @@ impl Core {
     /// The database lists our live leases on jobs enqueued a while ago
     /// (`Store::unheard_leases`): those none of our streams holds were
     /// handed to us by another replica whose notification never arrived.
-    /// Returns them, to be released (attempt given back); a hand-over of
-    /// one that arrives later is dropped. While a lease round runs, its
-    /// jobs may be leased but not yet assigned: the list is ignored then.
-    pub fn unheard(
-        &mut self,
-        leases: Vec<(JobId, LeaseToken)>,
-        now: Instant,
-    ) -> Vec<(JobId, LeaseToken)> {
+    /// A lease round under way may have leased some of them without their
+    /// being assigned yet, so the list waits in `listed` until no round
+    /// runs (a round started later cannot have leased a listed job).
+    pub fn unheard(&mut self, leases: Vec<(JobId, LeaseToken)>) {
+        self.listed = Some(leases);
+    }
+
+    /// The listed leases none of our streams holds, once no lease round
+    /// runs: to be released (attempt given back). A hand-over of one that
+    /// arrives later is dropped.
+    pub fn take_unheard(&mut self, now: Instant) -> Vec<(JobId, LeaseToken)> {
         if self.rounds_in_flight > 0 {
             return Vec::new();
         }
+        let Some(leases) = self.listed.take() else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for (id, token) in leases {
             let held = (self.owner.get(&id))
@@ -1189,15 +1208,25 @@ mod tests {
         );
         c.reconcile_offers(Instant::now());
         let round = c.plan_round().expect("a round");
-        assert_eq!(c.unheard(listed.clone(), Instant::now()), vec![]);
+        c.unheard(listed);
+        assert_eq!(c.take_unheard(Instant::now()), vec![], "a round runs");
         c.finish_round(round, outcome(vec![]), Instant::now());
         assert_eq!(
-            c.unheard(listed, Instant::now()),
+            c.take_unheard(Instant::now()),
             vec![(lost.id, lost.token), (held.id, stale)]
         );
+        assert_eq!(c.take_unheard(Instant::now()), vec![], "taken");
         // Its hand-over arrives after all: dropped, neither pushed nor released.
         let d = c.remote_handed(vec![(1, lost.clone())], Instant::now());
         assert_eq!((d.jobs.len(), d.orphans.len()), (0, 0));
+        // After LISTEN reconnects, the database is asked once hand-overs sent
+        // meanwhile are old enough to be listed.
+        c.wake_all(Instant::now());
+        assert!(!c.take_sweep());
+        tokio::time::advance(UNHEARD_AFTER + Duration::from_millis(50)).await;
+        assert!(c.next_timer() <= Instant::now());
+        c.fire_timers(Instant::now());
+        assert!(c.take_sweep());
     }
 
     #[tokio::test(start_paused = true)]

@@ -307,6 +307,14 @@ impl Task {
                 }
                 continue;
             }
+            let lost = self.core.take_unheard(now);
+            if !lost.is_empty() {
+                warn!(
+                    jobs = lost.len(),
+                    "releasing jobs handed to this broker whose hand-over never arrived"
+                );
+                self.release(lost, "handed over, never heard of", true);
+            }
             let offers = self.core.reconcile_offers(now);
             self.publish(offers);
             while let Some(round) = self.core.plan_round() {
@@ -360,7 +368,7 @@ impl Task {
             }
             Msg::Wake(wakes) => self.core.wake(wakes, now),
             Msg::WakeAll => {
-                let verify = self.core.wake_all();
+                let verify = self.core.wake_all(now);
                 self.check(Checks {
                     verify,
                     ..Default::default()
@@ -390,16 +398,7 @@ impl Task {
                 );
                 self.deliver(delivered);
             }
-            Msg::Unheard(Ok(leases)) => {
-                let lost = self.core.unheard(leases, now);
-                if !lost.is_empty() {
-                    warn!(
-                        jobs = lost.len(),
-                        "releasing jobs handed to this broker whose hand-over never arrived"
-                    );
-                }
-                self.release(lost, "handed over, never heard of", true);
-            }
+            Msg::Unheard(Ok(leases)) => self.core.unheard(leases),
             Msg::Unheard(Err(e)) => {
                 warn!(error = %e, "lost hand-over check failed; the next poll retries")
             }
