@@ -104,6 +104,7 @@ impl Offers {
                             lease_ms: offer.lease_ms,
                             consumer: offer.consumer.clone(),
                             broker: None,
+                            stream: id,
                         },
                     });
                 }
@@ -128,6 +129,7 @@ impl Offers {
                         lease_ms: offer.lease_ms,
                         consumer: offer.consumer.clone(),
                         broker: Some(key.0),
+                        stream: key.1,
                     },
                 });
             }

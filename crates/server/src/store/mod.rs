@@ -214,6 +214,8 @@ pub struct HandoffTo {
     pub lease_ms: Option<i64>,
     pub consumer: std::sync::Arc<str>,
     pub broker: Option<Uuid>,
+    /// The stream, by its broker's numbering (for a hand-over).
+    pub stream: u64,
 }
 
 /// What an enqueue statement did.
@@ -223,8 +225,10 @@ pub struct EnqueueOutcome {
     pub results: Vec<Enqueued>,
     /// Queues to wake (jobs inserted available, now or later).
     pub wakes: Vec<Wake>,
-    /// Jobs inserted already leased to the stream of their claim;
-    /// `Leased::slot` is the job's index in the request.
+    /// Jobs inserted already leased to the stream of their claim, but for
+    /// those whose hand-over to another replica the statement sent
+    /// (enqueue_handover.sql); `Leased::slot` is the job's index in the
+    /// request.
     pub handed: Vec<Leased>,
 }
 
@@ -483,6 +487,33 @@ impl Store {
         claim: Option<&HandoffTo>,
     ) -> Result<Vec<InsertedRow>> {
         let (run_at, delay_ms) = schedule_columns(&job.schedule);
+        if let Some(c) = claim
+            && let Some(broker) = c.broker
+        {
+            // Another replica's stream: the hand-over NOTIFY goes in the
+            // same statement (enqueue_handover.sql).
+            return Ok(sqlx::query_file_as!(
+                InsertedRow,
+                "src/store/sql/enqueue_handover.sql",
+                job.id.0,
+                job.queue.as_str(),
+                job.priority,
+                run_at,
+                delay_ms,
+                &job.payload,
+                &job.headers_json,
+                job.max_attempts,
+                job.dedup_key.as_deref(),
+                job.ttl_ms,
+                true,
+                c.lease_ms,
+                &*c.consumer,
+                broker,
+                c.stream as i64,
+            )
+            .fetch_all(conn)
+            .await?);
+        }
         Ok(sqlx::query_file_as!(
             InsertedRow,
             "src/store/sql/enqueue_one.sql",
@@ -851,11 +882,14 @@ struct InsertedRow {
     lease_ms: Option<i64>,
     lease_expires_at: Option<DateTime<Utc>>,
     enqueued_at: DateTime<Utc>,
+    /// Set when the statement sent the job's hand-over (enqueue_handover.sql).
+    notified: Option<String>,
 }
 
 impl InsertedRow {
     /// Adds the row to an outcome: a wake for an available job, a
-    /// delivery for a handed-off one (`by_id` maps ids to request indexes).
+    /// delivery for a handed-off one (`by_id` maps ids to request indexes)
+    /// unless the statement handed it over to another replica already.
     fn into_outcome(
         self,
         by_id: &FastMap<Uuid, usize>,
@@ -873,6 +907,10 @@ impl InsertedRow {
             wakes.add(&self.queue, self.delay_ms);
             return;
         };
+        if self.notified.is_some() {
+            // Handed over to another replica by the statement itself.
+            return;
+        }
         let job = &jobs[i];
         handed.push(Leased {
             slot: i as i32,
@@ -1000,5 +1038,22 @@ mod tests {
         assert_eq!(around(&batch), around(&one));
         assert!(batch.contains("from unnest($1::uuid[]"), "{batch}");
         assert!(one.contains("from (select $1::uuid as id"), "{one}");
+    }
+
+    /// enqueue_handover.sql's insert is enqueue_one.sql's (its NOTIFY
+    /// comes after, and it reports `notified` itself).
+    #[test]
+    fn the_hand_over_statement_inserts_as_the_one_job_statement() {
+        let one = code(include_str!("sql/enqueue_one.sql"));
+        let over = code(include_str!("sql/enqueue_handover.sql"));
+        let start = over.find("with j as (\n").expect("the insert's CTE") + "with j as (\n".len();
+        let end = over.find("\n)\nselect j.id").expect("the select after it");
+        let insert: Vec<&str> = over[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("    ").unwrap_or(l))
+            .collect();
+        let one = one.replace(",\n    null::text as notified", "");
+        assert_eq!(insert.join("\n"), one.trim_end());
+        assert!(over.contains("pg_notify("), "{over}");
     }
 }

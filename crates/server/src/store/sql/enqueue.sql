@@ -37,4 +37,6 @@ returning id, queue,
     greatest(0, ceil(extract(epoch from (run_at - now())) * 1000))::int8 as "delay_ms!",
     lease_token, lease_expires_at, enqueued_at,
     -- The lease given (lease_expires_at was now() plus exactly this).
-    (extract(epoch from (lease_expires_at - now())) * 1000)::int8 as lease_ms
+    (extract(epoch from (lease_expires_at - now())) * 1000)::int8 as lease_ms,
+    -- Set by enqueue_handover.sql when it sent the hand-over.
+    null::text as notified

@@ -1,0 +1,58 @@
+-- enqueue_one.sql for a job claimed by a stream of another replica
+-- (dispatch/remote.rs): the same insert, and in the same statement the
+-- hand-over NOTIFY to that broker ($14) for its stream ($15), sent by
+-- PostgreSQL at the commit. Sending it after the commit, from the Notifier,
+-- costs a statement and a transaction more per job and puts a round trip
+-- between the commit and the other broker's push (docs/BENCHMARKS.md,
+-- "Hand-off across replicas"). A NOTIFY holds a database-wide lock through
+-- the commit, so only one-job statements (light load) take this path; the
+-- payload is the JSON of dispatch::remote::HandedNote, and the enqueue path
+-- only hands over jobs that fit a NOTIFY (remote::fits). Keep the insert
+-- alike enqueue_one.sql.
+with j as (
+    insert into leaseq.jobs
+        (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
+         state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
+    select
+        i.id, i.queue, i.priority,
+        coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
+        i.payload, i.headers::jsonb, i.max_attempts, i.dedup_key,
+        now() + i.ttl_ms * interval '1 millisecond',
+        case when h.lease_ms is null then 'available' else 'leased' end,
+        case when h.lease_ms is null then 0 else 1 end,
+        case when h.lease_ms is not null then gen_random_uuid() end,
+        now() + h.lease_ms * interval '1 millisecond',
+        case when h.lease_ms is not null then i.broker end,
+        case when h.lease_ms is not null then i.consumer end
+    from (select $1::uuid as id, $2::text as queue, $3::int4 as priority,
+                 $4::timestamptz as run_at, $5::int8 as delay_ms, $6::bytea as payload,
+                 $7::text as headers, $8::int4 as max_attempts, $9::text as dedup_key,
+                 $10::int8 as ttl_ms, $11::bool as handoff, $12::int8 as lease_ms,
+                 $13::text as consumer, $14::uuid as broker) as i
+    left join lateral (
+        select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
+        from leaseq.queues q
+        where i.handoff and q.name = i.queue and not q.paused
+          and q.concurrency_limit is null and q.rate_limit is null
+    ) h on true
+    on conflict (queue, dedup_key) where dedup_key is not null do nothing
+    returning id, queue,
+        -- Milliseconds until deliverable (0 = now): feeds the wake-up notification.
+        greatest(0, ceil(extract(epoch from (run_at - now())) * 1000))::int8 as "delay_ms!",
+        lease_token, lease_expires_at, enqueued_at,
+        -- The lease given (lease_expires_at was now() plus exactly this).
+        (extract(epoch from (lease_expires_at - now())) * 1000)::int8 as lease_ms
+)
+select j.id, j.queue, j."delay_ms!", j.lease_token, j.lease_expires_at, j.enqueued_at, j.lease_ms,
+    case when j.lease_token is not null then pg_notify(
+        'leaseq_handed_' || replace($14::uuid::text, '-', ''),
+        json_build_object(
+            's', $15::int8, 'id', j.id, 't', j.lease_token, 'q', j.queue, 'l', j.lease_ms,
+            'x', (extract(epoch from j.lease_expires_at) * 1000000)::int8,
+            'e', (extract(epoch from j.enqueued_at) * 1000000)::int8,
+            'pr', $3::int4,
+            'p', translate(encode($6::bytea, 'base64'), E'\n', ''),
+            'h', $7::text::json
+        )::text
+    ) end::text as notified
+from j
