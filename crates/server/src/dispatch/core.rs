@@ -1012,6 +1012,15 @@ mod tests {
         }
     }
 
+    /// A job became available in `queue` just now.
+    fn wake_now(c: &mut Core, queue: &str) {
+        let wake = Wake {
+            queue: q(queue),
+            delay_ms: 0,
+        };
+        c.wake(vec![wake], Instant::now());
+    }
+
     fn core() -> (Core, Offers) {
         let offers = Offers::default();
         let core = Core::new(Duration::from_secs(10), offers.clone(), Instant::now());
@@ -1102,13 +1111,7 @@ mod tests {
             vec![],
             "nothing changed"
         );
-        c.wake(
-            vec![Wake {
-                queue: q("a"),
-                delay_ms: 0,
-            }],
-            Instant::now(),
-        );
+        wake_now(&mut c, "a");
         assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 0)]);
         assert_eq!(c.reconcile_offers(Instant::now()), vec![]);
     }
@@ -1199,13 +1202,7 @@ mod tests {
             (held.id, stale),
         ];
         // Not while a lease round runs: its jobs are not assigned yet.
-        c.wake(
-            vec![Wake {
-                queue: q("a"),
-                delay_ms: 0,
-            }],
-            Instant::now(),
-        );
+        wake_now(&mut c, "a");
         c.reconcile_offers(Instant::now());
         let round = c.plan_round().expect("a round");
         c.unheard(listed);
@@ -1238,13 +1235,7 @@ mod tests {
         c.finish_round(round, outcome(vec![]), Instant::now());
         c.reconcile_offers(Instant::now());
         let claim = offers.claim(&q("a"), false).expect("offered");
-        c.wake(
-            vec![Wake {
-                queue: q("a"),
-                delay_ms: 0,
-            }],
-            Instant::now(),
-        );
+        wake_now(&mut c, "a");
         c.reconcile_offers(Instant::now());
         assert_eq!(offers.claim(&q("a"), false), None, "withdrawn");
         // The claim taken before the wake still holds its credit until the
@@ -1373,13 +1364,7 @@ mod tests {
         assert_eq!(c.fire_timers(Instant::now()).expired, vec![(id, token)]);
         // Over: credit returns.
         c.lease_checked(vec![(id, token)], vec![], Instant::now());
-        c.wake(
-            vec![Wake {
-                queue: q("a"),
-                delay_ms: 0,
-            }],
-            Instant::now(),
-        );
+        wake_now(&mut c, "a");
         assert!(c.plan_round().is_some());
     }
 
@@ -1425,13 +1410,7 @@ mod tests {
         c.begin_drain();
         assert_eq!(c.unsettled().len(), 1);
         assert_eq!(offers.claim(&q("a"), false), None);
-        c.wake(
-            vec![Wake {
-                queue: q("a"),
-                delay_ms: 0,
-            }],
-            Instant::now(),
-        );
+        wake_now(&mut c, "a");
         assert!(c.plan_round().is_none(), "no rounds while draining");
         assert_eq!(c.take_streams().len(), 1);
     }
@@ -1511,13 +1490,7 @@ mod tests {
             .filter(|j| j.queue.as_str() != "a1")
             .collect();
         finish_and_settle(&mut c, round, jobs);
-        c.wake(
-            vec![Wake {
-                queue: q("a1"),
-                delay_ms: 0,
-            }],
-            Instant::now(),
-        );
+        wake_now(&mut c, "a1");
         let round = c.plan_round().unwrap();
         assert_eq!(asks(&round), expect, "split over every cluster again");
     }

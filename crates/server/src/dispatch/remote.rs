@@ -20,9 +20,11 @@
 //! 2. **The claim.** A's enqueue path claims its own streams' credit first,
 //!    then another replica's, and inserts the job leased to that stream,
 //!    stamped with that broker's id (`enqueue.sql`).
-//! 3. **The hand-over.** After the commit, A sends the whole job (it fits
-//!    a NOTIFY payload: [`fits`]) on B's [`handed_channel`]
-//!    ([`HandedNote`]). B pushes it if the stream is still open and has the
+//! 3. **The hand-over.** A sends the whole job (it fits a NOTIFY payload:
+//!    [`fits`]) on B's [`handed_channel`] ([`HandedNote`]): a one-job
+//!    statement (light load) in the insert itself (`enqueue_handover.sql`,
+//!    delivered by PostgreSQL at the commit), a batch from the Notifier
+//!    after the commit. B pushes it if the stream is still open and has the
 //!    credit; otherwise it releases the job at once, attempt given back, as
 //!    for a stream that closed before its delivery.
 //!
