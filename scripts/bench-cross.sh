@@ -9,7 +9,8 @@
 # two binaries, alternate them: each run of this script starts afresh.
 #   usage: scripts/bench-cross.sh BIN OUTDIR [RUNS=2]
 #   env:   RATE=1000; TP=1 adds flat-out runs across the replicas (stream
-#          acks, unary Acks, 64 enqueuers)
+#          acks, unary Acks, 64 enqueuers); LATLOG=1 writes each cross run's
+#          deliveries to OUTDIR/lat-N.csv (scripts/latency-tail.py reads it)
 set -uo pipefail
 BIN=${1:?binary}; OUT=${2:?outdir}; RUNS=${3:-2}
 mkdir -p "$OUT"
@@ -30,9 +31,11 @@ show() { # label file keys...
   tail -1 | tee -a "$OUT/$file" | python3 -c "import json,sys; d=json.load(sys.stdin); print('$label', {k: d.get(k) for k in sys.argv[1:]})" "$@"
 }
 LAT="p50_ms p99_ms enqueue_p50_ms delivered cpu_us_per_job"
-for _ in $(seq "$RUNS"); do
+for i in $(seq "$RUNS"); do
+  # shellcheck disable=SC2046
   "$BIN" bench --json --payload-bytes 100 --addr $A --consume-addr $B --scenario latency \
     --rate "${RATE:-1000}" --consumers 2 --duration 10 --broker-pid $A_PID,$BP --postgres-pid $PM \
+    $([ -n "${LATLOG:-}" ] && echo --latency-log "$OUT/lat-$i.csv") \
     2>>"$OUT/err" | show cross cross.jsonl $LAT
   sleep 1
 done
