@@ -93,6 +93,9 @@ pub struct Shared {
     latency_log: Option<Mutex<Vec<(u64, u64)>>>,
     /// Cancelled when the measured window ends.
     pub stop: CancellationToken,
+    /// Open loop: sends due before this (stamp µs) are a warm-up, left out
+    /// of every figure.
+    measure_from: AtomicU64,
     /// One permit per consumer stream registered (its first response).
     ready: Semaphore,
     /// Why a consumer stream could not open, if one could not.
@@ -113,14 +116,24 @@ impl Shared {
             late_sends: AtomicU64::new(0),
             latency_log: None,
             stop: CancellationToken::new(),
+            measure_from: AtomicU64::new(0),
             ready: Semaphore::new(0),
             open_failed: Mutex::new(None),
         }
     }
 
-    /// Records a delivery: its latency, if its payload carries a send time.
+    /// Whether a send due at `due` (stamp µs) is measured (not a warm-up).
+    pub fn measured(&self, due: u64) -> bool {
+        due >= self.measure_from.load(Ordering::Relaxed)
+    }
+
+    /// Records a delivery: its latency, if its payload carries a send time
+    /// (a warm-up send's delivery is not counted at all).
     pub fn on_delivery(&self, job: &pb::Job) {
         if let Some(sent) = stamp::read(&job.payload) {
+            if !self.measured(sent) {
+                return;
+            }
             let latency = stamp::now().saturating_sub(sent);
             self.latency.record_us(latency);
             if let Some(log) = &self.latency_log {
@@ -320,24 +333,42 @@ impl Bench {
         self.tasks.spawn(task);
     }
 
-    /// Starts the open-loop generator of Enqueue calls at `rate` jobs/s for
-    /// the window.
-    pub fn open_loop(&mut self, rate: u64, w: &Window) -> anyhow::Result<()> {
+    /// Starts the open-loop generator of Enqueue calls at `rate` jobs/s
+    /// (see [`Bench::open_loop_of`]).
+    pub async fn open_loop(&mut self, rate: u64) -> anyhow::Result<Window> {
         let call = producer::Call::Enqueue(self.producer_client());
-        self.open_loop_of(call, rate, w)
+        self.open_loop_of(call, rate).await
     }
 
-    /// Starts the open-loop generator of `call` at `rate` calls/s.
-    pub fn open_loop_of(
+    /// Starts the open-loop generator of `call` at `rate` calls/s: first
+    /// `--warmup` seconds of sends left out of every figure, then the
+    /// measured window, which this returns once it starts.
+    pub async fn open_loop_of(
         &mut self,
         call: producer::Call,
         rate: u64,
-        w: &Window,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Window> {
         let rate = rate.max(1);
         self.rate = Some(rate);
-        producer::open_loop(self.shared.clone(), call, rate, w.started, w.deadline)?;
-        Ok(())
+        let warm = Duration::from_secs(self.args.warmup);
+        let t0 = Instant::now();
+        let from = t0 + warm;
+        let deadline = from + Duration::from_secs(self.args.duration);
+        self.shared
+            .measure_from
+            .store(stamp::at(from), Ordering::Relaxed);
+        producer::open_loop(self.shared.clone(), call, rate, t0, deadline)?;
+        tokio::time::sleep_until(from.into()).await;
+        // What the warm-up's sends and settles counted (a warm-up job acked
+        // after this still counts: a few, at the window's start).
+        let c = &self.shared.counters;
+        for n in [&c.enqueued, &c.delivered, &c.acked] {
+            n.store(0, Ordering::Relaxed);
+        }
+        let mut w = self.start();
+        w.started = from;
+        w.deadline = deadline;
+        Ok(w)
     }
 
     /// Jobs done so far: acked when something consumes, else enqueued.
@@ -489,6 +520,27 @@ mod tests {
         s.on_delivery(&job(stamp::unstamped(64)));
         assert_eq!(Counters::get(&s.counters.delivered), 2);
         assert_eq!(s.latency.percentiles().count, 1);
+    }
+
+    #[test]
+    fn deliveries_of_warm_up_sends_are_left_out() {
+        stamp::init();
+        let mut s = Shared::new(vec!["q".into()], 64, 0);
+        s.latency_log = Some(Mutex::new(Vec::new()));
+        let from = stamp::now();
+        s.measure_from.store(from, Ordering::Relaxed);
+        let job = |payload| pb::Job {
+            payload,
+            ..Default::default()
+        };
+        s.on_delivery(&job(stamp::payload(from - 1, 64)));
+        assert_eq!(Counters::get(&s.counters.delivered), 0);
+        assert_eq!(s.latency.percentiles().count, 0);
+        s.on_delivery(&job(stamp::payload(from, 64)));
+        assert_eq!(Counters::get(&s.counters.delivered), 1);
+        assert_eq!(s.latency.percentiles().count, 1);
+        assert_eq!(s.latency_log.as_ref().unwrap().lock().unwrap().len(), 1);
+        assert!(!s.measured(from - 1) && s.measured(from));
     }
 
     #[test]

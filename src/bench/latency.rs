@@ -13,7 +13,6 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
     bench
         .start_consumers(args.consumers, args.max_in_flight)
         .await?;
-    let w = bench.start();
-    bench.open_loop(args.rate, &w)?;
+    let w = bench.open_loop(args.rate).await?;
     bench.measure(Scenario::Latency, w).await
 }

@@ -110,6 +110,12 @@ pub struct BenchArgs {
     /// Seconds to measure.
     #[arg(long, default_value_t = 10)]
     pub duration: u64,
+    /// Open-loop scenarios (latency, ping, streams): seconds of sends at `--rate`
+    /// before the measured window, left out of every figure, as the
+    /// RabbitMQ anchor's runner leaves out its first seconds (streams and
+    /// statements warmed, other replicas' offers heard).
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
     /// Print a JSON summary as the last line.
     #[arg(long)]
     pub json: bool,

@@ -15,8 +15,7 @@ use super::{BenchArgs, Scenario};
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
     let mut bench = Bench::connect(args).await?;
-    let w = bench.start();
     let call = Call::Ping(HealthClient::new(bench.producer_channel()));
-    bench.open_loop_of(call, args.rate, &w)?;
+    let w = bench.open_loop_of(call, args.rate).await?;
     bench.measure(Scenario::Ping, w).await
 }

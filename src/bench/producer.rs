@@ -140,10 +140,13 @@ pub fn open_loop(
                     (shared.clone(), call.clone(), in_flight.clone());
                 runtime.spawn(async move {
                     let began = Instant::now();
+                    let measured = shared.measured(stamp::at(due));
                     let late = began.saturating_duration_since(due);
-                    shared.late.record(late);
-                    if late > Duration::from_micros(LATE_US) {
-                        shared.late_sends.fetch_add(1, Ordering::Relaxed);
+                    if measured {
+                        shared.late.record(late);
+                        if late > Duration::from_micros(LATE_US) {
+                            shared.late_sends.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     let answered = match &mut call {
                         Call::Enqueue(client) => {
@@ -153,11 +156,14 @@ pub fn open_loop(
                         }
                         Call::Ping(client) => {
                             let r = client.check(HealthCheckRequest::default()).await;
-                            shared.latency.record(due.elapsed());
+                            if measured {
+                                shared.latency.record(due.elapsed());
+                            }
                             r.map(drop)
                         }
                     };
                     match answered {
+                        Ok(()) if !measured => {}
                         Ok(()) => {
                             shared.enqueue_calls.record(began.elapsed());
                             shared.counters.enqueued.fetch_add(1, Ordering::Relaxed);

@@ -12,7 +12,6 @@ const CREDIT: u32 = 4;
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
     let mut bench = Bench::connect(args).await?;
     bench.start_consumers(args.streams, CREDIT).await?;
-    let w = bench.start();
-    bench.open_loop(args.rate, &w)?;
+    let w = bench.open_loop(args.rate).await?;
     bench.measure(Scenario::Streams, w).await
 }
