@@ -25,6 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -62,6 +63,25 @@ struct Book {
     remote_by_queue: HashMap<QueueName, Vec<(Uuid, StreamId)>>,
     /// Whether other replicas' offers are heard (one cluster only).
     remote_on: bool,
+    /// When offers past their time may next be dropped.
+    next_prune: Option<Instant>,
+}
+
+impl Book {
+    /// Drops another replica's offer, if the book holds it.
+    fn forget_remote(&mut self, key: (Uuid, StreamId)) {
+        let Some(old) = self.remote.remove(&key) else {
+            return;
+        };
+        for q in &old.queues {
+            if let Some(ids) = self.remote_by_queue.get_mut(q) {
+                ids.retain(|k| *k != key);
+                if ids.is_empty() {
+                    self.remote_by_queue.remove(q);
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -151,31 +171,18 @@ impl Offers {
             return;
         }
         let key = (note.broker, note.stream);
-        if let Some(old) = book.remote.remove(&key) {
-            for q in &old.queues {
-                if let Some(ids) = book.remote_by_queue.get_mut(q) {
-                    ids.retain(|k| *k != key);
-                    if ids.is_empty() {
-                        book.remote_by_queue.remove(q);
-                    }
-                }
-            }
-        }
-        // Offers past their time are dropped here too, so a book that hears
-        // anything at all does not keep dead brokers' offers.
-        let dead: Vec<(Uuid, StreamId)> = (book.remote.iter())
-            .filter(|(_, o)| o.until <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in dead {
-            let old = book.remote.remove(&k).expect("listed");
-            for q in &old.queues {
-                if let Some(ids) = book.remote_by_queue.get_mut(q) {
-                    ids.retain(|x| *x != k);
-                    if ids.is_empty() {
-                        book.remote_by_queue.remove(q);
-                    }
-                }
+        book.forget_remote(key);
+        // Offers past their time are dropped here too (at most once a
+        // second, not at every note), so a book that hears anything at all
+        // does not keep dead brokers' offers.
+        if book.next_prune.is_none_or(|t| t <= now) {
+            book.next_prune = Some(now + Duration::from_secs(1));
+            let dead: Vec<(Uuid, StreamId)> = (book.remote.iter())
+                .filter(|(_, o)| o.until <= now)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in dead {
+                book.forget_remote(k);
             }
         }
         if note.credit <= 0 {
