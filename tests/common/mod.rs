@@ -729,13 +729,27 @@ pub async fn ack(client: &mut Client, d: &pb::Delivery) -> Result<(), tonic::Sta
         .map(|_| ())
 }
 
-/// A free loopback port (bind :0, read, release).
+/// A free loopback port for a broker process to bind later (and bind
+/// again after a restart). Taken below Linux's ephemeral range (32768 and
+/// up): a port from `bind :0` is one that any other test's in-process
+/// broker or outgoing connection may be given before the process binds it
+/// (a kill -9 run once lost a replica so: "Address already in use"). Each
+/// candidate is checked free; the process id spreads parallel test
+/// processes over the range.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = (std::process::id() % u32::from(SPAN)) as u16;
+    for _ in 0..SPAN {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (base.wrapping_add(k.wrapping_mul(7919)) % SPAN);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 /// The real `leaseq` binary as a child process.
