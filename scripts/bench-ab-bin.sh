@@ -7,7 +7,8 @@
 #   env:   RUNS="stream enq64" (the runs of each round; also unary (the
 #          stream run with unary Acks), lat1000 and
 #          lat100: latency at that rate, --consumers 2, 20 s, with its p50
-#          and p99 in the line)
+#          and p99 in the line; one1000: the same with one credit per
+#          stream)
 set -uo pipefail
 OUT=$1; ROUNDS=$2; A=$3; B=$4; BENCH=$A
 mkdir -p $OUT
@@ -28,6 +29,7 @@ for r in $(seq $ROUNDS); do for V in A B; do
       unary) args="--duration 15 --ack unary" ;;
       enq64) args="--scenario enqueue --producers 64 --duration 10" ;;
       lat*) args="--scenario latency --rate ${s#lat} --consumers 2 --duration 20" ;;
+      one*) args="--scenario latency --rate ${s#one} --consumers 2 --max-in-flight 1 --duration 20" ;;
       *) echo "unknown run $s"; exit 2 ;;
     esac
     # shellcheck disable=SC2086

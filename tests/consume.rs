@@ -387,6 +387,54 @@ async fn credit_changes_on_the_stream_are_honoured() {
     assert_eq!(payload_of(&s.next_delivery(S5).await), "6");
 }
 
+/// The ack linger (a second here) holds a stream's ack for company only
+/// while the stream has credit to spare. An ack that frees a stream's last
+/// credit commits at once: the stream's next delivery waits on it, and a
+/// consumer taking one job at a time would otherwise wait the linger for
+/// every job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_waits_for_company_only_while_its_stream_has_credit_to_spare() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start_with(&db, |c| c.ack_linger = secs(1)).await;
+    let mut c = broker.client().await;
+    c.enqueue_batch(pb::EnqueueBatchRequest {
+        jobs: (0..8).map(|i| job("linger", &i.to_string())).collect(),
+    })
+    .await
+    .unwrap();
+    let mut s = Consumer::open(&mut c, &["linger"], 1, Some(secs(30)), true).await;
+    let started = Instant::now();
+    for _ in 0..5 {
+        let d = s.next_delivery(S5).await;
+        s.ack(&d).await;
+        assert_eq!(s.result(S5).await.code, 0);
+    }
+    // The acks came well within two lingers of each other: had the last
+    // four lingered, this would have taken four seconds.
+    assert!(
+        started.elapsed() < secs(3),
+        "five jobs one at a time took {:?}",
+        started.elapsed()
+    );
+
+    // Five credits, three held: acks leave credit to spare. The first
+    // lingering one after a pause commits at once (it could not tell how
+    // far apart acks come); the next waits for company.
+    s.credit(5).await;
+    let held = s.take(3, S5).await;
+    s.ack(&held[0]).await;
+    assert_eq!(s.result(S5).await.code, 0);
+    let acked = Instant::now();
+    s.ack(&held[1]).await;
+    assert_eq!(s.result(S5).await.code, 0);
+    assert!(
+        acked.elapsed() >= ms(900),
+        "the ack was confirmed after {:?}, without lingering",
+        acked.elapsed()
+    );
+    assert_eq!(db.live_jobs().await, 1);
+}
+
 // ---------------------------------------------------------------------------
 // The end of a stream.
 

@@ -29,7 +29,8 @@ pub struct Config {
     /// (its result comes back on the stream), so at light load this trades
     /// up to this much ack latency for fewer commits; under load batches
     /// form anyway. Zero: every ack commits at once. Unary Ack and AckBatch
-    /// calls never wait.
+    /// calls never wait, nor does an ack that frees a stream's last credit
+    /// (that would hold back the stream's next delivery).
     pub ack_linger: Duration,
     /// Heartbeat interval on idle streams.
     pub heartbeat_interval: Duration,
@@ -130,7 +131,7 @@ impl Default for Config {
         Config {
             pool_size: 10,
             batch_concurrency: 2,
-            ack_linger: Duration::from_millis(1),
+            ack_linger: Duration::from_millis(4),
             heartbeat_interval: Duration::from_secs(15),
             poll_interval: Duration::from_secs(10),
             reap_interval: Duration::from_secs(5),

@@ -21,6 +21,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
@@ -45,6 +46,27 @@ const RESULTS_BACKLOG: usize = 256;
 /// Settle tasks one stream may have under way; past it the stream's next
 /// request is read only when one finishes.
 const MAX_PENDING_SETTLES: usize = 1024;
+
+/// How many jobs a stream has been sent and how many of them its client has
+/// settled on it since: what the stream holds, as the reader can tell it.
+/// It counts high when a lease runs out or a job is settled by a unary call
+/// (those never come back down), which only makes acks linger less.
+#[derive(Default)]
+struct Held {
+    /// Deliveries the response has passed on.
+    delivered: AtomicU64,
+    /// Jobs the client acked or nacked on the stream.
+    settled: AtomicU64,
+}
+
+impl Held {
+    fn jobs(&self) -> u64 {
+        let settled = self.settled.load(Ordering::Relaxed);
+        self.delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(settled)
+    }
+}
 
 /// The first request, parsed: the subscription and its options.
 pub(super) struct Opening {
@@ -83,12 +105,15 @@ pub(super) fn start(
 ) -> ConsumeStream {
     let (tx, rx) = mpsc::channel(RESULTS_BACKLOG);
     let ended = CancellationToken::new();
+    let held = Arc::new(Held::default());
     let reader = Reader {
         broker,
         limits,
         traces,
         id,
         confirm: opening.confirm,
+        credit: opening.sub.max_in_flight,
+        held: held.clone(),
         results: tx,
         settles: JoinSet::new(),
         ended: ended.clone(),
@@ -99,6 +124,7 @@ pub(super) fn start(
         results: rx,
         ending: None,
         ended,
+        held,
     }
 }
 
@@ -109,6 +135,10 @@ struct Reader {
     traces: Traces,
     id: StreamId,
     confirm: bool,
+    /// The stream's max_in_flight, as last set.
+    credit: u32,
+    /// What the stream holds (shared with the response).
+    held: Arc<Held>,
     /// To the response stream: settle results, or the error that ends it.
     results: mpsc::Sender<Result<pb::SettleResults, Status>>,
     /// Settles under way (their results go to `results` when done).
@@ -179,6 +209,7 @@ impl Reader {
             self.broker
                 .dispatcher()
                 .set_credit(self.id, msg.max_in_flight);
+            self.credit = msg.max_in_flight;
         }
         self.acks(msg.acks);
         self.nacks(msg.nacks);
@@ -231,6 +262,15 @@ impl Reader {
                 )),
             }
         }
+        // An ack may wait for company (the ack linger) only while the
+        // stream has credit to spare: an ack that frees the stream's last
+        // credit holds back its next delivery, so it runs at once. (A
+        // consumer taking one job at a time would otherwise wait the linger
+        // for every job.)
+        let linger = self.held.jobs() < u64::from(self.credit);
+        self.held
+            .settled
+            .fetch_add(valid.len() as u64, Ordering::Relaxed);
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
         let spans = self.traces.settles(
             "Consume",
@@ -240,7 +280,11 @@ impl Reader {
         self.settles.spawn(async move {
             if !valid.is_empty() {
                 let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
-                let outcomes = broker.ack_streamed(reqs).await;
+                let outcomes = if linger {
+                    broker.ack_streamed(reqs).await
+                } else {
+                    broker.ack_many(reqs).await
+                };
                 match &outcomes {
                     Ok(r) => spans
                         .into_iter()
@@ -278,6 +322,9 @@ impl Reader {
         {
             return;
         }
+        self.held
+            .settled
+            .fetch_add(nacks.len() as u64, Ordering::Relaxed);
         for (i, n) in nacks.into_iter().enumerate() {
             let (id, token) = (n.job_id.clone(), n.lease_token.clone());
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
@@ -403,6 +450,8 @@ pub struct ConsumeStream {
     ending: Option<Status>,
     /// Tells the reader the dispatcher ended the stream.
     ended: CancellationToken,
+    /// Counts the deliveries passed on (for the reader).
+    held: Arc<Held>,
 }
 
 impl Stream for ConsumeStream {
@@ -415,7 +464,10 @@ impl Stream for ConsumeStream {
             match Pin::new(d).poll_next(cx) {
                 Poll::Ready(Some(Ok(event))) => {
                     let kind = match event {
-                        Event::Delivery(d) => Kind::Delivery(d),
+                        Event::Delivery(d) => {
+                            this.held.delivered.fetch_add(1, Ordering::Relaxed);
+                            Kind::Delivery(d)
+                        }
                         Event::Heartbeat(h) => Kind::Heartbeat(h),
                     };
                     return Poll::Ready(Some(Ok(pb::ConsumeResponse { kind: Some(kind) })));
