@@ -47,6 +47,10 @@ b tp-stream --addr $A --duration 15 $CPU
 b tp-unary --addr $A --duration 15 --ack unary $CPU
 b tp-batch --addr $A --duration 15 --ack batch $CPU
 b enqueue-64 --addr $A --scenario enqueue --producers 64 --duration 10 $CPU
+# The gRPC call alone (a health check answered from memory) at about the
+# rate of the unary runs: its CPU per call, broker and load generator, is
+# what any unary call costs this host (docs/BENCHMARKS.md).
+b ping-10000 --addr $A --scenario ping --rate 10000 --duration 10 $CPU
 b baseline --scenario baseline --database-url "$U" --batch 100 --duration 15 --postgres-pid $PM
 b lat-100-b --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU
 b lat-1000-cross-b --addr $A --consume-addr $B --scenario latency --rate 1000 --consumers 2 --duration 10
