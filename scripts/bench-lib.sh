@@ -20,3 +20,13 @@ embedded_broker() {
     U="postgres://leaseq@localhost:${sock##*.}/leaseq?host=$dir/run"
     PM=$(head -1 "$dir/data/postmaster.pid")
 }
+
+# embedded_broker, then 10 s flat out on it, so that the cluster has WAL
+# segments to recycle and the tables their first dead rows, as one in
+# service does (scripts/trace-hops.sh, scripts/runqueue.sh).
+#
+#   warmed_broker DIR ADDR LOG [ENV=VALUE ...]
+warmed_broker() {
+    embedded_broker "$@"
+    "$BIN" bench --addr "http://$2" --duration 10 >/dev/null 2>&1
+}

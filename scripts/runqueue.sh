@@ -14,8 +14,7 @@ mkdir -p "$OUT"
 # shellcheck source=scripts/bench-lib.sh
 . "$ROOT/scripts/bench-lib.sh"
 pkill -f 'leaseq[^ ]* serve'; sleep 1
-embedded_broker /tmp/leaseq-runqueue-pg 127.0.0.1:50061 "$OUT/broker.log"
-$BIN bench --addr http://127.0.0.1:50061 --duration 10 >/dev/null 2>&1
+warmed_broker /tmp/leaseq-runqueue-pg 127.0.0.1:50061 "$OUT/broker.log"
 (sleep 3; python3 "$ROOT/scripts/runqueue.py" snap "$OUT/s0.json"
  sleep 8; python3 "$ROOT/scripts/runqueue.py" snap "$OUT/s1.json") &
 SP=$!

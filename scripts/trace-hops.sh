@@ -15,8 +15,7 @@ mkdir -p "$OUT"
 # shellcheck source=scripts/bench-lib.sh
 . "$ROOT/scripts/bench-lib.sh"
 pkill -f 'leaseq[^ ]* serve'; sleep 1
-embedded_broker /tmp/leaseq-trace-pg 127.0.0.1:50061 "$OUT/broker.log"
-$BIN bench --addr http://127.0.0.1:50061 --duration 10 >/dev/null 2>&1
+warmed_broker /tmp/leaseq-trace-pg 127.0.0.1:50061 "$OUT/broker.log"
 (sleep 5
  perf record -q -e 'raw_syscalls:sys_enter,raw_syscalls:sys_exit' \
    -p "$A_PID,$(pgrep -d, -u postgres -f "postgres")" -o "$OUT/perf.data" -- sleep 3 >/dev/null 2>&1) &
