@@ -146,7 +146,8 @@ pub struct ServeArgs {
     pub batch_concurrency: u16,
     /// How long an ack on a Consume stream that finds nothing else to commit
     /// waits for company: fewer commits at light load for up to this much
-    /// ack latency (unary Ack and AckBatch never wait). 0s: none. At most 1s.
+    /// ack latency. Unary Ack and AckBatch never wait, nor does an ack that
+    /// frees its stream's last credit. 0s: none. At most 1s.
     #[arg(long, env = "LEASEQ_ACK_LINGER", default_value_t = defaults().ack_linger.into(),
           value_parser = parse_ack_linger)]
     pub ack_linger: CliDuration,
