@@ -55,7 +55,8 @@ const MAX_PENDING_SETTLES: usize = 1024;
 struct Held {
     /// Deliveries the response has passed on.
     delivered: AtomicU64,
-    /// Jobs the client acked or nacked on the stream.
+    /// Jobs the client acked or nacked on the stream (well-formed entries
+    /// only, whatever their outcome).
     settled: AtomicU64,
 }
 
@@ -322,15 +323,16 @@ impl Reader {
         {
             return;
         }
-        self.held
-            .settled
-            .fetch_add(nacks.len() as u64, Ordering::Relaxed);
         for (i, n) in nacks.into_iter().enumerate() {
             let (id, token) = (n.job_id.clone(), n.lease_token.clone());
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
             let traces = self.traces.clone();
+            let parsed = NackReq::parse(n);
+            if parsed.is_ok() {
+                self.held.settled.fetch_add(1, Ordering::Relaxed);
+            }
             self.settles.spawn(async move {
-                let result = match NackReq::parse(n) {
+                let result = match parsed {
                     Err(e) => Some(failure(
                         (&id, &token),
                         SettleOp::Nack,
