@@ -4,8 +4,10 @@
 //! planned so, the ttl sweep once read every waiting job through
 //! jobs_ready, and ran for minutes under a steady stream of enqueues
 //! (docs/BENCHMARKS.md, "Plans made on an empty table").
-//! `Store::expire_ttl`, `Store::expired_leases` and `Store::unheard_leases` run with
-//! `SWEEP_PLANNER_SETTINGS`. The ack statement's generic plan read all of
+//! `Store::expire_ttl`, `Store::expired_leases`, `Store::unheard_leases`,
+//! `Store::lease_status` and `Store::next_due` run with
+//! `SWEEP_PLANNER_SETTINGS`; the lease statement with the hot connections'
+//! settings. The ack statement's generic plan read all of
 //! jobs_pkey for every call when planned so; it now probes the key per id.
 
 use leaseq_server::store::SWEEP_PLANNER_SETTINGS;
@@ -155,4 +157,47 @@ async fn the_other_settle_statements_probe_the_key_per_id_even_when_planned_on_a
         every_jobs_scan_is_bounded(&plan).unwrap();
         assert!(plan.contains("Index Cond: (id = i.id)"), "{plan}");
     }
+}
+
+/// The dispatcher's other statements over leaseq.jobs, planned generic on
+/// an empty, analysed table with the settings they run with, still reach
+/// jobs through an index condition: the lease statement (hot connections)
+/// through the queue's ready jobs, the lease check by key, the next-due
+/// lookup by queue. Before, the lease check's plan read all of jobs (or,
+/// with these settings, all of jobs_pkey) and the next-due lookup's every
+/// job of the queue.
+#[tokio::test]
+async fn the_dispatchers_statements_read_jobs_by_index_even_when_planned_on_an_empty_table() {
+    let db = TestDb::new().await;
+    let z = "'{00000000-0000-0000-0000-000000000000}'";
+    let statements = [
+        (
+            "set local enable_seqscan = off",
+            include_str!("../crates/server/src/store/sql/lease.sql"),
+            "(text[], int4[], int4[], int8[], int4[], text[], uuid, bool)",
+            "('{q}', '{0}', '{1}', '{1000}', '{0}', '{c}', \
+             '00000000-0000-0000-0000-000000000000', false)"
+                .to_owned(),
+        ),
+        (
+            SWEEP_PLANNER_SETTINGS,
+            include_str!("../crates/server/src/store/sql/lease_status.sql"),
+            "(uuid[], uuid[])",
+            format!("({z}, {z})"),
+        ),
+        (
+            SWEEP_PLANNER_SETTINGS,
+            include_str!("../crates/server/src/store/sql/next_due.sql"),
+            "(text[])",
+            "('{q}')".to_owned(),
+        ),
+    ];
+    let mut bad = Vec::new();
+    for (settings, sql, types, args) in statements {
+        let plan = generic_plan(&db, settings, sql, types, &args).await;
+        if let Err(e) = every_jobs_scan_is_bounded(&plan) {
+            bad.push(format!("{}:\n{e}", sql.lines().next().unwrap_or_default()));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n\n"));
 }

@@ -797,14 +797,17 @@ impl Store {
     }
 
     /// Which of these leases are still current, with milliseconds left.
+    /// (In a sweep transaction: see lease_status.sql.)
     pub async fn lease_status(&self, leases: &[(JobId, LeaseToken)]) -> Result<Vec<(JobId, i64)>> {
+        let mut tx = self.sweep_tx().await?;
         let rows = sqlx::query_file!(
             "src/store/sql/lease_status.sql",
             &leases.iter().map(|l| l.0.0).collect::<Vec<_>>(),
             &leases.iter().map(|l| l.1.0).collect::<Vec<_>>(),
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(rows
             .into_iter()
             .map(|r| (JobId(r.id), r.remaining_ms))
@@ -829,9 +832,10 @@ impl Store {
     /// rows). Planned so, the ttl sweep read every
     /// waiting job through jobs_ready instead, and under a steady stream of
     /// enqueues one run took minutes (docs/BENCHMARKS.md, "Plans made on an
-    /// empty table"). These statements run only in such a transaction,
-    /// so every plan the connection caches for them is made with these
-    /// settings.
+    /// empty table"). These statements (and the dispatcher's lease check
+    /// and next-due lookup, whose plans had the same flaw) run only in such
+    /// a transaction, so every plan the connection caches for them is made
+    /// with these settings.
     async fn sweep_tx(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
         let mut tx = self.pool.begin().await?;
         sqlx::raw_sql(SWEEP_PLANNER_SETTINGS)
@@ -850,11 +854,16 @@ impl Store {
     }
 
     /// Milliseconds until each queue's next delayed job (None: no such job).
+    /// In a sweep transaction: with the default planner settings, its
+    /// generic plan made on a drained table read every job of the queue and
+    /// sorted them (tests/plans.rs); with them it reads jobs_scheduled.
     pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<(QueueName, Option<i64>)>> {
         let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+        let mut tx = self.sweep_tx().await?;
         let rows = sqlx::query_file!("src/store/sql/next_due.sql", names as Vec<&str>)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         rows.into_iter()
             .map(|r| {
                 let q = QueueName::parse(&r.name).ok_or(Error::Internal("bad queue name"))?;
