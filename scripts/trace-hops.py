@@ -6,8 +6,9 @@ call at the broker into its hops:
   request read -> statement sent            the broker's work before PostgreSQL
   statement sent -> read by the backend     waking the backend
   in the backend                            statement, commit (fdatasync,
-                                            futex waits: WAL locks held by
-                                            another backend's flush)
+                                            futex waits: locks another
+                                            backend holds, at a commit most
+                                            likely the WAL write lock)
   reply sent -> read by the broker          waking the broker
   reply read -> response written            the broker's work after
 
