@@ -5,7 +5,7 @@
 //! jobs_ready, and ran for minutes under a steady stream of enqueues
 //! (docs/BENCHMARKS.md, "Plans made on an empty table").
 //! `Store::expire_ttl`, `Store::expired_leases`, `Store::unheard_leases`,
-//! `Store::lease_status` and `Store::next_due` run with
+//! `Store::check_leases` and `Store::next_due` run with
 //! `SWEEP_PLANNER_SETTINGS`; the lease statement with the hot connections'
 //! settings. The ack statement's generic plan read all of
 //! jobs_pkey for every call when planned so; it now probes the key per id.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::common::*;
 use leaseq::pb;
 use leaseq_server::Config;
+use leaseq_server::domain::{ClusterId, JobId, LeaseToken};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tonic::Code;
@@ -515,6 +516,65 @@ async fn expired_job_moved_credit_intact(
     }
     ack(c, &again).await.unwrap();
     ack(c, &d2).await.unwrap();
+}
+
+/// The dispatcher's check of its streams' leases at their deadline sorts
+/// each lease into "ran out: reap it" or "still current": never neither.
+/// One that fell in neither (it ran out between the two statements the
+/// check was once made of) gave its stream the credit back while the job
+/// stayed leased in the database until the maintenance reaper came by, up
+/// to `--reap-interval` (5 s) later: a metrics test waited for it in CI.
+/// Here 400 leases run out 2 ms apart while the check runs in a loop over
+/// them (nothing reaps them), so most checks straddle some expiries, and an
+/// expiry falls between two statements in many of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_check_finds_every_held_lease_either_ran_out_or_current() {
+    let db = TestDb::new().await;
+    let (pool, conns) = leaseq_server::store::open(&db.url, 3).await.unwrap();
+    let store = leaseq_server::store::Store::new(pool, conns);
+    let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "insert into leaseq.jobs (id, queue, state, run_at, payload, lease_token, lease_expires_at)
+         select gen_random_uuid(), 'straddle', 'leased', now(), '', gen_random_uuid(),
+                clock_timestamp() + interval '100 ms' + n * interval '2 ms'
+         from generate_series(1, 400) n
+         returning id, lease_token",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let leases: Vec<(JobId, LeaseToken)> = rows
+        .iter()
+        .map(|(id, token)| (JobId(*id), LeaseToken(*token, ClusterId::HOME)))
+        .collect();
+    let (mut checks, mut straddled) = (0, 0);
+    let start = Instant::now();
+    loop {
+        let (expired, alive) = store.check_leases(&leases).await.unwrap();
+        checks += 1;
+        if !expired.is_empty() && !alive.is_empty() {
+            straddled += 1;
+        }
+        let seen: HashSet<JobId> = expired
+            .iter()
+            .map(|l| l.0)
+            .chain(alive.iter().map(|l| l.0))
+            .collect();
+        let missing = leases.iter().filter(|l| !seen.contains(&l.0)).count();
+        assert_eq!(
+            (missing, expired.len() + alive.len()),
+            (0, leases.len()),
+            "check {checks}: {} ran out, {} current, {missing} in neither",
+            expired.len(),
+            alive.len()
+        );
+        if alive.is_empty() || start.elapsed() > secs(20) {
+            break;
+        }
+    }
+    assert!(
+        straddled >= 3,
+        "only {straddled} of {checks} checks straddled an expiry"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -656,9 +656,9 @@ async fn check_leases(
             continue; // no such cluster: nothing to keep alive
         };
         let result = async {
-            let expired = store.expired_leases(Some(&ids), ids.len() as i64).await?;
+            let (expired, alive) = store.check_leases(&leases).await?;
             settle.reap(expired).await?;
-            store.lease_status(&leases).await
+            Ok::<_, crate::error::Error>(alive)
         }
         .await;
         match result {

@@ -29,8 +29,9 @@ use crate::error::{Error, Result};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
-/// The planner settings of [`Store::expire_ttl`] and
-/// [`Store::expired_leases`] (public for the test that checks their plans).
+/// The planner settings of [`Store::expire_ttl`], [`Store::expired_leases`],
+/// [`Store::check_leases`] and the other sweeps (public for the test that
+/// checks their plans).
 pub const SWEEP_PLANNER_SETTINGS: &str =
     "set local enable_seqscan = off; set local enable_sort = off";
 
@@ -796,22 +797,43 @@ impl Store {
             .collect())
     }
 
-    /// Which of these leases are still current, with milliseconds left.
-    /// (In a sweep transaction: see lease_status.sql.)
-    pub async fn lease_status(&self, leases: &[(JobId, LeaseToken)]) -> Result<Vec<(JobId, i64)>> {
+    /// Checks these leases in one snapshot of the database: which are past
+    /// their expiry (to reap: they may carry another token by now, a lease
+    /// that ran out all the same) and which are still current, with
+    /// milliseconds left. Both statements run in one transaction, so they
+    /// see the same `now()`: every lease still held is in one list or the
+    /// other. (Run as two, a lease that ran out between them was in
+    /// neither: the dispatcher gave its stream the credit back, and the job
+    /// waited for the maintenance reaper, up to `--reap-interval`.) In a
+    /// sweep transaction: see lease_status.sql.
+    pub async fn check_leases(
+        &self,
+        leases: &[(JobId, LeaseToken)],
+    ) -> Result<(Vec<(JobId, LeaseToken)>, Vec<(JobId, i64)>)> {
+        let ids: Vec<Uuid> = leases.iter().map(|l| l.0.0).collect();
+        let tokens: Vec<Uuid> = leases.iter().map(|l| l.1.0).collect();
         let mut tx = self.sweep_tx().await?;
-        let rows = sqlx::query_file!(
-            "src/store/sql/lease_status.sql",
-            &leases.iter().map(|l| l.0.0).collect::<Vec<_>>(),
-            &leases.iter().map(|l| l.1.0).collect::<Vec<_>>(),
+        let expired = sqlx::query_file!(
+            "src/store/sql/expired_leases.sql",
+            Some(&ids[..]),
+            ids.len() as i64
         )
         .fetch_all(&mut *tx)
         .await?;
+        let alive = sqlx::query_file!("src/store/sql/lease_status.sql", &ids, &tokens)
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| (JobId(r.id), r.remaining_ms))
-            .collect())
+        Ok((
+            expired
+                .into_iter()
+                .map(|r| (JobId(r.id), LeaseToken(r.lease_token, self.cluster)))
+                .collect(),
+            alive
+                .into_iter()
+                .map(|r| (JobId(r.id), r.remaining_ms))
+                .collect(),
+        ))
     }
 
     /// Dead-letters waiting jobs past their ttl; returns how many per queue.

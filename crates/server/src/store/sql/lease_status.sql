@@ -1,4 +1,7 @@
 -- Which of these leases are still current, and for how many milliseconds.
+-- Runs after expired_leases.sql in the same transaction (Store::check_leases),
+-- so both see the same now(): a lease held with this token is in one answer
+-- or the other.
 --
 -- Each lease is looked up in a lateral subquery of its own (`limit 1` keeps
 -- PostgreSQL from flattening it into a join), run with the sweeps' planner
