@@ -854,10 +854,11 @@ impl Store {
     /// rows). Planned so, the ttl sweep read every
     /// waiting job through jobs_ready instead, and under a steady stream of
     /// enqueues one run took minutes (docs/BENCHMARKS.md, "Plans made on an
-    /// empty table"). These statements (and the dispatcher's lease check
-    /// and next-due lookup, whose plans had the same flaw) run only in such
-    /// a transaction, so every plan the connection caches for them is made
-    /// with these settings.
+    /// empty table"). These statements (and the dispatcher's lease check,
+    /// its next-due lookup and the retention sweep over completed_jobs,
+    /// whose plans had the same flaw) run only in such a transaction, so
+    /// every plan the connection caches for them is made with these
+    /// settings.
     async fn sweep_tx(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
         let mut tx = self.pool.begin().await?;
         sqlx::raw_sql(SWEEP_PLANNER_SETTINGS)
@@ -867,11 +868,17 @@ impl Store {
     }
 
     /// Deletes up to `limit` completed records past their queue's retention
-    /// (see expire_completed.sql). Returns how many.
+    /// (see expire_completed.sql). Returns how many. In a sweep transaction:
+    /// with the default planner settings, its generic plan made on an empty,
+    /// analysed completed_jobs found the doomed rows by reading the whole
+    /// table (a sequential scan filtered on ctid) for every batch, however
+    /// many records the retention kept (tests/plans.rs).
     pub async fn expire_completed(&self, limit: i64) -> Result<u64> {
+        let mut tx = self.sweep_tx().await?;
         let done = sqlx::query_file!("src/store/sql/expire_completed.sql", limit)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 

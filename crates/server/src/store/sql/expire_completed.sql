@@ -5,6 +5,9 @@
 --
 -- One index range scan per queue (completed_jobs_queue); the rows are then
 -- reached by ctid (a Tid Scan): we hold their row locks, so they cannot move.
+-- Runs with the sweeps' planner settings (Store::expire_completed): with the
+-- defaults, its generic plan made on an empty table read all of
+-- completed_jobs for the ctids instead (tests/plans.rs).
 with doomed as (
     select c.ctid
     from leaseq.queues q
