@@ -1436,6 +1436,49 @@ async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
     );
 }
 
+/// A job whose wake-up never came (here: inserted by hand, no NOTIFY) is
+/// found by the fallback poll, which asks whether a job is ready before it
+/// leases; and a queue the poll found drained still hands new jobs to its
+/// idle stream at their insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_poll_finds_a_job_whose_wake_up_was_lost() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start_with(&db, |c| c.poll_interval = ms(500)).await;
+    let mut c = broker.client().await;
+    let lease = secs(30);
+    let mut s = subscribe(&mut c, &["lost"], 2, Some(lease)).await;
+    // Polls pass over the idle, drained queue: new jobs are still handed
+    // to the stream at their insert (its lease starts with the insert).
+    tokio::time::sleep(ms(1200)).await;
+    let id = enqueue(&mut c, "lost", "woken").await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(id_of(&d), id);
+    let enqueued = to_system(job_of(&d).enqueued_at.as_ref().unwrap());
+    let expires = to_system(d.lease_expires_at.as_ref().unwrap());
+    assert_eq!(
+        expires.duration_since(enqueued).ok(),
+        Some(lease),
+        "handed off: leased at the very now() of its insert"
+    );
+    ack(&mut c, &d).await.unwrap();
+
+    let t = Instant::now();
+    sqlx::query(
+        "insert into leaseq.jobs (id, queue, run_at, payload) \
+         values (gen_random_uuid(), 'lost', now(), 'quiet')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "quiet");
+    assert!(
+        t.elapsed() < secs(2),
+        "found {:?} after its insert; the poll is every 500 ms",
+        t.elapsed()
+    );
+}
+
 /// Settle notifications sent while a replica's LISTEN connection is down are
 /// lost; the credit they carried must still come back without waiting for the
 /// (here 30 s) lease to run out — at the latest with the fallback poll (2 s).

@@ -108,7 +108,12 @@ impl AdminApi {
             .await?;
         let wakes: Vec<Wake> = due
             .into_iter()
-            .filter_map(|(queue, ms)| ms.map(|delay_ms| Wake { queue, delay_ms }))
+            .filter_map(|d| {
+                d.due_ms.map(|delay_ms| Wake {
+                    queue: d.queue,
+                    delay_ms,
+                })
+            })
             .collect();
         self.broker.settle().wake(wakes);
         Ok(())

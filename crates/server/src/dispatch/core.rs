@@ -22,7 +22,7 @@ use super::StreamId;
 use super::offers::{Claim, Offers};
 use super::remote::OFFER_REFRESH;
 use crate::domain::{ClusterId, FastMap, FastSet, JobId, LeaseToken, QueueName, Subscription};
-use crate::store::{LeaseOutcome, Leased, Wake, Want};
+use crate::store::{Due, LeaseOutcome, Leased, Wake, Want};
 
 /// Most jobs one lease statement asks for.
 pub(crate) const MAX_ROUND_JOBS: i32 = 2000;
@@ -453,10 +453,15 @@ impl Core {
         }
         if self.next_poll <= now {
             self.next_poll = now + self.poll_interval;
-            let names: Vec<QueueName> = self.queues.keys().cloned().collect();
-            for q in &names {
-                self.touch(q);
-                self.queues.get_mut(q).expect("listed").check_due = true;
+            // Not a lease round: a question (next_due.sql) whether a job
+            // is ready, answered in `due_known`. Touching every queue here
+            // took idle streams' hand-off offers back for a round that,
+            // with nothing waiting, found nothing; the jobs enqueued
+            // meanwhile went the slow way (insert, wake-up, lease round),
+            // a stall of 10-40 ms at 1,000 jobs/s at every poll
+            // (docs/BENCHMARKS.md, "The fallback poll").
+            for q in self.queues.values_mut() {
+                q.check_due = true;
             }
             checks.verify = self.leases_to_verify();
             self.sweep = self.publish.is_some() && !self.streams.is_empty();
@@ -511,10 +516,17 @@ impl Core {
             .collect()
     }
 
-    /// The database says when each queue's next delayed job is due.
-    pub fn due_known(&mut self, rows: Vec<(QueueName, Option<i64>)>, now: Instant) {
-        for (name, due) in rows {
-            if let (Some(q), Some(ms)) = (self.queues.get_mut(&name), due) {
+    /// The database says when each queue's next delayed job is due, and
+    /// whether a job is ready now (one whose wake-up never came: the
+    /// fallback poll's find), which gets the queue a lease round. A queue
+    /// found with nothing ready is left as it is: a job enqueued since the
+    /// question was asked has its own wake-up.
+    pub fn due_known(&mut self, rows: Vec<Due>, now: Instant) {
+        for row in rows {
+            if row.ready {
+                self.touch(&row.queue);
+            }
+            if let (Some(q), Some(ms)) = (self.queues.get_mut(&row.queue), row.due_ms) {
                 let at = now + Duration::from_millis(ms.max(0) as u64);
                 q.due = Some(q.due.map_or(at, |d| d.min(at)));
             }
@@ -1255,6 +1267,56 @@ mod tests {
         for _ in 0..4 {
             assert!(offers.claim(&q("a"), false).is_some());
         }
+    }
+
+    /// The fallback poll asks whether jobs are ready instead of leasing: an
+    /// idle stream keeps its offer through it (before, the poll took the
+    /// offer back for a round that found nothing), and only a queue found
+    /// with a job ready (its wake-up lost) gets a round.
+    #[tokio::test(start_paused = true)]
+    async fn the_poll_asks_first_and_leases_only_where_a_job_is_ready() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 2));
+        c.reconcile_offers(Instant::now());
+        let round = c.plan_round().unwrap();
+        c.finish_round(round, outcome(vec![]), Instant::now());
+        c.reconcile_offers(Instant::now());
+        let due = |ready: bool| {
+            vec![Due {
+                queue: q("a"),
+                due_ms: None,
+                ready,
+            }]
+        };
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let checks = c.fire_timers(Instant::now());
+        assert!(checks.expired.is_empty() && checks.verify.is_empty());
+        assert_eq!(c.due_checks(), vec![q("a")], "the poll asks about `a`");
+        c.reconcile_offers(Instant::now());
+        assert!(c.plan_round().is_none(), "no round before the answer");
+        let claim = offers.claim(&q("a"), false).expect("still offered");
+        c.handed(
+            Handoff {
+                claims: vec![claim],
+                leased: vec![],
+            },
+            Instant::now(),
+        );
+        c.due_known(due(false), Instant::now());
+        c.reconcile_offers(Instant::now());
+        assert!(c.plan_round().is_none(), "nothing ready: no round");
+        assert!(offers.claim(&q("a"), false).is_some(), "still offered");
+
+        // A job whose wake-up was lost: the next poll finds it.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        c.fire_timers(Instant::now());
+        assert_eq!(c.due_checks(), vec![q("a")]);
+        c.due_known(due(true), Instant::now());
+        c.reconcile_offers(Instant::now());
+        assert_eq!(offers.claim(&q("a"), false), None, "withdrawn");
+        let round = c.plan_round().expect("a round for the ready job");
+        assert_eq!(asks(&round)["a"], 1, "one credit is still claimed");
     }
 
     #[tokio::test(start_paused = true)]

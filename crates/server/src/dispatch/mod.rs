@@ -92,8 +92,9 @@ pub(crate) enum Msg {
     Handed(Handoff),
     /// Another replica inserted jobs leased to these streams of ours.
     RemoteHanded(Vec<(StreamId, Leased)>),
-    /// When the next delayed job of these queues is due.
-    DueKnown(crate::error::Result<Vec<(QueueName, Option<i64>)>>),
+    /// When the next delayed job of these queues is due, and whether one
+    /// is ready now.
+    DueKnown(crate::error::Result<Vec<crate::store::Due>>),
     Drain(oneshot::Sender<()>),
 }
 
@@ -567,11 +568,12 @@ async fn lease_everywhere(
     }
 }
 
-/// When each queue's next delayed job is due, asked of its cluster.
+/// When each queue's next delayed job is due, and whether one is ready now,
+/// asked of its cluster.
 async fn next_due(
     clusters: &Clusters,
     queues: Vec<QueueName>,
-) -> crate::error::Result<Vec<(QueueName, Option<i64>)>> {
+) -> crate::error::Result<Vec<crate::store::Due>> {
     let mut out = Vec::new();
     for (c, queues) in clusters.group(queues, |q| clusters.cluster_of(q)) {
         if let Some(store) = clusters.get(c) {

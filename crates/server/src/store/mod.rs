@@ -174,6 +174,16 @@ pub struct Want {
 }
 
 /// What a lease round got.
+/// What [`Store::next_due`] found for one queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Due {
+    pub queue: QueueName,
+    /// Milliseconds until its next delayed job (None: none).
+    pub due_ms: Option<i64>,
+    /// A job is deliverable now.
+    pub ready: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct LeaseOutcome {
     pub jobs: Vec<Leased>,
@@ -882,11 +892,11 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// Milliseconds until each queue's next delayed job (None: no such job).
-    /// In a sweep transaction: with the default planner settings, its
+    /// Milliseconds until each queue's next delayed job (None: no such job),
+    /// and whether one is deliverable now. In a sweep transaction: with the default planner settings, its
     /// generic plan made on a drained table read every job of the queue and
     /// sorted them (tests/plans.rs); with them it reads jobs_scheduled.
-    pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<(QueueName, Option<i64>)>> {
+    pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<Due>> {
         let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
         let mut tx = self.sweep_tx().await?;
         let rows = sqlx::query_file!("src/store/sql/next_due.sql", names as Vec<&str>)
@@ -895,8 +905,12 @@ impl Store {
         tx.commit().await?;
         rows.into_iter()
             .map(|r| {
-                let q = QueueName::parse(&r.name).ok_or(Error::Internal("bad queue name"))?;
-                Ok((q, r.due_ms))
+                let queue = QueueName::parse(&r.name).ok_or(Error::Internal("bad queue name"))?;
+                Ok(Due {
+                    queue,
+                    due_ms: r.due_ms,
+                    ready: r.ready,
+                })
             })
             .collect()
     }
