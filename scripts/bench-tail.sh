@@ -10,7 +10,9 @@
 #   usage: scripts/bench-tail.sh OUTDIR
 #   env:   DUR=60 (seconds), RATE=1000, BENV="LEASEQ_X=..." (the broker's
 #          environment), PGSQL / PGSQL2 (statements run before the run, e.g.
-#          PGSQL="alter table leaseq.jobs set (vacuum_truncate = false)")
+#          PGSQL="alter table leaseq.jobs set (vacuum_truncate = false)"),
+#          PGLOG=1 (PostgreSQL logs statements over 8 ms and every
+#          autovacuum into OUTDIR/postgres.log)
 set -uo pipefail
 OUT=${1:?outdir}; DUR=${DUR:-60}; RATE=${RATE:-1000}
 ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=${BIN:-$ROOT/target/release/leaseq}
@@ -25,6 +27,10 @@ A=http://127.0.0.1:50061
 PSQL() { runuser -u postgres -- psql -qAtX "$U" -c "$1"; }
 "$BIN" bench --addr $A --duration 15 --json >/dev/null 2>&1; PSQL checkpoint >/dev/null; sleep 2
 [ -n "${PGSQL:-}" ] && PSQL "$PGSQL"; [ -n "${PGSQL2:-}" ] && PSQL "$PGSQL2"
+if [ -n "${PGLOG:-}" ]; then
+    PSQL "alter system set log_min_duration_statement = 8" && PSQL "alter system set log_autovacuum_min_duration = 0"
+    PSQL "select pg_reload_conf()" >/dev/null
+fi
 t0=$(date +%s.%N)
 "$BIN" bench --json --payload-bytes 100 --latency-log "$OUT/lat.csv" --addr $A --scenario latency \
     --rate "$RATE" --consumers 2 --duration "$DUR" --broker-pid $A_PID --postgres-pid "$PM" 2>/dev/null | tail -1 > "$OUT/result.json"
@@ -52,4 +58,5 @@ for n in sorted(os.listdir(wal)):
 print("WAL segments born:", births)
 PY
 python3 "$ROOT/scripts/latency-tail.py" "$OUT/lat.csv" | head -4
+[ -n "${PGLOG:-}" ] && cp "$D/postgres.log" "$OUT/"
 kill $A_PID; sleep 3; pkill -f "postgres -D $D/data"

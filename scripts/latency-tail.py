@@ -63,7 +63,7 @@ def main(path):
     print("busiest windows (start s: slow deliveries, worst ms):")
     for w, (n, worst) in ranked[:12]:
         print(f"  {w/10:7.1f}: {n:4d}, {worst/1000:7.2f}")
-    for period_ms in (100, 250, 500, 1000, 2000, 5000, 10000):
+    for period_ms in (100, 250, 500, 1000, 2000, 3000, 5000, 7000, 10000):
         bins = [0] * 10
         for s, _ in slow:
             bins[(s // 1000 % period_ms) * 10 // period_ms] += 1
