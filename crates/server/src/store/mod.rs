@@ -173,7 +173,6 @@ pub struct Want {
     pub consumer: std::sync::Arc<str>,
 }
 
-/// What a lease round got.
 /// What [`Store::next_due`] found for one queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Due {
@@ -184,6 +183,7 @@ pub struct Due {
     pub ready: bool,
 }
 
+/// What a lease round got.
 #[derive(Debug, Default)]
 pub struct LeaseOutcome {
     pub jobs: Vec<Leased>,
