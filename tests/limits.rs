@@ -223,3 +223,56 @@ async fn limits_apply_to_live_streams_and_lifting_them_releases_the_backlog() {
     .await;
     assert_eq!((s.rate_limit, s.rate_burst), (0.0, 0));
 }
+
+/// A limited round waits for the queue rows' lock (another replica's round
+/// holds it); the leases it takes then begin when it leases, not when it
+/// began waiting. Stamped at its transaction's start, a lease began, by its
+/// expiry, before the rate bucket that allowed it was read: two replicas'
+/// rounds then looked closer together than the bucket allows, and
+/// `rate_limit_spaces_starts_across_replicas` failed on it under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_round_that_waited_for_the_queue_lock_leases_from_when_it_got_it() {
+    let db = TestDb::new().await;
+    let b = TestBroker::start_with(&db, no_poll).await;
+    update(&mut admin(&b).await, |r| {
+        r.queue = "waited".into();
+        r.rate_limit = Some(100.0);
+    })
+    .await;
+    enqueue_n(&mut b.client().await, "waited", 1).await;
+
+    // Hold the queue row as another replica's limited round would.
+    let mut side = db.pool.begin().await.unwrap();
+    sqlx::query("select 1 from leaseq.queues where name = 'waited' for update")
+        .execute(&mut *side)
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    let mut c = b.client().await;
+    let mut stream = subscribe(&mut c, &["waited"], 1, Some(lease)).await;
+    eventually(S5, "the broker's round waits for the lock", || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released: f64 = sqlx::query_scalar("select extract(epoch from clock_timestamp())::float8")
+        .fetch_one(&mut *side)
+        .await
+        .unwrap();
+    side.commit().await.unwrap();
+
+    let d = next_delivery(&mut stream, S5).await;
+    let began = leased_at(&d, lease);
+    assert!(
+        began >= released - 0.005,
+        "the lease began {:.0} ms before the round got the lock",
+        (released - began) * 1000.0
+    );
+}

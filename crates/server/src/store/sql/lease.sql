@@ -10,6 +10,13 @@
 -- the caller (store/limits.rs) has then locked their queue rows and trimmed
 -- the asks to what the limits allow. Otherwise such a queue is skipped and
 -- reported by a marker row (slot -1) so the dispatcher sends it there.
+--
+-- Times are the statement's (statement_timestamp()), not the transaction's
+-- now(): in a limited round this statement runs after the wait for the
+-- queue rows' lock, and a lease stamped at the transaction's start began,
+-- by its expiry, before the rate bucket that allowed it was read
+-- (limits.sql reads the bucket at its statement's time). Alone, in its own
+-- transaction, the two are the same.
 with want as (
     select * from unnest($1::text[], $2::int4[], $3::int4[], $4::int8[], $5::int4[], $6::text[])
         as w(queue, lo, hi, lease_ms, slot, consumer)
@@ -29,8 +36,8 @@ picked as (
         from leaseq.jobs
         where queue = pq.queue
           and state = 'available'
-          and run_at <= now()
-          and (expires_at is null or expires_at > now())
+          and run_at <= statement_timestamp()
+          and (expires_at is null or expires_at > statement_timestamp())
         order by priority desc, run_at, id
         limit pq.n
         for update skip locked
@@ -46,7 +53,7 @@ leased as (
         state = 'leased',
         attempt = j.attempt + 1,
         lease_token = gen_random_uuid(),
-        lease_expires_at = now() + a.lease_ms * interval '1 millisecond',
+        lease_expires_at = statement_timestamp() + a.lease_ms * interval '1 millisecond',
         lease_broker = $7,
         leased_by = a.consumer
     from assigned a
