@@ -732,17 +732,6 @@ async fn sigterm_with_a_consume_stream_open_loses_nothing() {
     next.stop().await;
 }
 
-/// Backends of this test database waiting for a lock.
-async fn lock_waiters(db: &TestDb) -> i64 {
-    sqlx::query_scalar(
-        "select count(*) from pg_stat_activity
-         where datname = current_database() and wait_event_type = 'Lock'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .expect("pg_stat_activity")
-}
-
 /// Settles the broker read before a drain ended the stream are answered
 /// before the stream's UNAVAILABLE, as a unary call in flight during a
 /// drain is. Made deterministic with a row lock the test holds on the two
@@ -766,7 +755,7 @@ async fn settles_under_way_when_a_drain_ends_the_stream_are_answered() {
         .unwrap();
     broker.signal(libc::SIGTERM);
     eventually(S5, "the drain's release waits for the lock", || async {
-        lock_waiters(&db).await >= 1
+        db.lock_waiters().await >= 1
     })
     .await;
     s.send(pb::ConsumeRequest {
@@ -775,7 +764,7 @@ async fn settles_under_way_when_a_drain_ends_the_stream_are_answered() {
     })
     .await;
     eventually(S5, "the acks wait for the lock too", || async {
-        lock_waiters(&db).await >= 2
+        db.lock_waiters().await >= 2
     })
     .await;
     lock.rollback().await.unwrap();

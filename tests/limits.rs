@@ -251,14 +251,7 @@ async fn a_limited_round_that_waited_for_the_queue_lock_leases_from_when_it_got_
     let mut c = b.client().await;
     let mut stream = subscribe(&mut c, &["waited"], 1, Some(lease)).await;
     eventually(S5, "the broker's round waits for the lock", || async {
-        sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_stat_activity
-             where datname = current_database() and wait_event_type = 'Lock'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-            == 1
+        db.lock_waiters().await == 1
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -271,6 +271,15 @@ impl TestDb {
         self.count("select count(*) from leaseq.dead_jobs").await
     }
 
+    /// Backends of this test database waiting for a lock.
+    pub async fn lock_waiters(&self) -> i64 {
+        self.count(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .await
+    }
+
     /// A live job's (state, attempt, lease token), or None once it left the table.
     pub async fn live_row(&self, id: &str) -> Option<(String, i32, Option<uuid::Uuid>)> {
         sqlx::query_as("select state, attempt, lease_token from leaseq.jobs where id = $1")
