@@ -473,6 +473,10 @@ pub struct Leased {
     pub priority: i32,
     pub attempt: i32,
     pub enqueued_at: DateTime<Utc>,
+    /// When it became deliverable: with `priority` and `id`, its place in
+    /// the queue's delivery order. A job handed off at its insert was due
+    /// at once, so this is its `enqueued_at` (one transaction's `now()`).
+    pub run_at: DateTime<Utc>,
     pub last_error: Option<String>,
     pub token: LeaseToken,
     pub lease_expires_at: DateTime<Utc>,

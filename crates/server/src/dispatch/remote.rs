@@ -165,6 +165,8 @@ impl HandedNote {
                 // Inserted leased: its first attempt.
                 attempt: 1,
                 enqueued_at: DateTime::from_timestamp_micros(w.e)?,
+                // Handed over at its insert: it was due at once.
+                run_at: DateTime::from_timestamp_micros(w.e)?,
                 last_error: None,
                 token: LeaseToken(w.t, cluster),
                 lease_expires_at: DateTime::from_timestamp_micros(w.x)?,
@@ -192,6 +194,7 @@ mod tests {
             priority: -4,
             attempt: 1,
             enqueued_at: now,
+            run_at: now,
             last_error: None,
             token: LeaseToken(Uuid::new_v4(), ClusterId::HOME),
             lease_expires_at: now + chrono::Duration::seconds(30),
@@ -228,6 +231,7 @@ mod tests {
             priority: i32::MIN,
             attempt: 1,
             enqueued_at: Utc::now(),
+            run_at: Utc::now(),
             last_error: None,
             token: LeaseToken(Uuid::new_v4(), ClusterId::HOME),
             lease_expires_at: Utc::now(),

@@ -63,11 +63,11 @@ leased as (
     -- primary key with an id array per row, which cost half the statement.
     where j.ctid = a.ctid
     returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
-        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at, a.rn
+        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at, a.rn, j.run_at
 )
 select * from leased
 union all
-select -1, null, null, q.name, null, null, null, null, null, null, null, null, null
+select -1, null, null, q.name, null, null, null, null, null, null, null, null, null, null
 from leaseq.queues q
 where not $8
   and q.name in (select queue from want)
