@@ -131,7 +131,7 @@ impl Default for Config {
         Config {
             pool_size: 10,
             batch_concurrency: 2,
-            ack_linger: Duration::from_millis(4),
+            ack_linger: Duration::from_millis(12),
             heartbeat_interval: Duration::from_secs(15),
             poll_interval: Duration::from_secs(10),
             reap_interval: Duration::from_secs(5),
