@@ -53,10 +53,9 @@ struct StreamState {
     inflight: FastMap<JobId, Inflight>,
     /// Rotating start among this stream's queues (fairness across queues).
     next_queue: usize,
-    /// Credit asked for by lease statements still running.
+    /// Credit asked for by lease statements still running (above zero
+    /// exactly while a round that asks for this stream runs).
     reserved: i32,
-    /// Lease statements running that ask for this stream (at most two).
-    rounds: u8,
     /// Jobs leased to it by a finished round while another of its rounds
     /// still runs: they go out with that round's (see [`Core::in_order`]).
     held: Vec<Leased>,
@@ -258,7 +257,6 @@ impl Core {
                 inflight: FastMap::default(),
                 next_queue: 0,
                 reserved: 0,
-                rounds: 0,
                 held: Vec::new(),
                 offered: 0,
                 published: Published::default(),
@@ -553,7 +551,7 @@ impl Core {
             // Not while a round for it runs: a job handed off now would
             // overtake the older ones that round brings.
             let idle = !self.draining
-                && stream.rounds == 0
+                && stream.reserved == 0
                 && stream.queues.iter().all(|q| {
                     self.queues
                         .get(q)
@@ -671,11 +669,6 @@ impl Core {
         if wants.is_empty() {
             return None;
         }
-        for sid in &slots {
-            if let Some(stream) = self.streams.get_mut(sid) {
-                stream.rounds += 1;
-            }
-        }
         let mut seqs = HashMap::new();
         let mut limited = Vec::new();
         for w in &wants {
@@ -731,11 +724,6 @@ impl Core {
             if let Some(stream) = self.streams.get_mut(&sid) {
                 stream.reserved -= w.n;
                 self.dirty.insert(sid);
-            }
-        }
-        for sid in &round.slots {
-            if let Some(stream) = self.streams.get_mut(sid) {
-                stream.rounds -= 1;
             }
         }
         let LeaseOutcome {
@@ -815,7 +803,7 @@ impl Core {
         let mut jobs = Vec::with_capacity(delivered.jobs.len());
         for (sid, job) in std::mem::take(&mut delivered.jobs) {
             match self.streams.get_mut(&sid) {
-                Some(s) if s.rounds > 0 || !s.held.is_empty() => s.held.push(job),
+                Some(s) if s.reserved > 0 || !s.held.is_empty() => s.held.push(job),
                 _ => jobs.push((sid, job)),
             }
         }
@@ -823,7 +811,7 @@ impl Core {
             let Some(s) = self.streams.get_mut(sid) else {
                 continue;
             };
-            if s.rounds > 0 || s.held.is_empty() {
+            if s.reserved > 0 || s.held.is_empty() {
                 continue;
             }
             let mut held = std::mem::take(&mut s.held);

@@ -152,6 +152,7 @@ impl HandedNote {
     /// Reads a payload heard on `cluster`'s LISTEN connection.
     pub fn parse(payload: &str, cluster: ClusterId) -> Option<HandedNote> {
         let w: HandedWire = serde_json::from_str(payload).ok()?;
+        let enqueued_at = DateTime::from_timestamp_micros(w.e)?;
         Some(HandedNote {
             stream: w.s,
             job: Leased {
@@ -164,9 +165,9 @@ impl HandedNote {
                 priority: w.pr,
                 // Inserted leased: its first attempt.
                 attempt: 1,
-                enqueued_at: DateTime::from_timestamp_micros(w.e)?,
+                enqueued_at,
                 // Handed over at its insert: it was due at once.
-                run_at: DateTime::from_timestamp_micros(w.e)?,
+                run_at: enqueued_at,
                 last_error: None,
                 token: LeaseToken(w.t, cluster),
                 lease_expires_at: DateTime::from_timestamp_micros(w.x)?,
