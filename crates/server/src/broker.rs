@@ -460,14 +460,6 @@ async fn enqueue(
             known.1.extend(new_queues);
         }
     }
-    // Before the caller hears of the waiting jobs: a job it enqueues next
-    // must not be handed over past them (`Offers::jobs_waiting`).
-    offers.jobs_waiting(
-        out.wakes
-            .iter()
-            .filter(|w| w.delay_ms <= 0)
-            .map(|w| &w.queue),
-    );
     settle.wake(out.wakes);
     let mut it = out.results.into_iter();
     Ok(sizes

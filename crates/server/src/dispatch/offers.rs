@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::StreamId;
-use super::remote::{OFFER_TTL, OfferNote, WAITING_HOLD};
+use super::remote::{OFFER_TTL, OfferNote};
 use crate::domain::QueueName;
 use crate::store::HandoffTo;
 
@@ -63,9 +63,6 @@ struct Book {
     remote_by_queue: HashMap<QueueName, Vec<(Uuid, StreamId)>>,
     /// Whether other replicas' offers are heard (one cluster only).
     remote_on: bool,
-    /// Queues whose jobs are not handed over to other replicas until then
-    /// (a job of theirs went in waiting: [`Offers::jobs_waiting`]).
-    waiting: HashMap<QueueName, Instant>,
     /// When offers past their time may next be dropped.
     next_prune: Option<Instant>,
 }
@@ -136,11 +133,8 @@ impl Offers {
         if !remote {
             return None;
         }
-        let now = Instant::now();
-        if book.waiting.get(queue).is_some_and(|until| *until > now) {
-            return None;
-        }
         let ids = book.remote_by_queue.get(queue)?;
+        let now = Instant::now();
         let n = ids.len();
         for i in 0..n {
             let key = ids[(book.cursor + i) % n];
@@ -161,29 +155,6 @@ impl Offers {
             }
         }
         None
-    }
-
-    /// Jobs of these queues were just inserted waiting (not handed off).
-    /// Other replicas' offers for them, held or still on their way, predate
-    /// those jobs (their streams had not heard of them), and a job enqueued
-    /// next and handed over on one would overtake the waiting ones. So the
-    /// held ones are dropped, and for [`WAITING_HOLD`] none is claimed for
-    /// those queues: by then the wake-up has reached the offering replica,
-    /// which withdraws its offer, and publishes again once its stream has
-    /// taken the waiting jobs. Ordering across replicas stays as good as
-    /// the wake-ups (docs/ARCHITECTURE.md); this closes the common race.
-    pub fn jobs_waiting<'a>(&self, queues: impl IntoIterator<Item = &'a QueueName>) {
-        let mut book = self.0.lock().expect("poisoned");
-        if !book.remote_on {
-            return;
-        }
-        let until = Instant::now() + WAITING_HOLD;
-        for q in queues {
-            for key in book.remote_by_queue.get(q).cloned().unwrap_or_default() {
-                book.forget_remote(key);
-            }
-            book.waiting.insert(q.clone(), until);
-        }
     }
 
     /// Other replicas' offers are heard from now on (see [`Offers::heard`]).
@@ -213,7 +184,6 @@ impl Offers {
             for k in dead {
                 book.forget_remote(k);
             }
-            book.waiting.retain(|_, until| *until > now);
         }
         if note.credit <= 0 {
             return;
@@ -402,36 +372,6 @@ mod tests {
             None,
             "a limited queue is never handed off"
         );
-    }
-
-    /// CI failure (consume::settles_sent_to_one_replica_for_jobs_another_delivered):
-    /// job x went in waiting, the other replica's offer arrived just after,
-    /// and job y, enqueued next, was handed over on it ahead of x.
-    #[tokio::test(start_paused = true)]
-    async fn a_job_inserted_waiting_drops_other_replicas_offers_for_its_queue() {
-        let o = Offers::default();
-        o.hear_remote();
-        let (b, c) = (Uuid::new_v4(), Uuid::new_v4());
-        o.heard(note(b, 7, 5, &["a", "x"]), Instant::now());
-        o.heard(note(c, 8, 5, &["other"]), Instant::now());
-        o.jobs_waiting([&q("a")]);
-        assert_eq!(
-            o.claim(&q("a"), true),
-            None,
-            "x waits: no hand-over past it"
-        );
-        assert_eq!(o.claim(&q("x"), true), None, "the whole offer is dropped");
-        assert!(
-            o.claim(&q("other"), true).is_some(),
-            "other queues keep theirs"
-        );
-        // An offer that was on its way (published before its replica heard
-        // of x) is not claimed for a while either.
-        o.heard(note(b, 7, 1, &["a"]), Instant::now());
-        assert_eq!(o.claim(&q("a"), true), None, "held");
-        tokio::time::advance(WAITING_HOLD).await;
-        o.heard(note(b, 7, 1, &["a"]), Instant::now());
-        assert!(o.claim(&q("a"), true).is_some(), "after the hold");
     }
 
     #[test]

@@ -62,10 +62,6 @@ pub fn handed_channel(broker: Uuid) -> String {
 pub const OFFER_TTL: Duration = Duration::from_secs(10);
 /// How often a lasting offer is published again.
 pub const OFFER_REFRESH: Duration = Duration::from_secs(5);
-/// After a job went in waiting, how long no job of its queue is handed
-/// over to another replica: time for the wake-up to reach the offering
-/// replicas and their withdrawals to come back (see `Offers::jobs_waiting`).
-pub const WAITING_HOLD: Duration = Duration::from_millis(100);
 
 /// PostgreSQL's NOTIFY payloads must be shorter than 8000 bytes.
 const MAX_PAYLOAD: usize = 7999;
