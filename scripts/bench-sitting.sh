@@ -5,6 +5,9 @@
 # run in OUTDIR/results.jsonl. Run as root (PostgreSQL runs as postgres).
 #   usage: scripts/bench-sitting.sh OUTDIR [BIN]
 #   env:   ANCHORS=../shared/anchors (commit-floor.sh, rabbitmq/; setup.sh once)
+#          FLOOR=target/release/examples/floor_broker (the floor broker, an
+#          anchor: `cargo build --release --example floor_broker`; its runs
+#          are skipped, with a line in the log, when it is not built)
 #          NO_RABBIT=1 skips RabbitMQ; SOAK=N adds the 10-minute soak with
 #          --batch-concurrency N.
 set -uo pipefail
@@ -19,6 +22,22 @@ embedded_broker $D 127.0.0.1:50061 "$OUT/brokerA.log"
 DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > "$OUT/brokerB.log" 2>&1 &
 B_PID=$!
 C_PID=
+# The floor broker (examples/floor_broker.rs): one alone, two across
+# (the job in a NOTIFY), in a database of their own so that their LISTENs
+# add nothing to leaseq's NOTIFYs (PostgreSQL signals every listener of a
+# database at each one).
+FLOOR=${FLOOR:-$(cd "$(dirname "$0")/.." && pwd)/target/release/examples/floor_broker}
+F_PIDS=
+if [ -x "$FLOOR" ]; then
+  runuser -u postgres -- psql -qAtX "$U" -c "create database floor_bench owner leaseq" >/dev/null
+  FU=${U/\/leaseq\?//floor_bench?}
+  for p in 50063 50064 50065; do
+    # shellcheck disable=SC2046
+    env DATABASE_URL="$FU" FLOOR_LISTEN=127.0.0.1:$p $([ $p != 50063 ] && echo FLOOR_NOTIFY=1) "$FLOOR" >"$OUT/floor-$p.log" 2>&1 &
+    F_PIDS="$F_PIDS $!"; [ $p = 50063 ] && F_PID=$!
+    sleep 1 # one at a time: each creates its table if missing
+  done
+fi
 sleep 3
 A=http://127.0.0.1:50061; B=http://127.0.0.1:50062
 CPU="--broker-pid $A_PID --postgres-pid $PM"
@@ -30,6 +49,14 @@ b() { # name args...
   $BIN bench --json --payload-bytes 100 "$@" 2>>"$OUT/bench.err" | tail -1 | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='$name'; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"
   sleep 2
 }
+# The floor broker's runs: alone and across, at 1,000/s and 100/s.
+fb() { # suffix
+  if [ -z "$F_PIDS" ]; then log "no floor broker ($FLOOR): its runs skipped"; return; fi
+  local F=http://127.0.0.1:50063
+  b "fb-lat-1000$1" --addr $F --scenario latency --rate 1000 --consumers 2 --duration 10 --broker-pid "$F_PID" --postgres-pid $PM
+  b "fb-lat-100$1" --addr $F --scenario latency --rate 100 --consumers 2 --duration 10 --broker-pid "$F_PID" --postgres-pid $PM
+  b "fb-lat-1000-cross$1" --addr http://127.0.0.1:50064 --consume-addr http://127.0.0.1:50065 --scenario latency --rate 1000 --consumers 2 --duration 10
+}
 floor() { log "floor $1"; runuser -u postgres -- $ANCHORS/commit-floor.sh "$U" "$1" 10 | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='floor-$1'; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"; sleep 2; }
 # warm up: 15 s flat out, then a checkpoint, so that PostgreSQL has WAL
 # segments to recycle, as a cluster in service does (a fresh cluster creates
@@ -37,11 +64,13 @@ floor() { log "floor $1"; runuser -u postgres -- $ANCHORS/commit-floor.sh "$U" "
 # 1,000 jobs/s; docs/BENCHMARKS.md, "The tail at 1,000 jobs/s")
 $BIN bench --addr $A --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
 $BIN bench --addr $A --duration 15 --json >/dev/null 2>&1
+[ -n "$F_PIDS" ] && $BIN bench --addr http://127.0.0.1:50063 --scenario latency --rate 1000 --duration 3 --json >/dev/null 2>&1
 PSQL checkpoint >/dev/null
 floor 1000; floor 100
 b lat-1000 --addr $A --scenario latency --rate 1000 --consumers 2 --duration 10 $CPU
 b lat-100 --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU
 b lat-1000-cross --addr $A --consume-addr $B --scenario latency --rate 1000 --consumers 2 --duration 10
+fb ""
 floor 1000
 b tp-stream --addr $A --duration 15 $CPU
 b tp-unary --addr $A --duration 15 --ack unary $CPU
@@ -55,6 +84,9 @@ b baseline --scenario baseline --database-url "$U" --batch 100 --duration 15 --p
 b lat-100-b --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU
 b lat-1000-cross-b --addr $A --consume-addr $B --scenario latency --rate 1000 --consumers 2 --duration 10
 b lat-1000-b --addr $A --scenario latency --rate 1000 --consumers 2 --duration 10 $CPU
+fb -b
+# shellcheck disable=SC2086 # a list of pids
+[ -n "$F_PIDS" ] && kill $F_PIDS
 if [ -z "${NO_RABBIT:-}" ]; then
   kill $A_PID $B_PID $C_PID; sleep 3; pkill -f "postgres -D $D/data"; sleep 2
   log "rabbitmq start"; rabbitmq-server -detached; sleep 5; rabbitmqctl -q await_startup --timeout 60
