@@ -9,7 +9,8 @@
 //!   durable commit, then the job pushed to a Consume stream (round robin)
 //!   and the call answered;
 //! - acks: the acked rows deleted in one statement per 12 ms (leaseq's ack
-//!   linger), each ack confirmed after that commit; `FLOOR_ACKS=none`
+//!   linger, its default read from `leaseq_server::Config`), each ack
+//!   confirmed after that commit; `FLOOR_ACKS=none`
 //!   confirms them at once with no database work.
 //!
 //! `FLOOR_RUNTIME=current` runs it on one thread. `FLOOR_NOTIFY=1` is the
@@ -27,7 +28,6 @@
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use leaseq_proto as pb;
 use pb::queue_service_server::{QueueService, QueueServiceServer};
@@ -50,6 +50,11 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
+}
+
+/// The answer to every call the latency scenario does not make.
+fn enqueue_and_consume_only() -> Status {
+    Status::unimplemented("floor broker: Enqueue and Consume only")
 }
 
 impl Floor {
@@ -87,7 +92,9 @@ impl Floor {
             let Some((id, payload)) = n.payload().split_once(':') else {
                 continue;
             };
-            let payload = decode_hex(payload);
+            let Ok(payload) = hex::decode(payload) else {
+                continue;
+            };
             self.push(pb::Job {
                 id: id.to_owned(),
                 payload,
@@ -98,19 +105,20 @@ impl Floor {
         }
     }
 
-    /// Reads a stream's acks; every 12 ms deletes what came in one statement
-    /// and confirms it.
+    /// Reads a stream's acks; every ack linger (leaseq's default, 12 ms)
+    /// deletes what came in one statement and confirms it.
     async fn settle(
         pool: sqlx::PgPool,
         acks_in_db: bool,
         mut input: Streaming<pb::ConsumeRequest>,
         out: Out,
     ) {
+        let linger = leaseq_server::Config::default().ack_linger;
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<pb::AckRequest>>();
         let writer = tokio::spawn(async move {
             while let Some(mut acks) = rx.recv().await {
                 if acks_in_db {
-                    tokio::time::sleep(Duration::from_millis(12)).await;
+                    tokio::time::sleep(linger).await;
                 }
                 while let Ok(more) = rx.try_recv() {
                     acks.extend(more);
@@ -162,12 +170,13 @@ impl QueueService for Floor {
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
         let job = request.into_inner();
         let sql = if self.notify {
-            "with j as (insert into floor_jobs (queue, payload) values ($1, $2) returning id) \
-             select id, pg_notify('floor_jobs', id || ':' || encode($2, 'hex')) is null from j"
+            "with j as (insert into floor_jobs (queue, payload) values ($1, $2) returning id), \
+             n as (select pg_notify('floor_jobs', id || ':' || encode($2, 'hex')) from j) \
+             select id from j, n"
         } else {
-            "insert into floor_jobs (queue, payload) values ($1, $2) returning id, false"
+            "insert into floor_jobs (queue, payload) values ($1, $2) returning id"
         };
-        let (id, _): (i64, bool) = sqlx::query_as(sql)
+        let id: i64 = sqlx::query_scalar(sql)
             .bind(&job.queue)
             .bind(&job.payload)
             .fetch_one(&self.pool)
@@ -221,9 +230,7 @@ impl QueueService for Floor {
         &self,
         _: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
-        Err(Status::unimplemented(
-            "floor broker: Enqueue and Consume only",
-        ))
+        Err(enqueue_and_consume_only())
     }
 
     type SubscribeStream = Boxed<pb::SubscribeResponse>;
@@ -232,42 +239,32 @@ impl QueueService for Floor {
         &self,
         _: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        Err(Status::unimplemented(
-            "floor broker: Enqueue and Consume only",
-        ))
+        Err(enqueue_and_consume_only())
     }
 
     async fn ack(&self, _: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
-        Err(Status::unimplemented(
-            "floor broker: Enqueue and Consume only",
-        ))
+        Err(enqueue_and_consume_only())
     }
 
     async fn ack_batch(
         &self,
         _: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::AckBatchResponse>, Status> {
-        Err(Status::unimplemented(
-            "floor broker: Enqueue and Consume only",
-        ))
+        Err(enqueue_and_consume_only())
     }
 
     async fn nack(
         &self,
         _: Request<pb::NackRequest>,
     ) -> Result<Response<pb::NackResponse>, Status> {
-        Err(Status::unimplemented(
-            "floor broker: Enqueue and Consume only",
-        ))
+        Err(enqueue_and_consume_only())
     }
 
     async fn extend_lease(
         &self,
         _: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
-        Err(Status::unimplemented(
-            "floor broker: Enqueue and Consume only",
-        ))
+        Err(enqueue_and_consume_only())
     }
 }
 
@@ -324,12 +321,4 @@ async fn serve() -> anyhow::Result<()> {
         .serve(listen.parse()?)
         .await?;
     Ok(())
-}
-
-/// The payload as `encode(..., 'hex')` wrote it into the NOTIFY (a
-/// NOTIFY's payload is text). Five lines, not a dependency, for an anchor.
-fn decode_hex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
 }

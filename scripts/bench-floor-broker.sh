@@ -22,17 +22,7 @@ pkill -f 'leaseq serve'; pkill -f floor_broker; sleep 1
 warmed_broker /tmp/leaseq-bench-floor-pg 127.0.0.1:50061 "$OUT/broker.log"
 DATABASE_URL=$U LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn "$BIN" serve >"$OUT/brokerB.log" 2>&1 &
 B_PID=$!
-# The floor brokers in a database of their own: PostgreSQL signals every
-# listener of a database at each NOTIFY in it, so listeners of one broker
-# would add work to the other's path.
-runuser -u postgres -- psql -qAtX "$U" -c "create database floor_bench owner leaseq" >/dev/null
-FU=${U/\/leaseq\?//floor_bench?}
-DATABASE_URL=$FU FLOOR_LISTEN=127.0.0.1:50063 "$FLOOR" >"$OUT/floor.log" 2>&1 &
-F_PID=$!; sleep 1 # one at a time: each creates the table if missing
-for p in 50064 50065; do
-    DATABASE_URL=$FU FLOOR_NOTIFY=1 FLOOR_LISTEN=127.0.0.1:$p "$FLOOR" >"$OUT/floor-$p.log" 2>&1 &
-    N_PIDS="${N_PIDS:-} $!"; sleep 1
-done
+floor_brokers "$FLOOR" "$OUT"
 sleep 3
 runuser -u postgres -- psql -qAtX "$U" -c checkpoint >/dev/null
 run() { # NAME ARGS...
@@ -59,7 +49,7 @@ for r in $(seq "$ROUNDS"); do
     run "ping-$r" --scenario ping --addr http://127.0.0.1:50061 --broker-pid "$A_PID"
 done
 # shellcheck disable=SC2086 # a list of pids
-kill $F_PID $N_PIDS "$A_PID" "$B_PID"; wait 2>/dev/null
+kill $F_PIDS "$A_PID" "$B_PID"; wait 2>/dev/null
 if [ -n "${RABBIT:-}" ]; then
     sleep 2; pkill -f "postgres -D /tmp/leaseq-bench-floor-pg/data"; sleep 2
     rabbitmq-server -detached; sleep 5; rabbitmqctl -q await_startup --timeout 60

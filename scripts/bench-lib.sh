@@ -30,3 +30,26 @@ warmed_broker() {
     embedded_broker "$@"
     "$BIN" bench --addr "http://$2" --duration 10 >/dev/null 2>&1
 }
+
+# The floor broker (examples/floor_broker.rs, docs/BENCHMARKS.md "A floor
+# broker") on the cluster of embedded_broker ($U): one alone on :50063, two
+# across (the job in a NOTIFY) on :50064 and :50065. They use a database of
+# their own: PostgreSQL signals every listener of a database at each NOTIFY
+# in it, so their LISTENs would add work to leaseq's path. Sets F_PID (the
+# one alone) and F_PIDS (all three).
+#
+#   floor_brokers FLOOR_BINARY OUTDIR
+floor_brokers() {
+    local floor=$1 out=$2 p
+    runuser -u postgres -- psql -qAtX "$U" -c "create database floor_bench owner leaseq" >/dev/null
+    local fu=${U/\/leaseq\?//floor_bench?}
+    F_PIDS=
+    for p in 50063 50064 50065; do
+        # shellcheck disable=SC2046 # no variable or one VAR=value
+        env DATABASE_URL="$fu" FLOOR_LISTEN=127.0.0.1:$p $([ $p != 50063 ] && echo FLOOR_NOTIFY=1) \
+            "$floor" >"$out/floor-$p.log" 2>&1 &
+        F_PIDS="$F_PIDS $!"
+        [ $p = 50063 ] && F_PID=$!
+        sleep 1 # one at a time: each creates its table if missing
+    done
+}

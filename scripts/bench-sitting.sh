@@ -22,22 +22,10 @@ embedded_broker $D 127.0.0.1:50061 "$OUT/brokerA.log"
 DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > "$OUT/brokerB.log" 2>&1 &
 B_PID=$!
 C_PID=
-# The floor broker (examples/floor_broker.rs): one alone, two across
-# (the job in a NOTIFY), in a database of their own so that their LISTENs
-# add nothing to leaseq's NOTIFYs (PostgreSQL signals every listener of a
-# database at each one).
+# The floor broker, an anchor (bench-lib.sh), when it is built.
 FLOOR=${FLOOR:-$(cd "$(dirname "$0")/.." && pwd)/target/release/examples/floor_broker}
 F_PIDS=
-if [ -x "$FLOOR" ]; then
-  runuser -u postgres -- psql -qAtX "$U" -c "create database floor_bench owner leaseq" >/dev/null
-  FU=${U/\/leaseq\?//floor_bench?}
-  for p in 50063 50064 50065; do
-    # shellcheck disable=SC2046
-    env DATABASE_URL="$FU" FLOOR_LISTEN=127.0.0.1:$p $([ $p != 50063 ] && echo FLOOR_NOTIFY=1) "$FLOOR" >"$OUT/floor-$p.log" 2>&1 &
-    F_PIDS="$F_PIDS $!"; [ $p = 50063 ] && F_PID=$!
-    sleep 1 # one at a time: each creates its table if missing
-  done
-fi
+[ -x "$FLOOR" ] && floor_brokers "$FLOOR" "$OUT"
 sleep 3
 A=http://127.0.0.1:50061; B=http://127.0.0.1:50062
 CPU="--broker-pid $A_PID --postgres-pid $PM"
