@@ -7,7 +7,8 @@
 //!
 //! - Enqueue: one single-row insert into a table with a primary key, its own
 //!   durable commit, then the job pushed to a Consume stream (round robin)
-//!   and the call answered;
+//!   and the call answered; EnqueueBatch, for the flat-out run (`leaseq
+//!   bench --duration N`), the same with one multi-row insert per call;
 //! - acks: the acked rows deleted in one statement per 12 ms (leaseq's ack
 //!   linger, its default read from `leaseq_server::Config`), each ack
 //!   confirmed after that commit; `FLOOR_ACKS=none`
@@ -52,9 +53,9 @@ fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 
-/// The answer to every call the latency scenario does not make.
+/// The answer to every call the latency and flat-out scenarios do not make.
 fn enqueue_and_consume_only() -> Status {
-    Status::unimplemented("floor broker: Enqueue and Consume only")
+    Status::unimplemented("floor broker: Enqueue, EnqueueBatch and Consume only")
 }
 
 impl Floor {
@@ -226,11 +227,44 @@ impl QueueService for Floor {
         )))
     }
 
+    /// Flat out (`leaseq bench --duration N`): one multi-row insert and its
+    /// commit per call, then each job pushed as Enqueue pushes it.
     async fn enqueue_batch(
         &self,
-        _: Request<pb::EnqueueBatchRequest>,
+        request: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
-        Err(enqueue_and_consume_only())
+        if self.notify {
+            return Err(enqueue_and_consume_only());
+        }
+        let jobs = request.into_inner().jobs;
+        let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
+        let payloads: Vec<&[u8]> = jobs.iter().map(|j| j.payload.as_slice()).collect();
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "insert into floor_jobs (queue, payload) \
+             select * from unnest($1::text[], $2::bytea[]) returning id",
+        )
+        .bind(&queues)
+        .bind(&payloads)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(internal)?;
+        let mut results = Vec::with_capacity(jobs.len());
+        for (job, id) in jobs.into_iter().zip(ids) {
+            let job_id = id.to_string();
+            self.push(pb::Job {
+                id: job_id.clone(),
+                queue: job.queue,
+                payload: job.payload,
+                attempt: 1,
+                ..Default::default()
+            })
+            .await;
+            results.push(pb::EnqueueResponse {
+                job_id,
+                duplicate: false,
+            });
+        }
+        Ok(Response::new(pb::EnqueueBatchResponse { results }))
     }
 
     type SubscribeStream = Boxed<pb::SubscribeResponse>;
