@@ -84,6 +84,26 @@ impl Floor {
         let _ = out.send(Ok(msg)).await;
     }
 
+    /// A job inserted as `id`: pushed to the next stream (unless the
+    /// listener pushes it, `FLOOR_NOTIFY=1`) and answered.
+    async fn accepted(&self, id: i64, job: pb::EnqueueRequest) -> pb::EnqueueResponse {
+        let job_id = id.to_string();
+        if !self.notify {
+            self.push(pb::Job {
+                id: job_id.clone(),
+                queue: job.queue,
+                payload: job.payload,
+                attempt: 1,
+                ..Default::default()
+            })
+            .await;
+        }
+        pb::EnqueueResponse {
+            job_id,
+            duplicate: false,
+        }
+    }
+
     /// `FLOOR_NOTIFY=1`: pushes every job heard on the channel.
     async fn listen(self: std::sync::Arc<Self>, url: String) -> anyhow::Result<()> {
         let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
@@ -183,21 +203,7 @@ impl QueueService for Floor {
             .fetch_one(&self.pool)
             .await
             .map_err(internal)?;
-        let job_id = id.to_string();
-        if !self.notify {
-            self.push(pb::Job {
-                id: job_id.clone(),
-                queue: job.queue,
-                payload: job.payload,
-                attempt: 1,
-                ..Default::default()
-            })
-            .await;
-        }
-        Ok(Response::new(pb::EnqueueResponse {
-            job_id,
-            duplicate: false,
-        }))
+        Ok(Response::new(self.accepted(id, job).await))
     }
 
     type ConsumeStream = Boxed<pb::ConsumeResponse>;
@@ -250,19 +256,7 @@ impl QueueService for Floor {
         .map_err(internal)?;
         let mut results = Vec::with_capacity(jobs.len());
         for (job, id) in jobs.into_iter().zip(ids) {
-            let job_id = id.to_string();
-            self.push(pb::Job {
-                id: job_id.clone(),
-                queue: job.queue,
-                payload: job.payload,
-                attempt: 1,
-                ..Default::default()
-            })
-            .await;
-            results.push(pb::EnqueueResponse {
-                job_id,
-                duplicate: false,
-            });
+            results.push(self.accepted(id, job).await);
         }
         Ok(Response::new(pb::EnqueueBatchResponse { results }))
     }
