@@ -72,9 +72,14 @@ b baseline --scenario baseline --database-url "$U" --batch 100 --duration 15 --p
 # Flat out, the cost of each unit of work on this host swings by up to a
 # half between runs seconds apart (docs/BENCHMARKS.md, "The slow flat-out
 # mode is the host"): two more stream and raw-SQL pairs, alternated, so
-# that the ratio of the two is read from three pairs, not one.
+# that the ratio of the two is read from three pairs, not one. Beside each,
+# the stream run with consumers that keep up: at most 500 jobs outstanding,
+# under the streams' 1,024 credits, as the raw loop never holds more than
+# its 8 workers' 800 rows ("A backlog the streams' credit covers").
+b tp-stream-keepup-1 --addr $A --duration 10 --max-backlog 500 $CPU
 for k in 2 3; do
   b tp-stream-$k --addr $A --duration 10 $CPU
+  b tp-stream-keepup-$k --addr $A --duration 10 --max-backlog 500 $CPU
   b baseline-$k --scenario baseline --database-url "$U" --batch 100 --duration 10 --postgres-pid $PM
 done
 b lat-100-b --addr $A --scenario latency --rate 100 --consumers 2 --duration 10 $CPU
