@@ -116,4 +116,21 @@ if [ -n "${SOAK:-}" ]; then
   PSQL "select pg_size_pretty(pg_total_relation_size('leaseq.jobs'))" | tee -a "$OUT/log"
   kill $A_PID
 fi
-sleep 2; pkill -f "postgres -D $D/data" ; log done
+sleep 2; pkill -f "postgres -D $D/data"
+# The stream-vs-raw and stream-vs-quorum ratios, on the medians of the
+# alternated runs (docs/BENCHMARKS.md, "The slow flat-out mode is the host").
+python3 - "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/log"
+import json, re, statistics, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+def median(pattern):
+    v = [r["jobs_per_s"] for r in runs if re.fullmatch(pattern, r["run"])]
+    return statistics.median(v) if v else None
+raw, quorum = median(r"baseline(-\d)?"), median(r"quorum-4x4")
+for name, pattern in [("deep backlog", r"tp-stream(-\d)?"), ("keep-up", r"tp-stream-keepup-\d")]:
+    m = median(pattern)
+    if m is None or raw is None:
+        continue
+    q = f", {m / quorum:.2f} x quorum" if quorum else ""
+    print(f"stream acks, {name}: median {m:,.0f} jobs/s = {m / raw:.2f} x raw SQL (median {raw:,.0f}){q}")
+PY
+log done
