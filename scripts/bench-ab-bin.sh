@@ -5,7 +5,8 @@
 # one JSON line per run in OUTDIR/results.jsonl. Run as root.
 #   usage: scripts/bench-ab-bin.sh OUTDIR ROUNDS BIN_A BIN_B
 #   env:   RUNS="stream enq64" (the runs of each round; also unary (the
-#          stream run with unary Acks), lat1000 and
+#          stream run with unary Acks), keepup (the stream run with
+#          --max-backlog 500, under the streams' credit), lat1000 and
 #          lat100: latency at that rate, --consumers 2, 20 s, with its p50
 #          and p99 in the line; one1000: the same with one credit per
 #          stream)
@@ -27,6 +28,7 @@ for r in $(seq $ROUNDS); do for V in A B; do
     case $s in
       stream) args="--duration 15" ;;
       unary) args="--duration 15 --ack unary" ;;
+      keepup) args="--duration 15 --max-backlog 500" ;;
       enq64) args="--scenario enqueue --producers 64 --duration 10" ;;
       lat*) args="--scenario latency --rate ${s#lat} --consumers 2 --duration 20" ;;
       one*) args="--scenario latency --rate ${s#one} --consumers 2 --max-in-flight 1 --duration 20" ;;
