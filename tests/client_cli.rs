@@ -971,6 +971,53 @@ async fn work_with_a_token_survives_a_broker_restart() {
     broker.wait(S20).await;
 }
 
+/// `leaseq bench --scenario baseline` (the raw-SQL loop) against a real
+/// database: it runs, and with --raw-backlog it leases from a backlog that
+/// is still waiting at the end (docs/BENCHMARKS.md, "A raw loop with a
+/// backlog"); without, its table ends with about its workers' last
+/// batches. It drops its table afterwards.
+#[tokio::test]
+async fn bench_baseline_leases_from_the_backlog_it_was_given() {
+    let db = TestDb::new().await;
+    let e = env(&[]);
+    let run = async |backlog: &str| {
+        let args = [
+            "bench",
+            "--scenario",
+            "baseline",
+            "--database-url",
+            &db.url,
+            "--producers",
+            "1",
+            "--batch",
+            "10",
+            "--duration",
+            "1",
+            "--raw-backlog",
+            backlog,
+            "--json",
+        ];
+        let out = leaseq(&args, &e, None).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let last = out.stdout.lines().last().unwrap_or_default();
+        serde_json::from_str::<Value>(last).unwrap_or_else(|e| panic!("not JSON ({e}): {last}"))
+    };
+    let with = run("3000").await;
+    assert_eq!(with["scenario"], "Baseline", "{with}");
+    assert!(with["jobs"].as_u64().unwrap() > 0, "{with}");
+    // Every leased row is replaced by an inserted one: the backlog stays.
+    assert!(with["waiting"].as_u64().unwrap() >= 3000, "{with}");
+    let without = run("0").await;
+    assert!(without["jobs"].as_u64().unwrap() > 0, "{without}");
+    // About two workers' last batches, far below the backlog above.
+    assert!(without["waiting"].as_u64().unwrap() < 100, "{without}");
+    let left: Option<String> = sqlx::query_scalar("select to_regclass('leaseq_bench_raw')::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, None, "the raw loop's table is dropped");
+}
+
 /// `leaseq bench`'s open-loop scenarios against a real broker: `ping`
 /// (health checks, the gRPC hop alone) and `latency` (Enqueue → delivery)
 /// send at the rate asked, without errors, and report their latencies; the

@@ -1,6 +1,8 @@
 //! `--scenario baseline` (and `--compare`): the blog-post pattern straight
 //! in SQL against --database-url, no broker: insert, lease with `for update
 //! skip locked`, delete. `--batch 1` is one job per transaction.
+//! `--raw-backlog N` inserts N rows first and leaves them waiting, so the
+//! loop leases from a backlog as a broker behind its consumers does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +19,8 @@ struct Outcome {
     jobs: u64,
     seconds: f64,
     cpu: CpuTimes,
+    /// Rows left in the table (not leased) at the end.
+    waiting: u64,
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
@@ -30,6 +34,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
         cpu_us_per_job: o.cpu.per_job(o.jobs),
         client_rss_kb: cpu::own_rss_kb(),
         batch: Some(batch),
+        waiting: Some(o.waiting),
         ..Default::default()
     })
 }
@@ -58,6 +63,7 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
     sqlx::query("truncate leaseq_bench_raw")
         .execute(&pool)
         .await?;
+    prefill(&pool, args.raw_backlog, args.payload_bytes).await?;
     let done = Arc::new(AtomicU64::new(0));
     let cpu_before = CpuTimes::read(&args.broker_pid, &args.postgres_pid);
     let started = Instant::now();
@@ -88,15 +94,50 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
     let seconds = started.elapsed().as_secs_f64();
     let cpu = CpuTimes::read(&args.broker_pid, &args.postgres_pid).since(&cpu_before);
     let jobs = done.load(Ordering::Relaxed);
+    let waiting: i64 =
+        sqlx::query_scalar("select count(*) from leaseq_bench_raw where leased_until is null")
+            .fetch_one(&pool)
+            .await?;
+    let waiting = waiting as u64;
     println!(
-        "raw-sql batch={batch} workers={workers} jobs={jobs} seconds={seconds:.1} jobs_per_s={:.0}",
+        "raw-sql batch={batch} workers={workers} jobs={jobs} seconds={seconds:.1} jobs_per_s={:.0} waiting={waiting}",
         jobs as f64 / seconds
     );
     sqlx::query("drop table leaseq_bench_raw")
         .execute(&pool)
         .await?;
     pool.close().await;
-    Ok(Outcome { jobs, seconds, cpu })
+    Ok(Outcome {
+        jobs,
+        seconds,
+        cpu,
+        waiting,
+    })
+}
+
+/// Inserts `n` waiting rows (--raw-backlog), in statements of 10,000, and
+/// vacuums the table so that the run starts from fresh statistics.
+async fn prefill(pool: &sqlx::PgPool, n: u64, size: usize) -> anyhow::Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(10_000);
+        sqlx::query(
+            "insert into leaseq_bench_raw (payload)
+             select $1 from generate_series(1, $2::int8)",
+        )
+        .bind(vec![b'x'; size])
+        .bind(k as i64)
+        .execute(pool)
+        .await?;
+        left -= k;
+    }
+    sqlx::query("vacuum analyze leaseq_bench_raw")
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// One insert / lease / delete round of `batch` jobs; returns the jobs done.

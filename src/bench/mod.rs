@@ -169,6 +169,12 @@ pub struct BenchArgs {
     /// Jobs enqueued before measuring, for `backlog`.
     #[arg(long, default_value_t = 1_000_000)]
     pub backlog: u64,
+    /// `baseline`: rows inserted before measuring and left waiting at the
+    /// head of its table, so that the raw loop leases from a backlog as the
+    /// stream run with its default --max-backlog does. 0: none (the loop's
+    /// table then holds only its workers' batches).
+    #[arg(long, default_value_t = 0)]
+    pub raw_backlog: u64,
     /// Queue name (a fresh one per run by default).
     #[arg(long)]
     pub queue: Option<String>,

@@ -50,6 +50,9 @@ pub struct Summary {
     pub rate: Option<u64>,
     /// Jobs per EnqueueBatch, or per raw-SQL transaction.
     pub batch: Option<usize>,
+    /// `Baseline`: rows waiting in the raw loop's table when the run ended
+    /// (its --raw-backlog, plus the rows of any last batch not leased).
+    pub waiting: Option<u64>,
     /// With `--compare`: the raw-SQL baseline and jobs_per_s / baseline.
     pub baseline_jobs_per_s: Option<f64>,
     pub ratio: Option<f64>,
