@@ -387,6 +387,52 @@ async fn credit_changes_on_the_stream_are_honoured() {
     assert_eq!(payload_of(&s.next_delivery(S5).await), "6");
 }
 
+/// A stream's credit comes back when its ack arrives, not when the ack
+/// commits: with one credit, the next job is delivered while the ack of the
+/// first is still held up (here by a row lock a test transaction holds on
+/// it). The ack then commits as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_comes_back_when_the_ack_arrives_not_when_it_commits() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    c.enqueue_batch(pb::EnqueueBatchRequest {
+        jobs: (0..2).map(|i| job("early", &i.to_string())).collect(),
+    })
+    .await
+    .unwrap();
+    let mut s = Consumer::open(&mut c, &["early"], 1, Some(secs(30)), true).await;
+    let first = s.next_delivery(S5).await;
+    s.assert_quiet(ms(300), "one credit").await;
+
+    let mut lock = db.pool.begin().await.unwrap();
+    sqlx::query("select 1 from leaseq.jobs where id = $1::uuid for update")
+        .bind(id_of(&first))
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    s.ack(&first).await;
+    let second = s.next_delivery(S5).await;
+    assert_ne!(id_of(&second), id_of(&first));
+    // The first job's ack is still waiting for the lock: not committed.
+    let still: i64 = sqlx::query_scalar("select count(*) from leaseq.jobs where id = $1::uuid")
+        .bind(id_of(&first))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        still, 1,
+        "the first ack committed before the lock was let go"
+    );
+
+    lock.rollback().await.unwrap();
+    let r = s.result(S5).await;
+    assert_eq!((r.code, r.job_id.as_str()), (0, id_of(&first).as_str()));
+    s.ack(&second).await;
+    assert_eq!(s.result(S5).await.code, 0);
+    assert_eq!(db.live_jobs().await, 0);
+}
+
 /// The ack linger (a second here) holds a stream's ack for company only
 /// while the stream has credit to spare. An ack that frees a stream's last
 /// credit commits at once: the stream's next delivery waits on it, and a

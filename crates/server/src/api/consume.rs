@@ -58,6 +58,9 @@ struct Held {
     /// Jobs the client acked or nacked on the stream (well-formed entries
     /// only, whatever their outcome).
     settled: AtomicU64,
+    /// Jobs acked on the stream whose ack statement has not answered yet:
+    /// the dispatcher counts them against the stream's credit until then.
+    acking: AtomicU64,
 }
 
 impl Held {
@@ -264,14 +267,32 @@ impl Reader {
             }
         }
         // An ack may wait for company (the ack linger) only while the
-        // stream has credit to spare: an ack that frees the stream's last
-        // credit holds back its next delivery, so it runs at once. (A
-        // consumer taking one job at a time would otherwise wait the linger
-        // for every job.)
+        // stream has credit to spare: a consumer with all its credit in use
+        // (one taking one job at a time, say) has its acks confirmed at
+        // once, not a linger later. Its next delivery does not wait for
+        // either: the credit comes back below, as the ack arrives.
         let linger = self.held.jobs() < u64::from(self.credit);
-        self.held
-            .settled
-            .fetch_add(valid.len() as u64, Ordering::Relaxed);
+        let n = valid.len() as u64;
+        self.held.settled.fetch_add(n, Ordering::Relaxed);
+        let acking = self.held.acking.fetch_add(n, Ordering::Relaxed) + n;
+        // The consumer is done with these jobs, so their credit comes back
+        // now, not when the ack commits, as a RabbitMQ channel frees a
+        // prefetch slot when the ack arrives (a lingering ack would
+        // otherwise hold it 12 ms more; flat out, the streams then fall
+        // behind and a backlog builds up in the table: docs/BENCHMARKS.md,
+        // "Credit back when the ack arrives"). Only while the acks not yet
+        // committed hold a sixteenth of the stream's credit or more: below
+        // that the dispatcher's count is nearly right, and at light load an
+        // early return would cost it a wake-up per ack. (Waiting until half
+        // the credit is taken instead lost the gain flat out.) The commit's
+        // own return is then a no-op, and credit is kept per lease token, so
+        // an ack with a stale token frees nothing.
+        if 16 * acking >= u64::from(self.credit) {
+            self.broker
+                .dispatcher()
+                .settled(valid.iter().map(|(_, r)| (r.job_id, r.token)).collect());
+        }
+        let held = self.held.clone();
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
         let spans = self.traces.settles(
             "Consume",
@@ -286,6 +307,7 @@ impl Reader {
                 } else {
                     broker.ack_many(reqs).await
                 };
+                held.acking.fetch_sub(n, Ordering::Relaxed);
                 match &outcomes {
                     Ok(r) => spans
                         .into_iter()
