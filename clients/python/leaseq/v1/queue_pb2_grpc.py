@@ -126,8 +126,8 @@ class QueueServiceServicer(object):
         Responses carry deliveries and heartbeats as Subscribe does, plus one
         SettleResult for every settle that failed (and, with `confirm_settles`,
         for every one that succeeded). Fencing, flow control and release on close
-        are those of Subscribe, except that an ack's credit comes back when the
-        ack arrives, not when it commits. When the client half-closes its side,
+        are those of Subscribe, except that an ack's credit can come back as the
+        ack arrives, before it commits. When the client half-closes its side,
         the broker settles what it was sent, releases the stream's unsettled jobs
         and ends the stream with OK.
         """
