@@ -435,9 +435,8 @@ async fn credit_comes_back_when_the_ack_arrives_not_when_it_commits() {
 
 /// The ack linger (a second here) holds a stream's ack for company only
 /// while the stream has credit to spare. An ack that frees a stream's last
-/// credit commits at once: the stream's next delivery waits on it, and a
-/// consumer taking one job at a time would otherwise wait the linger for
-/// every job.
+/// credit commits at once: a consumer taking one job at a time would
+/// otherwise see each ack confirmed a linger later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_waits_for_company_only_while_its_stream_has_credit_to_spare() {
     let db = TestDb::new().await;

@@ -115,25 +115,20 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
     })
 }
 
-/// Inserts `n` waiting rows (--raw-backlog), in statements of 10,000, and
-/// vacuums the table so that the run starts from fresh statistics.
+/// Inserts `n` waiting rows (--raw-backlog) and vacuums the table so that
+/// the run starts from fresh statistics.
 async fn prefill(pool: &sqlx::PgPool, n: u64, size: usize) -> anyhow::Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let mut left = n;
-    while left > 0 {
-        let k = left.min(10_000);
-        sqlx::query(
-            "insert into leaseq_bench_raw (payload)
-             select $1 from generate_series(1, $2::int8)",
-        )
-        .bind(vec![b'x'; size])
-        .bind(k as i64)
-        .execute(pool)
-        .await?;
-        left -= k;
-    }
+    sqlx::query(
+        "insert into leaseq_bench_raw (payload)
+         select $1 from generate_series(1, $2::int8)",
+    )
+    .bind(vec![b'x'; size])
+    .bind(n as i64)
+    .execute(pool)
+    .await?;
     sqlx::query("vacuum analyze leaseq_bench_raw")
         .execute(pool)
         .await?;

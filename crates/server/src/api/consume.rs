@@ -46,6 +46,10 @@ const RESULTS_BACKLOG: usize = 256;
 /// Settle tasks one stream may have under way; past it the stream's next
 /// request is read only when one finishes.
 const MAX_PENDING_SETTLES: usize = 1024;
+/// An ack's credit goes back to the dispatcher as the ack arrives once the
+/// stream's acks not yet committed hold 1/EARLY_CREDIT_SHARE of its credit
+/// (`Reader::acks`; docs/BENCHMARKS.md, "Credit back when the ack arrives").
+const EARLY_CREDIT_SHARE: u64 = 16;
 
 /// How many jobs a stream has been sent and how many of them its client has
 /// settled on it since: what the stream holds, as the reader can tell it.
@@ -287,7 +291,7 @@ impl Reader {
         // the credit is taken instead lost the gain flat out.) The commit's
         // own return is then a no-op, and credit is kept per lease token, so
         // an ack with a stale token frees nothing.
-        if 16 * acking >= u64::from(self.credit) {
+        if EARLY_CREDIT_SHARE * acking >= u64::from(self.credit) {
             self.broker
                 .dispatcher()
                 .settled(valid.iter().map(|(_, r)| (r.job_id, r.token)).collect());
