@@ -7,7 +7,7 @@
 #   env:   RUNS="stream enq64" (the runs of each round; also unary (the
 #          stream run with unary Acks), keepup (the stream run with
 #          --max-backlog 500, under the streams' credit; keepupN: with
-#          --max-backlog N), lat1000 and
+#          --max-backlog N; ukeepupN: the same with unary Acks), lat1000 and
 #          lat100: latency at that rate, --consumers 2, 20 s, with its p50
 #          and p99 in the line; one1000: the same with one credit per
 #          stream)
@@ -30,6 +30,7 @@ for r in $(seq $ROUNDS); do for V in A B; do
       stream) args="--duration 15" ;;
       unary) args="--duration 15 --ack unary" ;;
       keepup*) n=${s#keepup}; args="--duration 15 --max-backlog ${n:-500}" ;;
+      ukeepup*) n=${s#ukeepup}; args="--duration 15 --ack unary --max-backlog ${n:-500}" ;;
       enq64) args="--scenario enqueue --producers 64 --duration 10" ;;
       lat*) args="--scenario latency --rate ${s#lat} --consumers 2 --duration 20" ;;
       one*) args="--scenario latency --rate ${s#one} --consumers 2 --max-in-flight 1 --duration 20" ;;

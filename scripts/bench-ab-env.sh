@@ -15,7 +15,7 @@ BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}
 mkdir -p "$OUT"
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
-pkill -f 'leaseq serve'; sleep 1
+pkill -f 'leaseq[^ ]* serve'; sleep 1
 embedded_broker /tmp/ab-env-pg 127.0.0.1:50061 "$OUT/owner.log"
 $BIN bench --addr http://127.0.0.1:50061 --duration 15 --json >/dev/null 2>&1
 psql -qX "$U" -c checkpoint

@@ -18,7 +18,7 @@ FLOOR=${FLOOR:-$ROOT/target/release/examples/floor_broker}
 mkdir -p "$OUT"
 # shellcheck source=scripts/bench-lib.sh
 . "$ROOT/scripts/bench-lib.sh"
-pkill -f 'leaseq serve'; pkill -f floor_broker; sleep 1
+pkill -f 'leaseq[^ ]* serve'; pkill -f floor_broker; sleep 1
 warmed_broker /tmp/leaseq-bench-floor-pg 127.0.0.1:50061 "$OUT/broker.log"
 DATABASE_URL=$U LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn "$BIN" serve >"$OUT/brokerB.log" 2>&1 &
 B_PID=$!

@@ -1,15 +1,30 @@
 # Sourced by the bench scripts: start a broker on a fresh durable embedded
 # cluster and learn its database.
+
+# Stops the script if something already listens on ADDR (host:port): a
+# broker left from an earlier run would answer in place of the one started,
+# on another database.
 #
+#   port_free ADDR
+port_free() {
+    if ss -ltnH "( sport = :${1##*:} )" | grep -q .; then
+        echo "port_free: ${1} is in use:" >&2
+        ss -ltnpH "( sport = :${1##*:} )" >&2
+        exit 1
+    fi
+}
+
 #   embedded_broker DIR ADDR LOG [ENV=VALUE ...]
 #
 # Removes DIR, starts `$BIN serve` with LEASEQ_DATA_DIR=DIR on ADDR (extra
 # environment from the arguments), waits for the cluster's socket, and sets
 # A_PID (the broker), U (a URL for the database), PM (the postmaster's pid).
+# Stops the script if ADDR is in use (port_free).
 
 embedded_broker() {
     local dir=$1 addr=$2 log=$3
     shift 3
+    port_free "$addr"
     rm -rf "$dir"
     env "$@" LEASEQ_DATA_DIR="$dir" LEASEQ_LISTEN="$addr" RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve >"$log" 2>&1 &
     A_PID=$!

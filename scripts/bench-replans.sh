@@ -8,7 +8,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=${BIN:-$ROOT/target/release/leaseq}; D=/tmp/leaseq-bench-replans-pg
 PGB=${LEASEQ_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
-pkill -f 'leaseq serve'; sleep 1; runuser -u postgres -- $PGB/pg_ctl -D $D/data stop -m fast >/dev/null 2>&1; rm -rf $D
+pkill -f 'leaseq[^ ]* serve'; sleep 1; runuser -u postgres -- $PGB/pg_ctl -D $D/data stop -m fast >/dev/null 2>&1; rm -rf $D
 LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50061 RUST_LOG=warn timeout 8 $BIN serve > "$D.broker.log" 2>&1; sleep 1
 runuser -u postgres -- $PGB/pg_ctl -D $D/data -l $D/pg2.log -o "-k $D/run -c listen_addresses= -c max_connections=300 -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on" start -w >/dev/null
 U="postgres://leaseq@localhost:5432/leaseq?host=$D/run"

@@ -17,8 +17,16 @@ mkdir -p "$OUT"; log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)]
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
 D=/tmp/sit-pg
-pkill -f 'leaseq serve' ; sleep 1
+RB=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}/release/rabbit-bench
+# RabbitMQ's load tool, built before anything is measured (a new machine has
+# none; run.sh builds it the same way).
+if [ -z "${NO_RABBIT:-}" ]; then
+  (cd "$ANCHORS/rabbitmq" && CARGO_TARGET_DIR=$(dirname "$(dirname "$RB")") cargo build --release -q) \
+    || { echo "cannot build $RB (set NO_RABBIT=1 to skip RabbitMQ)"; exit 1; }
+fi
+pkill -f 'leaseq[^ ]* serve' ; sleep 1
 embedded_broker $D 127.0.0.1:50061 "$OUT/brokerA.log"
+port_free 127.0.0.1:50062
 DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > "$OUT/brokerB.log" 2>&1 &
 B_PID=$!
 C_PID=
@@ -62,6 +70,11 @@ fb ""
 floor 1000
 b tp-stream --addr $A --duration 15 $CPU
 b tp-unary --addr $A --duration 15 --ack unary $CPU
+# Unary Acks with at most 500 jobs outstanding. RabbitMQ's quorum run keeps
+# about as many messages in flight: its producers stop at 100 unconfirmed
+# each. With the default backlog the unary consumers fall behind, and every
+# job is leased from the table ("Unary Acks and the backlog").
+b tp-unary-keepup --addr $A --duration 15 --ack unary --max-backlog 500 $CPU
 b tp-batch --addr $A --duration 15 --ack batch $CPU
 b enqueue-64 --addr $A --scenario enqueue --producers 64 --duration 10 $CPU
 # The gRPC call alone (a health check answered from memory) at about the
@@ -97,10 +110,10 @@ if [ -z "${NO_RABBIT:-}" ]; then
   kill $A_PID $B_PID $C_PID; sleep 3; pkill -f "postgres -D $D/data"; sleep 2
   log "rabbitmq start"; rabbitmq-server -detached; sleep 5; rabbitmqctl -q await_startup --timeout 60
   RPID=$(ps -C beam.smp -o pid=,rss= --sort=-rss | head -1 | awk '{print $1}'); log "beam pid $RPID"
-  RB=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}/release/rabbit-bench
   cput() { awk '{print $14+$15}' /proc/$RPID/stat; }
   one() { local name=$1; shift; sleep 3; log "rabbit $name"; local c0 line c1
     c0=$(cput); line=$("$RB" --duration 15 --payload-bytes 100 --prefetch 100 "$@" 2>/dev/null | tail -1); c1=$(cput)
+    [ -n "$line" ] || { log "rabbit $name: no result"; return; }
     echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='$name'; d['beam_cpu_s']=($c1-$c0)/100; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"; }
   one quorum-4x4      --queue-type quorum  throughput --producers 4 --consumers 4 --confirm-window 100
   one classic-4x4     --queue-type classic throughput --producers 4 --consumers 4 --confirm-window 100
@@ -140,5 +153,9 @@ for name, pattern in [("deep backlog", r"tp-stream(-\d)?"), ("keep-up", r"tp-str
     print(f"stream acks, {name}: median {m:,.0f} jobs/s = {m / raw:.2f} x raw SQL (median {raw:,.0f}){q}")
     if name == "deep backlog" and raw_backlog:
         print(f"stream acks, deep backlog: {m / raw_backlog:.2f} x raw SQL with a backlog of 9,000 (median {raw_backlog:,.0f})")
+for name, pattern in [("default backlog", r"tp-unary"), ("keep-up", r"tp-unary-keepup")]:
+    m = median(pattern)
+    if m is not None and quorum:
+        print(f"unary acks, {name}: {m:,.0f} jobs/s = {m / quorum:.2f} x quorum ({quorum:,.0f})")
 PY
 log done

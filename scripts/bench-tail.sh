@@ -19,7 +19,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=${BIN:-$ROOT/target/release/leaseq}
 mkdir -p "$OUT"
 # shellcheck source=scripts/bench-lib.sh
 . "$ROOT/scripts/bench-lib.sh"
-D=/tmp/leaseq-bench-tail-pg; pkill -f 'leaseq serve'; sleep 1
+D=/tmp/leaseq-bench-tail-pg; pkill -f 'leaseq[^ ]* serve'; sleep 1
 # shellcheck disable=SC2086 # BENV: a list of VAR=value
 RUST_LOG=warn,leaseq_server::maintenance=debug embedded_broker $D 127.0.0.1:50061 "$OUT/broker.log" \
     LEASEQ_LOG_FORMAT=json ${BENV:-}
