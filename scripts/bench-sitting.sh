@@ -17,11 +17,11 @@ mkdir -p "$OUT"; log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)]
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
 D=/tmp/sit-pg
-RB=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}/release/rabbit-bench
+RT=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}; RB=$RT/release/rabbit-bench
 # RabbitMQ's load tool, built before anything is measured (a new machine has
 # none; run.sh builds it the same way).
 if [ -z "${NO_RABBIT:-}" ]; then
-  (cd "$ANCHORS/rabbitmq" && CARGO_TARGET_DIR=$(dirname "$(dirname "$RB")") cargo build --release -q) \
+  (cd "$ANCHORS/rabbitmq" && CARGO_TARGET_DIR=$RT cargo build --release -q) \
     || { echo "cannot build $RB (set NO_RABBIT=1 to skip RabbitMQ)"; exit 1; }
 fi
 pkill -f 'leaseq[^ ]* serve' ; sleep 1
