@@ -22,6 +22,13 @@ use crate::store::{Enqueued, FailReq, Store};
 
 /// Most rows one group-commit statement carries.
 const MAX_BATCH_ROWS: usize = 2000;
+/// With an insert statement running, a second one starts only once this
+/// many rows wait (see [`Batcher::with_spill`]). Single Enqueue calls then
+/// share one statement and one commit instead of splitting over two, which
+/// on a 2-core machine cut PostgreSQL's work per job by a quarter for 64
+/// single-Enqueue clients; EnqueueBatch calls of 100 jobs or more still
+/// overlap (docs/BENCHMARKS.md, "Enqueue statements in flight").
+const ENQUEUE_SPILL_ROWS: usize = 100;
 pub struct Broker {
     clusters: Clusters,
     dispatcher: Dispatcher,
@@ -60,6 +67,7 @@ impl Lane {
                 |r: &Vec<NewJob>| r.len(),
                 move |reqs| enqueue(dispatcher.clone(), store.clone(), known.clone(), reqs),
             )
+            .with_spill(ENQUEUE_SPILL_ROWS)
         };
         let ack = {
             let settle = settle.clone();

@@ -56,6 +56,11 @@ struct Inner<Req, Resp> {
     /// One permit per statement that may run at once (this batcher's share
     /// of the database connections).
     slots: Arc<Semaphore>,
+    /// How many statements may run at once (the permits of `slots`).
+    concurrency: usize,
+    /// With a statement running, another starts only once this many rows
+    /// wait (0: whenever a slot is free). See [`Batcher::with_spill`].
+    spill_rows: usize,
     next_call: AtomicU64,
     /// How long a request that finds the batcher idle waits for company
     /// when its caller asked to linger (see [`Batcher::call_lingering`]).
@@ -95,6 +100,8 @@ where
                 exec: Box::new(move |reqs| Box::pin(exec(reqs))),
                 queue: Mutex::new(VecDeque::new()),
                 slots: Arc::new(Semaphore::new(concurrency.max(1))),
+                concurrency: concurrency.max(1),
+                spill_rows: 0,
                 next_call: AtomicU64::new(0),
                 linger: std::time::Duration::ZERO,
                 lingering: std::sync::atomic::AtomicBool::new(false),
@@ -109,6 +116,20 @@ where
         Arc::get_mut(&mut self.inner)
             .expect("set before the batcher is shared")
             .linger = linger;
+        self
+    }
+
+    /// Sets how many rows must wait before a second statement runs beside
+    /// one already running (0, the default: as soon as a slot is free).
+    /// Small requests then share the running statement's successor instead
+    /// of paying a commit of their own: on a 2-core machine two commits of
+    /// a few rows each cost more than one of twice as many, while large
+    /// batches gain from overlapping (docs/BENCHMARKS.md, "Enqueue
+    /// statements in flight").
+    pub fn with_spill(mut self, rows: usize) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("set before the batcher is shared")
+            .spill_rows = rows;
         self
     }
 
@@ -128,7 +149,7 @@ where
         {
             return self.call(req).await;
         }
-        let (_, rx) = self.inner.queue_up(req);
+        let (_, rx, _) = self.inner.queue_up(req);
         if !self.inner.lingering.load(Ordering::Acquire)
             && let Ok(slot) = self.inner.slots.clone().try_acquire_owned()
             && !self.inner.lingering.swap(true, Ordering::AcqRel)
@@ -157,8 +178,10 @@ where
 
     /// Queues one request and waits for its result.
     pub async fn call(&self, req: Req) -> Result<Resp> {
-        let (call, rx) = self.inner.queue_up(req);
-        if let Ok(slot) = self.inner.slots.clone().try_acquire_owned() {
+        let (call, rx, waiting) = self.inner.queue_up(req);
+        if self.inner.may_start(waiting)
+            && let Ok(slot) = self.inner.slots.clone().try_acquire_owned()
+        {
             let mut slot = Slot {
                 inner: self.inner.clone(),
                 permit: Some(slot),
@@ -177,8 +200,9 @@ where
             }
             // Dropping `slot` hands it to whatever queued meanwhile.
         }
-        // Otherwise a statement is running for each slot, and whichever ends
-        // first takes ours.
+        // Otherwise a statement is running for each slot (or one is, and too
+        // few rows wait to start another), and whichever ends first takes
+        // ours: a running statement's slot, given back, runs what queued.
         rx.await.map_err(|_| Error::Internal("batch dropped"))?
     }
 }
@@ -188,15 +212,34 @@ where
     Req: Send + 'static,
     Resp: Send + 'static,
 {
-    /// Queues a request: its call number and where its result will come.
-    fn queue_up(&self, req: Req) -> (u64, oneshot::Receiver<Result<Resp>>) {
+    /// Queues a request: its call number, where its result will come, and
+    /// the rows now waiting (counted up to `spill_rows` only).
+    fn queue_up(&self, req: Req) -> (u64, oneshot::Receiver<Result<Resp>>, usize) {
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        self.queue
-            .lock()
-            .expect("poisoned")
-            .push_back(Queued { call, req, reply });
-        (call, rx)
+        let mut queue = self.queue.lock().expect("poisoned");
+        queue.push_back(Queued { call, req, reply });
+        let mut waiting = 0;
+        if self.spill_rows > 0 {
+            for q in queue.iter() {
+                waiting += (self.weight)(&q.req);
+                if waiting >= self.spill_rows {
+                    break;
+                }
+            }
+        }
+        (call, rx, waiting)
+    }
+
+    /// Whether a caller whose request left `waiting` rows queued may start
+    /// a statement: always when none runs, and beside a running one only
+    /// once enough rows wait. Sound against a lost wake-up: the running
+    /// statement we saw gives its slot back after our request was queued,
+    /// and then runs what is queued.
+    fn may_start(&self, waiting: usize) -> bool {
+        self.spill_rows == 0
+            || waiting >= self.spill_rows
+            || self.slots.available_permits() == self.concurrency
     }
 
     /// Takes the queued requests, up to `max_rows` rows (at least one).
@@ -416,6 +459,57 @@ mod tests {
             .expect("the queued call is served after the slot is dropped")
             .unwrap();
         assert_eq!(r.unwrap(), 2);
+    }
+
+    /// With a spill of 3 rows: small requests queue behind the running
+    /// statement and share the next one; a request that brings the rows
+    /// waiting to 3 starts a second statement at once.
+    #[tokio::test(start_paused = true)]
+    async fn small_requests_wait_for_the_running_statement_until_the_spill() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let b: Batcher<Vec<u32>, usize> = Batcher::new(
+            "test",
+            100,
+            2,
+            |r: &Vec<u32>| r.len(),
+            move |reqs: Vec<Vec<u32>>| {
+                seen.lock().unwrap().push(reqs.concat());
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(reqs.into_iter().map(|r| Ok(r.len())).collect())
+                }
+            },
+        )
+        .with_spill(3);
+        let call = |rows: Vec<u32>| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                b.call(rows).await.unwrap();
+                started.elapsed()
+            })
+        };
+        let tick = || tokio::time::sleep(Duration::from_millis(1));
+        // One row runs at once; two more, one at a time, wait for it (with
+        // spill 0 the first of them would take the free slot).
+        let first = call(vec![1]);
+        tick().await;
+        let (second, third) = (call(vec![2]), call(vec![3]));
+        assert_eq!(first.await.unwrap(), Duration::from_millis(50));
+        assert!(second.await.unwrap() > Duration::from_millis(50));
+        third.await.unwrap();
+        assert_eq!(*batches.lock().unwrap(), [vec![1], vec![2, 3]]);
+        // Beside a running statement, three rows waiting start another.
+        let running = call(vec![4]);
+        tick().await;
+        let big = call(vec![5, 6, 7]);
+        assert_eq!(big.await.unwrap(), Duration::from_millis(50));
+        running.await.unwrap();
+        assert_eq!(
+            *batches.lock().unwrap(),
+            [vec![1], vec![2, 3], vec![4], vec![5, 6, 7]]
+        );
     }
 
     #[tokio::test]
