@@ -4,7 +4,9 @@
 # CHECKPOINT), owned by an idle broker; the same load generator for all.
 #   usage: scripts/bench-ab-env.sh OUTDIR ROUNDS VAR "VALUE_A VALUE_B ..."
 #   env:   RATES="1000 100" (latency runs, --consumers 2), DUR=20,
-#          THROUGHPUT=1 (also a flat-out stream run of TP_DUR=15 s per round)
+#          THROUGHPUT=1 (also a flat-out stream run of TP_DUR=15 s per round),
+#          ENQ64=1 (also 64 single-Enqueue clients for 10 s, run `enq64`),
+#          UNARY=1 (also a flat-out run with unary Acks, run `unary`)
 #   e.g.   scripts/bench-ab-env.sh /tmp/ab 2 LEASEQ_ACK_LINGER "0s 1ms"
 # Appends one JSON line per run to OUTDIR/results.jsonl, `run` naming the
 # value, the rate (or `full`) and the round, `commits_per_job` the
@@ -44,6 +46,16 @@ for r in $(seq "$ROUNDS"); do for v in $VALUES; do
     C0=$(commits)
     $BIN bench --json --payload-bytes 100 --addr http://127.0.0.1:50062 --duration "${TP_DUR:-15}" \
       --broker-pid $BP --postgres-pid "$PM" 2>/dev/null | tail -1 | tag "$v-full-$r" | tee -a "$OUT/results.jsonl"
+  fi
+  if [ -n "${ENQ64:-}" ]; then
+    C0=$(commits)
+    $BIN bench --json --payload-bytes 100 --addr http://127.0.0.1:50062 --scenario enqueue --producers 64 \
+      --duration 10 --broker-pid $BP --postgres-pid "$PM" 2>/dev/null | tail -1 | tag "$v-enq64-$r" | tee -a "$OUT/results.jsonl"
+  fi
+  if [ -n "${UNARY:-}" ]; then
+    C0=$(commits)
+    $BIN bench --json --payload-bytes 100 --addr http://127.0.0.1:50062 --duration "${TP_DUR:-15}" --ack unary \
+      --broker-pid $BP --postgres-pid "$PM" 2>/dev/null | tail -1 | tag "$v-unary-$r" | tee -a "$OUT/results.jsonl"
   fi
   kill $BP; wait $BP 2>/dev/null; sleep 1
 done; done

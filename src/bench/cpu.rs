@@ -110,3 +110,36 @@ pub fn own_rss_kb() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The host's speed, as the CPU time this thread takes for a fixed piece of
+/// work (about a millisecond on an idle 2-core VM): it grows when the CPU
+/// runs slower for reasons outside the processes measured — a hypervisor
+/// taking the vCPU (this machine reports no steal time), a slower clock, a
+/// neighbour's cache traffic. Sampled beside a soak, it tells a slower host
+/// from a slower broker: both show as fewer jobs per second, only the host
+/// as a slower probe (docs/BENCHMARKS.md, "The soak on the new host").
+pub fn host_probe() -> Option<std::time::Duration> {
+    let t0 = thread_cpu()?;
+    let mut buf = vec![0u64; 32 * 1024]; // 256 KiB: in L2, not L1
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 0..400_000usize {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let j = (x as usize) & (buf.len() - 1);
+        buf[j] = buf[j].wrapping_add(x ^ i as u64);
+    }
+    std::hint::black_box(&buf);
+    thread_cpu()?.checked_sub(t0)
+}
+
+/// This thread's CPU time.
+fn thread_cpu() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}

@@ -428,7 +428,10 @@ impl Bench {
             _ => None,
         };
         let c = &self.shared.counters;
-        let mut report = (Instant::now(), 0u64);
+        let cpu_now = || CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid);
+        let mut report = (Instant::now(), 0u64, cpu_now());
+        // The host probe's samples since the last report (one a second).
+        let mut probes: Vec<Duration> = Vec::new();
         let mut last = (Instant::now(), 0u64);
         loop {
             let now = Instant::now();
@@ -437,20 +440,32 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_secs(1).min(w.deadline - now)).await;
             let done = self.done();
+            if self.args.report_every.is_some()
+                && let Ok(Some(d)) = tokio::task::spawn_blocking(cpu::host_probe).await
+            {
+                probes.push(d);
+            }
             // (Half a second of slack: the last sleep of the window is cut
             // short at the deadline, and the last interval still counts.)
             if let Some(every) = self.args.report_every
                 && report.0.elapsed() + Duration::from_millis(500) >= Duration::from_secs(every)
             {
                 let rate = (done - report.1) as f64 / report.0.elapsed().as_secs_f64();
-                report = (Instant::now(), done);
+                let cpu = cpu_now();
+                let per_job = cpu.since(&report.2).per_job(done - report.1);
+                report = (Instant::now(), done, cpu);
                 let size = match &report_pool {
                     Some(pool) => jobs_table_size(pool).await,
                     None => "n/a".into(),
                 };
+                let probe = mean_us(&std::mem::take(&mut probes));
                 eprintln!(
-                    "\nreport t={:.0}s jobs_per_s={rate:.0} jobs_table={size}",
-                    w.started.elapsed().as_secs_f64()
+                    "\nreport t={:.0}s jobs_per_s={rate:.0} jobs_table={size} \
+                     cpu_us_per_job broker={} client={} postgres={} host_probe_us={probe}",
+                    w.started.elapsed().as_secs_f64(),
+                    or_na(per_job.broker),
+                    or_na(per_job.client),
+                    or_na(per_job.postgres),
                 );
             }
             let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
@@ -470,6 +485,19 @@ impl Bench {
         }
         Ok(())
     }
+}
+
+/// The mean of the host probe's samples, in µs ("n/a" for none).
+fn mean_us(samples: &[Duration]) -> String {
+    if samples.is_empty() {
+        return "n/a".into();
+    }
+    let total: Duration = samples.iter().sum();
+    format!("{:.0}", total.as_secs_f64() * 1e6 / samples.len() as f64)
+}
+
+fn or_na(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".into(), |v| v.to_string())
 }
 
 async fn jobs_table_size(pool: &sqlx::PgPool) -> String {

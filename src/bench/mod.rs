@@ -142,8 +142,11 @@ pub struct BenchArgs {
     /// Several (comma-separated or repeated): their sum (clusters).
     #[arg(long, value_delimiter = ',')]
     pub postgres_pid: Vec<u32>,
-    /// Print a line with the rate of the last N seconds (and, with
-    /// --database-url, the size of leaseq.jobs) every N seconds: for soaks.
+    /// Print a line with the rate of the last N seconds every N seconds,
+    /// for soaks: with the CPU per job over those seconds (as at the end of
+    /// a run), the size of leaseq.jobs (with --database-url), and the host
+    /// probe, this machine's speed: the mean CPU time of a fixed piece of
+    /// work run once a second (more µs: a slower host).
     #[arg(long)]
     pub report_every: Option<u64>,
     /// Credits per consumer stream.
