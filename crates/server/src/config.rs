@@ -22,7 +22,8 @@ pub struct Config {
     /// Group-commit statements in flight at once per kind (enqueue, ack,
     /// nack, extend). Fewer means larger batches (less PostgreSQL work per
     /// job) under load; more lets more commits overlap. An idle broker runs
-    /// each call's statement at once either way.
+    /// each call's statement at once either way. Enqueues start a second
+    /// statement beside a running one only once 100 rows wait.
     pub batch_concurrency: usize,
     /// How long an ack sent on a Consume stream that finds its batcher idle
     /// waits for others to share its commit. The sender does not wait on it
