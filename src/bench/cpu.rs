@@ -111,16 +111,20 @@ pub fn own_rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// The host's speed, as the CPU time this thread takes for a fixed piece of
-/// work (about a millisecond on an idle 2-core VM): it grows when the CPU
-/// runs slower for reasons outside the processes measured — a hypervisor
-/// taking the vCPU (this machine reports no steal time), a slower clock, a
-/// neighbour's cache traffic. Sampled beside a soak, it tells a slower host
+/// The host's speed, as the CPU time this thread takes for two fixed pieces
+/// of work: one in a 256 KiB buffer (the core: about 0.8 ms on this 2-core
+/// VM), one chasing 50,000 dependent reads through 64 MiB (memory, about
+/// 6 ms: what a neighbour's cache and memory traffic slows). Each grows when
+/// the host runs slower for reasons outside the processes measured: a
+/// hypervisor taking the vCPU (this machine reports no steal time), a
+/// slower clock, a neighbour. Sampled beside a soak, it tells a slower host
 /// from a slower broker: both show as fewer jobs per second, only the host
 /// as a slower probe (docs/BENCHMARKS.md, "The soak on the new host").
-pub fn host_probe() -> Option<std::time::Duration> {
+pub fn host_probe() -> Option<(std::time::Duration, std::time::Duration)> {
+    use std::sync::{Mutex, OnceLock};
+    static MEMORY: OnceLock<Mutex<Vec<u64>>> = OnceLock::new();
     let t0 = thread_cpu()?;
-    let mut buf = vec![0u64; 32 * 1024]; // 256 KiB: in L2, not L1
+    let mut buf = vec![0u64; 32 * 1024];
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for i in 0..400_000usize {
         x ^= x << 13;
@@ -130,7 +134,26 @@ pub fn host_probe() -> Option<std::time::Duration> {
         buf[j] = buf[j].wrapping_add(x ^ i as u64);
     }
     std::hint::black_box(&buf);
-    thread_cpu()?.checked_sub(t0)
+    let t1 = thread_cpu()?;
+    // Written once, outside the timing: every page is mapped.
+    let memory = MEMORY.get_or_init(|| Mutex::new(vec![1u64; 8 << 20]));
+    let mut memory = memory.lock().unwrap_or_else(|e| e.into_inner());
+    let t2 = thread_cpu()?;
+    let mask = memory.len() - 1;
+    let mut j = 0usize;
+    for _ in 0..50_000 {
+        // The next address depends on the value just read: one read at a
+        // time, so the loop measures memory latency.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let v = memory[j];
+        memory[j] = v.wrapping_add(1);
+        j = ((x ^ v) as usize) & mask;
+    }
+    std::hint::black_box(j);
+    let t3 = thread_cpu()?;
+    Some((t1.checked_sub(t0)?, t3.checked_sub(t2)?))
 }
 
 /// This thread's CPU time.

@@ -430,8 +430,9 @@ impl Bench {
         let c = &self.shared.counters;
         let cpu_now = || CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid);
         let mut report = (Instant::now(), 0u64, cpu_now());
-        // The host probe's samples since the last report (one a second).
-        let mut probes: Vec<Duration> = Vec::new();
+        // The host probe's samples since the last report (one a second):
+        // the core's and the memory's.
+        let mut probes: Vec<(Duration, Duration)> = Vec::new();
         let mut last = (Instant::now(), 0u64);
         loop {
             let now = Instant::now();
@@ -458,10 +459,13 @@ impl Bench {
                     Some(pool) => jobs_table_size(pool).await,
                     None => "n/a".into(),
                 };
-                let probe = mean_us(&std::mem::take(&mut probes));
+                let (core, memory): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut probes).into_iter().unzip();
+                let (core, memory) = (mean_us(&core), mean_us(&memory));
                 eprintln!(
                     "\nreport t={:.0}s jobs_per_s={rate:.0} jobs_table={size} \
-                     cpu_us_per_job broker={} client={} postgres={} host_probe_us={probe}",
+                     cpu_us_per_job broker={} client={} postgres={} \
+                     host_probe_us core={core} memory={memory}",
                     w.started.elapsed().as_secs_f64(),
                     or_na(per_job.broker),
                     or_na(per_job.client),

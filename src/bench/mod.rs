@@ -145,8 +145,9 @@ pub struct BenchArgs {
     /// Print a line with the rate of the last N seconds every N seconds,
     /// for soaks: with the CPU per job over those seconds (as at the end of
     /// a run), the size of leaseq.jobs (with --database-url), and the host
-    /// probe, this machine's speed: the mean CPU time of a fixed piece of
-    /// work run once a second (more µs: a slower host).
+    /// probe, this machine's speed: the mean CPU time of two fixed pieces
+    /// of work run once a second, one for the core and one for memory
+    /// (more µs: a slower host).
     #[arg(long)]
     pub report_every: Option<u64>,
     /// Credits per consumer stream.
