@@ -429,7 +429,12 @@ impl Bench {
         };
         let c = &self.shared.counters;
         let cpu_now = || CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid);
-        let mut report = (Instant::now(), 0u64, cpu_now());
+        let mut report = (
+            Instant::now(),
+            0u64,
+            cpu_now(),
+            self.shared.latency.snapshot(),
+        );
         // The host probe's samples since the last report (one a second):
         // the core's and the memory's.
         let mut probes: Vec<(Duration, Duration)> = Vec::new();
@@ -454,7 +459,8 @@ impl Bench {
                 let rate = (done - report.1) as f64 / report.0.elapsed().as_secs_f64();
                 let cpu = cpu_now();
                 let per_job = cpu.since(&report.2).per_job(done - report.1);
-                report = (Instant::now(), done, cpu);
+                let p50 = self.shared.latency.p50_since(&report.3);
+                report = (Instant::now(), done, cpu, self.shared.latency.snapshot());
                 let size = match &report_pool {
                     Some(pool) => jobs_table_size(pool).await,
                     None => "n/a".into(),
@@ -463,10 +469,11 @@ impl Bench {
                     std::mem::take(&mut probes).into_iter().unzip();
                 let (core, memory) = (mean_us(&core), mean_us(&memory));
                 eprintln!(
-                    "\nreport t={:.0}s jobs_per_s={rate:.0} jobs_table={size} \
+                    "\nreport t={:.0}s jobs_per_s={rate:.0} delivery_p50_ms={} jobs_table={size} \
                      cpu_us_per_job broker={} client={} postgres={} \
                      host_probe_us core={core} memory={memory}",
                     w.started.elapsed().as_secs_f64(),
+                    or_na(p50),
                     or_na(per_job.broker),
                     or_na(per_job.client),
                     or_na(per_job.postgres),

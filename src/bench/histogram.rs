@@ -70,6 +70,19 @@ impl Hist {
         }
     }
 
+    /// A copy of what was recorded so far, for [`Hist::p50_since`].
+    pub fn snapshot(&self) -> Histogram<u64> {
+        self.0.lock().expect("poisoned").h.clone()
+    }
+
+    /// The p50, in ms, of what was recorded since `before` (a snapshot of
+    /// this histogram); `None` when nothing was.
+    pub fn p50_since(&self, before: &Histogram<u64>) -> Option<f64> {
+        let mut since = self.snapshot();
+        since.subtract(before).ok()?;
+        (!since.is_empty()).then(|| since.value_at_quantile(0.5) as f64 / 1000.0)
+    }
+
     #[cfg(test)]
     fn buckets(&self) -> usize {
         self.0.lock().expect("poisoned").h.distinct_values()
@@ -111,6 +124,26 @@ mod tests {
         assert_eq!(
             (p.p50, p.p99, p.max),
             (Some(1.234), Some(1.234), Some(1.234))
+        );
+    }
+
+    #[test]
+    fn p50_since_a_snapshot_counts_only_what_came_after() {
+        let s = Hist::default();
+        for _ in 0..1000 {
+            s.record_us(1_000);
+        }
+        let before = s.snapshot();
+        assert_eq!(s.p50_since(&before), None);
+        for _ in 0..10 {
+            s.record_us(50_000);
+        }
+        // The whole run's p50 is still 1 ms; the interval's is 50 ms.
+        assert!(close(s.percentiles().p50, 1.0));
+        assert!(
+            close(s.p50_since(&before), 50.0),
+            "{:?}",
+            s.p50_since(&before)
         );
     }
 }

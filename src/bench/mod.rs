@@ -143,7 +143,8 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub postgres_pid: Vec<u32>,
     /// Print a line with the rate of the last N seconds every N seconds,
-    /// for soaks: with the CPU per job over those seconds (as at the end of
+    /// for soaks: with the delivery p50 and the CPU per job over those
+    /// seconds (as at the end of
     /// a run), the size of leaseq.jobs (with --database-url), and the host
     /// probe, this machine's speed: the mean CPU time of two fixed pieces
     /// of work run once a second, one for the core and one for memory
