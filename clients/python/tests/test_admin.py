@@ -2,6 +2,7 @@
 
 import asyncio
 import datetime as dt
+import time
 
 import pytest
 from util import queue_name, run
@@ -52,6 +53,13 @@ def test_every_admin_call_sync(addr):
         assert [(j.id, j.state, j.dead_reason, j.last_error) for j in dead.items] == [
             (jb.id, "dead", "nacked", "broken")
         ]
+        # The subscription above is closed on our side; until the broker has
+        # seen it close, it may hand that stream the requeued job (then
+        # cancel_job would find it leased).
+        deadline = time.monotonic() + 10
+        while admin.get_queue(q).stats.streams > 0:
+            assert time.monotonic() < deadline, "stream never closed"
+            time.sleep(0.05)
         assert admin.requeue_dead_letters(q, ids=[jb.id]).requeued == 1
         assert admin.get_job(jb.id).state == "available"
         assert admin.cancel_job(jb.id) is False
