@@ -113,13 +113,15 @@ pub fn own_rss_kb() -> u64 {
 
 /// The host's speed, as the CPU time this thread takes for two fixed pieces
 /// of work: one in a 256 KiB buffer (the core: about 0.8 ms on this 2-core
-/// VM), one chasing 50,000 dependent reads through 64 MiB (memory, about
-/// 6 ms: what a neighbour's cache and memory traffic slows). Each grows when
-/// the host runs slower for reasons outside the processes measured: a
-/// hypervisor taking the vCPU (this machine reports no steal time), a
-/// slower clock, a neighbour. Sampled beside a soak, it tells a slower host
-/// from a slower broker: both show as fewer jobs per second, only the host
-/// as a slower probe (docs/BENCHMARKS.md, "The soak on the new host").
+/// VM under a soak), one chasing 50,000 dependent reads through 64 MiB
+/// (memory, about 10 ms: what a neighbour's cache and memory traffic
+/// slows). Each grows when the host runs slower for reasons outside the
+/// processes measured: a hypervisor taking the vCPU (this machine reports
+/// no steal time), a slower clock, a neighbour. Sampled beside a soak, it
+/// tells a slower host from a slower broker: both show as fewer jobs per
+/// second, only the host as a slower probe (docs/BENCHMARKS.md, "Three
+/// soaks alone, with the host probe"). Run once a second, it adds about
+/// 1 % of a core, and 64 MiB, to the load generator.
 pub fn host_probe() -> Option<(std::time::Duration, std::time::Duration)> {
     use std::sync::{Mutex, OnceLock};
     static MEMORY: OnceLock<Mutex<Vec<u64>>> = OnceLock::new();
