@@ -157,7 +157,8 @@ pub(crate) struct Core {
     queues: FastMap<QueueName, QueueState>,
     /// Which stream holds each job leased by this process.
     owner: FastMap<JobId, StreamId>,
-    /// Local lease deadlines, earliest first (stale entries are skipped).
+    /// Local lease deadlines, earliest first (stale entries are skipped,
+    /// and dropped in bulk by [`Core::push_deadline`]).
     deadlines: BinaryHeap<Reverse<(Instant, JobId)>>,
     poll_interval: Duration,
     next_poll: Instant,
@@ -371,7 +372,32 @@ impl Core {
             && let Some(f) = stream.inflight.get_mut(&id)
         {
             f.deadline = now + Duration::from_millis(lease_ms as u64);
-            self.deadlines.push(Reverse((f.deadline, id)));
+            let at = f.deadline;
+            self.push_deadline(at, id);
+        }
+    }
+
+    /// Pushes a lease deadline. A settled lease leaves its entry behind (a
+    /// heap cannot remove one), so once the entries outnumber twice the
+    /// leases held, the heap is rebuilt from the live ones. It then stays
+    /// about the size of what the streams hold, not of every job leased in
+    /// the last lease period: flat out at 55,000 jobs/s with 30 s leases
+    /// that was 1.6 million entries, and popping them took 8 % of the
+    /// broker's CPU samples by its fifth minute (docs/BENCHMARKS.md, "The
+    /// broker's deadline heap").
+    fn push_deadline(&mut self, at: Instant, id: JobId) {
+        self.deadlines.push(Reverse((at, id)));
+        if self.deadlines.len() > 2 * self.owner.len() + 4096 {
+            let (owner, streams) = (&self.owner, &self.streams);
+            // Kept: every entry the timer could still act on (its lease is
+            // held and this is its deadline), as `fire_timers` judges.
+            self.deadlines.retain(|Reverse((at, id))| {
+                owner
+                    .get(id)
+                    .and_then(|s| streams.get(s))
+                    .and_then(|s| s.inflight.get(id))
+                    .is_some_and(|f| f.deadline == *at)
+            });
         }
     }
 
@@ -393,7 +419,8 @@ impl Core {
                     {
                         f.checking = false;
                         f.deadline = now + Duration::from_millis(*ms as u64);
-                        self.deadlines.push(Reverse((f.deadline, id)));
+                        let at = f.deadline;
+                        self.push_deadline(at, id);
                     }
                 }
                 // The lease is over (expired and reaped, or settled): the
@@ -959,7 +986,7 @@ impl Core {
                 },
             );
             self.owner.insert(id, sid);
-            self.deadlines.push(Reverse((deadline, id)));
+            self.push_deadline(deadline, id);
             out.jobs.push((sid, job));
         }
         out
@@ -1555,6 +1582,35 @@ mod tests {
         c.lease_checked(vec![(id, token)], vec![], Instant::now());
         wake_now(&mut c, "a");
         assert!(c.plan_round().is_some());
+    }
+
+    /// Settled leases leave their deadlines in the heap; it is rebuilt
+    /// from the live ones before it grows past twice those plus 4,096, and
+    /// a lease still held keeps its deadline through every rebuild.
+    #[tokio::test(start_paused = true)]
+    async fn settled_leases_do_not_pile_up_in_the_deadline_heap() {
+        let (mut c, _) = core();
+        c.open(1, sub(&["a"], 2));
+        let round = c.plan_round().unwrap();
+        let mut held = job(0, "a");
+        // Shorter than the fallback poll (10 s), which checks every lease.
+        held.lease_ms = 5_000;
+        let (held_id, held_token) = (held.id, held.token);
+        c.finish_round(round, outcome(vec![held]), Instant::now());
+        for _ in 0..20_000 {
+            wake_now(&mut c, "a");
+            let round = c.plan_round().expect("one credit free");
+            let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
+            let j = &d.jobs[0].1;
+            c.settled([(j.id, j.token)]);
+            // At most two leases held (the credit) when the last was pushed.
+            assert!(c.deadlines.len() <= 2 * 2 + 4096, "{}", c.deadlines.len());
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(
+            c.fire_timers(Instant::now()).expired,
+            vec![(held_id, held_token)]
+        );
     }
 
     #[tokio::test(start_paused = true)]
