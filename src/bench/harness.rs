@@ -429,12 +429,12 @@ impl Bench {
         };
         let c = &self.shared.counters;
         let cpu_now = || CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid);
-        let mut report = (
-            Instant::now(),
-            0u64,
-            cpu_now(),
-            self.shared.latency.snapshot(),
-        );
+        let mut report = ReportStart {
+            at: Instant::now(),
+            done: 0,
+            cpu: cpu_now(),
+            latency: self.shared.latency.snapshot(),
+        };
         // The host probe's samples since the last report (one a second):
         // the core's and the memory's.
         let mut probes: Vec<(Duration, Duration)> = Vec::new();
@@ -454,13 +454,18 @@ impl Bench {
             // (Half a second of slack: the last sleep of the window is cut
             // short at the deadline, and the last interval still counts.)
             if let Some(every) = self.args.report_every
-                && report.0.elapsed() + Duration::from_millis(500) >= Duration::from_secs(every)
+                && report.at.elapsed() + Duration::from_millis(500) >= Duration::from_secs(every)
             {
-                let rate = (done - report.1) as f64 / report.0.elapsed().as_secs_f64();
+                let rate = (done - report.done) as f64 / report.at.elapsed().as_secs_f64();
                 let cpu = cpu_now();
-                let per_job = cpu.since(&report.2).per_job(done - report.1);
-                let p50 = self.shared.latency.p50_since(&report.3);
-                report = (Instant::now(), done, cpu, self.shared.latency.snapshot());
+                let per_job = cpu.since(&report.cpu).per_job(done - report.done);
+                let p50 = self.shared.latency.p50_since(&report.latency);
+                report = ReportStart {
+                    at: Instant::now(),
+                    done,
+                    cpu,
+                    latency: self.shared.latency.snapshot(),
+                };
                 let size = match &report_pool {
                     Some(pool) => jobs_table_size(pool).await,
                     None => "n/a".into(),
@@ -496,6 +501,15 @@ impl Bench {
         }
         Ok(())
     }
+}
+
+/// Where the soak's current report interval began: its figures are the
+/// differences from these.
+struct ReportStart {
+    at: Instant,
+    done: u64,
+    cpu: CpuTimes,
+    latency: hdrhistogram::Histogram<u64>,
 }
 
 /// The mean of the host probe's samples, in µs ("n/a" for none).
