@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::cpu::{self, CpuTimes};
+use super::report::Reporter;
 use super::summary::{Summary, round};
 use super::{BenchArgs, Scenario};
 
@@ -79,13 +80,24 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
             anyhow::Ok(())
         });
     }
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut reporter = Reporter::new(args, "leaseq_bench_raw", None).await?;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1).min(deadline - now)).await;
+        let jobs = done.load(Ordering::Relaxed);
+        if let Some(r) = &mut reporter {
+            r.tick(started.elapsed().as_secs_f64(), jobs, None).await;
+        }
         eprint!(
-            "\r[{:>4.0}s] raw-sql jobs={} ",
+            "\r[{:>4.0}s] raw-sql jobs={jobs} ",
             started.elapsed().as_secs_f64(),
-            done.load(Ordering::Relaxed)
         );
+    }
+    if let Some(r) = reporter {
+        r.close().await;
     }
     while let Some(r) = tasks.join_next().await {
         r??;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cpu::{self, CpuTimes};
 use super::histogram::Hist;
+use super::report::Reporter;
 use super::summary::{Summary, round};
 use super::{BenchArgs, Scenario, consumer, producer, stamp};
 use crate::cli::ClientChannel;
@@ -423,21 +424,9 @@ impl Bench {
     /// The live progress line (stderr), and with --report-every the soak's
     /// periodic report lines, until the window's deadline.
     async fn progress(&self, w: &Window) -> anyhow::Result<()> {
-        let report_pool = match (&self.args.report_every, &self.args.database_url) {
-            (Some(_), Some(url)) => Some(leaseq_server::store::connect(url, 1).await?),
-            _ => None,
-        };
+        let latency = Some(&self.shared.latency);
+        let mut reporter = Reporter::new(&self.args, "leaseq.jobs", latency).await?;
         let c = &self.shared.counters;
-        let cpu_now = || CpuTimes::read(&self.args.broker_pid, &self.args.postgres_pid);
-        let mut report = ReportStart {
-            at: Instant::now(),
-            done: 0,
-            cpu: cpu_now(),
-            latency: self.shared.latency.snapshot(),
-        };
-        // The host probe's samples since the last report (one a second):
-        // the core's and the memory's.
-        let mut probes: Vec<(Duration, Duration)> = Vec::new();
         let mut last = (Instant::now(), 0u64);
         loop {
             let now = Instant::now();
@@ -446,43 +435,9 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_secs(1).min(w.deadline - now)).await;
             let done = self.done();
-            if self.args.report_every.is_some()
-                && let Ok(Some(d)) = tokio::task::spawn_blocking(cpu::host_probe).await
-            {
-                probes.push(d);
-            }
-            // (Half a second of slack: the last sleep of the window is cut
-            // short at the deadline, and the last interval still counts.)
-            if let Some(every) = self.args.report_every
-                && report.at.elapsed() + Duration::from_millis(500) >= Duration::from_secs(every)
-            {
-                let rate = (done - report.done) as f64 / report.at.elapsed().as_secs_f64();
-                let cpu = cpu_now();
-                let per_job = cpu.since(&report.cpu).per_job(done - report.done);
-                let p50 = self.shared.latency.p50_since(&report.latency);
-                report = ReportStart {
-                    at: Instant::now(),
-                    done,
-                    cpu,
-                    latency: self.shared.latency.snapshot(),
-                };
-                let size = match &report_pool {
-                    Some(pool) => jobs_table_size(pool).await,
-                    None => "n/a".into(),
-                };
-                let (core, memory): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut probes).into_iter().unzip();
-                let (core, memory) = (mean_us(&core), mean_us(&memory));
-                eprintln!(
-                    "\nreport t={:.0}s jobs_per_s={rate:.0} delivery_p50_ms={} jobs_table={size} \
-                     cpu_us_per_job broker={} client={} postgres={} \
-                     host_probe_us core={core} memory={memory}",
-                    w.started.elapsed().as_secs_f64(),
-                    or_na(p50),
-                    or_na(per_job.broker),
-                    or_na(per_job.client),
-                    or_na(per_job.postgres),
-                );
+            if let Some(r) = &mut reporter {
+                r.tick(w.started.elapsed().as_secs_f64(), done, latency)
+                    .await;
             }
             let rate = (done - last.1) as f64 / last.0.elapsed().as_secs_f64();
             last = (Instant::now(), done);
@@ -496,43 +451,11 @@ impl Bench {
                 rate
             );
         }
-        if let Some(pool) = report_pool {
-            pool.close().await;
+        if let Some(r) = reporter {
+            r.close().await;
         }
         Ok(())
     }
-}
-
-/// Where the soak's current report interval began: its figures are the
-/// differences from these.
-struct ReportStart {
-    at: Instant,
-    done: u64,
-    cpu: CpuTimes,
-    latency: hdrhistogram::Histogram<u64>,
-}
-
-/// The mean of the host probe's samples, in µs ("n/a" for none).
-fn mean_us(samples: &[Duration]) -> String {
-    if samples.is_empty() {
-        return "n/a".into();
-    }
-    let total: Duration = samples.iter().sum();
-    format!("{:.0}", total.as_secs_f64() * 1e6 / samples.len() as f64)
-}
-
-fn or_na(x: Option<f64>) -> String {
-    x.map_or_else(|| "n/a".into(), |v| v.to_string())
-}
-
-async fn jobs_table_size(pool: &sqlx::PgPool) -> String {
-    sqlx::query_scalar!(r#"select pg_total_relation_size('leaseq.jobs') as "size!""#)
-        .fetch_one(pool)
-        .await
-        .map_or_else(
-            |e| e.to_string(),
-            |b| format!("{:.1} MiB", b as f64 / 1048576.0),
-        )
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ mod histogram;
 mod latency;
 mod ping;
 mod producer;
+mod report;
 mod stamp;
 mod streams;
 mod summary;
@@ -144,11 +145,12 @@ pub struct BenchArgs {
     pub postgres_pid: Vec<u32>,
     /// Print a line with the rate of the last N seconds every N seconds,
     /// for soaks: with the delivery p50 and the CPU per job over those
-    /// seconds (as at the end of
-    /// a run), the size of leaseq.jobs (with --database-url), and the host
+    /// seconds (as at the end of a run), the size of leaseq.jobs (the raw
+    /// loop's table for `baseline`; with --database-url), and the host
     /// probe, this machine's speed: the mean CPU time of two fixed pieces
     /// of work run once a second, one for the core and one for memory
-    /// (more µs: a slower host).
+    /// (more µs: a slower host). `baseline` takes it too, so that a soak of
+    /// the raw loop can anchor leaseq's.
     #[arg(long)]
     pub report_every: Option<u64>,
     /// Credits per consumer stream.
