@@ -32,6 +32,8 @@ psql -qX "$URL" -c "insert into leaseq.queues (name) values ('statement-floor') 
 # enqueue_one.sql's.
 sed -e 's/--.*$//' \
     -e "s/\$14::uuid/'00000000-0000-0000-0000-00000000f100'::uuid/" \
+    -e "s/\$15::uuid\[\]/array['00000000-0000-0000-0000-00000000f200'::uuid]/" \
+    -e "s/\$15::uuid/'00000000-0000-0000-0000-00000000f200'::uuid/" \
     -e 's/\$1::uuid\[\]/array[gen_random_uuid()]/' \
     -e "s/\$2::text\[\]/array['statement-floor']/" \
     -e 's/\$3::int4\[\]/array[0]/' \

@@ -483,6 +483,7 @@ impl Store {
             &c.lease_ms as &Vec<Option<i64>>,
             &c.consumer as &Vec<Option<&str>>,
             &c.broker as &Vec<Option<Uuid>>,
+            &c.token as &Vec<Option<Uuid>>,
         )
         .fetch_all(conn)
         .await?)
@@ -520,6 +521,7 @@ impl Store {
                 c.lease_ms,
                 &*c.consumer,
                 broker,
+                Uuid::new_v4(),
                 c.stream as i64,
             )
             .fetch_all(conn)
@@ -542,6 +544,7 @@ impl Store {
             claim.and_then(|c| c.lease_ms),
             claim.map(|c| &*c.consumer),
             claim.map(|c| c.broker.unwrap_or(self.broker_id)),
+            claim.map(|_| Uuid::new_v4()),
         )
         .fetch_all(conn)
         .await?)
@@ -1008,6 +1011,8 @@ struct JobColumns<'a> {
     lease_ms: Vec<Option<i64>>,
     consumer: Vec<Option<&'a str>>,
     broker: Vec<Option<Uuid>>,
+    /// The lease token of a job handed off (enqueue.sql).
+    token: Vec<Option<Uuid>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -1018,11 +1023,13 @@ impl<'a> JobColumns<'a> {
         let mut lease_ms: Vec<Option<i64>> = Vec::with_capacity(n);
         let mut consumer: Vec<Option<&str>> = Vec::with_capacity(n);
         let mut broker: Vec<Option<Uuid>> = Vec::with_capacity(n);
+        let mut token: Vec<Option<Uuid>> = Vec::with_capacity(n);
         for c in claims {
             handoff.push(c.is_some());
             lease_ms.push(c.and_then(|c| c.lease_ms));
             consumer.push(c.map(|c| &*c.consumer));
             broker.push(c.map(|c| c.broker.unwrap_or(me)));
+            token.push(c.map(|_| Uuid::new_v4()));
         }
         let mut id = Vec::with_capacity(n);
         let mut queue = Vec::with_capacity(n);
@@ -1062,6 +1069,7 @@ impl<'a> JobColumns<'a> {
             lease_ms,
             consumer,
             broker,
+            token,
         }
     }
 }

@@ -5,7 +5,8 @@
 -- A job with `handoff` is inserted already leased to an idle stream of the
 -- broker `broker` (this one, or another replica that offered its credit), as
 -- lease.sql would lease it, if its queue is neither paused nor limited;
--- otherwise it is inserted available (dispatch/offers.rs).
+-- otherwise it is inserted available (dispatch/offers.rs). Its lease token
+-- comes from the broker (`token`; enqueue_one.sql says why).
 insert into leaseq.jobs
     (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
      state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
@@ -16,15 +17,15 @@ select
     now() + i.ttl_ms * interval '1 millisecond',
     case when h.lease_ms is null then 'available' else 'leased' end,
     case when h.lease_ms is null then 0 else 1 end,
-    case when h.lease_ms is not null then gen_random_uuid() end,
+    case when h.lease_ms is not null then coalesce(i.token, gen_random_uuid()) end,
     now() + h.lease_ms * interval '1 millisecond',
     case when h.lease_ms is not null then i.broker end,
     case when h.lease_ms is not null then i.consumer end
 from unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::int8[],
             $6::bytea[], $7::text[], $8::int4[], $9::text[], $10::int8[],
-            $11::bool[], $12::int8[], $13::text[], $14::uuid[])
+            $11::bool[], $12::int8[], $13::text[], $14::uuid[], $15::uuid[])
     as i(id, queue, priority, run_at, delay_ms, payload, headers, max_attempts, dedup_key,
-         ttl_ms, handoff, lease_ms, consumer, broker)
+         ttl_ms, handoff, lease_ms, consumer, broker, token)
 left join lateral (
     select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
     from leaseq.queues q
