@@ -17,7 +17,7 @@ select
     now() + i.ttl_ms * interval '1 millisecond',
     case when h.lease_ms is null then 'available' else 'leased' end,
     case when h.lease_ms is null then 0 else 1 end,
-    case when h.lease_ms is not null then coalesce(i.token, gen_random_uuid()) end,
+    case when h.lease_ms is not null then i.token end,
     now() + h.lease_ms * interval '1 millisecond',
     case when h.lease_ms is not null then i.broker end,
     case when h.lease_ms is not null then i.consumer end
