@@ -53,9 +53,10 @@ def test_every_admin_call_sync(addr):
         assert [(j.id, j.state, j.dead_reason, j.last_error) for j in dead.items] == [
             (jb.id, "dead", "nacked", "broken")
         ]
-        # The subscription above is closed on our side; until the broker has
-        # seen it close, it may hand that stream the requeued job (then
-        # cancel_job would find it leased).
+        # The subscription above is closed on our side; until the broker
+        # counts it gone (stats.streams, which waits for the lease rounds
+        # still asking for it), it may hand that stream the requeued job
+        # (then cancel_job would find it leased).
         deadline = time.monotonic() + 10
         while admin.get_queue(q).stats.streams > 0:
             assert time.monotonic() < deadline, "stream never closed"
@@ -97,7 +98,8 @@ def test_every_admin_call_async(addr):
             assert [(j.id, j.dead_reason) for j in dead.items] == [(r.job_id, "max_attempts")]
             assert (await admin.get_job(r.job_id)).state == "dead"
             # The subscription above is closed on our side; until the broker
-            # has seen it close, it may hand that stream the requeued job.
+            # counts it gone (stats.streams), it may hand that stream the
+            # requeued job.
             deadline = asyncio.get_running_loop().time() + 10
             while (await admin.get_queue(q)).stats.streams > 0:
                 assert asyncio.get_running_loop().time() < deadline, "stream never closed"

@@ -188,6 +188,12 @@ pub(crate) struct Core {
     listed: Option<Vec<(JobId, LeaseToken)>>,
     /// Leases released as lost hand-overs, and when: never delivered.
     unheard: FastMap<JobId, (LeaseToken, Instant)>,
+    /// Closed streams that lease rounds under way still ask for, with the
+    /// credit those rounds reserved for them: until the last is back, a
+    /// round may still lease a job for the stream (released as an orphan).
+    closing: FastMap<StreamId, i32>,
+    /// Streams closed for good (see [`Core::take_ended`]).
+    ended: Vec<StreamId>,
 }
 
 /// Where a queue's lease rounds go (the current placement map).
@@ -216,6 +222,8 @@ impl Core {
             sweep_at: None,
             listed: None,
             unheard: FastMap::default(),
+            closing: FastMap::default(),
+            ended: Vec::new(),
         }
     }
 
@@ -235,6 +243,16 @@ impl Core {
 
     pub fn rounds_in_flight(&self) -> usize {
         self.rounds_in_flight
+    }
+
+    /// Streams closed since the last call that no lease round can deliver
+    /// to any more: a stream closed while a round asked for it ends when
+    /// that round is back. Until then the broker still counts it (the
+    /// admin API's and the console's `streams`), so once a queue shows no
+    /// stream, no job made available after that goes to a stream that
+    /// was there before.
+    pub fn take_ended(&mut self) -> Vec<StreamId> {
+        std::mem::take(&mut self.ended)
     }
 
     /// A stream opens; every queue it serves is looked at.
@@ -266,13 +284,20 @@ impl Core {
         self.dirty.insert(id);
     }
 
-    /// A stream is gone. Returns its unsettled leases, to be released.
+    /// A stream is gone. Returns its unsettled leases, to be released. It
+    /// ends ([`Core::take_ended`]) now, or when the rounds asking for it
+    /// are back.
     pub fn close(&mut self, id: StreamId) -> Vec<(JobId, LeaseToken)> {
         let Some(stream) = self.streams.remove(&id) else {
             return Vec::new();
         };
         self.offers.close(id, &stream.queues);
         self.dirty.remove(&id);
+        if stream.reserved > 0 {
+            self.closing.insert(id, stream.reserved);
+        } else {
+            self.ended.push(id);
+        }
         if stream.published.credit > 0 {
             self.withdrawn.push(id);
         }
@@ -751,6 +776,12 @@ impl Core {
             if let Some(stream) = self.streams.get_mut(&sid) {
                 stream.reserved -= w.n;
                 self.dirty.insert(sid);
+            } else if let Some(left) = self.closing.get_mut(&sid) {
+                *left -= w.n;
+                if *left <= 0 {
+                    self.closing.remove(&sid);
+                    self.ended.push(sid);
+                }
             }
         }
         let LeaseOutcome {
@@ -1029,6 +1060,7 @@ impl Core {
 
     /// After a drain: every stream's id, queues and credit, forgotten.
     pub fn take_streams(&mut self) -> Vec<(StreamId, Vec<QueueName>, u32)> {
+        self.ended.extend(self.closing.drain().map(|(id, _)| id));
         self.owner.clear();
         self.queues.clear();
         self.dirty.clear();
@@ -1528,6 +1560,35 @@ mod tests {
         );
         assert!(d.jobs.is_empty());
         assert_eq!(d.orphans.len(), 1, "released, not lost");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_closed_during_a_round_ends_when_the_round_is_back() {
+        let (mut c, _offers) = core();
+        c.open(1, sub(&["a"], 2));
+        c.reconcile_offers(Instant::now());
+        let round = c.plan_round().unwrap();
+        c.open(2, sub(&["b"], 2));
+        assert!(c.close(2).is_empty());
+        assert_eq!(
+            c.take_ended(),
+            vec![2],
+            "no round asked for 2: it ends at once"
+        );
+        c.set_credit(1, 4);
+        c.wake_all(Instant::now());
+        let second = c.plan_round().unwrap();
+        assert_eq!(second.slots, vec![1]);
+        assert!(c.close(1).is_empty());
+        assert!(
+            c.take_ended().is_empty(),
+            "two rounds under way may still lease for 1"
+        );
+        let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
+        assert_eq!(d.orphans.len(), 1, "its job goes back");
+        assert!(c.take_ended().is_empty(), "the second round is still out");
+        c.finish_round(second, outcome(vec![]), Instant::now());
+        assert_eq!(c.take_ended(), vec![1]);
     }
 
     #[tokio::test(start_paused = true)]

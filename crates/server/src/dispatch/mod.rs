@@ -294,6 +294,9 @@ impl Task {
                 }
                 _ = sleep_until(timer) => {}
             }
+            for id in self.core.take_ended() {
+                self.store.metrics.streams.closed(id);
+            }
             let now = Instant::now();
             let checks = self.core.fire_timers(now);
             self.check(checks);
@@ -469,7 +472,6 @@ impl Task {
     /// Forgets a stream and releases its unsettled jobs; `done` hears when
     /// the release is over.
     fn close(&mut self, id: StreamId, done: Option<oneshot::Sender<()>>) {
-        self.store.metrics.streams.closed(id);
         self.txs.remove(&id);
         let leases = self.core.close(id);
         debug!(stream = id, unsettled = leases.len(), "stream closed");
@@ -513,7 +515,11 @@ impl Task {
         self.settle
             .release(leases, "broker shut down before the job was settled", true)
             .await;
-        for (id, _, _) in self.core.take_streams() {
+        let streams = self.core.take_streams();
+        for id in self.core.take_ended() {
+            self.store.metrics.streams.closed(id);
+        }
+        for (id, _, _) in streams {
             self.store.metrics.streams.closed(id);
             if let Some(tx) = self.txs.remove(&id) {
                 let _ = tx.try_send(Err(Status::unavailable(
