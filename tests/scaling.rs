@@ -1109,3 +1109,131 @@ async fn bucket_move_carries_settings_and_completed_records() {
     assert_eq!(listed.jobs.len(), 3);
     b.stop().await;
 }
+
+/// Case 3 of issue 32: an Enqueue with a dedup key during a bucket move.
+/// Job X (dedup key K, delayed an hour) waits on its queue's cluster; the
+/// bucket starts moving; an Enqueue of the same queue and key, routed to
+/// the destination by then, was answered `duplicate: false` with a new id
+/// (dedup was checked on the destination only), and the move's copy of X
+/// then met that job's key on the destination and skipped X (`on conflict
+/// do nothing`) before deleting it from the source: X, answered OK, was
+/// gone from both clusters. The Enqueue during the move must find X.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dedup_key_enqueued_during_a_bucket_move_finds_the_job_being_moved() {
+    let three = Three::start().await;
+    let dbs = three.databases();
+    let b = Broker::start(&dbs).await;
+    let q = queues_on(0, 1, "dd").remove(0);
+    let mut c = lazy_client(b.addr);
+    let keyed = |payload: &str| pb::EnqueueRequest {
+        dedup_key: "K".into(),
+        delay: Some(dur(Duration::from_secs(3600))),
+        ..crate::common::job(&q, payload)
+    };
+    let x = c.enqueue(keyed("x")).await.unwrap().into_inner();
+    assert!(!x.duplicate);
+
+    let pools = three.placement_pools();
+    let bucket = bucket_of(&q);
+    let mover = tokio::spawn(async move {
+        placement::move_bucket(
+            &pools,
+            bucket,
+            ClusterId(1),
+            &MoveOptions {
+                grace: Duration::from_secs(2),
+                limit: Duration::from_secs(60),
+                ..MoveOptions::default()
+            },
+        )
+        .await
+    });
+    // The move is announced; the broker follows (placement_interval is
+    // 200 ms) and routes the queue to the destination, well within the
+    // move's grace, before any job is copied.
+    let announced = Instant::now() + Duration::from_secs(20);
+    loop {
+        let moving: Option<i16> =
+            sqlx::query_scalar("select moving_to from leaseq.placement where bucket = $1")
+                .bind(bucket as i32)
+                .fetch_one(&three.pools[0])
+                .await
+                .unwrap();
+        if moving == Some(1) {
+            break;
+        }
+        assert!(Instant::now() < announced, "the move was never announced");
+        sleep(Duration::from_millis(20)).await;
+    }
+    sleep(Duration::from_millis(600)).await;
+    let y = c.enqueue(keyed("y")).await.unwrap().into_inner();
+    let moved = mover.await.unwrap().expect("bucket moved");
+    assert_eq!(moved.jobs, 1, "{moved:?}");
+    assert_eq!(
+        (y.duplicate, y.job_id.as_str()),
+        (true, x.job_id.as_str()),
+        "the Enqueue during the move did not see the job of the same key"
+    );
+    // X lives on the destination, and nothing else of the queue anywhere.
+    let ids = |k: usize| {
+        let (pool, q) = (three.pools[k].clone(), q.clone());
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "select id::text from leaseq.jobs where queue = $1 order by id",
+            )
+            .bind(q)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(ids(0).await, Vec::<String>::new());
+    assert_eq!(ids(1).await, vec![x.job_id.clone()]);
+    assert_eq!(ids(2).await, Vec::<String>::new());
+    b.stop().await;
+}
+
+/// The stray sweep and the bucket move copy with the same statement; a
+/// stray job whose dedup key is taken by a live job on its queue's own
+/// cluster was skipped by the copy (`on conflict do nothing`), then
+/// deleted from where it was: gone. A job answered OK is never dropped:
+/// it arrives without its dedup key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stray_job_whose_dedup_key_is_taken_is_moved_not_dropped() {
+    let three = Three::start().await;
+    // A broker migrates the three databases and writes the first map.
+    Broker::start(&three.databases()).await.stop().await;
+    let q = queues_on(0, 1, "sk").remove(0);
+    // The queue's own cluster holds a live job with key K ...
+    let insert = "select leaseq.enqueue($1, 'p'::bytea, dedup_key => 'K')::text";
+    let own: String = sqlx::query_scalar(insert)
+        .bind(&q)
+        .fetch_one(&three.pools[0])
+        .await
+        .unwrap();
+    // ... and a stray of the same queue and key sits on another (enqueued
+    // in SQL on the wrong database).
+    let stray: String = sqlx::query_scalar(insert)
+        .bind(&q)
+        .fetch_one(&three.pools[2])
+        .await
+        .unwrap();
+    let swept = placement::sweep(&three.placement_pools(), 100)
+        .await
+        .expect("sweep");
+    assert_eq!(swept.jobs, 1, "{swept:?}");
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("select id::text, dedup_key from leaseq.jobs where queue = $1 order by id")
+            .bind(&q)
+            .fetch_all(&three.pools[0])
+            .await
+            .unwrap();
+    let mut want = vec![(own, Some("K".to_owned())), (stray, None)];
+    want.sort();
+    assert_eq!(rows, want);
+    let left: i64 = sqlx::query_scalar("select count(*) from leaseq.jobs")
+        .fetch_one(&three.pools[2])
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}

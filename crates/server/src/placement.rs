@@ -892,16 +892,56 @@ async fn copy_batch(
     let mut dst = dest.begin().await?;
     // Rows of ids already tombstoned were copied by an earlier pass whose
     // source transaction did not commit: only the delete below is left.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "with fresh as (insert into leaseq.moved_jobs (id) select unnest($2::uuid[]) \
-         on conflict (id) do nothing returning id) \
-         insert into leaseq.{table} select r.* from json_populate_recordset(null::leaseq.{table}, $1::json) r \
-         where r.id in (select id from fresh) on conflict do nothing"
-    )))
-    .bind(&rows)
-    .bind(&ids)
-    .execute(&mut *dst)
-    .await?;
+    // Every other row must arrive: the source's copy is deleted next.
+    let (fresh, inserted): (Vec<uuid::Uuid>, Vec<uuid::Uuid>) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "with fresh as (insert into leaseq.moved_jobs (id) select unnest($2::uuid[]) \
+             on conflict (id) do nothing returning id), \
+             ins as (insert into leaseq.{table} select r.* \
+             from json_populate_recordset(null::leaseq.{table}, $1::json) r \
+             where r.id in (select id from fresh) on conflict do nothing returning id) \
+             select coalesce((select array_agg(id) from fresh), '{{}}'), \
+                    coalesce((select array_agg(id) from ins), '{{}}')"
+        )))
+        .bind(&rows)
+        .bind(&ids)
+        .fetch_one(&mut *dst)
+        .await?;
+    if inserted.len() < fresh.len() {
+        // A live job of the same queue holds the row's dedup key on the
+        // destination (an Enqueue routed there during the move checks
+        // the source too, so these come from `leaseq.enqueue()` on the
+        // wrong database, as stray jobs do). Both were answered as new
+        // jobs: the row arrives without its dedup key rather than not at
+        // all. Anything else that did not insert fails the copy.
+        let missing: Vec<uuid::Uuid> = fresh
+            .iter()
+            .filter(|id| !inserted.contains(id))
+            .copied()
+            .collect();
+        let kept: Vec<uuid::Uuid> = if table == "jobs" {
+            sqlx::query_scalar(
+                "insert into leaseq.jobs select r.* from jsonb_array_elements($1::jsonb) e \
+                 cross join lateral jsonb_populate_record(null::leaseq.jobs, e - 'dedup_key') r \
+                 where r.id = any($2) on conflict do nothing returning id",
+            )
+            .bind(&rows)
+            .bind(&missing)
+            .fetch_all(&mut *dst)
+            .await?
+        } else {
+            Vec::new()
+        };
+        if kept.len() < missing.len() {
+            return Err(Error::Internal(
+                "a row copied between clusters conflicted with one there: copy aborted",
+            ));
+        }
+        warn!(
+            jobs = ?kept,
+            "jobs copied between clusters without their dedup key: a live job of their queue holds it there"
+        );
+    }
     dst.commit().await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "delete from leaseq.{table} where id = any($1)"
