@@ -18,6 +18,7 @@ mod embedded_pg;
 mod faults;
 mod fuzz_decode;
 mod go_example;
+mod guarantee;
 mod lb;
 mod limits;
 mod metrics;

@@ -401,11 +401,16 @@ async fn enqueue(
             .cloned()
             .collect()
     };
+    let moving = moving_dedup(dispatcher.settle().clusters(), store.cluster, &jobs);
     let offers = dispatcher.offers();
     let claims: Vec<Option<crate::dispatch::Claim>> = jobs
         .iter()
         .map(|j| match j.schedule {
-            Schedule::Now => offers.claim(&j.queue, crate::dispatch::remote::fits(j)),
+            // A batch checked on two clusters is not handed off: simpler,
+            // and moves are rare.
+            Schedule::Now if moving.is_empty() => {
+                offers.claim(&j.queue, crate::dispatch::remote::fits(j))
+            }
             _ => None,
         })
         .collect();
@@ -414,7 +419,6 @@ async fn enqueue(
         .map(|c| c.as_ref().map(|c| c.to.clone()))
         .collect();
     let settle = dispatcher.settle();
-    let result = store.enqueue(&jobs, &to, &new_queues).await;
     // Every claim on a stream of ours is reported, used or not, so its
     // credit is accounted for. `index` maps a job's place in the request to
     // its claim's; `remote` to another replica's stream (that replica counts
@@ -434,32 +438,26 @@ async fn enqueue(
             }
         }
     }
-    let claims = used;
-    let out = match result {
-        Ok(out) => out,
-        Err(e) => {
-            dispatcher.handed(Handoff {
-                claims,
-                leased: Vec::new(),
-            });
-            return Err(e);
-        }
-    };
+    // From here on the claims are reported exactly once: with what the
+    // statement did, or (an error, a panic, this future dropped) unused.
+    let mut claims = Claims::new(dispatcher.clone(), used);
+    let out = store.enqueue(&jobs, &to, &new_queues, &moving).await?;
     let mut handed = Vec::with_capacity(out.handed.len());
+    let mut across = Vec::new();
     for mut job in out.handed {
         let i = job.slot as usize;
         if let Some(&(broker, stream)) = remote.get(&i) {
-            settle.hand_over(broker, stream, job).await;
+            across.push((broker, stream, job));
         } else {
             // From the job's index in the request to its claim's.
             job.slot = index[&i] as i32;
             handed.push(job);
         }
     }
-    dispatcher.handed(Handoff {
-        claims,
-        leased: handed,
-    });
+    claims.report(handed);
+    for (broker, stream, job) in across {
+        settle.hand_over(broker, stream, job).await;
+    }
     store.metrics.on_enqueued(&jobs, &out.results);
     (store.metrics.clusters).on_enqueued(&store.cluster_name, out.results.len());
     {
@@ -474,6 +472,71 @@ async fn enqueue(
         .into_iter()
         .map(|n| Ok(it.by_ref().take(n).collect()))
         .collect())
+}
+
+/// Jobs with a dedup key whose queue's bucket is moving to `here` from
+/// another cluster, grouped by that cluster (see `Store::dedup_elsewhere`).
+fn moving_dedup(clusters: &Clusters, here: ClusterId, jobs: &[NewJob]) -> Vec<(Store, Vec<usize>)> {
+    if clusters.is_single() {
+        return Vec::new();
+    }
+    let map = clusters.map();
+    if map.moving.is_empty() {
+        return Vec::new();
+    }
+    let mut out: Vec<(Store, Vec<usize>)> = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        if j.dedup_key.is_none() || map.pinned(j.queue.as_str()).is_some() {
+            continue;
+        }
+        let bucket = crate::placement::bucket_of(j.queue.as_str());
+        let from = map.buckets[bucket as usize];
+        if map.moving.get(&bucket) != Some(&here) || from == here {
+            continue;
+        }
+        let Some(source) = clusters.get(from) else {
+            continue;
+        };
+        match out.iter_mut().find(|(s, _)| s.cluster == from) {
+            Some((_, idxs)) => idxs.push(i),
+            None => out.push((source.clone(), vec![i])),
+        }
+    }
+    out
+}
+
+/// Hand-off claims of this broker's streams taken for one enqueue
+/// statement. Each is reported to the dispatcher once, used or not: by
+/// [`Claims::report`], or unused when dropped unreported. The batcher runs
+/// a statement to its end even when its caller goes away, but a claim never
+/// reported would hold its stream's credit for good (the stream would
+/// receive nothing more), so the type makes it impossible.
+struct Claims {
+    dispatcher: Dispatcher,
+    claims: Vec<crate::dispatch::Claim>,
+}
+
+impl Claims {
+    fn new(dispatcher: Dispatcher, claims: Vec<crate::dispatch::Claim>) -> Claims {
+        Claims { dispatcher, claims }
+    }
+
+    /// The statement committed: `leased` were inserted leased (their `slot`
+    /// indexes the claims); the other claims' credit returns.
+    fn report(&mut self, leased: Vec<crate::store::Leased>) {
+        self.dispatcher.handed(Handoff {
+            claims: std::mem::take(&mut self.claims),
+            leased,
+        });
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        if !self.claims.is_empty() {
+            self.report(Vec::new());
+        }
+    }
 }
 
 async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Result<()>>>>> {
@@ -512,11 +575,17 @@ async fn nack(settle: Settle, reqs: Vec<NackReq>) -> Result<Vec<Result<bool>>> {
         })
         .collect();
     let done = settle.fail(&fails, Ending::Nacked).await?;
-    let dead: FastMap<JobId, bool> = done.iter().map(|f| (f.id, f.death.is_some())).collect();
+    // Keyed by (job, token), as acks are: a stale Nack sharing the
+    // statement with the current holder's is refused, not answered with
+    // the other's outcome.
+    let dead: FastMap<(JobId, LeaseToken), bool> = done
+        .iter()
+        .map(|f| ((f.id, f.token), f.death.is_some()))
+        .collect();
     Ok(reqs
         .iter()
         .map(|r| {
-            dead.get(&r.job_id)
+            dead.get(&(r.job_id, r.token))
                 .copied()
                 .ok_or(Error::StaleLease(r.job_id.0))
         })
@@ -535,13 +604,16 @@ async fn extend(
     for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
         dispatcher.extended(e.id, e.lease_ms);
     }
-    let until: FastMap<JobId, DateTime<Utc>> =
-        done.iter().map(|e| (e.id, e.lease_expires_at)).collect();
+    // Keyed by (job, token): see `nack`.
+    let until: FastMap<(JobId, LeaseToken), DateTime<Utc>> = done
+        .iter()
+        .map(|e| ((e.id, e.token), e.lease_expires_at))
+        .collect();
     Ok(reqs
         .iter()
         .map(|r| {
             until
-                .get(&r.job_id)
+                .get(&(r.job_id, r.token))
                 .copied()
                 .ok_or(Error::StaleLease(r.job_id.0))
         })

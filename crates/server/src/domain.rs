@@ -527,6 +527,9 @@ pub struct Settled {
 #[derive(Clone, Debug)]
 pub struct Failed {
     pub id: JobId,
+    /// The lease that ended (two settles of one job, a stale one and the
+    /// current one, may share a statement: only this one succeeded).
+    pub token: LeaseToken,
     pub queue: QueueName,
     pub broker: Option<Uuid>,
     /// Some(reason) when dead-lettered.

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 use uuid::Uuid;
 
-use crate::domain::{AckReq, ClusterId, FastMap, JobId, LeaseToken, QueueName};
+use crate::domain::{AckReq, ClusterId, JobId, LeaseToken, QueueName};
 use crate::error::Result;
 use crate::placement::Clusters;
 use crate::store::{FailReq, Failed, Settled, Store, Wake};
@@ -173,8 +173,7 @@ impl Settle {
             Ending::Released => m.on_released(&done),
         }
         self.wake(wakes_for(&done));
-        let tokens: FastMap<JobId, LeaseToken> = reqs.iter().map(|r| (r.id, r.token)).collect();
-        self.return_credit(done.iter().map(|f| (f.broker, f.id, tokens[&f.id])));
+        self.return_credit(done.iter().map(|f| (f.broker, f.id, f.token)));
         Ok(done)
     }
 

@@ -289,12 +289,14 @@ impl Reader {
         // that the dispatcher's count is nearly right, and at light load an
         // early return would cost it a wake-up per ack. (Waiting until half
         // the credit is taken instead lost the gain flat out.) The commit's
-        // own return is then a no-op, and credit is kept per lease token, so
-        // an ack with a stale token frees nothing.
+        // own return then ends the leases, which the dispatcher keeps until
+        // then (a lease forgotten before its ack commits looked lost to the
+        // poll's sweep, which released it: a valid ack refused). Credit is
+        // kept per lease token, so an ack with a stale token frees nothing.
         if EARLY_CREDIT_SHARE * acking >= u64::from(self.credit) {
             self.broker
                 .dispatcher()
-                .settled(valid.iter().map(|(_, r)| (r.job_id, r.token)).collect());
+                .acking(valid.iter().map(|(_, r)| (r.job_id, r.token)).collect());
         }
         let held = self.held.clone();
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);

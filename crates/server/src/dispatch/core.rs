@@ -5,11 +5,11 @@
 //! it returns (SQL statements, sends on streams); tests drive it directly,
 //! with tokio's paused clock.
 //!
-//! Credit of a stream = `max_in_flight - inflight - reserved - offered`:
-//! `inflight` are jobs delivered and not settled, `reserved` what running
-//! lease rounds asked for on its behalf, `offered` what it offers for
-//! hand-off (including claims the enqueue path has taken but not yet
-//! reported).
+//! Credit of a stream = `max_in_flight - held - reserved - offered`:
+//! `held` are jobs delivered and not settled (nor acked on the stream: see
+//! [`Core::acking`]), `reserved` what running lease rounds asked for on its
+//! behalf, `offered` what it offers for hand-off (including claims the
+//! enqueue path has taken but not yet reported).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -42,6 +42,10 @@ struct Inflight {
     deadline: Instant,
     /// A lease check with the database is under way for this job.
     checking: bool,
+    /// Acked on its stream, the ack not committed yet: its credit is back
+    /// (the consumer is done with it), but the lease is still ours until
+    /// the ack's statement answers ([`Core::acking`]).
+    acking: bool,
 }
 
 #[derive(Debug)]
@@ -50,12 +54,18 @@ struct StreamState {
     consumer: Arc<str>,
     lease_ms: Option<i64>,
     max_in_flight: i32,
+    /// Every lease the stream holds, acked on the stream or not.
     inflight: FastMap<JobId, Inflight>,
+    /// How many of `inflight` are `acking`.
+    acking: i32,
     /// Rotating start among this stream's queues (fairness across queues).
     next_queue: usize,
     /// Credit asked for by lease statements still running (above zero
     /// exactly while a round that asks for this stream runs).
     reserved: i32,
+    /// `reserved`, by queue: a finished round's job of a queue waits only
+    /// for the other rounds that asked for that queue ([`Core::in_order`]).
+    reserving: Vec<(QueueName, i32)>,
     /// Jobs leased to it by a finished round while another of its rounds
     /// still runs: they go out with that round's (see [`Core::in_order`]).
     held: Vec<Leased>,
@@ -86,7 +96,50 @@ pub(crate) struct Publish {
 
 impl StreamState {
     fn credit(&self) -> i32 {
-        self.max_in_flight - self.inflight.len() as i32 - self.reserved - self.offered
+        self.max_in_flight - self.held() - self.reserved - self.offered
+    }
+
+    /// Leases that take credit: every one the stream holds but those whose
+    /// ack is on its way.
+    fn held(&self) -> i32 {
+        self.inflight.len() as i32 - self.acking
+    }
+
+    /// Whether a job of `queue` from a finished round must wait for
+    /// another round (one asking for the queue runs, or an earlier job of
+    /// it waits already).
+    fn waits_for(&self, queue: &str) -> bool {
+        self.reserving
+            .iter()
+            .any(|(q, n)| *n > 0 && q.as_str() == queue)
+            || self.held.iter().any(|j| j.queue == queue)
+    }
+
+    fn reserve(&mut self, queue: &QueueName, n: i32) {
+        self.reserved += n;
+        match self.reserving.iter_mut().find(|(q, _)| q == queue) {
+            Some((_, r)) => *r += n,
+            None => self.reserving.push((queue.clone(), n)),
+        }
+    }
+
+    fn unreserve(&mut self, queue: &QueueName, n: i32) {
+        self.reserved -= n;
+        if let Some(i) = self.reserving.iter().position(|(q, _)| q == queue) {
+            self.reserving[i].1 -= n;
+            if self.reserving[i].1 <= 0 {
+                self.reserving.swap_remove(i);
+            }
+        }
+    }
+
+    /// Forgets a lease, keeping the count of acking ones right.
+    fn remove(&mut self, id: &JobId) -> Option<Inflight> {
+        let f = self.inflight.remove(id)?;
+        if f.acking {
+            self.acking -= 1;
+        }
+        Some(f)
     }
 }
 
@@ -194,6 +247,9 @@ pub(crate) struct Core {
     closing: FastMap<StreamId, i32>,
     /// Streams closed for good (see [`Core::take_ended`]).
     ended: Vec<StreamId>,
+    /// The second half of a round planned in two ([`Core::plan_round`]),
+    /// counted in flight already: the next `plan_round` returns it.
+    next_part: Option<Round>,
 }
 
 /// Where a queue's lease rounds go (the current placement map).
@@ -224,6 +280,7 @@ impl Core {
             unheard: FastMap::default(),
             closing: FastMap::default(),
             ended: Vec::new(),
+            next_part: None,
         }
     }
 
@@ -274,8 +331,10 @@ impl Core {
                 lease_ms: sub.lease_ms,
                 max_in_flight: sub.max_in_flight as i32,
                 inflight: FastMap::default(),
+                acking: 0,
                 next_queue: 0,
                 reserved: 0,
+                reserving: Vec::new(),
                 held: Vec::new(),
                 offered: 0,
                 published: Published::default(),
@@ -310,17 +369,20 @@ impl Core {
                 }
             }
         }
-        let leases: Vec<(JobId, LeaseToken)> = stream
-            .inflight
-            .iter()
-            .map(|(job, f)| (*job, f.token))
-            .collect();
-        for (job, _) in &leases {
+        for job in stream.inflight.keys() {
             if self.owner.get(job) == Some(&id) {
                 self.owner.remove(job);
             }
         }
-        leases
+        // A lease acked on the stream is left to its ack: released now, it
+        // could beat the ack to the row and have a valid ack refused (and
+        // the job run again). Should the ack fail, the lease runs out.
+        stream
+            .inflight
+            .iter()
+            .filter(|(_, f)| !f.acking)
+            .map(|(job, f)| (*job, f.token))
+            .collect()
     }
 
     /// The stream's credit changes to `max_in_flight` (Consume). Lowering it
@@ -385,9 +447,33 @@ impl Core {
         if let Some(stream) = self.streams.get_mut(&sid)
             && stream.inflight.get(&id).is_some_and(|f| f.token == token)
         {
-            stream.inflight.remove(&id);
+            stream.remove(&id);
             self.owner.remove(&id);
             self.dirty.insert(sid);
+        }
+    }
+
+    /// Leases acked on their Consume stream, the acks not committed yet: the
+    /// consumer is done with these jobs, so their credit comes back now (as
+    /// a RabbitMQ channel frees a prefetch slot when the ack arrives), but
+    /// the leases stay the stream's until [`Core::settled`] (the ack
+    /// committed) or a lease check finds them over. Forgotten now, a lease
+    /// would look like a lost hand-over to the poll's sweep, which released
+    /// it under the ack's feet: a valid ack refused, the job run again.
+    pub fn acking(&mut self, leases: impl IntoIterator<Item = (JobId, LeaseToken)>) {
+        for (id, token) in leases {
+            let Some(sid) = self.owner.get(&id).copied() else {
+                continue;
+            };
+            if let Some(stream) = self.streams.get_mut(&sid)
+                && let Some(f) = stream.inflight.get_mut(&id)
+                && f.token == token
+                && !f.acking
+            {
+                f.acking = true;
+                stream.acking += 1;
+                self.dirty.insert(sid);
+            }
         }
     }
 
@@ -614,8 +700,7 @@ impl Core {
             // yet) still hold their credit.
             let (unclaimed, target) = self.offers.adjust(id, |unclaimed| {
                 let claimed = stream.offered - unclaimed;
-                let free =
-                    stream.max_in_flight - stream.inflight.len() as i32 - stream.reserved - claimed;
+                let free = stream.max_in_flight - stream.held() - stream.reserved - claimed;
                 if idle { free } else { 0 }
             });
             let claimed = stream.offered - unclaimed;
@@ -648,7 +733,16 @@ impl Core {
     /// statement per cluster carrying a share each (docs/BENCHMARKS.md,
     /// "Past one PostgreSQL"). A queue woken by a new job has no backlog,
     /// so at light load a round still asks every cluster at once.
+    ///
+    /// Queues with limits and queues without are leased by two rounds of
+    /// their own, planned together: the limited one takes turns with other
+    /// replicas on the queues' rows and may wait, and the jobs the other
+    /// leased must not wait with it (they would go out late, their leases
+    /// running all along).
     pub fn plan_round(&mut self) -> Option<Round> {
+        if let Some(part) = self.next_part.take() {
+            return Some(part);
+        }
         if self.draining || self.retry_at.is_some() || self.rounds_in_flight >= MAX_ROUNDS_IN_FLIGHT
         {
             return None;
@@ -721,11 +815,27 @@ impl Core {
         if wants.is_empty() {
             return None;
         }
+        let (slow, fast): (Vec<Want>, Vec<Want>) = wants
+            .into_iter()
+            .partition(|w| self.queues.get(&w.queue).is_some_and(|q| q.limited));
+        match (fast.is_empty(), slow.is_empty()) {
+            (false, false) => {
+                let first = self.round(fast, slots.clone());
+                self.next_part = Some(self.round(slow, slots));
+                Some(first)
+            }
+            (false, true) => Some(self.round(fast, slots)),
+            (true, _) => Some(self.round(slow, slots)),
+        }
+    }
+
+    /// One lease statement's round: its asks reserved, in flight.
+    fn round(&mut self, wants: Vec<Want>, slots: Vec<StreamId>) -> Round {
         let mut seqs = HashMap::new();
         let mut limited = Vec::new();
         for w in &wants {
             if let Some(stream) = self.streams.get_mut(&slots[w.slot as usize]) {
-                stream.reserved += w.n;
+                stream.reserve(&w.queue, w.n);
             }
             if let Some(q) = self.queues.get(&w.queue)
                 && seqs.insert(w.queue.clone(), q.seq).is_none()
@@ -735,12 +845,12 @@ impl Core {
             }
         }
         self.rounds_in_flight += 1;
-        Some(Round {
+        Round {
             wants,
             slots,
             limited,
             seqs,
-        })
+        }
     }
 
     /// The cluster a round of backlogged queues leases from: the clusters
@@ -774,7 +884,7 @@ impl Core {
         for w in &round.wants {
             let sid = round.slots[w.slot as usize];
             if let Some(stream) = self.streams.get_mut(&sid) {
-                stream.reserved -= w.n;
+                stream.unreserve(&w.queue, w.n);
                 self.dirty.insert(sid);
             } else if let Some(left) = self.closing.get_mut(&sid) {
                 *left -= w.n;
@@ -847,21 +957,22 @@ impl Core {
         self.in_order(&round.slots, delivered)
     }
 
-    /// Lets a stream's jobs from a finished round go out only once no other
-    /// round asking for that stream runs. Two rounds running at once both
-    /// claim with `skip locked`: the later may take the first jobs in line
-    /// while the earlier takes the next ones, and either may come back
-    /// first (a consumer would get a low-priority job before a high one).
-    /// So the jobs of overlapping rounds wait for the last of them and go
-    /// out together, in the queue's delivery order. At light load a
-    /// stream's rounds rarely overlap (most jobs are handed off); flat out,
-    /// the second round keeps the database busy while the first commits,
-    /// which serial rounds per stream gave up (docs/BENCHMARKS.md).
+    /// Lets a stream's jobs of a queue from a finished round go out only
+    /// once no other round asking that queue for that stream runs. Two
+    /// rounds running at once both claim with `skip locked`: the later may
+    /// take the first jobs in line while the earlier takes the next ones,
+    /// and either may come back first (a consumer would get a low-priority
+    /// job before a high one). So the jobs of overlapping rounds wait for
+    /// the last of them and go out together, in the queue's delivery order.
+    /// Jobs of other queues go out at once: order is a queue's. At light
+    /// load a stream's rounds rarely overlap (most jobs are handed off);
+    /// flat out, the second round keeps the database busy while the first
+    /// commits, which serial rounds per stream gave up (docs/BENCHMARKS.md).
     fn in_order(&mut self, slots: &[StreamId], mut delivered: Delivered) -> Delivered {
         let mut jobs = Vec::with_capacity(delivered.jobs.len());
         for (sid, job) in std::mem::take(&mut delivered.jobs) {
             match self.streams.get_mut(&sid) {
-                Some(s) if s.reserved > 0 || !s.held.is_empty() => s.held.push(job),
+                Some(s) if s.waits_for(&job.queue) => s.held.push(job),
                 _ => jobs.push((sid, job)),
             }
         }
@@ -869,10 +980,17 @@ impl Core {
             let Some(s) = self.streams.get_mut(sid) else {
                 continue;
             };
-            if s.reserved > 0 || s.held.is_empty() {
+            if s.held.is_empty() {
                 continue;
             }
-            let mut held = std::mem::take(&mut s.held);
+            // Held jobs of the queues no round asks for any more.
+            let (mut held, wait): (Vec<Leased>, Vec<Leased>) =
+                std::mem::take(&mut s.held).into_iter().partition(|j| {
+                    !s.reserving
+                        .iter()
+                        .any(|(q, n)| *n > 0 && q.as_str() == j.queue)
+                });
+            s.held = wait;
             // A held lease may have ended meanwhile (its deadline passed and
             // the database confirmed it): the job is not this stream's now.
             held.retain(|j| s.inflight.get(&j.id).is_some_and(|f| f.token == j.token));
@@ -1003,7 +1121,7 @@ impl Core {
             if let Some(prev) = self.owner.get(&id).copied()
                 && let Some(s) = self.streams.get_mut(&prev)
             {
-                s.inflight.remove(&id);
+                s.remove(&id);
                 self.dirty.insert(prev);
             }
             let stream = self.streams.get_mut(&sid).expect("checked above");
@@ -1014,6 +1132,7 @@ impl Core {
                     token: job.token,
                     deadline,
                     checking: false,
+                    acking: false,
                 },
             );
             self.owner.insert(id, sid);
@@ -1049,11 +1168,16 @@ impl Core {
             .collect()
     }
 
-    /// Every lease our streams hold, to be released when draining.
+    /// Every lease our streams hold, to be released when draining; but
+    /// those acked on their stream, left to their acks (see [`Core::close`]).
     pub fn unsettled(&self) -> Vec<(JobId, LeaseToken)> {
         let mut leases = Vec::new();
         for stream in self.streams.values() {
-            leases.extend(stream.inflight.iter().map(|(id, f)| (*id, f.token)));
+            leases.extend(
+                (stream.inflight.iter())
+                    .filter(|(_, f)| !f.acking)
+                    .map(|(id, f)| (*id, f.token)),
+            );
         }
         leases
     }
@@ -1505,6 +1629,40 @@ mod tests {
         assert_eq!(asks(&round)["a"], 1, "one credit is still claimed");
     }
 
+    /// An ack on the stream gives the credit back at once, but the lease
+    /// stays the stream's until the ack commits: the poll's sweep of leases
+    /// no stream holds does not release it, nor does the stream's close or
+    /// a drain (the ack settles it, or the lease runs out).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_acked_on_its_stream_frees_its_credit_but_stays_held_until_the_ack_commits() {
+        let (mut c, offers) = publishing(2);
+        c.reconcile_offers(Instant::now());
+        let (a, b) = (job(0, "a"), job(0, "a"));
+        let d = c.remote_handed(vec![(1, a.clone()), (1, b.clone())], Instant::now());
+        assert_eq!(d.jobs.len(), 2);
+        c.reconcile_offers(Instant::now());
+        assert_eq!(offers.claim(&q("a"), false), None, "both credits in use");
+        c.acking([(a.id, a.token)]);
+        c.acking([(a.id, a.token)]);
+        c.reconcile_offers(Instant::now());
+        assert!(offers.claim(&q("a"), false).is_some(), "a's credit, once");
+        assert_eq!(offers.claim(&q("a"), false), None);
+        // The poll's sweep lists both leases: neither is lost.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        c.fire_timers(Instant::now());
+        assert!(c.take_sweep());
+        c.unheard(vec![(a.id, a.token), (b.id, b.token)]);
+        assert_eq!(c.take_unheard(Instant::now()), vec![]);
+        // The ack commits: nothing more comes back (the credit is out).
+        c.settled([(a.id, a.token)]);
+        c.reconcile_offers(Instant::now());
+        assert_eq!(offers.claim(&q("a"), false), None, "no credit twice");
+        // b is acked on the stream, then the stream closes before the ack
+        // commits: b is left to its ack, not released.
+        c.acking([(b.id, b.token)]);
+        assert_eq!(c.close(1), vec![]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn handed_jobs_are_in_flight_until_settled() {
         let (mut c, offers) = core();
@@ -1703,6 +1861,37 @@ mod tests {
             .plan_round()
             .expect("back to the plain path, looked at again");
         assert!(round.limited.is_empty());
+    }
+
+    /// Limited and unlimited queues are leased by two rounds planned
+    /// together: the unlimited one's jobs go out when it is back, whatever
+    /// the limited one (waiting for its queue's row, say) is doing; jobs of
+    /// one queue still wait for another round of that queue.
+    #[tokio::test(start_paused = true)]
+    async fn a_limited_round_runs_apart_and_holds_back_no_other_queue() {
+        let (mut c, _) = core();
+        c.open(1, sub(&["a", "l"], 6));
+        let round = c.plan_round().unwrap();
+        let r = Ok(LeaseOutcome {
+            jobs: vec![],
+            limited: vec![q("l")],
+            caps: vec![],
+        });
+        c.finish_round(round, r, Instant::now());
+        wake_now(&mut c, "a");
+        c.reconcile_offers(Instant::now());
+        let fast = c.plan_round().expect("the unlimited part");
+        let slow = c.plan_round().expect("the limited part, planned with it");
+        assert_eq!(c.rounds_in_flight(), 2);
+        assert_eq!(asks(&fast).keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(asks(&slow).keys().collect::<Vec<_>>(), ["l"]);
+        assert!(fast.limited.is_empty());
+        assert_eq!(slow.limited, vec![q("l")]);
+        assert!(c.plan_round().is_none(), "all the credit is reserved");
+        let d = c.finish_round(fast, outcome(vec![job(0, "a")]), Instant::now());
+        assert_eq!(sent(&d), vec![(1, 0)], "out while the limited round runs");
+        let d = c.finish_round(slow, outcome(vec![job(0, "l")]), Instant::now());
+        assert_eq!(sent(&d), vec![(1, 0)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -33,7 +33,7 @@ pub mod remote;
 mod stream;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -67,7 +67,7 @@ pub(crate) enum Msg {
     Open {
         id: StreamId,
         sub: Subscription,
-        tx: mpsc::Sender<stream::Item>,
+        tx: Outlet,
     },
     Closed(StreamId),
     /// Closed by its client (Consume half-close): the sender hears when
@@ -79,6 +79,9 @@ pub(crate) enum Msg {
     /// Leases that ended (acked / nacked here or elsewhere). Carries the
     /// token: a job may already be leased again, to another of our streams.
     Settled(Vec<(JobId, LeaseToken)>),
+    /// Leases acked on their Consume stream, the acks not committed yet
+    /// (their credit comes back; the leases stay held: `Core::acking`).
+    Acking(Vec<(JobId, LeaseToken)>),
     Extended(JobId, i64),
     LeaseChecked {
         checked: Vec<(JobId, LeaseToken)>,
@@ -196,8 +199,14 @@ impl Dispatcher {
     fn open(&self, sub: Subscription, capacity: usize) -> (StreamId, DeliveryStream) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(capacity);
+        let released = Arc::new(AtomicBool::new(false));
+        let tx = Outlet {
+            tx,
+            released: released.clone(),
+        };
         let _ = self.tx.send(Msg::Open { id, sub, tx });
-        let stream = DeliveryStream::new(rx, self.heartbeat_interval, id, self.tx.clone());
+        let stream =
+            DeliveryStream::new(rx, released, self.heartbeat_interval, id, self.tx.clone());
         (id, stream)
     }
 
@@ -234,6 +243,15 @@ impl Dispatcher {
         }
     }
 
+    /// These leases were acked on their Consume stream and the acks are on
+    /// their way to the database: their streams get the credit back now,
+    /// and keep the leases until the acks commit.
+    pub fn acking(&self, leases: Vec<(JobId, LeaseToken)>) {
+        if !leases.is_empty() {
+            let _ = self.tx.send(Msg::Acking(leases));
+        }
+    }
+
     /// A lease held by one of our streams was extended by `lease_ms` from now.
     pub fn extended(&self, id: JobId, lease_ms: i64) {
         let _ = self.tx.send(Msg::Extended(id, lease_ms));
@@ -261,6 +279,29 @@ impl Dispatcher {
     }
 }
 
+/// The dispatcher's end of one stream's deliveries.
+pub(crate) struct Outlet {
+    tx: mpsc::Sender<stream::Item>,
+    /// Set before the stream's jobs are released (its close, a drain): the
+    /// deliveries still waiting in the channel for the client to read are
+    /// then dropped, never sent (`DeliveryStream`). Sent after the release,
+    /// they would reach a client whose leases are over, and whose jobs may
+    /// already be another consumer's.
+    released: Arc<AtomicBool>,
+}
+
+impl Outlet {
+    /// Whether the item went into the channel (false: the client is gone).
+    fn try_send(&self, item: stream::Item) -> bool {
+        self.tx.try_send(item).is_ok()
+    }
+
+    /// Nothing waiting may go out any more: the jobs are about to be released.
+    fn release(&self) {
+        self.released.store(true, Ordering::Release);
+    }
+}
+
 /// The dispatcher task: [`Core`] plus everything that does I/O.
 struct Task {
     core: Core,
@@ -274,7 +315,7 @@ struct Task {
     /// ends when every handle and stream is dropped.
     me: Arc<Inbox>,
     /// Where each stream's deliveries go.
-    txs: FastMap<StreamId, mpsc::Sender<stream::Item>>,
+    txs: FastMap<StreamId, Outlet>,
     /// Who waits for the drain to finish (it runs once no round is in flight).
     drained: Option<oneshot::Sender<()>>,
 }
@@ -379,6 +420,7 @@ impl Task {
                 });
             }
             Msg::Settled(leases) => self.core.settled(leases),
+            Msg::Acking(leases) => self.core.acking(leases),
             Msg::Extended(id, lease_ms) => self.core.extended(id, lease_ms, now),
             Msg::LeaseChecked { checked, alive } => self.core.lease_checked(checked, alive, now),
             Msg::Leased(round, result) => {
@@ -433,7 +475,7 @@ impl Task {
             let sent = self
                 .txs
                 .get(&sid)
-                .is_some_and(|tx| tx.try_send(Ok(delivery(job))).is_ok());
+                .is_some_and(|tx| tx.try_send(Ok(delivery(job))));
             if !sent {
                 // The client is gone: the stream is closed below and this
                 // job released with its other unsettled ones.
@@ -472,7 +514,9 @@ impl Task {
     /// Forgets a stream and releases its unsettled jobs; `done` hears when
     /// the release is over.
     fn close(&mut self, id: StreamId, done: Option<oneshot::Sender<()>>) {
-        self.txs.remove(&id);
+        if let Some(out) = self.txs.remove(&id) {
+            out.release();
+        }
         let leases = self.core.close(id);
         debug!(stream = id, unsettled = leases.len(), "stream closed");
         let settle = self.settle.clone();
@@ -510,6 +554,9 @@ impl Task {
     /// Releases every unsettled job (giving the attempt back) and ends every
     /// stream with UNAVAILABLE.
     async fn finish_drain(&mut self) {
+        for out in self.txs.values() {
+            out.release();
+        }
         let leases = self.core.unsettled();
         let n = leases.len();
         self.settle

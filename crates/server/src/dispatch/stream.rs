@@ -9,6 +9,8 @@
 //! on it; the Consume response (api/consume.rs) adds settle results.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,6 +34,10 @@ pub enum Event {
 
 pub struct DeliveryStream {
     rx: mpsc::Receiver<Item>,
+    /// Set by the dispatcher before it releases the stream's jobs (its
+    /// close, a drain): deliveries still waiting in `rx` are dropped, not
+    /// sent (see `Outlet` in the dispatcher).
+    released: Arc<AtomicBool>,
     /// The first event has been sent. It is always a heartbeat, even when a
     /// delivery is already waiting: clients (and tests) use it to know the
     /// subscription is registered.
@@ -44,12 +50,14 @@ pub struct DeliveryStream {
 impl DeliveryStream {
     pub(super) fn new(
         rx: mpsc::Receiver<Item>,
+        released: Arc<AtomicBool>,
         interval: Duration,
         id: StreamId,
         dispatcher: mpsc::UnboundedSender<Msg>,
     ) -> Self {
         DeliveryStream {
             rx,
+            released,
             greeted: false,
             // Reset when the first event (a heartbeat) goes out.
             heartbeat: Box::pin(tokio::time::sleep(interval)),
@@ -80,6 +88,18 @@ impl Stream for DeliveryStream {
         if !this.greeted {
             this.greeted = true;
             return Poll::Ready(Some(Ok(Event::Heartbeat(this.beat()))));
+        }
+        if this.released.load(Ordering::Acquire) {
+            // The jobs were released: what still waits is not the client's
+            // any more. Only the end (or the drain's status) goes out.
+            loop {
+                match this.rx.poll_recv(cx) {
+                    Poll::Ready(Some(Ok(_))) => continue,
+                    Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status))),
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
         }
         if let Poll::Ready(item) = this.rx.poll_recv(cx) {
             let next = Instant::now() + this.interval;

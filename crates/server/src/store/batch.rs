@@ -11,6 +11,14 @@
 //! task of its own, so a caller that goes away (a cancelled RPC) cannot take
 //! other callers' statement down with it. Each caller is answered only after
 //! the statement holding its row has committed.
+//!
+//! **A statement, once started, runs to its end**, whatever becomes of its
+//! caller: a call dropped while its own batch runs in its task (a client's
+//! deadline, a reset stream) leaves the rest of that batch's work to a task
+//! of its own ([`Detach`]). Dropped halfway, the work after the statement
+//! (the enqueue path reporting its hand-off claims to the dispatcher, a
+//! settle giving a stream its credit back) never happened: a stream whose
+//! one credit an abandoned Enqueue had claimed received nothing ever again.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -188,8 +196,16 @@ where
             };
             let batch = self.inner.take_batch();
             if batch.len() == 1 && batch[0].call == call {
-                // Our own request alone: run it here, no task hop.
-                self.inner.run(batch).await;
+                // Our own request alone: run it here, no task hop; should
+                // this call be dropped meanwhile, it runs on in a task (and
+                // gives the slot back when done).
+                let inner = self.inner.clone();
+                let permit = slot.permit.take();
+                Detach::new(async move {
+                    inner.run(batch).await;
+                    drop(Slot { inner, permit });
+                })
+                .await;
             } else if !batch.is_empty() {
                 let inner = self.inner.clone();
                 let permit = slot.permit.take();
@@ -274,6 +290,45 @@ where
                     let _ = reply.send(Err(e.clone()));
                 }
             }
+        }
+    }
+}
+
+/// A future that is not cancelled by its caller's drop: dropped before it
+/// finished, it goes on in a task of its own. The batcher runs a caller's
+/// own batch in the caller's task (no task hop at light load) through it,
+/// so that a statement and what follows it (reports to the dispatcher,
+/// credit, wake-ups) always run to the end.
+struct Detach(Option<BoxFut<()>>);
+
+impl Detach {
+    fn new(f: impl Future<Output = ()> + Send + 'static) -> Detach {
+        Detach(Some(Box::pin(f)))
+    }
+}
+
+impl Future for Detach {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let Some(f) = self.0.as_mut() else {
+            return std::task::Poll::Ready(());
+        };
+        let r = f.as_mut().poll(cx);
+        if r.is_ready() {
+            self.0 = None;
+        }
+        r
+    }
+}
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        // Outside a runtime (it is shutting down) there is nowhere to go on.
+        if let Some(f) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(f);
         }
     }
 }
@@ -428,6 +483,37 @@ mod tests {
         assert!(matches!(b.call(1).await, Err(Error::Internal("boom"))));
         // The slot came back: the next call is served too.
         assert!(matches!(b.call(2).await, Err(Error::Internal("boom"))));
+    }
+
+    /// A call dropped while its own batch runs in its task (a client's
+    /// deadline): the batch runs to its end all the same, and the slot
+    /// comes back after it, not before.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_dropped_mid_statement_lets_its_statement_finish() {
+        let finished = Arc::new(AtomicUsize::new(0));
+        let counted = finished.clone();
+        let b: Batcher<u32, u32> = Batcher::new(
+            "test",
+            10,
+            1,
+            |_| 1,
+            move |reqs: Vec<u32>| {
+                let counted = counted.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    counted.fetch_add(reqs.len(), Ordering::SeqCst);
+                    Ok(reqs.into_iter().map(Ok).collect())
+                }
+            },
+        );
+        let r = tokio::time::timeout(Duration::from_millis(10), b.call(1)).await;
+        assert!(r.is_err(), "the caller gave up mid-statement");
+        assert_eq!(finished.load(Ordering::SeqCst), 0);
+        // The next call waits for the slot the abandoned statement holds.
+        let started = tokio::time::Instant::now();
+        assert_eq!(b.call(2).await.unwrap(), 2);
+        assert_eq!(finished.load(Ordering::SeqCst), 2, "both statements ran");
+        assert_eq!(started.elapsed(), Duration::from_millis(90));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,13 @@
 //! 3. lease at most that many (`lease.sql`, asks trimmed);
 //! 4. take the leased jobs out of the rate buckets; commit.
 //!
+//! The queues' rows are waited for at most [`LOCK_WAIT`]: they are held for
+//! a statement's time by other replicas' limited rounds, but an operator's
+//! open transaction could hold one for ever, and a round waiting on it
+//! holds one of the dispatcher's two lease statements. Past the wait the
+//! round leases nothing for those queues and the dispatcher comes back to
+//! them a wait later.
+//!
 //! A concurrency limit counts unexpired leases, so at no moment do more than
 //! `concurrency_limit` consumers hold a job of the queue. A slot that frees
 //! (ack, nack, dead letter, reaped lease) wakes every replica's streams on
@@ -46,6 +53,9 @@ struct Allowance {
     paused: bool,
 }
 
+/// Longest wait for the limited queues' rows (see the module docs).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Store {
     /// Leases for queues that have limits (see the module docs).
     pub async fn lease_limited(&self, wants: &[Want]) -> Result<LeaseOutcome> {
@@ -57,12 +67,40 @@ impl Store {
             .collect();
         let mut c = self.conns.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *c).await?;
-        sqlx::query_scalar!(
+        sqlx::query!(
+            "select set_config('lock_timeout', $1, true)",
+            format!("{}ms", LOCK_WAIT.as_millis()),
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let locked = sqlx::query_scalar!(
             "select 1 from leaseq.queues where name = any($1) order by name for update",
             &names as &Vec<&str>,
         )
         .fetch_all(&mut *tx)
-        .await?;
+        .await;
+        if let Err(sqlx::Error::Database(e)) = &locked
+            && e.code().as_deref() == Some("55P03")
+        {
+            // lock_not_available: a row held past the wait. Nothing leased;
+            // the dispatcher comes back after another wait.
+            tx.rollback().await?;
+            c.done();
+            tracing::warn!(queues = ?names, "a limited queue's row stayed locked; its lease round waits");
+            return Ok(LeaseOutcome {
+                caps: names
+                    .iter()
+                    .filter_map(|n| QueueName::parse(n))
+                    .map(|queue| Cap {
+                        queue,
+                        unlimited: false,
+                        retry_ms: Some(LOCK_WAIT.as_millis() as i64),
+                    })
+                    .collect(),
+                ..LeaseOutcome::default()
+            });
+        }
+        locked?;
         let mut allow: HashMap<String, Allowance> = HashMap::new();
         for r in sqlx::query_file!("src/store/sql/limits.sql", &names as &Vec<&str>)
             .fetch_all(&mut *tx)

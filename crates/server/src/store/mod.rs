@@ -212,6 +212,8 @@ pub struct FailReq {
 #[derive(Clone, Debug)]
 pub struct Extended {
     pub id: JobId,
+    /// The lease extended (see [`crate::domain::Failed::token`]).
+    pub token: LeaseToken,
     pub lease_expires_at: DateTime<Utc>,
     pub broker: Option<Uuid>,
     pub lease_ms: i64,
@@ -312,15 +314,25 @@ impl Store {
     /// concurrency or rate limit): see enqueue.sql. Sends no NOTIFY: the
     /// caller wakes the queues in [`EnqueueOutcome::wakes`] once this returns
     /// (crate::settle explains why not in this transaction).
+    ///
+    /// `moving` names jobs with a dedup key whose queue's bucket is being
+    /// moved here from another cluster (by their index in `jobs`, with that
+    /// cluster's store): their key is looked for there too, before the
+    /// commit, so that a job the move has not copied yet is found
+    /// ([`Store::dedup_elsewhere`]).
     pub async fn enqueue(
         &self,
         jobs: &[NewJob],
         claims: &[Option<HandoffTo>],
         new_queues: &[QueueName],
+        moving: &[(Store, Vec<usize>)],
     ) -> Result<EnqueueOutcome> {
         debug_assert_eq!(jobs.len(), claims.len());
         let mut c = self.conns.acquire().await?;
-        let out = if new_queues.is_empty() && jobs.iter().all(|j| j.dedup_key.is_none()) {
+        let out = if new_queues.is_empty()
+            && moving.is_empty()
+            && jobs.iter().all(|j| j.dedup_key.is_none())
+        {
             // The common case: one statement, atomic on its own, so no
             // BEGIN / COMMIT round trips.
             let refs: Vec<&NewJob> = jobs.iter().collect();
@@ -349,12 +361,81 @@ impl Store {
             out
         } else {
             let mut tx = sqlx::Connection::begin(&mut *c).await?;
-            let out = self.enqueue_in(&mut tx, jobs, claims, new_queues).await?;
+            let mut out = self.enqueue_in(&mut tx, jobs, claims, new_queues).await?;
+            for (source, idxs) in moving {
+                self.dedup_elsewhere(&mut tx, source, jobs, idxs, &mut out)
+                    .await?;
+            }
             tx.commit().await?;
             out
         };
         c.done();
         Ok(out)
+    }
+
+    /// During a bucket move the queue's new jobs come here while the jobs
+    /// not copied yet are still on the source, so a dedup key is looked
+    /// for on both. The new rows are inserted first, in the open
+    /// transaction `tx`, which holds their keys: a copy of the source's job
+    /// of the same key waits for this transaction, and the source deletes
+    /// its row only after that copy commits. So the job is in one of the
+    /// two places when looked for: here (the insert found it), or on the
+    /// source (found below, and the new row deleted again before the
+    /// commit: the caller gets that job's id, `duplicate: true`).
+    async fn dedup_elsewhere(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        source: &Store,
+        jobs: &[NewJob],
+        idxs: &[usize],
+        out: &mut EnqueueOutcome,
+    ) -> Result<()> {
+        let fresh: Vec<usize> = idxs
+            .iter()
+            .copied()
+            .filter(|&i| !out.results[i].duplicate && jobs[i].dedup_key.is_some())
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let queues: Vec<&str> = fresh.iter().map(|&i| jobs[i].queue.as_str()).collect();
+        let keys: Vec<&str> = fresh
+            .iter()
+            .map(|&i| jobs[i].dedup_key.as_deref().unwrap_or(""))
+            .collect();
+        let there: HashMap<(String, String), Uuid> = sqlx::query!(
+            "select j.id, j.queue, j.dedup_key as \"dedup_key!\" from leaseq.jobs j \
+             join unnest($1::text[], $2::text[]) as k(queue, dedup_key) \
+             on j.queue = k.queue and j.dedup_key = k.dedup_key",
+            &queues as &Vec<&str>,
+            &keys as &Vec<&str>,
+        )
+        .fetch_all(&source.pool)
+        .await?
+        .into_iter()
+        .map(|r| ((r.queue, r.dedup_key), r.id))
+        .collect();
+        let mut undo = Vec::new();
+        for i in fresh {
+            let key = (
+                jobs[i].queue.as_str().to_owned(),
+                jobs[i].dedup_key.clone().unwrap_or_default(),
+            );
+            if let Some(id) = there.get(&key) {
+                undo.push(jobs[i].id.0);
+                out.results[i] = Enqueued {
+                    job_id: JobId(*id),
+                    duplicate: true,
+                };
+            }
+        }
+        if !undo.is_empty() {
+            sqlx::query!("delete from leaseq.jobs where id = any($1)", &undo)
+                .execute(&mut *tx)
+                .await?;
+            out.handed.retain(|j| !undo.contains(&j.id.0));
+        }
+        Ok(())
     }
 
     /// The transactional form: creates missing queue rows, and resolves
@@ -742,6 +823,7 @@ impl Store {
             .map(|r| {
                 Ok(Failed {
                     id: JobId(r.id),
+                    token: LeaseToken(r.token, self.cluster),
                     queue: QueueName::parse(&r.queue)
                         .ok_or(Error::Internal("bad queue name in db"))?,
                     broker: r.lease_broker,
@@ -772,6 +854,7 @@ impl Store {
             .into_iter()
             .map(|r| Extended {
                 id: JobId(r.id),
+                token: LeaseToken(r.lease_token, self.cluster),
                 lease_expires_at: r.lease_expires_at,
                 broker: r.lease_broker,
                 lease_ms: r.lease_ms,

@@ -20,4 +20,4 @@ update leaseq.jobs j set
     lease_expires_at = now() + t.lease_ms * interval '1 millisecond'
 from target t
 where j.id = t.id and j.id = any(array(select t2.id from target t2))
-returning j.id, j.lease_expires_at as "lease_expires_at!", j.lease_broker, t.lease_ms as "lease_ms!"
+returning j.id, j.lease_token as "lease_token!", j.lease_expires_at as "lease_expires_at!", j.lease_broker, t.lease_ms as "lease_ms!"

@@ -18,7 +18,7 @@ with input as (
         with ordinality as i(id, token, error, retry_ms, dead, refund, n)
 ),
 cur as (
-    select j.id, j.queue, j.lease_broker, i.error, i.refund,
+    select j.id, i.token, j.queue, j.lease_broker, i.error, i.refund,
         q.concurrency_limit is not null as slot_freed,
         case
             when i.dead then 'nacked'
@@ -75,4 +75,4 @@ retried as (
         and j.id = any(array(select r.id from cur r where r.death is null))
     returning j.id
 )
-select c.id, c.queue, c.lease_broker, c.death, c.retry_ms as "retry_ms!", c.slot_freed as "slot_freed!" from cur c
+select c.id, c.token as "token!", c.queue, c.lease_broker, c.death, c.retry_ms as "retry_ms!", c.slot_freed as "slot_freed!" from cur c
