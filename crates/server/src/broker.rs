@@ -9,10 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
-use crate::dispatch::{DeliveryStream, Dispatcher, Handoff, StreamId, SubscriptionStream};
+use crate::dispatch::{DeliveryStream, Dispatcher, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ClusterId, ExtendReq, FastMap, FastSet, JobId, LeaseToken, NackReq, NewJob, QueueName,
-    Schedule, Subscription,
+    AckReq, ClusterId, ExtendReq, NackReq, NewJob, QueueName, Schedule, Subscription,
 };
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
@@ -440,7 +439,10 @@ async fn enqueue(
     }
     // From here on the claims are reported exactly once: with what the
     // statement did, or (an error, a panic, this future dropped) unused.
-    let mut claims = Claims::new(dispatcher.clone(), used);
+    let mut claims = {
+        let dispatcher = dispatcher.clone();
+        crate::dispatch::Claims::new(used, move |h| dispatcher.handed(h))
+    };
     let out = store.enqueue(&jobs, &to, &new_queues, &moving).await?;
     let mut handed = Vec::with_capacity(out.handed.len());
     let mut across = Vec::new();
@@ -505,60 +507,13 @@ fn moving_dedup(clusters: &Clusters, here: ClusterId, jobs: &[NewJob]) -> Vec<(S
     out
 }
 
-/// Hand-off claims of this broker's streams taken for one enqueue
-/// statement. Each is reported to the dispatcher once, used or not: by
-/// [`Claims::report`], or unused when dropped unreported. The batcher runs
-/// a statement to its end even when its caller goes away, but a claim never
-/// reported would hold its stream's credit for good (the stream would
-/// receive nothing more), so the type makes it impossible.
-struct Claims {
-    dispatcher: Dispatcher,
-    claims: Vec<crate::dispatch::Claim>,
-}
-
-impl Claims {
-    fn new(dispatcher: Dispatcher, claims: Vec<crate::dispatch::Claim>) -> Claims {
-        Claims { dispatcher, claims }
-    }
-
-    /// The statement committed: `leased` were inserted leased (their `slot`
-    /// indexes the claims); the other claims' credit returns.
-    fn report(&mut self, leased: Vec<crate::store::Leased>) {
-        self.dispatcher.handed(Handoff {
-            claims: std::mem::take(&mut self.claims),
-            leased,
-        });
-    }
-}
-
-impl Drop for Claims {
-    fn drop(&mut self) {
-        if !self.claims.is_empty() {
-            self.report(Vec::new());
-        }
-    }
-}
-
 async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Result<()>>>>> {
     let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
     let done = settle.ack(&all).await?;
-    // Keyed by (job, token): two acks of one job with different tokens may
-    // share a statement, and only the current token's ack succeeded.
-    let acked: FastSet<(JobId, LeaseToken)> = done.iter().map(|s| (s.id, s.token)).collect();
+    let mut results = crate::settle::ack_results(&all, &done).into_iter();
     Ok(reqs
         .iter()
-        .map(|batch| {
-            Ok(batch
-                .iter()
-                .map(|r| {
-                    if acked.contains(&(r.job_id, r.token)) {
-                        Ok(())
-                    } else {
-                        Err(Error::StaleLease(r.job_id.0))
-                    }
-                })
-                .collect())
-        })
+        .map(|batch| Ok(results.by_ref().take(batch.len()).collect()))
         .collect())
 }
 
@@ -575,21 +530,7 @@ async fn nack(settle: Settle, reqs: Vec<NackReq>) -> Result<Vec<Result<bool>>> {
         })
         .collect();
     let done = settle.fail(&fails, Ending::Nacked).await?;
-    // Keyed by (job, token), as acks are: a stale Nack sharing the
-    // statement with the current holder's is refused, not answered with
-    // the other's outcome.
-    let dead: FastMap<(JobId, LeaseToken), bool> = done
-        .iter()
-        .map(|f| ((f.id, f.token), f.death.is_some()))
-        .collect();
-    Ok(reqs
-        .iter()
-        .map(|r| {
-            dead.get(&(r.job_id, r.token))
-                .copied()
-                .ok_or(Error::StaleLease(r.job_id.0))
-        })
-        .collect())
+    Ok(crate::settle::nack_results(&fails, &done))
 }
 
 async fn extend(
@@ -604,18 +545,5 @@ async fn extend(
     for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
         dispatcher.extended(e.id, e.lease_ms);
     }
-    // Keyed by (job, token): see `nack`.
-    let until: FastMap<(JobId, LeaseToken), DateTime<Utc>> = done
-        .iter()
-        .map(|e| ((e.id, e.token), e.lease_expires_at))
-        .collect();
-    Ok(reqs
-        .iter()
-        .map(|r| {
-            until
-                .get(&(r.job_id, r.token))
-                .copied()
-                .ok_or(Error::StaleLease(r.job_id.0))
-        })
-        .collect())
+    Ok(crate::settle::extend_results(&reqs, &done))
 }

@@ -54,6 +54,8 @@ pub mod pgconn;
 pub mod placement;
 pub mod server;
 pub mod settle;
+#[cfg(test)]
+mod sim;
 pub mod store;
 pub mod stream_limit;
 pub mod telemetry;

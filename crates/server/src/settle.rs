@@ -32,8 +32,8 @@ use tokio::sync::mpsc;
 use tracing::warn;
 use uuid::Uuid;
 
-use crate::domain::{AckReq, ClusterId, JobId, LeaseToken, QueueName};
-use crate::error::Result;
+use crate::domain::{AckReq, ClusterId, FastMap, FastSet, JobId, LeaseToken, QueueName};
+use crate::error::{Error, Result};
 use crate::placement::Clusters;
 use crate::store::{FailReq, Failed, Settled, Store, Wake};
 
@@ -280,6 +280,61 @@ impl Settle {
     }
 }
 
+/// One result per ack of a statement, in order: OK for those the statement
+/// completed. Matched by (job, token): two acks of one job with different
+/// tokens (an expired lease's and the current one's) may share a
+/// statement, and only the current token's succeeded.
+pub(crate) fn ack_results(reqs: &[AckReq], done: &[Settled]) -> Vec<Result<()>> {
+    let acked: FastSet<(JobId, LeaseToken)> = done.iter().map(|s| (s.id, s.token)).collect();
+    reqs.iter()
+        .map(|r| {
+            if acked.contains(&(r.job_id, r.token)) {
+                Ok(())
+            } else {
+                Err(Error::StaleLease(r.job_id.0))
+            }
+        })
+        .collect()
+}
+
+/// One result per nack of a statement, in order: whether it dead-lettered
+/// the job. Matched by (job, token), as acks are: a stale Nack sharing the
+/// statement with the current holder's is refused, not answered with the
+/// other's outcome (as it was once, keyed by job id alone).
+pub(crate) fn nack_results(reqs: &[FailReq], done: &[Failed]) -> Vec<Result<bool>> {
+    let dead: FastMap<(JobId, LeaseToken), bool> = done
+        .iter()
+        .map(|f| ((f.id, f.token), f.death.is_some()))
+        .collect();
+    reqs.iter()
+        .map(|r| {
+            dead.get(&(r.id, r.token))
+                .copied()
+                .ok_or(Error::StaleLease(r.id.0))
+        })
+        .collect()
+}
+
+/// One result per lease extension of a statement, in order: the new
+/// expiry. Matched by (job, token): see [`nack_results`].
+pub(crate) fn extend_results(
+    reqs: &[crate::domain::ExtendReq],
+    done: &[crate::store::Extended],
+) -> Vec<Result<chrono::DateTime<chrono::Utc>>> {
+    let until: FastMap<(JobId, LeaseToken), chrono::DateTime<chrono::Utc>> = done
+        .iter()
+        .map(|e| ((e.id, e.token), e.lease_expires_at))
+        .collect();
+    reqs.iter()
+        .map(|r| {
+            until
+                .get(&(r.job_id, r.token))
+                .copied()
+                .ok_or(Error::StaleLease(r.job_id.0))
+        })
+        .collect()
+}
+
 /// The results of one statement per cluster: all of them, or the first
 /// error (the clusters that answered were settled all the same).
 fn merge<T>(results: Vec<Result<Vec<T>>>) -> Result<Vec<T>> {
@@ -338,7 +393,7 @@ impl Notifiers {
 /// One wake per queue that got a job back (the earliest), and an immediate
 /// one per queue with a concurrency limit (a slot freed, whatever became of
 /// the job).
-fn wakes_for(done: &[Failed]) -> Vec<Wake> {
+pub(crate) fn wakes_for(done: &[Failed]) -> Vec<Wake> {
     let mut min: HashMap<&QueueName, i64> = HashMap::new();
     for f in done {
         let ms = if f.slot_freed {

@@ -32,8 +32,8 @@ use tonic::{Status, Streaming};
 
 use crate::broker::Broker;
 use crate::config::RequestLimits;
-use crate::dispatch::{DeliveryStream, Event, StreamId};
-use crate::domain::{AckReq, ExtendReq, MAX_IN_FLIGHT, NackReq, Subscription};
+use crate::dispatch::{DeliveryStream, Event, Input, StreamId};
+use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, Subscription};
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
@@ -52,11 +52,13 @@ const MAX_PENDING_SETTLES: usize = 1024;
 const EARLY_CREDIT_SHARE: u64 = 16;
 
 /// How many jobs a stream has been sent and how many of them its client has
-/// settled on it since: what the stream holds, as the reader can tell it.
-/// It counts high when a lease runs out or a job is settled by a unary call
-/// (those never come back down), which only makes acks linger less.
+/// settled on it since: what the stream holds, as the reader can tell it,
+/// and what its acks do as they arrive ([`Held::acks_arrive`]). It counts
+/// high when a lease runs out or a job is settled by a unary call (those
+/// never come back down), which only makes acks linger less. Sans-IO: the
+/// simulation (`crate::sim`) keeps one per stream too.
 #[derive(Default)]
-struct Held {
+pub(crate) struct Held {
     /// Deliveries the response has passed on.
     delivered: AtomicU64,
     /// Jobs the client acked or nacked on the stream (well-formed entries
@@ -67,12 +69,66 @@ struct Held {
     acking: AtomicU64,
 }
 
+/// What acks arriving on a stream do (see [`Held::acks_arrive`]).
+#[derive(Debug)]
+pub(crate) struct AckPlan {
+    /// They may wait for company (the ack linger).
+    pub linger: bool,
+    /// What the dispatcher hears now, before the acks commit, if anything.
+    pub tell: Option<Input>,
+}
+
 impl Held {
     fn jobs(&self) -> u64 {
         let settled = self.settled.load(Ordering::Relaxed);
         self.delivered
             .load(Ordering::Relaxed)
             .saturating_sub(settled)
+    }
+
+    /// A delivery went out on the stream.
+    pub fn delivered(&self) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Well-formed acks of `leases` arrive on a stream whose credit is
+    /// `credit`. An ack may wait for company (the ack linger) only while
+    /// the stream has credit to spare: a consumer with all its credit in
+    /// use (one taking one job at a time, say) has its acks confirmed at
+    /// once, not a linger later. Its next delivery does not wait for
+    /// either: the consumer is done with these jobs, so their credit comes
+    /// back now, not when the ack commits, as a RabbitMQ channel frees a
+    /// prefetch slot when the ack arrives (a lingering ack would otherwise
+    /// hold it 12 ms more; flat out, the streams then fall behind and a
+    /// backlog builds up in the table: docs/BENCHMARKS.md, "Credit back
+    /// when the ack arrives"). Only while the acks not yet committed hold a
+    /// sixteenth of the stream's credit or more: below that the
+    /// dispatcher's count is nearly right, and at light load an early
+    /// return would cost it a wake-up per ack. (Waiting until half the
+    /// credit is taken instead lost the gain flat out.) The dispatcher
+    /// keeps the leases until the acks commit (`Input::Acking`): a lease
+    /// forgotten before its ack committed looked lost to the poll's sweep,
+    /// which released it (a valid ack refused: issue 32's first case).
+    /// Credit is kept per lease token, so an ack with a stale token frees
+    /// nothing.
+    pub fn acks_arrive(&self, credit: u32, leases: Vec<(JobId, LeaseToken)>) -> AckPlan {
+        let linger = self.jobs() < u64::from(credit);
+        let n = leases.len() as u64;
+        self.settled.fetch_add(n, Ordering::Relaxed);
+        let acking = self.acking.fetch_add(n, Ordering::Relaxed) + n;
+        let tell = (EARLY_CREDIT_SHARE * acking >= u64::from(credit) && !leases.is_empty())
+            .then(|| Input::Acking(leases));
+        AckPlan { linger, tell }
+    }
+
+    /// `n` acks of the stream answered (committed or failed).
+    pub fn acks_answered(&self, n: u64) {
+        self.acking.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// A well-formed nack arrived on the stream.
+    fn nacked(&self) {
+        self.settled.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -270,33 +326,14 @@ impl Reader {
                 )),
             }
         }
-        // An ack may wait for company (the ack linger) only while the
-        // stream has credit to spare: a consumer with all its credit in use
-        // (one taking one job at a time, say) has its acks confirmed at
-        // once, not a linger later. Its next delivery does not wait for
-        // either: the credit comes back below, as the ack arrives.
-        let linger = self.held.jobs() < u64::from(self.credit);
         let n = valid.len() as u64;
-        self.held.settled.fetch_add(n, Ordering::Relaxed);
-        let acking = self.held.acking.fetch_add(n, Ordering::Relaxed) + n;
-        // The consumer is done with these jobs, so their credit comes back
-        // now, not when the ack commits, as a RabbitMQ channel frees a
-        // prefetch slot when the ack arrives (a lingering ack would
-        // otherwise hold it 12 ms more; flat out, the streams then fall
-        // behind and a backlog builds up in the table: docs/BENCHMARKS.md,
-        // "Credit back when the ack arrives"). Only while the acks not yet
-        // committed hold a sixteenth of the stream's credit or more: below
-        // that the dispatcher's count is nearly right, and at light load an
-        // early return would cost it a wake-up per ack. (Waiting until half
-        // the credit is taken instead lost the gain flat out.) The commit's
-        // own return then ends the leases, which the dispatcher keeps until
-        // then (a lease forgotten before its ack commits looked lost to the
-        // poll's sweep, which released it: a valid ack refused). Credit is
-        // kept per lease token, so an ack with a stale token frees nothing.
-        if EARLY_CREDIT_SHARE * acking >= u64::from(self.credit) {
-            self.broker
-                .dispatcher()
-                .acking(valid.iter().map(|(_, r)| (r.job_id, r.token)).collect());
+        let plan = self.held.acks_arrive(
+            self.credit,
+            valid.iter().map(|(_, r)| (r.job_id, r.token)).collect(),
+        );
+        let linger = plan.linger;
+        if let Some(input) = plan.tell {
+            self.broker.dispatcher().tell(input);
         }
         let held = self.held.clone();
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
@@ -313,7 +350,7 @@ impl Reader {
                 } else {
                     broker.ack_many(reqs).await
                 };
-                held.acking.fetch_sub(n, Ordering::Relaxed);
+                held.acks_answered(n);
                 match &outcomes {
                     Ok(r) => spans
                         .into_iter()
@@ -357,7 +394,7 @@ impl Reader {
             let traces = self.traces.clone();
             let parsed = NackReq::parse(n);
             if parsed.is_ok() {
-                self.held.settled.fetch_add(1, Ordering::Relaxed);
+                self.held.nacked();
             }
             self.settles.spawn(async move {
                 let result = match parsed {
@@ -495,7 +532,7 @@ impl Stream for ConsumeStream {
                 Poll::Ready(Some(Ok(event))) => {
                     let kind = match event {
                         Event::Delivery(d) => {
-                            this.held.delivered.fetch_add(1, Ordering::Relaxed);
+                            this.held.delivered();
                             Kind::Delivery(d)
                         }
                         Event::Heartbeat(h) => Kind::Heartbeat(h),

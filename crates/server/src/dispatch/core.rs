@@ -1182,6 +1182,22 @@ impl Core {
         leases
     }
 
+    /// A stream's credit accounting, for the simulation's checker:
+    /// (max_in_flight, leases held (acking included), acking, reserved,
+    /// offered).
+    #[cfg(test)]
+    pub fn view(&self, id: StreamId) -> Option<(i32, i32, i32, i32, i32)> {
+        self.streams.get(&id).map(|s| {
+            (
+                s.max_in_flight,
+                s.inflight.len() as i32,
+                s.acking,
+                s.reserved,
+                s.offered,
+            )
+        })
+    }
+
     /// After a drain: every stream's id, queues and credit, forgotten.
     pub fn take_streams(&mut self) -> Vec<(StreamId, Vec<QueueName>, u32)> {
         self.ended.extend(self.closing.drain().map(|(id, _)| id));

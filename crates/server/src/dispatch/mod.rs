@@ -28,6 +28,7 @@
 //! at once.
 
 mod core;
+mod machine;
 pub mod offers;
 pub mod remote;
 mod stream;
@@ -41,11 +42,20 @@ use tokio::time::{Instant, sleep_until};
 use tonic::Status;
 use tracing::{debug, info, trace, warn};
 
+pub(crate) use offers::Claims;
 pub use offers::{Claim, Offers};
 pub use stream::{DeliveryStream, Event, SubscriptionStream};
 
 pub(crate) use self::core::Handoff;
-use self::core::{Checks, Core, Delivered, Publish, Round};
+use self::core::{Core, Publish, Round};
+pub(crate) use self::machine::Input;
+use self::machine::{Drained, Effects, Machine, Release};
+#[cfg(test)]
+pub(crate) mod sim_seam {
+    //! What the simulation (`crate::sim`) drives: the dispatcher's own types.
+    pub(crate) use super::core::{Core, Round, UNHEARD_AFTER};
+    pub(crate) use super::machine::{CLOSED_BEFORE_SETTLING, Effects, Input, Machine, Release};
+}
 use crate::domain::{FastMap, JobId, LeaseToken, MAX_IN_FLIGHT, QueueName, Subscription};
 use crate::pb;
 use crate::placement::Clusters;
@@ -63,42 +73,20 @@ pub struct DispatchConfig {
     pub poll_interval: Duration,
 }
 
+/// What the dispatcher task hears: the machine's inputs, and the few that
+/// carry something of the task's own (a stream's channel, a waiter).
 pub(crate) enum Msg {
     Open {
         id: StreamId,
         sub: Subscription,
         tx: Outlet,
     },
-    Closed(StreamId),
     /// Closed by its client (Consume half-close): the sender hears when
     /// the stream's unsettled jobs are released.
     Finish(StreamId, oneshot::Sender<()>),
     Credit(StreamId, u32),
-    Wake(Vec<Wake>),
-    WakeAll,
-    /// Leases that ended (acked / nacked here or elsewhere). Carries the
-    /// token: a job may already be leased again, to another of our streams.
-    Settled(Vec<(JobId, LeaseToken)>),
-    /// Leases acked on their Consume stream, the acks not committed yet
-    /// (their credit comes back; the leases stay held: `Core::acking`).
-    Acking(Vec<(JobId, LeaseToken)>),
-    Extended(JobId, i64),
-    LeaseChecked {
-        checked: Vec<(JobId, LeaseToken)>,
-        alive: Vec<(JobId, i64)>,
-    },
-    /// A lease round finished.
-    Leased(Round, crate::error::Result<LeaseOutcome>),
-    /// Our live leases on jobs enqueued a while ago (lost hand-overs?).
-    Unheard(crate::error::Result<Vec<(JobId, LeaseToken)>>),
-    /// The enqueue path used (or returned) hand-off claims.
-    Handed(Handoff),
-    /// Another replica inserted jobs leased to these streams of ours.
-    RemoteHanded(Vec<(StreamId, Leased)>),
-    /// When the next delayed job of these queues is due, and whether one
-    /// is ready now.
-    DueKnown(crate::error::Result<Vec<crate::store::Due>>),
     Drain(oneshot::Sender<()>),
+    In(Input),
 }
 
 /// Handle to the dispatcher task. Cheap to clone.
@@ -128,11 +116,11 @@ impl Inbox {
 
 impl Local for Inbox {
     fn wake(&self, wakes: Vec<Wake>) {
-        self.send(Msg::Wake(wakes));
+        self.send(Msg::In(Input::Wake(wakes)));
     }
 
     fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
-        self.send(Msg::Settled(leases));
+        self.send(Msg::In(Input::Settled(leases)));
     }
 }
 
@@ -155,7 +143,8 @@ impl Dispatcher {
             core.set_placement(Box::new(move |q| clusters.cluster_of(q)));
         }
         let task = Task {
-            core,
+            machine: Machine::new(core),
+            finishing: FastMap::default(),
             store,
             clusters,
             settle: settle.clone(),
@@ -227,46 +216,45 @@ impl Dispatcher {
     /// Jobs became available (delay 0) or will at `delay_ms`.
     pub fn wake(&self, wakes: Vec<Wake>) {
         if !wakes.is_empty() {
-            let _ = self.tx.send(Msg::Wake(wakes));
+            let _ = self.tx.send(Msg::In(Input::Wake(wakes)));
         }
     }
 
     /// Look at every queue (e.g. after LISTEN reconnected).
     pub fn wake_all(&self) {
-        let _ = self.tx.send(Msg::WakeAll);
+        let _ = self.tx.send(Msg::In(Input::WakeAll));
     }
 
     /// These leases were settled: their streams get the credit back.
     pub fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
         if !leases.is_empty() {
-            let _ = self.tx.send(Msg::Settled(leases));
+            let _ = self.tx.send(Msg::In(Input::Settled(leases)));
         }
     }
 
-    /// These leases were acked on their Consume stream and the acks are on
-    /// their way to the database: their streams get the credit back now,
-    /// and keep the leases until the acks commit.
-    pub fn acking(&self, leases: Vec<(JobId, LeaseToken)>) {
-        if !leases.is_empty() {
-            let _ = self.tx.send(Msg::Acking(leases));
-        }
+    /// Tells the dispatcher something a stream's reader decided it must hear
+    /// (`api::consume::Held::acks_arrive`).
+    pub(crate) fn tell(&self, input: Input) {
+        let _ = self.tx.send(Msg::In(input));
     }
 
     /// A lease held by one of our streams was extended by `lease_ms` from now.
     pub fn extended(&self, id: JobId, lease_ms: i64) {
-        let _ = self.tx.send(Msg::Extended(id, lease_ms));
+        let _ = self.tx.send(Msg::In(Input::Extended(id, lease_ms)));
     }
 
     /// What the enqueue path did with its claims (every claim is reported).
     pub(crate) fn handed(&self, handoff: Handoff) {
         if !handoff.claims.is_empty() {
-            let _ = self.tx.send(Msg::Handed(handoff));
+            let _ = self.tx.send(Msg::In(Input::Handed(handoff)));
         }
     }
 
     /// Another replica inserted a job leased to one of our streams.
     pub(crate) fn remote_handed(&self, stream: StreamId, job: Leased) {
-        let _ = self.tx.send(Msg::RemoteHanded(vec![(stream, job)]));
+        let _ = self
+            .tx
+            .send(Msg::In(Input::RemoteHanded(vec![(stream, job)])));
     }
 
     /// Stops delivering, releases every unsettled job (giving the attempt
@@ -302,9 +290,9 @@ impl Outlet {
     }
 }
 
-/// The dispatcher task: [`Core`] plus everything that does I/O.
+/// The dispatcher task: the [`Machine`], and everything that does I/O.
 struct Task {
-    core: Core,
+    machine: Machine,
     /// The home cluster's store: metrics.
     store: Store,
     /// Every cluster: lease rounds and lease checks go to the queue's or
@@ -316,6 +304,8 @@ struct Task {
     me: Arc<Inbox>,
     /// Where each stream's deliveries go.
     txs: FastMap<StreamId, Outlet>,
+    /// Clients that half-closed their streams, waiting for the release.
+    finishing: FastMap<StreamId, oneshot::Sender<()>>,
     /// Who waits for the drain to finish (it runs once no round is in flight).
     drained: Option<oneshot::Sender<()>>,
 }
@@ -323,7 +313,7 @@ struct Task {
 impl Task {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         loop {
-            let timer = self.core.next_timer();
+            let timer = self.machine.next_timer();
             tokio::select! {
                 biased;
                 msg = rx.recv() => {
@@ -335,66 +325,20 @@ impl Task {
                 }
                 _ = sleep_until(timer) => {}
             }
-            for id in self.core.take_ended() {
-                self.store.metrics.streams.closed(id);
-            }
-            let now = Instant::now();
-            let checks = self.core.fire_timers(now);
-            self.check(checks);
-            if self.core.is_draining() {
-                let gone = self.core.withdrawals();
-                self.publish(gone);
-                if self.core.rounds_in_flight() == 0
-                    && let Some(done) = self.drained.take()
-                {
-                    self.finish_drain().await;
+            let mut fx = Effects::default();
+            self.machine.step(Instant::now(), &mut fx);
+            if let Some(drained) = self.apply(fx) {
+                self.finish_drain(drained).await;
+                if let Some(done) = self.drained.take() {
                     let _ = done.send(());
                 }
-                continue;
-            }
-            let lost = self.core.take_unheard(now);
-            if !lost.is_empty() {
-                warn!(
-                    jobs = lost.len(),
-                    "releasing jobs handed to this broker whose hand-over never arrived"
-                );
-                self.release(lost, "handed over, never heard of", true);
-            }
-            let offers = self.core.reconcile_offers(now);
-            self.publish(offers);
-            while let Some(round) = self.core.plan_round() {
-                trace!("lease round started");
-                let (clusters, me) = (self.clusters.clone(), self.me.clone());
-                tokio::spawn(async move {
-                    let result = lease_everywhere(&clusters, &round).await;
-                    me.send(Msg::Leased(round, result));
-                });
-            }
-            if self.core.take_sweep() {
-                let (store, me) = (self.store.clone(), self.me.clone());
-                tokio::spawn(async move {
-                    let older = core::UNHEARD_AFTER.as_millis() as i64;
-                    me.send(Msg::Unheard(store.unheard_leases(older).await));
-                });
-            }
-            let due = self.core.due_checks();
-            if !due.is_empty() {
-                let (clusters, me) = (self.clusters.clone(), self.me.clone());
-                tokio::spawn(async move {
-                    me.send(Msg::DueKnown(next_due(&clusters, due).await));
-                });
             }
         }
     }
 
     fn handle(&mut self, msg: Msg) {
-        let now = Instant::now();
-        match msg {
+        let input = match msg {
             Msg::Open { id, sub, tx } => {
-                if self.core.is_draining() {
-                    let _ = tx.try_send(Err(Status::unavailable("broker is shutting down")));
-                    return;
-                }
                 debug!(stream = id, queues = ?sub.queues, consumer = %sub.consumer, "stream opened");
                 (self.store.metrics.streams).opened(
                     id,
@@ -402,90 +346,103 @@ impl Task {
                     &sub.queues,
                     sub.max_in_flight,
                 );
-                self.core.open(id, sub);
                 self.txs.insert(id, tx);
+                Input::Open { id, sub }
             }
-            Msg::Closed(id) => self.close(id, None),
-            Msg::Finish(id, done) => self.close(id, Some(done)),
+            Msg::Finish(id, done) => {
+                self.finishing.insert(id, done);
+                Input::Finish(id)
+            }
             Msg::Credit(id, n) => {
                 self.store.metrics.streams.credit(id, n);
-                self.core.set_credit(id, n);
-            }
-            Msg::Wake(wakes) => self.core.wake(wakes, now),
-            Msg::WakeAll => {
-                let verify = self.core.wake_all(now);
-                self.check(Checks {
-                    verify,
-                    ..Default::default()
-                });
-            }
-            Msg::Settled(leases) => self.core.settled(leases),
-            Msg::Acking(leases) => self.core.acking(leases),
-            Msg::Extended(id, lease_ms) => self.core.extended(id, lease_ms, now),
-            Msg::LeaseChecked { checked, alive } => self.core.lease_checked(checked, alive, now),
-            Msg::Leased(round, result) => {
-                if let Err(e) = &result {
-                    warn!(error = %e, "lease statement failed; retrying in 1s");
-                }
-                let delivered = self.core.finish_round(round, result, now);
-                trace!(jobs = delivered.jobs.len(), "lease round finished");
-                self.deliver(delivered);
-            }
-            Msg::Handed(handoff) => {
-                let delivered = self.core.handed(handoff, now);
-                self.deliver(delivered);
-            }
-            Msg::RemoteHanded(jobs) => {
-                let delivered = self.core.remote_handed(jobs, now);
-                trace!(
-                    jobs = delivered.jobs.len(),
-                    orphans = delivered.orphans.len(),
-                    "handed over by another replica"
-                );
-                self.deliver(delivered);
-            }
-            Msg::Unheard(Ok(leases)) => self.core.unheard(leases),
-            Msg::Unheard(Err(e)) => {
-                warn!(error = %e, "lost hand-over check failed; the next poll retries")
-            }
-            Msg::DueKnown(Ok(rows)) => self.core.due_known(rows, now),
-            Msg::DueKnown(Err(e)) => {
-                warn!(error = %e, "next-due query failed; the fallback poll covers it")
+                Input::Credit(id, n)
             }
             Msg::Drain(done) => {
-                // Finishes from the loop once no lease statement is in flight.
-                self.core.begin_drain();
                 self.drained = Some(done);
+                Input::Drain
             }
-        }
+            Msg::In(input) => input,
+        };
+        let mut fx = Effects::default();
+        self.machine.input(input, Instant::now(), &mut fx);
+        // A drain ends from the loop, never from a message.
+        debug_assert!(fx.drained.is_none());
+        self.apply(fx);
     }
 
-    /// Pushes leased jobs into their streams; releases what nobody can take.
-    /// Once a drain has begun nothing more is pushed: jobs a round or a
-    /// hand-off leased meanwhile stay in flight and are released by the
-    /// drain, attempt given back, without reaching a consumer.
-    fn deliver(&mut self, delivered: Delivered) {
-        if self.core.is_draining() {
-            self.release(delivered.orphans, "stream closed before delivery", true);
-            return;
-        }
-        (self.store.metrics).on_leased(delivered.jobs.iter().map(|(_, j)| j));
-        let mut gone: Vec<StreamId> = Vec::new();
-        for (sid, job) in delivered.jobs {
-            let sent = self
-                .txs
-                .get(&sid)
-                .is_some_and(|tx| tx.try_send(Ok(delivery(job))));
-            if !sent {
-                // The client is gone: the stream is closed below and this
-                // job released with its other unsettled ones.
-                gone.push(sid);
+    /// Carries out what the machine decided; a drain's end is returned,
+    /// for the loop to await.
+    fn apply(&mut self, mut fx: Effects) -> Option<Drained> {
+        loop {
+            for id in fx.refused.drain(..) {
+                if let Some(out) = self.txs.remove(&id) {
+                    out.try_send(Err(Status::unavailable("broker is shutting down")));
+                }
+                self.store.metrics.streams.closed(id);
             }
+            for id in fx.closed.drain(..) {
+                if let Some(out) = self.txs.remove(&id) {
+                    out.release();
+                }
+            }
+            for id in fx.ended.drain(..) {
+                self.store.metrics.streams.closed(id);
+            }
+            (self.store.metrics).on_leased(fx.deliver.iter().map(|(_, j)| j));
+            let mut gone: Vec<StreamId> = Vec::new();
+            for (sid, job) in fx.deliver.drain(..) {
+                let sent = self
+                    .txs
+                    .get(&sid)
+                    .is_some_and(|tx| tx.try_send(Ok(delivery(job))));
+                if !sent && !gone.contains(&sid) {
+                    // The client is gone: the stream is closed and this job
+                    // released with its other unsettled ones.
+                    gone.push(sid);
+                }
+            }
+            for r in fx.release.drain(..) {
+                self.release(r);
+            }
+            for chunk in fx.check.chunks(5000) {
+                let (clusters, settle, me) =
+                    (self.clusters.clone(), self.settle.clone(), self.me.clone());
+                tokio::spawn(check_leases(clusters, settle, me, chunk.to_vec()));
+            }
+            fx.check.clear();
+            for round in fx.rounds.drain(..) {
+                trace!("lease round started");
+                let (clusters, me) = (self.clusters.clone(), self.me.clone());
+                tokio::spawn(async move {
+                    let result = lease_everywhere(&clusters, &round).await;
+                    me.send(Msg::In(Input::Leased(round, result)));
+                });
+            }
+            if std::mem::take(&mut fx.sweep) {
+                let (store, me) = (self.store.clone(), self.me.clone());
+                tokio::spawn(async move {
+                    let older = core::UNHEARD_AFTER.as_millis() as i64;
+                    me.send(Msg::In(Input::Unheard(store.unheard_leases(older).await)));
+                });
+            }
+            if !fx.due.is_empty() {
+                let (clusters, me) = (self.clusters.clone(), self.me.clone());
+                let due = std::mem::take(&mut fx.due);
+                tokio::spawn(async move {
+                    me.send(Msg::In(Input::DueKnown(next_due(&clusters, due).await)));
+                });
+            }
+            self.publish(std::mem::take(&mut fx.publish));
+            if gone.is_empty() {
+                return fx.drained.take();
+            }
+            let drained = fx.drained.take();
+            let now = Instant::now();
+            for sid in gone {
+                self.machine.input(Input::Closed(sid), now, &mut fx);
+            }
+            fx.drained = drained;
         }
-        for sid in gone {
-            self.close(sid, None);
-        }
-        self.release(delivered.orphans, "stream closed before delivery", true);
     }
 
     /// Tells the other replicas what our idle streams offer now.
@@ -511,65 +468,33 @@ impl Task {
         self.settle.publish_offers(notes);
     }
 
-    /// Forgets a stream and releases its unsettled jobs; `done` hears when
-    /// the release is over.
-    fn close(&mut self, id: StreamId, done: Option<oneshot::Sender<()>>) {
-        if let Some(out) = self.txs.remove(&id) {
-            out.release();
-        }
-        let leases = self.core.close(id);
-        debug!(stream = id, unsettled = leases.len(), "stream closed");
+    /// Makes leases available again at once, in a task of its own; a client
+    /// that half-closed its stream hears when it is over.
+    fn release(&mut self, r: Release) {
+        let done = r.finish.and_then(|id| self.finishing.remove(&id));
         let settle = self.settle.clone();
         tokio::spawn(async move {
-            settle
-                .release(leases, "consumer stream closed before settling", false)
-                .await;
+            settle.release(r.leases, r.why, r.refund).await;
             if let Some(done) = done {
                 let _ = done.send(());
             }
         });
     }
 
-    /// Makes leases available again at once (in a task of its own).
-    fn release(&self, leases: Vec<(JobId, LeaseToken)>, why: &'static str, refund: bool) {
-        if leases.is_empty() {
-            return;
-        }
-        let settle = self.settle.clone();
-        tokio::spawn(async move { settle.release(leases, why, refund).await });
-    }
-
-    /// Starts the lease checks `checks` asks for, in tasks of their own.
-    fn check(&self, checks: Checks) {
-        for chunk in [checks.expired, checks.verify]
-            .iter()
-            .flat_map(|leases| leases.chunks(5000))
-        {
-            let (clusters, settle, me) =
-                (self.clusters.clone(), self.settle.clone(), self.me.clone());
-            tokio::spawn(check_leases(clusters, settle, me, chunk.to_vec()));
-        }
-    }
-
     /// Releases every unsettled job (giving the attempt back) and ends every
     /// stream with UNAVAILABLE.
-    async fn finish_drain(&mut self) {
+    async fn finish_drain(&mut self, drained: Drained) {
         for out in self.txs.values() {
             out.release();
         }
-        let leases = self.core.unsettled();
-        let n = leases.len();
+        let n = drained.leases.len();
         self.settle
-            .release(leases, "broker shut down before the job was settled", true)
+            .release(drained.leases, machine::SHUT_DOWN, true)
             .await;
-        let streams = self.core.take_streams();
-        for id in self.core.take_ended() {
-            self.store.metrics.streams.closed(id);
-        }
-        for (id, _, _) in streams {
+        for id in drained.streams {
             self.store.metrics.streams.closed(id);
             if let Some(tx) = self.txs.remove(&id) {
-                let _ = tx.try_send(Err(Status::unavailable(
+                tx.try_send(Err(Status::unavailable(
                     "broker is shutting down; reconnect",
                 )));
             }
@@ -725,5 +650,5 @@ async fn check_leases(
             }
         }
     }
-    me.send(Msg::LeaseChecked { checked, alive });
+    me.send(Msg::In(Input::LeaseChecked { checked, alive }));
 }

@@ -43,6 +43,43 @@ pub struct Claim {
     pub to: HandoffTo,
 }
 
+/// Hand-off claims of this broker's streams taken for one enqueue
+/// statement. Each is reported to the dispatcher once, used or not: by
+/// [`Claims::report`], or unused when dropped unreported. The batcher runs
+/// a statement to its end even when its caller goes away, but a claim
+/// never reported would hold its stream's credit for good (the stream
+/// received nothing more: issue 32's second case), so this type makes it
+/// impossible.
+pub(crate) struct Claims {
+    claims: Vec<Claim>,
+    /// Where the report goes (the dispatcher's inbox, or the simulation's).
+    sink: Box<dyn FnMut(super::Handoff) + Send>,
+}
+
+impl Claims {
+    pub fn new(claims: Vec<Claim>, sink: impl FnMut(super::Handoff) + Send + 'static) -> Claims {
+        Claims {
+            claims,
+            sink: Box::new(sink),
+        }
+    }
+
+    /// The statement committed: `leased` were inserted leased (their
+    /// `slot` indexes the claims); the other claims' credit returns.
+    pub fn report(&mut self, leased: Vec<crate::store::Leased>) {
+        let claims = std::mem::take(&mut self.claims);
+        if !claims.is_empty() {
+            (self.sink)(super::Handoff { claims, leased });
+        }
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        self.report(Vec::new());
+    }
+}
+
 /// The shared book. Cheap to clone.
 #[derive(Clone, Default, Debug)]
 pub struct Offers(Arc<Mutex<Book>>);
@@ -257,6 +294,14 @@ impl Offers {
             }
             None => (0, 0),
         }
+    }
+
+    /// What a stream offers and nobody has claimed (the simulation's
+    /// credit audit).
+    #[cfg(test)]
+    pub(crate) fn unclaimed(&self, id: StreamId) -> i32 {
+        let book = self.0.lock().expect("poisoned");
+        book.streams.get(&id).map_or(0, |o| o.credit)
     }
 
     #[cfg(test)]

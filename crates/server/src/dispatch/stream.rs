@@ -148,6 +148,6 @@ struct CloseGuard {
 
 impl Drop for CloseGuard {
     fn drop(&mut self) {
-        let _ = self.dispatcher.send(Msg::Closed(self.id));
+        let _ = self.dispatcher.send(Msg::In(super::Input::Closed(self.id)));
     }
 }

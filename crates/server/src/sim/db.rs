@@ -1,0 +1,515 @@
+//! The model database: `leaseq.jobs` as the broker's statements see it, one
+//! statement at a time. Each function is one statement's effect, applied
+//! at the instant the simulation commits it, with the semantics of its
+//! `.sql` file (named on each): fencing by lease token, `skip locked`
+//! leasing in delivery order, retries, dead letters, refunds, the limited
+//! path's concurrency limit. The statements' SQL itself is tested against
+//! PostgreSQL by the integration suite; this model is what the simulation's
+//! broker runs against, so that its decisions can be interleaved at will.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use chrono::{DateTime, TimeZone, Utc};
+use uuid::Uuid;
+
+use crate::domain::{AckReq, ClusterId, ExtendReq, Failed, JobId, LeaseToken, QueueName, Settled};
+use crate::store::limits::Cap;
+use crate::store::{Due, Extended, FailReq, HandoffTo, LeaseOutcome, Leased, Wake, Want};
+
+/// Database time: milliseconds since the simulation began.
+pub type Ms = u64;
+
+/// A queue's settings, as the model knows them.
+#[derive(Clone, Debug, Default)]
+pub struct QueueConf {
+    pub concurrency_limit: Option<i64>,
+    pub max_attempts: i32,
+    /// Nack without retry_after: retried after this long.
+    pub backoff_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Available,
+    Leased,
+}
+
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub queue: QueueName,
+    pub state: State,
+    pub priority: i32,
+    pub run_at: Ms,
+    pub enqueued: Ms,
+    pub attempt: i32,
+    pub token: Option<LeaseToken>,
+    pub expires: Ms,
+    /// Which incarnation of the broker leased it (`lease_broker`).
+    pub broker: Option<Uuid>,
+}
+
+/// A job to insert (what `NewJob` carries that matters here).
+#[derive(Clone, Debug)]
+pub struct Insert {
+    pub id: JobId,
+    pub queue: QueueName,
+    pub priority: i32,
+    pub delay_ms: Ms,
+}
+
+#[derive(Default)]
+pub struct Db {
+    pub now: Ms,
+    /// Every live job (read freely; changed only through `put` / `take`,
+    /// which keep the indexes below).
+    pub jobs: BTreeMap<JobId, Row>,
+    /// Available jobs per queue in delivery order (`jobs_ready`).
+    ready_idx: BTreeMap<QueueName, BTreeSet<(i32, Ms, JobId)>>,
+    /// Available jobs per queue by run_at.
+    due_idx: BTreeMap<QueueName, BTreeSet<(Ms, JobId)>>,
+    /// Leased jobs.
+    leased_idx: BTreeSet<JobId>,
+    pub dead: BTreeMap<JobId, String>,
+    pub done: BTreeSet<JobId>,
+    pub queues: BTreeMap<QueueName, QueueConf>,
+    next_token: u128,
+}
+
+/// The database's clock as a timestamp (the broker's `DateTime`s).
+pub fn ts(ms: Ms) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(1_800_000_000_000 + ms as i64)
+        .single()
+        .expect("in range")
+}
+
+impl Db {
+    fn index(&mut self, id: JobId) {
+        let Some(r) = self.jobs.get(&id) else { return };
+        match r.state {
+            State::Available => {
+                let q = r.queue.clone();
+                let (p, at) = (-r.priority, r.run_at);
+                self.ready_idx
+                    .entry(q.clone())
+                    .or_default()
+                    .insert((p, at, id));
+                self.due_idx.entry(q).or_default().insert((at, id));
+            }
+            State::Leased => {
+                self.leased_idx.insert(id);
+            }
+        }
+    }
+
+    fn unindex(&mut self, id: JobId) {
+        let Some(r) = self.jobs.get(&id) else { return };
+        let (q, p, at) = (r.queue.clone(), -r.priority, r.run_at);
+        if let Some(s) = self.ready_idx.get_mut(&q) {
+            s.remove(&(p, at, id));
+        }
+        if let Some(s) = self.due_idx.get_mut(&q) {
+            s.remove(&(at, id));
+        }
+        self.leased_idx.remove(&id);
+    }
+
+    fn put(&mut self, id: JobId, row: Row) {
+        self.unindex(id);
+        self.jobs.insert(id, row);
+        self.index(id);
+    }
+
+    fn take(&mut self, id: JobId) -> Option<Row> {
+        self.unindex(id);
+        self.jobs.remove(&id)
+    }
+
+    /// Changes a row in place, keeping the indexes.
+    fn change(&mut self, id: JobId, f: impl FnOnce(&mut Row)) {
+        self.unindex(id);
+        if let Some(r) = self.jobs.get_mut(&id) {
+            f(r);
+        }
+        self.index(id);
+    }
+
+    /// Whether `queue` has a job deliverable now.
+    pub fn has_ready(&self, queue: &QueueName) -> bool {
+        self.due_idx
+            .get(queue)
+            .and_then(|s| s.first())
+            .is_some_and(|(at, _)| *at <= self.now)
+    }
+
+    pub fn new(queues: BTreeMap<QueueName, QueueConf>) -> Db {
+        Db {
+            queues,
+            ..Db::default()
+        }
+    }
+
+    fn conf(&self, q: &QueueName) -> QueueConf {
+        self.queues.get(q).cloned().unwrap_or(QueueConf {
+            concurrency_limit: None,
+            max_attempts: 5,
+            backoff_ms: 200,
+        })
+    }
+
+    fn limited(&self, q: &QueueName) -> bool {
+        self.conf(q).concurrency_limit.is_some()
+    }
+
+    /// `gen_random_uuid()`, made deterministic.
+    fn token(&mut self) -> LeaseToken {
+        self.next_token += 1;
+        LeaseToken(
+            Uuid::from_u128(0x5eed_0000_0000_0000_0000_0000_0000_0000 | self.next_token),
+            ClusterId::HOME,
+        )
+    }
+
+    fn leased(&self, id: JobId, slot: i32, lease_ms: i64) -> Leased {
+        let r = &self.jobs[&id];
+        Leased {
+            slot,
+            lease_ms,
+            id,
+            queue: r.queue.as_str().to_owned(),
+            payload: Vec::new(),
+            headers: Default::default(),
+            priority: r.priority,
+            attempt: r.attempt,
+            enqueued_at: ts(r.enqueued),
+            run_at: ts(r.run_at),
+            last_error: None,
+            token: r.token.expect("leased"),
+            lease_expires_at: ts(r.expires),
+        }
+    }
+
+    /// enqueue.sql: jobs inserted, those with a claim (due now, queue
+    /// without limits) inserted leased to the claiming stream. Returns the
+    /// handed jobs (`slot`: the job's index) and the wake-ups.
+    pub fn enqueue(
+        &mut self,
+        jobs: &[Insert],
+        claims: &[Option<HandoffTo>],
+        broker: Uuid,
+        default_lease_ms: i64,
+    ) -> (Vec<Leased>, Vec<Wake>) {
+        let mut handed = Vec::new();
+        let mut wakes: BTreeMap<QueueName, i64> = BTreeMap::new();
+        for (i, j) in jobs.iter().enumerate() {
+            let claim = claims[i]
+                .as_ref()
+                .filter(|_| j.delay_ms == 0 && !self.limited(&j.queue));
+            let mut row = Row {
+                queue: j.queue.clone(),
+                state: State::Available,
+                priority: j.priority,
+                run_at: self.now + j.delay_ms,
+                enqueued: self.now,
+                attempt: 0,
+                token: None,
+                expires: 0,
+                broker: None,
+            };
+            match claim {
+                Some(c) => {
+                    let lease_ms = c.lease_ms.unwrap_or(default_lease_ms);
+                    row.state = State::Leased;
+                    row.attempt = 1;
+                    row.token = Some(self.token());
+                    row.expires = self.now + lease_ms as u64;
+                    row.broker = Some(broker);
+                    self.put(j.id, row);
+                    handed.push(self.leased(j.id, i as i32, lease_ms));
+                }
+                None => {
+                    self.put(j.id, row);
+                    let e = wakes.entry(j.queue.clone()).or_insert(j.delay_ms as i64);
+                    *e = (*e).min(j.delay_ms as i64);
+                }
+            }
+        }
+        let wakes = wakes
+            .into_iter()
+            .map(|(queue, delay_ms)| Wake { queue, delay_ms })
+            .collect();
+        (handed, wakes)
+    }
+
+    /// Up to `n` jobs of `queue` deliverable now, in delivery order.
+    fn ready(&self, queue: &QueueName, n: usize) -> Vec<JobId> {
+        self.ready_idx
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .filter(|(_, at, _)| *at <= self.now)
+            .take(n)
+            .map(|(_, _, id)| *id)
+            .collect()
+    }
+
+    /// lease.sql (`limited`: through store/limits.rs, whose concurrency
+    /// limit trims the asks; otherwise limited queues come back as
+    /// markers). Each want takes the next `n` jobs of its queue in order.
+    pub fn lease(
+        &mut self,
+        wants: &[Want],
+        limited: bool,
+        broker: Uuid,
+        default_lease_ms: i64,
+    ) -> LeaseOutcome {
+        let mut out = LeaseOutcome::default();
+        // Each queue's jobs in line for this statement's wants.
+        let mut taken: BTreeMap<QueueName, VecDeque<JobId>> = BTreeMap::new();
+        let mut allowed: BTreeMap<QueueName, i64> = BTreeMap::new();
+        for w in wants {
+            let conf = self.conf(&w.queue);
+            if conf.concurrency_limit.is_some() && !limited {
+                if !out.limited.contains(&w.queue) {
+                    out.limited.push(w.queue.clone());
+                }
+                continue;
+            }
+            if !taken.contains_key(&w.queue) {
+                let asked: i32 = wants
+                    .iter()
+                    .filter(|x| x.queue == w.queue)
+                    .map(|x| x.n)
+                    .sum();
+                let line = self.ready(&w.queue, asked.max(0) as usize);
+                taken.insert(w.queue.clone(), line.into());
+                if let Some(limit) = conf.concurrency_limit {
+                    let busy = self
+                        .leased_idx
+                        .iter()
+                        .map(|id| &self.jobs[id])
+                        .filter(|r| r.queue == w.queue && r.expires > self.now)
+                        .count() as i64;
+                    allowed.insert(w.queue.clone(), (limit - busy).max(0));
+                }
+            }
+            let lease_ms = w.lease_ms.unwrap_or(default_lease_ms);
+            for _ in 0..w.n {
+                if let Some(a) = allowed.get_mut(&w.queue) {
+                    if *a == 0 {
+                        break;
+                    }
+                    *a -= 1;
+                }
+                let Some(id) = taken.get_mut(&w.queue).expect("listed").pop_front() else {
+                    break;
+                };
+                let token = self.token();
+                let now = self.now;
+                self.change(id, |r| {
+                    r.state = State::Leased;
+                    r.attempt += 1;
+                    r.token = Some(token);
+                    r.expires = now + lease_ms as u64;
+                    r.broker = Some(broker);
+                });
+                out.jobs.push(self.leased(id, w.slot, lease_ms));
+            }
+        }
+        if limited {
+            let mut queues: Vec<&QueueName> = wants.iter().map(|w| &w.queue).collect();
+            queues.sort();
+            queues.dedup();
+            out.caps = queues
+                .into_iter()
+                .map(|q| Cap {
+                    queue: q.clone(),
+                    unlimited: !self.limited(q),
+                    retry_ms: None,
+                })
+                .collect();
+        }
+        out
+    }
+
+    /// The current lease of `id`, if `token` is it.
+    fn holds(&self, id: JobId, token: LeaseToken) -> bool {
+        self.jobs
+            .get(&id)
+            .is_some_and(|r| r.state == State::Leased && r.token == Some(token))
+    }
+
+    /// ack.sql: completes jobs whose token is current (expired or not).
+    pub fn ack(&mut self, reqs: &[AckReq]) -> Vec<Settled> {
+        let mut out = Vec::new();
+        for r in reqs {
+            if !self.holds(r.job_id, r.token) {
+                continue;
+            }
+            let row = self.take(r.job_id).expect("held");
+            self.done.insert(r.job_id);
+            out.push(Settled {
+                id: r.job_id,
+                token: r.token,
+                broker: row.broker,
+                slot_freed: self.limited(&row.queue).then(|| row.queue.clone()),
+                queue: row.queue.as_str().to_owned(),
+            });
+        }
+        out
+    }
+
+    /// fail.sql: nack, release, reap. Retried (after `retry_after_ms`, or
+    /// the queue's backoff) or dead-lettered (asked, or the last attempt
+    /// unless refunded); a refund gives the attempt back.
+    pub fn fail(&mut self, reqs: &[FailReq]) -> Vec<Failed> {
+        let mut out = Vec::new();
+        for r in reqs {
+            if !self.holds(r.id, r.token) {
+                continue;
+            }
+            let conf = {
+                let q = self.jobs[&r.id].queue.clone();
+                self.conf(&q)
+            };
+            let now = self.now;
+            let row = self.jobs[&r.id].clone();
+            let death = if r.dead_letter {
+                Some("nacked")
+            } else if !r.refund && row.attempt >= conf.max_attempts {
+                Some("max_attempts")
+            } else {
+                None
+            };
+            let retry_ms = r.retry_after_ms.unwrap_or(conf.backoff_ms);
+            let (queue, broker) = (row.queue.clone(), row.broker);
+            match death {
+                Some(reason) => {
+                    self.take(r.id);
+                    self.dead.insert(r.id, reason.to_owned());
+                }
+                None => self.change(r.id, |row| {
+                    row.state = State::Available;
+                    row.token = None;
+                    row.broker = None;
+                    if r.refund {
+                        row.attempt = (row.attempt - 1).max(0);
+                    } else {
+                        row.run_at = now + retry_ms as u64;
+                    }
+                }),
+            }
+            out.push(Failed {
+                id: r.id,
+                token: r.token,
+                slot_freed: conf.concurrency_limit.is_some(),
+                queue,
+                broker,
+                death: death.map(str::to_owned),
+                retry_ms,
+            });
+        }
+        out
+    }
+
+    /// extend.sql: only the current token, and only before its lease ran
+    /// out.
+    pub fn extend(&mut self, reqs: &[ExtendReq]) -> Vec<Extended> {
+        let mut out = Vec::new();
+        for r in reqs {
+            let now = self.now;
+            let Some(row) = self.jobs.get_mut(&r.job_id) else {
+                continue;
+            };
+            if row.token != Some(r.token) || row.state != State::Leased || row.expires <= now {
+                continue;
+            }
+            row.expires = now + r.lease_ms as u64;
+            out.push(Extended {
+                id: r.job_id,
+                token: r.token,
+                lease_expires_at: ts(row.expires),
+                broker: row.broker,
+                lease_ms: r.lease_ms,
+            });
+        }
+        out
+    }
+
+    /// expired_leases.sql + lease_status.sql in one snapshot
+    /// (`Store::check_leases`): among these jobs, the expired leases (with
+    /// their current token), and the given leases still current (ms left).
+    pub fn check_leases(&self, leases: &[(JobId, LeaseToken)]) -> Checked {
+        let mut expired = Vec::new();
+        let mut alive = Vec::new();
+        for (id, token) in leases {
+            let Some(r) = self.jobs.get(id) else { continue };
+            if r.state != State::Leased {
+                continue;
+            }
+            if r.expires <= self.now {
+                if !expired.iter().any(|(e, _)| e == id) {
+                    expired.push((*id, r.token.expect("leased")));
+                }
+            } else if r.token == Some(*token) {
+                alive.push((*id, (r.expires - self.now) as i64));
+            }
+        }
+        (expired, alive)
+    }
+
+    /// The maintenance reaper's expired_leases.sql over the whole table.
+    pub fn expired(&self) -> Vec<(JobId, LeaseToken)> {
+        self.leased_idx
+            .iter()
+            .map(|id| (id, &self.jobs[id]))
+            .filter(|(_, r)| r.expires <= self.now)
+            .map(|(id, r)| (*id, r.token.expect("leased")))
+            .collect()
+    }
+
+    /// unheard_leases.sql: live leases of `broker` on jobs enqueued more
+    /// than `older` ms ago.
+    pub fn unheard(&self, broker: Uuid, older: Ms) -> Vec<(JobId, LeaseToken)> {
+        self.leased_idx
+            .iter()
+            .map(|id| (id, &self.jobs[id]))
+            .filter(|(_, r)| {
+                r.expires > self.now && r.broker == Some(broker) && r.enqueued + older < self.now
+            })
+            .map(|(id, r)| (*id, r.token.expect("leased")))
+            .collect()
+    }
+
+    /// next_due.sql.
+    pub fn next_due(&self, queues: &[QueueName]) -> Vec<Due> {
+        queues
+            .iter()
+            .map(|q| {
+                let from = (self.now + 1, JobId(Uuid::nil()));
+                let due_ms = self
+                    .due_idx
+                    .get(q)
+                    .into_iter()
+                    .flat_map(|s| s.range(from..))
+                    .map(|(_, id)| &self.jobs[id])
+                    .find(|r| r.run_at > self.now && r.run_at > r.enqueued)
+                    .map(|r| (r.run_at - self.now) as i64);
+                Due {
+                    queue: q.clone(),
+                    due_ms,
+                    ready: self.has_ready(q),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A lease check's answer: the expired leases (with their current
+/// token), and the live ones (ms left).
+pub type Checked = (Vec<(JobId, LeaseToken)>, Vec<(JobId, i64)>);
+
+/// A consumer name for wants and claims.
+pub fn consumer() -> Arc<str> {
+    "sim".into()
+}
