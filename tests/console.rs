@@ -1034,3 +1034,98 @@ async fn without_auth_the_console_is_open_but_still_checks_csrf() {
     }
     broker.stop().await;
 }
+
+/// The live view (`/api/events`) costs the database one sampler per broker,
+/// whatever the number of browsers: 24 browsers open on it for 6 s cost
+/// about as many statistics queries as one (six), not 24 times as many
+/// (issue 32: each connection started its own one-second full-backlog
+/// count on the broker's small auxiliary pool, which the health ping and
+/// the reaper share, so any logged-in token could starve them). Counted
+/// with PostgreSQL's own transaction counter for the test's database; the
+/// broker's other periodic work is slowed down so that it stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_samples_once_for_every_browser() {
+    let db = TestDb::new().await;
+    let (_scratch, file) = auth_file();
+    let broker = Broker::start(&db, |c| {
+        c.security.auth_file = Some(file);
+        c.health_interval = Duration::from_secs(2);
+        c.reap_interval = Duration::from_secs(5);
+        c.metrics_interval = Duration::from_secs(60);
+        c.vacuum_interval = Duration::ZERO;
+        c.retention_interval = Duration::ZERO;
+    })
+    .await;
+    let addr = broker.http;
+    let mut grpc = broker.grpc().await;
+    enqueue_to(&mut grpc, "emails", "x").await;
+    let login = format!("{{\"token\":\"{ADMIN}\"}}");
+    let r = http(
+        addr,
+        "POST",
+        "/api/login",
+        &[("Content-Type", "application/json")],
+        &login,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let cookie = session_cookie(&r.head);
+
+    // 24 browsers on the live view, each shown the queue.
+    let mut browsers = Vec::new();
+    for _ in 0..24 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "GET /api/events HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nAccept: text/event-stream\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut seen = Vec::new();
+        let started = Instant::now();
+        while !String::from_utf8_lossy(&seen).contains("\"emails\"") {
+            assert!(started.elapsed() < S10, "an event within 10s: {seen:?}");
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(S10, s.read(&mut buf))
+                .await
+                .expect("the live view sends within 10s")
+                .unwrap();
+            assert!(
+                n > 0,
+                "the live view ended: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+        browsers.push(s);
+    }
+    let commits =
+        || db.count("select xact_commit from pg_stat_database where datname = current_database()");
+    // Let the backends report what the openings cost.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = commits().await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let spent = commits().await - before;
+    // One sampler: about 6 (one a second), plus a handful for the health
+    // ping and the reaper. One per browser: about 150.
+    assert!(
+        spent < 48,
+        "{spent} transactions in 6 s with 24 browsers on the live view"
+    );
+    // They all still follow the queues.
+    enqueue_to(&mut grpc, "emails", "y").await;
+    for s in &mut browsers {
+        let mut seen = Vec::new();
+        let started = Instant::now();
+        while !String::from_utf8_lossy(&seen).contains("\"available\":2") {
+            assert!(started.elapsed() < S10, "the new count within 10s");
+            let mut buf = [0u8; 8192];
+            let n = tokio::time::timeout(S10, s.read(&mut buf))
+                .await
+                .expect("the live view sends within 10s")
+                .unwrap();
+            assert!(n > 0, "the live view ended");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    }
+    drop(browsers);
+    broker.stop().await;
+}

@@ -25,6 +25,7 @@
 //!   with `textContent` only, and a Content-Security-Policy without inline
 //!   script forbids anything else from running.
 
+mod live;
 mod serve;
 
 use std::collections::HashMap;
@@ -39,7 +40,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::info;
@@ -85,6 +85,8 @@ pub struct Console {
     sessions: Arc<Mutex<HashMap<String, Session>>>,
     /// The console is served over TLS (cookies get `Secure`).
     tls: bool,
+    /// The live view's one sampler, shared by every browser.
+    live: Arc<live::Live>,
     shutdown: CancellationToken,
 }
 
@@ -102,12 +104,18 @@ impl Console {
             auth,
             sessions: Arc::default(),
             tls,
+            live: Arc::default(),
             shutdown,
         }
     }
 
     fn metrics(&self) -> &Metrics {
         &self.store.metrics
+    }
+
+    /// Per queue, (enqueued, acked) per second.
+    async fn rates(&self) -> HashMap<String, (f64, f64)> {
+        self.metrics().history.rates()
     }
 
     fn session(&self, headers: &HeaderMap) -> Option<(Identity, String)> {
@@ -614,8 +622,11 @@ fn job_json(j: &pb::JobInfo, with_payload: bool) -> Value {
     })
 }
 
-fn queues_json(c: &Console, caller: &Caller, queues: &[pb::QueueInfo]) -> Vec<Value> {
-    let rates = c.metrics().history.rates();
+fn queues_json(
+    caller: &Caller,
+    queues: &[pb::QueueInfo],
+    rates: &HashMap<String, (f64, f64)>,
+) -> Vec<Value> {
     queues
         .iter()
         .filter(|q| caller.can_read(&q.name))
@@ -653,56 +664,51 @@ async fn list_queues(
         }
         page_token = r.next_page_token;
     }
+    let rates = c.rates().await;
     Ok(axum::Json(
-        json!({ "queues": queues_json(&c, &caller, &all), "unavailable_clusters": missing }),
+        json!({ "queues": queues_json(&caller, &all, &rates), "unavailable_clusters": missing }),
     ))
 }
 
-/// Server-sent events: `queues` events fed by WatchQueues (a snapshot when
-/// counts change, at most once a second, and at least every 5 s).
+/// Server-sent events: `queues` events from the broker's one live sampler
+/// ([`live`]: a snapshot when counts change, at most once a second, and at
+/// least every 5 s), each filtered by this browser's grants.
 async fn events(
     State(c): State<Console>,
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> ApiResult<Response> {
-    let watch = c
-        .api
-        .watch_queues(tonic::Request::new(pb::WatchQueuesRequest {
-            queues: Vec::new(),
-            interval: Some(prost_types::Duration {
-                seconds: 5,
-                nanos: 0,
-            }),
-        }))
-        .await?
-        .into_inner();
+    let mut snapshots = c.live.subscribe(&c);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(2);
     let shutdown = c.shutdown.clone();
     tokio::spawn(async move {
-        let mut watch = std::pin::pin!(watch);
+        // The current snapshot first (a browser arriving sees the queues at
+        // once), then each new one.
+        snapshots.mark_changed();
         loop {
-            let msg = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tx.closed() => return,
-                m = watch.next() => m,
-            };
-            let event = match msg {
-                Some(Ok(m)) => Event::default().event("queues").data(
+                changed = snapshots.changed() => if changed.is_err() { return },
+            }
+            let snapshot = snapshots.borrow_and_update().clone();
+            let event = match snapshot {
+                live::Snapshot::Pending => continue,
+                live::Snapshot::Queues(s) => Event::default().event("queues").data(
                     json!({
-                        "queues": queues_json(&c, &caller, &m.queues),
-                        "sent_at": millis(&m.sent_at),
-                        "unavailable_clusters": m.unavailable_clusters,
+                        "queues": queues_json(&caller, &s.watch.queues, &s.rates),
+                        "sent_at": millis(&s.watch.sent_at),
+                        "unavailable_clusters": s.watch.unavailable_clusters,
                     })
                     .to_string(),
                 ),
-                Some(Err(status)) => {
+                live::Snapshot::Failed(why) => {
                     let _ = tx
                         .send(Ok(Event::default()
                             .event("error")
-                            .data(json!({ "error": status.message() }).to_string())))
+                            .data(json!({ "error": why }).to_string())))
                         .await;
                     return;
                 }
-                None => return,
             };
             if tx.send(Ok(event)).await.is_err() {
                 return;
