@@ -1084,3 +1084,104 @@ async fn bench_open_loop_scenarios_measure_a_real_broker() {
     assert!(acked >= 1 && acked <= delivered, "{lat}");
     assert!(lat["p50_ms"].as_f64().unwrap() > 0.0, "{lat}");
 }
+
+/// Every address form every leaseq client takes (`host:port`, `http://`,
+/// `https://`), and TLS without a CA trusting the system's roots: the CLI,
+/// and so the Rust client crate it connects with. The system's roots are
+/// the operating system's store, which `SSL_CERT_FILE` replaces here (as
+/// for OpenSSL): the broker's CA there, an `https://` address needs no
+/// `--tls-ca`; another CA there, the handshake fails (exit 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_address_form_and_the_system_roots() {
+    let db = TestDb::new().await;
+    let secure = SecureBroker::start(&db).await;
+    let cert = secure.client_cert.to_str().unwrap();
+    let key = secure.client_key.to_str().unwrap();
+    let host_port = secure.addr.to_string();
+    let roots = |file: &PathBuf| {
+        env(&[
+            ("SSL_CERT_FILE", file.to_str().unwrap()),
+            ("LEASEQ_CLIENT_CERT", cert),
+            ("LEASEQ_CLIENT_KEY", key),
+            ("LEASEQ_TOKEN", OPS),
+        ])
+    };
+    let queues = |addr: &str| {
+        ["queues", "--addr", addr, "-o", "json"]
+            .map(str::to_owned)
+            .to_vec()
+    };
+    let run = async |args: Vec<String>, env: &[(String, String)]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut c = command(&args, env);
+        c.env_remove("SSL_CERT_DIR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let out = tokio::time::timeout(S20, c.output())
+            .await
+            .expect("finishes within 20s")
+            .unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let args = |a: Vec<&str>| a.into_iter().map(str::to_owned).collect::<Vec<_>>();
+
+    // https:// without --tls-ca: the system's roots.
+    let (code, err) = run(queues(&secure.url()), &roots(&secure.ca)).await;
+    assert_eq!(code, 0, "system roots holding the broker's CA: {err}");
+    let (code, err) = run(queues(&secure.url()), &roots(&secure.other_ca)).await;
+    assert_eq!(code, DENIED, "system roots without it: {err}");
+    // A CA given wins over the system's roots.
+    let mut with_ca = queues(&secure.url());
+    with_ca.extend([
+        "--tls-ca".to_owned(),
+        secure.ca.to_str().unwrap().to_owned(),
+    ]);
+    let (code, err) = run(with_ca, &roots(&secure.other_ca)).await;
+    assert_eq!(code, 0, "--tls-ca over the system's roots: {err}");
+    // host:port with a CA (here from LEASEQ_TLS_CA) is TLS.
+    let mut e = roots(&secure.other_ca);
+    e.push(("LEASEQ_TLS_CA".into(), secure.ca.to_str().unwrap().into()));
+    e.push(("LEASEQ_ADDR".into(), host_port.clone()));
+    let (code, err) = run(args(vec!["queues", "-o", "json"]), &e).await;
+    assert_eq!(code, 0, "LEASEQ_ADDR=host:port with LEASEQ_TLS_CA: {err}");
+    // http:// with TLS files cannot work: a usage error, before connecting.
+    let mut e = roots(&secure.ca);
+    e.push(("LEASEQ_TLS_CA".into(), secure.ca.to_str().unwrap().into()));
+    let (code, err) = run(queues(&format!("http://{host_port}")), &e).await;
+    assert_eq!(code, USAGE, "{err}");
+    assert!(err.contains("http:// is plaintext"), "{err}");
+    secure.stop().await;
+
+    // A plaintext broker: host:port and http:// alike; LEASEQ_ADDR too.
+    let plain = TestBroker::start(&db).await;
+    let addr = plain.addr.to_string();
+    for a in [
+        addr.clone(),
+        format!("http://{addr}"),
+        format!("http://{addr}/"),
+    ] {
+        let (code, err) = run(queues(&a), &[]).await;
+        assert_eq!(code, 0, "{a}: {err}");
+    }
+    let (code, err) = run(
+        args(vec!["queues", "-o", "json"]),
+        &env(&[("LEASEQ_ADDR", &addr)]),
+    )
+    .await;
+    assert_eq!(code, 0, "LEASEQ_ADDR={addr}: {err}");
+    // Addresses that cannot work: usage errors naming the address.
+    for (a, why) in [
+        (format!("grpc://{addr}"), "scheme"),
+        ("127.0.0.1".to_owned(), "port"),
+        (format!("{addr}/queues"), "only a host and a port"),
+    ] {
+        let (code, err) = run(queues(&a), &[]).await;
+        assert_eq!(code, USAGE, "{a}: {err}");
+        assert!(err.contains(why), "{a}: {err}");
+    }
+    plain.stop().await;
+}

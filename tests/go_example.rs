@@ -144,5 +144,129 @@ async fn the_go_example_produces_and_works_jobs_against_a_broker() {
         dead.2.as_deref().unwrap_or_default().contains("bad input"),
         "{dead:?}"
     );
+    address_forms(&bin, &db, &broker).await;
     broker.stop().await;
+}
+
+/// Runs `cmd`; (exit status success, stdout and stderr).
+async fn outcome(mut cmd: tokio::process::Command) -> (bool, String) {
+    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the example finishes within 30s")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The address forms and TLS settings every leaseq client takes, in the
+/// example's `dial`: `http://` to the plaintext broker; `https://` to a TLS
+/// broker verified against the system's roots (`SSL_CERT_FILE` holding its
+/// CA: works; another CA: refused), and `host:port` with `LEASEQ_TLS_CA`.
+async fn address_forms(bin: &Path, db: &TestDb, plain: &TestBroker) {
+    let dir = Scratch::new("go");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "leaseq go test CA");
+    let ca = rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let other = rcgen::generate_simple_self_signed(vec!["elsewhere".into()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let (ca_pem, other_pem) = (
+        write("ca.pem", &ca.pem()),
+        write("other.pem", &other.cert.pem()),
+    );
+    let (cert, key) = (
+        write("server.pem", &server.pem()),
+        write("server.key", &key.serialize_pem()),
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let secure = TestBroker::spawn_with(db, |c| {
+        c.security.tls_cert = Some(cert);
+        c.security.tls_key = Some(key);
+    })
+    .await;
+    let queue = format!("go-{}", uuid::Uuid::new_v4().simple());
+    let produce = |vars: &[(&str, String)]| {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["produce", &queue, "x"])
+            .env_remove("LEASEQ_TLS_CA")
+            .env_remove("LEASEQ_CLIENT_CERT")
+            .env_remove("LEASEQ_CLIENT_KEY")
+            .env_remove("LEASEQ_TOKEN")
+            .env_remove("SSL_CERT_DIR");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let https = format!("https://{}", secure.addr);
+    let trusted = [
+        ("LEASEQ_ADDR", https.clone()),
+        ("SSL_CERT_FILE", ca_pem.display().to_string()),
+    ];
+    // The TLS broker is up once the system's roots get a job through.
+    let started = std::time::Instant::now();
+    loop {
+        let (ok, out) = outcome(produce(&trusted)).await;
+        if ok {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "https:// with the CA in the system's roots: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (ok, out) = outcome(produce(&[
+        ("LEASEQ_ADDR", https.clone()),
+        ("SSL_CERT_FILE", other_pem.display().to_string()),
+    ]))
+    .await;
+    assert!(!ok, "another CA in the system's roots must fail: {out}");
+    let (ok, out) = outcome(produce(&[
+        ("LEASEQ_ADDR", secure.addr.to_string()),
+        ("LEASEQ_TLS_CA", ca_pem.display().to_string()),
+        ("SSL_CERT_FILE", other_pem.display().to_string()),
+    ]))
+    .await;
+    assert!(ok, "host:port with LEASEQ_TLS_CA: {out}");
+    let (ok, out) = outcome(produce(&[(
+        "LEASEQ_ADDR",
+        format!("http://{}", plain.addr),
+    )]))
+    .await;
+    assert!(ok, "http:// to the plaintext broker: {out}");
+    let (ok, out) = outcome(produce(&[
+        ("LEASEQ_ADDR", format!("http://{}", plain.addr)),
+        ("LEASEQ_TLS_CA", ca_pem.display().to_string()),
+    ]))
+    .await;
+    assert!(!ok && out.contains("http:// is plaintext"), "{out}");
+    assert_eq!(
+        db.live_jobs().await,
+        3,
+        "three produced: two over TLS, one plaintext"
+    );
+    secure.stop().await;
 }

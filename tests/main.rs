@@ -14,6 +14,7 @@ mod client_cli;
 mod clients;
 mod console;
 mod consume;
+mod docs;
 mod embedded_pg;
 mod faults;
 mod fuzz_decode;

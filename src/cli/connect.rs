@@ -19,14 +19,16 @@ use super::exit::{CliError, Exit};
 
 pub use leaseq_client::ClientChannel;
 
-/// The broker's address when neither `--addr` nor `LEASEQ_ADDR` is given.
-pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
+/// The broker's address when neither `--addr` nor `LEASEQ_ADDR` is given
+/// (every leaseq client's default).
+pub const DEFAULT_ADDR: &str = leaseq_client::DEFAULT_ADDR;
 
 /// Address, TLS and token: flattened into every client command.
 #[derive(Args, Clone, Debug)]
 pub struct ConnectArgs {
-    /// Broker address: http://HOST:PORT, or https://HOST:PORT for TLS (then
-    /// --tls-ca is needed too).
+    /// Broker address: HOST:PORT (plaintext, or TLS with --tls-ca or a client
+    /// certificate), http://HOST:PORT, or https://HOST:PORT (TLS, verified
+    /// against --tls-ca, else the system's roots).
     #[arg(long, env = "LEASEQ_ADDR", default_value = DEFAULT_ADDR)]
     pub addr: String,
     #[command(flatten)]
@@ -37,8 +39,9 @@ pub struct ConnectArgs {
 /// [`ConnectArgs`] that `bench`, which has its own address flags, shares).
 #[derive(Args, Clone, Default)]
 pub struct ClientSecurity {
-    /// CA certificate (PEM) that signed the broker's certificate. Needed for
-    /// TLS, which also needs an https:// address.
+    /// CA certificate (PEM) that signed the broker's certificate; without
+    /// it TLS trusts the system's roots. Turns TLS on for a HOST:PORT
+    /// address.
     #[arg(long, env = "LEASEQ_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
     /// Client certificate (PEM), for brokers that require mutual TLS.

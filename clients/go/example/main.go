@@ -10,12 +10,17 @@
 // once (a dead letter), anything else succeeds. It stops on SIGTERM/SIGINT,
 // or after -count jobs are settled.
 //
-// Environment: LEASEQ_ADDR (default 127.0.0.1:50051), LEASEQ_TOKEN (a bearer
-// token), LEASEQ_TLS_CA (a PEM file: TLS, server verified against it).
+// Environment, as every leaseq client reads it: LEASEQ_ADDR (host:port,
+// http:// or https://; default 127.0.0.1:50051), LEASEQ_TOKEN (a bearer
+// token), LEASEQ_TLS_CA (a PEM file: TLS, the broker verified against it
+// instead of the system's roots), LEASEQ_CLIENT_CERT and LEASEQ_CLIENT_KEY
+// (mutual TLS). See dial.
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -58,21 +63,55 @@ func main() {
 	}
 }
 
-// dial connects with TLS when LEASEQ_TLS_CA is set, and sends LEASEQ_TOKEN
-// as "authorization: Bearer ..." on every call when set.
+// dial connects as every leaseq client does. LEASEQ_ADDR (default
+// 127.0.0.1:50051) is host:port (plaintext, or TLS when a CA or a client
+// certificate is set), http://host:port (plaintext) or https://host:port
+// (TLS). TLS verifies the broker against LEASEQ_TLS_CA, else the system's
+// roots (crypto/x509's: SSL_CERT_FILE / SSL_CERT_DIR, else the system's
+// bundle); LEASEQ_CLIENT_CERT and LEASEQ_CLIENT_KEY present a client
+// certificate (mutual TLS). LEASEQ_TOKEN, when set, is sent as
+// "authorization: Bearer ..." on every call.
 func dial() (*grpc.ClientConn, error) {
-	addr := os.Getenv("LEASEQ_ADDR")
+	addr := strings.TrimSpace(os.Getenv("LEASEQ_ADDR"))
 	if addr == "" {
 		addr = "127.0.0.1:50051"
 	}
-	addr = strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://")
-	opts := []grpc.DialOption{}
-	if ca := os.Getenv("LEASEQ_TLS_CA"); ca != "" {
-		creds, err := credentials.NewClientTLSFromFile(ca, "")
-		if err != nil {
-			return nil, err
+	ca, cert, key := os.Getenv("LEASEQ_TLS_CA"), os.Getenv("LEASEQ_CLIENT_CERT"), os.Getenv("LEASEQ_CLIENT_KEY")
+	useTLS := ca != "" || cert != "" || key != ""
+	switch {
+	case strings.HasPrefix(addr, "https://"):
+		addr, useTLS = strings.TrimPrefix(addr, "https://"), true
+	case strings.HasPrefix(addr, "http://"):
+		if useTLS {
+			return nil, fmt.Errorf("LEASEQ_ADDR %q: http:// is plaintext, but TLS files were given", addr)
 		}
-		opts = append(opts, grpc.WithTransportCredentials(creds))
+		addr = strings.TrimPrefix(addr, "http://")
+	case strings.Contains(addr, "://"):
+		return nil, fmt.Errorf("LEASEQ_ADDR %q: the scheme must be http:// or https:// (or none: host:port)", addr)
+	}
+	addr = strings.TrimSuffix(addr, "/")
+	opts := []grpc.DialOption{}
+	if useTLS {
+		config := &tls.Config{} // RootCAs nil: the system's roots
+		if ca != "" {
+			pem, err := os.ReadFile(ca)
+			if err != nil {
+				return nil, fmt.Errorf("LEASEQ_TLS_CA: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("LEASEQ_TLS_CA: no certificate in %s", ca)
+			}
+			config.RootCAs = pool
+		}
+		if cert != "" || key != "" {
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				return nil, fmt.Errorf("LEASEQ_CLIENT_CERT / LEASEQ_CLIENT_KEY: %w", err)
+			}
+			config.Certificates = []tls.Certificate{pair}
+		}
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(config)))
 	} else {
 		opts = append(opts, grpc.WithInsecure())
 	}
@@ -130,7 +169,8 @@ func handle(ctx context.Context, job *leaseqv1.Job) error {
 
 func work(client leaseqv1.QueueServiceClient, queue string, args []string) {
 	fs := flag.NewFlagSet("work", flag.ExitOnError)
-	concurrency := fs.Int("concurrency", 4, "jobs run at once (the stream's credit)")
+	// 16, as in every leaseq SDK: a bare Subscribe's default credit.
+	concurrency := fs.Int("concurrency", 16, "jobs run at once (the stream's credit)")
 	lease := fs.Duration("lease", 30*time.Second, "lease per job; extended every half lease while it runs")
 	count := fs.Int("count", 0, "stop after this many jobs are settled (0: run until SIGTERM)")
 	_ = fs.Parse(args)

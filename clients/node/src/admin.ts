@@ -197,7 +197,7 @@ export class AdminClient {
   #conn: Connection | null;
   #callTimeoutMs: number | undefined;
 
-  constructor(address: string | Client, opts: ClientOptions = {}) {
+  constructor(address?: string | Client | null, opts: ClientOptions = {}) {
     let conn: Connection;
     if (address instanceof Client) {
       conn = address._conn;

@@ -92,10 +92,13 @@ export class Client {
   readonly #propagate: boolean;
 
   /**
-   * @param address `host:port`, or `https://host:port` (TLS on) /
-   *   `http://host:port`.
+   * @param address `host:port` (plaintext, or TLS when `tls` is given),
+   *   `http://host:port`, or `https://host:port` (TLS: the CA of `tls`,
+   *   else the system's roots). Default: LEASEQ_ADDR, else
+   *   `127.0.0.1:50051`; LEASEQ_TOKEN and the TLS variables fill `token`
+   *   and `tls` likewise.
    */
-  constructor(address: string, opts: ClientOptions = {}) {
+  constructor(address?: string | null, opts: ClientOptions = {}) {
     const channelOptions = { ...opts.options, ...opts.channelOptions };
     this._conn = new Connection(address, { ...opts, channelOptions });
     this._rpc = new Rpc(this._conn, opts.callTimeoutMs);

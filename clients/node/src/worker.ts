@@ -115,6 +115,15 @@ export interface Worker {
 }
 
 /**
+ * Handlers at once, and the stream's credit, unless `concurrency` says
+ * otherwise: 16 in every leaseq SDK (Rust, Python, Go too). It is the
+ * credit a bare Subscribe gets by default, and handlers mostly wait on
+ * I/O, where one at a time leaves the worker idle at every round trip. A
+ * handler that must not run beside itself asks for `concurrency: 1`.
+ */
+export const DEFAULT_CONCURRENCY = 16;
+
+/**
  * Runs a handler for every job of its queue.
  *
  *     const worker = new Worker(client, { concurrency: 8, timeoutMs: 60000 });
@@ -150,7 +159,7 @@ export class Worker extends EventEmitter {
     super();
     const opts: WorkerOptions = (Array.isArray(a) ? c : a) ?? {};
     const { concurrency, maxInFlight, graceMs = 30000, timeoutMs = null, handlers, ...streamOpts } = opts;
-    const n = concurrency ?? maxInFlight ?? 16;
+    const n = concurrency ?? maxInFlight ?? DEFAULT_CONCURRENCY;
     if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`concurrency: must be an integer of at least 1, not ${n}`);
     this.#client = client;
     this.concurrency = n;

@@ -81,3 +81,32 @@ for (const bad of ['bad name', '', '-leading-dash', 'x'.repeat(129)]) {
     });
   });
 }
+
+test('host:port, http:// and LEASEQ_ADDR reach a plaintext broker; the default concurrency is 16', { timeout: 30000 }, async () => {
+  const { DEFAULT_CONCURRENCY, Worker } = require('@leaseq/client');
+  const q = queueName();
+  for (const addr of [broker.addr, `http://${broker.addr}`, `http://${broker.addr}/`]) {
+    const c = new Client(addr, { callTimeoutMs: 10000 });
+    try {
+      await c.enqueue(q, addr);
+    } finally {
+      c.close();
+    }
+  }
+  const saved = process.env.LEASEQ_ADDR;
+  process.env.LEASEQ_ADDR = broker.addr;
+  let fromEnv;
+  try {
+    fromEnv = new Client();
+  } finally {
+    if (saved === undefined) delete process.env.LEASEQ_ADDR;
+    else process.env.LEASEQ_ADDR = saved;
+  }
+  try {
+    await fromEnv.enqueue(q, 'LEASEQ_ADDR');
+  } finally {
+    fromEnv.close();
+  }
+  assert.equal(DEFAULT_CONCURRENCY, 16);
+  assert.equal(new Worker(client).concurrency, 16);
+});

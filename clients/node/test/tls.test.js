@@ -112,3 +112,70 @@ test('bad TLS options are refused up front', () => {
   assert.throws(() => new Client(sec.addr, { tls: { ca: 'x', caFile: sec.certs.ca } }), /not both/);
   assert.throws(() => new Client(sec.addr, { token: '' }), /token/);
 });
+
+// The same address forms and settings as every leaseq client.
+function withEnv(vars, fn) {
+  const saved = {};
+  for (const [k, v] of Object.entries(vars)) {
+    saved[k] = process.env[k];
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  }
+  try {
+    return fn();
+  } finally {
+    for (const [k, v] of Object.entries(saved)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  }
+}
+
+test('https:// without a CA trusts the system roots (SSL_CERT_FILE)', { timeout: 30000 }, async () => {
+  const certOnly = { certFile: sec.certs.clientCert, keyFile: sec.certs.clientKey };
+  const trusted = withEnv({ SSL_CERT_FILE: sec.certs.ca }, () =>
+    connect({ tls: certOnly, token: sec.tokens.ops }));
+  const forced = new Client(`https://${sec.addr}`, { tls: certOnly, token: sec.tokens.ops, callTimeoutMs: 10000 });
+  clients.push(forced);
+  // The https:// form itself turns TLS on, with the system's roots.
+  const viaScheme = withEnv({ SSL_CERT_FILE: sec.certs.ca }, () =>
+    new Client(`https://${sec.addr}`, { tls: certOnly, token: sec.tokens.ops, callTimeoutMs: 10000 }));
+  clients.push(viaScheme);
+  const untrusted = withEnv({ SSL_CERT_FILE: sec.certs.otherCa }, () =>
+    connect({ tls: certOnly, token: sec.tokens.ops, callTimeoutMs: 5000 }));
+  await trusted.enqueue(queueName('tls'), 'system roots');
+  await viaScheme.enqueue(queueName('tls'), 'system roots, https://');
+  await assert.rejects(untrusted.enqueue(queueName('tls'), 'x'), { code: status.UNAVAILABLE });
+});
+
+test('LEASEQ_ADDR, LEASEQ_TOKEN and the TLS variables fill what is not given', { timeout: 30000 }, async () => {
+  const vars = {
+    LEASEQ_ADDR: sec.addr, // host:port: TLS because LEASEQ_TLS_CA names a CA
+    LEASEQ_TLS_CA: sec.certs.ca,
+    LEASEQ_CLIENT_CERT: sec.certs.clientCert,
+    LEASEQ_CLIENT_KEY: sec.certs.clientKey,
+    LEASEQ_TOKEN: sec.tokens.ops,
+  };
+  const c = withEnv(vars, () => new Client());
+  clients.push(c);
+  const admin = withEnv(vars, () => new AdminClient());
+  try {
+    const { jobId } = await c.enqueue(queueName('tls'), 'from the environment');
+    assert.equal((await admin.getJob(jobId)).id, jobId);
+  } finally {
+    admin.close();
+  }
+  // An explicit option wins over its variable.
+  const anonymous = withEnv(vars, () => new Client(null, { token: () => 'not-a-token-of-this-broker' }));
+  clients.push(anonymous);
+  await assert.rejects(anonymous.enqueue(queueName('tls'), 'x'), { code: status.UNAUTHENTICATED });
+});
+
+test('address forms that cannot work are refused up front', () => {
+  assert.throws(() => new Client(`http://${sec.addr}`, { tls: sec.tls }), /http:\/\/ is plaintext/);
+  assert.throws(() => new Client(`grpc://${sec.addr}`), /scheme/);
+  assert.throws(
+    () => withEnv({ LEASEQ_TLS_CA: sec.certs.ca }, () => new Client(`http://${sec.addr}`)),
+    /http:\/\/ is plaintext/,
+  );
+});

@@ -1,12 +1,29 @@
-"""Where and how to connect: target, TLS, bearer token, channel options."""
+"""Where and how to connect: target, TLS, bearer token, channel options.
+
+Every leaseq client (this package, the Rust crate and CLI, Node, Go) takes
+the same addresses and settings:
+
+- ``host:port``: plaintext, or TLS when TLS settings are given;
+  ``http://host:port``: plaintext; ``https://host:port``: TLS.
+- TLS verifies the broker's certificate against the CA given, else against
+  the system's roots (the file OpenSSL reads: ``SSL_CERT_FILE``, else the
+  system bundle; grpc's own roots where there is none).
+- What is not given comes from the environment: ``LEASEQ_ADDR`` (default
+  ``127.0.0.1:50051``), ``LEASEQ_TOKEN``, ``LEASEQ_TLS_CA``,
+  ``LEASEQ_CLIENT_CERT``, ``LEASEQ_CLIENT_KEY``.
+"""
 
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import grpc
+
+#: The broker's address when neither the caller nor LEASEQ_ADDR gives one.
+DEFAULT_ADDR = "127.0.0.1:50051"
 
 #: A PEM file path, or the PEM contents as bytes.
 PemSource = Union[str, "os.PathLike[str]", bytes]
@@ -29,12 +46,29 @@ def _pem(source: Optional[PemSource], what: str) -> Optional[bytes]:
         raise ValueError(f"tls.{what}: cannot read {os.fspath(source)!r}: {e.strerror}") from e
 
 
+def _env(name: str) -> Optional[str]:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def system_roots() -> Optional[bytes]:
+    """The system's trusted roots, as OpenSSL finds them (``SSL_CERT_FILE``,
+    else the system's bundle), or None where there is no such file (grpc
+    then uses the roots it ships with)."""
+    paths = ssl.get_default_verify_paths()
+    for path in (paths.cafile, paths.openssl_cafile):
+        if path and os.path.isfile(path):
+            with open(path, "rb") as f:
+                return f.read()
+    return None
+
+
 @dataclass(frozen=True)
 class TLS:
     """TLS settings for a connection to a broker served with ``--tls-cert``.
 
     - ``ca``: the CA certificate(s) that signed the broker's certificate;
-      None = the system's roots.
+      None = the system's roots (:func:`system_roots`).
     - ``cert`` and ``key``: this client's certificate chain and private key,
       for a broker with ``--tls-client-ca`` (mutual TLS). Both or neither.
     - ``server_name``: the name to verify the broker's certificate against,
@@ -51,8 +85,9 @@ class TLS:
     def credentials(self) -> grpc.ChannelCredentials:
         if (self.cert is None) != (self.key is None):
             raise ValueError("tls: cert and key go together (mutual TLS needs both)")
+        roots = _pem(self.ca, "ca") if self.ca is not None else system_roots()
         return grpc.ssl_channel_credentials(
-            root_certificates=_pem(self.ca, "ca"),
+            root_certificates=roots,
             private_key=_pem(self.key, "key"),
             certificate_chain=_pem(self.cert, "cert"),
         )
@@ -63,12 +98,22 @@ class Connection:
 
     def __init__(
         self,
-        target: str,
+        target: Optional[str] = None,
         *,
         token: Optional[str] = None,
         tls: Union[TLS, bool, None] = None,
         options: Sequence[Tuple[str, Any]] = (),
     ) -> None:
+        # What the caller leaves out, the environment gives.
+        if target is None:
+            target = _env("LEASEQ_ADDR") or DEFAULT_ADDR
+        if token is None:
+            token = _env("LEASEQ_TOKEN")
+        if tls is None:
+            ca, cert, key = _env("LEASEQ_TLS_CA"), _env("LEASEQ_CLIENT_CERT"), _env("LEASEQ_CLIENT_KEY")
+            if ca or cert or key:
+                tls = TLS(ca=ca, cert=cert, key=key)
+        target = target.strip()
         scheme, sep, rest = target.partition("://")
         if sep:
             if scheme not in ("http", "https"):

@@ -254,7 +254,7 @@ class AdminClient:
 
     def __init__(
         self,
-        target: str,
+        target: Optional[str] = None,
         *,
         token: Optional[str] = None,
         tls: Union[TLS, bool, None] = None,
@@ -384,7 +384,7 @@ class AsyncAdminClient:
 
     def __init__(
         self,
-        target: str,
+        target: Optional[str] = None,
         *,
         token: Optional[str] = None,
         tls: Union[TLS, bool, None] = None,

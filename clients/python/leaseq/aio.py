@@ -67,7 +67,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        target: str,
+        target: Optional[str] = None,
         *,
         token: Optional[str] = None,
         tls: Union[TLS, bool, None] = None,

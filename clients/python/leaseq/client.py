@@ -53,11 +53,15 @@ T = TypeVar("T")
 class Client:
     """A blocking connection to a leaseq broker; thread-safe.
 
-    ``target`` is ``host:port`` (plaintext), ``http://host:port`` or
-    ``https://host:port`` (TLS with the system's roots). ``tls`` is a
-    :class:`leaseq.TLS` (CA, client certificate and key) or True;
-    ``token`` is sent as ``authorization: Bearer <token>`` on every call;
-    ``timeout`` (seconds) is the deadline of each unary call (None: none).
+    ``target`` is ``host:port`` (plaintext, or TLS when ``tls`` is given),
+    ``http://host:port`` or ``https://host:port`` (TLS: the CA of ``tls``,
+    else the system's roots). ``tls`` is a :class:`leaseq.TLS` (CA, client
+    certificate and key) or True; ``token`` is sent as ``authorization:
+    Bearer <token>`` on every call; ``timeout`` (seconds) is the deadline of
+    each unary call (None: none). What is not given comes from
+    ``LEASEQ_ADDR`` (default ``127.0.0.1:50051``), ``LEASEQ_TOKEN``,
+    ``LEASEQ_TLS_CA``, ``LEASEQ_CLIENT_CERT`` and ``LEASEQ_CLIENT_KEY``, as
+    every leaseq client reads them.
 
     Every call raises :class:`leaseq.RpcError` on failure. Use it as
     ``with Client(addr) as c`` or call ``close()``.
@@ -65,7 +69,7 @@ class Client:
 
     def __init__(
         self,
-        target: str,
+        target: Optional[str] = None,
         *,
         token: Optional[str] = None,
         tls: Union[TLS, bool, None] = None,

@@ -326,7 +326,7 @@ class Worker:
 
     def __init__(
         self,
-        target: Union[str, Client, AsyncClient, Connection],
+        target: Union[str, Client, AsyncClient, Connection, None] = None,
         queues: Optional[Sequence[str]] = None,
         handler: Optional[Handler] = None,
         *,

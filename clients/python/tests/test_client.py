@@ -160,3 +160,18 @@ def test_https_target_and_token_validation():
         Connection("127.0.0.1:1", token="a\nb")
     with pytest.raises(ValueError, match="cert and key"):
         Client("127.0.0.1:1", tls=TLS(cert=b"x"))
+
+
+def test_every_address_form_reaches_a_plaintext_broker(addr, monkeypatch):
+    from leaseq import Worker
+
+    q = queue_name("addr")
+    host_port = addr.split("://", 1)[-1]
+    for target in (host_port, f"http://{host_port}", f"http://{host_port}/"):
+        with Client(target, timeout=10) as c:
+            c.enqueue(q, target.encode())
+    monkeypatch.setenv("LEASEQ_ADDR", host_port)
+    with Client(timeout=10) as c:
+        c.enqueue(q, b"LEASEQ_ADDR")
+    # Every SDK's default: 16 handlers at once (the stream's credit).
+    assert Worker(host_port)._max_in_flight == 16

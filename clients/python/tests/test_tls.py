@@ -203,3 +203,48 @@ def test_tls_token_example(tls_broker, pki):
     d = os.path.dirname(pki.files["ca.pem"])
     out = run_example("tls_token.py", tls_broker.addr, queue_name("tls"), LEASEQ_CERTS=d, LEASEQ_TOKEN=TOKENS["ops"])
     assert out[0].startswith("enqueued ") and out[1] == "waiting 1"
+
+
+# ---- the same address forms and settings as every leaseq client ----------
+
+
+def test_https_without_a_ca_trusts_the_system_roots(tls_broker, pki, monkeypatch):
+    cert_only = TLS(cert=pki.files["client.pem"], key=pki.files["client.key"])
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", pki.files["ca.pem"])
+    with Client(f"https://{tls_broker.addr}", tls=cert_only, token=TOKENS["ops"], timeout=10) as c:
+        c.enqueue(queue_name("tls"), b"system roots")
+    other = os.path.join(os.path.dirname(pki.files["ca.pem"]), "other-ca.pem")
+    with open(other, "wb") as f:
+        f.write(pki.other_ca)
+    monkeypatch.setenv("SSL_CERT_FILE", other)
+    with Client(f"https://{tls_broker.addr}", tls=cert_only, token=TOKENS["ops"], timeout=5) as c:
+        with pytest.raises(RpcError) as e:
+            c.enqueue(queue_name("tls"), b"x")
+        assert e.value.code_name == "UNAVAILABLE"
+
+
+def test_the_environment_fills_what_is_not_given(tls_broker, pki, monkeypatch):
+    # host:port: TLS because LEASEQ_TLS_CA names a CA.
+    monkeypatch.setenv("LEASEQ_ADDR", tls_broker.addr)
+    monkeypatch.setenv("LEASEQ_TLS_CA", pki.files["ca.pem"])
+    monkeypatch.setenv("LEASEQ_CLIENT_CERT", pki.files["client.pem"])
+    monkeypatch.setenv("LEASEQ_CLIENT_KEY", pki.files["client.key"])
+    monkeypatch.setenv("LEASEQ_TOKEN", TOKENS["ops"])
+    with Client(timeout=10) as c:
+        job_id = c.enqueue(queue_name("tls"), b"from the environment").job_id
+    with AdminClient() as admin:
+        assert admin.get_job(job_id).payload == b"from the environment"
+    # An explicit option wins over its variable.
+    with Client(token="not-a-token-of-this-broker", timeout=10) as c:
+        with pytest.raises(RpcError) as e:
+            c.enqueue(queue_name("tls"), b"x")
+        assert e.value.code_name == "UNAUTHENTICATED"
+    # http:// is plaintext: TLS settings, given or from the environment, refuse it.
+    with pytest.raises(ValueError, match="http://"):
+        Client(f"http://{tls_broker.addr}")
+    monkeypatch.delenv("LEASEQ_TLS_CA")
+    monkeypatch.delenv("LEASEQ_CLIENT_CERT")
+    monkeypatch.delenv("LEASEQ_CLIENT_KEY")
+    with pytest.raises(ValueError, match="scheme"):
+        Client(f"grpc://{tls_broker.addr}")

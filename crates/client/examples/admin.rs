@@ -1,26 +1,19 @@
 // The admin client: queue settings, pause and resume, statistics, jobs and
 // dead letters. With tokens on, it needs a token granted `admin` on `*`.
 //
-//     LEASEQ_ADDR=http://127.0.0.1:50051 cargo run -p leaseq-client --example admin
+//     LEASEQ_ADDR=127.0.0.1:50051 cargo run -p leaseq-client --example admin
 //     (LEASEQ_TLS_CA, LEASEQ_CLIENT_CERT/KEY and LEASEQ_TOKEN as in the tls example)
 //
 // (tests/client.rs runs `tour` against a real broker.)
 
 use std::time::Duration;
 
-use leaseq_client::{AdminClient, Client, ConnectOptions, DeadLetters, Job, QueueUpdate, pb};
+use leaseq_client::{AdminClient, Client, DeadLetters, Job, QueueUpdate, pb};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::var("LEASEQ_ADDR").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut opts = ConnectOptions::default();
-    if let Ok(ca) = std::env::var("LEASEQ_TLS_CA") {
-        opts = opts.tls_ca(ca);
-    }
-    if let Ok(token) = std::env::var("LEASEQ_TOKEN") {
-        opts = opts.token(token);
-    }
-    let client = Client::connect_with(&addr, opts).await?;
+    // LEASEQ_ADDR, LEASEQ_TOKEN and the TLS variables.
+    let client = Client::connect_env().await?;
     for line in tour(&client, "examples.admin").await? {
         println!("{line}");
     }

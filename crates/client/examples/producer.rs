@@ -4,7 +4,7 @@
 //
 //     cargo run --release -- serve                              # the broker
 //     cargo run -p leaseq-client --example producer             # this
-//     LEASEQ_ADDR=http://broker:50051 cargo run -p leaseq-client --example producer
+//     LEASEQ_ADDR=broker:50051 cargo run -p leaseq-client --example producer
 //
 // (tests/client.rs runs `produce` against a real broker.)
 
@@ -14,8 +14,9 @@ use leaseq_client::{Client, Job};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::var("LEASEQ_ADDR").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let client = Client::connect(addr).await?;
+    // LEASEQ_ADDR (default 127.0.0.1:50051), LEASEQ_TOKEN and the TLS
+    // variables, as every leaseq client reads them.
+    let client = Client::connect_env().await?;
     for id in produce(&client, "emails").await? {
         println!("enqueued {id}");
     }

@@ -22,27 +22,16 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The options from the variables the `leaseq` CLI reads too.
+/// The options from the variables every leaseq client reads
+/// (`LEASEQ_TLS_CA`, `LEASEQ_CLIENT_CERT`, `LEASEQ_CLIENT_KEY`,
+/// `LEASEQ_TOKEN`).
 pub fn options_from_env() -> ConnectOptions {
-    let mut opts = ConnectOptions::default();
-    if let Ok(ca) = std::env::var("LEASEQ_TLS_CA") {
-        opts = opts.tls_ca(ca);
-    }
-    if let (Ok(cert), Ok(key)) = (
-        std::env::var("LEASEQ_CLIENT_CERT"),
-        std::env::var("LEASEQ_CLIENT_KEY"),
-    ) {
-        opts = opts.tls_identity(cert, key);
-    }
-    if let Ok(token) = std::env::var("LEASEQ_TOKEN") {
-        opts = opts.token(token);
-    }
-    opts
+    ConnectOptions::from_env()
 }
 
 /// Enqueues a job on `queue` and handles it, both with `opts`; returns its id.
 pub async fn round_trip(addr: &str, opts: ConnectOptions, queue: &str) -> anyhow::Result<String> {
-    // Unreadable files, a missing CA for https:// and the like fail here,
+    // Unreadable files, an http:// address with TLS files and the like fail here,
     // naming the option; an unreachable broker too (connect_lazy_with
     // would wait for it).
     let client = Client::connect_with(addr, opts).await?;

@@ -21,8 +21,9 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::var("LEASEQ_ADDR").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let client = Client::connect(addr).await?;
+    // LEASEQ_ADDR (default 127.0.0.1:50051), LEASEQ_TOKEN and the TLS
+    // variables, as every leaseq client reads them.
+    let client = Client::connect_env().await?;
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(Printer)
         .build();

@@ -3,7 +3,7 @@
 //
 //     cargo run --release -- serve                               # the broker
 //     cargo run -p leaseq-client --example worker                # this
-//     LEASEQ_ADDR=http://broker:50051 cargo run -p leaseq-client --example worker
+//     LEASEQ_ADDR=broker:50051 cargo run -p leaseq-client --example worker
 //
 // What happens to the samples:
 //   emails "hello"      acked
@@ -22,8 +22,9 @@ use leaseq_client::{Client, DeadLetter, Delivery, Job, Retry, Worker};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::var("LEASEQ_ADDR").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let client = Client::connect(addr).await?;
+    // LEASEQ_ADDR (default 127.0.0.1:50051), LEASEQ_TOKEN and the TLS
+    // variables, as every leaseq client reads them.
+    let client = Client::connect_env().await?;
     enqueue_samples(&client).await?;
     worker(client).serve(shutdown()).await?;
     println!("stopped");

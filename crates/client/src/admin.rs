@@ -33,7 +33,8 @@ impl fmt::Debug for AdminClient {
 }
 
 impl AdminClient {
-    /// Connects now to `addr` (`http://` or `https://`) with `options`.
+    /// Connects now to `addr` (`host:port`, `http://` or `https://`) with
+    /// `options`.
     pub async fn connect_with(
         addr: impl AsRef<str>,
         options: ConnectOptions,
@@ -54,9 +55,17 @@ impl AdminClient {
         )?))
     }
 
-    /// Connects now, plaintext, no token.
+    /// Connects now, without TLS files or a token (`https://` still verifies
+    /// against the system's roots).
     pub async fn connect(addr: impl AsRef<str>) -> Result<AdminClient, ConnectError> {
         AdminClient::connect_with(addr, ConnectOptions::default()).await
+    }
+
+    /// Connects now to the broker the environment names (`LEASEQ_ADDR`,
+    /// `LEASEQ_TOKEN`, `LEASEQ_TLS_CA`, `LEASEQ_CLIENT_CERT`,
+    /// `LEASEQ_CLIENT_KEY`), as [`Client::connect_env`](crate::Client::connect_env).
+    pub async fn connect_env() -> Result<AdminClient, ConnectError> {
+        AdminClient::connect_with(connect::addr_from_env(), ConnectOptions::from_env()).await
     }
 
     pub fn from_channel(channel: Channel) -> AdminClient {

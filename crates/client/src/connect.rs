@@ -1,6 +1,19 @@
-//! Reaching a broker: plaintext or TLS (`https://` addresses, a CA
-//! certificate), optionally with a client certificate (mutual TLS), and a
-//! bearer token on every call.
+//! Reaching a broker: plaintext or TLS, optionally with a client certificate
+//! (mutual TLS), and a bearer token on every call.
+//!
+//! Every leaseq client (this crate, the CLI, the Python, Node and Go
+//! clients) takes the same addresses and settings:
+//!
+//! - `host:port`: plaintext, or TLS when a CA or a client certificate is
+//!   given; `http://host:port`: plaintext; `https://host:port`: TLS.
+//! - TLS verifies the broker's certificate against the CA given
+//!   ([`ConnectOptions::tls_ca`]), else against the system's roots (the
+//!   operating system's store, read by `rustls-native-certs`; on Linux
+//!   `SSL_CERT_FILE` / `SSL_CERT_DIR` name other ones, as for OpenSSL).
+//! - The environment, read by [`ConnectOptions::from_env`] and
+//!   [`addr_from_env`]: `LEASEQ_ADDR` (default [`DEFAULT_ADDR`]),
+//!   `LEASEQ_TOKEN`, `LEASEQ_TLS_CA`, `LEASEQ_CLIENT_CERT`,
+//!   `LEASEQ_CLIENT_KEY`.
 //!
 //! [`Client::connect_with`](crate::Client::connect_with) and
 //! [`AdminClient::connect_with`](crate::AdminClient::connect_with) are the
@@ -17,6 +30,17 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
+/// The broker's address when none is given: plaintext on the local host.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:50051";
+
+/// `LEASEQ_ADDR`, else [`DEFAULT_ADDR`].
+pub fn addr_from_env() -> String {
+    std::env::var("LEASEQ_ADDR")
+        .ok()
+        .filter(|a| !a.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ADDR.to_owned())
+}
+
 /// How to reach a broker besides its address: TLS files and a bearer token.
 ///
 /// ```
@@ -30,8 +54,9 @@ use tonic::{Request, Status};
 /// ```
 #[derive(Clone, Default)]
 pub struct ConnectOptions {
-    /// CA certificate (PEM) that signed the broker's certificate. Needed for
-    /// TLS, which also needs an `https://` address.
+    /// CA certificate (PEM) that signed the broker's certificate; without
+    /// it, TLS (an `https://` address) trusts the system's roots. With a
+    /// `host:port` address, giving it turns TLS on.
     pub tls_ca: Option<PathBuf>,
     /// Client certificate and key (PEM), for brokers that require mutual TLS.
     pub tls_cert: Option<PathBuf>,
@@ -41,8 +66,27 @@ pub struct ConnectOptions {
 }
 
 impl ConnectOptions {
+    /// The options the environment gives: `LEASEQ_TLS_CA`,
+    /// `LEASEQ_CLIENT_CERT` and `LEASEQ_CLIENT_KEY` (PEM files), and
+    /// `LEASEQ_TOKEN`; an unset or empty variable gives nothing.
+    pub fn from_env() -> ConnectOptions {
+        ConnectOptions::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`ConnectOptions::from_env`] with the variables read by `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> ConnectOptions {
+        let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        ConnectOptions {
+            tls_ca: get("LEASEQ_TLS_CA").map(PathBuf::from),
+            tls_cert: get("LEASEQ_CLIENT_CERT").map(PathBuf::from),
+            tls_key: get("LEASEQ_CLIENT_KEY").map(PathBuf::from),
+            token: get("LEASEQ_TOKEN"),
+        }
+    }
+
     /// Trusts the CA certificate (PEM) in `path` for the broker's
-    /// certificate. TLS also needs an `https://` address.
+    /// certificate (instead of the system's roots); with a `host:port`
+    /// address, turns TLS on.
     pub fn tls_ca(mut self, path: impl Into<PathBuf>) -> ConnectOptions {
         self.tls_ca = Some(path.into());
         self
@@ -140,32 +184,68 @@ pub(crate) fn keepalive(endpoint: Endpoint) -> Endpoint {
         .tcp_nodelay(true)
 }
 
-/// The endpoint for `addr` (`http://` or `https://`) with `opts`' TLS, and
-/// the keep-alive settings every client of this crate uses.
-pub fn endpoint(addr: &str, opts: &ConnectOptions) -> Result<Endpoint, ConnectError> {
-    let mut endpoint = keepalive(
-        Endpoint::from_shared(addr.to_owned())
-            .map_err(|e| ConnectError::Config(format!("address {addr:?}: {e}")))?,
-    );
-    let tls_wanted =
-        addr.starts_with("https://") || opts.tls_ca.is_some() || opts.tls_cert.is_some();
-    if tls_wanted {
-        if !addr.starts_with("https://") {
+/// Where to connect: the URI tonic wants, and whether it is TLS. `addr` is
+/// `host:port` (TLS when `opts` has a CA or a client certificate),
+/// `http://host:port` or `https://host:port`; a path, a query or another
+/// scheme is refused.
+pub fn target(addr: &str, opts: &ConnectOptions) -> Result<(String, bool), ConnectError> {
+    let addr = addr.trim();
+    let tls_files = opts.tls_ca.is_some() || opts.tls_cert.is_some() || opts.tls_key.is_some();
+    let (tls, rest) = if let Some(rest) = addr.strip_prefix("https://") {
+        (true, rest)
+    } else if let Some(rest) = addr.strip_prefix("http://") {
+        if tls_files {
             return Err(ConnectError::Config(format!(
-                "TLS options need an https:// address, not {addr}"
+                "address {addr:?}: http:// is plaintext, but TLS files were given (use https:// or host:port)"
             )));
         }
-        let ca = opts.tls_ca.as_ref().ok_or_else(|| {
-            ConnectError::Config(
-                "an https:// address needs tls_ca (the CA that signed the broker's certificate)"
-                    .into(),
-            )
-        })?;
-        let mut tls =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca, "tls_ca")?));
+        (false, rest)
+    } else if addr.contains("://") {
+        return Err(ConnectError::Config(format!(
+            "address {addr:?}: the scheme must be http:// or https:// (or none: host:port)"
+        )));
+    } else {
+        (tls_files, addr)
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let bad = |why: &str| ConnectError::Config(format!("address {addr:?}: {why} (host:port)"));
+    if rest.is_empty() {
+        return Err(bad("no host"));
+    }
+    if rest.contains(['/', '?', '#', '@']) || rest.contains(char::is_whitespace) {
+        return Err(bad("only a host and a port"));
+    }
+    // A port is required, whatever the scheme: brokers have no default one.
+    let port = match rest.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && (!host.contains(':') || host.ends_with(']')) => {
+            port
+        }
+        _ => return Err(bad("a port is required")),
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(bad("the port must be a number up to 65535"));
+    }
+    let scheme = if tls { "https" } else { "http" };
+    Ok((format!("{scheme}://{rest}"), tls))
+}
+
+/// The endpoint for `addr` (see [`target`]) with `opts`' TLS, and the
+/// keep-alive settings every client of this crate uses.
+pub fn endpoint(addr: &str, opts: &ConnectOptions) -> Result<Endpoint, ConnectError> {
+    let (uri, tls) = target(addr, opts)?;
+    let mut endpoint = keepalive(
+        Endpoint::from_shared(uri)
+            .map_err(|e| ConnectError::Config(format!("address {addr:?}: {e}")))?,
+    );
+    if tls {
+        let mut config = ClientTlsConfig::new();
+        config = match &opts.tls_ca {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "tls_ca")?)),
+            None => config.with_native_roots(),
+        };
         match (&opts.tls_cert, &opts.tls_key) {
             (Some(cert), Some(key)) => {
-                tls = tls.identity(Identity::from_pem(
+                config = config.identity(Identity::from_pem(
                     read(cert, "tls_cert")?,
                     read(key, "tls_key")?,
                 ));
@@ -178,7 +258,7 @@ pub fn endpoint(addr: &str, opts: &ConnectOptions) -> Result<Endpoint, ConnectEr
             }
         }
         endpoint = endpoint
-            .tls_config(tls)
+            .tls_config(config)
             .map_err(|e| ConnectError::Config(format!("TLS configuration: {e}")))?;
     }
     Ok(endpoint)
@@ -205,7 +285,8 @@ pub fn bearer(opts: &ConnectOptions) -> Result<Bearer, ConnectError> {
     Ok(Bearer(value))
 }
 
-/// Connects to `addr` (`http://` or `https://`) with `opts`' TLS and token.
+/// Connects to `addr` (`host:port`, `http://` or `https://`) with `opts`'
+/// TLS and token.
 pub async fn connect(addr: &str, opts: &ConnectOptions) -> Result<ClientChannel, ConnectError> {
     let endpoint = endpoint(addr, opts)?;
     let bearer = bearer(opts)?;
@@ -235,4 +316,73 @@ pub fn with_token(channel: Channel, token: Option<&str>) -> Result<ClientChannel
         ..ConnectOptions::default()
     };
     Ok(InterceptedService::new(channel, bearer(&opts)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca() -> ConnectOptions {
+        ConnectOptions::default().tls_ca("/ca.pem")
+    }
+
+    #[test]
+    fn every_address_form_is_taken() {
+        let none = ConnectOptions::default();
+        let t = |a: &str, o: &ConnectOptions| target(a, o).map_err(|e| e.to_string());
+        assert_eq!(
+            t("127.0.0.1:50051", &none),
+            Ok(("http://127.0.0.1:50051".into(), false))
+        );
+        assert_eq!(
+            t("127.0.0.1:50051", &ca()),
+            Ok(("https://127.0.0.1:50051".into(), true))
+        );
+        assert_eq!(t("http://h:1", &none), Ok(("http://h:1".into(), false)));
+        assert_eq!(t("https://h:1/", &none), Ok(("https://h:1".into(), true)));
+        assert_eq!(t("https://h:1", &ca()), Ok(("https://h:1".into(), true)));
+        assert_eq!(
+            t(" [::1]:50051 ", &none),
+            Ok(("http://[::1]:50051".into(), false))
+        );
+        let cert_only = ConnectOptions::default().tls_identity("/c.pem", "/c.key");
+        assert_eq!(t("h:1", &cert_only), Ok(("https://h:1".into(), true)));
+        for (bad, why) in [
+            ("http://h:1", "TLS files"),
+            ("grpc://h:1", "scheme"),
+            ("h", "port"),
+            ("h:", "port"),
+            ("h:99999", "port"),
+            ("https://h", "port"),
+            ("h:1/path", "only a host and a port"),
+            ("", "no host"),
+            ("::1", "port"),
+        ] {
+            let opts = if bad.starts_with("http://") {
+                ca()
+            } else {
+                none.clone()
+            };
+            let e = t(bad, &opts).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_environment_gives_the_options() {
+        let env = |name: &str| match name {
+            "LEASEQ_TLS_CA" => Some("/etc/leaseq/ca.pem".to_owned()),
+            "LEASEQ_TOKEN" => Some("s3cret".to_owned()),
+            "LEASEQ_CLIENT_CERT" => Some(String::new()),
+            _ => None,
+        };
+        let o = ConnectOptions::from_lookup(env);
+        assert_eq!(
+            o.tls_ca.as_deref(),
+            Some(std::path::Path::new("/etc/leaseq/ca.pem"))
+        );
+        assert_eq!(o.token.as_deref(), Some("s3cret"));
+        assert_eq!(o.tls_cert, None, "an empty variable is unset");
+        assert_eq!(o.tls_key, None);
+    }
 }

@@ -63,7 +63,7 @@ use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// The generated API (`leaseq.v1`): messages, and the gRPC clients for
 /// anything the wrappers here do not cover.
@@ -71,10 +71,10 @@ pub use leaseq_proto as pb;
 use pb::queue_service_client::QueueServiceClient;
 
 pub use admin::{AdminClient, DeadLetters, QueueUpdate};
-pub use connect::{ClientChannel, ConnectError, ConnectOptions, connect};
+pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
 pub use outcome::{BoxError, DeadLetter, Retry};
 pub use trace::TraceParent;
-pub use worker::{Worker, WorkerStats};
+pub use worker::{DEFAULT_CONCURRENCY, Worker, WorkerStats};
 
 /// Largest message the client accepts from the broker. Matches the broker's
 /// default `--max-message-bytes`, so a delivery of any accepted payload fits.
@@ -97,25 +97,31 @@ impl fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connects now (plaintext `http://`); fails if the broker cannot be
-    /// reached. See [`Client::connect_with`] for TLS and tokens.
-    pub async fn connect(addr: impl Into<String>) -> Result<Client, tonic::transport::Error> {
-        let channel = connect::keepalive(Endpoint::from_shared(addr.into())?)
-            .connect()
-            .await?;
-        Ok(Client::from_channel(channel))
+    /// Connects now, without TLS files or a token, to `addr`: `host:port` or
+    /// `http://host:port` (plaintext), or `https://host:port` (TLS, the
+    /// system's roots); fails if the broker cannot be reached. See
+    /// [`Client::connect_with`] for TLS files and tokens.
+    pub async fn connect(addr: impl AsRef<str>) -> Result<Client, ConnectError> {
+        Client::connect_with(addr, ConnectOptions::default()).await
     }
 
     /// Connects on first use; fails only on a malformed address. A [`Worker`]
     /// built on it waits for a broker that is not up yet.
-    pub fn connect_lazy(addr: impl Into<String>) -> Result<Client, tonic::transport::Error> {
-        Ok(Client::from_channel(
-            connect::keepalive(Endpoint::from_shared(addr.into())?).connect_lazy(),
-        ))
+    pub fn connect_lazy(addr: impl AsRef<str>) -> Result<Client, ConnectError> {
+        Client::connect_lazy_with(addr, ConnectOptions::default())
     }
 
-    /// Connects now to `addr` (`http://` or `https://`) with `options`' TLS
-    /// files and bearer token, which every call then carries.
+    /// Connects now to the broker the environment names: `LEASEQ_ADDR`
+    /// (default `127.0.0.1:50051`) with `LEASEQ_TOKEN` and the TLS files of
+    /// `LEASEQ_TLS_CA`, `LEASEQ_CLIENT_CERT` and `LEASEQ_CLIENT_KEY`, as
+    /// every leaseq client reads them ([`connect`](crate::connect) module).
+    pub async fn connect_env() -> Result<Client, ConnectError> {
+        Client::connect_with(connect::addr_from_env(), ConnectOptions::from_env()).await
+    }
+
+    /// Connects now to `addr` (`host:port`, `http://` or `https://`; see the
+    /// [`connect`](crate::connect) module) with `options`' TLS files and
+    /// bearer token, which every call then carries.
     pub async fn connect_with(
         addr: impl AsRef<str>,
         options: ConnectOptions,

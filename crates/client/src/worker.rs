@@ -25,6 +25,14 @@ use leaseq_proto::limits::{MAX_IN_FLIGHT, MAX_LEASE, MIN_LEASE};
 /// job's lease then runs out and it is delivered again.
 const SETTLE_TRIES: u32 = 5;
 
+/// Handlers at once, and the stream's credit, unless
+/// [`Worker::concurrency`] says otherwise: 16 in every leaseq SDK (Python,
+/// Node, Go too). It is the credit a bare `Subscribe` gets by default, so a
+/// worker holds what any stream would; handlers mostly wait on I/O, where
+/// one at a time leaves the worker idle at every round trip. A handler that
+/// must not run beside itself asks for `concurrency(1)`.
+pub const DEFAULT_CONCURRENCY: u32 = 16;
+
 /// How long a stopping worker waits for the broker to end a half-closed
 /// Consume stream.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
@@ -174,7 +182,8 @@ pub struct Worker {
 
 impl Worker {
     /// A worker for `queues`, whose handler [`Worker::run`] takes; with
-    /// concurrency 1, a 30 s lease, a 30 s grace and no timeout.
+    /// concurrency 16 (see [`Worker::concurrency`]), a 30 s lease, a 30 s
+    /// grace and no timeout.
     pub fn new(client: Client, queues: impl IntoIterator<Item = impl Into<String>>) -> Worker {
         let mut w = Worker::builder(client);
         w.queues = queues.into_iter().map(Into::into).collect();
@@ -191,7 +200,7 @@ impl Worker {
             timeout: None,
             timeouts: HashMap::new(),
             consumer: default_consumer(),
-            concurrency: 1,
+            concurrency: DEFAULT_CONCURRENCY,
             lease: Duration::from_secs(30),
             grace: Duration::from_secs(30),
             reconnect_min: Duration::from_millis(100),
@@ -248,7 +257,8 @@ impl Worker {
         self
     }
 
-    /// Most handlers running at once, and the stream's credit (1 to 10,000).
+    /// Most handlers running at once, and the stream's credit (1 to 10,000;
+    /// default [`DEFAULT_CONCURRENCY`], 16).
     pub fn concurrency(mut self, n: u32) -> Worker {
         self.concurrency = n;
         self

@@ -335,6 +335,19 @@ impl TokenSet {
         self.entries.is_empty()
     }
 
+    /// The principal whose token's SHA-256 is `digest` (the tokens file's
+    /// `sha256`, as a console session keeps it), compared in constant time.
+    pub fn by_digest(&self, digest: &str) -> Option<Arc<Principal>> {
+        let digest = parse_hex32(digest)?;
+        let mut found = None;
+        for e in &self.entries {
+            if bool::from(e.digest.ct_eq(&digest)) {
+                found = Some(e.principal.clone());
+            }
+        }
+        found
+    }
+
     /// The principal whose token hashes to the same digest as `token`.
     ///
     /// Every entry is compared, in constant time, whatever matches: the time
@@ -447,6 +460,31 @@ impl Authenticator {
     }
 }
 
+impl Authenticator {
+    /// A console login: the identity of `token` and the SHA-256 a session
+    /// keeps of it (None without `--auth-file`, where every visitor is
+    /// anonymous). None when the token is not in the tokens file.
+    pub fn login(&self, token: &str) -> Option<(Identity, Option<String>)> {
+        let Some(tokens) = &self.tokens else {
+            return Some((Identity::Anonymous, None));
+        };
+        let principal = tokens.authenticate(token)?;
+        Some((Identity::Token(principal), Some(hash_token(token))))
+    }
+
+    /// The identity a console session names by its token's SHA-256, as this
+    /// broker's tokens file has it now: None when the token was removed or
+    /// its secret changed, and for an anonymous session when authentication
+    /// is on (a replica with `--auth-file` never accepts one made without).
+    pub fn session_identity(&self, token_sha256: Option<&str>) -> Option<Identity> {
+        match (&self.tokens, token_sha256) {
+            (None, None) => Some(Identity::Anonymous),
+            (None, Some(_)) | (Some(_), None) => None,
+            (Some(tokens), Some(digest)) => tokens.by_digest(digest).map(Identity::Token),
+        }
+    }
+}
+
 impl Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> std::result::Result<Request<()>, Status> {
         let identity = self.identify(&request)?;
@@ -512,6 +550,36 @@ mod tests {
                 .unwrap()
                 .allows_everywhere(Action::Admin)
         );
+    }
+
+    #[test]
+    fn console_sessions_name_the_token_by_its_digest() {
+        let auth = Authenticator::new(Some(set(r#"[{"queues":"*","actions":["admin"]}]"#)));
+        let (who, digest) = auth.login("secret").unwrap();
+        assert_eq!(who.name(), Some("t"));
+        let digest = digest.unwrap();
+        assert_eq!(digest, hash_token("secret"));
+        assert_eq!(
+            auth.session_identity(Some(&digest)).unwrap().name(),
+            Some("t")
+        );
+        assert!(auth.login("wrong").is_none());
+        assert!(auth.session_identity(Some(&hash_token("wrong"))).is_none());
+        assert!(auth.session_identity(Some("not hex")).is_none());
+        assert!(
+            auth.session_identity(None).is_none(),
+            "no anonymous session with tokens on"
+        );
+        let open = Authenticator::new(None);
+        assert!(matches!(
+            open.login("anything"),
+            Some((Identity::Anonymous, None))
+        ));
+        assert!(matches!(
+            open.session_identity(None),
+            Some(Identity::Anonymous)
+        ));
+        assert!(open.session_identity(Some(&digest)).is_none());
     }
 
     #[test]

@@ -283,16 +283,17 @@ pub async fn list_jobs(
     after: Option<Uuid>,
     limit: i64,
     include_payload: bool,
+    search: Option<&str>,
 ) -> Result<Partial<(Vec<JobRow>, bool)>> {
     if clusters.is_single() {
         let home = clusters.home();
         return Ok(Partial::complete(
-            sql::list_jobs(home, queue, state, after, limit, include_payload).await?,
+            sql::list_jobs(home, queue, state, after, limit, include_payload, search).await?,
         ));
     }
     let (answers, missing) = split(
         ask(clusters, |store| {
-            sql::list_jobs(store, queue, state, after, limit, include_payload)
+            sql::list_jobs(store, queue, state, after, limit, include_payload, search)
         })
         .await,
     )?;
@@ -365,6 +366,25 @@ pub async fn cancel_job(clusters: &Clusters, id: JobId) -> Result<Option<Cancell
         (None, Some(e)) => Err(e),
         (None, None) => Ok(None),
     }
+}
+
+/// The failed attempts of job `id` on every cluster that answers (a job
+/// moved between clusters has the ones of its time on each), oldest first,
+/// the latest `limit`.
+pub async fn attempt_errors(
+    clusters: &Clusters,
+    id: JobId,
+    limit: i64,
+) -> Result<Vec<sql::AttemptError>> {
+    if clusters.is_single() {
+        return sql::attempt_errors(clusters.home(), id, limit).await;
+    }
+    let (answers, _missing) =
+        split(ask(clusters, |store| sql::attempt_errors(store, id, limit)).await)?;
+    let mut all: Vec<sql::AttemptError> = answers.into_iter().flat_map(|(_, e)| e).collect();
+    all.sort_by_key(|e| e.at);
+    let skip = all.len().saturating_sub(limit.max(0) as usize);
+    Ok(all.split_off(skip))
 }
 
 /// Requeues dead letters on every cluster (a moving bucket's may be on

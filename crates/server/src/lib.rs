@@ -26,8 +26,12 @@
 //!   and vacuuming the jobs table.
 //! - [`metrics`]: Prometheus counters, histograms and gauges
 //!   (`prometheus-client`).
+//! - [`history`]: every broker's per-queue rates, and the queues' depth,
+//!   written to PostgreSQL for the console (the deployment's, not one
+//!   broker's).
 //! - [`console`]: the web console and `/metrics` over HTTP (axum), its
-//!   sessions, CSRF checks and JSON API over the AdminService.
+//!   sessions (in PostgreSQL), CSRF checks and JSON API over the
+//!   AdminService.
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`auth`], [`tls`], [`stream_limit`]: bearer tokens and per-queue grants,
 //!   TLS and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
@@ -47,6 +51,7 @@ pub mod domain;
 pub mod error;
 pub mod fanout;
 pub mod fuzzing;
+pub mod history;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;

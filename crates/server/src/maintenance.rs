@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::error::Result;
-use crate::placement::Clusters;
 use crate::settle::Settle;
 use crate::store::Store;
 
@@ -61,6 +60,9 @@ async fn pass(settle: &Settle, store: &Store) -> Result<()> {
     Ok(())
 }
 
+/// Rows of `leaseq.job_errors` one retention pass looks at.
+const ERRORS_BATCH: i64 = 5_000;
+
 /// Most completed records one retention statement deletes.
 const RETENTION_BATCH: i64 = 10_000;
 
@@ -69,13 +71,29 @@ const RETENTION_BATCH: i64 = 10_000;
 /// was cleared, every `interval` until `shutdown`. Each pass deletes in
 /// batches of [`RETENTION_BATCH`] until none is left. Every replica runs it;
 /// a statement skips the rows another replica is deleting.
+///
+/// Each pass also deletes the failed attempts' errors
+/// (`leaseq.job_errors`) of jobs that are gone (acked, cancelled, purged),
+/// [`ERRORS_BATCH`] rows of the table at a time in job-id order, going round
+/// it over the passes: the work per pass is bounded however many errors the
+/// live and dead jobs keep.
 pub async fn retention_loop(store: Store, interval: Duration, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut errors_after: Option<uuid::Uuid> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        match crate::store::admin::delete_orphan_errors(&store, errors_after, ERRORS_BATCH).await {
+            Ok((n, next)) => {
+                if n > 0 {
+                    debug!(deleted = n, "errors of gone jobs deleted");
+                }
+                errors_after = next;
+            }
+            Err(e) => warn!(error = %e, "deleting the errors of gone jobs failed"),
         }
         loop {
             match store.expire_completed(RETENTION_BATCH).await {
@@ -168,22 +186,4 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
         .await?;
     result?;
     Ok(Some(dead))
-}
-
-/// Refreshes the per-queue gauges and the console's history every
-/// `interval`, until `shutdown`, from every cluster.
-pub async fn refresh_gauges(clusters: Clusters, interval: Duration, shutdown: CancellationToken) {
-    let store = clusters.home().clone();
-    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        match crate::fanout::queue_stats(&clusters, None, None, i64::MAX).await {
-            Ok(found) => store.metrics.refreshed(found.value),
-            Err(e) => warn!(error = %e, "metrics: queue statistics query failed"),
-        }
-    }
 }

@@ -8,9 +8,9 @@
 //! process global, so brokers running side by side in one test process do
 //! not share counts. The per-queue gauges cost one statistics query per
 //! `--metrics-interval`, never one per scrape. The same snapshots feed the
-//! console's charts ([`History`]). `docs/METRICS.md` lists every metric.
+//! console's charts ([`crate::history`]). `docs/METRICS.md` lists every metric.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -229,76 +229,26 @@ impl StreamRegistry {
     }
 }
 
-/// One snapshot of a queue for the console's charts: its depth, and this
-/// broker's counters at that moment.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Sample {
-    /// Milliseconds since the Unix epoch.
-    pub at_ms: i64,
-    pub available: i64,
-    pub scheduled: i64,
-    pub leased: i64,
-    pub dead: i64,
-    pub enqueued: u64,
-    pub acked: u64,
-}
-
-/// How long the console's charts reach back.
-pub const HISTORY: Duration = Duration::from_secs(15 * 60);
-
-/// Per queue, the snapshots of the last [`HISTORY`].
+/// Per queue, the jobs this broker enqueued and acked since it started
+/// (the same counts as `leaseq_jobs_enqueued_total` and
+/// `leaseq_jobs_acked_total`, kept where they can be listed): what
+/// [`crate::history`] turns into the deployment's rates.
 #[derive(Default)]
-pub struct History(Mutex<HashMap<String, VecDeque<Sample>>>);
+pub struct Activity(Mutex<HashMap<String, [u64; 2]>>);
 
-impl History {
-    fn record(&self, samples: Vec<(String, Sample)>) {
-        let mut h = self.0.lock().expect("poisoned");
-        let now = samples.first().map(|s| s.1.at_ms);
-        for (queue, s) in samples {
-            h.entry(queue).or_default().push_back(s);
-        }
-        if let Some(now) = now {
-            let oldest = now - HISTORY.as_millis() as i64;
-            h.retain(|_, v| {
-                while v.front().is_some_and(|s| s.at_ms < oldest) {
-                    v.pop_front();
-                }
-                !v.is_empty()
-            });
+impl Activity {
+    fn add(&self, per: impl IntoIterator<Item = (usize, String, u64)>) {
+        let mut m = self.0.lock().expect("poisoned");
+        for (i, queue, n) in per {
+            if n > 0 {
+                m.entry(queue).or_default()[i] += n;
+            }
         }
     }
 
-    /// The queue's snapshots, oldest first.
-    pub fn of(&self, queue: &str) -> Vec<Sample> {
-        let h = self.0.lock().expect("poisoned");
-        h.get(queue)
-            .map(|v| v.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// Enqueues and acks per second on each queue over the last two
-    /// snapshots (this broker's counts).
-    pub fn rates(&self) -> HashMap<String, (f64, f64)> {
-        let h = self.0.lock().expect("poisoned");
-        h.iter()
-            .filter_map(|(q, v)| {
-                let n = v.len();
-                if n < 2 {
-                    return None;
-                }
-                let (a, b) = (v[n - 2], v[n - 1]);
-                let secs = (b.at_ms - a.at_ms) as f64 / 1000.0;
-                (secs > 0.0).then(|| {
-                    (
-                        q.clone(),
-                        (
-                            b.enqueued.saturating_sub(a.enqueued) as f64 / secs,
-                            b.acked.saturating_sub(a.acked) as f64 / secs,
-                        ),
-                    )
-                })
-            })
-            .collect()
+    /// Every queue's (enqueued, acked) so far.
+    pub fn totals(&self) -> HashMap<String, [u64; 2]> {
+        self.0.lock().expect("poisoned").clone()
     }
 }
 
@@ -405,7 +355,7 @@ pub struct Metrics {
     inflight: InFlight,
     /// The last per-queue statistics, refreshed on a timer by [`refresh`].
     gauges: Arc<Mutex<Vec<QueueRow>>>,
-    pub history: History,
+    pub activity: Activity,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -538,7 +488,7 @@ impl Default for Metrics {
             writes: AtomicU64::new(0),
             inflight: InFlight::default(),
             gauges,
-            history: History::default(),
+            activity: Activity::default(),
         }
     }
 }
@@ -571,11 +521,13 @@ impl Metrics {
                 e.0 += 1;
             }
         }
-        for (queue, (new, dups)) in per {
-            bump(&self.enqueued, queue, new);
-            bump(&self.enqueue_duplicates, queue, dups);
-            self.wrote(new as usize);
+        for (queue, (new, dups)) in &per {
+            bump(&self.enqueued, queue, *new);
+            bump(&self.enqueue_duplicates, queue, *dups);
+            self.wrote(*new as usize);
         }
+        self.activity
+            .add(per.into_iter().map(|(q, (new, _))| (0, q.to_owned(), new)));
         self.enqueue_batch.observe(results.len() as f64);
     }
 
@@ -597,9 +549,11 @@ impl Metrics {
             }
         }
         drop(inflight);
-        for (queue, n) in per {
-            bump(&self.acked, queue, n);
+        for (queue, n) in &per {
+            bump(&self.acked, queue, *n);
         }
+        self.activity
+            .add(per.into_iter().map(|(q, n)| (1, q.to_owned(), n)));
     }
 
     /// Counts a nack statement (`asked` requests, `done` matched).
@@ -701,27 +655,8 @@ impl Metrics {
         self.gauges.lock().expect("poisoned").clone()
     }
 
-    /// New per-queue statistics (from `maintenance::refresh_gauges`).
+    /// New per-queue statistics (from [`crate::history`]'s sampler).
     pub fn refreshed(&self, rows: Vec<QueueRow>) {
-        let at_ms = chrono::Utc::now().timestamp_millis();
-        let samples = rows
-            .iter()
-            .map(|q| {
-                (
-                    q.name.clone(),
-                    Sample {
-                        at_ms,
-                        available: q.available,
-                        scheduled: q.scheduled,
-                        leased: q.leased,
-                        dead: q.dead,
-                        enqueued: count(&self.enqueued, &q.name),
-                        acked: count(&self.acked, &q.name),
-                    },
-                )
-            })
-            .collect();
-        self.history.record(samples);
         *self.gauges.lock().expect("poisoned") = rows;
         // Forget deliveries settled elsewhere.
         let mut inflight = self.inflight.0.lock().expect("poisoned");

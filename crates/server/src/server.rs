@@ -227,11 +227,24 @@ impl Server {
             draining.clone(),
             stop.clone(),
         ));
+        // Every broker's rates go to the database for the console of any
+        // replica; a broker that serves /metrics or the console also counts
+        // the queues' depth (the per-queue gauges).
+        background.spawn(crate::history::sample_loop(
+            clusters.clone(),
+            cfg.metrics_interval,
+            cfg.metrics_listen.is_some() || cfg.http_listen.is_some(),
+            stop.clone(),
+        ));
         let admin = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
+        // The console's test jobs go through the QueueService's own handler.
+        let queue_api =
+            Arc::new(QueueApi::new(broker.clone(), cfg.request_limits).with_traces(traces.clone()));
         start_http(
             &cfg,
-            &clusters,
             admin.clone(),
+            queue_api,
+            &clusters,
             &auth,
             &stop,
             &mut background,
@@ -391,11 +404,13 @@ impl Server {
 
 /// Starts the HTTP servers asked for: `--metrics-listen` (only `/metrics`)
 /// and `--http-listen` (the console and `/metrics`, over TLS when the broker
-/// has TLS), and the refresher of the per-queue gauges both read.
+/// has TLS). The per-queue gauges both read are refreshed by
+/// [`crate::history::sample_loop`].
 async fn start_http(
     cfg: &Config,
-    clusters: &Clusters,
     admin: Arc<AdminApi>,
+    queue_api: Arc<QueueApi>,
+    clusters: &Clusters,
     auth: &crate::auth::Authenticator,
     stop: &CancellationToken,
     background: &mut JoinSet<()>,
@@ -404,11 +419,6 @@ async fn start_http(
         return Ok(());
     }
     let store = clusters.home();
-    background.spawn(crate::maintenance::refresh_gauges(
-        clusters.clone(),
-        cfg.metrics_interval,
-        stop.clone(),
-    ));
     if let Some(addr) = cfg.metrics_listen {
         let listener = crate::console::bind(addr, "metrics").await?;
         info!(addr = %listener.local_addr()?, "metrics on /metrics");
@@ -436,6 +446,7 @@ async fn start_http(
         }
         let console = crate::console::Console::new(
             admin,
+            queue_api,
             store.clone(),
             auth.clone(),
             tls.is_some(),

@@ -238,7 +238,7 @@ pub fn queue_info(q: QueueRow) -> pb::QueueInfo {
     }
 }
 
-fn job_info(j: JobRow) -> pb::JobInfo {
+pub fn job_info(j: JobRow) -> pb::JobInfo {
     pb::JobInfo {
         id: j.id.to_string(),
         queue: j.queue,
@@ -572,6 +572,7 @@ impl AdminService for AdminApi {
             after,
             limit,
             r.include_payload,
+            None,
         )
         .await?;
         let (rows, more) = found.value;

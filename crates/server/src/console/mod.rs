@@ -9,11 +9,13 @@
 //!
 //! Access (docs/ADMIN.md, "The console"):
 //!
-//! - With `--auth-file`, the browser logs in with a bearer token. The broker
-//!   keeps the session (the token's principal, never its secret) and gives
-//!   the browser only a random session id in a cookie that is `HttpOnly`,
-//!   `SameSite=Strict`, and `Secure` under TLS. Without `--auth-file`
-//!   every visitor gets an anonymous session (and the broker warns).
+//! - With `--auth-file`, the browser logs in with a bearer token. The
+//!   session is kept in PostgreSQL ([`sessions`]: the token's SHA-256, never
+//!   its secret), so every replica accepts it and a rolling deploy logs
+//!   nobody out; the browser holds only a random session id in a cookie
+//!   that is `HttpOnly`, `SameSite=Strict`, and `Secure` under TLS. Without
+//!   `--auth-file` every visitor gets an anonymous session (and the broker
+//!   warns).
 //! - A token sees the queues it has any grant on; changing a queue (pause,
 //!   settings, requeue, purge) needs the `admin` action on that queue.
 //! - Cross-site request forgery: every POST must carry the session's CSRF
@@ -25,11 +27,13 @@
 //!   with `textContent` only, and a Content-Security-Policy without inline
 //!   script forbids anything else from running.
 
+mod live;
 mod serve;
+mod sessions;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
@@ -39,7 +43,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::info;
@@ -47,16 +50,16 @@ use tracing::info;
 pub use serve::{bind, serve, tls_acceptor};
 
 use crate::api::admin::AdminApi;
+use crate::api::queue::QueueApi;
 use crate::auth::{Action, Authenticator, Identity};
 use crate::metrics::Metrics;
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
+use crate::pb::queue_service_server::QueueService;
 use crate::store::Store;
 
 /// How long a console session lasts after login.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
-/// Most sessions kept at once (the oldest is dropped beyond it).
-const MAX_SESSIONS: usize = 10_000;
 pub const SESSION_COOKIE: &str = "leaseq_console";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
@@ -70,27 +73,27 @@ const APP_JS: &str = include_str!("assets/app.js");
 const APP_CSS: &str = include_str!("assets/app.css");
 const FAVICON: &[u8] = include_bytes!("assets/favicon.svg");
 
-struct Session {
-    identity: Identity,
-    csrf: String,
-    expires: Instant,
-}
-
 /// Everything a handler needs.
 #[derive(Clone)]
 pub struct Console {
     api: Arc<AdminApi>,
+    /// The QueueService's own handler, for the test jobs the console
+    /// enqueues (the same validation, limits and hand-off as a client's).
+    queue: Arc<QueueApi>,
+    /// The home cluster: sessions and the deployment's rates live there.
     store: Store,
     auth: Authenticator,
-    sessions: Arc<Mutex<HashMap<String, Session>>>,
     /// The console is served over TLS (cookies get `Secure`).
     tls: bool,
+    /// The live view's one sampler, shared by every browser.
+    live: Arc<live::Live>,
     shutdown: CancellationToken,
 }
 
 impl Console {
     pub fn new(
         api: Arc<AdminApi>,
+        queue: Arc<QueueApi>,
         store: Store,
         auth: Authenticator,
         tls: bool,
@@ -98,10 +101,11 @@ impl Console {
     ) -> Console {
         Console {
             api,
+            queue,
             store,
             auth,
-            sessions: Arc::default(),
             tls,
+            live: Arc::default(),
             shutdown,
         }
     }
@@ -110,49 +114,55 @@ impl Console {
         &self.store.metrics
     }
 
-    fn session(&self, headers: &HeaderMap) -> Option<(Identity, String)> {
-        let sid = cookie(headers, SESSION_COOKIE)?;
-        let mut sessions = self.sessions.lock().expect("poisoned");
-        match sessions.get(sid) {
-            Some(s) if s.expires > Instant::now() => Some((s.identity.clone(), s.csrf.clone())),
-            Some(_) => {
-                sessions.remove(sid);
-                None
+    /// Per queue, (enqueued, acked) per second over the whole deployment
+    /// (empty, and logged, when PostgreSQL does not answer).
+    async fn rates(&self) -> HashMap<String, (f64, f64)> {
+        match crate::history::rates(&self.store).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "console: reading the queues' rates failed");
+                HashMap::new()
             }
-            None => None,
         }
     }
 
+    /// The request's session: its identity (as this replica's tokens file
+    /// has it now) and CSRF token. Err when PostgreSQL does not answer.
+    async fn session(&self, headers: &HeaderMap) -> ApiResult<Option<(Identity, String)>> {
+        let Some(sid) = cookie(headers, SESSION_COOKIE) else {
+            return Ok(None);
+        };
+        let stored = sessions::find(&self.store.pool, sid)
+            .await
+            .map_err(unavailable)?;
+        Ok(stored.and_then(|s| {
+            self.auth
+                .session_identity(s.token_sha256.as_deref())
+                .map(|identity| (identity, s.csrf))
+        }))
+    }
+
     /// Opens a session; returns its `Set-Cookie` value and CSRF token.
-    fn open_session(&self, identity: Identity) -> (String, String) {
-        let sid = crate::auth::generate_token();
-        let csrf = crate::auth::generate_token();
-        let now = Instant::now();
-        let mut sessions = self.sessions.lock().expect("poisoned");
-        sessions.retain(|_, s| s.expires > now);
-        if sessions.len() >= MAX_SESSIONS
-            && let Some(oldest) = sessions
-                .iter()
-                .min_by_key(|(_, s)| s.expires)
-                .map(|(k, _)| k.clone())
-        {
-            sessions.remove(&oldest);
-        }
-        sessions.insert(
-            sid.clone(),
-            Session {
-                identity,
-                csrf: csrf.clone(),
-                expires: now + SESSION_TTL,
-            },
-        );
+    async fn open_session(&self, token_sha256: Option<&str>) -> ApiResult<(String, String)> {
+        let (sid, csrf) = sessions::open(&self.store.pool, token_sha256, SESSION_TTL)
+            .await
+            .map_err(unavailable)?;
         let secure = if self.tls { "; Secure" } else { "" };
         let cookie = format!(
             "{SESSION_COOKIE}={sid}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
             SESSION_TTL.as_secs()
         );
-        (cookie, csrf)
+        Ok((cookie, csrf))
     }
+}
+
+/// A session store that does not answer: 503, the cause logged.
+fn unavailable(e: crate::error::Error) -> ApiError {
+    tracing::warn!(error = %e, "console: sessions unavailable");
+    ApiError(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "console sessions unavailable: PostgreSQL does not answer".into(),
+    )
 }
 
 /// A cookie's value from the request's `Cookie` headers.
@@ -223,6 +233,17 @@ impl Caller {
         }
     }
 
+    /// A test job from the console: `enqueue` or `admin` on the queue (an
+    /// operator who may requeue dead letters may also send one job).
+    fn can_enqueue(&self, queue: &str) -> bool {
+        match &self.0 {
+            Identity::Anonymous => true,
+            Identity::Token(p) => {
+                p.allows(Action::Enqueue, queue) || p.allows(Action::Admin, queue)
+            }
+        }
+    }
+
     fn can_admin(&self, queue: &str) -> bool {
         match &self.0 {
             Identity::Anonymous => true,
@@ -268,7 +289,11 @@ pub fn router(console: Console) -> Router {
         .route("/dead", get(list_dead))
         .route("/dead/requeue", post(requeue_dead))
         .route("/dead/purge", post(purge_dead))
+        .route("/jobs", get(list_jobs))
         .route("/jobs/{id}", get(get_job))
+        .route("/jobs/{id}/cancel", post(cancel_job))
+        .route("/queues/{name}/purge", post(purge_queue))
+        .route("/queues/{name}/enqueue", post(enqueue_job))
         .route_layer(middleware::from_fn_with_state(console.clone(), guard))
         .route("/session", get(session))
         .route("/login", post(login))
@@ -409,12 +434,16 @@ fn check_post(c: &Console, headers: &HeaderMap) -> ApiResult<()> {
 /// Requires a session for the API (and its CSRF token on POSTs); attaches
 /// the [`Caller`].
 async fn guard(State(c): State<Console>, mut req: Request, next: Next) -> Response {
-    let Some((identity, csrf)) = c.session(req.headers()) else {
-        return ApiError(
-            StatusCode::UNAUTHORIZED,
-            "not logged in (or the session expired)".into(),
-        )
-        .into_response();
+    let (identity, csrf) = match c.session(req.headers()).await {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return ApiError(
+                StatusCode::UNAUTHORIZED,
+                "not logged in (or the session expired)".into(),
+            )
+            .into_response();
+        }
+        Err(e) => return e.into_response(),
     };
     if req.method() == Method::POST {
         let sent = req
@@ -454,49 +483,53 @@ fn identity_json(identity: &Identity, auth: bool, csrf: &str) -> Value {
 /// The current session; without `--auth-file` one is opened on the spot.
 async fn session(State(c): State<Console>, headers: HeaderMap) -> Response {
     let auth = c.auth.is_enabled();
-    if let Some((identity, csrf)) = c.session(&headers) {
-        return axum::Json(identity_json(&identity, auth, &csrf)).into_response();
+    match c.session(&headers).await {
+        Ok(Some((identity, csrf))) => {
+            return axum::Json(identity_json(&identity, auth, &csrf)).into_response();
+        }
+        Ok(None) => {}
+        Err(e) => return e.into_response(),
     }
     if auth {
         return ApiError(StatusCode::UNAUTHORIZED, "not logged in".into()).into_response();
     }
-    let (cookie, csrf) = c.open_session(Identity::Anonymous);
-    (
-        [(header::SET_COOKIE, cookie)],
-        axum::Json(identity_json(&Identity::Anonymous, false, &csrf)),
-    )
-        .into_response()
+    match c.open_session(None).await {
+        Ok((cookie, csrf)) => (
+            [(header::SET_COOKIE, cookie)],
+            axum::Json(identity_json(&Identity::Anonymous, false, &csrf)),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `{"token": "..."}`: checks it as the gRPC port would and opens a session.
 async fn login(State(c): State<Console>, body: axum::Json<Value>) -> Response {
     let token = body.get("token").and_then(Value::as_str).unwrap_or("");
-    let mut req = tonic::Request::new(());
-    if let Ok(v) = format!("Bearer {token}").parse() {
-        req.metadata_mut().insert("authorization", v);
-    }
-    let identity = match c.auth.identify(&req) {
-        Ok(id) => id,
-        Err(_) => {
-            info!("console: login with an invalid token refused");
-            return ApiError(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response();
-        }
+    let Some((identity, digest)) = c.auth.login(token.trim()) else {
+        info!("console: login with an invalid token refused");
+        return ApiError(StatusCode::UNAUTHORIZED, "invalid token".into()).into_response();
     };
     info!(
         token = identity.name().unwrap_or("anonymous"),
         "console: login"
     );
-    let (cookie, csrf) = c.open_session(identity.clone());
-    (
-        [(header::SET_COOKIE, cookie)],
-        axum::Json(identity_json(&identity, c.auth.is_enabled(), &csrf)),
-    )
-        .into_response()
+    match c.open_session(digest.as_deref()).await {
+        Ok((cookie, csrf)) => (
+            [(header::SET_COOKIE, cookie)],
+            axum::Json(identity_json(&identity, c.auth.is_enabled(), &csrf)),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
+/// Ends the session on every replica.
 async fn logout(State(c): State<Console>, headers: HeaderMap) -> Response {
-    if let Some(sid) = cookie(&headers, SESSION_COOKIE) {
-        c.sessions.lock().expect("poisoned").remove(sid);
+    if let Some(sid) = cookie(&headers, SESSION_COOKIE)
+        && let Err(e) = sessions::close(&c.store.pool, sid).await
+    {
+        return unavailable(e).into_response();
     }
     let secure = if c.tls { "; Secure" } else { "" };
     (
@@ -525,13 +558,14 @@ fn millis(t: &Option<prost_types::Timestamp>) -> Value {
     }
 }
 
-fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, can_admin: bool) -> Value {
+fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, caller: &Caller) -> Value {
     let s = q.settings.unwrap_or_default();
     let st = q.stats.unwrap_or_default();
     json!({
         "name": q.name,
         "created_at": millis(&q.created_at),
-        "can_admin": can_admin,
+        "can_admin": caller.can_admin(&q.name),
+        "can_enqueue": caller.can_enqueue(&q.name),
         "stats": {
             "available": st.available,
             "scheduled": st.scheduled,
@@ -540,8 +574,9 @@ fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, can_admin: bool) ->
             "oldest_available_age": secs(&st.oldest_available_age),
             "streams": st.streams,
             "consumers": st.consumers,
-            "enqueue_rate": rates.map(|r| r.0),
-            "ack_rate": rates.map(|r| r.1),
+            // No row: no traffic on any replica over its last intervals.
+            "enqueue_rate": rates.map_or(0.0, |r| r.0),
+            "ack_rate": rates.map_or(0.0, |r| r.1),
         },
         "settings": {
             "paused": s.paused,
@@ -614,12 +649,15 @@ fn job_json(j: &pb::JobInfo, with_payload: bool) -> Value {
     })
 }
 
-fn queues_json(c: &Console, caller: &Caller, queues: &[pb::QueueInfo]) -> Vec<Value> {
-    let rates = c.metrics().history.rates();
+fn queues_json(
+    caller: &Caller,
+    queues: &[pb::QueueInfo],
+    rates: &HashMap<String, (f64, f64)>,
+) -> Vec<Value> {
     queues
         .iter()
         .filter(|q| caller.can_read(&q.name))
-        .map(|q| queue_json(q, rates.get(&q.name), caller.can_admin(&q.name)))
+        .map(|q| queue_json(q, rates.get(&q.name), caller))
         .collect()
 }
 
@@ -653,56 +691,51 @@ async fn list_queues(
         }
         page_token = r.next_page_token;
     }
+    let rates = c.rates().await;
     Ok(axum::Json(
-        json!({ "queues": queues_json(&c, &caller, &all), "unavailable_clusters": missing }),
+        json!({ "queues": queues_json(&caller, &all, &rates), "unavailable_clusters": missing }),
     ))
 }
 
-/// Server-sent events: `queues` events fed by WatchQueues (a snapshot when
-/// counts change, at most once a second, and at least every 5 s).
+/// Server-sent events: `queues` events from the broker's one live sampler
+/// ([`live`]: a snapshot when counts change, at most once a second, and at
+/// least every 5 s), each filtered by this browser's grants.
 async fn events(
     State(c): State<Console>,
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> ApiResult<Response> {
-    let watch = c
-        .api
-        .watch_queues(tonic::Request::new(pb::WatchQueuesRequest {
-            queues: Vec::new(),
-            interval: Some(prost_types::Duration {
-                seconds: 5,
-                nanos: 0,
-            }),
-        }))
-        .await?
-        .into_inner();
+    let mut snapshots = c.live.subscribe(&c);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(2);
     let shutdown = c.shutdown.clone();
     tokio::spawn(async move {
-        let mut watch = std::pin::pin!(watch);
+        // The current snapshot first (a browser arriving sees the queues at
+        // once), then each new one.
+        snapshots.mark_changed();
         loop {
-            let msg = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tx.closed() => return,
-                m = watch.next() => m,
-            };
-            let event = match msg {
-                Some(Ok(m)) => Event::default().event("queues").data(
+                changed = snapshots.changed() => if changed.is_err() { return },
+            }
+            let snapshot = snapshots.borrow_and_update().clone();
+            let event = match snapshot {
+                live::Snapshot::Pending => continue,
+                live::Snapshot::Queues(s) => Event::default().event("queues").data(
                     json!({
-                        "queues": queues_json(&c, &caller, &m.queues),
-                        "sent_at": millis(&m.sent_at),
-                        "unavailable_clusters": m.unavailable_clusters,
+                        "queues": queues_json(&caller, &s.watch.queues, &s.rates),
+                        "sent_at": millis(&s.watch.sent_at),
+                        "unavailable_clusters": s.watch.unavailable_clusters,
                     })
                     .to_string(),
                 ),
-                Some(Err(status)) => {
+                live::Snapshot::Failed(why) => {
                     let _ = tx
                         .send(Ok(Event::default()
                             .event("error")
-                            .data(json!({ "error": status.message() }).to_string())))
+                            .data(json!({ "error": why }).to_string())))
                         .await;
                     return;
                 }
-                None => return,
             };
             if tx.send(Ok(event)).await.is_err() {
                 return;
@@ -741,7 +774,7 @@ async fn get_queue(
     Path(name): Path<String>,
 ) -> ApiResult {
     let q = queue_info(&c, &caller, &name).await?;
-    let rates = c.metrics().history.rates();
+    let rates = c.rates().await;
     let held = in_flight(&c, &name).await?;
     let unavailable_clusters = held.missing;
     let held = held.value;
@@ -763,28 +796,33 @@ async fn get_queue(
             "connected_for": mine.iter().map(|s| s.opened.elapsed().as_secs()).max(),
         }));
     }
-    let history: Vec<Value> = c
-        .metrics()
-        .history
-        .of(&name)
+    // The deployment's history, from the database (empty, and logged, when
+    // it does not answer: the rest of the page still shows).
+    let points = crate::history::series(&c.store, &name)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "console: reading the queue's history failed");
+            Vec::new()
+        });
+    let history: Vec<Value> = points
         .iter()
-        .map(|s| {
+        .map(|p| {
             json!([
-                s.at_ms,
-                s.available,
-                s.scheduled,
-                s.leased,
-                s.dead,
-                s.enqueued,
-                s.acked
+                p.at_ms,
+                p.depth[0],
+                p.depth[1],
+                p.depth[2],
+                p.depth[3],
+                p.enqueue_rate,
+                p.ack_rate
             ])
         })
         .collect();
     Ok(axum::Json(json!({
-        "queue": queue_json(&q, rates.get(&name), caller.can_admin(&name)),
+        "queue": queue_json(&q, rates.get(&name), &caller),
         "consumers": consumers,
         "history": history,
-        "history_columns": ["at_ms", "available", "scheduled", "leased", "dead", "enqueued_total", "acked_total"],
+        "history_columns": ["at_ms", "available", "scheduled", "leased", "dead", "enqueue_rate", "ack_rate"],
         "unavailable_clusters": unavailable_clusters,
     })))
 }
@@ -800,7 +838,7 @@ async fn pause_queue(
         .pause_queue(tonic::Request::new(pb::PauseQueueRequest { queue: name }))
         .await?
         .into_inner();
-    Ok(axum::Json(queue_json(&q, None, true)))
+    Ok(axum::Json(queue_json(&q, None, &caller)))
 }
 
 async fn resume_queue(
@@ -814,7 +852,7 @@ async fn resume_queue(
         .resume_queue(tonic::Request::new(pb::ResumeQueueRequest { queue: name }))
         .await?
         .into_inner();
-    Ok(axum::Json(queue_json(&q, None, true)))
+    Ok(axum::Json(queue_json(&q, None, &caller)))
 }
 
 fn duration(v: &Value, field: &str) -> ApiResult<Option<prost_types::Duration>> {
@@ -878,7 +916,7 @@ async fn update_queue(
         .update_queue(tonic::Request::new(req))
         .await?
         .into_inner();
-    Ok(axum::Json(queue_json(&q, None, true)))
+    Ok(axum::Json(queue_json(&q, None, &caller)))
 }
 
 async fn list_dead(
@@ -975,6 +1013,10 @@ async fn purge_dead(
     Ok(axum::Json(json!({ "purged": r.purged })))
 }
 
+/// Most attempt errors shown for one job (the latest).
+const MAX_ATTEMPTS_SHOWN: i64 = 100;
+
+/// A job, with the error of each failed attempt.
 async fn get_job(
     State(c): State<Console>,
     axum::Extension(caller): axum::Extension<Caller>,
@@ -993,7 +1035,217 @@ async fn get_job(
             format!("job {id} does not exist"),
         ));
     }
-    Ok(axum::Json(job_json(&j, true)))
+    let job_id = crate::domain::JobId::parse_field(&id, "job_id")?;
+    let mut attempts: Vec<Value> = crate::fanout::attempt_errors(
+        c.api.clusters(),
+        job_id,
+        MAX_ATTEMPTS_SHOWN,
+    )
+    .await?
+    .into_iter()
+    .map(|e| json!({ "attempt": e.attempt, "at": e.at.timestamp_millis(), "error": e.error }))
+    .collect();
+    // A dead letter's last attempt is the dead letter itself.
+    if job_state(j.state) == "dead" {
+        attempts.push(json!({
+            "attempt": j.attempt,
+            "at": millis(&j.died_at),
+            "error": j.last_error,
+        }));
+    }
+    let mut v = job_json(&j, true);
+    v["attempts"] = json!(attempts);
+    v["can_admin"] = json!(caller.can_admin(&j.queue));
+    Ok(axum::Json(v))
+}
+
+/// Jobs by state (`available`, `scheduled`, `leased`, `dead`, `completed`;
+/// none = every live job), of one queue or every queue the token may read,
+/// matching `search` (an id, or text in the dedup key, last error or
+/// payload), 50 a page after `after` (the last id of the previous page).
+async fn list_jobs(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    use crate::store::admin::JobState;
+    let queue = match q.get("queue").map(String::as_str).unwrap_or("") {
+        "" => {
+            if let Identity::Token(p) = &caller.0
+                && ![Action::Enqueue, Action::Consume, Action::Admin]
+                    .into_iter()
+                    .any(|a| p.allows_everywhere(a))
+            {
+                return Err(bad("queue: choose a queue"));
+            }
+            None
+        }
+        name => {
+            caller.read(name)?;
+            Some(crate::domain::QueueName::parse_field(name, "queue")?)
+        }
+    };
+    let state = match q.get("state").map(String::as_str).unwrap_or("") {
+        "" | "live" => None,
+        "available" => Some(JobState::Available),
+        "scheduled" => Some(JobState::Scheduled),
+        "leased" => Some(JobState::Leased),
+        "dead" => Some(JobState::Dead),
+        "completed" => Some(JobState::Completed),
+        other => {
+            return Err(bad(format!(
+                "state: {other:?} is not one of live, available, scheduled, leased, dead, completed"
+            )));
+        }
+    };
+    let search = q.get("search").map(|s| s.trim()).filter(|s| !s.is_empty());
+    if search.is_some_and(|s| s.len() > 256) {
+        return Err(bad("search: at most 256 bytes"));
+    }
+    let after = match q.get("after").map(String::as_str).unwrap_or("") {
+        "" => None,
+        id => Some(crate::domain::JobId::parse_field(id, "after")?.0),
+    };
+    const PAGE: i64 = 50;
+    let found = crate::fanout::list_jobs(
+        c.api.clusters(),
+        queue.as_ref(),
+        state,
+        after,
+        PAGE,
+        false,
+        search,
+    )
+    .await?;
+    let (rows, more) = found.value;
+    let jobs: Vec<pb::JobInfo> = rows.into_iter().map(crate::api::admin::job_info).collect();
+    let next = if more {
+        jobs.last().map(|j| j.id.clone())
+    } else {
+        None
+    };
+    Ok(axum::Json(json!({
+        "jobs": jobs
+            .iter()
+            .filter(|j| caller.can_read(&j.queue))
+            .map(|j| job_json(j, false))
+            .collect::<Vec<_>>(),
+        "next": next,
+        "unavailable_clusters": found.missing,
+    })))
+}
+
+/// Cancels a live job (deleted; a leased one's stream gets its credit
+/// back): `admin` on its queue.
+async fn cancel_job(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let j = c
+        .api
+        .get_job(tonic::Request::new(pb::GetJobRequest {
+            job_id: id.clone(),
+        }))
+        .await?
+        .into_inner();
+    if !caller.can_read(&j.queue) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("job {id} does not exist"),
+        ));
+    }
+    caller.admin(&j.queue)?;
+    let r = c
+        .api
+        .cancel_job(tonic::Request::new(pb::CancelJobRequest { job_id: id }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(json!({ "was_leased": r.was_leased })))
+}
+
+/// Deletes the queue's waiting jobs (and its completed records): `admin`
+/// on the queue, and `{"confirm": "<the queue's name>"}`.
+async fn purge_queue(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+    axum::Json(v): axum::Json<Value>,
+) -> ApiResult {
+    caller.admin(&name)?;
+    if v.get("confirm").and_then(Value::as_str) != Some(name.as_str()) {
+        return Err(bad(
+            "confirm: a purge must be confirmed with the queue's name (\"confirm\": \"<queue>\")",
+        ));
+    }
+    let r = c
+        .api
+        .purge_queue(tonic::Request::new(pb::PurgeQueueRequest { queue: name }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(json!({
+        "purged": r.purged,
+        "purged_completed": r.purged_completed,
+    })))
+}
+
+/// Enqueues a test job: `{"payload": text, "headers": {k: v}, "priority":
+/// n, "delay": seconds, "dedup_key": text}` (all optional), through the
+/// QueueService's own Enqueue (its validation and limits): the `enqueue` or
+/// the `admin` action on the queue.
+async fn enqueue_job(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+    axum::Json(v): axum::Json<Value>,
+) -> ApiResult {
+    caller.read(&name)?;
+    if !caller.can_enqueue(&name) {
+        let who = caller.0.name().unwrap_or("anonymous");
+        return Err(forbidden(format!(
+            "permission denied: token {who:?} lacks \"enqueue\" and \"admin\" on queue {name:?}"
+        )));
+    }
+    let payload = match v.get("payload") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(bad("payload: must be text")),
+    };
+    let headers = match v.get("headers") {
+        None | Some(Value::Null) => HashMap::new(),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+            .collect::<Option<HashMap<_, _>>>()
+            .ok_or_else(|| bad("headers: values must be text"))?,
+        Some(_) => return Err(bad("headers: must be an object of text values")),
+    };
+    let dedup_key = match v.get("dedup_key") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(bad("dedup_key: must be text")),
+    };
+    let mut req = tonic::Request::new(pb::EnqueueRequest {
+        queue: name,
+        payload: payload.into_bytes(),
+        headers,
+        priority: int(&v, "priority")?.unwrap_or(0),
+        delay: duration(&v, "delay")?,
+        dedup_key,
+        ..Default::default()
+    });
+    // Checked above (enqueue or admin); the handler's own check would
+    // refuse an admin-only token.
+    req.extensions_mut().insert(Identity::Anonymous);
+    let r = c.queue.enqueue(req).await?.into_inner();
+    info!(
+        token = caller.0.name().unwrap_or("anonymous"),
+        job_id = %r.job_id,
+        "console: test job enqueued"
+    );
+    Ok(axum::Json(
+        json!({ "job_id": r.job_id, "duplicate": r.duplicate }),
+    ))
 }
 
 #[cfg(test)]

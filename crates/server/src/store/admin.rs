@@ -318,6 +318,11 @@ pub const PAGE_PAYLOAD_BUDGET: i64 = 2 * 1024 * 1024;
 /// A page of jobs in id (= enqueue) order after `after`, and whether there
 /// may be more. `state` None = every live job; Some(Dead) = dead letters;
 /// Some(Completed) = completed jobs kept for their queue's retention.
+///
+/// `search` (the console's): only jobs whose id is it, or whose dedup key,
+/// last error or payload (as UTF-8 bytes) contains it. It is a filter on the
+/// same ordered scan, so a search that matches little reads the queue's
+/// jobs (or every job, without a queue) until the page is full.
 pub async fn list_jobs(
     store: &Store,
     queue: Option<&QueueName>,
@@ -325,6 +330,7 @@ pub async fn list_jobs(
     after: Option<Uuid>,
     limit: i64,
     include_payload: bool,
+    search: Option<&str>,
 ) -> Result<(Vec<JobRow>, bool)> {
     let payload = if include_payload { "true" } else { "false" };
     // Dead and completed jobs each have a table of their own.
@@ -336,7 +342,7 @@ pub async fn list_jobs(
     let sql = if let Some((table, columns)) = kept {
         format!(
             "select {} from leaseq.{table} \
-             where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) \
+             where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) {SEARCH} \
              order by id limit $3",
             columns.replace("$P", payload)
         )
@@ -345,7 +351,7 @@ pub async fn list_jobs(
         // deliverable now and 'scheduled' waiting for its run_at.
         format!(
             "select * from (select {} from leaseq.jobs \
-             where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) \
+             where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) {SEARCH} \
                and ($4::text is null or state = case when $4 = 'leased' then 'leased' else 'available' end)) j \
              where ($4::text is null or j.state = $4) \
              order by id limit $3",
@@ -366,6 +372,7 @@ pub async fn list_jobs(
         .bind(limit)
         .bind(state.map(JobState::sql))
         .bind(PAGE_PAYLOAD_BUDGET)
+        .bind(search)
         .fetch_all(&store.pool)
         .await?;
     let fetched: i64 = match rows.first() {
@@ -374,6 +381,83 @@ pub async fn list_jobs(
     };
     let more = fetched == limit || (rows.len() as i64) < fetched;
     Ok((rows.iter().map(job_row).collect::<Result<_>>()?, more))
+}
+
+/// The console's job search, `$6` of [`list_jobs`]: the id, or text in the
+/// dedup key, the last error or the payload.
+const SEARCH: &str = "and ($6::text is null or id::text = $6 \
+     or strpos(coalesce(dedup_key, ''), $6) > 0 \
+     or strpos(coalesce(last_error, ''), $6) > 0 \
+     or position(convert_to($6, 'UTF8') in payload) > 0)";
+
+/// One failed attempt of a job: its number, when it ended, and its error.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptError {
+    pub attempt: i32,
+    pub at: DateTime<Utc>,
+    pub error: Option<String>,
+}
+
+/// The failed attempts of job `id` recorded on this cluster (by the
+/// `jobs_failed_attempt` trigger), oldest first, at most `limit` (the
+/// latest).
+pub async fn attempt_errors(store: &Store, id: JobId, limit: i64) -> Result<Vec<AttemptError>> {
+    let rows = sqlx::query!(
+        "select attempt, at, error from (
+             select attempt, at, error from leaseq.job_errors
+             where job_id = $1 order by at desc limit $2) e
+         order by at",
+        id.0,
+        limit,
+    )
+    .fetch_all(&store.pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| AttemptError {
+            attempt: r.attempt,
+            at: r.at,
+            error: r.error,
+        })
+        .collect())
+}
+
+/// Deletes the attempt errors of jobs that are gone (in none of jobs,
+/// dead_jobs, completed_jobs), among the first `limit` rows after job id
+/// `after`; returns how many, and where the next call starts (None: from
+/// the beginning again). A job moves between its tables in one statement
+/// (dead-lettered, requeued, acked with retention), and its error rows are
+/// written in the transaction that fails its attempt, so a row is never
+/// seen without its job while the job exists.
+pub async fn delete_orphan_errors(
+    store: &Store,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<(u64, Option<Uuid>)> {
+    let row = sqlx::query!(
+        r#"with batch as (
+               select job_id, at from leaseq.job_errors
+               where $1::uuid is null or job_id > $1
+               order by job_id limit $2
+           ),
+           gone as (
+               delete from leaseq.job_errors e
+               using batch b
+               where e.job_id = b.job_id and e.at = b.at
+                 and not exists (select 1 from leaseq.jobs j where j.id = b.job_id)
+                 and not exists (select 1 from leaseq.dead_jobs d where d.id = b.job_id)
+                 and not exists (select 1 from leaseq.completed_jobs c where c.id = b.job_id)
+               returning 1
+           )
+           select (select count(*) from gone) as "deleted!", (select count(*) from batch) as "seen!",
+               (select job_id from batch order by job_id desc limit 1) as last"#,
+        after,
+        limit,
+    )
+    .fetch_one(&store.pool)
+    .await?;
+    let next = if row.seen < limit { None } else { row.last };
+    Ok((row.deleted as u64, next))
 }
 
 /// Deletes a live job. None = no live job with that id.

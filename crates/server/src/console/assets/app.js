@@ -5,8 +5,10 @@
 //   createElement and textContent (see `el`). No innerHTML anywhere.
 // - State-changing requests are POSTs with a JSON body and the session's
 //   CSRF token in X-CSRF-Token (see `post`).
-// - Live counts come from /api/events (server-sent events fed by the
-//   AdminService's WatchQueues).
+// - Live counts come from /api/events (server-sent events from the
+//   broker's one WatchQueues sampler, shared by every browser).
+// - Rates and charts are the whole deployment's (every replica writes its
+//   rates to the database), not this broker's alone.
 "use strict";
 
 const state = {
@@ -267,12 +269,15 @@ function route(keepFlash) {
   stopTimer();
   page.onQueues = null;
   if (!keepFlash) clearFlash();
-  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
+  const parts = path.split("/").map(decodeURIComponent);
+  const params = new URLSearchParams(query || "");
   for (const a of document.querySelectorAll("#nav a")) {
     a.classList.toggle("active", a.dataset.nav === (parts[0] || "queues"));
   }
   switch (parts[0]) {
     case "queue": return queuePage(parts[1]);
+    case "jobs": return jobsPage(params.get("queue") || "", params.get("state") || "live", params.get("search") || "");
     case "dead": return deadPage(parts[1] || "");
     case "job": return jobPage(parts[1]);
     default: return queuesPage();
@@ -305,7 +310,7 @@ async function queuesPage() {
       el("th", {}, "Limits"))),
     body));
   m.appendChild(el("p", { class: "muted" },
-    "Counts are the database's (every replica); rates are this broker's, over its last metrics interval. Streams are this broker's."));
+    "Counts are the database's and rates the whole deployment's (every replica's, over its last metrics interval). Streams are this broker's."));
   const render = (queues) => {
     const old = new Map([...body.querySelectorAll("tr")].map((tr) => [tr.dataset.queue, tr.dataset.sig]));
     clear(body);
@@ -379,15 +384,10 @@ function queueCharts(history) {
     { name: "leased", color: "#1a7f37", values: history.map((h) => h[3]) },
     { name: "dead", color: "#cf222e", values: history.map((h) => h[4]) },
   ], t);
-  const rt = t.slice(1);
-  const per = (col) => history.slice(1).map((h, i) => {
-    const dt = (h[0] - history[i][0]) / 1000;
-    return dt > 0 ? Math.max(0, h[col] - history[i][col]) / dt : 0;
-  });
-  const rates = chart("chart-rates", "Rates (this broker, jobs/s)", [
-    { name: "enqueued", color: "#0969da", values: per(5) },
-    { name: "acked", color: "#1a7f37", values: per(6) },
-  ], rt);
+  const rates = chart("chart-rates", "Rates (every replica, jobs/s)", [
+    { name: "enqueued", color: "#0969da", values: history.map((h) => h[5]) },
+    { name: "acked", color: "#1a7f37", values: history.map((h) => h[6]) },
+  ], t);
   return el("div", { class: "grid" }, depth, rates);
 }
 
@@ -437,13 +437,19 @@ async function queuePage(name) {
     if (now) fillStats(now);
   };
   const charts = el("div", { id: "charts" }, queueCharts(data.history));
+  const confirmBox = el("div", { id: "purge-queue-box" });
+  const purge = el("button", { id: "purge-queue", class: "danger", disabled: !canAdmin, title: denied,
+    onclick: () => purgeQueueConfirm(confirmBox, name) }, "Purge queue…");
   append(m, [title,
-    el("div", { class: "toolbar" }, pause, resume,
+    el("div", { class: "toolbar" }, pause, resume, purge,
+      el("a", { href: "#/jobs?queue=" + encodeURIComponent(name), id: "queue-jobs" }, "Jobs"),
       el("a", { href: "#/dead/" + encodeURIComponent(name) }, "Dead letters (" + num(q.stats.dead) + ")")),
+    confirmBox,
     el("div", { class: "grid" },
       el("div", { class: "panel" }, el("h2", {}, "Now"), stats),
       settingsPanel(name, q, canAdmin)),
     charts,
+    enqueuePanel(name, q.can_enqueue),
     el("h2", {}, "Consumers"),
     consumersTable(data.consumers)]);
   partialNote(data.unavailable_clusters);
@@ -456,6 +462,53 @@ async function queuePage(name) {
       partialNote(d.unavailable_clusters);
     } catch (_) { /* shown on the next navigation */ }
   }, 5000);
+}
+
+// A purge deletes every waiting job of the queue: the name must be typed.
+function purgeQueueConfirm(box, name) {
+  const input = el("input", { type: "text", id: "purge-queue-name", "aria-label": "Queue name",
+    placeholder: name, spellcheck: "false", autocomplete: "off" });
+  const yes = el("button", { class: "danger", id: "confirm-purge-queue", disabled: true,
+    onclick: () => act("Purge", async () => {
+      const r = await post(`/api/queues/${encodeURIComponent(name)}/purge`, { confirm: input.value });
+      await refresh();
+      return `Purged ${r.purged} waiting job(s)` + (r.purged_completed ? ` and ${r.purged_completed} completed record(s)` : "");
+    }) }, "Purge");
+  input.addEventListener("input", () => { yes.disabled = input.value !== name; });
+  clear(box).appendChild(el("div", { class: "confirm" },
+    el("strong", {}, "Delete every waiting job of " + name + " for good?"),
+    " Leased jobs stay with their consumers; dead letters are kept. Type the queue's name to confirm: ",
+    input, " ", yes, " ",
+    el("button", { id: "cancel-purge-queue", onclick: () => clear(box) }, "Cancel")));
+  input.focus();
+}
+
+// A test job: text payload, optional content type, priority and delay.
+function enqueuePanel(name, canEnqueue) {
+  const denied = canEnqueue ? null : "needs the enqueue grant on this queue";
+  const payload = el("textarea", { id: "enqueue-payload", rows: 3, "aria-label": "Payload", spellcheck: "false",
+    disabled: !canEnqueue, placeholder: "payload (text)" });
+  const ctype = el("input", { type: "text", id: "enqueue-content-type", "aria-label": "Content type",
+    placeholder: "content-type (optional)", disabled: !canEnqueue });
+  const priority = el("input", { type: "number", id: "enqueue-priority", step: 1, value: 0, "aria-label": "Priority", disabled: !canEnqueue });
+  const delay = el("input", { type: "number", id: "enqueue-delay", step: "any", min: 0, value: 0, "aria-label": "Delay (s)", disabled: !canEnqueue });
+  const form = el("form", { id: "enqueue-form", class: "settings" },
+    el("label", { for: "enqueue-payload" }, "Payload"), payload, el("span"),
+    el("label", { for: "enqueue-content-type" }, "Content type"), ctype, el("span", { class: "muted" }, "header"),
+    el("label", { for: "enqueue-priority" }, "Priority"), priority, el("span", { class: "muted" }, "higher first"),
+    el("label", { for: "enqueue-delay" }, "Delay"), delay, el("span", { class: "muted" }, "seconds"),
+    el("span"),
+    el("button", { type: "submit", class: "primary", id: "enqueue-submit", disabled: !canEnqueue, title: denied }, "Enqueue"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const body = { payload: payload.value, priority: Number(priority.value || 0), delay: Number(delay.value || 0) };
+    if (ctype.value.trim()) body.headers = { "content-type": ctype.value.trim() };
+    act("Enqueue", async () => {
+      const r = await post(`/api/queues/${encodeURIComponent(name)}/enqueue`, body);
+      return (r.duplicate ? "Duplicate of job " : "Enqueued job ") + r.job_id;
+    });
+  });
+  return el("div", { class: "panel" }, el("h2", {}, "Enqueue a test job"), form);
 }
 
 function consumersTable(consumers) {
@@ -501,6 +554,77 @@ function settingsPanel(name, q, canAdmin) {
     });
   });
   return el("div", { class: "panel" }, el("h2", {}, "Settings"), form);
+}
+
+// ---- jobs by state -----------------------------------------------------------
+
+const STATES = [
+  ["live", "Live (all)"], ["available", "Waiting"], ["scheduled", "Delayed"], ["leased", "Leased"],
+  ["dead", "Dead"], ["completed", "Completed"],
+];
+
+async function jobsPage(queue, stateName, search) {
+  const m = clear(main());
+  const go = (q, st, se) => {
+    const p = new URLSearchParams();
+    if (q) p.set("queue", q);
+    if (st && st !== "live") p.set("state", st);
+    if (se) p.set("search", se);
+    const h = "#/jobs" + (p.toString() ? "?" + p.toString() : "");
+    if (location.hash === h) refresh(); else location.hash = h;
+  };
+  const select = el("select", { id: "jobs-queue", "aria-label": "Queue" }, el("option", { value: "" }, "every queue"));
+  const names = (state.queues.length ? state.queues : (await get("/api/queues").catch(() => ({ queues: [] }))).queues)
+    .map((q) => q.name);
+  for (const n of names) select.appendChild(el("option", { value: n, selected: n === queue }, n));
+  const states = el("select", { id: "jobs-state", "aria-label": "State" },
+    STATES.map(([v, label]) => el("option", { value: v, selected: v === stateName }, label)));
+  const input = el("input", { type: "search", id: "jobs-search", value: search, spellcheck: "false",
+    placeholder: "job id, or text in dedup key, error or payload", "aria-label": "Search" });
+  const form = el("form", { class: "toolbar", id: "jobs-filter" },
+    el("label", { for: "jobs-queue" }, "Queue"), select,
+    el("label", { for: "jobs-state" }, "State"), states,
+    input, el("button", { type: "submit", id: "jobs-search-submit" }, "Search"));
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); go(select.value, states.value, input.value.trim()); });
+  select.addEventListener("change", () => go(select.value, states.value, input.value.trim()));
+  states.addEventListener("change", () => go(select.value, states.value, input.value.trim()));
+  const body = el("tbody", { id: "jobs-body" });
+  const more = el("div", { id: "jobs-more-box" });
+  append(m, [el("h1", {}, "Jobs"), form,
+    el("table", { id: "jobs" },
+      el("thead", {}, el("tr", {}, el("th", {}, "Job"), el("th", {}, "Queue"), el("th", {}, "State"),
+        el("th", { class: "num" }, "Attempts"), el("th", {}, "Last error"), el("th", {}, "Enqueued"),
+        el("th", {}, "Run at"))),
+      body),
+    more]);
+  const load = async (after) => {
+    const p = new URLSearchParams({ queue, state: stateName, search });
+    if (after) p.set("after", after);
+    let r;
+    try {
+      r = await get("/api/jobs?" + p.toString());
+    } catch (e) {
+      if (e.status !== 401) { clear(more); more.appendChild(el("p", { class: "error", id: "error" }, e.message)); }
+      return;
+    }
+    if (!after && !r.jobs.length) {
+      body.appendChild(el("tr", {}, el("td", { colspan: 7, class: "muted", id: "jobs-none" }, search ? "No job matches." : "No jobs.")));
+    }
+    for (const j of r.jobs) {
+      body.appendChild(el("tr", { "data-job": j.id },
+        el("td", { class: "mono" }, el("a", { href: "#/job/" + encodeURIComponent(j.id) }, j.id)),
+        el("td", {}, j.queue),
+        el("td", { "data-col": "state" }, el("span", { class: "badge " + j.state }, j.state)),
+        el("td", { class: "num" }, num(j.attempt)),
+        el("td", { class: "mono", "data-col": "error" }, j.last_error || "–"),
+        el("td", {}, when(j.enqueued_at)),
+        el("td", {}, when(j.run_at))));
+    }
+    partialNote(r.unavailable_clusters);
+    clear(more);
+    if (r.next) more.appendChild(el("button", { id: "jobs-more", onclick: () => load(r.next) }, "Load more"));
+  };
+  await load(null);
 }
 
 // ---- dead letters ----------------------------------------------------------
@@ -633,8 +757,7 @@ async function jobPage(id) {
     if (e.status !== 401) m.appendChild(el("p", { class: "error", id: "error" }, e.message));
     return;
   }
-  const q = state.queues.find((x) => x.name === j.queue);
-  const canAdmin = !q || q.can_admin;
+  const canAdmin = j.can_admin;
   const fields = [
     ["State", el("span", { id: "job-state", class: "badge " + j.state }, j.state)],
     ["Queue", el("a", { href: "#/queue/" + encodeURIComponent(j.queue) }, j.queue)],
@@ -670,6 +793,19 @@ async function jobPage(id) {
   }
   show(views.json !== null ? "json" : "text");
   const actions = el("div", { class: "toolbar" });
+  const confirmBox = el("div", { id: "cancel-box" });
+  if (["available", "scheduled", "leased"].includes(j.state)) {
+    const denied = canAdmin ? null : "needs the admin grant on this queue";
+    actions.appendChild(el("button", { id: "job-cancel", class: "danger", disabled: !canAdmin, title: denied,
+      onclick: () => clear(confirmBox).appendChild(el("div", { class: "confirm" },
+        el("strong", {}, "Cancel this job? It is deleted" + (j.state === "leased" ? ", and its consumer's ack will be refused" : "") + "."), " ",
+        el("button", { class: "danger", id: "confirm-cancel", onclick: () => act("Cancel", async () => {
+          await post(`/api/jobs/${encodeURIComponent(j.id)}/cancel`);
+          await refresh();
+          return "Job cancelled";
+        }) }, "Yes, cancel it"), " ",
+        el("button", { id: "keep-job", onclick: () => clear(confirmBox) }, "Keep it"))) }, "Cancel job…"));
+  }
   if (j.state === "dead") {
     const denied = canAdmin ? null : "needs the admin grant on this queue";
     actions.appendChild(el("button", { id: "job-requeue", class: "primary", disabled: !canAdmin, title: denied,
@@ -679,12 +815,21 @@ async function jobPage(id) {
         return r.requeued ? "Requeued" : "Not requeued: a live job has the same dedup key";
       }) }, "Requeue"));
   }
+  const attempts = j.attempts.length
+    ? el("table", { id: "attempts" },
+      el("thead", {}, el("tr", {}, el("th", { class: "num" }, "Attempt"), el("th", {}, "Ended"), el("th", {}, "Error"))),
+      el("tbody", {}, j.attempts.map((a) => el("tr", { "data-attempt": a.attempt },
+        el("td", { class: "num" }, num(a.attempt)),
+        el("td", {}, when(a.at)),
+        el("td", { class: "mono", "data-col": "error" }, a.error || "–")))))
+    : el("p", { class: "muted", id: "attempts" }, "No failed attempt.");
   append(m, [
     el("h1", {}, "Job ", el("span", { class: "mono", id: "job-id" }, j.id)),
-    actions,
+    actions, confirmBox,
     el("div", { class: "grid" },
       el("div", { class: "panel" }, dl),
       el("div", { class: "panel" }, el("h2", {}, "Headers"), j.headers.length ? headers : el("p", { class: "muted" }, "none"))),
+    el("h2", {}, "Failed attempts"), attempts,
     el("h2", {}, "Payload ", el("span", { class: "muted" }, "(" + num(j.payload_bytes) + " bytes)")),
     tabs, pre]);
 }
