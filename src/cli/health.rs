@@ -101,3 +101,44 @@ pub async fn run(args: HealthArgs) -> Result<(), CliError> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        health: HealthArgs,
+    }
+
+    fn address(argv: &[&str]) -> String {
+        let mut all = vec!["leaseq"];
+        all.extend_from_slice(argv);
+        Cli::try_parse_from(all).unwrap().health.address()
+    }
+
+    #[test]
+    fn the_address_is_addr_else_the_listen_port_on_loopback() {
+        // (--listen stands for LEASEQ_LISTEN, which the image sets.) A
+        // LEASEQ_ADDR of the environment would win over it: as a user's.
+        if std::env::var_os("LEASEQ_ADDR").is_some() {
+            eprintln!("LEASEQ_ADDR is set: its precedence is what this would check");
+            return;
+        }
+        assert_eq!(
+            address(&["--listen", "0.0.0.0:50051"]),
+            "http://127.0.0.1:50051"
+        );
+        assert_eq!(address(&["--listen", "[::]:7000"]), "http://[::1]:7000");
+        assert_eq!(
+            address(&["--listen", "10.1.2.3:7000"]),
+            "http://10.1.2.3:7000"
+        );
+        assert_eq!(
+            address(&["--listen", "0.0.0.0:1", "--addr", "https://b:443"]),
+            "https://b:443"
+        );
+    }
+}

@@ -28,7 +28,7 @@ pub struct MigrateArgs {
     /// Print the SQL of the migrations the database has not applied (each
     /// in a transaction, with the row that records it) instead of applying
     /// them.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "output")]
     pub print: bool,
     /// With --print: every migration, for an empty database, without
     /// connecting to one.
