@@ -355,6 +355,7 @@ async fn destructive_commands_ask_on_a_terminal_and_long_ones_show_progress() {
         vec!["dlq", "purge", "--queue", "dq", &id],
         vec!["job", "cancel", &id],
         vec!["purge", "dq"],
+        vec!["queue", "update", "dq", "--retention", "0"],
     ] {
         let out = cli(a, &args).await;
         assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);

@@ -243,6 +243,34 @@ async fn placement_prints_json() {
     let show = run(&["placement", "show"]).await;
     assert_eq!(show["pins"][0]["pattern"], "pay*", "{show}");
     assert!(show["epoch"].as_i64().unwrap() > 0, "{show}");
+
+    // On a terminal (util-linux `script` gives it one) a move shows its
+    // progress while it runs (here: its grace period, nothing to copy).
+    let mut argv = vec![env!("CARGO_BIN_EXE_leaseq").to_owned()];
+    argv.extend(
+        ["placement", "move", "--bucket", "2", "--to", "b"]
+            .iter()
+            .chain(dbs.iter())
+            .map(|a| a.to_string()),
+    );
+    let command = argv
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = tokio::process::Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env("TERM", "xterm")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("script (util-linux) runs");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("moving bucket 2 to b"), "{shown}");
+    assert!(shown.contains("bucket 2 moved to b"), "{shown}");
 }
 
 #[tokio::test]

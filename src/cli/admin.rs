@@ -6,8 +6,9 @@
 //! for scripts (one JSON document per command; `stats --watch` prints one
 //! per line). Exit codes are the shared ones ([`super::exit`]).
 //!
-//! The commands that delete jobs (`purge`, `dlq purge`, `job cancel`) ask
-//! on a terminal and need `--yes` elsewhere; `dlq requeue|purge --all` on a
+//! The commands that delete jobs (`purge`, `dlq purge`, `job cancel`,
+//! `queue update --retention 0`) ask on a terminal and need `--yes`
+//! elsewhere; `dlq requeue|purge --all` on a
 //! terminal goes a page of dead letters at a time under a progress bar
 //! ([`super::interactive`]).
 
@@ -246,6 +247,10 @@ pub struct QueueUpdateArgs {
     /// Create the queue if it does not exist.
     #[arg(long)]
     pub create: bool,
+    /// Confirm `--retention 0`, which deletes the queue's kept completed
+    /// jobs. Without it, asks on a terminal.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 async fn connect(c: &ClientArgs) -> Result<Admin, CliError> {
@@ -473,6 +478,12 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
         AdminCommand::Queue {
             cmd: QueueCmd::Update(a),
         } => {
+            if a.retention == Some(Duration::ZERO) {
+                confirm(
+                    &format!("--retention 0 deletes the completed jobs {} keeps", a.queue),
+                    a.yes,
+                )?;
+            }
             let d = |d: Option<Duration>| d.and_then(|d| d.try_into().ok());
             let mut admin = connect(&a.client).await?;
             let q = admin
