@@ -301,7 +301,7 @@ full=1
 # and finds the work done, or redoes it and reports what failed.
 if [ "$full" = 1 ]; then
     setup_log="$(mktemp "${tmp_root}/leaseq-clients-setup.XXXXXX")"
-    bash clients/setup.sh python node traces >"$setup_log" 2>&1 &
+    bash clients/setup.sh python node-installed traces >"$setup_log" 2>&1 &
     setup_pid=$!
 fi
 

@@ -15,8 +15,11 @@
 #   a fresh temporary directory (the server binaries are installed with
 #   apt-get when missing, as .ci/run does).
 # - Dependencies, installed when missing or out of date (clients/setup.sh):
-#   a virtualenv in clients/python/.venv with the package and its test
-#   extras, and clients/node/node_modules from package-lock.json (`npm ci`).
+#   a virtualenv in clients/python/.venv with the package's wheel (built
+#   with `python -m build`) and its test extras; clients/node/node_modules
+#   from package-lock.json (`npm ci`), and clients/node/.installed, a fresh
+#   project with the `npm pack` tarball installed, where the Node suite
+#   runs.
 # - Runs pytest, then `node --test`, whatever the first one gave; stops the
 #   broker with SIGTERM and removes the temporary directory on any exit.
 #   Exits non-zero if any test failed or was skipped (a skip means a
@@ -57,7 +60,7 @@ fi
 # --- dependencies (clients/setup.sh: the venv and node_modules, each only
 # when missing or out of date, under a lock shared with tests/traces.rs).
 # The Python venv is always needed: it waits for the broker below.
-if wants node; then bash "$here/setup.sh" python node; else bash "$here/setup.sh" python; fi
+if wants node; then bash "$here/setup.sh" python node-installed; else bash "$here/setup.sh" python; fi
 
 # --- the broker process
 work="$(mktemp -d "${TMPDIR:-/tmp}/leaseq-clients.XXXXXX")"
@@ -163,16 +166,33 @@ if wants python && ! wants packaging; then pytest_args=(--ignore=tests/test_pack
 if ! wants python && wants packaging; then pytest_args=(tests/test_packaging.py); fi
 if wants python || wants packaging; then
     echo "--- pytest (clients/python) ${pytest_args[*]}"
-    (cd "$py" && .venv/bin/python -m pytest -q -rs -p no:cacheprovider "${pytest_args[@]}" 2>&1) | tee "$work/pytest.log"
+    # PYTHONSAFEPATH (3.11+): the sources in this directory are not put on sys.path, so
+    # `import leaseq` is the wheel installed in .venv (clients/setup.sh).
+    (cd "$py" && PYTHONSAFEPATH=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider "${pytest_args[@]}" 2>&1) | tee "$work/pytest.log"
     py_rc=${PIPESTATUS[0]}
 fi
 if wants node; then
-    echo "--- node --test (clients/node)"
+    echo "--- node --test (clients/node/.installed: the packed tarball, installed; clients/node: test/package.test.js)"
     # Test files run three at a time: they mostly wait on brokers and timers.
     # --test-force-exit: a test that fails half-way may leave a worker running,
     # which must not keep its file's process (and so this script) alive.
-    (cd "$node" && node --test --test-concurrency=3 --test-force-exit 2>&1) | tee "$work/node.log"
-    node_rc=${PIPESTATUS[0]}
+    # Every test file but package.test.js runs in the project where
+    # `npm pack`'s tarball is installed (clients/setup.sh node-installed);
+    # package.test.js packs and installs the package itself, from the
+    # sources, beside them.
+    export LEASEQ_REPO="$repo"
+    installed=()
+    for f in "$node"/.installed/test/*.test.js; do
+        [ "$(basename "$f")" = package.test.js ] || installed+=("test/$(basename "$f")")
+    done
+    (cd "$node/.installed" && node --test --test-concurrency=3 --test-force-exit "${installed[@]}" >"$work/node-installed.log" 2>&1) &
+    installed_pid=$!
+    (cd "$node" && node --test --test-force-exit test/package.test.js >"$work/node-package.log" 2>&1)
+    package_rc=$?
+    wait "$installed_pid"
+    node_rc=$?
+    [ "$package_rc" -ne 0 ] && node_rc=$package_rc
+    cat "$work/node-installed.log" "$work/node-package.log" | tee "$work/node.log"
 fi
 set -e
 

@@ -2,10 +2,15 @@
 # Installs what the client suites need, each part only when missing or out of
 # date (a stamp of its manifest):
 #
-#   clients/setup.sh python   clients/python/.venv: the package (editable)
-#                             and its test extras (clients/run-tests.sh)
+#   clients/setup.sh python   clients/python/.venv: the package's wheel
+#                             (`python -m build`: sdist, then the wheel from
+#                             it) and its test extras (clients/run-tests.sh)
 #   clients/setup.sh node     clients/node/node_modules (`npm ci`) and the
 #                             package built (TypeScript to dist/)
+#   clients/setup.sh node-installed
+#                             clients/node/.installed: a fresh project with
+#                             the `npm pack` tarball installed, where the
+#                             Node suite runs (clients/run-tests.sh)
 #   clients/setup.sh traces   clients/python/.venv-traces: the package with
 #                             the OpenTelemetry SDK and OTLP/gRPC exporter
 #                             (tests/traces.rs), apart from the suite's venv
@@ -45,13 +50,39 @@ make_venv() {
     fi
 }
 
+# The package as users get it: `python -m build` makes the sdist and, from
+# the sdist alone, the wheel (in clients/python/dist/); the venv gets the
+# wheel with its test extras, not the sources (no editable install), so the
+# suite tests what a user installs (tests/conftest.py checks that `leaseq`
+# is the installed one). Built from a copy: setuptools writes build/ and
+# *.egg-info beside its sources. Redone when the package's files change.
 setup_python() {
     make_venv "$py/.venv"
     local stamp
-    stamp="$(stamp_of "$py/pyproject.toml")"
+    stamp="$( (cd "$py" && find pyproject.toml README.md LICENSE leaseq -type f ! -path '*/__pycache__/*' | sort | xargs cat) | cksum | cut -d' ' -f1)"
     if [ "$(cat "$py/.venv/.leaseq-deps" 2>/dev/null)" != "$stamp" ]; then
-        echo "--- pip install -e clients/python[test]"
-        "$py/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$py[test]"
+        echo "--- python -m build (clients/python: sdist, then the wheel from it); pip install the wheel[test]"
+        "$py/.venv/bin/python" -m pip install --quiet --disable-pip-version-check build
+        local stage
+        stage="$(mktemp -d "${TMPDIR:-/tmp}/leaseq-pybuild.XXXXXX")"
+        # -L: LICENSE is a link to the repository's.
+        (cd "$py" && cp -RL pyproject.toml README.md LICENSE leaseq "$stage/")
+        find "$stage" -name __pycache__ -prune -exec rm -rf {} +
+        rm -rf "$py/dist"
+        if ! "$py/.venv/bin/python" -m build --outdir "$py/dist" "$stage" >"$stage.log" 2>&1; then
+            cat "$stage.log" >&2
+            rm -rf "$stage" "$stage.log"
+            echo "python -m build failed (clients/python)" >&2
+            exit 1
+        fi
+        rm -rf "$stage" "$stage.log"
+        local wheel
+        wheel="$(ls "$py"/dist/leaseq-*.whl)"
+        ls "$py"/dist/leaseq-*.tar.gz >/dev/null
+        # The dependencies and test extras, then the wheel itself over any
+        # earlier install of the same version.
+        "$py/.venv/bin/python" -m pip install --quiet --disable-pip-version-check "$wheel[test]"
+        "$py/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
         echo "$stamp" >"$py/.venv/.leaseq-deps"
     fi
 }
@@ -90,12 +121,58 @@ setup_node() {
     fi
 }
 
+# The package as users get it: `npm pack` (in a copy laid out as in the
+# repository, so the build of its prepack cannot disturb dist/ while tests
+# use it), then a fresh project in clients/node/.installed/ that installs
+# the tarball (`npm install`, the devDependencies the tests use beside it,
+# from npm's cache when they are there) and holds copies of test/,
+# harness/, examples/ and README.md: clients/run-tests.sh runs the Node
+# suite there, where `@leaseq/client` is the installed tarball. Redone
+# when the package's files change.
+setup_node_installed() {
+    setup_node
+    local stamp project="$node/.installed"
+    stamp="$( (cd "$node" && cat src/*.ts scripts/build.js tsconfig.json package.json package-lock.json README.md; cat "$here"/../proto/leaseq/v1/*.proto) | cksum | cut -d' ' -f1)"
+    if [ "$(cat "$project/.leaseq-packed" 2>/dev/null)" != "$stamp" ]; then
+        echo "--- npm pack (clients/node), npm install of the tarball into clients/node/.installed"
+        local stage
+        stage="$(mktemp -d "${TMPDIR:-/tmp}/leaseq-npmpack.XXXXXX")"
+        mkdir -p "$stage/clients/node"
+        cp -R "$here/../proto" "$stage/proto"
+        cp -L "$here/../LICENSE" "$stage/LICENSE"
+        (cd "$node" && cp -R package.json package-lock.json tsconfig.json README.md scripts src "$stage/clients/node/")
+        ln -s "$node/node_modules" "$stage/clients/node/node_modules"
+        (cd "$stage/clients/node" && npm pack --pack-destination "$stage" --no-audit --no-fund --loglevel=error >/dev/null)
+        local tarball
+        tarball="$(cd "$stage" && ls leaseq-client-*.tgz)"
+        rm -rf "$project"
+        mkdir -p "$project"
+        mv "$stage/$tarball" "$project/"
+        rm -rf "$stage"
+        node -e '
+            const fs = require("fs");
+            const pkg = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+            fs.writeFileSync(process.argv[2], JSON.stringify({
+              name: "leaseq-node-suite", version: "1.0.0", private: true,
+              dependencies: { "@leaseq/client": "file:" + process.argv[3] },
+              devDependencies: pkg.devDependencies,
+            }, null, 2));' "$node/package.json" "$project/package.json" "$tarball"
+        (cd "$project" && npm install --prefer-offline --no-audit --no-fund --loglevel=error)
+        echo "$stamp" >"$project/.leaseq-packed"
+    fi
+    # The tests themselves, always current (a copy: in clients/node they
+    # would import the package's own dist/ by its name).
+    rm -rf "$project/test" "$project/harness" "$project/examples"
+    (cd "$node" && cp -R test harness examples README.md "$project/")
+}
+
 [ "$#" -gt 0 ] || set -- python node
 for part in "$@"; do
     case "$part" in
         python) setup_python ;;
         node) setup_node ;;
+        node-installed) setup_node_installed ;;
         traces) setup_traces ;;
-        *) echo "clients/setup.sh: unknown part $part (python, node, traces)" >&2; exit 2 ;;
+        *) echo "clients/setup.sh: unknown part $part (python, node, node-installed, traces)" >&2; exit 2 ;;
     esac
 done

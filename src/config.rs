@@ -36,8 +36,11 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the broker.
     Serve(ServeArgs),
-    /// Apply database migrations and exit (`serve` also applies them).
-    Migrate(DbArgs),
+    /// Apply database migrations and exit (`serve` also applies them);
+    /// `migrate status` lists them, `migrate --print` prints their SQL.
+    /// Needs DATABASE_URL (or PGHOST), or --data-dir for the embedded
+    /// cluster: it never picks a database itself.
+    Migrate(crate::cli::migrate::MigrateArgs),
     /// Enqueue one job (payload from --payload or stdin).
     Enqueue(crate::cli::EnqueueArgs),
     /// Consume and print jobs as they arrive, acking each on the stream.
@@ -53,6 +56,9 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     #[command(flatten)]
     Admin(crate::cli::admin::AdminCommand),
+    /// Check a broker's health (grpc.health.v1): exit 0 when it is SERVING.
+    /// The container image's HEALTHCHECK.
+    Health(crate::cli::health::HealthArgs),
     /// Print the SHA-256 of a token (read from stdin) for the --auth-file,
     /// or with --generate make a new random token and print both.
     HashToken(crate::cli::HashTokenArgs),
@@ -102,6 +108,9 @@ pub struct PlacementArgs {
     /// NAME=URI, repeated, the home cluster first.
     #[arg(long = "database-url", required = true)]
     pub database_url: Vec<String>,
+    /// Output: lines for people, or one JSON document.
+    #[arg(long, short = 'o', value_enum, default_value_t)]
+    pub output: crate::cli::Output,
 }
 
 #[derive(Args, Clone, Debug, Default)]

@@ -5,7 +5,7 @@ use clap::{CommandFactory, Parser};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use leaseq::cli;
+use leaseq::cli::{self, print_json};
 use leaseq::config::{Cli, Command, DbArgs, ServeArgs};
 use leaseq::embedded::{EmbeddedOptions, EmbeddedPostgres};
 
@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     // others with 0, or 1 and their error.
     let client = match parsed.command {
         Command::Serve(args) => return serve(args).await,
-        Command::Migrate(db) => return migrate(&db).await,
+        Command::Migrate(args) => return migrate(args).await,
         Command::Bench(args) => return leaseq::bench::run(args).await,
         Command::Placement(cmd) => return placement(cmd).await,
         Command::Completions(args) => {
@@ -33,6 +33,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Work(args) => cli::work::run(args).await,
         Command::Admin(cmd) => cli::admin::run(cmd).await,
         Command::HashToken(args) => cli::hash_token(args),
+        Command::Health(args) => cli::health::run(args).await,
     };
     std::process::exit(cli::report(client))
 }
@@ -42,7 +43,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.db.database_url.len() > 1 {
         return serve_clusters(args).await;
     }
-    let (url, embedded) = database(&args.db).await?;
+    let (url, embedded) = database(&args.db, Embedded::ByDefault).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -97,7 +98,8 @@ fn named_databases(values: &[String]) -> anyhow::Result<Vec<leaseq_server::serve
 }
 
 /// `leaseq placement ...`: connects to every cluster (home first) and shows
-/// or changes the placement.
+/// or changes the placement (`-o json`: one JSON document; a move shows
+/// what it copied on a terminal).
 async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> {
     use leaseq::config::PlacementCommand as P;
     use leaseq_server::domain::ClusterId;
@@ -124,13 +126,34 @@ async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> 
             .ok_or_else(|| anyhow::anyhow!("no --database-url names cluster {name:?}"))
     };
     let placed: Vec<(ClusterId, sqlx::PgPool)> = ids.iter().copied().zip(pools).collect();
+    let json = args.output == leaseq::cli::Output::Json;
+    let name_of = |id: &ClusterId| {
+        ids.iter()
+            .position(|i| i == id)
+            .map_or_else(|| format!("id {id}"), |i| names[i].clone())
+    };
     match cmd {
         P::Show(_) => {
             let map = pl::load(&placed[0].1).await?;
+            let count = |id: &ClusterId| map.buckets.iter().filter(|c| *c == id).count();
+            if json {
+                print_json(&serde_json::json!({
+                    "epoch": map.epoch,
+                    "clusters": names.iter().zip(&ids).map(|(name, id)| serde_json::json!({
+                        "name": name, "id": id.0, "buckets": count(id),
+                    })).collect::<Vec<_>>(),
+                    "moving": map.moving.iter().map(|(b, to)| serde_json::json!({
+                        "bucket": b, "to": name_of(to),
+                    })).collect::<Vec<_>>(),
+                    "pins": map.pins.iter().map(|(p, c)| serde_json::json!({
+                        "pattern": p, "cluster": name_of(c),
+                    })).collect::<Vec<_>>(),
+                }));
+                return Ok(());
+            }
             println!("epoch {}", map.epoch);
             for (name, id) in names.iter().zip(&ids) {
-                let n = map.buckets.iter().filter(|c| *c == id).count();
-                println!("cluster {name} (id {id}): {n} buckets");
+                println!("cluster {name} (id {id}): {} buckets", count(id));
             }
             for (b, to) in &map.moving {
                 println!("bucket {b}: moving to cluster id {to}");
@@ -147,32 +170,76 @@ async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> 
                 (None, Some(q)) => pl::bucket_of(&q),
                 (None, None) => anyhow::bail!("give --bucket or --queue"),
             };
-            let moved =
-                pl::move_bucket(&placed, bucket, id_of(&to)?, &pl::MoveOptions::default()).await?;
-            println!(
-                "bucket {bucket} moved to {to}: {} queues, {} jobs, {} dead letters",
-                moved.queues, moved.jobs, moved.dead
-            );
+            // What has been copied so far, on a terminal.
+            let (progress, mut copied) = tokio::sync::watch::channel(pl::Moved::default());
+            let spinner =
+                leaseq::cli::interactive::spinner(&format!("moving bucket {bucket} to {to}"));
+            let shown = spinner.clone();
+            let show = tokio::spawn(async move {
+                while copied.changed().await.is_ok() {
+                    let m = copied.borrow_and_update().clone();
+                    shown.set_message(format!(
+                        "moving bucket {bucket}: {} jobs, {} dead letters, {} completed copied",
+                        m.jobs, m.dead, m.completed
+                    ));
+                }
+            });
+            let opts = pl::MoveOptions {
+                progress: Some(progress),
+                ..pl::MoveOptions::default()
+            };
+            let moved = pl::move_bucket(&placed, bucket, id_of(&to)?, &opts).await;
+            drop(opts);
+            let _ = show.await;
+            spinner.finish_and_clear();
+            let moved = moved?;
+            if json {
+                print_json(&serde_json::json!({
+                    "bucket": bucket, "to": to, "queues": moved.queues,
+                    "jobs": moved.jobs, "dead": moved.dead, "completed": moved.completed,
+                }));
+            } else {
+                println!(
+                    "bucket {bucket} moved to {to}: {} queues, {} jobs, {} dead letters",
+                    moved.queues, moved.jobs, moved.dead
+                );
+            }
         }
         P::Pin {
             pattern, cluster, ..
         } => {
             pl::pin(&placed, &pattern, id_of(&cluster)?).await?;
-            println!("{pattern} pinned to {cluster}");
+            if json {
+                print_json(&serde_json::json!({"pattern": pattern, "cluster": cluster}));
+            } else {
+                println!("{pattern} pinned to {cluster}");
+            }
         }
     }
     Ok(())
 }
 
-/// `leaseq migrate`: apply the migrations and exit.
-async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
-    let (url, embedded) = database(db).await?;
+/// `leaseq migrate [status] [--print]` (src/cli/migrate.rs), on the
+/// database named: never on the embedded cluster unless --data-dir asks.
+async fn migrate(args: leaseq::cli::migrate::MigrateArgs) -> anyhow::Result<()> {
+    use leaseq::cli::migrate::{self as m, MigrateCmd};
+    if args.print && args.all {
+        return m::print(None).await;
+    }
+    let (db, output) = match &args.cmd {
+        Some(MigrateCmd::Status(s)) => (&s.db, s.output),
+        None => (&args.db, args.output),
+    };
+    let (url, embedded) = database(db, Embedded::OnlyWithDataDir).await?;
     let result = async {
         let pool = leaseq_server::store::connect(&url, 1).await?;
-        leaseq_server::store::migrate(&pool).await?;
+        let r = match &args.cmd {
+            Some(MigrateCmd::Status(_)) => m::status(&pool, output).await,
+            None if args.print => m::print(Some(&pool)).await,
+            None => m::apply(&pool, output).await,
+        };
         pool.close().await;
-        info!("migrations applied");
-        anyhow::Ok(())
+        r
     }
     .await;
     if let Some(pg) = embedded.filter(EmbeddedPostgres::started_here) {
@@ -181,12 +248,25 @@ async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
     result
 }
 
+/// When [`database`] may start the embedded cluster.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Embedded {
+    /// Without any database setting (`serve`: the development default).
+    ByDefault,
+    /// Only when --data-dir / LEASEQ_DATA_DIR names its directory
+    /// (`migrate`, which must not change a database nobody named).
+    OnlyWithDataDir,
+}
+
 /// What to connect to: DATABASE_URL / --database-url (a URI or keyword/value
 /// string, read with the PG* variables); else, unless --data-dir /
 /// LEASEQ_DATA_DIR asks for the embedded cluster, the PG* variables alone
 /// when PGHOST or PGHOSTADDR names a server; else the embedded cluster.
 /// The settings are checked here, so a malformed one stops at once.
-async fn database(db: &DbArgs) -> anyhow::Result<(String, Option<EmbeddedPostgres>)> {
+async fn database(
+    db: &DbArgs,
+    embedded: Embedded,
+) -> anyhow::Result<(String, Option<EmbeddedPostgres>)> {
     use leaseq_server::pgconn;
     anyhow::ensure!(
         db.database_url.len() <= 1,
@@ -212,6 +292,10 @@ async fn database(db: &DbArgs) -> anyhow::Result<(String, Option<EmbeddedPostgre
         info!(database = %target, via = from, "connecting to PostgreSQL");
         return Ok((conninfo, None));
     }
+    anyhow::ensure!(
+        embedded == Embedded::ByDefault || db.data_dir.is_some(),
+        "which database? Set DATABASE_URL (or --database-url, or PGHOST), or --data-dir for the embedded cluster"
+    );
     let dir = db
         .data_dir
         .clone()

@@ -171,7 +171,7 @@ async fn operator_commands_print_json_and_exit_with_useful_codes() {
         .as_str()
         .unwrap()
         .to_owned();
-    let r = cli(a, &["job", "cancel", &waiting, "-o", "json"])
+    let r = cli(a, &["job", "cancel", &waiting, "--yes", "-o", "json"])
         .await
         .json();
     assert_eq!(r["was_leased"], false);
@@ -187,7 +187,9 @@ async fn operator_commands_print_json_and_exit_with_useful_codes() {
         (vec!["job", "get", unknown.as_str()], 3),
         (vec!["stats", "nope"], 3),
         (vec!["pause", "nope"], 3),
-        (vec!["dlq", "purge", "--queue", "nope", "--all"], 3),
+        (vec!["dlq", "purge", "--queue", "nope", "--all", "--yes"], 3),
+        (vec!["dlq", "purge", "--queue", "cli", "--all"], 2),
+        (vec!["job", "cancel", unknown.as_str()], 2),
         (vec!["queue", "update", "cli", "--max-attempts", "0"], 2),
         (vec!["job", "get", "not-a-uuid"], 2),
         (vec!["purge", "cli"], 2),
@@ -285,4 +287,123 @@ async fn completed_jobs_are_listed_shown_and_purged() {
         (&Value::from(0), &Value::from(1))
     );
     assert_eq!(cli(a, &["job", "get", &id]).await.code, 3);
+}
+
+/// `leaseq ARGS` on a terminal (util-linux `script` runs it on a pty) with
+/// `typed` as the keyboard's input: its exit code and all the terminal
+/// showed (stdout and stderr together, the input echoed).
+async fn on_terminal(addr: &str, args: &[&str], typed: &str) -> (i32, String) {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let command = std::iter::once(env!("CARGO_BIN_EXE_leaseq"))
+        .chain(args.iter().copied())
+        .map(quote)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = tokio::process::Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env("LEASEQ_ADDR", addr)
+        .env("RUST_LOG", "warn")
+        .env("TERM", "xterm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script (util-linux) runs");
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(typed.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("finishes within 60s")
+        .unwrap();
+    (
+        out.status.code().expect("exited"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The commands that delete jobs ask first on a terminal and refuse to
+/// guess elsewhere (`--yes`); `dlq requeue|purge --all` on a terminal goes
+/// a page at a time under a progress bar. 2,500 dead letters: three pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_commands_ask_on_a_terminal_and_long_ones_show_progress() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let addr = broker.url();
+    let a = addr.as_str();
+    cli(a, &["queue", "update", "dq", "--create", "-o", "json"])
+        .await
+        .json();
+    let bury = async |n: i32| {
+        sqlx::query(
+            "insert into leaseq.dead_jobs (id, queue, priority, payload, headers, attempt, enqueued_at, reason)
+             select gen_random_uuid(), 'dq', 0, '', '{}', 1, now(), 'nacked' from generate_series(1, $1)",
+        )
+        .bind(n)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    };
+    bury(2500).await;
+    let id = enqueue(&mut broker.client().await, "dq", "live").await;
+
+    // No terminal: nothing is deleted without --yes (exit 2, naming it).
+    for args in [
+        vec!["dlq", "purge", "--queue", "dq", "--all"],
+        vec!["dlq", "purge", "--queue", "dq", &id],
+        vec!["job", "cancel", &id],
+        vec!["purge", "dq"],
+        vec!["queue", "update", "dq", "--retention", "0"],
+    ] {
+        let out = cli(a, &args).await;
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--yes"), "{args:?}: {}", out.stderr);
+    }
+    assert_eq!((db.dead_jobs().await, db.live_jobs().await), (2500, 1));
+
+    // On a terminal it asks; anything but y leaves everything as it was.
+    let (code, shown) = on_terminal(a, &["dlq", "purge", "--queue", "dq", "--all"], "n\n").await;
+    assert_eq!(code, 1, "{shown}");
+    assert!(
+        shown.contains("dlq purge deletes every dead letter of dq. Continue? [y/N]")
+            && shown.contains("cancelled"),
+        "{shown}"
+    );
+    let (code, shown) = on_terminal(a, &["job", "cancel", &id], "\n").await;
+    assert_eq!(code, 1, "{shown}");
+    assert_eq!((db.dead_jobs().await, db.live_jobs().await), (2500, 1));
+
+    // Requeue (not destructive: no question) with a progress bar.
+    let (code, shown) = on_terminal(
+        a,
+        &["dlq", "requeue", "--queue", "dq", "--all", "-o", "json"],
+        "",
+    )
+    .await;
+    assert_eq!(code, 0, "{shown}");
+    assert!(
+        shown.contains("requeueing the dead letters of dq"),
+        "{shown}"
+    );
+    assert!(shown.contains(r#""requeued": 2500"#), "{shown}");
+    assert_eq!((db.dead_jobs().await, db.live_jobs().await), (0, 2501));
+
+    // y: purged, a page at a time under the bar.
+    bury(2500).await;
+    let (code, shown) = on_terminal(
+        a,
+        &["dlq", "purge", "--queue", "dq", "--all", "-o", "json"],
+        "y\n",
+    )
+    .await;
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("purging the dead letters of dq"), "{shown}");
+    assert!(shown.contains(r#""purged": 2500"#), "{shown}");
+    assert_eq!(db.dead_jobs().await, 0);
+    let (code, shown) = on_terminal(a, &["purge", "dq"], "yes\n").await;
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("purged 2501 waiting"), "{shown}");
+    assert_eq!(db.live_jobs().await, 0);
 }

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -1464,6 +1464,81 @@ fn readme_blocks(root: &std::path::Path) -> String {
     out
 }
 
+/// A command for cargo with the environment of a shell, not of this test:
+/// cargo gives a test CARGO_MANIFEST_DIR, CARGO_PKG_* and more, and build
+/// scripts that track one of them (ring's does) would be rebuilt in the
+/// shared target directory, and then again by the workspace's next build.
+fn shell_cargo() -> tokio::process::Command {
+    let mut cargo = tokio::process::Command::new(env!("CARGO"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("NEXTEST") {
+            cargo.env_remove(&*key);
+        }
+    }
+    cargo.env_remove("RUSTC_WORKSPACE_WRAPPER");
+    cargo
+}
+
+/// leaseq-proto and leaseq-client as crates.io would get them: `cargo
+/// package` (what `cargo publish` uploads: the normalized manifests, path
+/// dependencies replaced by versions, only the files inside each crate),
+/// unpacked into `dir`. Their directories.
+async fn packaged_crates(root: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    let target = dir.join("package-target");
+    let out = shell_cargo()
+        .args(["package", "--offline", "--no-verify", "--allow-dirty"])
+        .args(["-p", "leaseq-proto", "-p", "leaseq-client", "--target-dir"])
+        .arg(&target)
+        .current_dir(root)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo package: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let mut dirs = Vec::new();
+    for krate in ["leaseq-proto", "leaseq-client"] {
+        let file = target.join(format!("package/{krate}-{version}.crate"));
+        let status = std::process::Command::new("tar")
+            .arg("xzf")
+            .arg(&file)
+            .arg("-C")
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "unpacking {}", file.display());
+        let unpacked = dir.join(format!("{krate}-{version}"));
+        let license = std::fs::symlink_metadata(unpacked.join("LICENSE"))
+            .unwrap_or_else(|e| panic!("{krate} carries LICENSE: {e}"));
+        assert!(license.is_file(), "{krate}'s LICENSE is the text itself");
+        dirs.push(unpacked);
+    }
+    // The proto files themselves (crates/proto/proto is a link to proto/).
+    for name in ["queue.proto", "admin.proto"] {
+        let packed = dirs[0].join("proto/leaseq/v1").join(name);
+        assert!(
+            std::fs::symlink_metadata(&packed).is_ok_and(|m| m.is_file()),
+            "{} is a file of the package",
+            packed.display()
+        );
+        assert_eq!(
+            std::fs::read(&packed).unwrap(),
+            std::fs::read(root.join("proto/leaseq/v1").join(name)).unwrap()
+        );
+    }
+    (dirs.remove(0), dirs.remove(0))
+}
+
+/// The client crate as a user gets it from crates.io (`packaged_crates`:
+/// what `cargo publish` would upload, leaseq-proto's too), in a project of
+/// its own that builds offline from them alone and runs against a broker:
+/// `cargo publish --dry-run` verifies no more (it builds the packages), and
+/// with fresh profiles it would compile every dependency again.
 #[tokio::test]
 async fn the_crate_builds_and_runs_in_a_project_of_its_own() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -1471,6 +1546,7 @@ async fn the_crate_builds_and_runs_in_a_project_of_its_own() {
     let profiles = &workspace[workspace.find("\n[profile.").expect("profiles") + 1..];
     let project = Scratch::new("rust-user");
     let dir = project.dir();
+    let (proto, client) = packaged_crates(&root, dir).await;
     std::fs::write(
         dir.join("Cargo.toml"),
         format!(
@@ -1486,8 +1562,14 @@ anyhow = "1"
 opentelemetry = {{ version = "0.33", default-features = false, features = ["trace"] }}
 tokio = {{ version = "1", features = ["macros", "rt-multi-thread", "signal"] }}
 
+# The packaged client depends on leaseq-proto from crates.io: the packaged
+# one stands in for it.
+[patch.crates-io]
+leaseq-proto = {{ path = "{}" }}
+
 {profiles}"#,
-            root.join("crates/client").display()
+            client.display(),
+            proto.display()
         ),
     )
     .unwrap();
@@ -1531,23 +1613,11 @@ async fn main() -> anyhow::Result<()> {
         .parent()
         .expect("the target directory")
         .to_owned();
-    let mut cargo = tokio::process::Command::new(env!("CARGO"));
-    // The environment of a shell, not of this test: cargo gives a test
-    // CARGO_MANIFEST_DIR, CARGO_PKG_* and more, and build scripts that track
-    // one of them (ring's does) would be rebuilt in the shared target
-    // directory, and then again by the workspace's next build.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("NEXTEST") {
-            cargo.env_remove(&*key);
-        }
-    }
-    let out = cargo
+    let out = shell_cargo()
         .args(["run", "--offline", "--quiet"])
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", target)
         .env("LEASEQ_ADDR", format!("http://{addr}"))
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(600), out)

@@ -436,6 +436,7 @@ async fn every_command_reaches_a_tls_broker_with_a_token() {
         "job",
         "cancel",
         keyed["job_id"].as_str().unwrap(),
+        "--yes",
         "-o",
         "json",
     ])
@@ -453,9 +454,11 @@ async fn every_command_reaches_a_tls_broker_with_a_token() {
         .await
         .json();
     assert_eq!(r["requeued"], 1);
-    let r = run(&["dlq", "purge", "--queue", "cli", "--all", "-o", "json"])
-        .await
-        .json();
+    let r = run(&[
+        "dlq", "purge", "--queue", "cli", "--all", "--yes", "-o", "json",
+    ])
+    .await
+    .json();
     assert_eq!(r["purged"], 0);
     // ... and once more with a command that succeeds: acked.
     work_until(&["-q", "cli"], &ops, "cat >/dev/null", async || {
@@ -478,10 +481,10 @@ async fn every_command_reaches_a_tls_broker_with_a_token() {
         vec!["queues"],
         vec!["jobs"],
         vec!["job", "get", &id],
-        vec!["job", "cancel", &id],
+        vec!["job", "cancel", &id, "--yes"],
         vec!["dlq", "list"],
         vec!["dlq", "requeue", "--queue", "cli", "--all"],
-        vec!["dlq", "purge", "--queue", "cli", "--all"],
+        vec!["dlq", "purge", "--queue", "cli", "--all", "--yes"],
         vec!["pause", "cli"],
         vec!["resume", "cli"],
         vec!["purge", "cli", "--yes"],

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Generates the Go package of proto/leaseq/v1 into clients/go/leaseq/v1 with
-# protoc and its two Go plugins (Debian: apt-get install protobuf-compiler
-# protoc-gen-go protoc-gen-go-grpc; elsewhere `go install
+# Generates the Go package of proto/leaseq/v1 into clients/go/leaseq/v1 (the
+# output is committed: `go get` users build it; tests/go_example.rs checks
+# it is current) with protoc and its two Go plugins (Debian: apt-get install
+# protobuf-compiler protoc-gen-go protoc-gen-go-grpc; elsewhere `go install
 # google.golang.org/protobuf/cmd/protoc-gen-go@latest
 # google.golang.org/grpc/cmd/protoc-gen-go-grpc@latest`). `buf generate` at
 # the repository root does the same from buf.gen.yaml.

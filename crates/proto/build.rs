@@ -1,11 +1,15 @@
-//! Compiles `proto/leaseq/v1/*.proto` (at the workspace root) with protox, a
-//! pure-Rust protobuf compiler, so a fresh machine needs nothing but cargo:
-//! no system `protoc`.
+//! Compiles `proto/leaseq/v1/*.proto` with protox, a pure-Rust protobuf
+//! compiler, so a fresh machine needs nothing but cargo: no system `protoc`.
+//!
+//! `proto/` inside this crate is a symbolic link to the repository's
+//! `proto/` (the one copy every client is generated from); `cargo package`
+//! follows it, so the published crate carries the files themselves and
+//! builds from them alone (tests/release.rs runs `cargo publish --dry-run`).
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("proto");
     let protos = [
         root.join("leaseq/v1/queue.proto"),
         root.join("leaseq/v1/admin.proto"),

@@ -111,9 +111,12 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
             .fetch_one(&pool)
             .await?;
     let waiting = waiting as u64;
-    println!(
-        "raw-sql batch={batch} workers={workers} jobs={jobs} seconds={seconds:.1} jobs_per_s={:.0} waiting={waiting}",
-        jobs as f64 / seconds
+    super::say(
+        args,
+        &format!(
+            "raw-sql batch={batch} workers={workers} jobs={jobs} seconds={seconds:.1} jobs_per_s={:.0} waiting={waiting}",
+            jobs as f64 / seconds
+        ),
     );
     sqlx::query("drop table leaseq_bench_raw")
         .execute(&pool)

@@ -11,7 +11,9 @@
 //!
 //! Every scenario is bounded by `--duration` (and the backlog fill by its
 //! count); it prints a live progress line on stderr, its results on stdout
-//! and, with `--json`, the [`Summary`] as one JSON line, last.
+//! and, with `--json`, the [`Summary`] as one JSON line, last; with `-o
+//! json`, stdout holds the [`Summary`] alone (the result lines go to
+//! stderr).
 
 use clap::{Args, ValueEnum};
 
@@ -117,9 +119,14 @@ pub struct BenchArgs {
     /// statements warmed, other replicas' offers heard).
     #[arg(long, default_value_t = 2)]
     pub warmup: u64,
-    /// Print a JSON summary as the last line.
+    /// Print a JSON summary as the last line (after the `key=value` lines).
     #[arg(long)]
     pub json: bool,
+    /// Output: `key=value` lines for people (with --json, the summary as a
+    /// last line too), or `json`: stdout holds the summary alone, one JSON
+    /// document, and the lines go to stderr.
+    #[arg(long, short = 'o', value_enum, default_value_t)]
+    pub output: crate::cli::Output,
     /// Producer tasks (for `enqueue`: concurrent single-job clients, e.g. 64).
     #[arg(long, default_value_t = 4)]
     pub producers: usize,
@@ -222,10 +229,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.compare && args.scenario != Scenario::Baseline {
         let b = baseline::compare(&args).await?;
         summary.compared_with(b);
-        println!(
-            "baseline (raw SQL, batches of 100) jobs_per_s={b:.0} ratio={:.2}",
-            summary.ratio.unwrap_or(f64::NAN)
+        say(
+            &args,
+            &format!(
+                "baseline (raw SQL, batches of 100) jobs_per_s={b:.0} ratio={:.2}",
+                summary.ratio.unwrap_or(f64::NAN)
+            ),
         );
     }
-    summary.print(args.json)
+    summary.print(args.json, args.output)
+}
+
+/// A result line: on stdout, or on stderr with `-o json` (whose stdout is
+/// the summary alone).
+pub(crate) fn say(args: &BenchArgs, line: &str) {
+    match args.output {
+        crate::cli::Output::Table => println!("{line}"),
+        crate::cli::Output::Json => eprintln!("{line}"),
+    }
 }

@@ -96,20 +96,29 @@ impl Summary {
             (baseline_jobs_per_s > 0.0).then(|| round(self.jobs_per_s / baseline_jobs_per_s, 3));
     }
 
-    /// The human-readable lines, then (with `json`) the JSON line.
-    pub fn print(&self, json: bool) -> anyhow::Result<()> {
+    /// The human-readable lines, then (with `json`) the JSON line; with
+    /// `-o json`, the lines on stderr and the summary alone on stdout.
+    pub fn print(&self, json: bool, output: crate::cli::Output) -> anyhow::Result<()> {
+        let only_json = output == crate::cli::Output::Json;
+        let println = |line: String| {
+            if only_json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        };
         let opt = |x: Option<f64>| x.map_or("n/a".to_owned(), |v| format!("{v:.1}"));
         if self.jobs > 0 {
             let c = &self.cpu_us_per_job;
-            println!(
+            println(format!(
                 "cpu_us_per_job broker={} client={} postgres={}",
                 opt(c.broker),
                 opt(c.client),
                 opt(c.postgres)
-            );
+            ));
         }
         let ms = |x: Option<f64>| x.map_or("n/a".to_owned(), |v| format!("{v:.2}"));
-        println!(
+        println(format!(
             "scenario={} jobs={} seconds={:.1} jobs_per_s={:.0} p50_ms={} p90_ms={} p99_ms={} p999_ms={} max_ms={} errors={}",
             self.scenario,
             self.jobs,
@@ -121,19 +130,21 @@ impl Summary {
             ms(self.p999_ms),
             ms(self.max_ms),
             self.errors
-        );
+        ));
         if self.enqueue_p50_ms.is_some() || self.late_sends.is_some() {
             let late = match self.late_sends {
                 Some(n) => format!(" late_sends={n} late_p99_ms={}", ms(self.late_p99_ms)),
                 None => String::new(),
             };
-            println!(
+            println(format!(
                 "enqueue_call p50_ms={} p99_ms={}{late}",
                 ms(self.enqueue_p50_ms),
                 ms(self.enqueue_p99_ms)
-            );
+            ));
         }
-        if json {
+        if only_json {
+            crate::cli::print_json(&serde_json::to_value(self)?);
+        } else if json {
             println!("{}", serde_json::to_string(self)?);
         }
         Ok(())

@@ -5,12 +5,20 @@
 //! ([`ConnectArgs`]) and `-o table|json`: human tables by default, `-o json`
 //! for scripts (one JSON document per command; `stats --watch` prints one
 //! per line). Exit codes are the shared ones ([`super::exit`]).
+//!
+//! The commands that delete jobs (`purge`, `dlq purge`, `job cancel`,
+//! `queue update --retention 0`) ask on a terminal and need `--yes`
+//! elsewhere; `dlq requeue|purge --all` on a
+//! terminal goes a page of dead letters at a time under a progress bar
+//! ([`super::interactive`]).
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
+use super::interactive::{confirm, progress};
 use super::output::{
     none_if_empty, opt_ts, print_json, print_table, rfc3339, set_payload, truncate,
 };
@@ -116,8 +124,9 @@ pub struct JobsArgs {
 pub enum JobCmd {
     /// Show a live, dead or completed job, with its payload.
     Get(JobIdArg),
-    /// Delete a live job (its holder's Ack then fails).
-    Cancel(JobIdArg),
+    /// Delete a live job (its holder's Ack then fails). Asks on a
+    /// terminal; elsewhere needs --yes.
+    Cancel(JobCancelArgs),
 }
 
 #[derive(Args, Debug)]
@@ -127,14 +136,33 @@ pub struct JobIdArg {
     pub job_id: String,
 }
 
+#[derive(Args, Debug)]
+pub struct JobCancelArgs {
+    #[command(flatten)]
+    pub job: JobIdArg,
+    /// Confirm: cancelling deletes the job.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum DlqCmd {
     /// List dead letters.
     List(DlqListArgs),
     /// Move dead letters back to their queue (attempt 0).
     Requeue(DlqSelectArgs),
-    /// Delete dead letters for good.
-    Purge(DlqSelectArgs),
+    /// Delete dead letters for good. Asks on a terminal; elsewhere needs
+    /// --yes.
+    Purge(DlqPurgeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DlqPurgeArgs {
+    #[command(flatten)]
+    pub select: DlqSelectArgs,
+    /// Confirm: purging deletes the dead letters.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 #[derive(Args, Debug)]
@@ -176,8 +204,8 @@ pub struct PurgeArgs {
     #[command(flatten)]
     pub client: ClientArgs,
     pub queue: String,
-    /// Confirm: purging deletes jobs.
-    #[arg(long)]
+    /// Confirm: purging deletes jobs. Without it, asks on a terminal.
+    #[arg(long, short = 'y')]
     pub yes: bool,
 }
 
@@ -219,6 +247,10 @@ pub struct QueueUpdateArgs {
     /// Create the queue if it does not exist.
     #[arg(long)]
     pub create: bool,
+    /// Confirm `--retention 0`, which deletes the queue's kept completed
+    /// jobs. Without it, asks on a terminal.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 async fn connect(c: &ClientArgs) -> Result<Admin, CliError> {
@@ -314,7 +346,8 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 }
                 Ok(())
             }
-            JobCmd::Cancel(a) => {
+            JobCmd::Cancel(JobCancelArgs { job: a, yes }) => {
+                confirm(&format!("cancel deletes job {}", a.job_id), yes)?;
                 let mut admin = connect(&a.client).await?;
                 let r = admin
                     .cancel_job(pb::CancelJobRequest {
@@ -351,7 +384,15 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             }
             DlqCmd::Requeue(a) => {
                 let mut admin = connect(&a.client).await?;
-                let r = admin.requeue_dead_letters(selector(&a)).await?.into_inner();
+                let r = if a.all && std::io::stderr().is_terminal() {
+                    let (requeued, skipped) = dlq_by_pages(&mut admin, &a, Dlq::Requeue).await?;
+                    pb::RequeueDeadLettersResponse {
+                        requeued,
+                        skipped_duplicates: skipped,
+                    }
+                } else {
+                    admin.requeue_dead_letters(selector(&a)).await?.into_inner()
+                };
                 match a.client.output {
                     Output::Json => print_json(&json!({
                         "requeued": r.requeued,
@@ -364,9 +405,23 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 }
                 Ok(())
             }
-            DlqCmd::Purge(a) => {
+            DlqCmd::Purge(DlqPurgeArgs { select: a, yes }) => {
+                let what = if a.all {
+                    format!(
+                        "dlq purge deletes every dead letter of {}",
+                        a.queue.as_deref().unwrap_or_default()
+                    )
+                } else {
+                    format!("dlq purge deletes {} dead letter(s)", a.ids.len())
+                };
+                confirm(&what, yes)?;
                 let mut admin = connect(&a.client).await?;
-                let r = admin.purge_dead_letters(selector(&a)).await?.into_inner();
+                let r = if a.all && std::io::stderr().is_terminal() {
+                    let (purged, _) = dlq_by_pages(&mut admin, &a, Dlq::Purge).await?;
+                    pb::PurgeDeadLettersResponse { purged }
+                } else {
+                    admin.purge_dead_letters(selector(&a)).await?.into_inner()
+                };
                 match a.client.output {
                     Output::Json => print_json(&json!({"purged": r.purged})),
                     Output::Table => println!("purged {}", r.purged),
@@ -393,11 +448,13 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             Ok(())
         }
         AdminCommand::Purge(a) => {
-            if !a.yes {
-                return Err(CliError::usage(
-                    "purge deletes the queue's waiting and completed jobs: add --yes",
-                ));
-            }
+            confirm(
+                &format!(
+                    "purge deletes the waiting and completed jobs of {}",
+                    a.queue
+                ),
+                a.yes,
+            )?;
             let mut admin = connect(&a.client).await?;
             let r = admin
                 .purge_queue(pb::PurgeQueueRequest {
@@ -421,6 +478,12 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
         AdminCommand::Queue {
             cmd: QueueCmd::Update(a),
         } => {
+            if a.retention == Some(Duration::ZERO) {
+                confirm(
+                    &format!("--retention 0 deletes the completed jobs {} keeps", a.queue),
+                    a.yes,
+                )?;
+            }
             let d = |d: Option<Duration>| d.and_then(|d| d.try_into().ok());
             let mut admin = connect(&a.client).await?;
             let q = admin
@@ -443,6 +506,85 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+#[derive(Clone, Copy)]
+enum Dlq {
+    Requeue,
+    Purge,
+}
+
+/// `dlq requeue|purge --all` on a terminal: a page of dead letters at a
+/// time (their ids, at most the broker's 1,000 per call) under a progress
+/// bar whose total is the queue's dead count when it began. Keyset pages
+/// (`next_page_token`) step past dead letters a requeue skipped (a live job
+/// holds their dedup key), so each is visited once; dead letters that
+/// arrive meanwhile are included when their ids sort after the page under
+/// way. Returns (requeued or purged, skipped).
+async fn dlq_by_pages(
+    admin: &mut Admin,
+    a: &DlqSelectArgs,
+    op: Dlq,
+) -> Result<(i64, i64), CliError> {
+    let queue = a.queue.clone().unwrap_or_default();
+    let total = admin
+        .get_queue(pb::GetQueueRequest {
+            queue: queue.clone(),
+        })
+        .await?
+        .into_inner()
+        .stats
+        .map_or(0, |s| s.dead);
+    let verb = match op {
+        Dlq::Requeue => "requeueing",
+        Dlq::Purge => "purging",
+    };
+    let bar = progress(
+        total.max(0) as u64,
+        &format!("{verb} the dead letters of {queue}"),
+    );
+    let (mut done, mut skipped) = (0i64, 0i64);
+    let mut token = String::new();
+    loop {
+        let page = admin
+            .list_jobs(pb::ListJobsRequest {
+                queue: queue.clone(),
+                state: pb::JobState::Dead as i32,
+                page_size: 1000,
+                page_token: token,
+                include_payload: false,
+            })
+            .await?
+            .into_inner();
+        if page.jobs.is_empty() {
+            break;
+        }
+        let n = page.jobs.len() as u64;
+        if bar.length().is_some_and(|len| bar.position() + n > len) {
+            bar.set_length(bar.position() + n);
+        }
+        let ids: Vec<String> = page.jobs.into_iter().map(|j| j.id).collect();
+        let sel = pb::DeadLettersSelector {
+            queue: queue.clone(),
+            ids,
+            all: false,
+        };
+        match op {
+            Dlq::Requeue => {
+                let r = admin.requeue_dead_letters(sel).await?.into_inner();
+                done += r.requeued;
+                skipped += r.skipped_duplicates;
+            }
+            Dlq::Purge => done += admin.purge_dead_letters(sel).await?.into_inner().purged,
+        }
+        bar.inc(n);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    bar.finish_and_clear();
+    Ok((done, skipped))
 }
 
 fn selector(a: &DlqSelectArgs) -> pb::DeadLettersSelector {

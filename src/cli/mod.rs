@@ -9,6 +9,9 @@ pub mod admin;
 mod connect;
 pub mod exit;
 mod hash_token;
+pub mod health;
+pub mod interactive;
+pub mod migrate;
 mod output;
 pub mod work;
 
@@ -29,7 +32,7 @@ use leaseq_client::Job;
 pub use connect::{ClientChannel, ClientSecurity, ConnectArgs, DEFAULT_ADDR, connect};
 pub use exit::{CliError, Exit, report};
 pub use hash_token::{HashTokenArgs, run as hash_token};
-pub use output::Output;
+pub use output::{Output, print_json};
 
 /// Largest message accepted from the broker (its default
 /// `--max-message-bytes`), so a delivery of any accepted payload fits.

@@ -18,7 +18,10 @@ const readline = require('node:readline');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
-const REPO = path.resolve(__dirname, '..', '..', '..');
+// The repository (its target/debug/leaseq, proto/, docs/): LEASEQ_REPO
+// when the suite runs from the project the packed tarball is installed in
+// (clients/setup.sh node-installed).
+const REPO = process.env.LEASEQ_REPO || path.resolve(__dirname, '..', '..', '..');
 const Health = grpc.loadPackageDefinition(
   protoLoader.loadSync(path.join(__dirname, 'health.proto'), { enums: String }),
 ).grpc.health.v1.Health;

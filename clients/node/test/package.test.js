@@ -38,6 +38,7 @@ test('npm pack: a self-contained tarball', { timeout: 120000 }, async () => {
   const stage = path.join(tmp, 'repo', 'clients', 'node');
   fs.mkdirSync(stage, { recursive: true });
   fs.cpSync(path.join(REPO, 'proto'), path.join(tmp, 'repo', 'proto'), { recursive: true });
+  fs.copyFileSync(path.join(REPO, 'LICENSE'), path.join(tmp, 'repo', 'LICENSE'));
   for (const f of ['package.json', 'package-lock.json', 'tsconfig.json', 'README.md', 'scripts', 'src']) {
     fs.cpSync(path.join(ROOT, f), path.join(stage, f), { recursive: true });
   }
@@ -49,11 +50,12 @@ test('npm pack: a self-contained tarball', { timeout: 120000 }, async () => {
   tarball = path.join(out, info.filename);
   const files = info.files.map((f) => f.path).sort();
   for (const f of ['dist/cjs/index.js', 'dist/cjs/index.d.ts', 'dist/esm/index.mjs', 'dist/esm/index.d.mts',
-    'proto/leaseq/v1/queue.proto', 'proto/leaseq/v1/admin.proto', 'README.md', 'package.json']) {
+    'proto/leaseq/v1/queue.proto', 'proto/leaseq/v1/admin.proto', 'README.md', 'LICENSE', 'package.json']) {
     assert.ok(files.includes(f), `${f} in the tarball (has: ${files.join(', ')})`);
   }
   assert.deepEqual(files.filter((f) => /^(src|test|harness|examples|scripts)\//.test(f)), []);
   assert.ok(!fs.existsSync(path.join(stage, 'proto')), 'postpack removed the proto copy');
+  assert.ok(!fs.existsSync(path.join(stage, 'LICENSE')), 'postpack removed the LICENSE copy');
 });
 
 test('npm install <tarball> into a fresh project', { timeout: 120000 }, async () => {

@@ -30,6 +30,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 REPO = Path(__file__).resolve().parents[3]
 SERVICE = "leaseq.v1.QueueService"
 
+# The suite tests the package a user installs: clients/setup.sh builds the
+# sdist and the wheel with `python -m build` and installs the wheel into the
+# venv (clients/run-tests.sh runs pytest so that the sources beside it are
+# not on sys.path). LEASEQ_TEST_SOURCES=1 lets a developer run it against
+# an editable install instead.
+import leaseq as _leaseq  # noqa: E402
+
+_SOURCES = Path(__file__).resolve().parents[1] / "leaseq"
+if not os.environ.get("LEASEQ_TEST_SOURCES") and Path(_leaseq.__file__).resolve().parent == _SOURCES:
+    raise RuntimeError(
+        f"leaseq is imported from the sources ({_SOURCES}), not from the installed wheel: "
+        "run the suite with clients/run-tests.sh (or set LEASEQ_TEST_SOURCES=1)"
+    )
+
 
 def health(addr: str, timeout: float = 1.0, creds=None):
     """The broker's health status for the queue service, or None if unreachable."""

@@ -1,8 +1,10 @@
-"""The package as a user gets it: a wheel built from this directory,
-installed into a fresh venv with its dependencies at their floors (on the
-oldest Python that has wheels for them, when one is on this machine), a
-smoke script against the broker, and mypy --strict on user code against the
-installed package (py.typed)."""
+"""The package as a user gets it: `python -m build` makes the sdist and,
+from it, the wheel; the sdist installs into a fresh venv with its
+dependencies at their floors (on the oldest Python that has wheels for
+them, when one is on this machine) and runs a smoke script against the
+broker, and mypy --strict checks user code against the installed package
+(py.typed). The rest of the suite runs against the wheel, installed in the
+suite's own venv by clients/setup.sh."""
 
 import glob
 import os
@@ -51,9 +53,21 @@ def installed(tmp_path_factory):
     # Built from a copy: setuptools writes build/ and *.egg-info next to the
     # sources, which would leave the checkout dirty.
     src = tmp / "src"
-    shutil.copytree(HERE, src, ignore=shutil.ignore_patterns(".venv", "build", "dist", "*.egg-info", "__pycache__"))
-    sh(sys.executable, "-m", "build", "--wheel", "--outdir", tmp / "dist", src, timeout=300)
+    # symlinks=False: LICENSE is a link to the repository's.
+    shutil.copytree(HERE, src, symlinks=False,
+                    ignore=shutil.ignore_patterns(".venv*", "build", "dist", "*.egg-info", "__pycache__", "tests", "examples"))  # fmt: skip
+    sh(sys.executable, "-m", "build", "--outdir", tmp / "dist", src, timeout=300)
     (wheel,) = (tmp / "dist").glob("leaseq-*.whl")
+    (sdist,) = (tmp / "dist").glob("leaseq-*.tar.gz")
+    import tarfile
+    import zipfile
+
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    for f in ("LICENSE", "README.md", "pyproject.toml", "leaseq/py.typed", "leaseq/v1/queue_pb2.pyi"):
+        assert f in names, f"{f} in the sdist: {sorted(names)}"
+    with zipfile.ZipFile(wheel) as z:
+        assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in z.namelist()), z.namelist()
     base = floor_python()
     env_dir = tmp / "venv"
     if base is not None:
@@ -65,14 +79,15 @@ def installed(tmp_path_factory):
         print(f"no python{FLOOR_PYTHON} here: the fresh venv gets the newest dependencies")
     py = env_dir / "bin" / "python"
     # The otel extra too: mypy checks examples/tracing.py against it.
+    # The sdist: pip builds the wheel from it, as for a user without one.
     sh(py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-       f"{wheel}[otel]", "opentelemetry-sdk", *pins, timeout=600)  # fmt: skip
+       f"leaseq[otel] @ {sdist.as_uri()}", "opentelemetry-sdk", *pins, timeout=600)  # fmt: skip
     return py, pins
 
 
 def test_the_wheel_installs_into_a_fresh_venv_and_works(installed, addr):
     py, pins = installed
-    # The wheel carries the stubs, the marker and the type stubs of the protos.
+    # The install carries the stubs, the marker and the type stubs of the protos.
     files = sh(py, "-c", "import importlib.metadata as m; print('\\n'.join(str(f) for f in m.files('leaseq')))")
     for f in ("leaseq/py.typed", "leaseq/v1/queue_pb2.pyi", "leaseq/v1/admin_pb2_grpc.py"):
         assert f in files.split()

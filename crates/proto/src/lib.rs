@@ -1,8 +1,9 @@
 //! leaseq's gRPC API, `leaseq.v1`: the messages, the generated clients
 //! (`queue_service_client`, `admin_service_client`) and service traits
 //! (`queue_service_server`, `admin_service_server`), compiled from
-//! `proto/leaseq/v1/*.proto` at the workspace root. The `.proto` files are
-//! the contract; [`limits`] holds the numeric limits they document.
+//! `proto/leaseq/v1/*.proto` (the repository's `proto/`, carried in the
+//! published crate). The `.proto` files are the contract; [`limits`] holds
+//! the numeric limits they document.
 
 tonic::include_proto!("leaseq.v1");
 

@@ -471,6 +471,9 @@ pub struct MoveOptions {
     pub grace: Duration,
     /// Gives up waiting for brokers or for leases on the source after this.
     pub limit: Duration,
+    /// Told what was copied so far after every copy transaction (the
+    /// CLI's progress line).
+    pub progress: Option<tokio::sync::watch::Sender<Moved>>,
 }
 
 impl Default for MoveOptions {
@@ -480,6 +483,7 @@ impl Default for MoveOptions {
             broker_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(2),
             limit: Duration::from_secs(600),
+            progress: None,
         }
     }
 }
@@ -614,6 +618,9 @@ pub async fn move_bucket(
         loop {
             let n = copy_batch(&source, &dest, &queues, "jobs", opts.batch).await?;
             moved.jobs += n;
+            if let Some(p) = &opts.progress {
+                p.send_replace(moved.clone());
+            }
             if n > 0 {
                 wake(&dest, &queues).await;
             }
@@ -624,6 +631,9 @@ pub async fn move_bucket(
         loop {
             let n = copy_batch(&source, &dest, &queues, "dead_jobs", opts.batch).await?;
             moved.dead += n;
+            if let Some(p) = &opts.progress {
+                p.send_replace(moved.clone());
+            }
             if (n as i64) < opts.batch {
                 break;
             }
@@ -633,6 +643,9 @@ pub async fn move_bucket(
         loop {
             let n = copy_batch(&source, &dest, &queues, "completed_jobs", opts.batch).await?;
             moved.completed += n;
+            if let Some(p) = &opts.progress {
+                p.send_replace(moved.clone());
+            }
             if (n as i64) < opts.batch {
                 break;
             }
