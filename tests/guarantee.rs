@@ -397,3 +397,38 @@ async fn a_lock_on_a_limited_queue_does_not_hold_back_other_queues_jobs() {
     let l = next_delivery(&mut lim, secs(5)).await;
     assert_eq!(payload_of(&l), "lim-job");
 }
+
+/// Found by the simulation (seed 103336 of a soak): an ack sent on a
+/// Consume stream well within its lease lingered in the broker (up to
+/// `--ack-linger`, 1 s at most) past the lease's end; the lease ran out
+/// meanwhile, the job went back (and to another consumer), and the ack
+/// was refused. Leases are 1 s at least: an ack may only linger when the
+/// stream's leases are long beside the linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_does_not_linger_past_its_lease() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start_with(&db, |c| {
+        c.ack_linger = secs(1);
+        c.reap_interval = ms(50);
+    })
+    .await;
+    let mut c = broker.client().await;
+    for i in 0..2 {
+        enqueue(&mut c, "short", &format!("j{i}")).await;
+    }
+    let mut s = Consumer::open(&mut c, &["short"], 16, Some(secs(1)), true).await;
+    let ds = s.take(2, S5).await;
+    // Two acks less than two lingers apart: the second would linger.
+    s.ack(&ds[0]).await;
+    assert_eq!(s.result(S5).await.code, 0);
+    tokio::time::sleep(ms(500)).await;
+    s.ack(&ds[1]).await;
+    let r = s.result(S5).await;
+    assert_eq!(
+        (r.code, r.message.as_str()),
+        (0, ""),
+        "an ack sent half-way through its 1 s lease was refused: {r:?}"
+    );
+    s.assert_quiet(secs(2), "both jobs acked").await;
+    assert_eq!(db.live_jobs().await, 0);
+}

@@ -37,6 +37,8 @@ pub struct Broker {
     lanes: HashMap<ClusterId, Lane>,
     /// Set at the first moment of a drain: new streams are refused.
     draining: AtomicBool,
+    /// How long a Consume stream's ack may wait for company.
+    ack_linger: std::time::Duration,
 }
 
 /// The group-commit batchers of one cluster.
@@ -131,6 +133,7 @@ impl Broker {
             dispatcher,
             lanes,
             draining: AtomicBool::new(false),
+            ack_linger,
         })
     }
 
@@ -327,6 +330,11 @@ impl Broker {
             Some(lane) => self.named(c, lane.extend.call(req).await),
             None => Err(Error::StaleLease(req.job_id.0)),
         }
+    }
+
+    /// `--ack-linger`.
+    pub fn ack_linger(&self) -> std::time::Duration {
+        self.ack_linger
     }
 
     pub fn is_draining(&self) -> bool {

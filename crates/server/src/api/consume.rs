@@ -59,6 +59,8 @@ const EARLY_CREDIT_SHARE: u64 = 16;
 /// simulation (`crate::sim`) keeps one per stream too.
 #[derive(Default)]
 pub(crate) struct Held {
+    /// Whether the stream's acks may linger at all (see [`may_linger`]).
+    may_linger: bool,
     /// Deliveries the response has passed on.
     delivered: AtomicU64,
     /// Jobs the client acked or nacked on the stream (well-formed entries
@@ -78,7 +80,27 @@ pub(crate) struct AckPlan {
     pub tell: Option<Input>,
 }
 
+/// Whether acks of a stream whose leases last `lease_ms` (None: each
+/// queue's default, at least [`leaseq_proto::limits::MIN_LEASE`]) may wait
+/// `linger` for company: only when the lease is long beside it (ten
+/// lingers). Leases are 1 s at least and the linger at most 1 s, so an ack
+/// sent half-way through a 1 s lease could otherwise linger past its end:
+/// the lease ran out, the job went back, and the ack was refused (found by
+/// the simulation, seed 103336 of a soak).
+pub(crate) fn may_linger(lease_ms: Option<i64>, linger: std::time::Duration) -> bool {
+    let lease = lease_ms.unwrap_or(leaseq_proto::limits::MIN_LEASE.as_millis() as i64);
+    !linger.is_zero() && lease >= 10 * linger.as_millis() as i64
+}
+
 impl Held {
+    /// The ledger of a new stream (`may_linger`: see [`may_linger`]).
+    pub fn new(may_linger: bool) -> Held {
+        Held {
+            may_linger,
+            ..Held::default()
+        }
+    }
+
     fn jobs(&self) -> u64 {
         let settled = self.settled.load(Ordering::Relaxed);
         self.delivered
@@ -112,7 +134,7 @@ impl Held {
     /// Credit is kept per lease token, so an ack with a stale token frees
     /// nothing.
     pub fn acks_arrive(&self, credit: u32, leases: Vec<(JobId, LeaseToken)>) -> AckPlan {
-        let linger = self.jobs() < u64::from(credit);
+        let linger = self.may_linger && self.jobs() < u64::from(credit);
         let n = leases.len() as u64;
         self.settled.fetch_add(n, Ordering::Relaxed);
         let acking = self.acking.fetch_add(n, Ordering::Relaxed) + n;
@@ -169,7 +191,10 @@ pub(super) fn start(
 ) -> ConsumeStream {
     let (tx, rx) = mpsc::channel(RESULTS_BACKLOG);
     let ended = CancellationToken::new();
-    let held = Arc::new(Held::default());
+    let held = Arc::new(Held::new(may_linger(
+        opening.sub.lease_ms,
+        broker.ack_linger(),
+    )));
     let reader = Reader {
         broker,
         limits,

@@ -302,7 +302,8 @@ impl World {
                 ConsumerCfg {
                     queues: qs,
                     credit: [1, 1, 2, 4, 8, 16][rng.random_range(0..6)],
-                    lease_ms: [300, 800, 2000, 3000][rng.random_range(0..4)],
+                    // MIN_LEASE (1 s) and up.
+                    lease_ms: [1000, 1500, 2000, 3000][rng.random_range(0..4)],
                     consume: rng.random_bool(0.7),
                     work: [(0, 5), (1, 50), (20, 400)][rng.random_range(0..3)],
                 }
@@ -1297,7 +1298,12 @@ impl World {
             sid,
             life: self.broker.life,
             credit: cfg.credit,
-            held: cfg.consume.then(|| Arc::new(Held::default())),
+            held: cfg.consume.then(|| {
+                Arc::new(Held::new(crate::api::consume::may_linger(
+                    Some(cfg.lease_ms),
+                    Duration::from_millis(self.cfg.linger_ms),
+                )))
+            }),
             holding: BTreeMap::new(),
             half_closed: false,
             pending: 0,
