@@ -182,30 +182,36 @@ impl Conns {
     /// `size` exist. Call [`Conn::done`] after the statement succeeded;
     /// a connection dropped without it is closed.
     pub async fn acquire(&self) -> Result<Conn> {
-        let permit = tokio::time::timeout(
-            self.inner.acquire_timeout,
-            self.inner.permits.clone().acquire_owned(),
-        )
-        .await
-        .map_err(|_| Error::from(sqlx::Error::PoolTimedOut))?
-        .map_err(|_| Error::from(sqlx::Error::PoolClosed))?;
-        let conn = loop {
-            let idle = self.inner.idle.lock().expect("poisoned").pop();
-            match idle {
-                // Used a moment ago: it works (the hot path, no round trip).
-                Some((c, since)) if since.elapsed() < IDLE_CHECK => break c,
-                // Idle a while: the server may have closed it meanwhile
-                // (restarted, terminated the backend). One round trip to
-                // know, instead of failing a client's statement.
-                // A server that does not answer at all fails the ping too.
-                Some((mut c, _)) => {
-                    if let Ok(Ok(())) = tokio::time::timeout(PING_TIMEOUT, c.ping()).await {
-                        break c;
+        // One deadline for all of it: the wait for a permit, the pings of
+        // idle connections (each of which may be dead), a new connection.
+        let timeout = self.inner.acquire_timeout;
+        let deadline = Instant::now() + timeout;
+        let permit = tokio::time::timeout_at(deadline, self.inner.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| Error::from(sqlx::Error::PoolTimedOut))?
+            .map_err(|_| Error::from(sqlx::Error::PoolClosed))?;
+        let conn = tokio::time::timeout_at(deadline, async {
+            loop {
+                let idle = self.inner.idle.lock().expect("poisoned").pop();
+                match idle {
+                    // Used a moment ago: it works (the hot path, no round
+                    // trip).
+                    Some((c, since)) if since.elapsed() < IDLE_CHECK => return Ok(c),
+                    // Idle a while: the server may have closed it meanwhile
+                    // (restarted, terminated the backend). One round trip
+                    // to know, instead of failing a client's statement. A
+                    // server that does not answer at all fails it too.
+                    Some((mut c, _)) => {
+                        if let Ok(Ok(())) = tokio::time::timeout(PING_TIMEOUT, c.ping()).await {
+                            return Ok(c);
+                        }
                     }
+                    None => return self.inner.connect().await,
                 }
-                None => break self.inner.connect().await?,
             }
-        };
+        })
+        .await
+        .map_err(|_| no_answer("a connection", timeout))??;
         Ok(Conn {
             conn: Some(conn),
             inner: self.inner.clone(),

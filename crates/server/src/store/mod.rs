@@ -1094,13 +1094,29 @@ impl Store {
     /// (UNAVAILABLE past it). The hot path's, not the pool's: what clients
     /// need is that set answering, and long admin or console statements on
     /// the small pool must not make a healthy database look down.
+    ///
+    /// A connection the server closed while it sat in the set (a backend
+    /// terminated, a restart) fails at once without saying anything about
+    /// the server: it is closed and the probe tries again, three times at
+    /// most, on another connection or a new one.
     pub async fn ping(&self) -> Result<()> {
         let probe = async {
-            let mut c = self.conns.acquire().await?;
-            c.bounded(|c| sqlx::query_scalar!("select 1").fetch_one(c))
-                .await?;
-            c.done();
-            Ok(())
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let mut c = self.conns.acquire().await?;
+                match c
+                    .bounded(|c| sqlx::query_scalar!("select 1").fetch_one(c))
+                    .await
+                {
+                    Ok(_) => {
+                        c.done();
+                        return Ok(());
+                    }
+                    Err(e) if tries >= 3 => return Err(e),
+                    Err(_) => {}
+                }
+            }
         };
         tokio::time::timeout(conn::PING_TIMEOUT, probe)
             .await
