@@ -223,10 +223,15 @@ async fn pg_half_open_under_load() {
         let at = rig.h.now();
         let n = cut(&rig.proxy);
         assert!(n >= 4, "{kind}: only {n} connections open to cut");
-        let took = rig
-            .h
-            .wait_recovered(None, at, Duration::from_secs(15))
-            .await;
+        // An Ack OK recorded in the first second may have been answered
+        // before the cut; one after it went through a connection opened
+        // since (every older one is dead for good).
+        let after = at + Duration::from_secs(1);
+        let took = 1.0
+            + rig
+                .h
+                .wait_recovered(None, after, Duration::from_secs(14))
+                .await;
         rig.h.healed(f);
         resumed.push(took);
         // Every broker serves again (a probe cut mid-ping reconnects).
@@ -236,11 +241,13 @@ async fn pg_half_open_under_load() {
             &format!("after {kind}"),
         )
         .await;
-        // A call made now is answered at once, from new connections.
+        // A call made now is answered at once, from new connections (within
+        // a ping's bound, 2 s, if it meets a dead idle one first: then all
+        // idle ones are closed).
         let (took, answer) = enqueue_timed(rig.addrs[0], "half-probe").await;
         assert_eq!(answer, Ok(()), "an Enqueue after {kind}");
         assert!(
-            took < Duration::from_secs(2),
+            took < Duration::from_secs(3),
             "an Enqueue after {kind} took {took:?}"
         );
         sleep(Duration::from_secs(2)).await;

@@ -18,7 +18,7 @@
 //! ([`crate::pgsock`]), but not when something between still answers for
 //! the server (a proxy whose upstream is gone), and a silent LISTEN
 //! connection hears nothing while looking alive. So every `check` interval
-//! the connection is asked something (a LISTEN it already holds); without an answer within
+//! the connection is pinged; without an answer within
 //! [`PING_TIMEOUT`] it is given up and a new one opened ([`Relisten`]).
 //! (The old one is dropped; sqlx sends it an UNLISTEN in a task of its own,
 //! which ends when the connection does.)
@@ -78,17 +78,16 @@ impl Relisten {
     }
 }
 
-/// Whether the listener's connection answers within [`PING_TIMEOUT`] (a
-/// dropped connection is reopened by the query). The question is a LISTEN
-/// on the wake channel, which it listens on already (a no-op): so the
-/// connection's last statement, as `pg_stat_activity` shows it, still says
-/// what the connection is for.
+/// Whether the listener's connection answers a ping (a protocol Sync, no
+/// statement: `pg_stat_activity` still shows its LISTEN) within
+/// [`PING_TIMEOUT`]. A dropped connection is opened again first, as
+/// `try_recv` would; notifications that arrive meanwhile are kept for it.
 async fn answers(listener: &mut PgListener) -> bool {
-    let again = sqlx::AssertSqlSafe(format!("listen {WAKE_CHANNEL}"));
-    matches!(
-        tokio::time::timeout(PING_TIMEOUT, sqlx::query(again).execute(listener)).await,
-        Ok(Ok(_))
-    )
+    let ping = async {
+        let conn = sqlx::Acquire::acquire(&mut *listener).await?;
+        sqlx::Connection::ping(conn).await
+    };
+    matches!(tokio::time::timeout(PING_TIMEOUT, ping).await, Ok(Ok(())))
 }
 
 /// Connects and LISTENs; returns once listening, so the caller knows no

@@ -201,11 +201,22 @@ impl Conns {
                     // (restarted, terminated the backend). One round trip
                     // to know, instead of failing a client's statement. A
                     // server that does not answer at all fails it too.
-                    Some((mut c, _)) => {
-                        if let Ok(Ok(())) = tokio::time::timeout(PING_TIMEOUT, c.ping()).await {
-                            return Ok(c);
+                    Some((mut c, _)) => match tokio::time::timeout(PING_TIMEOUT, c.ping()).await {
+                        Ok(Ok(())) => return Ok(c),
+                        // Closed (a backend terminated): try the next one.
+                        Ok(Err(_)) => {}
+                        // No answer at all: the server or the path to it is
+                        // gone, and the other idle connections, opened to
+                        // it too, most likely with it. Close them all
+                        // rather than wait on each in turn; a new
+                        // connection costs a few milliseconds if the
+                        // server is fine.
+                        Err(_) => {
+                            let stale =
+                                std::mem::take(&mut *self.inner.idle.lock().expect("poisoned"));
+                            drop(stale);
                         }
-                    }
+                    },
                     None => return self.inner.connect().await,
                 }
             }
