@@ -42,7 +42,7 @@ use crate::store::{Session, Store, WAKE_CHANNEL, Wake, settle_channel};
 pub struct Relisten {
     pub url: String,
     pub session: Session,
-    /// How often the connection is checked with `select 1`.
+    /// How often the connection is pinged.
     pub check: Duration,
 }
 

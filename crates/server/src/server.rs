@@ -521,8 +521,8 @@ fn session(cfg: &Config) -> anyhow::Result<store::Session> {
 }
 
 /// Logs a warning for each PostgreSQL setting that lets a crash of the
-/// server lose what the broker answered as committed (docs/RELIABILITY.md,
-/// "Durability"). The session's values: a setting made for the database or
+/// server lose what the broker answered as committed (docs/SECURITY.md,
+/// "PostgreSQL's durability"). The session's values: a setting made for the database or
 /// the role counts. A failure to look is only logged.
 async fn warn_if_not_durable(pool: &sqlx::PgPool, cluster: &str, several: bool) {
     let settings = match store::durability_settings(pool).await {
@@ -587,7 +587,7 @@ async fn health_loop(
     loop {
         let mut any = false;
         for (i, store) in clusters.all().iter().enumerate() {
-            // Bounded: PING_TIMEOUT on a connection of the probe's own.
+            // Bounded: `select 1` within PING_TIMEOUT, on a hot-path connection.
             let ok = store.ping().await.is_ok();
             any |= ok;
             metrics.clusters.set_up(&store.cluster_name, ok);
