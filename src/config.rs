@@ -185,9 +185,18 @@ pub struct ServeArgs {
     /// table. 0 = leave it to autovacuum.
     #[arg(long, env = "LEASEQ_VACUUM_INTERVAL", default_value_t = defaults().vacuum_interval.into())]
     pub vacuum_interval: CliDuration,
-    /// How often Postgres is probed for the health service.
+    /// How often Postgres is probed for the health service (each probe
+    /// waits at most 2s for its answer).
     #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value_t = defaults().health_interval.into())]
     pub health_interval: CliDuration,
+    /// PostgreSQL's statement_timeout on the broker's connections (not on
+    /// migrations or VACUUM): the server cancels a statement of the
+    /// broker's that runs longer, and the broker stops waiting for an
+    /// answer 1s after it and closes the connection. 0 = set neither.
+    #[arg(long, env = "LEASEQ_PG_STATEMENT_TIMEOUT",
+          default_value_t = defaults().pg_statement_timeout.unwrap_or_default().into(),
+          value_parser = parse_statement_timeout)]
+    pub pg_statement_timeout: CliDuration,
     /// With several --database-url: how often the placement's epoch is read
     /// from the home cluster (the bucket map is re-read when it changed).
     #[arg(long, env = "LEASEQ_PLACEMENT_INTERVAL", default_value_t = defaults().placement_interval.into())]
@@ -300,6 +309,24 @@ fn parse_ack_linger(s: &str) -> Result<CliDuration, String> {
     Ok(CliDuration(d))
 }
 
+/// `--pg-statement-timeout`: 0, or what PostgreSQL's statement_timeout
+/// takes (whole milliseconds, 1ms to 2^31-1 ms, about 24 days).
+fn parse_statement_timeout(s: &str) -> Result<CliDuration, String> {
+    let d = crate::duration::parse_duration(s)?;
+    if d.is_zero() {
+        return Ok(CliDuration(d));
+    }
+    if d < std::time::Duration::from_millis(1) || d.subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!(
+            "{s}: whole milliseconds (e.g. 500ms, 30s), or 0 for none"
+        ));
+    }
+    if d.as_millis() > i32::MAX as u128 {
+        return Err(format!("{s}: at most 24d (PostgreSQL's limit)"));
+    }
+    Ok(CliDuration(d))
+}
+
 impl ServeArgs {
     /// Where spans go: --otlp-endpoint / LEASEQ_OTLP_ENDPOINT, else the
     /// standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then
@@ -332,6 +359,7 @@ impl ServeArgs {
             retention_interval: self.retention_interval.0,
             vacuum_interval: self.vacuum_interval.0,
             health_interval: self.health_interval.0,
+            pg_statement_timeout: Some(self.pg_statement_timeout.0).filter(|d| !d.is_zero()),
             placement_interval: self.placement_interval.0,
             sweep_interval: self.sweep_interval.0,
             drain_grace: self.drain_grace.0,
@@ -403,6 +431,28 @@ mod tests {
             "{e}"
         );
         assert!(linger("soon").is_err());
+    }
+
+    #[test]
+    fn the_statement_timeout_is_whole_milliseconds_or_none() {
+        #[derive(Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let timeout = |v: &str| {
+            Serve::try_parse_from(["leaseq", "--pg-statement-timeout", v])
+                .map(|a| a.serve.config().pg_statement_timeout)
+        };
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(timeout("0").unwrap(), None);
+        assert_eq!(timeout("0s").unwrap(), None);
+        assert_eq!(timeout("1500ms").unwrap(), Some(ms(1500)));
+        assert_eq!(timeout("2m").unwrap(), Some(ms(120_000)));
+        for bad in ["500us", "1.0005", "30d", "soon"] {
+            let e = timeout(bad).unwrap_err().to_string();
+            assert!(e.contains("--pg-statement-timeout"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! Each prints one `FAULTS` line of figures. docs/RELIABILITY.md has the
 //! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
 
+mod durability;
 pub mod pg;
+mod pgnet;
 
 use std::net::SocketAddr;
 use std::str::FromStr;

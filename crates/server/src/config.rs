@@ -48,8 +48,16 @@ pub struct Config {
     /// How often the jobs table's dead tuples are checked (it is vacuumed
     /// past 10,000 + 20 % of its live rows). Zero: leave it to autovacuum.
     pub vacuum_interval: Duration,
-    /// How often PostgreSQL is probed for the health service.
+    /// How often PostgreSQL is probed for the health service (each probe
+    /// waits at most 2 s for its answer).
     pub health_interval: Duration,
+    /// PostgreSQL's `statement_timeout` on the broker's connections: a
+    /// statement of the broker's running longer is cancelled by the server
+    /// (UNAVAILABLE to the caller), and the broker gives up waiting for an
+    /// answer 1 s after it (the connection is then closed: the server may
+    /// be unreachable). Migrations and VACUUM run without it. None: neither
+    /// is set (the server's or role's setting applies). docs/DEPLOYMENT.md.
+    pub pg_statement_timeout: Option<Duration>,
     /// With several clusters: how often the home cluster's placement epoch
     /// is read (the map is re-read when it moved). Unused with one database.
     pub placement_interval: Duration,
@@ -139,6 +147,7 @@ impl Default for Config {
             retention_interval: Duration::from_secs(10),
             vacuum_interval: Duration::from_secs(2),
             health_interval: Duration::from_secs(2),
+            pg_statement_timeout: Some(crate::store::DEFAULT_STATEMENT_TIMEOUT),
             placement_interval: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(30),
             drain_grace: Duration::from_secs(30),

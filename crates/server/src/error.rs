@@ -151,12 +151,17 @@ impl From<sqlx::Error> for Error {
                         )
                     });
                 // 40001 / 40P01: serialization failure, deadlock: transient,
-                // the client retries.
+                // the client retries. 57014: the statement was cancelled,
+                // by the broker's statement_timeout (the database is too
+                // slow or a lock is held too long) or by an operator.
                 fatal
                     || db.code().is_some_and(|code| {
                         code.starts_with("08")
                             || code.starts_with("53")
-                            || matches!(&*code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+                            || matches!(
+                                &*code,
+                                "57P01" | "57P02" | "57P03" | "57014" | "40001" | "40P01"
+                            )
                     })
             }
             _ => false,

@@ -17,7 +17,8 @@
 //! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
 //! - [`notify`]: the one LISTEN connection and its fan-out.
 //! - [`pgconn`]: DATABASE_URL (libpq's URI and keyword/value forms), the PG*
-//!   variables and TLS to PostgreSQL, read into sqlx's connect options.
+//!   variables and TLS to PostgreSQL, read into sqlx's connect options;
+//!   [`pgsock`]: TCP keepalive and user timeout on those connections.
 //! - [`placement`]: queues over several PostgreSQL clusters: buckets, the
 //!   bucket → cluster map with its epoch, pins, and bucket moves
 //!   (docs/SCALING.md).
@@ -56,6 +57,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod notify;
 pub mod pgconn;
+pub mod pgsock;
 pub mod placement;
 pub mod server;
 pub mod settle;

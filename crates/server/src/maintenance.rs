@@ -156,19 +156,38 @@ pub async fn vacuum_loop(store: Store, interval: Duration, shutdown: Cancellatio
 /// is at it. Returns the dead tuple count it acted on.
 pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
     // The view's columns are never null for a table (sqlx cannot tell).
-    let row = sqlx::query!(
-        "select n_dead_tup as \"n_dead_tup!\", n_live_tup as \"n_live_tup!\" from pg_stat_user_tables \
-         where relid = 'leaseq.jobs'::regclass",
-    )
-    .fetch_one(&store.pool)
-    .await?;
+    let row = store
+        .on_pool(async {
+            Ok(sqlx::query!(
+                "select n_dead_tup as \"n_dead_tup!\", n_live_tup as \"n_live_tup!\" from pg_stat_user_tables \
+                 where relid = 'leaseq.jobs'::regclass",
+            )
+            .fetch_one(&store.pool)
+            .await?)
+        })
+        .await?;
     let (dead, live): (i64, i64) = (row.n_dead_tup, row.n_live_tup);
     if dead < 10_000 + live / 5 {
         return Ok(None);
     }
     // Session-level lock and VACUUM (which cannot run in a transaction) on
-    // one connection; the lock goes with the connection if it dies.
-    let mut conn = store.pool.acquire().await?;
+    // one connection; the lock goes with the connection if it dies. A
+    // connection of its own, without the statement timeout: a VACUUM cut
+    // short has done nothing that lasts, and one running a while must not
+    // hold a connection of the pool the reaper and the dispatcher's sweeps
+    // share.
+    let mut conn = store.conns.connect_apart().await?;
+    let result = vacuum_on(&mut conn).await;
+    let _ = sqlx::Connection::close(conn).await;
+    Ok(result?.then_some(dead))
+}
+
+/// VACUUM under the advisory lock on `conn`; false when another replica
+/// holds the lock.
+async fn vacuum_on(conn: &mut sqlx::PgConnection) -> Result<bool> {
+    sqlx::query("set statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
     let locked: bool = sqlx::query_scalar!(
         r#"select pg_try_advisory_lock($1) as "locked!""#,
         VACUUM_LOCK
@@ -176,7 +195,7 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
     .fetch_one(&mut *conn)
     .await?;
     if !locked {
-        return Ok(None);
+        return Ok(false);
     }
     let result = sqlx::query("vacuum (skip_locked) leaseq.jobs")
         .execute(&mut *conn)
@@ -185,5 +204,5 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
         .fetch_one(&mut *conn)
         .await?;
     result?;
-    Ok(Some(dead))
+    Ok(true)
 }

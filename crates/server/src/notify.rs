@@ -12,6 +12,16 @@
 //! If the connection drops, sqlx's `PgListener` reconnects and re-LISTENs;
 //! anything sent meanwhile is lost, so after a reconnect every queue is looked
 //! at once (`wake_all`). The dispatcher's slow fallback poll covers the rest.
+//!
+//! A connection can also go silent without dropping: its server frozen, a
+//! network path gone without a FIN. TCP keepalive ends it in about 30 s
+//! ([`crate::pgsock`]), but not when something between still answers for
+//! the server (a proxy whose upstream is gone), and a silent LISTEN
+//! connection hears nothing while looking alive. So every `check` interval
+//! the connection is pinged; without an answer within
+//! [`PING_TIMEOUT`] it is given up and a new one opened ([`Relisten`]).
+//! (The old one is dropped; sqlx sends it an UNLISTEN in a task of its own,
+//! which ends when the connection does.)
 
 use std::time::Duration;
 
@@ -23,7 +33,62 @@ use uuid::Uuid;
 use crate::dispatch::Dispatcher;
 use crate::dispatch::remote::{HandedNote, OFFERS_CHANNEL, OfferNote, handed_channel};
 use crate::domain::{JobId, LeaseToken, QueueName};
-use crate::store::{Store, WAKE_CHANNEL, Wake, settle_channel};
+use crate::store::conn::PING_TIMEOUT;
+use crate::store::{Session, Store, WAKE_CHANNEL, Wake, settle_channel};
+
+/// How to open a LISTEN connection again from scratch: the cluster's
+/// connection string and the broker's session settings.
+#[derive(Clone, Debug)]
+pub struct Relisten {
+    pub url: String,
+    pub session: Session,
+    /// How often the connection is pinged.
+    pub check: Duration,
+}
+
+impl Relisten {
+    /// A new pool of one and its listener, LISTENing; retried with backoff
+    /// until it works or `shutdown` (None then).
+    async fn open(&self, store: &Store, shutdown: &CancellationToken) -> Option<PgListener> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let attempt = async {
+                let pool = crate::store::connect_listener_with(&self.url, self.session).await?;
+                // Connecting is bounded by the pool's acquire timeout, the
+                // LISTEN statement by this.
+                let acquire = pool.options().get_acquire_timeout();
+                tokio::time::timeout(acquire + PING_TIMEOUT, listen(store, &pool))
+                    .await
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            };
+            let r = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                r = attempt => r,
+            };
+            match r {
+                Ok(l) => return Some(l),
+                Err(e) => debug!(error = %e, "LISTEN connection not opened yet; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Whether the listener's connection answers a ping (a protocol Sync, no
+/// statement: `pg_stat_activity` still shows its LISTEN) within
+/// [`PING_TIMEOUT`]. A dropped connection is opened again first, as
+/// `try_recv` would; notifications that arrive meanwhile are kept for it.
+async fn answers(listener: &mut PgListener) -> bool {
+    let ping = async {
+        let conn = sqlx::Acquire::acquire(&mut *listener).await?;
+        sqlx::Connection::ping(conn).await
+    };
+    matches!(tokio::time::timeout(PING_TIMEOUT, ping).await, Ok(Ok(())))
+}
 
 /// Connects and LISTENs; returns once listening, so the caller knows no
 /// notification from now on is missed.
@@ -43,18 +108,37 @@ pub async fn listen(store: &Store, own_pool: &sqlx::PgPool) -> Result<PgListener
     Ok(listener)
 }
 
-/// Receives notifications until `shutdown`.
+/// Receives notifications until `shutdown`; checks the connection every
+/// `relisten.check` and replaces one that does not answer.
 pub async fn run(
     store: Store,
     mut listener: PgListener,
+    relisten: Relisten,
     dispatcher: Dispatcher,
     shutdown: CancellationToken,
 ) {
     let me = store.broker_id.simple().to_string();
     let handed = handed_channel(store.broker_id);
+    let mut check = tokio::time::interval(relisten.check);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.reset();
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return,
+            _ = check.tick() => {
+                if answers(&mut listener).await {
+                    continue;
+                }
+                warn!("LISTEN connection does not answer; opening another");
+                match relisten.open(&store, &shutdown).await {
+                    Some(l) => listener = l,
+                    None => return,
+                }
+                info!("LISTEN connection re-established");
+                dispatcher.wake_all();
+                check.reset();
+                continue;
+            }
             n = listener.try_recv() => n,
         };
         match next {

@@ -64,8 +64,21 @@
 //! `sslcrl`, `requirepeer`, `require_auth`, `gssencmode=require`,
 //! `channel_binding=require`, `target_session_attrs` other than `any`, ...),
 //! since silently dropping them could weaken what the user asked for.
-//! Keywords that only tune the socket (`keepalives*`, `tcp_user_timeout`, ...)
-//! are accepted, have no effect, and are reported in [`PgTarget::warnings`].
+//! A few keywords sqlx has no use for (`sslcompression`, `sslsni`, ...) are
+//! accepted, have no effect, and are reported in [`PgTarget::warnings`].
+//!
+//! # TCP keepalive and user timeout
+//!
+//! sqlx 0.9 sets no TCP keepalive, so leaseq does ([`crate::pgsock`]), with
+//! libpq's keywords and its own defaults where the string says nothing:
+//! `keepalives` (1: on; 0: off), `keepalives_idle` (seconds idle before the
+//! first probe, default 15), `keepalives_interval` (seconds between probes,
+//! default 5), `keepalives_count` (unanswered probes before the connection
+//! is dropped, default 3) and `tcp_user_timeout` (milliseconds sent data
+//! may stay unacknowledged, default 30000). As in libpq, 0 leaves a value
+//! to the operating system. A dead server or a cut network is so found
+//! within about 30 s, on an idle connection (the LISTEN one) as on a busy
+//! one. Over a Unix socket they do not apply.
 //! `connect_timeout` bounds how long the pool waits for a connection (libpq's
 //! minimum of 2 s applies; 0 means leaseq's default of 5 s).
 //!
@@ -178,6 +191,8 @@ pub struct PgTarget {
     /// The user's startup options (`options=`), as given.
     pub options: Option<String>,
     pub connect_timeout: Option<Duration>,
+    /// TCP keepalive and user timeout (TCP connections only).
+    pub tcp: TcpOptions,
     /// Settings accepted without effect, and similar notes, to log once.
     pub warnings: Vec<String>,
     /// Whether `options` came from PGOPTIONS (sqlx reads that itself).
@@ -186,6 +201,40 @@ pub struct PgTarget {
 
 /// How long the pool waits for a connection unless `connect_timeout` says.
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The socket options of a TCP connection to PostgreSQL, from libpq's
+/// `keepalives*` and `tcp_user_timeout` keywords over leaseq's defaults
+/// (module docs). A `None` leaves that value to the operating system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpOptions {
+    /// SO_KEEPALIVE and its timers; None: `keepalives=0`.
+    pub keepalive: Option<Keepalive>,
+    /// TCP_USER_TIMEOUT: how long sent data may stay unacknowledged
+    /// before the connection is dropped.
+    pub user_timeout: Option<Duration>,
+}
+
+/// TCP keepalive timers (TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    pub idle: Option<Duration>,
+    pub interval: Option<Duration>,
+    pub count: Option<u32>,
+}
+
+impl Default for TcpOptions {
+    /// leaseq's defaults: a silent peer is dropped within about 30 s.
+    fn default() -> Self {
+        TcpOptions {
+            keepalive: Some(Keepalive {
+                idle: Some(Duration::from_secs(15)),
+                interval: Some(Duration::from_secs(5)),
+                count: Some(3),
+            }),
+            user_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
 
 impl PgTarget {
     pub fn has_password(&self) -> bool {
@@ -417,11 +466,11 @@ const KEYWORDS: &[Keyword] = &[
             "sqlx always speaks UTF8",
         ),
     ),
-    kw("keepalives", "", Use::NoEffect),
-    kw("keepalives_idle", "", Use::NoEffect),
-    kw("keepalives_interval", "", Use::NoEffect),
-    kw("keepalives_count", "", Use::NoEffect),
-    kw("tcp_user_timeout", "", Use::NoEffect),
+    kw("keepalives", "", Use::Yes),
+    kw("keepalives_idle", "", Use::Yes),
+    kw("keepalives_interval", "", Use::Yes),
+    kw("keepalives_count", "", Use::Yes),
+    kw("tcp_user_timeout", "", Use::Yes),
     kw("sslcompression", "", Use::NoEffect),
     kw("sslsni", "PGSSLSNI", Use::NoEffect),
     kw(
@@ -987,7 +1036,58 @@ fn build(
         options: s.text("options").map(str::to_owned),
         options_from_env: s.get("options").is_some_and(|v| v.from == "PGOPTIONS"),
         connect_timeout: connect_timeout(s)?,
+        tcp: tcp_options(s)?,
         warnings,
+    })
+}
+
+/// A whole, non-negative number for `keyword`, if given.
+fn whole(s: &Settings, keyword: &str, unit: &str) -> Result<Option<u64>, PgConnError> {
+    let Some(v) = s.get(keyword) else {
+        return Ok(None);
+    };
+    match v.text.trim().parse::<u64>() {
+        Ok(n) => Ok(Some(n)),
+        Err(_) => fail(format!(
+            "{keyword} {:?} (from {}) is not a whole number of {unit}",
+            v.text, v.from
+        )),
+    }
+}
+
+/// libpq's `keepalives*` and `tcp_user_timeout` over leaseq's defaults
+/// ([`TcpOptions::default`]); 0 leaves a value to the system, as in libpq.
+fn tcp_options(s: &Settings) -> Result<TcpOptions, PgConnError> {
+    let ours = TcpOptions::default();
+    let default = ours.keepalive.expect("on by default");
+    let on = match whole(s, "keepalives", "(0 or 1)")? {
+        None => true,
+        Some(n) => n != 0,
+    };
+    let secs = |keyword, ours: Option<Duration>| -> Result<Option<Duration>, PgConnError> {
+        Ok(match whole(s, keyword, "seconds")? {
+            None => ours,
+            Some(0) => None,
+            Some(n) => Some(Duration::from_secs(n)),
+        })
+    };
+    let keepalive = Keepalive {
+        idle: secs("keepalives_idle", default.idle)?,
+        interval: secs("keepalives_interval", default.interval)?,
+        count: match whole(s, "keepalives_count", "probes")? {
+            None => default.count,
+            Some(0) => None,
+            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        },
+    };
+    let user_timeout = match whole(s, "tcp_user_timeout", "milliseconds")? {
+        None => ours.user_timeout,
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+    };
+    Ok(TcpOptions {
+        keepalive: on.then_some(keepalive),
+        user_timeout,
     })
 }
 
@@ -1363,7 +1463,7 @@ mod tests {
     fn uri_query_parameters() {
         let t = ok(
             "postgres://app:s%40c%2Fret@db.example.com/prod?sslmode=require&application_name=worker\
-             &connect_timeout=7&options=-c%20statement_timeout%3D5s&keepalives=1",
+             &connect_timeout=7&options=-c%20statement_timeout%3D5s&keepalives=1&sslsni=1",
         );
         assert_eq!(t.host, tcp("db.example.com"));
         assert_eq!(t.password.as_deref(), Some("s@c/ret"));
@@ -1373,7 +1473,8 @@ mod tests {
         assert_eq!(t.acquire_timeout(), Duration::from_secs(7));
         assert_eq!(t.options.as_deref(), Some("-c statement_timeout=5s"));
         assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
-        assert!(t.warnings[0].contains("keepalives"));
+        assert!(t.warnings[0].contains("sslsni"));
+        assert_eq!(t.tcp, TcpOptions::default());
         // '+' is a plus in libpq's URIs.
         assert_eq!(ok("postgres://u:a+b@h/").password.as_deref(), Some("a+b"));
     }
@@ -1658,6 +1759,35 @@ mod tests {
         );
         let t = ok_env("host=h fallback_application_name=f", &[("PGAPPNAME", "e")]);
         assert_eq!(t.application_name, "e");
+    }
+
+    #[test]
+    fn keepalives_and_tcp_user_timeout() {
+        let secs = |n| Some(Duration::from_secs(n));
+        // leaseq's defaults, when the string says nothing.
+        let t = ok("host=h");
+        let k = t.tcp.keepalive.unwrap();
+        assert_eq!((k.idle, k.interval, k.count), (secs(15), secs(5), Some(3)));
+        assert_eq!(t.tcp.user_timeout, secs(30));
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        // libpq's keywords, in either form; 0 leaves a value to the system.
+        let t = ok("postgres://h/db?keepalives_idle=7&keepalives_interval=2\
+             &keepalives_count=0&tcp_user_timeout=1500");
+        let k = t.tcp.keepalive.unwrap();
+        assert_eq!((k.idle, k.interval, k.count), (secs(7), secs(2), None));
+        assert_eq!(t.tcp.user_timeout, Some(Duration::from_millis(1500)));
+        let t = ok("host=h keepalives=0 tcp_user_timeout=0");
+        assert_eq!(t.tcp.keepalive, None);
+        assert_eq!(t.tcp.user_timeout, None);
+        assert!(ok("host=h keepalives=1").tcp.keepalive.is_some());
+        let e = err("host=h keepalives_idle=10s");
+        assert!(
+            e.contains("keepalives_idle \"10s\" (from the connection string)")
+                && e.contains("seconds"),
+            "{e}"
+        );
+        assert!(err("postgres://h/?tcp_user_timeout=-1").contains("milliseconds"));
+        assert!(err("host=h keepalives_count=x").contains("keepalives_count"));
     }
 
     #[test]

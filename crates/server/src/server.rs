@@ -148,8 +148,9 @@ impl Server {
         // on the cluster of the queue or the lease.
         let mut connections = Vec::new();
         let mut listens = Vec::new();
+        let session = session(&cfg)?;
         for (store, db) in clusters.all().iter().zip(databases) {
-            let listen_pool = store::connect_listener(&db.url).await?;
+            let listen_pool = store::connect_listener_with(&db.url, session).await?;
             let listen = crate::notify::listen(store, &listen_pool)
                 .await
                 .with_context(|| format!("opening the LISTEN connection to cluster {}", db.name))?;
@@ -178,10 +179,16 @@ impl Server {
         let stop = CancellationToken::new();
         let draining = CancellationToken::new();
         let mut background = JoinSet::new();
-        for (store, listen) in clusters.all().iter().zip(listens) {
+        for ((store, listen), db) in clusters.all().iter().zip(listens).zip(databases) {
+            let relisten = crate::notify::Relisten {
+                url: db.url.clone(),
+                session,
+                check: cfg.health_interval,
+            };
             background.spawn(crate::notify::run(
                 store.clone(),
                 listen,
+                relisten,
                 dispatcher.clone(),
                 stop.clone(),
             ));
@@ -393,10 +400,12 @@ impl Server {
                 warn!(error = %e, "a background service panicked");
             }
         }
+        // sqlx's close waits for every connection lent out to come back:
+        // one whose server stopped answering may never, so not for long.
         for c in &self.connections {
-            c.pool.close().await;
+            let _ = tokio::time::timeout(store::conn::PING_TIMEOUT, c.pool.close()).await;
             c.conns.close().await;
-            c.listen_pool.close().await;
+            let _ = tokio::time::timeout(store::conn::PING_TIMEOUT, c.listen_pool.close()).await;
         }
         self.traces.shutdown().await;
     }
@@ -484,12 +493,13 @@ fn authenticator(cfg: &Config) -> anyhow::Result<crate::auth::Authenticator> {
 async fn connect_with_retry(
     url: &str,
     pool_size: u32,
+    session: store::Session,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<(sqlx::PgPool, store::Conns)> {
     let mut delay = Duration::from_millis(200);
     let started = tokio::time::Instant::now();
     loop {
-        match store::open(url, pool_size).await {
+        match store::open_with(url, pool_size, session).await {
             Ok(pool) => return Ok(pool),
             // Wrong settings or a TLS failure: waiting will not fix them.
             Err(e) if crate::pgconn::is_permanent(&e) => {
@@ -505,6 +515,56 @@ async fn connect_with_retry(
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The session settings `cfg` asks for, checked.
+fn session(cfg: &Config) -> anyhow::Result<store::Session> {
+    if let Some(t) = cfg.pg_statement_timeout {
+        anyhow::ensure!(
+            t >= Duration::from_millis(1) && t.as_millis() <= i32::MAX as u128,
+            "pg_statement_timeout {t:?}: PostgreSQL takes 1ms to 2^31-1 ms"
+        );
+    }
+    Ok(store::Session {
+        statement_timeout: cfg.pg_statement_timeout,
+    })
+}
+
+/// Logs a warning for each PostgreSQL setting that lets a crash of the
+/// server lose what the broker answered as committed (docs/SECURITY.md,
+/// "PostgreSQL's durability"). The session's values: a setting made for the database or
+/// the role counts. A failure to look is only logged.
+async fn warn_if_not_durable(pool: &sqlx::PgPool, cluster: &str, several: bool) {
+    let settings = match store::durability_settings(pool).await {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "could not read PostgreSQL's durability settings");
+            return;
+        }
+    };
+    for (name, value) in settings {
+        let risk = match (name.as_str(), value.as_str()) {
+            ("fsync", "off") => {
+                "a crash of PostgreSQL's host (or of the operating system) can corrupt the database \
+                 and lose jobs answered as enqueued, and acks answered OK (the jobs come back)"
+            }
+            ("synchronous_commit", "off") => {
+                "a crash of PostgreSQL can lose its last commits (up to three times \
+                 wal_writer_delay): jobs answered as enqueued can vanish, and acked jobs be \
+                 delivered again"
+            }
+            ("full_page_writes", "off") => {
+                "a crash of PostgreSQL's host during a write can leave torn pages the database \
+                 cannot recover from"
+            }
+            _ => continue,
+        };
+        if several {
+            warn!(cluster, "PostgreSQL runs with {name} = {value}: {risk}");
+        } else {
+            warn!("PostgreSQL runs with {name} = {value}: {risk}");
+        }
     }
 }
 
@@ -538,9 +598,8 @@ async fn health_loop(
     loop {
         let mut any = false;
         for (i, store) in clusters.all().iter().enumerate() {
-            let ok = tokio::time::timeout(Duration::from_secs(2), store.ping())
-                .await
-                .is_ok_and(|r| r.is_ok());
+            // Bounded: `select 1` within PING_TIMEOUT, on a hot-path connection.
+            let ok = store.ping().await.is_ok();
             any |= ok;
             metrics.clusters.set_up(&store.cluster_name, ok);
             if last_up[i] != Some(ok) {
@@ -593,13 +652,15 @@ async fn connect_clusters(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Clusters> {
     let mut opened = Vec::new();
+    let session = session(cfg)?;
     for db in databases {
-        let (pool, conns) = connect_with_retry(&db.url, cfg.pool_size, shutdown)
+        let (pool, conns) = connect_with_retry(&db.url, cfg.pool_size, session, shutdown)
             .await
             .with_context(|| format!("cluster {}", db.name))?;
         store::migrate(&pool)
             .await
             .with_context(|| format!("applying migrations on cluster {}", db.name))?;
+        warn_if_not_durable(&pool, &db.name, databases.len() > 1).await;
         conns.warm(2).await;
         opened.push((pool, conns));
     }

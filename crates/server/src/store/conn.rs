@@ -20,9 +20,23 @@
 //! one to find out. At load, connections are reused within milliseconds and
 //! never pinged.
 //!
-//! sqlx's pool is still used for everything else (admin, maintenance,
-//! health, migrations), where its extra round trip costs nothing that matters.
+//! Every wait on PostgreSQL here is bounded, since a connection whose
+//! server stopped answering (a partition, a half-open TCP connection, a
+//! frozen server or proxy) never fails by itself: opening a connection
+//! takes at most the acquire timeout, the ping of an idle one
+//! [`PING_TIMEOUT`], and the statements of one borrow (one statement or
+//! one transaction, run through [`Conn::bounded`]) the statement bound:
+//! PostgreSQL's `statement_timeout` plus [`BOUND_MARGIN`], so that a
+//! server that is merely slow cancels the statement itself, with a clear
+//! error, before the broker gives up on it. Past a bound the call fails
+//! with UNAVAILABLE and the connection is closed (never reused: what it was
+//! doing is unknown).
+//!
+//! The health probe borrows from this set too (`Store::ping`). sqlx's pool
+//! is still used for everything else (admin, maintenance, migrations),
+//! where its extra round trip costs nothing that matters.
 
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,9 +48,29 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
+use crate::pgsock::Tuner;
 
 /// A connection idle longer than this is checked with a ping before use.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// How long a ping (`select 1`, or sqlx's ping) may take before its
+/// connection counts as dead: the idle check here, the health probe, the
+/// LISTEN connection's check and the sqlx pools' check on release.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Added to PostgreSQL's `statement_timeout` for the broker's own bound on
+/// a borrow: the server cancels a slow statement first, and the broker
+/// stops waiting only for a server that does not answer at all.
+pub const BOUND_MARGIN: Duration = Duration::from_secs(1);
+
+/// The error of a wait on PostgreSQL that went past its bound: UNAVAILABLE
+/// to clients, like any lost connection.
+pub fn no_answer(what: &str, bound: Duration) -> Error {
+    Error::Unavailable(Arc::new(sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("PostgreSQL did not answer {what} within {bound:?}"),
+    ))))
+}
 
 /// A fixed-size set of connections. Cheap to clone.
 #[derive(Clone)]
@@ -53,8 +87,28 @@ struct Inner {
     /// opened yet. Bounds the connections this set holds at `size`.
     permits: Arc<Semaphore>,
     /// How long a borrower waits for a permit before giving up (the
-    /// database is stuck or the broker is overloaded: UNAVAILABLE).
+    /// database is stuck or the broker is overloaded: UNAVAILABLE), and
+    /// how long opening a connection may take.
     acquire_timeout: Duration,
+    /// The bound on one borrow's statements ([`Conn::bounded`]); None: no
+    /// bound (no statement timeout was set).
+    bound: Option<Duration>,
+    /// Sets TCP keepalive on each connection opened (None: a Unix socket).
+    tuner: Option<Arc<Tuner>>,
+}
+
+impl Inner {
+    /// Opens a connection, within the acquire timeout, and sets its TCP
+    /// options.
+    async fn connect(&self) -> Result<PgConnection> {
+        let conn = tokio::time::timeout(self.acquire_timeout, self.opts.connect())
+            .await
+            .map_err(|_| no_answer("a new connection", self.acquire_timeout))??;
+        if let Some(t) = &self.tuner {
+            t.tune().await;
+        }
+        Ok(conn)
+    }
 }
 
 impl std::fmt::Debug for Conns {
@@ -66,16 +120,42 @@ impl std::fmt::Debug for Conns {
 }
 
 impl Conns {
-    /// Up to `size` connections, opened on first use.
-    pub fn new(opts: PgConnectOptions, size: u32, acquire_timeout: Duration) -> Conns {
+    /// Up to `size` connections, opened on first use; each borrow's
+    /// statements bounded by `bound` (None: unbounded); TCP options set by
+    /// `tuner` on each connection opened.
+    pub fn new(
+        opts: PgConnectOptions,
+        size: u32,
+        acquire_timeout: Duration,
+        bound: Option<Duration>,
+        tuner: Option<Arc<Tuner>>,
+    ) -> Conns {
         Conns {
             inner: Arc::new(Inner {
                 opts,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(size.max(1) as usize)),
                 acquire_timeout,
+                bound,
+                tuner,
             }),
         }
+    }
+
+    /// The bound on one borrow's statements (None: unbounded).
+    pub fn bound(&self) -> Option<Duration> {
+        self.inner.bound
+    }
+
+    /// How long a borrower waits for a connection.
+    pub fn acquire_timeout(&self) -> Duration {
+        self.inner.acquire_timeout
+    }
+
+    /// A connection outside the set, with its settings and TCP options,
+    /// for a statement that must not hold one of the set's (VACUUM).
+    pub async fn connect_apart(&self) -> Result<PgConnection> {
+        self.inner.connect().await
     }
 
     /// Opens up to `n` connections now (fewer if the set is smaller or
@@ -87,7 +167,7 @@ impl Conns {
             let Ok(permit) = self.inner.permits.clone().try_acquire_owned() else {
                 break;
             };
-            match self.inner.opts.connect().await {
+            match self.inner.connect().await {
                 Ok(c) => conns.push((c, permit)),
                 Err(_) => break,
             }
@@ -102,29 +182,47 @@ impl Conns {
     /// `size` exist. Call [`Conn::done`] after the statement succeeded;
     /// a connection dropped without it is closed.
     pub async fn acquire(&self) -> Result<Conn> {
-        let permit = tokio::time::timeout(
-            self.inner.acquire_timeout,
-            self.inner.permits.clone().acquire_owned(),
-        )
-        .await
-        .map_err(|_| Error::from(sqlx::Error::PoolTimedOut))?
-        .map_err(|_| Error::from(sqlx::Error::PoolClosed))?;
-        let conn = loop {
-            let idle = self.inner.idle.lock().expect("poisoned").pop();
-            match idle {
-                // Used a moment ago: it works (the hot path, no round trip).
-                Some((c, since)) if since.elapsed() < IDLE_CHECK => break c,
-                // Idle a while: the server may have closed it meanwhile
-                // (restarted, terminated the backend). One round trip to
-                // know, instead of failing a client's statement.
-                Some((mut c, _)) => {
-                    if c.ping().await.is_ok() {
-                        break c;
-                    }
+        // One deadline for all of it: the wait for a permit, the pings of
+        // idle connections (each of which may be dead), a new connection.
+        let timeout = self.inner.acquire_timeout;
+        let deadline = Instant::now() + timeout;
+        let permit = tokio::time::timeout_at(deadline, self.inner.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| Error::from(sqlx::Error::PoolTimedOut))?
+            .map_err(|_| Error::from(sqlx::Error::PoolClosed))?;
+        let conn = tokio::time::timeout_at(deadline, async {
+            loop {
+                let idle = self.inner.idle.lock().expect("poisoned").pop();
+                match idle {
+                    // Used a moment ago: it works (the hot path, no round
+                    // trip).
+                    Some((c, since)) if since.elapsed() < IDLE_CHECK => return Ok(c),
+                    // Idle a while: the server may have closed it meanwhile
+                    // (restarted, terminated the backend). One round trip
+                    // to know, instead of failing a client's statement. A
+                    // server that does not answer at all fails it too.
+                    Some((mut c, _)) => match tokio::time::timeout(PING_TIMEOUT, c.ping()).await {
+                        Ok(Ok(())) => return Ok(c),
+                        // Closed (a backend terminated): try the next one.
+                        Ok(Err(_)) => {}
+                        // No answer at all: the server or the path to it is
+                        // gone, and the other idle connections, opened to
+                        // it too, most likely with it. Close them all
+                        // rather than wait on each in turn; a new
+                        // connection costs a few milliseconds if the
+                        // server is fine.
+                        Err(_) => {
+                            let stale =
+                                std::mem::take(&mut *self.inner.idle.lock().expect("poisoned"));
+                            drop(stale);
+                        }
+                    },
+                    None => return self.inner.connect().await,
                 }
-                None => break self.inner.opts.connect().await?,
             }
-        };
+        })
+        .await
+        .map_err(|_| no_answer("a connection", timeout))??;
         Ok(Conn {
             conn: Some(conn),
             inner: self.inner.clone(),
@@ -157,6 +255,35 @@ impl Conn {
     /// be reused as it is.
     pub fn done(mut self) {
         self.clean = true;
+    }
+
+    /// Runs a borrow's statements, `f` (one statement's future, or an
+    /// `async` block with a transaction), within the set's bound. Past it
+    /// the future is dropped and the call fails with UNAVAILABLE; the
+    /// connection, not [`Conn::done`], is then closed when dropped.
+    pub async fn bounded<'a, T, E, Fut>(
+        &'a mut self,
+        f: impl FnOnce(&'a mut PgConnection) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = Result<T, E>> + 'a,
+        Error: From<E>,
+    {
+        let bound = self.inner.bound;
+        let conn = self.conn.as_mut().expect("connection present until drop");
+        match bound {
+            None => Ok(f(conn).await?),
+            Some(bound) => match tokio::time::timeout(bound, f(conn)).await {
+                Ok(r) => Ok(r?),
+                Err(_) => {
+                    tracing::warn!(
+                        ?bound,
+                        "PostgreSQL did not answer a statement in time: connection discarded"
+                    );
+                    Err(no_answer("a statement", bound))
+                }
+            },
+        }
     }
 }
 

@@ -66,26 +66,113 @@ impl Store {
             .into_iter()
             .collect();
         let mut c = self.conns.acquire().await?;
-        let mut tx = sqlx::Connection::begin(&mut *c).await?;
-        sqlx::query!(
-            "select set_config('lock_timeout', $1, true)",
-            format!("{}ms", LOCK_WAIT.as_millis()),
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        let locked = sqlx::query_scalar!(
-            "select 1 from leaseq.queues where name = any($1) order by name for update",
-            &names as &Vec<&str>,
-        )
-        .fetch_all(&mut *tx)
-        .await;
-        if let Err(sqlx::Error::Database(e)) = &locked
-            && e.code().as_deref() == Some("55P03")
-        {
-            // lock_not_available: a row held past the wait. Nothing leased;
-            // the dispatcher comes back after another wait.
-            tx.rollback().await?;
-            c.done();
+        let names_ = &names;
+        let locked = c
+            .bounded(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                sqlx::query!(
+                    "select set_config('lock_timeout', $1, true)",
+                    format!("{}ms", LOCK_WAIT.as_millis()),
+                )
+                .fetch_one(&mut *tx)
+                .await?;
+                let locked = sqlx::query_scalar!(
+                    "select 1 from leaseq.queues where name = any($1) order by name for update",
+                    names_ as &Vec<&str>,
+                )
+                .fetch_all(&mut *tx)
+                .await;
+                if let Err(sqlx::Error::Database(e)) = &locked
+                    && e.code().as_deref() == Some("55P03")
+                {
+                    // lock_not_available: a row held past the wait.
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                locked?;
+                let names = names_;
+                let mut allow: HashMap<String, Allowance> = HashMap::new();
+                for r in sqlx::query_file!("src/store/sql/limits.sql", names as &Vec<&str>)
+                    .fetch_all(&mut *tx)
+                    .await?
+                {
+                    let slots: Option<i64> = r.slots;
+                    let tokens: Option<f64> = r.tokens;
+                    let by_rate = tokens.map(|t| t.floor() as i64);
+                    let n = match (slots, by_rate) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    allow.insert(
+                        r.name,
+                        Allowance {
+                            n: n.map(|n| n.max(0)),
+                            rate: r.rate_limit,
+                            tokens,
+                            at: r.at,
+                            paused: r.paused,
+                        },
+                    );
+                }
+                // Each queue's asks are numbered (lo, hi] in delivery order: keep the
+                // first `n` of them.
+                let mut asked: HashMap<&QueueName, i64> = HashMap::new();
+                let mut trimmed = Vec::with_capacity(wants.len());
+                for w in wants {
+                    let lo = *asked.get(&w.queue).unwrap_or(&0);
+                    asked.insert(&w.queue, lo + i64::from(w.n));
+                    let cap = allow
+                        .get(w.queue.as_str())
+                        .and_then(|a| a.n)
+                        .unwrap_or(i64::MAX);
+                    let n = (lo + i64::from(w.n)).min(cap) - lo;
+                    if n > 0 {
+                        trimmed.push(Want {
+                            n: n as i32,
+                            ..w.clone()
+                        });
+                    }
+                }
+                let mut out = LeaseOutcome::default();
+                if !trimmed.is_empty() {
+                    for row in self.lease_rows(&mut *tx, &trimmed, true).await? {
+                        if let LeaseRow::Job(j) = row {
+                            out.jobs.push(j);
+                        }
+                    }
+                }
+                let mut got: HashMap<&str, i64> = HashMap::new();
+                for j in &out.jobs {
+                    *got.entry(j.queue.as_str()).or_default() += 1;
+                }
+                // Take what was leased out of the rate buckets.
+                let (mut bq, mut bt, mut ba) = (Vec::new(), Vec::new(), Vec::new());
+                for (name, a) in &allow {
+                    if let Some(t) = a.tokens {
+                        bq.push(name.as_str());
+                        bt.push(t - *got.get(name.as_str()).unwrap_or(&0) as f64);
+                        ba.push(a.at);
+                    }
+                }
+                if !bq.is_empty() {
+                    sqlx::query!(
+                        "update leaseq.queues q set rate_tokens = u.tokens, rate_at = u.at \
+                 from unnest($1::text[], $2::float8[], $3::timestamptz[]) as u(name, tokens, at) \
+                 where q.name = u.name",
+                        &bq as &Vec<&str>,
+                        &bt,
+                        &ba,
+                    )
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok::<_, crate::error::Error>(Some((allow, asked, out)))
+            })
+            .await?;
+        c.done();
+        let Some((allow, asked, mut out)) = locked else {
+            // Nothing leased; the dispatcher comes back after another wait.
             tracing::warn!(queues = ?names, "a limited queue's row stayed locked; its lease round waits");
             return Ok(LeaseOutcome {
                 caps: names
@@ -99,85 +186,11 @@ impl Store {
                     .collect(),
                 ..LeaseOutcome::default()
             });
-        }
-        locked?;
-        let mut allow: HashMap<String, Allowance> = HashMap::new();
-        for r in sqlx::query_file!("src/store/sql/limits.sql", &names as &Vec<&str>)
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let slots: Option<i64> = r.slots;
-            let tokens: Option<f64> = r.tokens;
-            let by_rate = tokens.map(|t| t.floor() as i64);
-            let n = match (slots, by_rate) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            allow.insert(
-                r.name,
-                Allowance {
-                    n: n.map(|n| n.max(0)),
-                    rate: r.rate_limit,
-                    tokens,
-                    at: r.at,
-                    paused: r.paused,
-                },
-            );
-        }
-        // Each queue's asks are numbered (lo, hi] in delivery order: keep the
-        // first `n` of them.
-        let mut asked: HashMap<&QueueName, i64> = HashMap::new();
-        let mut trimmed = Vec::with_capacity(wants.len());
-        for w in wants {
-            let lo = *asked.get(&w.queue).unwrap_or(&0);
-            asked.insert(&w.queue, lo + i64::from(w.n));
-            let cap = allow
-                .get(w.queue.as_str())
-                .and_then(|a| a.n)
-                .unwrap_or(i64::MAX);
-            let n = (lo + i64::from(w.n)).min(cap) - lo;
-            if n > 0 {
-                trimmed.push(Want {
-                    n: n as i32,
-                    ..w.clone()
-                });
-            }
-        }
-        let mut out = LeaseOutcome::default();
-        if !trimmed.is_empty() {
-            for row in self.lease_rows(&mut *tx, &trimmed, true).await? {
-                if let LeaseRow::Job(j) = row {
-                    out.jobs.push(j);
-                }
-            }
-        }
+        };
         let mut got: HashMap<&str, i64> = HashMap::new();
         for j in &out.jobs {
             *got.entry(j.queue.as_str()).or_default() += 1;
         }
-        // Take what was leased out of the rate buckets.
-        let (mut bq, mut bt, mut ba) = (Vec::new(), Vec::new(), Vec::new());
-        for (name, a) in &allow {
-            if let Some(t) = a.tokens {
-                bq.push(name.as_str());
-                bt.push(t - *got.get(name.as_str()).unwrap_or(&0) as f64);
-                ba.push(a.at);
-            }
-        }
-        if !bq.is_empty() {
-            sqlx::query!(
-                "update leaseq.queues q set rate_tokens = u.tokens, rate_at = u.at \
-                 from unnest($1::text[], $2::float8[], $3::timestamptz[]) as u(name, tokens, at) \
-                 where q.name = u.name",
-                &bq as &Vec<&str>,
-                &bt,
-                &ba,
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        c.done();
         for (name, a) in &allow {
             let Some(queue) = QueueName::parse(name) else {
                 continue;

@@ -37,21 +37,53 @@ pub const SWEEP_PLANNER_SETTINGS: &str =
 
 /// Applies pending migrations. Safe to run from several replicas at once
 /// (sqlx holds an advisory lock while migrating).
+///
+/// On one connection of `pool` without a statement timeout (a migration
+/// may rewrite or index a large table, and one cut short would only be
+/// tried again at the next start); the connection is closed afterwards
+/// rather than given back with that setting.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("set statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
     // The schema must exist before sqlx creates its bookkeeping table in it.
+    let mut result = Ok(());
     for attempt in 0..3 {
         match sqlx::query("create schema if not exists leaseq")
-            .execute(pool)
+            .execute(&mut *conn)
             .await
         {
             Ok(_) => break,
             // Two replicas racing on the catalog: the other one made it.
             Err(_) if attempt < 2 => tokio::time::sleep(Duration::from_millis(100)).await,
-            Err(e) => return Err(e.into()),
+            Err(e) => result = Err(e.into()),
         }
     }
-    MIGRATOR.run(pool).await?;
-    Ok(())
+    if result.is_ok() {
+        // `run` with a connection trips the compiler's Send check (a
+        // higher-ranked `Acquire`); `run_direct` is what it calls.
+        result = MIGRATOR
+            .run_direct(None, &mut *conn, false)
+            .await
+            .map_err(Into::into);
+    }
+    let _ = sqlx::Connection::close(conn.detach()).await;
+    result
+}
+
+/// The settings that decide whether a commit PostgreSQL reported survives
+/// a crash of the server or its host (fsync, synchronous_commit,
+/// full_page_writes), as (name, value) in this session.
+pub async fn durability_settings(pool: &PgPool) -> Result<Vec<(String, String)>> {
+    let rows = sqlx::query!(
+        r#"select name as "name!", setting as "setting!" from pg_settings
+           where name in ('fsync', 'synchronous_commit', 'full_page_writes')
+           order by name"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.name, r.setting)).collect())
 }
 
 /// The channel every broker LISTENs on for wake-ups. Payload:
@@ -82,20 +114,101 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
         .await
 }
 
+/// PostgreSQL's `statement_timeout` on the broker's connections unless
+/// [`Session::statement_timeout`] says otherwise (`--pg-statement-timeout`).
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the broker sets on each of its sessions beyond what the connection
+/// string says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session {
+    /// PostgreSQL's `statement_timeout` for the broker's statements (the
+    /// migrations and VACUUM excepted), sent at connect, after the
+    /// string's `options`; the broker's own wait on a statement is bounded
+    /// by it plus [`conn::BOUND_MARGIN`]. None: neither is set (the
+    /// server's, role's or string's setting applies, and the broker waits
+    /// as long as TCP keepalive lets it).
+    pub statement_timeout: Option<Duration>,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session {
+            statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
+        }
+    }
+}
+
+impl Session {
+    /// `opts` with this session's settings added.
+    fn apply(&self, opts: sqlx::postgres::PgConnectOptions) -> sqlx::postgres::PgConnectOptions {
+        match self.statement_timeout {
+            Some(t) => opts.options([("statement_timeout", format!("{}", t.as_millis()))]),
+            None => opts,
+        }
+    }
+
+    /// The broker's bound on one borrow of a connection.
+    pub fn bound(&self) -> Option<Duration> {
+        self.statement_timeout.map(|t| t + conn::BOUND_MARGIN)
+    }
+}
+
+/// A sqlx pool over `target` with the broker's settings: TCP options set on
+/// each new connection, and a connection given back checked within
+/// [`conn::PING_TIMEOUT`]. (sqlx pings every connection given back, with no
+/// bound: one whose server stopped answering, e.g. left mid-statement by a
+/// call whose client gave up, would hold its place in the pool for good.
+/// A ping that fails here closes it first.)
+fn pool_options(target: &crate::pgconn::PgTarget, max: u32) -> PgPoolOptions {
+    let tuner = crate::pgsock::Tuner::for_target(target);
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(target.acquire_timeout())
+        .after_connect(move |_conn, _meta| {
+            let tuner = tuner.clone();
+            Box::pin(async move {
+                if let Some(t) = tuner {
+                    t.tune().await;
+                }
+                Ok(())
+            })
+        })
+        .after_release(|conn, _meta| {
+            Box::pin(async move {
+                match tokio::time::timeout(conn::PING_TIMEOUT, sqlx::Connection::ping(conn)).await {
+                    Ok(Ok(())) => Ok(true),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer to a ping on release",
+                    ))),
+                }
+            })
+        })
+}
+
 /// Opens the broker's connections: the hot path's [`Conns`] (group-commit
 /// statements and lease rounds) and a small sqlx pool for everything else
-/// (admin, maintenance, health, migrations). Together they hold `pool_size`
+/// (admin, maintenance, migrations). Together they hold `pool_size`
 /// connections (at least two), plus the LISTEN connection opened apart.
 pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Error> {
+    open_with(url, pool_size, Session::default()).await
+}
+
+/// [`open`] with the session settings given.
+pub async fn open_with(
+    url: &str,
+    pool_size: u32,
+    session: Session,
+) -> Result<(PgPool, Conns), sqlx::Error> {
     let aux = if pool_size <= 3 { 1 } else { 2 };
     let hot = pool_size.saturating_sub(aux).max(1);
     let target = crate::pgconn::connect_options(url)?;
-    let pool = PgPoolOptions::new()
-        .max_connections(aux)
+    let pool = pool_options(&target, aux)
         .min_connections(1)
-        .acquire_timeout(target.acquire_timeout())
         .test_before_acquire(false)
-        .connect_with(target.options()?)
+        .connect_with(session.apply(target.options()?))
         .await?;
     // The hot statements take arrays (`unnest($1::uuid[])`), which the
     // planner estimates at 10 rows in a generic plan and at their real
@@ -116,23 +229,32 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
     // now lock each id in a lateral subquery, whose only plan is a key
     // probe (docs/BENCHMARKS.md, "Plans made on an empty table";
     // tests/plans.rs).
-    let hot_opts = target.options()?.options([
+    let hot_opts = session.apply(target.options()?).options([
         ("plan_cache_mode", "force_generic_plan"),
         ("enable_seqscan", "off"),
     ]);
-    let conns = Conns::new(hot_opts, hot, target.acquire_timeout());
+    let conns = Conns::new(
+        hot_opts,
+        hot,
+        target.acquire_timeout(),
+        session.bound(),
+        crate::pgsock::Tuner::for_target(&target),
+    );
     Ok((pool, conns))
 }
 
 /// A pool of exactly one connection for the LISTEN connection, so it never
 /// takes one of the working pool's connections (and reconnects on its own).
 pub async fn connect_listener(url: &str) -> Result<PgPool, sqlx::Error> {
+    connect_listener_with(url, Session::default()).await
+}
+
+/// [`connect_listener`] with the session settings given.
+pub async fn connect_listener_with(url: &str, session: Session) -> Result<PgPool, sqlx::Error> {
     let target = crate::pgconn::connect_options(url)?;
-    Ok(PgPoolOptions::new()
-        .max_connections(1)
+    Ok(pool_options(&target, 1)
         .min_connections(0)
-        .acquire_timeout(target.acquire_timeout())
-        .connect_lazy_with(target.options()?))
+        .connect_lazy_with(session.apply(target.options()?)))
 }
 
 /// A queue to wake: `delay_ms` 0 = has jobs now, > 0 = its next job is due then.
@@ -248,7 +370,7 @@ pub struct EnqueueOutcome {
 /// All SQL. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
-    /// For admin, maintenance and health statements.
+    /// For admin and maintenance statements.
     pub pool: PgPool,
     /// For the hot path: group-commit statements and lease rounds.
     pub conns: Conns,
@@ -329,46 +451,51 @@ impl Store {
     ) -> Result<EnqueueOutcome> {
         debug_assert_eq!(jobs.len(), claims.len());
         let mut c = self.conns.acquire().await?;
-        let out = if new_queues.is_empty()
-            && moving.is_empty()
-            && jobs.iter().all(|j| j.dedup_key.is_none())
-        {
-            // The common case: one statement, atomic on its own, so no
-            // BEGIN / COMMIT round trips.
-            let refs: Vec<&NewJob> = jobs.iter().collect();
-            let claims: Vec<Option<&HandoffTo>> = claims.iter().map(Option::as_ref).collect();
-            let inserted = self.insert_jobs(&mut c, &refs, &claims).await?;
-            if inserted.len() != jobs.len() {
-                return Err(Error::Internal("enqueue inserted fewer rows than asked"));
-            }
-            let mut out = EnqueueOutcome {
-                results: jobs
-                    .iter()
-                    .map(|j| Enqueued {
-                        job_id: j.id,
-                        duplicate: false,
-                    })
-                    .collect(),
-                ..Default::default()
-            };
-            let by_id: FastMap<Uuid, usize> =
-                jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
-            let mut wakes = Wakes::default();
-            for row in inserted {
-                row.into_outcome(&by_id, jobs, &mut wakes, &mut out.handed, self.cluster);
-            }
-            out.wakes = wakes.into_vec();
-            out
-        } else {
-            let mut tx = sqlx::Connection::begin(&mut *c).await?;
-            let mut out = self.enqueue_in(&mut tx, jobs, claims, new_queues).await?;
-            for (source, idxs) in moving {
-                self.dedup_elsewhere(&mut tx, source, jobs, idxs, &mut out)
-                    .await?;
-            }
-            tx.commit().await?;
-            out
-        };
+        let out = c
+            .bounded(|c| async move {
+                if new_queues.is_empty()
+                    && moving.is_empty()
+                    && jobs.iter().all(|j| j.dedup_key.is_none())
+                {
+                    // The common case: one statement, atomic on its own, so
+                    // no BEGIN / COMMIT round trips.
+                    let refs: Vec<&NewJob> = jobs.iter().collect();
+                    let claims: Vec<Option<&HandoffTo>> =
+                        claims.iter().map(Option::as_ref).collect();
+                    let inserted = self.insert_jobs(c, &refs, &claims).await?;
+                    if inserted.len() != jobs.len() {
+                        return Err(Error::Internal("enqueue inserted fewer rows than asked"));
+                    }
+                    let mut out = EnqueueOutcome {
+                        results: jobs
+                            .iter()
+                            .map(|j| Enqueued {
+                                job_id: j.id,
+                                duplicate: false,
+                            })
+                            .collect(),
+                        ..Default::default()
+                    };
+                    let by_id: FastMap<Uuid, usize> =
+                        jobs.iter().enumerate().map(|(i, j)| (j.id.0, i)).collect();
+                    let mut wakes = Wakes::default();
+                    for row in inserted {
+                        row.into_outcome(&by_id, jobs, &mut wakes, &mut out.handed, self.cluster);
+                    }
+                    out.wakes = wakes.into_vec();
+                    Ok(out)
+                } else {
+                    let mut tx = sqlx::Connection::begin(c).await?;
+                    let mut out = self.enqueue_in(&mut tx, jobs, claims, new_queues).await?;
+                    for (source, idxs) in moving {
+                        self.dedup_elsewhere(&mut tx, source, jobs, idxs, &mut out)
+                            .await?;
+                    }
+                    tx.commit().await?;
+                    Ok(out)
+                }
+            })
+            .await?;
         c.done();
         Ok(out)
     }
@@ -670,12 +797,14 @@ impl Store {
             return Ok(());
         }
         let mut c = self.conns.acquire().await?;
-        sqlx::query!(
-            "select pg_notify(c, p) from unnest($1::text[], $2::text[]) as n(c, p)",
-            &channels,
-            &payloads,
-        )
-        .execute(&mut *c)
+        c.bounded(|c| {
+            sqlx::query!(
+                "select pg_notify(c, p) from unnest($1::text[], $2::text[]) as n(c, p)",
+                &channels,
+                &payloads,
+            )
+            .execute(c)
+        })
         .await?;
         c.done();
         Ok(())
@@ -687,7 +816,7 @@ impl Store {
     /// [`Store::lease_limited`].
     pub async fn lease(&self, wants: &[Want]) -> Result<LeaseOutcome> {
         let mut c = self.conns.acquire().await?;
-        let rows = self.lease_rows(&mut *c, wants, false).await?;
+        let rows = c.bounded(|c| self.lease_rows(c, wants, false)).await?;
         c.done();
         let mut out = LeaseOutcome::default();
         for row in rows {
@@ -785,8 +914,8 @@ impl Store {
         pairs.sort_unstable();
         let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = pairs.into_iter().unzip();
         let mut c = self.conns.acquire().await?;
-        let rows = sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens)
-            .fetch_all(&mut *c)
+        let rows = c
+            .bounded(|c| sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens).fetch_all(c))
             .await?;
         c.done();
         Ok(rows
@@ -806,18 +935,27 @@ impl Store {
         // In id order: fail.sql locks the rows in the order given.
         let mut reqs: Vec<&FailReq> = reqs.iter().collect();
         reqs.sort_unstable_by_key(|r| r.id.0);
+        let ids: Vec<Uuid> = reqs.iter().map(|r| r.id.0).collect();
+        let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        let errors: Vec<&str> = reqs.iter().map(|r| r.error.as_str()).collect();
+        let retry: Vec<Option<i64>> = reqs.iter().map(|r| r.retry_after_ms).collect();
+        let dead: Vec<bool> = reqs.iter().map(|r| r.dead_letter).collect();
+        let refund: Vec<bool> = reqs.iter().map(|r| r.refund).collect();
         let mut c = self.conns.acquire().await?;
-        let rows = sqlx::query_file!(
-            "src/store/sql/fail.sql",
-            &reqs.iter().map(|r| r.id.0).collect::<Vec<_>>(),
-            &reqs.iter().map(|r| r.token.0).collect::<Vec<_>>(),
-            reqs.iter().map(|r| r.error.as_str()).collect::<Vec<_>>() as Vec<&str>,
-            reqs.iter().map(|r| r.retry_after_ms).collect::<Vec<_>>() as Vec<Option<i64>>,
-            &reqs.iter().map(|r| r.dead_letter).collect::<Vec<_>>(),
-            &reqs.iter().map(|r| r.refund).collect::<Vec<_>>(),
-        )
-        .fetch_all(&mut *c)
-        .await?;
+        let rows = c
+            .bounded(|c| {
+                sqlx::query_file!(
+                    "src/store/sql/fail.sql",
+                    &ids,
+                    &tokens,
+                    &errors as &Vec<&str>,
+                    &retry as &Vec<Option<i64>>,
+                    &dead,
+                    &refund,
+                )
+                .fetch_all(c)
+            })
+            .await?;
         c.done();
         rows.into_iter()
             .map(|r| {
@@ -840,15 +978,15 @@ impl Store {
         // In id order: extend.sql locks the rows in the order given.
         let mut reqs: Vec<&ExtendReq> = reqs.iter().collect();
         reqs.sort_unstable_by_key(|r| r.job_id.0);
+        let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
+        let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        let lease_ms: Vec<i64> = reqs.iter().map(|r| r.lease_ms).collect();
         let mut c = self.conns.acquire().await?;
-        let rows = sqlx::query_file!(
-            "src/store/sql/extend.sql",
-            &reqs.iter().map(|r| r.job_id.0).collect::<Vec<_>>(),
-            &reqs.iter().map(|r| r.token.0).collect::<Vec<_>>(),
-            &reqs.iter().map(|r| r.lease_ms).collect::<Vec<_>>(),
-        )
-        .fetch_all(&mut *c)
-        .await?;
+        let rows = c
+            .bounded(|c| {
+                sqlx::query_file!("src/store/sql/extend.sql", &ids, &tokens, &lease_ms).fetch_all(c)
+            })
+            .await?;
         c.done();
         Ok(rows
             .into_iter()
@@ -869,11 +1007,17 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<(JobId, LeaseToken)>> {
         let only: Option<Vec<Uuid>> = only.map(|ids| ids.iter().map(|i| i.0).collect());
-        let mut tx = self.sweep_tx().await?;
-        let rows = sqlx::query_file!("src/store/sql/expired_leases.sql", only.as_deref(), limit)
-            .fetch_all(&mut *tx)
+        let rows = self
+            .on_pool(async {
+                let mut tx = self.sweep_tx().await?;
+                let rows =
+                    sqlx::query_file!("src/store/sql/expired_leases.sql", only.as_deref(), limit)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
             .await?;
-        tx.commit().await?;
         Ok(rows
             .into_iter()
             .map(|r| (JobId(r.id), LeaseToken(r.lease_token, self.cluster)))
@@ -883,11 +1027,17 @@ impl Store {
     /// Live leases of this broker on jobs enqueued more than `older_ms` ago
     /// (see unheard_leases.sql): the dispatcher keeps those its streams hold.
     pub async fn unheard_leases(&self, older_ms: i64) -> Result<Vec<(JobId, LeaseToken)>> {
-        let mut tx = self.sweep_tx().await?;
-        let rows = sqlx::query_file!("src/store/sql/unheard_leases.sql", self.broker_id, older_ms)
-            .fetch_all(&mut *tx)
+        let rows = self
+            .on_pool(async {
+                let mut tx = self.sweep_tx().await?;
+                let rows =
+                    sqlx::query_file!("src/store/sql/unheard_leases.sql", self.broker_id, older_ms)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
             .await?;
-        tx.commit().await?;
         Ok(rows
             .into_iter()
             .map(|r| (JobId(r.id), LeaseToken(r.lease_token, self.cluster)))
@@ -909,18 +1059,23 @@ impl Store {
     ) -> Result<(Vec<(JobId, LeaseToken)>, Vec<(JobId, i64)>)> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.0.0).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.1.0).collect();
-        let mut tx = self.sweep_tx().await?;
-        let expired = sqlx::query_file!(
-            "src/store/sql/expired_leases.sql",
-            Some(&ids[..]),
-            ids.len() as i64
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        let alive = sqlx::query_file!("src/store/sql/lease_status.sql", &ids, &tokens)
-            .fetch_all(&mut *tx)
+        let (expired, alive) = self
+            .on_pool(async {
+                let mut tx = self.sweep_tx().await?;
+                let expired = sqlx::query_file!(
+                    "src/store/sql/expired_leases.sql",
+                    Some(&ids[..]),
+                    ids.len() as i64
+                )
+                .fetch_all(&mut *tx)
+                .await?;
+                let alive = sqlx::query_file!("src/store/sql/lease_status.sql", &ids, &tokens)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((expired, alive))
+            })
             .await?;
-        tx.commit().await?;
         Ok((
             expired
                 .into_iter()
@@ -935,11 +1090,16 @@ impl Store {
 
     /// Dead-letters waiting jobs past their ttl; returns how many per queue.
     pub async fn expire_ttl(&self, limit: i64) -> Result<Vec<(String, u64)>> {
-        let mut tx = self.sweep_tx().await?;
-        let rows = sqlx::query_file!("src/store/sql/expire_ttl.sql", limit)
-            .fetch_all(&mut *tx)
+        let rows = self
+            .on_pool(async {
+                let mut tx = self.sweep_tx().await?;
+                let rows = sqlx::query_file!("src/store/sql/expire_ttl.sql", limit)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
             .await?;
-        tx.commit().await?;
         Ok(rows.into_iter().map(|r| (r.queue, r.n as u64)).collect())
     }
 
@@ -971,11 +1131,16 @@ impl Store {
     /// table (a sequential scan filtered on ctid) for every batch, however
     /// many records the retention kept (tests/plans.rs).
     pub async fn expire_completed(&self, limit: i64) -> Result<u64> {
-        let mut tx = self.sweep_tx().await?;
-        let done = sqlx::query_file!("src/store/sql/expire_completed.sql", limit)
-            .execute(&mut *tx)
+        let done = self
+            .on_pool(async {
+                let mut tx = self.sweep_tx().await?;
+                let done = sqlx::query_file!("src/store/sql/expire_completed.sql", limit)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(done)
+            })
             .await?;
-        tx.commit().await?;
         Ok(done.rows_affected())
     }
 
@@ -985,11 +1150,16 @@ impl Store {
     /// sorted them (tests/plans.rs); with them it reads jobs_scheduled.
     pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<Due>> {
         let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
-        let mut tx = self.sweep_tx().await?;
-        let rows = sqlx::query_file!("src/store/sql/next_due.sql", names as Vec<&str>)
-            .fetch_all(&mut *tx)
+        let rows = self
+            .on_pool(async {
+                let mut tx = self.sweep_tx().await?;
+                let rows = sqlx::query_file!("src/store/sql/next_due.sql", &names as &Vec<&str>)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
             .await?;
-        tx.commit().await?;
         rows.into_iter()
             .map(|r| {
                 let queue = QueueName::parse(&r.name).ok_or(Error::Internal("bad queue name"))?;
@@ -1002,12 +1172,57 @@ impl Store {
             .collect()
     }
 
-    /// A cheap liveness probe for health reporting.
+    /// A cheap liveness probe for health reporting: `select 1` on a
+    /// connection of the hot path's set, within [`conn::PING_TIMEOUT`]
+    /// (UNAVAILABLE past it). The hot path's, not the pool's: what clients
+    /// need is that set answering, and long admin or console statements on
+    /// the small pool must not make a healthy database look down.
+    ///
+    /// A connection the server closed while it sat in the set (a backend
+    /// terminated, a restart) fails at once without saying anything about
+    /// the server: it is closed and the probe tries again, three times at
+    /// most, on another connection or a new one.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query_scalar!("select 1")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(())
+        let probe = async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let mut c = self.conns.acquire().await?;
+                match c
+                    .bounded(|c| sqlx::query_scalar!("select 1").fetch_one(c))
+                    .await
+                {
+                    Ok(_) => {
+                        c.done();
+                        return Ok(());
+                    }
+                    Err(e) if tries >= 3 => return Err(e),
+                    Err(_) => {}
+                }
+            }
+        };
+        tokio::time::timeout(conn::PING_TIMEOUT, probe)
+            .await
+            .unwrap_or_else(|_| Err(conn::no_answer("the health probe", conn::PING_TIMEOUT)))
+    }
+
+    /// Runs `f`, statements on the sqlx pool, within the time to get a
+    /// connection plus the statement bound: a pool connection whose server
+    /// stopped answering must not hang the caller (the dispatcher's sweeps,
+    /// the reaper) for good. Past it `f` is dropped (its connection, given
+    /// back mid-statement, fails its check on release and is closed) and
+    /// the call fails with UNAVAILABLE.
+    pub(crate) async fn on_pool<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let Some(bound) = self.conns.bound() else {
+            return f.await;
+        };
+        let bound = bound + self.conns.acquire_timeout();
+        tokio::time::timeout(bound, f)
+            .await
+            .unwrap_or_else(|_| Err(conn::no_answer("a maintenance statement", bound)))
     }
 }
 
