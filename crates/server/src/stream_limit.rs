@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::conn_limit::CreditHold;
 use crate::error::{Error, Result};
 
 /// Counts open Subscribe streams against `--max-streams`.
@@ -54,10 +55,12 @@ impl StreamLimit {
     }
 }
 
-/// A response stream that holds a [`StreamLimit`] permit while it lives.
+/// A response stream that holds a [`StreamLimit`] permit while it lives
+/// (and a Subscribe stream its share of its connection's credit).
 pub struct Limited<S> {
     inner: S,
     _permit: OwnedSemaphorePermit,
+    _credit: Option<CreditHold>,
 }
 
 impl<S> Limited<S> {
@@ -65,7 +68,14 @@ impl<S> Limited<S> {
         Limited {
             inner,
             _permit: permit,
+            _credit: None,
         }
+    }
+
+    /// Holds `credit` of the connection's in-flight budget while it lives.
+    pub fn holding(mut self, credit: Option<CreditHold>) -> Limited<S> {
+        self._credit = credit;
+        self
     }
 }
 

@@ -37,12 +37,22 @@ use crate::domain::{AckReq, ExtendReq, MAX_IN_FLIGHT, NackReq, Subscription};
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
+use crate::conn_limit::RequestCharge;
+use crate::request_limit::StreamBudget;
 use crate::stream_limit::Limited;
 use crate::telemetry::{Settle, Traced, Traces};
 
 /// Settle results waiting to be sent, per stream. Bounded: a client that
 /// stops reading responses stops having its requests read.
 const RESULTS_BACKLOG: usize = 256;
+
+/// A settle result (or the error that ends the stream) on its way to the
+/// response, with the charge of the message it answers: the connection's
+/// request budget counts a message until its results are sent.
+type Outgoing = (
+    Result<pb::SettleResults, Status>,
+    Option<Arc<RequestCharge>>,
+);
 /// Settle tasks one stream may have under way; past it the stream's next
 /// request is read only when one finishes.
 const MAX_PENDING_SETTLES: usize = 1024;
@@ -82,6 +92,9 @@ pub(super) struct Opening {
     pub confirm: bool,
     /// Settles and credit the first message carried besides `subscribe`.
     pub rest: pb::ConsumeRequest,
+    /// What the stream holds of its connection's budgets (none until the
+    /// handler sets it).
+    pub budget: StreamBudget,
 }
 
 impl Opening {
@@ -97,6 +110,7 @@ impl Opening {
             sub,
             confirm: first.confirm_settles,
             rest: first,
+            budget: StreamBudget::default(),
         })
     }
 }
@@ -111,6 +125,7 @@ pub(super) fn start(
     opening: Opening,
     requests: Streaming<pb::ConsumeRequest>,
 ) -> ConsumeStream {
+    let mut budget = opening.budget;
     let (tx, rx) = mpsc::channel(RESULTS_BACKLOG);
     let ended = CancellationToken::new();
     let held = Arc::new(Held::default());
@@ -125,6 +140,8 @@ pub(super) fn start(
         results: tx,
         settles: JoinSet::new(),
         ended: ended.clone(),
+        charge: budget.opening(),
+        budget,
     };
     tokio::spawn(reader.run(opening.rest, requests));
     ConsumeStream {
@@ -148,24 +165,32 @@ struct Reader {
     /// What the stream holds (shared with the response).
     held: Arc<Held>,
     /// To the response stream: settle results, or the error that ends it.
-    results: mpsc::Sender<Result<pb::SettleResults, Status>>,
+    results: mpsc::Sender<Outgoing>,
     /// Settles under way (their results go to `results` when done).
     settles: JoinSet<()>,
     /// Cancelled by the response when the dispatcher ended the stream (a
     /// drain): read no more, finish the settles under way, and end.
     ended: CancellationToken,
+    /// The connection's budgets: room for the next message, its charge,
+    /// the stream's credit (`crate::conn_limit`).
+    budget: StreamBudget,
+    /// The charge of the message being applied; its settles hold it until
+    /// their results are sent.
+    charge: Option<Arc<RequestCharge>>,
 }
 
 impl Reader {
     async fn run(mut self, first: pb::ConsumeRequest, mut requests: Streaming<pb::ConsumeRequest>) {
         let mut next = Some(first);
         loop {
-            if let Some(msg) = next.take()
-                && let Err(e) = self.apply(msg)
-            {
-                // The stream cannot go on: end it with this status.
-                let _ = self.results.send(Err(e.into())).await;
-                return;
+            if let Some(msg) = next.take() {
+                let applied = self.apply(msg);
+                self.charge = None;
+                if let Err(e) = applied {
+                    // The stream cannot go on: end it with this status.
+                    let _ = self.results.send((Err(e.into()), None)).await;
+                    return;
+                }
             }
             while self.settles.len() >= MAX_PENDING_SETTLES {
                 self.settles.join_next().await;
@@ -178,13 +203,25 @@ impl Reader {
                     while self.settles.join_next().await.is_some() {}
                     return;
                 }
-                msg = requests.message() => match msg {
-                    Ok(Some(msg)) => next = Some(msg),
+                // The next message once the connection has room for it.
+                msg = async {
+                    self.budget.room().await;
+                    requests.message().await
+                } => match msg {
+                    Ok(Some(msg)) => {
+                        self.charge = self.budget.next();
+                        next = Some(msg);
+                    }
                     // Half-close: finish what was sent, then end the stream.
                     Ok(None) => break,
-                    // The client is gone (reset, connection lost): the
-                    // response is dropped too, which releases the jobs.
-                    Err(_) => return,
+                    // A message past a limit: the stream ends with its
+                    // status. Or the client is gone (reset, connection
+                    // lost): then the response is gone too (the send fails
+                    // at once), and dropping it releases the jobs.
+                    Err(status) => {
+                        let _ = self.results.send((Err(status), None)).await;
+                        return;
+                    }
                 },
                 // Reap finished settles as they go.
                 Some(_) = self.settles.join_next(), if !self.settles.is_empty() => {}
@@ -214,6 +251,7 @@ impl Reader {
                     format!("must be 1 to {MAX_IN_FLIGHT} (0 leaves the credit as it is)"),
                 ));
             }
+            self.budget.raise_credit(msg.max_in_flight)?;
             self.broker
                 .dispatcher()
                 .set_credit(self.id, msg.max_in_flight);
@@ -245,7 +283,9 @@ impl Reader {
             .iter()
             .map(|i| failure(key(i), op, e.clone()))
             .collect();
-        let _ = self.results.try_send(Ok(pb::SettleResults { results }));
+        let _ = self
+            .results
+            .try_send((Ok(pb::SettleResults { results }), self.charge.clone()));
         true
     }
 
@@ -298,6 +338,7 @@ impl Reader {
         }
         let held = self.held.clone();
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+        let charge = self.charge.clone();
         let spans = self.traces.settles(
             "Consume",
             Settle::Ack,
@@ -337,7 +378,7 @@ impl Reader {
                     ),
                 }
             }
-            send(&tx, results).await;
+            send(&tx, results, charge).await;
         });
     }
 
@@ -352,7 +393,7 @@ impl Reader {
         for (i, n) in nacks.into_iter().enumerate() {
             let (id, token) = (n.job_id.clone(), n.lease_token.clone());
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
-            let traces = self.traces.clone();
+            let (traces, charge) = (self.traces.clone(), self.charge.clone());
             let parsed = NackReq::parse(n);
             if parsed.is_ok() {
                 self.held.settled.fetch_add(1, Ordering::Relaxed);
@@ -373,7 +414,7 @@ impl Reader {
                         Err(e) => Some(failure((&id, &token), SettleOp::Nack, e)),
                     },
                 };
-                send(&tx, result.into_iter().collect()).await;
+                send(&tx, result.into_iter().collect(), charge).await;
             });
         }
     }
@@ -388,7 +429,7 @@ impl Reader {
         }
         for (i, x) in extends.into_iter().enumerate() {
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
-            let traces = self.traces.clone();
+            let (traces, charge) = (self.traces.clone(), self.charge.clone());
             self.settles.spawn(async move {
                 let result = match ExtendReq::parse(&x) {
                     Err(e) => Some(failure(
@@ -405,7 +446,7 @@ impl Reader {
                         Err(e) => Some(failure((&x.job_id, &x.lease_token), SettleOp::Extend, e)),
                     },
                 };
-                send(&tx, result.into_iter().collect()).await;
+                send(&tx, result.into_iter().collect(), charge).await;
             });
         }
     }
@@ -459,11 +500,12 @@ fn failure((job_id, token): Sent<'_>, op: SettleOp, e: Error) -> pb::SettleResul
 }
 
 async fn send(
-    tx: &mpsc::Sender<Result<pb::SettleResults, Status>>,
+    tx: &mpsc::Sender<Outgoing>,
     results: Vec<pb::SettleResult>,
+    charge: Option<Arc<RequestCharge>>,
 ) {
     if !results.is_empty() {
-        let _ = tx.send(Ok(pb::SettleResults { results })).await;
+        let _ = tx.send((Ok(pb::SettleResults { results }), charge)).await;
     }
 }
 
@@ -472,7 +514,7 @@ async fn send(
 pub struct ConsumeStream {
     /// None once the dispatcher ended the stream (closed or drained).
     deliveries: Option<DeliveryStream>,
-    results: mpsc::Receiver<Result<pb::SettleResults, Status>>,
+    results: mpsc::Receiver<Outgoing>,
     /// The status the dispatcher ended the stream with, sent once the
     /// reader has reported the settles it had under way.
     ending: Option<Status>,
@@ -513,10 +555,12 @@ impl Stream for ConsumeStream {
             }
         }
         match this.results.poll_recv(cx) {
-            Poll::Ready(Some(Ok(results))) => Poll::Ready(Some(Ok(pb::ConsumeResponse {
-                kind: Some(Kind::Settled(results)),
-            }))),
-            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
+            Poll::Ready(Some((Ok(results), _charge))) => {
+                Poll::Ready(Some(Ok(pb::ConsumeResponse {
+                    kind: Some(Kind::Settled(results)),
+                })))
+            }
+            Poll::Ready(Some((Err(status), _))) => Poll::Ready(Some(Err(status))),
             // The reader is done; end once the deliveries have ended too.
             Poll::Ready(None) if this.deliveries.is_none() => {
                 Poll::Ready(this.ending.take().map(Err))
