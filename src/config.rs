@@ -298,6 +298,15 @@ pub struct SecurityArgs {
         default_value_t = defaults().security.max_request_bytes_per_connection
     )]
     pub max_request_bytes_per_connection: usize,
+    /// Most Subscribe and Consume streams open at once on one connection;
+    /// beyond it one fails with RESOURCE_EXHAUSTED (open it on another
+    /// connection).
+    #[arg(
+        long,
+        env = "LEASEQ_MAX_SUBSCRIPTIONS_PER_CONNECTION",
+        default_value_t = defaults().security.max_subscriptions_per_connection
+    )]
+    pub max_subscriptions_per_connection: usize,
     /// Most credit (max_in_flight) of all the Subscribe and Consume streams
     /// open on one connection, i.e. the deliveries they may hold; a stream
     /// that would pass it fails with RESOURCE_EXHAUSTED.
@@ -374,6 +383,7 @@ impl ServeArgs {
                 concurrency_limit_per_connection: s.concurrency_limit_per_connection,
                 max_connections: s.max_connections,
                 max_request_bytes_per_connection: s.max_request_bytes_per_connection,
+                max_subscriptions_per_connection: s.max_subscriptions_per_connection,
                 max_in_flight_per_connection: s.max_in_flight_per_connection,
             },
             otlp: self.otlp(|k| std::env::var(k).ok()),

@@ -124,6 +124,8 @@ pub struct SecurityConfig {
     /// answered); a message past it fails its call with RESOURCE_EXHAUSTED.
     /// At least `max_message_bytes`.
     pub max_request_bytes_per_connection: usize,
+    /// Subscribe and Consume streams open at once on one connection.
+    pub max_subscriptions_per_connection: usize,
     /// Total credit (max_in_flight) of the Subscribe and Consume streams
     /// open on one connection: the deliveries they may hold.
     pub max_in_flight_per_connection: u32,
@@ -188,10 +190,11 @@ impl Default for SecurityConfig {
             tls_client_ca: None,
             auth_file: None,
             max_streams: 10_000,
-            max_streams_per_connection: 2000,
+            max_streams_per_connection: 256,
             concurrency_limit_per_connection: None,
             max_connections: 1000,
             max_request_bytes_per_connection: 16 * 1024 * 1024,
+            max_subscriptions_per_connection: 100,
             max_in_flight_per_connection: 20_000,
         }
     }

@@ -9,9 +9,9 @@
 //! - the bytes of request messages under way on the connection (being
 //!   received, decoded, handled, or, for a Consume stream's settles, until
 //!   their results are sent): `--max-request-bytes-per-connection`;
-//! - the credit of its Subscribe and Consume streams, the deliveries the
-//!   dispatcher may push to them before they are settled:
-//!   `--max-in-flight-per-connection`.
+//! - its Subscribe and Consume streams, `--max-subscriptions-per-connection`,
+//!   and their credit, the deliveries the dispatcher may push to them before
+//!   they are settled: `--max-in-flight-per-connection`.
 //!
 //! A connection past `--max-connections` is not dropped at once: it is
 //! served just long enough ([`REFUSED_LIFETIME`]) for its calls to be
@@ -43,13 +43,14 @@ use crate::error::{Error, Result};
 /// answered RESOURCE_EXHAUSTED) before it is closed.
 pub const REFUSED_LIFETIME: Duration = Duration::from_secs(2);
 /// Connections over `--max-connections` served at once to be refused.
-pub const MAX_REFUSING: usize = 64;
+pub const MAX_REFUSING: usize = 16;
 
 /// The caps [`Conn`] enforces (from [`crate::config::SecurityConfig`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnCaps {
     pub max_connections: usize,
     pub max_request_bytes: usize,
+    pub max_subscriptions: usize,
     pub max_in_flight: u64,
 }
 
@@ -60,6 +61,7 @@ pub struct Conn {
     /// call but health checks is refused.
     refused: Option<usize>,
     requests: Budget,
+    subscriptions: Budget,
     credit: Budget,
 }
 
@@ -68,6 +70,7 @@ impl Conn {
         Arc::new(Conn {
             refused: None,
             requests: Budget::new(caps.max_request_bytes as u64),
+            subscriptions: Budget::new(caps.max_subscriptions as u64),
             credit: Budget::new(caps.max_in_flight),
         })
     }
@@ -76,6 +79,7 @@ impl Conn {
         Arc::new(Conn {
             refused: Some(max_connections),
             requests: Budget::new(0),
+            subscriptions: Budget::new(0),
             credit: Budget::new(0),
         })
     }
@@ -134,10 +138,21 @@ impl Conn {
         self.requests.used()
     }
 
-    /// A hold on `credit` of the connection's in-flight budget for one
-    /// stream, or RESOURCE_EXHAUSTED naming `--max-in-flight-per-connection`.
-    pub fn hold_credit(self: &Arc<Self>, credit: u32) -> Result<CreditHold> {
-        let hold = CreditHold {
+    /// A place for one more Subscribe or Consume stream, with `credit` of
+    /// the connection's in-flight budget; or RESOURCE_EXHAUSTED naming
+    /// `--max-subscriptions-per-connection` or
+    /// `--max-in-flight-per-connection`.
+    pub fn open_stream(self: &Arc<Self>, credit: u32) -> Result<StreamHold> {
+        if !self.subscriptions.try_take(1) {
+            return Err(Error::LimitReached {
+                limit: "max-subscriptions-per-connection",
+                what: format!(
+                    "this connection already has its limit of {} Subscribe and Consume streams open; open more on another connection",
+                    self.subscriptions.max
+                ),
+            });
+        }
+        let hold = StreamHold {
             conn: self.clone(),
             held: AtomicU64::new(0),
         };
@@ -196,17 +211,18 @@ impl Drop for RequestCharge {
     }
 }
 
-/// One stream's share of its connection's `--max-in-flight-per-connection`:
-/// the highest credit the stream has asked for while it is open (lowering
-/// a stream's credit does not free room: the deliveries it already holds
-/// stay until settled). Given back when dropped.
+/// One stream's place under `--max-subscriptions-per-connection`, and its
+/// share of `--max-in-flight-per-connection`: the highest credit the stream
+/// has asked for while it is open (lowering a stream's credit does not free
+/// room: the deliveries it already holds stay until settled). Given back
+/// when dropped.
 #[derive(Debug)]
-pub struct CreditHold {
+pub struct StreamHold {
     conn: Arc<Conn>,
     held: AtomicU64,
 }
 
-impl CreditHold {
+impl StreamHold {
     /// The stream's credit becomes `credit`: holds more if that is more
     /// than it holds, or RESOURCE_EXHAUSTED naming the limit (and holds what
     /// it held).
@@ -232,9 +248,10 @@ impl CreditHold {
     }
 }
 
-impl Drop for CreditHold {
+impl Drop for StreamHold {
     fn drop(&mut self) {
         self.conn.credit.give(*self.held.get_mut());
+        self.conn.subscriptions.give(1);
     }
 }
 

@@ -34,7 +34,7 @@ use tonic::Status;
 use tonic::body::Body;
 
 use crate::config::Config;
-use crate::conn_limit::{Conn, ConnInfo, CreditHold, RequestCharge};
+use crate::conn_limit::{Conn, ConnInfo, RequestCharge, StreamHold};
 use crate::domain::{
     MAX_DEDUP_KEY_LEN, MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS,
     MAX_QUEUE_LEN,
@@ -71,8 +71,7 @@ pub fn check_settings(cfg: &Config) -> anyhow::Result<()> {
         r.max_payload_bytes,
     );
     anyhow::ensure!(
-        r.max_batch_jobs >= 1
-            && r.max_batch_jobs.saturating_mul(ACK_BYTES) <= r.max_message_bytes,
+        r.max_batch_jobs >= 1 && r.max_batch_jobs.saturating_mul(ACK_BYTES) <= r.max_message_bytes,
         "--max-batch-jobs ({}) must be at least 1, and an AckBatch of that many acks ({ACK_BYTES} bytes each) must fit in --max-message-bytes ({})",
         r.max_batch_jobs,
         r.max_message_bytes,
@@ -86,6 +85,10 @@ pub fn check_settings(cfg: &Config) -> anyhow::Result<()> {
     anyhow::ensure!(
         s.max_connections >= 1,
         "--max-connections must be at least 1"
+    );
+    anyhow::ensure!(
+        s.max_subscriptions_per_connection >= 1,
+        "--max-subscriptions-per-connection must be at least 1"
     );
     anyhow::ensure!(
         s.max_in_flight_per_connection >= 1,
@@ -353,11 +356,11 @@ impl HttpBody for Metered {
 }
 
 /// What a Consume stream holds of its connection's budgets, for its reader:
-/// the charges of its messages and its share of the connection's credit.
+/// the charges of its messages, its place and its credit.
 #[derive(Default)]
 pub struct StreamBudget {
     charges: Option<CallCharges>,
-    credit: Option<CreditHold>,
+    hold: Option<StreamHold>,
     /// The opening message's charge, held until its settles are answered.
     opening: Option<RequestCharge>,
 }
@@ -365,12 +368,12 @@ pub struct StreamBudget {
 impl StreamBudget {
     pub fn new(
         charges: Option<CallCharges>,
-        credit: Option<CreditHold>,
+        hold: Option<StreamHold>,
         opening: Option<RequestCharge>,
     ) -> StreamBudget {
         StreamBudget {
             charges,
-            credit,
+            hold,
             opening,
         }
     }
@@ -389,15 +392,138 @@ impl StreamBudget {
 
     /// The charge of the message just read.
     pub fn next(&self) -> Option<Arc<RequestCharge>> {
-        self.charges.as_ref().and_then(CallCharges::take).map(Arc::new)
+        self.charges
+            .as_ref()
+            .and_then(CallCharges::take)
+            .map(Arc::new)
     }
 
     /// The stream's credit becomes `credit`, or RESOURCE_EXHAUSTED naming
     /// `--max-in-flight-per-connection`.
     pub fn raise_credit(&self, credit: u32) -> crate::error::Result<()> {
-        match &self.credit {
+        match &self.hold {
             Some(hold) => hold.raise(credit),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb;
+    use prost::Message;
+
+    /// A job with every field at its largest and no payload.
+    fn largest_job() -> pb::EnqueueRequest {
+        let big = prost_types::Duration {
+            seconds: i64::MIN,
+            nanos: i32::MIN,
+        };
+        pb::EnqueueRequest {
+            queue: "q".repeat(MAX_QUEUE_LEN),
+            payload: Vec::new(),
+            headers: (0..MAX_HEADERS)
+                .map(|i| {
+                    let key = format!("{i:0>width$}", width = MAX_HEADER_KEY_LEN);
+                    (key, "v".repeat(MAX_HEADER_VALUE_LEN))
+                })
+                .collect(),
+            priority: i32::MIN,
+            delay: Some(big),
+            run_at: Some(prost_types::Timestamp {
+                seconds: i64::MIN,
+                nanos: i32::MIN,
+            }),
+            dedup_key: "d".repeat(MAX_DEDUP_KEY_LEN),
+            max_attempts: i32::MIN,
+            ttl: Some(big),
+        }
+    }
+
+    #[test]
+    fn the_overheads_bound_the_largest_job_both_ways() {
+        let job = largest_job();
+        let batch = pb::EnqueueBatchRequest {
+            jobs: vec![job.clone()],
+        };
+        assert!(
+            batch.encoded_len() <= JOB_OVERHEAD,
+            "{} > {JOB_OVERHEAD}",
+            batch.encoded_len()
+        );
+        let delivery = pb::ConsumeResponse {
+            kind: Some(pb::consume_response::Kind::Delivery(pb::Delivery {
+                job: Some(pb::Job {
+                    id: uuid::Uuid::now_v7().to_string(),
+                    queue: job.queue,
+                    payload: Vec::new(),
+                    headers: job.headers,
+                    priority: i32::MIN,
+                    attempt: i32::MIN,
+                    enqueued_at: Some(prost_types::Timestamp {
+                        seconds: i64::MIN,
+                        nanos: i32::MIN,
+                    }),
+                    last_error: "e".repeat(MAX_ERROR_LEN),
+                }),
+                lease_token: uuid::Uuid::new_v4().to_string(),
+                lease_expires_at: Some(prost_types::Timestamp {
+                    seconds: i64::MIN,
+                    nanos: i32::MIN,
+                }),
+            })),
+        };
+        assert!(
+            delivery.encoded_len() <= DELIVERY_OVERHEAD,
+            "{} > {DELIVERY_OVERHEAD}",
+            delivery.encoded_len()
+        );
+        // The figure --help, README and docs/SECURITY.md give.
+        assert_eq!(DELIVERY_OVERHEAD, 1_132_672);
+        let ack = pb::AckRequest {
+            job_id: uuid::Uuid::now_v7().to_string(),
+            lease_token: uuid::Uuid::new_v4().to_string(),
+        };
+        let acks = pb::AckBatchRequest {
+            acks: vec![ack; 1000],
+        };
+        assert!(acks.encoded_len() <= 1000 * ACK_BYTES);
+    }
+
+    #[test]
+    fn the_settings_must_agree() {
+        let ok = Config::default();
+        check_settings(&ok).expect("the defaults agree");
+        let err = |f: fn(&mut Config)| {
+            let mut c = Config::default();
+            f(&mut c);
+            check_settings(&c).unwrap_err().to_string()
+        };
+        let e = err(|c| c.request_limits.max_message_bytes = 2 * 1024 * 1024);
+        assert!(
+            e.contains("--max-message-bytes (2097152)")
+                && e.contains("--max-payload-bytes (1048576)")
+                && e.contains("2181248"),
+            "{e}"
+        );
+        let e = err(|c| c.request_limits.max_batch_jobs = 100_000);
+        assert!(e.contains("--max-batch-jobs (100000)"), "{e}");
+        let e = err(|c| c.request_limits.max_batch_jobs = 0);
+        assert!(e.contains("--max-batch-jobs (0)"), "{e}");
+        let e = err(|c| c.security.max_request_bytes_per_connection = 1024);
+        assert!(
+            e.contains("--max-request-bytes-per-connection (1024)")
+                && e.contains("--max-message-bytes (4194304)"),
+            "{e}"
+        );
+        let e = err(|c| c.security.max_connections = 0);
+        assert!(e.contains("--max-connections"), "{e}");
+        let e = err(|c| c.security.max_in_flight_per_connection = 0);
+        assert!(e.contains("--max-in-flight-per-connection"), "{e}");
+        // The smallest message that fits the default payload is accepted.
+        let mut c = Config::default();
+        c.request_limits.max_message_bytes = 1024 * 1024 + DELIVERY_OVERHEAD;
+        check_settings(&c).expect("exactly the least");
     }
 }

@@ -15,9 +15,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::{Router, TcpIncoming};
-use tower_layer::{Identity, Stack};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+use tower_layer::{Identity, Stack};
 use tracing::{info, warn};
 
 use crate::api::admin::AdminApi;
@@ -271,6 +271,7 @@ impl Server {
             ConnCaps {
                 max_connections: self.cfg.security.max_connections,
                 max_request_bytes: self.cfg.security.max_request_bytes_per_connection,
+                max_subscriptions: self.cfg.security.max_subscriptions_per_connection,
                 max_in_flight: self.cfg.security.max_in_flight_per_connection.into(),
             },
         );

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::conn_limit::CreditHold;
+use crate::conn_limit::StreamHold;
 use crate::error::{Error, Result};
 
 /// Counts open Subscribe streams against `--max-streams`.
@@ -56,11 +56,11 @@ impl StreamLimit {
 }
 
 /// A response stream that holds a [`StreamLimit`] permit while it lives
-/// (and a Subscribe stream its share of its connection's credit).
+/// (and a Subscribe stream its place and credit on its connection).
 pub struct Limited<S> {
     inner: S,
     _permit: OwnedSemaphorePermit,
-    _credit: Option<CreditHold>,
+    _hold: Option<StreamHold>,
 }
 
 impl<S> Limited<S> {
@@ -68,13 +68,13 @@ impl<S> Limited<S> {
         Limited {
             inner,
             _permit: permit,
-            _credit: None,
+            _hold: None,
         }
     }
 
-    /// Holds `credit` of the connection's in-flight budget while it lives.
-    pub fn holding(mut self, credit: Option<CreditHold>) -> Limited<S> {
-        self._credit = credit;
+    /// Holds the stream's place and credit on its connection while it lives.
+    pub fn holding(mut self, hold: Option<StreamHold>) -> Limited<S> {
+        self._hold = hold;
         self
     }
 }

@@ -32,12 +32,12 @@ use tonic::{Status, Streaming};
 
 use crate::broker::Broker;
 use crate::config::RequestLimits;
+use crate::conn_limit::RequestCharge;
 use crate::dispatch::{DeliveryStream, Event, StreamId};
 use crate::domain::{AckReq, ExtendReq, MAX_IN_FLIGHT, NackReq, Subscription};
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
-use crate::conn_limit::RequestCharge;
 use crate::request_limit::StreamBudget;
 use crate::stream_limit::Limited;
 use crate::telemetry::{Settle, Traced, Traces};

@@ -148,11 +148,11 @@ impl QueueService for QueueApi {
         let conn = ConnInfo::of(request.extensions());
         let sub = Subscription::parse(request.into_inner())?;
         who.require(Action::Consume, &sub.queues)?;
-        let credit = conn.map(|c| c.hold_credit(sub.max_in_flight)).transpose()?;
+        let hold = conn.map(|c| c.open_stream(sub.max_in_flight)).transpose()?;
         let permit = self.streams.acquire()?;
         let stream = self.broker.subscribe(sub).await?;
         let stream = Traced::new(stream, self.traces.clone(), "Subscribe");
-        Ok(Response::new(Limited::new(stream, permit).holding(credit)))
+        Ok(Response::new(Limited::new(stream, permit).holding(hold)))
     }
 
     #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -266,10 +266,10 @@ impl QueueService for QueueApi {
         let charge = charges.as_ref().and_then(CallCharges::take);
         let mut opening = super::consume::Opening::parse(first)?;
         who.require(Action::Consume, &opening.sub.queues)?;
-        let credit = conn
-            .map(|c| c.hold_credit(opening.sub.max_in_flight))
+        let hold = conn
+            .map(|c| c.open_stream(opening.sub.max_in_flight))
             .transpose()?;
-        opening.budget = StreamBudget::new(charges, credit, charge);
+        opening.budget = StreamBudget::new(charges, hold, charge);
         let permit = self.streams.acquire()?;
         let (id, deliveries) = self.broker.consume(opening.sub.clone()).await?;
         let stream = super::consume::start(
