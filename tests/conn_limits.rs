@@ -948,3 +948,45 @@ async fn a_hostile_client_cannot_grow_the_brokers_memory_past_its_limits() {
     let d = next_delivery(&mut good, Duration::from_secs(10)).await;
     assert_eq!(id_of(&d), id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_refuses_limits_that_disagree() {
+    // Checked before PostgreSQL is reached (there is none at this address).
+    let refused = |extra: &'static [&'static str]| async move {
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+                .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(["--database-url", "postgres://127.0.0.1:1/none"])
+                .args(extra)
+                .env("RUST_LOG", "error")
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("serve exits within 30s")
+        .expect("run leaseq");
+        assert!(!out.status.success(), "serve {extra:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = refused(&["--max-message-bytes", "2097152"]).await;
+    assert!(
+        e.contains(
+            "--max-message-bytes (2097152) must be at least --max-payload-bytes (1048576) + 1132672"
+        ),
+        "{e}"
+    );
+    let e = refused(&[
+        "--max-message-bytes",
+        "8388608",
+        "--max-request-bytes-per-connection",
+        "4194304",
+    ])
+    .await;
+    assert!(
+        e.contains("--max-request-bytes-per-connection (4194304) must be at least --max-message-bytes (8388608)"),
+        "{e}"
+    );
+    let e = refused(&["--max-in-flight-per-connection", "0"]).await;
+    assert!(e.contains("--max-in-flight-per-connection"), "{e}");
+}

@@ -422,3 +422,97 @@ impl Stream for Admission {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(max_request_bytes: usize, max_subscriptions: usize, max_in_flight: u64) -> Arc<Conn> {
+        Conn::new(&ConnCaps {
+            max_connections: 1,
+            max_request_bytes,
+            max_subscriptions,
+            max_in_flight,
+        })
+    }
+
+    fn limit(e: Error) -> &'static str {
+        match e {
+            Error::LimitReached { limit, .. } => limit,
+            other => panic!("not a limit: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn request_charges_are_given_back_when_dropped() {
+        let c = conn(100, 1, 1);
+        let a = c.charge_request(60).expect("fits");
+        let b = c.charge_request(40).expect("fits exactly");
+        assert_eq!(c.request_bytes(), 100);
+        let e = c.charge_request(1).unwrap_err();
+        assert_eq!(limit(e), "max-request-bytes-per-connection");
+        drop(a);
+        assert_eq!(c.request_bytes(), 40);
+        let _c = c.charge_request(60).expect("room again");
+        drop(b);
+        assert_eq!(c.request_bytes(), 60);
+    }
+
+    #[tokio::test]
+    async fn room_waits_for_a_charge_to_be_given_back() {
+        let c = conn(100, 1, 1);
+        let held = c.charge_request(80).expect("fits");
+        let waiter = {
+            let c = c.clone();
+            tokio::spawn(async move { c.request_room(30).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "room while 80 of 100 are held");
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("room once given back")
+            .unwrap();
+        // A message that could never fit does not wait forever.
+        c.request_room(1000).await;
+    }
+
+    #[test]
+    fn a_stream_holds_its_highest_credit_and_its_place_until_dropped() {
+        let c = conn(1, 2, 100);
+        let a = c.open_stream(60).expect("fits");
+        let e = c.open_stream(41).unwrap_err();
+        assert_eq!(limit(e), "max-in-flight-per-connection");
+        // Lowering frees nothing; raising within the limit takes more.
+        a.raise(10).expect("lower");
+        let e = c.open_stream(41).unwrap_err();
+        assert_eq!(limit(e), "max-in-flight-per-connection");
+        a.raise(70).expect("raise within");
+        let e = a.raise(101).unwrap_err();
+        assert_eq!(limit(e), "max-in-flight-per-connection");
+        let b = c.open_stream(30).expect("the rest");
+        // The place is taken back when a stream is refused its credit: two
+        // places, two streams open.
+        let e = c.open_stream(1).unwrap_err();
+        assert_eq!(limit(e), "max-subscriptions-per-connection");
+        drop(a);
+        let _c = c.open_stream(70).expect("room again");
+        drop(b);
+        let _d = c.open_stream(30).expect("and again");
+    }
+
+    #[test]
+    fn only_a_connection_over_the_cap_is_refused() {
+        let caps = ConnCaps {
+            max_connections: 3,
+            max_request_bytes: 1,
+            max_subscriptions: 1,
+            max_in_flight: 1,
+        };
+        Conn::new(&caps).check_admitted().expect("admitted");
+        let e = Conn::refused(3).check_admitted().unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(limit(e), "max-connections");
+        assert!(msg.contains("limit of 3 client connections"), "{msg}");
+    }
+}
