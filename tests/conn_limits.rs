@@ -682,13 +682,14 @@ impl Settings {
     /// connections may make the broker hold, when the largest delivery
     /// among the queues' jobs is `delivery` bytes: per connection, its
     /// requests (REQUEST_FACTOR x the request budget), its deliveries
-    /// (credit x delivery), its Subscribe and Consume streams' responses
-    /// (RESPONSE_BYTES and one message each), its calls (STREAM_BYTES each)
-    /// and CONNECTION_BYTES; and MAX_REFUSING connections being refused.
+    /// (credit x delivery), its Subscribe and Consume streams (each
+    /// RESPONSE_BYTES, one response message, and a receive buffer the size
+    /// of its largest request message), its calls (STREAM_BYTES each) and
+    /// CONNECTION_BYTES; and MAX_REFUSING connections being refused.
     fn bound(&self, clients: usize, delivery: usize) -> u64 {
         let per_connection = REQUEST_FACTOR * self.requests
             + self.credit as usize * delivery
-            + self.subscriptions * (RESPONSE_BYTES + self.message.max(delivery))
+            + self.subscriptions * (RESPONSE_BYTES + self.message.max(delivery) + self.message)
             + self.streams_per_connection * STREAM_BYTES
             + CONNECTION_BYTES;
         let refusing = leaseq_server::conn_limit::MAX_REFUSING
