@@ -45,6 +45,13 @@ use crate::telemetry::{Settle, Traced, Traces};
 /// Settle results waiting to be sent, per stream. Bounded: a client that
 /// stops reading responses stops having its requests read.
 const RESULTS_BACKLOG: usize = 256;
+/// Settle tasks one stream may have under way; past it the stream's next
+/// request is read only when one finishes.
+const MAX_PENDING_SETTLES: usize = 1024;
+/// An ack's credit goes back to the dispatcher as the ack arrives once the
+/// stream's acks not yet committed hold 1/EARLY_CREDIT_SHARE of its credit
+/// (`Reader::acks`; docs/BENCHMARKS.md, "Credit back when the ack arrives").
+const EARLY_CREDIT_SHARE: u64 = 16;
 
 /// A settle result (or the error that ends the stream) on its way to the
 /// response, with the charge of the message it answers: the connection's
@@ -53,13 +60,6 @@ type Outgoing = (
     Result<pb::SettleResults, Status>,
     Option<Arc<RequestCharge>>,
 );
-/// Settle tasks one stream may have under way; past it the stream's next
-/// request is read only when one finishes.
-const MAX_PENDING_SETTLES: usize = 1024;
-/// An ack's credit goes back to the dispatcher as the ack arrives once the
-/// stream's acks not yet committed hold 1/EARLY_CREDIT_SHARE of its credit
-/// (`Reader::acks`; docs/BENCHMARKS.md, "Credit back when the ack arrives").
-const EARLY_CREDIT_SHARE: u64 = 16;
 
 /// How many jobs a stream has been sent and how many of them its client has
 /// settled on it since: what the stream holds, as the reader can tell it.
