@@ -12,8 +12,13 @@
 //! When the client half-closes, the stream takes no new jobs, every settle
 //! it sent is finished (and reported), then its unsettled jobs are released
 //! and the response ends with OK. A request the stream cannot go on after (a
-//! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT;
-//! its unsettled jobs are released as when any stream closes. When the
+//! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT,
+//! and one past a limit (`--max-message-bytes`, the connection's request
+//! bytes or credit: `crate::conn_limit`) with RESOURCE_EXHAUSTED; its
+//! unsettled jobs are released as when any stream closes. Each message's
+//! charge on its connection's request budget is held by its settles until
+//! their results are handed to the response, and the next message is read
+//! only once the connection has room for one of the largest size. When the
 //! dispatcher ends the stream (a drain), no more requests are read, and the
 //! settles already under way are finished and reported before the response
 //! ends with the dispatcher's status, as a unary Ack in flight during a
