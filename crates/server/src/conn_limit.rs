@@ -54,6 +54,17 @@ pub struct ConnCaps {
     pub max_in_flight: u64,
 }
 
+impl ConnCaps {
+    pub fn of(s: &crate::config::SecurityConfig) -> ConnCaps {
+        ConnCaps {
+            max_connections: s.max_connections,
+            max_request_bytes: s.max_request_bytes_per_connection,
+            max_subscriptions: s.max_subscriptions_per_connection,
+            max_in_flight: s.max_in_flight_per_connection.into(),
+        }
+    }
+}
+
 /// One connection's budgets.
 #[derive(Debug)]
 pub struct Conn {

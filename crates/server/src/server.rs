@@ -266,14 +266,10 @@ impl Server {
         let addr = listener.local_addr()?;
         let stop_server = CancellationToken::new();
         let router = self.router()?;
+        // --max-connections and each connection's budgets (conn_limit.rs).
         let incoming = Admission::new(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
-            ConnCaps {
-                max_connections: self.cfg.security.max_connections,
-                max_request_bytes: self.cfg.security.max_request_bytes_per_connection,
-                max_subscriptions: self.cfg.security.max_subscriptions_per_connection,
-                max_in_flight: self.cfg.security.max_in_flight_per_connection.into(),
-            },
+            ConnCaps::of(&self.cfg.security),
         );
         let mut server = tokio::spawn(
             router.serve_with_incoming_shutdown(incoming, stop_server.clone().cancelled_owned()),
