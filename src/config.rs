@@ -216,7 +216,11 @@ pub struct ServeArgs {
     /// Most jobs in one EnqueueBatch (and acks in one AckBatch).
     #[arg(long, env = "LEASEQ_MAX_BATCH_JOBS", default_value_t = defaults().request_limits.max_batch_jobs)]
     pub max_batch_jobs: usize,
-    /// Largest gRPC request message, in bytes.
+    /// Largest gRPC request message, in bytes; beyond it a call fails with
+    /// RESOURCE_EXHAUSTED. Must be at least --max-payload-bytes + 1,132,672
+    /// (a job's largest headers and last error), so that every job fits in
+    /// a message both ways. The default is what gRPC clients receive by
+    /// default: raise their limit too if you raise this.
     #[arg(long, env = "LEASEQ_MAX_MESSAGE_BYTES", default_value_t = defaults().request_limits.max_message_bytes)]
     pub max_message_bytes: usize,
     /// HTTP/2 keepalive ping interval.
@@ -297,6 +301,37 @@ pub struct SecurityArgs {
     /// limit beyond --max-streams-per-connection.
     #[arg(long, env = "LEASEQ_CONCURRENCY_LIMIT_PER_CONNECTION")]
     pub concurrency_limit_per_connection: Option<usize>,
+    /// Most client connections open at once. Calls on a connection past it
+    /// fail with RESOURCE_EXHAUSTED (health checks excepted) and it is
+    /// closed after 2s.
+    #[arg(long, env = "LEASEQ_MAX_CONNECTIONS", default_value_t = defaults().security.max_connections)]
+    pub max_connections: usize,
+    /// Most bytes of request messages under way at once on one connection
+    /// (being received or handled; a Consume stream's settles until their
+    /// results are sent). A message past it fails its call with
+    /// RESOURCE_EXHAUSTED. At least --max-message-bytes.
+    #[arg(
+        long,
+        env = "LEASEQ_MAX_REQUEST_BYTES_PER_CONNECTION",
+        default_value_t = defaults().security.max_request_bytes_per_connection
+    )]
+    pub max_request_bytes_per_connection: usize,
+    /// Most Subscribe and Consume streams open at once on one connection;
+    /// beyond it one fails with RESOURCE_EXHAUSTED (open it on another
+    /// connection).
+    #[arg(
+        long,
+        env = "LEASEQ_MAX_SUBSCRIPTIONS_PER_CONNECTION",
+        default_value_t = defaults().security.max_subscriptions_per_connection
+    )]
+    pub max_subscriptions_per_connection: usize,
+    /// Most credit (max_in_flight) of all the Subscribe and Consume streams
+    /// open on one connection, i.e. the deliveries they may hold; a stream
+    /// that would pass it fails with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "LEASEQ_MAX_IN_FLIGHT_PER_CONNECTION",
+          default_value_t = defaults().security.max_in_flight_per_connection,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight_per_connection: u32,
 }
 
 /// `--ack-linger`: a duration of at most a second (a longer one would hold
@@ -383,6 +418,10 @@ impl ServeArgs {
                 max_streams: s.max_streams,
                 max_streams_per_connection: s.max_streams_per_connection,
                 concurrency_limit_per_connection: s.concurrency_limit_per_connection,
+                max_connections: s.max_connections,
+                max_request_bytes_per_connection: s.max_request_bytes_per_connection,
+                max_subscriptions_per_connection: s.max_subscriptions_per_connection,
+                max_in_flight_per_connection: s.max_in_flight_per_connection,
             },
             otlp: self.otlp(|k| std::env::var(k).ok()),
         }

@@ -999,8 +999,9 @@ async fn pages_with_big_payloads_end_early_and_still_walk_every_job() {
     let mut a = admin(&broker).await;
     let big = "x".repeat(1024 * 1024);
     let mut want = Vec::new();
-    for _ in 0..4 {
-        let jobs: Vec<_> = (0..5).map(|_| job("big", &big)).collect();
+    // Two per batch: a message of five would pass --max-message-bytes (4 MiB).
+    for _ in 0..10 {
+        let jobs: Vec<_> = (0..2).map(|_| job("big", &big)).collect();
         let r = c
             .enqueue_batch(pb::EnqueueBatchRequest { jobs })
             .await

@@ -12,6 +12,7 @@ mod alerts;
 mod client;
 mod client_cli;
 mod clients;
+mod conn_limits;
 mod console;
 mod consume;
 mod docs;

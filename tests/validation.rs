@@ -668,7 +668,31 @@ fn enqueue_rows(queue: &str, ok_queue: &str) -> Vec<Row<pb::EnqueueRequest>> {
 async fn enqueue_bad_input_table() {
     check_table(
         "Enqueue",
-        |_| enqueue_rows("held", "accepted"),
+        |_| {
+            let mut rows = enqueue_rows("held", "accepted");
+            // Past --max-message-bytes (4 MiB): refused before the message
+            // is read, naming the limit, whatever the fields inside.
+            rows.push(row(
+                "a 4 MiB payload (a message past 4 MiB)",
+                job("held", &"p".repeat(4 * MIB)),
+                starts(TOO_BIG, "max-message-bytes:"),
+            ));
+            rows.push(row(
+                "a message of 64 MiB (the limit before it was 4 MiB)",
+                job("held", &"p".repeat(64 * MIB)),
+                starts(TOO_BIG, "max-message-bytes:"),
+            ));
+            // The largest job is still accepted: a 1 MiB payload with 64
+            // headers of the largest key and value (2.06 MiB).
+            let mut largest = job("accepted", "");
+            largest.payload = vec![7; MIB];
+            largest.headers = (0..64)
+                .map(|i| (format!("{i:0>256}"), "v".repeat(16 * 1024)))
+                .collect();
+            largest.dedup_key = "l".repeat(512);
+            rows.push(row("the largest job (2.06 MiB)", largest, Want::Ok(1)));
+            rows
+        },
         |mut c, r| async move { c.enqueue(r).await.map(|_| ()) },
     )
     .await;
@@ -727,6 +751,22 @@ async fn enqueue_batch_bad_input_table() {
         batch(jobs),
         bad(INVALID, "jobs[1].max_attempts"),
     ));
+    // Past --max-message-bytes (4 MiB) with every job valid: refused
+    // whole, naming the limit; just under it, accepted.
+    let payloads = |n: usize, size: usize| -> Vec<pb::EnqueueRequest> {
+        (0..n)
+            .map(|_| pb::EnqueueRequest {
+                payload: vec![7; size],
+                ..job("batch", "")
+            })
+            .collect()
+    };
+    rows.push(row(
+        "4 jobs of 1 MiB (a message past 4 MiB)",
+        batch(payloads(4, MIB)),
+        starts(TOO_BIG, "max-message-bytes:"),
+    ));
+    rows.push(row("3 jobs of 1 MiB", batch(payloads(3, MIB)), Want::Ok(3)));
     // Accepted: one job, a batch of boundary values, and exactly the limit.
     rows.push(row("1 job", batch(good(1, "accepted")), Want::Ok(1)));
     let boundary: Vec<pb::EnqueueRequest> = enqueue_rows("unused", "accepted-batch")
@@ -2052,6 +2092,18 @@ fn consume_stream_rows((h, t): &Held) -> Vec<Row<(pb::ConsumeRequest, pb::Consum
                 pb::ConsumeRequest::default(),
             ),
             invalid("max_in_flight"),
+        ),
+        // Past --max-message-bytes (4 MiB): the stream ends naming the
+        // limit, and the held job's dead-letter nack inside is not applied.
+        row(
+            "a message past 4 MiB (the held job's nack with a 4 MiB error)",
+            later(&|r| {
+                r.nacks = vec![pb::NackRequest {
+                    error: "e".repeat(4 * MIB),
+                    ..held_dead.clone()
+                }]
+            }),
+            starts(TOO_BIG, "max-message-bytes:"),
         ),
         // Accepted: the stream goes on (and ends OK at the half-close).
         row(

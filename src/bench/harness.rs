@@ -22,9 +22,9 @@ use crate::cli::ClientChannel;
 use crate::pb;
 use crate::pb::queue_service_client::QueueServiceClient;
 
-/// Consumer streams per HTTP/2 connection (the broker allows 2,000 streams
-/// on one connection by default; unary Acks need room too).
-const STREAMS_PER_CONNECTION: usize = 1000;
+/// Consumer streams per HTTP/2 connection: the broker's default
+/// --max-subscriptions-per-connection.
+const STREAMS_PER_CONNECTION: usize = 100;
 
 /// How long consumers may take to register before producers start anyway.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,5 +1,5 @@
 //! `--scenario streams`: `--streams` consumer streams of 4 credits each on
-//! one broker (a connection per 1,000 streams), fed open loop at `--rate`
+//! one broker (a connection per 100 streams), fed open loop at `--rate`
 //! jobs/s: many mostly idle streams, each still served.
 
 use super::harness::Bench;

@@ -100,7 +100,9 @@ pub struct RequestLimits {
     pub max_payload_bytes: usize,
     /// Most jobs in one EnqueueBatch (and acks in one AckBatch).
     pub max_batch_jobs: usize,
-    /// Largest gRPC request message, in bytes.
+    /// Largest gRPC request message, in bytes (and the least every response
+    /// message may be: a delivery of the largest job fits). At least
+    /// `max_payload_bytes` + [`crate::request_limit::DELIVERY_OVERHEAD`].
     pub max_message_bytes: usize,
 }
 
@@ -122,6 +124,19 @@ pub struct SecurityConfig {
     /// Calls processed at once per connection; beyond it a call fails with
     /// RESOURCE_EXHAUSTED at once. None: no limit beyond the one above.
     pub concurrency_limit_per_connection: Option<usize>,
+    /// Client connections open at once; calls on one past it fail with
+    /// RESOURCE_EXHAUSTED and it is closed ([`crate::conn_limit`]).
+    pub max_connections: usize,
+    /// Bytes of request messages under way at once on one connection
+    /// (being received, handled, or a Consume stream's settles until
+    /// answered); a message past it fails its call with RESOURCE_EXHAUSTED.
+    /// At least `max_message_bytes`.
+    pub max_request_bytes_per_connection: usize,
+    /// Subscribe and Consume streams open at once on one connection.
+    pub max_subscriptions_per_connection: usize,
+    /// Total credit (max_in_flight) of the Subscribe and Consume streams
+    /// open on one connection: the deliveries they may hold.
+    pub max_in_flight_per_connection: u32,
 }
 
 /// Where and as what the broker exports its spans.
@@ -170,7 +185,8 @@ impl Default for RequestLimits {
         RequestLimits {
             max_payload_bytes: 1024 * 1024,
             max_batch_jobs: 1000,
-            max_message_bytes: 64 * 1024 * 1024,
+            // gRPC's usual limit: what clients accept by default.
+            max_message_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -183,8 +199,12 @@ impl Default for SecurityConfig {
             tls_client_ca: None,
             auth_file: None,
             max_streams: 10_000,
-            max_streams_per_connection: 2000,
+            max_streams_per_connection: 256,
             concurrency_limit_per_connection: None,
+            max_connections: 1000,
+            max_request_bytes_per_connection: 16 * 1024 * 1024,
+            max_subscriptions_per_connection: 100,
+            max_in_flight_per_connection: 20_000,
         }
     }
 }

@@ -36,6 +36,9 @@
 //! - [`server`]: wires it all together and shuts it down in order.
 //! - [`auth`], [`tls`], [`stream_limit`]: bearer tokens and per-queue grants,
 //!   TLS and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
+//! - [`conn_limit`], [`request_limit`]: the connection cap, each
+//!   connection's budgets (request bytes, stream credit), and the message
+//!   size limit (docs/SECURITY.md, "Limits").
 //! - [`telemetry`]: spans of the jobs' enqueues, deliveries and settles,
 //!   exported over OTLP (off by default).
 //! - [`config`]: [`Config`], the settings; [`error`]: errors and their one
@@ -46,6 +49,7 @@ pub mod api;
 pub mod auth;
 pub mod broker;
 pub mod config;
+pub mod conn_limit;
 pub mod console;
 pub mod dispatch;
 pub mod domain;
@@ -59,6 +63,7 @@ pub mod notify;
 pub mod pgconn;
 pub mod pgsock;
 pub mod placement;
+pub mod request_limit;
 pub mod server;
 pub mod settle;
 #[cfg(test)]

@@ -14,19 +14,22 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Router, TcpIncoming};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+use tower_layer::{Identity, Stack};
 use tracing::{info, warn};
 
 use crate::api::admin::AdminApi;
 use crate::api::queue::QueueApi;
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::conn_limit::{Admission, ConnCaps};
 use crate::dispatch::{DispatchConfig, Dispatcher};
 use crate::pb::admin_service_server::AdminServiceServer;
 use crate::pb::queue_service_server::QueueServiceServer;
 use crate::placement::Clusters;
+use crate::request_limit::RequestLimitLayer;
 use crate::settle::Notifiers;
 use crate::store::{self, Store};
 use crate::telemetry::Traces;
@@ -121,6 +124,7 @@ impl Server {
     ) -> anyhow::Result<Server> {
         // Security settings are read before anything starts, so a bad file
         // stops the broker instead of serving without the protection asked for.
+        crate::request_limit::check_settings(&cfg)?;
         let tls = crate::tls::server_config(&cfg.security)?;
         let auth = authenticator(&cfg)?;
         let traces = match &cfg.otlp {
@@ -282,7 +286,11 @@ impl Server {
         let addr = listener.local_addr()?;
         let stop_server = CancellationToken::new();
         let router = self.router()?;
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        // --max-connections and each connection's budgets (conn_limit.rs).
+        let incoming = Admission::new(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ConnCaps::of(&self.cfg.security),
+        );
         let mut server = tokio::spawn(
             router.serve_with_incoming_shutdown(incoming, stop_server.clone().cancelled_owned()),
         );
@@ -302,7 +310,7 @@ impl Server {
 
     /// The gRPC server with every service: health and reflection (open to
     /// all), the queue and admin services (behind authentication).
-    fn router(&mut self) -> anyhow::Result<tonic::transport::server::Router> {
+    fn router(&mut self) -> anyhow::Result<Router<Stack<RequestLimitLayer, Identity>>> {
         let cfg = &self.cfg;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
@@ -318,6 +326,7 @@ impl Server {
                 cfg.security.max_streams,
             ))
             .with_traces(self.traces.clone());
+        // A delivery of the largest job fits (`check_settings`).
         let max_encoding = limits.max_message_bytes.max(limits.max_payload_bytes * 2);
         let queue_service = QueueServiceServer::new(queue_api)
             .max_decoding_message_size(limits.max_message_bytes)
@@ -336,7 +345,10 @@ impl Server {
         let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(cfg.keepalive_interval))
             .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // Message sizes and each connection's request budget, on every
+            // service; a connection over --max-connections is refused here.
+            .layer(RequestLimitLayer::new(limits.max_message_bytes));
         if let Some(age) = cfg.max_connection_age {
             builder = builder.max_connection_age(age);
         }

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::conn_limit::StreamHold;
 use crate::error::{Error, Result};
 
 /// Counts open Subscribe streams against `--max-streams`.
@@ -54,10 +55,12 @@ impl StreamLimit {
     }
 }
 
-/// A response stream that holds a [`StreamLimit`] permit while it lives.
+/// A response stream that holds a [`StreamLimit`] permit while it lives
+/// (and a Subscribe stream its place and credit on its connection).
 pub struct Limited<S> {
     inner: S,
     _permit: OwnedSemaphorePermit,
+    _hold: Option<StreamHold>,
 }
 
 impl<S> Limited<S> {
@@ -65,7 +68,14 @@ impl<S> Limited<S> {
         Limited {
             inner,
             _permit: permit,
+            _hold: None,
         }
+    }
+
+    /// Holds the stream's place and credit on its connection while it lives.
+    pub fn holding(mut self, hold: Option<StreamHold>) -> Limited<S> {
+        self._hold = hold;
+        self
     }
 }
 

@@ -12,8 +12,13 @@
 //! When the client half-closes, the stream takes no new jobs, every settle
 //! it sent is finished (and reported), then its unsettled jobs are released
 //! and the response ends with OK. A request the stream cannot go on after (a
-//! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT;
-//! its unsettled jobs are released as when any stream closes. When the
+//! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT,
+//! and one past a limit (`--max-message-bytes`, the connection's request
+//! bytes or credit: `crate::conn_limit`) with RESOURCE_EXHAUSTED; its
+//! unsettled jobs are released as when any stream closes. Each message's
+//! charge on its connection's request budget is held by its settles until
+//! their results are handed to the response, and the next message is read
+//! only once the connection has room for one of the largest size. When the
 //! dispatcher ends the stream (a drain), no more requests are read, and the
 //! settles already under way are finished and reported before the response
 //! ends with the dispatcher's status, as a unary Ack in flight during a
@@ -32,11 +37,13 @@ use tonic::{Status, Streaming};
 
 use crate::broker::Broker;
 use crate::config::RequestLimits;
+use crate::conn_limit::RequestCharge;
 use crate::dispatch::{DeliveryStream, Event, Input, StreamId};
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, Subscription};
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
+use crate::request_limit::StreamBudget;
 use crate::stream_limit::Limited;
 use crate::telemetry::{Settle, Traced, Traces};
 
@@ -50,6 +57,14 @@ const MAX_PENDING_SETTLES: usize = 1024;
 /// stream's acks not yet committed hold 1/EARLY_CREDIT_SHARE of its credit
 /// (`Reader::acks`; docs/BENCHMARKS.md, "Credit back when the ack arrives").
 const EARLY_CREDIT_SHARE: u64 = 16;
+
+/// A settle result (or the error that ends the stream) on its way to the
+/// response, with the charge of the message it answers: the connection's
+/// request budget counts a message until its results are sent.
+type Outgoing = (
+    Result<pb::SettleResults, Status>,
+    Option<Arc<RequestCharge>>,
+);
 
 /// How many jobs a stream has been sent and how many of them its client has
 /// settled on it since: what the stream holds, as the reader can tell it,
@@ -160,6 +175,9 @@ pub(super) struct Opening {
     pub confirm: bool,
     /// Settles and credit the first message carried besides `subscribe`.
     pub rest: pb::ConsumeRequest,
+    /// What the stream holds of its connection's budgets (none until the
+    /// handler sets it).
+    pub budget: StreamBudget,
 }
 
 impl Opening {
@@ -175,6 +193,7 @@ impl Opening {
             sub,
             confirm: first.confirm_settles,
             rest: first,
+            budget: StreamBudget::default(),
         })
     }
 }
@@ -189,6 +208,7 @@ pub(super) fn start(
     opening: Opening,
     requests: Streaming<pb::ConsumeRequest>,
 ) -> ConsumeStream {
+    let mut budget = opening.budget;
     let (tx, rx) = mpsc::channel(RESULTS_BACKLOG);
     let ended = CancellationToken::new();
     let held = Arc::new(Held::new(may_linger(
@@ -206,6 +226,8 @@ pub(super) fn start(
         results: tx,
         settles: JoinSet::new(),
         ended: ended.clone(),
+        charge: budget.opening(),
+        budget,
     };
     tokio::spawn(reader.run(opening.rest, requests));
     ConsumeStream {
@@ -229,24 +251,32 @@ struct Reader {
     /// What the stream holds (shared with the response).
     held: Arc<Held>,
     /// To the response stream: settle results, or the error that ends it.
-    results: mpsc::Sender<Result<pb::SettleResults, Status>>,
+    results: mpsc::Sender<Outgoing>,
     /// Settles under way (their results go to `results` when done).
     settles: JoinSet<()>,
     /// Cancelled by the response when the dispatcher ended the stream (a
     /// drain): read no more, finish the settles under way, and end.
     ended: CancellationToken,
+    /// The connection's budgets: room for the next message, its charge,
+    /// the stream's credit (`crate::conn_limit`).
+    budget: StreamBudget,
+    /// The charge of the message being applied; its settles hold it until
+    /// their results are sent.
+    charge: Option<Arc<RequestCharge>>,
 }
 
 impl Reader {
     async fn run(mut self, first: pb::ConsumeRequest, mut requests: Streaming<pb::ConsumeRequest>) {
         let mut next = Some(first);
         loop {
-            if let Some(msg) = next.take()
-                && let Err(e) = self.apply(msg)
-            {
-                // The stream cannot go on: end it with this status.
-                let _ = self.results.send(Err(e.into())).await;
-                return;
+            if let Some(msg) = next.take() {
+                let applied = self.apply(msg);
+                self.charge = None;
+                if let Err(e) = applied {
+                    // The stream cannot go on: end it with this status.
+                    let _ = self.results.send((Err(e.into()), None)).await;
+                    return;
+                }
             }
             while self.settles.len() >= MAX_PENDING_SETTLES {
                 self.settles.join_next().await;
@@ -259,13 +289,25 @@ impl Reader {
                     while self.settles.join_next().await.is_some() {}
                     return;
                 }
-                msg = requests.message() => match msg {
-                    Ok(Some(msg)) => next = Some(msg),
+                // The next message once the connection has room for it.
+                msg = async {
+                    self.budget.room().await;
+                    requests.message().await
+                } => match msg {
+                    Ok(Some(msg)) => {
+                        self.charge = self.budget.next();
+                        next = Some(msg);
+                    }
                     // Half-close: finish what was sent, then end the stream.
                     Ok(None) => break,
-                    // The client is gone (reset, connection lost): the
-                    // response is dropped too, which releases the jobs.
-                    Err(_) => return,
+                    // A message past a limit: the stream ends with its
+                    // status. Or the client is gone (reset, connection
+                    // lost): then the response is gone too (the send fails
+                    // at once), and dropping it releases the jobs.
+                    Err(status) => {
+                        let _ = self.results.send((Err(status), None)).await;
+                        return;
+                    }
                 },
                 // Reap finished settles as they go.
                 Some(_) = self.settles.join_next(), if !self.settles.is_empty() => {}
@@ -295,6 +337,7 @@ impl Reader {
                     format!("must be 1 to {MAX_IN_FLIGHT} (0 leaves the credit as it is)"),
                 ));
             }
+            self.budget.raise_credit(msg.max_in_flight)?;
             self.broker
                 .dispatcher()
                 .set_credit(self.id, msg.max_in_flight);
@@ -326,7 +369,9 @@ impl Reader {
             .iter()
             .map(|i| failure(key(i), op, e.clone()))
             .collect();
-        let _ = self.results.try_send(Ok(pb::SettleResults { results }));
+        let _ = self
+            .results
+            .try_send((Ok(pb::SettleResults { results }), self.charge.clone()));
         true
     }
 
@@ -362,6 +407,7 @@ impl Reader {
         }
         let held = self.held.clone();
         let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+        let charge = self.charge.clone();
         let spans = self.traces.settles(
             "Consume",
             Settle::Ack,
@@ -401,7 +447,7 @@ impl Reader {
                     ),
                 }
             }
-            send(&tx, results).await;
+            send(&tx, results, charge).await;
         });
     }
 
@@ -416,7 +462,7 @@ impl Reader {
         for (i, n) in nacks.into_iter().enumerate() {
             let (id, token) = (n.job_id.clone(), n.lease_token.clone());
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
-            let traces = self.traces.clone();
+            let (traces, charge) = (self.traces.clone(), self.charge.clone());
             let parsed = NackReq::parse(n);
             if parsed.is_ok() {
                 self.held.nacked();
@@ -437,7 +483,7 @@ impl Reader {
                         Err(e) => Some(failure((&id, &token), SettleOp::Nack, e)),
                     },
                 };
-                send(&tx, result.into_iter().collect()).await;
+                send(&tx, result.into_iter().collect(), charge).await;
             });
         }
     }
@@ -452,7 +498,7 @@ impl Reader {
         }
         for (i, x) in extends.into_iter().enumerate() {
             let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
-            let traces = self.traces.clone();
+            let (traces, charge) = (self.traces.clone(), self.charge.clone());
             self.settles.spawn(async move {
                 let result = match ExtendReq::parse(&x) {
                     Err(e) => Some(failure(
@@ -469,7 +515,7 @@ impl Reader {
                         Err(e) => Some(failure((&x.job_id, &x.lease_token), SettleOp::Extend, e)),
                     },
                 };
-                send(&tx, result.into_iter().collect()).await;
+                send(&tx, result.into_iter().collect(), charge).await;
             });
         }
     }
@@ -523,11 +569,12 @@ fn failure((job_id, token): Sent<'_>, op: SettleOp, e: Error) -> pb::SettleResul
 }
 
 async fn send(
-    tx: &mpsc::Sender<Result<pb::SettleResults, Status>>,
+    tx: &mpsc::Sender<Outgoing>,
     results: Vec<pb::SettleResult>,
+    charge: Option<Arc<RequestCharge>>,
 ) {
     if !results.is_empty() {
-        let _ = tx.send(Ok(pb::SettleResults { results })).await;
+        let _ = tx.send((Ok(pb::SettleResults { results }), charge)).await;
     }
 }
 
@@ -536,7 +583,7 @@ async fn send(
 pub struct ConsumeStream {
     /// None once the dispatcher ended the stream (closed or drained).
     deliveries: Option<DeliveryStream>,
-    results: mpsc::Receiver<Result<pb::SettleResults, Status>>,
+    results: mpsc::Receiver<Outgoing>,
     /// The status the dispatcher ended the stream with, sent once the
     /// reader has reported the settles it had under way.
     ending: Option<Status>,
@@ -577,10 +624,12 @@ impl Stream for ConsumeStream {
             }
         }
         match this.results.poll_recv(cx) {
-            Poll::Ready(Some(Ok(results))) => Poll::Ready(Some(Ok(pb::ConsumeResponse {
-                kind: Some(Kind::Settled(results)),
-            }))),
-            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
+            Poll::Ready(Some((Ok(results), _charge))) => {
+                Poll::Ready(Some(Ok(pb::ConsumeResponse {
+                    kind: Some(Kind::Settled(results)),
+                })))
+            }
+            Poll::Ready(Some((Err(status), _))) => Poll::Ready(Some(Err(status))),
             // The reader is done; end once the deliveries have ended too.
             Poll::Ready(None) if this.deliveries.is_none() => {
                 Poll::Ready(this.ending.take().map(Err))

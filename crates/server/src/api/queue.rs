@@ -8,11 +8,13 @@ use tracing::instrument;
 use crate::auth::{Action, Identity};
 use crate::broker::Broker;
 use crate::config::RequestLimits;
+use crate::conn_limit::ConnInfo;
 use crate::dispatch::SubscriptionStream;
 use crate::domain::{AckReq, ExtendReq, NackReq, NewJob, Subscription};
 use crate::error::Error;
 use crate::pb;
 use crate::pb::queue_service_server::QueueService;
+use crate::request_limit::{CallCharges, StreamBudget};
 use crate::stream_limit::{Limited, StreamLimit};
 use crate::telemetry::{Settle, Traced, Traces};
 
@@ -143,12 +145,14 @@ impl QueueService for QueueApi {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let who = Identity::of(&request)?;
+        let conn = ConnInfo::of(request.extensions());
         let sub = Subscription::parse(request.into_inner())?;
         who.require(Action::Consume, &sub.queues)?;
+        let hold = conn.map(|c| c.open_stream(sub.max_in_flight)).transpose()?;
         let permit = self.streams.acquire()?;
         let stream = self.broker.subscribe(sub).await?;
         let stream = Traced::new(stream, self.traces.clone(), "Subscribe");
-        Ok(Response::new(Limited::new(stream, permit)))
+        Ok(Response::new(Limited::new(stream, permit).holding(hold)))
     }
 
     #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -252,13 +256,20 @@ impl QueueService for QueueApi {
         request: Request<tonic::Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let who = Identity::of(&request)?;
+        let conn = ConnInfo::of(request.extensions());
+        let charges = request.extensions().get::<CallCharges>().cloned();
         let mut requests = request.into_inner();
         let first = requests
             .message()
             .await?
             .ok_or_else(|| Error::invalid("subscribe", "the stream ended before opening"))?;
-        let opening = super::consume::Opening::parse(first)?;
+        let charge = charges.as_ref().and_then(CallCharges::take);
+        let mut opening = super::consume::Opening::parse(first)?;
         who.require(Action::Consume, &opening.sub.queues)?;
+        let hold = conn
+            .map(|c| c.open_stream(opening.sub.max_in_flight))
+            .transpose()?;
+        opening.budget = StreamBudget::new(charges, hold, charge);
         let permit = self.streams.acquire()?;
         let (id, deliveries) = self.broker.consume(opening.sub.clone()).await?;
         let stream = super::consume::start(
