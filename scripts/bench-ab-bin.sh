@@ -11,16 +11,30 @@
 #          lat100: latency at that rate, --consumers 2, 20 s, with its p50
 #          and p99 in the line; one1000: the same with one credit per
 #          stream)
+#          ANCHORS=DIR (../shared/anchors) adds the same sitting's anchors:
+#          the commit floor at 1,000/s and 100/s on the same cluster, before
+#          and after the rounds, and RabbitMQ's quorum queue (throughput 4x4
+#          and latency at 1,000/s and 100/s; rabbitmq/setup.sh once) at the
+#          end, after the brokers stopped.
+# Stops only what it started, by pid (a broker of yours on the host is left
+# alone; the ports it needs must be free: bench-lib.sh's port_free).
 set -uo pipefail
 OUT=$1; ROUNDS=$2; A=$3; B=$4; BENCH=$A
 mkdir -p $OUT
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
-pkill -f 'leaseq[^ ]* serve'; sleep 1
+port_free 127.0.0.1:50062
 BIN=$A embedded_broker /tmp/ab-pg 127.0.0.1:50061 "$OUT/owner.log"
+floor() { # rate suffix
+  [ -n "${ANCHORS:-}" ] || return 0
+  runuser -u postgres -- "$ANCHORS/commit-floor.sh" "$U" "$1" 10 \
+    | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='floor-$1$2'; print(json.dumps(d))" | tee -a $OUT/results.jsonl
+  sleep 2
+}
 # warm-up, as bench-sitting.sh
 $BENCH bench --addr http://127.0.0.1:50061 --duration 15 --json >/dev/null 2>&1
 runuser -u postgres -- psql -qAtX "$U" -c checkpoint >/dev/null
+floor 1000 ""; floor 100 ""
 for r in $(seq $ROUNDS); do for V in A B; do
   BIN=$A; [ $V = B ] && BIN=$B
   DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > $OUT/b.log 2>&1 &
@@ -43,4 +57,18 @@ for r in $(seq $ROUNDS); do for V in A B; do
   done
   kill $BP; wait $BP 2>/dev/null; sleep 1
 done; done
-pkill -f 'leaseq[^ ]* serve'; sleep 2
+floor 1000 -b; floor 100 -b
+# The owner broker stops its embedded cluster as it exits.
+kill $A_PID; wait $A_PID 2>/dev/null; sleep 2
+if [ -n "${ANCHORS:-}" ]; then
+  RT=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}; RB=$RT/release/rabbit-bench
+  (cd "$ANCHORS/rabbitmq" && CARGO_TARGET_DIR=$RT cargo build --release -q) || exit 1
+  rabbitmq-server -detached; sleep 5; rabbitmqctl -q await_startup --timeout 60
+  one() { local name=$1; shift; sleep 3
+    line=$("$RB" --duration 15 --payload-bytes 100 --prefetch 100 "$@" 2>/dev/null | tail -1)
+    [ -n "$line" ] && echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='$name'; print(json.dumps(d))" | tee -a $OUT/results.jsonl; }
+  one quorum-4x4 --queue-type quorum throughput --producers 4 --consumers 4 --confirm-window 100
+  one quorum-lat-1000 --queue-type quorum latency --rate 1000
+  one quorum-lat-100 --queue-type quorum latency --rate 100
+  rabbitmqctl -q stop
+fi
