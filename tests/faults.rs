@@ -9,6 +9,8 @@
 //! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
 
 pub mod checker;
+pub mod deadlines;
+pub mod linger;
 pub mod pg;
 
 use std::net::SocketAddr;

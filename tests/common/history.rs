@@ -614,6 +614,29 @@ impl History {
         self.with(|h| h.streams.len())
     }
 
+    /// Settles of `op` answered OK: (from their delivery to their send,
+    /// from their send to their answer, whether on a Consume stream's
+    /// delivery).
+    pub fn settle_times(&self, op: Op) -> Vec<(Duration, Duration, bool)> {
+        self.with(|h| {
+            let by_token: HashMap<&str, &Delivered> =
+                h.deliveries.iter().map(|d| (d.token.as_str(), d)).collect();
+            h.settles
+                .iter()
+                .filter(|s| s.op == op && s.outcome == Outcome::Ok)
+                .filter_map(|s| {
+                    let d = by_token.get(s.token.as_str())?;
+                    let consume = h.streams.get(&d.stream).is_some_and(|x| x.consume);
+                    Some((
+                        s.sent.saturating_sub(d.t),
+                        s.answered?.saturating_sub(s.sent),
+                        consume,
+                    ))
+                })
+                .collect()
+        })
+    }
+
     pub fn deliveries(&self) -> Vec<Delivered> {
         self.with(|h| h.deliveries.clone())
     }

@@ -393,6 +393,10 @@ pub async fn consume_consumer(
         let away = away_from(broker, home);
         tokio::pin!(away);
         loop {
+            if stop.is_cancelled() {
+                s.close().await;
+                return;
+            }
             let rec = match s.queued.pop_front() {
                 Some(rec) => rec,
                 None => {
@@ -1025,6 +1029,17 @@ impl Load {
     /// Runs `task` as one more producer: [`Load::finish`] waits for it.
     pub fn produce(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         self.producers.push(tokio::spawn(task));
+    }
+
+    /// Runs `task` as one more consumer, stopping on
+    /// [`Load::consumers_stop`]: [`Load::finish`] waits for it.
+    pub fn consume(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.consumers.push(tokio::spawn(task));
+    }
+
+    /// The token consumers stop on.
+    pub fn consumers_stop(&self) -> CancellationToken {
+        self.consumers_stop.clone()
     }
 
     /// The token producers stop on (for [`producer`]s the test adds).

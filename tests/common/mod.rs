@@ -13,6 +13,7 @@
 pub mod consume;
 pub mod history;
 pub mod load;
+pub mod slow;
 
 use std::future::Future;
 use std::net::SocketAddr;
