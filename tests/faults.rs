@@ -10,8 +10,10 @@
 
 pub mod checker;
 pub mod deadlines;
+pub mod frozen;
 pub mod linger;
 pub mod pg;
+pub mod pgclock;
 
 use std::net::SocketAddr;
 use std::str::FromStr;

@@ -700,6 +700,7 @@ impl History {
     pub fn check(&self, dead: &HashSet<String>, live: &HashSet<String>) -> Report {
         let h = self.inner.lock().unwrap();
         let db = |t: Duration| db_at(self.wall0_us, &h.db_offsets, t);
+        let db_min = |t: Duration| db_at_lagging(self.wall0_us, &h.db_offsets, t, JUMP_SLACK);
         let mut r = Report {
             bounds: h.bounds,
             ..Report::default()
@@ -838,7 +839,7 @@ impl History {
                 r.phantom.push(format!("{} ({})", d.payload, d.id));
             }
             // Received after its lease had run out (database clock).
-            let received = db(d.t);
+            let received = db_min(d.t);
             if received > d.expires_us {
                 r.delivered_released.push(format!(
                     "{} attempt {} token {}: received {:.3}s after its lease expired: {}",
@@ -882,12 +883,12 @@ impl History {
                     continue;
                 }
                 // Received after the job was leased again.
-                if db(d1.t) > d2.start_us {
+                if db_min(d1.t) > d2.start_us {
                     r.delivered_released.push(format!(
                         "{id} attempt {} token {}: received {:.3}s after attempt {} was leased: {}",
                         d1.attempt,
                         d1.token,
-                        (db(d1.t) - d2.start_us) as f64 / 1e6,
+                        (db_min(d1.t) - d2.start_us) as f64 / 1e6,
                         d2.attempt,
                         h.story(id)
                     ));
@@ -1066,11 +1067,25 @@ impl History {
 }
 
 /// The database clock at local time `t`: the wall clock then, plus the
-/// offset of the last jump recorded before `t`.
+/// offset of the last jump recorded before `t`. A jump is recorded right
+/// after the server's clock was moved: this is the latest the database
+/// clock can read at `t`.
 fn db_at(wall0_us: i64, offsets: &[(Duration, i64)], t: Duration) -> i64 {
+    db_at_lagging(wall0_us, offsets, t, Duration::ZERO)
+}
+
+/// How long after a jump was recorded the checker holds what a client
+/// received to the new clock: a delivery the broker sent before the jump
+/// may arrive just after it, with a lease the jump ended.
+const JUMP_SLACK: Duration = Duration::from_millis(500);
+
+/// As [`db_at`], with the jumps taking effect `lag` after they were
+/// recorded: the earliest the database clock can read at `t` (for the
+/// checks that find anomalies).
+fn db_at_lagging(wall0_us: i64, offsets: &[(Duration, i64)], t: Duration, lag: Duration) -> i64 {
     let offset = offsets
         .iter()
-        .take_while(|(at, _)| *at <= t)
+        .take_while(|(at, _)| *at + lag <= t)
         .last()
         .map_or(0, |o| o.1);
     wall0_us + micros(t) + offset
