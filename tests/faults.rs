@@ -12,6 +12,7 @@ pub mod checker;
 pub mod deadlines;
 pub mod frozen;
 pub mod linger;
+pub mod moves;
 pub mod pg;
 pub mod pgclock;
 

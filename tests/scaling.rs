@@ -347,6 +347,16 @@ impl Run {
         )));
     }
 
+    /// Runs `task` as one more producer: [`Run::finish`] waits for it.
+    pub(crate) fn produce(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.push(tokio::spawn(task));
+    }
+
+    /// The token producers stop on.
+    pub(crate) fn producers_stop(&self) -> CancellationToken {
+        self.producers.clone()
+    }
+
     /// Stops the load, drains, checks the history over every cluster.
     pub(crate) async fn finish(
         self,

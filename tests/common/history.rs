@@ -522,6 +522,12 @@ impl History {
         self.push_fault(kind, broker, true)
     }
 
+    /// A fault that excuses no stream's stall (one that should not stop
+    /// deliveries); returns its index for [`History::healed`].
+    pub fn fault_excusing_nothing(&self, kind: &'static str, broker: Option<usize>) -> usize {
+        self.push_fault(kind, broker, false)
+    }
+
     /// A client cut its own stream mid-lease (a fault that excuses nothing).
     pub fn client_cut(&self, broker: usize) -> usize {
         self.push_fault("client cut", Some(broker), false)

@@ -59,6 +59,10 @@ async fn frozen_replica_under_load() {
     for r in &mut reps {
         r.signal(libc::SIGTERM);
         let exit = r.wait(Duration::from_secs(10)).await;
-        assert!(exit.success(), "replica {} after SIGTERM: {exit:?}", r.index);
+        assert!(
+            exit.success(),
+            "replica {} after SIGTERM: {exit:?}",
+            r.index
+        );
     }
 }

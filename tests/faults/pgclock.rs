@@ -97,7 +97,9 @@ async fn postgres_clock_jumps_forward_under_load() {
     jump(&h, &spec, &pool, Duration::from_secs(600 + 3600)).await;
     h.healed(f);
     sleep(phase * 3 / 8).await;
-    let report = load.finish("postgres-clock-jump", &pool, addrs[0], "pgclock").await;
+    let report = load
+        .finish("postgres-clock-jump", &pool, addrs[0], "pgclock")
+        .await;
 
     // The jumps were real for the leases: some were given under the
     // shifted clock (their end an hour or more past the true time).
