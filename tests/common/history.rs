@@ -869,16 +869,19 @@ impl History {
                 .flatten()
                 .any(|s| s.may_have_released() && s.sent < t)
         };
-        // Whether d's stream was closed before local time t: dropped or
-        // half-closed by the client, or its broker (that one only) draining.
-        let closed_before = |d: &Delivered, t: Duration| -> bool {
-            if h.dropped.get(&d.stream).is_some_and(|x| *x < t) {
+        // Whether d's stream was closed: dropped or half-closed by the
+        // client before local time `client`, or its broker (that one only)
+        // draining since before `broker` (a drain races what is in flight:
+        // a settle sent before SIGTERM may reach the broker after the
+        // drain released its lease, so for a settle it is the answer's time).
+        let closed_before = |d: &Delivered, client: Duration, broker: Duration| -> bool {
+            if h.dropped.get(&d.stream).is_some_and(|x| *x < client) {
                 return true;
             }
             let opened = stream_open(d.stream);
             h.drains
                 .iter()
-                .any(|(b, x)| *b == d.broker && *x >= opened && *x < t)
+                .any(|(b, x)| *b == d.broker && *x >= opened && *x < broker)
         };
         for (id, ds) in per_job.iter_mut() {
             ds.sort_by_key(|d| (d.start_us, d.t));
@@ -921,7 +924,7 @@ impl History {
                     r.dup_nack += 1;
                     continue;
                 }
-                if closed_before(d1, d2.t) {
+                if closed_before(d1, d2.t, d2.t) {
                     r.dup_closed += 1;
                     continue;
                 }
@@ -955,7 +958,7 @@ impl History {
                     if db(answered) >= expiry(d) {
                         continue;
                     }
-                    if settled_before(d, s.sent) || closed_before(d, s.sent) {
+                    if settled_before(d, s.sent) || closed_before(d, s.sent, answered) {
                         continue;
                     }
                     r.refused_valid.push(format!(

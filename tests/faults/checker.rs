@@ -164,6 +164,7 @@ fn checker_finds_every_planted_anomaly() {
         "refused-expired",
         "refused-dropped",
         "refused-drained",
+        "refused-in-flight",
         "refused-retry",
         "extended",
     ];
@@ -291,6 +292,12 @@ fn checker_finds_every_planted_anomaly() {
     let a = p.deliver(s_b1, 1, "refused-drained", "rr1", 1.0);
     p.refused(Op::Ack, &a, 1.1);
     let b = p.deliver(s2, 0, "refused-drained", "rr2", 1.3);
+    p.ack(&b, 1.4);
+    // Sent before its broker began to drain, answered after: the drain
+    // may have released the lease first.
+    let a = p.deliver(s_b1, 1, "refused-in-flight", "rf1", 0.9);
+    p.settle(Op::Ack, &a, 1.0, 1.1, Err(Code::FailedPrecondition));
+    let b = p.deliver(s2, 0, "refused-in-flight", "rf2", 1.3);
     p.ack(&b, 1.4);
     let a = p.deliver(s1, 0, "refused-retry", "rt1", 1.0);
     p.settle(Op::Ack, &a, 1.1, 1.2, Err(Code::DeadlineExceeded));
@@ -452,9 +459,10 @@ fn checker_finds_every_planted_anomaly() {
         r.stalls
     );
     // Explained duplicates: nack (nacked); closed (cut, drained,
-    // late-release, refused-dropped, refused-drained); the rest expiry.
+    // late-release, refused-dropped, refused-drained, refused-in-flight);
+    // the rest expiry.
     assert_eq!(r.dup_nack, 1, "{r:#?}");
-    assert_eq!(r.dup_closed, 5, "{r:#?}");
+    assert_eq!(r.dup_closed, 6, "{r:#?}");
     // With its story: the delivery and the refused Ack.
     assert!(
         r.lost[0].contains("delivered attempt 1 token l1")
