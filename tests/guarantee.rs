@@ -402,48 +402,46 @@ async fn a_lock_on_a_limited_queue_does_not_hold_back_other_queues_jobs() {
 /// for longer than a lease, right after its lease statement ran, sent the
 /// job once it ran again: its lease long over, the job already leased
 /// again and acked through another replica. Here, deterministically: the
-/// broker's lease round waits on a table lock; the broker is stopped; the
+/// lease statement is held at its execution (a trigger, added by the test,
+/// waits on an advisory lock the test holds); the broker is stopped; the
 /// lock goes, the statement commits a 1 s lease and its answer waits in the
 /// stopped process's socket; 2.5 s later the broker continues. Every
 /// delivery a client receives must still have its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_answered_to_a_frozen_broker_is_not_delivered_after_its_end() {
     let db = TestDb::new().await;
+    // Leasing the job with payload "held" waits for advisory lock 32.
+    for sql in [
+        "create function leaseq.test_hold() returns trigger language plpgsql as $$
+         begin
+             if new.payload = 'held'::bytea and new.state = 'leased' then
+                 perform pg_advisory_xact_lock(32);
+             end if;
+             return new;
+         end $$",
+        "create trigger test_hold before update on leaseq.jobs
+         for each row execute function leaseq.test_hold()",
+    ] {
+        sqlx::query(sql).execute(&db.pool).await.unwrap();
+    }
     let broker = BinaryBroker::start(&db, &[]).await;
     let mut c = broker.client().await;
     let mut s = subscribe(&mut c, &["frozen"], 1, Some(secs(1))).await;
     let mut lock = db.pool.begin().await.unwrap();
-    sqlx::query("lock table leaseq.jobs in share mode")
+    sqlx::query("select pg_advisory_xact_lock(32)")
         .execute(&mut *lock)
         .await
         .unwrap();
-    // Inserted before the lock would let it run: a job due in half a
-    // second, which a lease round takes (delayed jobs are not handed off
-    // at their insert).
-    let mut c2 = broker.client().await;
-    let enqueued = tokio::spawn(async move {
-        c2.enqueue(pb::EnqueueRequest {
-            delay: Some(dur(ms(500))),
-            ..job("frozen", "j")
-        })
-        .await
-    });
-    tokio::time::sleep(ms(200)).await;
-    lock.rollback().await.unwrap();
-    enqueued.await.unwrap().expect("enqueue");
-    let mut lock = db.pool.begin().await.unwrap();
-    sqlx::query("lock table leaseq.jobs in share mode")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-    eventually(S5, "the lease round waits on the lock", || async {
-        db.count(
-            "select count(*) from pg_stat_activity
-             where datname = current_database() and wait_event_type = 'Lock'
-               and query like '-- Leases jobs%'",
-        )
-        .await
-            > 0
+    // Due at once: handed off at its insert there would be no lease
+    // statement to hold, so a delay of 100 ms (a lease round takes it).
+    c.enqueue(pb::EnqueueRequest {
+        delay: Some(dur(ms(100))),
+        ..job("frozen", "held")
+    })
+    .await
+    .unwrap();
+    eventually(S5, "the lease statement waits on the lock", || async {
+        db.lock_waiters().await > 0
     })
     .await;
     broker.signal(libc::SIGSTOP);
