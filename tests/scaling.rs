@@ -181,7 +181,7 @@ async fn consumer(
                 lease: Some(dur(lease)),
             })) => r,
         };
-        let mut stream = match opened {
+        let stream = match opened {
             Ok(Ok(s)) => s.into_inner(),
             Ok(Err(s)) => {
                 h.subscribe_err(s.code());
@@ -194,20 +194,16 @@ async fn consumer(
             }
         };
         let sid = h.consumer_stream(broker, 8, false);
+        let mut reader = load::Reader::start(&h, sid, broker, lease, stream);
         loop {
             let msg = tokio::select! {
                 _ = stop.cancelled() => {
                     h.stream_dropped(sid);
                     return;
                 }
-                m = stream.message() => m,
+                m = reader.next() => m,
             };
-            let d = match next(&h, sid, msg) {
-                Next::Job(d) => d,
-                Next::Nothing => continue,
-                Next::Ended => break,
-            };
-            let rec = h.delivered(sid, broker, lease, &d);
+            let Some(rec) = msg else { break };
             if rng.next_f64() < nack {
                 load::nack(
                     &h,
@@ -223,7 +219,7 @@ async fn consumer(
                 h.answered(sent, &r);
             }
         }
-        drop(stream);
+        drop(reader);
         sleep(Duration::from_millis(50)).await;
     }
 }
@@ -234,6 +230,7 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
     let deadline = Instant::now() + Duration::from_secs(60);
     let lease = Duration::from_secs(30);
     let mut client = lazy_client(addr);
+    let mut acks = load::Acks::default();
     'outer: loop {
         assert!(
             Instant::now() < deadline,
@@ -258,6 +255,7 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
         let sid = h.stream_opened(usize::MAX);
         loop {
             if three.live_everywhere(queues).await == 0 {
+                acks.wait().await;
                 h.stream_dropped(sid);
                 break 'outer;
             }
@@ -271,9 +269,7 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
                 Next::Ended => continue 'outer,
             };
             let rec = h.delivered(sid, usize::MAX, lease, &d);
-            let sent = h.sent(Op::Ack, &rec, usize::MAX);
-            let r = load::ack(&mut client, &rec.id, &rec.token).await;
-            h.answered(sent, &r);
+            acks.ack(h, &client, rec).await;
         }
     }
 }

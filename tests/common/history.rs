@@ -68,6 +68,8 @@ pub struct Fault {
     /// `broker`, or every stream when it hit no one broker. A client's own
     /// cut excuses nothing.
     pub excuses_stalls: bool,
+    /// A client's own doing (a cut stream): nothing to recover from.
+    pub by_client: bool,
 }
 
 /// A settle a client sent.
@@ -528,9 +530,12 @@ impl History {
         self.push_fault(kind, broker, false)
     }
 
-    /// A client cut its own stream mid-lease (a fault that excuses nothing).
+    /// A client cut its own stream mid-lease (a fault that excuses nothing,
+    /// and that there is nothing to recover from).
     pub fn client_cut(&self, broker: usize) -> usize {
-        self.push_fault("client cut", Some(broker), false)
+        let f = self.push_fault("client cut", Some(broker), false);
+        self.with(|h| h.faults[f].by_client = true);
+        f
     }
 
     fn push_fault(&self, kind: &'static str, broker: Option<usize>, excuses: bool) -> usize {
@@ -542,6 +547,7 @@ impl History {
                 injected: t,
                 healed: None,
                 excuses_stalls: excuses,
+                by_client: false,
             });
             h.faults.len() - 1
         })
@@ -1058,7 +1064,7 @@ impl History {
 
         // Recovery: from a fault's healing (or its injection when it heals
         // by itself) to the first Ack OK after it, on its broker if it hit one.
-        for f in &h.faults {
+        for f in h.faults.iter().filter(|f| !f.by_client) {
             let from = f.healed.unwrap_or(f.injected);
             if let Some(t) = first_ack_after(&h, from, f.broker) {
                 r.recovery_max_s = r.recovery_max_s.max((t - from).as_secs_f64());

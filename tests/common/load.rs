@@ -235,12 +235,13 @@ pub async fn consumer(
                 lease: Some(dur(b.lease)),
             })) => r,
         };
-        let Some((mut stream, at)) =
+        let Some((stream, at)) =
             opened_or_next(&history, opened, &mut broker, clients.len(), ids.as_ref()).await
         else {
             continue;
         };
         let sid = history.consumer_stream(at, b.credit, false);
+        let mut reader = Reader::start(&history, sid, at, b.lease, stream);
         // Unary settles go through the balancer, to a broker not known.
         let settles_to = if ids.is_some() { UNKNOWN_BROKER } else { at };
         let away = away_from(broker, home);
@@ -255,14 +256,9 @@ pub async fn consumer(
                     history.stream_dropped(sid);
                     break;
                 }
-                m = stream.message() => m,
+                m = reader.next() => m,
             };
-            let d = match next(&history, sid, msg) {
-                Next::Job(d) => d,
-                Next::Nothing => continue,
-                Next::Ended => break,
-            };
-            let rec = history.delivered(sid, at, b.lease, &d);
+            let Some(rec) = msg else { break };
             let roll = rng.next_f64();
             if roll < b.cut {
                 history.client_cut(at);
@@ -290,9 +286,57 @@ pub async fn consumer(
             }
         }
         // The stream is gone (its Drop ran above or below); go back home.
-        drop(stream);
+        drop(reader);
         broker = home;
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A Subscribe stream read in a task of its own, each delivery recorded
+/// the moment it arrives: a consumer busy settling the last one would read
+/// the next one late, and the checker compares receipt times with leases
+/// (a delivery received after its lease's end is an anomaly). Dropping the
+/// reader drops the stream.
+pub struct Reader {
+    rx: mpsc::UnboundedReceiver<Delivered>,
+    task: JoinHandle<()>,
+}
+
+impl Reader {
+    pub fn start(
+        history: &History,
+        sid: u64,
+        broker: usize,
+        lease: Duration,
+        mut stream: tonic::Streaming<pb::SubscribeResponse>,
+    ) -> Reader {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let history = history.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match next(&history, sid, stream.message().await) {
+                    Next::Job(d) => {
+                        if tx.send(history.delivered(sid, broker, lease, &d)).is_err() {
+                            return;
+                        }
+                    }
+                    Next::Nothing => {}
+                    Next::Ended => return,
+                }
+            }
+        });
+        Reader { rx, task }
+    }
+
+    /// The next delivery; None once the stream ended (recorded).
+    pub async fn next(&mut self) -> Option<Delivered> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -729,6 +773,31 @@ pub async fn producer_over(
     }
 }
 
+/// The final drain's Acks, up to 64 at a time (one at a time, a backlog of
+/// thousands would take longer to ack than the broker took to deliver it).
+#[derive(Default)]
+pub struct Acks(tokio::task::JoinSet<()>);
+
+impl Acks {
+    /// Acks `rec` (recorded) in a task of its own.
+    pub async fn ack(&mut self, history: &History, client: &Client, rec: Delivered) {
+        while self.0.len() >= 64 {
+            self.0.join_next().await;
+        }
+        let (history, mut client) = (history.clone(), client.clone());
+        self.0.spawn(async move {
+            let sent = history.sent(Op::Ack, &rec, usize::MAX);
+            let r = ack(&mut client, &rec.id, &rec.token).await;
+            history.answered(sent, &r);
+        });
+    }
+
+    /// Waits for every Ack sent.
+    pub async fn wait(&mut self) {
+        while self.0.join_next().await.is_some() {}
+    }
+}
+
 /// The clean consumer at the end: takes everything left in `queue` through
 /// `addr` and acks it (recorded), until the jobs table holds nothing of the
 /// queue. Jobs leased by dead brokers come back when their leases expire.
@@ -744,6 +813,7 @@ pub async fn final_drain(
     let mut client = lazy_client(addr);
     let lease = Duration::from_secs(30);
     let mut reported = false;
+    let mut acks = Acks::default();
     'outer: loop {
         assert!(
             Instant::now() < deadline,
@@ -770,6 +840,7 @@ pub async fn final_drain(
         let sid = history.stream_opened(usize::MAX);
         loop {
             if live(db, queue).await == 0 {
+                acks.wait().await;
                 history.stream_dropped(sid);
                 break 'outer;
             }
@@ -798,9 +869,7 @@ pub async fn final_drain(
                 Next::Ended => continue 'outer,
             };
             let rec = history.delivered(sid, usize::MAX, lease, &d);
-            let sent = history.sent(Op::Ack, &rec, usize::MAX);
-            let r = ack(&mut client, &rec.id, &rec.token).await;
-            history.answered(sent, &r);
+            acks.ack(history, &client, rec).await;
         }
     }
     started.elapsed()

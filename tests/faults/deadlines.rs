@@ -2,7 +2,7 @@
 //! under load, with the strict checker. Every production gRPC client sets
 //! deadlines, and every database is sometimes slow: here impatient clients
 //! call Enqueue, EnqueueBatch, Ack, Nack, ExtendLease, and open Subscribe
-//! and Consume streams, each call either with a deadline of 1 to 60 ms
+//! and Consume streams, each call either with a deadline of 1 to 300 ms
 //! (`grpc-timeout`, which the broker enforces as well) or cancelled by the
 //! client dropping it after as long (an HTTP/2 reset the broker sees), and
 //! drop their streams after up to 1.5 s; meanwhile the jobs table is
@@ -43,14 +43,16 @@ enum Cut {
 }
 
 impl Cut {
-    /// 1 to 60 ms, a deadline or a cancellation at even odds.
+    /// 1 to 300 ms, a deadline or a cancellation at even odds.
     fn random(rng: &mut Rng) -> Cut {
-        Cut::between(rng, 1.0, 60.0)
+        Cut::between(rng, 1.0, 300.0)
     }
 
-    /// `from` to `to` ms, a deadline or a cancellation at even odds.
+    /// `from` to `to` ms (log-uniform: as many under 10 ms as over, whatever
+    /// the load), a deadline or a cancellation at even odds.
     fn between(rng: &mut Rng, from: f64, to: f64) -> Cut {
-        let d = Duration::from_secs_f64((from + rng.next_f64() * (to - from)) / 1000.0);
+        let ms = from * (to / from).powf(rng.next_f64());
+        let d = Duration::from_secs_f64(ms / 1000.0);
         if rng.next_f64() < 0.5 {
             Cut::Deadline(d)
         } else {
@@ -246,8 +248,9 @@ async fn impatient_subscriber(
     let mut rng = Rng::new(seed);
     let lease = Duration::from_secs(2);
     while !stop.is_cancelled() {
-        // An opening answers within a ms or so: cut it within 0.05 to 3 ms.
-        let cut = Cut::between(&mut rng, 0.05, 3.0);
+        // An opening answers within a ms or so (unloaded): cut it within
+        // 0.05 to 30 ms.
+        let cut = Cut::between(&mut rng, 0.05, 30.0);
         let locked = tally.locked();
         let r = cut
             .run(c.subscribe(cut.request(pb::SubscribeRequest {
@@ -331,7 +334,7 @@ async fn impatient_consumer(
             ..Default::default()
         })
         .expect("room for the first message");
-        let cut = Cut::between(&mut rng, 0.05, 3.0);
+        let cut = Cut::between(&mut rng, 0.05, 30.0);
         let locked = tally.locked();
         let r = cut
             .run(c.consume(cut.request(ReceiverStream::new(rx))))

@@ -116,8 +116,8 @@ async fn bucket_move_killed_mid_copy_under_load() {
     // (the command copies 500 jobs per transaction).
     let mut c = lazy_client(b0.addr);
     for chunk in 0..4 {
-        let payloads: Vec<String> = (0..1000)
-            .map(|i| format!("backlog{:05}", chunk * 1000 + i))
+        let payloads: Vec<String> = (0..500)
+            .map(|i| format!("backlog{:05}", chunk * 500 + i))
             .collect();
         let jobs = payloads.iter().map(|p| crate::common::job(&q, p)).collect();
         let resp = c
