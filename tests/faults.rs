@@ -1,12 +1,19 @@
 //! Fault injection, Jepsen style: each test runs producers and consumers
 //! against real brokers (the binary as processes, or in-process where noted)
 //! over one database, injects one kind of fault while they run, then drains
-//! everything with a clean consumer and checks the recorded history
-//! (tests/faults/history.rs): nothing lost, nothing acked twice, no two
-//! unexpired leases of one job, nothing delivered after its Ack returned OK,
-//! and every duplicate explained by an expiry, a Nack, or a stream closed.
-//! Each prints one `FAULTS` line of figures. docs/RELIABILITY.md has the
-//! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
+//! everything with a clean consumer and checks the recorded history with
+//! the strict checker (tests/common/history.rs, itself checked by
+//! `checker`): nothing lost, nothing acked twice, no two current leases of
+//! one job, no valid settle refused and no stale one answered OK, nothing
+//! delivered after its lease ended, every job settled soon after the
+//! faults, no stream left without deliveries while jobs wait, and every
+//! duplicate explained by an expiry, a Nack, or a stream closed. Each
+//! prints one `FAULTS` line of figures. The faults of this file are the
+//! processes' and the database's; the modules below add client deadlines
+//! (`deadlines`), a frozen replica (`frozen`), the database's clock
+//! (`pgclock`), a killed bucket move (`moves`) and the broker's own
+//! timings (`linger`). docs/RELIABILITY.md has the commands, the long-run
+//! variant (`LEASEQ_FAULT_SECONDS`) and the fault table.
 
 pub mod checker;
 pub mod deadlines;

@@ -664,7 +664,9 @@ impl History {
         })
     }
 
-    /// Stream ends (status) of streams on `broker` open at `at`.
+    /// Stream ends (status) of streams on `broker` open at `at`, but for
+    /// those the client dropped before the broker ended them (their end is
+    /// not known: a consumer away from home going back, say).
     pub fn ends_of_streams_open_at(&self, broker: usize, at: Duration) -> Vec<Option<Code>> {
         self.with(|h| {
             h.streams
@@ -674,6 +676,7 @@ impl History {
                         && r.opened <= at
                         && h.dropped.get(s).is_none_or(|t| *t > at)
                         && h.ended.get(s).is_none_or(|e| e.0 > at)
+                        && !(h.dropped.contains_key(s) && !h.ended.contains_key(s))
                 })
                 .map(|(s, _)| h.ended.get(s).and_then(|e| e.1))
                 .collect()
