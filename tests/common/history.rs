@@ -676,7 +676,7 @@ impl History {
                         && r.opened <= at
                         && h.dropped.get(s).is_none_or(|t| *t > at)
                         && h.ended.get(s).is_none_or(|e| e.0 > at)
-                        && !(h.dropped.contains_key(s) && !h.ended.contains_key(s))
+                        && (h.ended.contains_key(s) || !h.dropped.contains_key(s))
                 })
                 .map(|(s, _)| h.ended.get(s).and_then(|e| e.1))
                 .collect()
