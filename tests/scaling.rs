@@ -1241,6 +1241,107 @@ async fn a_dedup_key_enqueued_during_a_bucket_move_finds_the_job_being_moved() {
     b.stop().await;
 }
 
+/// Found by the fault suite (faults::moves): a bucket move killed between
+/// the two commits of a copy leaves a job X (dedup key K) on both
+/// clusters, the destination's row tombstoned, the source's paused; X is
+/// delivered from the destination and acked there. Until the move runs
+/// again, an Enqueue with key K looked on the source, found X's stale row
+/// and was answered `duplicate: true` with X's id: a job already done, so
+/// the Enqueue created nothing. Once X is acked its key is free: the
+/// Enqueue creates a job, delivered in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dedup_key_is_free_once_its_job_copied_by_a_killed_move_is_acked() {
+    let three = Three::start().await;
+    let b = Broker::start(&three.databases()).await;
+    let q = queues_on(0, 1, "kk").remove(0);
+    let bucket = bucket_of(&q);
+    let mut c = lazy_client(b.addr);
+    let keyed = |payload: &str| pb::EnqueueRequest {
+        dedup_key: "K".into(),
+        ..crate::common::job(&q, payload)
+    };
+    let x = c.enqueue(keyed("x")).await.unwrap().into_inner();
+    assert!(!x.duplicate);
+
+    // What `leaseq placement move` leaves when killed after the copy of X
+    // committed on b and before its delete on a: the move announced (a
+    // new epoch), the queue fenced (paused) on a, X on both clusters, its
+    // tombstone on b.
+    let epoch: i64 = sqlx::query_scalar(
+        "with m as (update leaseq.placement set moving_to = 1 where bucket = $1)
+         update leaseq.placement_epoch set epoch = epoch + 1 returning epoch",
+    )
+    .bind(bucket as i32)
+    .fetch_one(&three.pools[0])
+    .await
+    .unwrap();
+    sqlx::query("update leaseq.queues set paused = true where name = $1")
+        .bind(&q)
+        .execute(&three.pools[0])
+        .await
+        .unwrap();
+    let row: String =
+        sqlx::query_scalar("select row_to_json(j)::text from leaseq.jobs j where id = $1::uuid")
+            .bind(&x.job_id)
+            .fetch_one(&three.pools[0])
+            .await
+            .unwrap();
+    for sql in [
+        "insert into leaseq.queues (name) values ($2) on conflict do nothing",
+        "insert into leaseq.moved_jobs (id) select (r).id
+           from (select json_populate_record(null::leaseq.jobs, $1::json) r) s",
+        "insert into leaseq.jobs select * from json_populate_record(null::leaseq.jobs, $1::json)",
+    ] {
+        sqlx::query(sql)
+            .bind(&row)
+            .bind(&q)
+            .execute(&three.pools[1])
+            .await
+            .unwrap();
+    }
+    // The broker routes the queue to b.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sqlx::query_scalar::<_, i64>(
+        "select count(*) from leaseq.placement_brokers where epoch < $1",
+    )
+    .bind(epoch)
+    .fetch_one(&three.pools[0])
+    .await
+    .unwrap()
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the broker never followed");
+        sleep(Duration::from_millis(50)).await;
+    }
+
+    // X is delivered from b and acked.
+    let mut s = c
+        .subscribe(pb::SubscribeRequest {
+            queues: vec![q.clone()],
+            max_in_flight: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let d = crate::common::next_delivery(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(d.job.as_ref().unwrap().id, x.job_id);
+    crate::common::ack(&mut c, &d).await.expect("X acked");
+
+    // The key is free: a new job, delivered.
+    let y = c.enqueue(keyed("y")).await.unwrap().into_inner();
+    assert!(
+        !y.duplicate,
+        "answered duplicate of {} ({}), which was acked",
+        y.job_id, x.job_id
+    );
+    let d = crate::common::next_delivery(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(d.job.as_ref().unwrap().id, y.job_id);
+    crate::common::ack(&mut c, &d).await.expect("Y acked");
+    drop(s);
+    b.stop().await;
+}
+
 /// The stray sweep and the bucket move copy with the same statement; a
 /// stray job whose dedup key is taken by a live job on its queue's own
 /// cluster was skipped by the copy (`on conflict do nothing`), then
