@@ -16,6 +16,9 @@
 #          and after the rounds, and RabbitMQ's quorum queue (throughput 4x4
 #          and latency at 1,000/s and 100/s; rabbitmq/setup.sh once) at the
 #          end, after the brokers stopped.
+#          SEPARATE=1 gives each binary a cluster of its own (warmed
+#          alike), for binaries whose migrations differ: a binary refuses a
+#          database migrated by a newer one.
 # Stops only what it started, by pid (a broker of yours on the host is left
 # alone; the ports it needs must be free: bench-lib.sh's port_free).
 set -uo pipefail
@@ -24,7 +27,14 @@ mkdir -p $OUT
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
 port_free 127.0.0.1:50062
+if [ -n "${SEPARATE:-}" ]; then
+  BIN=$B embedded_broker /tmp/ab-pg-b 127.0.0.1:50060 "$OUT/owner-b.log"
+  U_B=$U; PM_B=$PM; A_PID_B=$A_PID
+  $B bench --addr http://127.0.0.1:50060 --duration 15 --json >/dev/null 2>&1
+  runuser -u postgres -- psql -qAtX "$U_B" -c checkpoint >/dev/null
+fi
 BIN=$A embedded_broker /tmp/ab-pg 127.0.0.1:50061 "$OUT/owner.log"
+U_A=$U; PM_A=$PM
 floor() { # rate suffix
   [ -n "${ANCHORS:-}" ] || return 0
   runuser -u postgres -- "$ANCHORS/commit-floor.sh" "$U" "$1" 10 \
@@ -37,6 +47,8 @@ runuser -u postgres -- psql -qAtX "$U" -c checkpoint >/dev/null
 floor 1000 ""; floor 100 ""
 for r in $(seq $ROUNDS); do for V in A B; do
   BIN=$A; [ $V = B ] && BIN=$B
+  U=$U_A; PM=$PM_A
+  if [ $V = B ] && [ -n "${SEPARATE:-}" ]; then U=$U_B; PM=$PM_B; fi
   DATABASE_URL="$U" LEASEQ_LISTEN=127.0.0.1:50062 RUST_LOG=warn $BIN serve > $OUT/b.log 2>&1 &
   BP=$!; sleep 3
   for s in ${RUNS:-stream enq64}; do
@@ -57,9 +69,11 @@ for r in $(seq $ROUNDS); do for V in A B; do
   done
   kill $BP; wait $BP 2>/dev/null; sleep 1
 done; done
-floor 1000 -b; floor 100 -b
-# The owner broker stops its embedded cluster as it exits.
-kill $A_PID; wait $A_PID 2>/dev/null; sleep 2
+U=$U_A; floor 1000 -b; floor 100 -b
+# The owner brokers stop their embedded clusters as they exit.
+kill $A_PID; wait $A_PID 2>/dev/null
+if [ -n "${SEPARATE:-}" ]; then kill $A_PID_B; wait $A_PID_B 2>/dev/null; fi
+sleep 2
 if [ -n "${ANCHORS:-}" ]; then
   RT=${CARGO_TARGET_DIR:-/tmp/leaseq-anchor-rabbitmq}; RB=$RT/release/rabbit-bench
   (cd "$ANCHORS/rabbitmq" && CARGO_TARGET_DIR=$RT cargo build --release -q) || exit 1

@@ -1232,3 +1232,60 @@ async fn a_job_handed_to_a_replica_that_never_takes_it_comes_back_when_its_lease
     assert_eq!(ids, want);
     assert!(back.iter().all(|d| job_of(d).attempt == 2), "{back:?}");
 }
+
+/// Subscribe and Consume responses name the broker process serving the
+/// stream (`leaseq-broker`, docs/DEPLOYMENT.md): the id its leases carry in
+/// `lease_broker`, one per process, another for another broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_names_the_broker_that_serves_it() {
+    let db = TestDb::new().await;
+    let b0 = TestBroker::start(&db).await;
+    let b1 = TestBroker::start(&db).await;
+    let header = |md: &tonic::metadata::MetadataMap| {
+        md.get("leaseq-broker")
+            .expect("leaseq-broker metadata")
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let mut c = b0.client().await;
+    let sub = c
+        .subscribe(pb::SubscribeRequest {
+            queues: vec!["named".into()],
+            max_in_flight: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id0 = header(sub.metadata());
+    assert_eq!(id0.len(), 32, "{id0}");
+    let mut s = sub.into_inner();
+    let job_id = enqueue(&mut c, "named", "j").await;
+    let d = next_delivery(&mut s, S5).await;
+    let leased_by: Option<Uuid> =
+        sqlx::query_scalar("select lease_broker from leaseq.jobs where id = $1::uuid")
+            .bind(&job_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(leased_by.map(|u| u.simple().to_string()), Some(id0.clone()));
+    ack(&mut c, &d).await.unwrap();
+
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(opening(&["named"], 1, None, false)).await.unwrap();
+    let consumer = c
+        .consume(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    assert_eq!(header(consumer.metadata()), id0, "the same process");
+    let mut c1 = b1.client().await;
+    let other = c1
+        .subscribe(pb::SubscribeRequest {
+            queues: vec!["named".into()],
+            max_in_flight: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_ne!(header(other.metadata()), id0, "another process");
+}

@@ -1,22 +1,36 @@
 //! Fault injection, Jepsen style: each test runs producers and consumers
 //! against real brokers (the binary as processes, or in-process where noted)
 //! over one database, injects one kind of fault while they run, then drains
-//! everything with a clean consumer and checks the recorded history
-//! (tests/faults/history.rs): nothing lost, nothing acked twice, no two
-//! unexpired leases of one job, nothing delivered after its Ack returned OK,
-//! and every duplicate explained by an expiry, a Nack, or a stream closed.
-//! Each prints one `FAULTS` line of figures. docs/RELIABILITY.md has the
-//! commands, the long-run variant (`LEASEQ_FAULT_SECONDS`) and results.
+//! everything with a clean consumer and checks the recorded history with
+//! the strict checker (tests/common/history.rs, itself checked by
+//! `checker`): nothing lost, nothing acked twice, no two current leases of
+//! one job, no valid settle refused and no stale one answered OK, nothing
+//! delivered after its lease ended, every job settled soon after the
+//! faults, no stream left without deliveries while jobs wait, and every
+//! duplicate explained by an expiry, a Nack, or a stream closed. Each
+//! prints one `FAULTS` line of figures. The faults of this file are the
+//! processes' and the database's; the modules below add client deadlines
+//! (`deadlines`), a frozen replica (`frozen`), the database's clock
+//! (`pgclock`), a killed bucket move (`moves`), the broker's own timings
+//! (`linger`), the network to PostgreSQL (`pgnet`: a proxy that stalls,
+//! drops, resets and delays) and its durability settings (`durability`). docs/RELIABILITY.md has the commands, the long-run
+//! variant (`LEASEQ_FAULT_SECONDS`) and the fault table.
 
+pub mod checker;
+pub mod deadlines;
 mod durability;
+pub mod frozen;
+pub mod linger;
+pub mod moves;
 pub mod pg;
+pub mod pgclock;
 mod pgnet;
 
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::common::history::History;
+use crate::common::history::{History, Op, ts_us};
 use crate::common::load::*;
 use crate::common::*;
 use leaseq::pb;
@@ -57,7 +71,8 @@ async fn kill_9_replicas_under_load() {
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
     const CONSUMERS: usize = 6;
-    let load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
+    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
+    load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     let until = Instant::now() + fault_seconds();
@@ -116,7 +131,8 @@ async fn sigterm_drains_under_load() {
     let mut reps = start_replicas(&db.url, 2, &[], "sigterm").await;
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
-    let load = Load::start(&h, &addrs, "term", 4, mixed(), 150);
+    let mut load = Load::start(&h, &addrs, "term", 4, mixed(), 150);
+    load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     let until = Instant::now() + fault_seconds();
@@ -215,7 +231,8 @@ async fn postgres_crash_and_restart_under_load() {
     let h = History::new();
     let stop_health = CancellationToken::new();
     let monitor = health_monitor(addrs.clone(), h.clone(), stop_health.clone());
-    let load = Load::start(&h, &addrs, "pg", 4, Behaviour::default(), 100);
+    let mut load = Load::start(&h, &addrs, "pg", 4, Behaviour::default(), 100);
+    load.watch(&pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     let until = Instant::now() + fault_seconds();
@@ -345,7 +362,8 @@ async fn terminated_backends_under_load() {
     db.pool.close().await;
     let admin = admin_pool(&db.url).await;
     let h = History::new();
-    let load = Load::start(&h, &addrs, "term4", 4, Behaviour::default(), 150);
+    let mut load = Load::start(&h, &addrs, "term4", 4, Behaviour::default(), 150);
+    load.watch(&admin);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
     // A probe stream on broker 0 and a producer on broker 1, on a queue of
@@ -508,8 +526,9 @@ async fn paused_consumer_is_fenced() {
         let rec = h.delivered(sid, 0, Duration::from_secs(30), &d);
         assert_eq!(rec.id, id);
         assert_eq!(rec.attempt, 2, "the paused worker's lease was attempt 1");
+        let sent = h.sent(Op::Ack, &rec, 0);
         let r = crate::common::ack(&mut client, &d).await;
-        h.ack_result(&rec, 0, &r);
+        h.answered(sent, &r);
         r.expect("the new holder acks");
     }
     // SAFETY: as above.
@@ -573,6 +592,7 @@ async fn paused_consumer_is_fenced() {
     };
     assert_eq!(second.id, first.id);
     assert_ne!(second.token, first.token);
+    let sent = h.sent(Op::Extend, &first, 0);
     let late_extend = client
         .extend_lease(pb::ExtendLeaseRequest {
             job_id: first.id.clone(),
@@ -580,20 +600,24 @@ async fn paused_consumer_is_fenced() {
             lease: Some(dur(Duration::from_secs(30))),
         })
         .await
-        .expect_err("a late ExtendLease is refused");
+        .map(|r| ts_us(&r.into_inner().lease_expires_at.expect("lease_expires_at")));
+    h.extended(sent, &late_extend);
+    let late_extend = late_extend.expect_err("a late ExtendLease is refused");
     assert_eq!(
         late_extend.code(),
         Code::FailedPrecondition,
         "{late_extend:?}"
     );
+    let sent = h.sent(Op::Ack, &first, 0);
     let late_ack = load::ack(&mut client, &first.id, &first.token).await;
-    h.ack_result(&first, 0, &late_ack);
+    h.answered(sent, &late_ack);
     assert_eq!(
         late_ack.expect_err("a late Ack is refused").code(),
         Code::FailedPrecondition
     );
+    let sent = h.sent(Op::Ack, &second, 0);
     let r = load::ack(&mut client, &second.id, &second.token).await;
-    h.ack_result(&second, 0, &r);
+    h.answered(sent, &r);
     r.expect("the new holder acks");
     drop((paused, other));
 
@@ -632,7 +656,8 @@ async fn cut_streams_and_racing_consumers() {
         credit: 4,
         ..mixed()
     };
-    let load = Load::start(&h, &addrs, "race", 16, behaviour, 200);
+    let mut load = Load::start(&h, &addrs, "race", 16, behaviour, 200);
+    load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
     sleep(fault_seconds()).await;
     let report = load.finish("cut-streams", &db.pool, addrs[0], "race").await;
@@ -739,7 +764,8 @@ async fn skewed_broker_clocks() {
         stall: 0.05,
         ..Behaviour::default()
     };
-    let load = Load::start(&h, &addrs, "skew", 4, behaviour, 100);
+    let mut load = Load::start(&h, &addrs, "skew", 4, behaviour, 100);
+    load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
     sleep(fault_seconds()).await;
     let report = load.finish("clock-skew", &db.pool, addrs[0], "skew").await;
@@ -778,114 +804,4 @@ async fn skewed_broker_clocks() {
         r.signal(libc::SIGTERM);
         r.wait(Duration::from_secs(10)).await;
     }
-}
-
-/// The checker itself: a history with one planted anomaly of each kind is
-/// reported as such, and explained duplicates are not anomalies.
-#[test]
-fn checker_finds_planted_anomalies() {
-    let h = History::new();
-    let second = Duration::from_secs(1);
-    // A delivery of job `id` under `token`, leased at `start` s (database
-    // time) for 2 s.
-    let deliver = |stream: u64, id: &str, token: &str, start: i64| {
-        let d = pb::Delivery {
-            job: Some(pb::Job {
-                id: id.into(),
-                payload: id.as_bytes().to_vec(),
-                attempt: 1,
-                ..Default::default()
-            }),
-            lease_token: token.into(),
-            lease_expires_at: Some(prost_types::Timestamp {
-                seconds: start + 2,
-                nanos: 0,
-            }),
-        };
-        h.delivered(stream, 0, 2 * second, &d)
-    };
-    let ok: Result<(), tonic::Status> = Ok(());
-    for id in [
-        "lost",
-        "overlap",
-        "after-ack",
-        "twice",
-        "expired",
-        "cut",
-        "nacked",
-        "nack-refused",
-    ] {
-        h.enqueue_ok(id, id);
-    }
-    let s1 = h.stream_opened(0);
-    let s2 = h.stream_opened(0);
-
-    let a = deliver(s1, "lost", "l1", 100);
-    h.ack_result(&a, 0, &Err(tonic::Status::failed_precondition("stale")));
-
-    let a = deliver(s1, "overlap", "o1", 100);
-    let b = deliver(s2, "overlap", "o2", 101);
-    h.ack_result(&a, 0, &Err(tonic::Status::failed_precondition("stale")));
-    h.ack_result(&b, 0, &ok);
-
-    let a = deliver(s1, "after-ack", "a1", 100);
-    h.ack_result(&a, 0, &ok);
-    let b = deliver(s2, "after-ack", "a2", 103);
-    h.ack_result(&b, 0, &Err(tonic::Status::failed_precondition("stale")));
-
-    let a = deliver(s1, "twice", "t1", 100);
-    let b = deliver(s2, "twice", "t2", 103);
-    h.ack_result(&a, 0, &ok);
-    h.ack_result(&b, 0, &ok);
-
-    // Explained: the second lease began when the first had expired...
-    let a = deliver(s1, "expired", "e1", 100);
-    let b = deliver(s2, "expired", "e2", 102);
-    h.ack_result(&a, 0, &Err(tonic::Status::failed_precondition("stale")));
-    h.ack_result(&b, 0, &ok);
-    // ... the first was nacked before the second was received ...
-    let a = deliver(s1, "nacked", "n1", 100);
-    h.nack_sent(&a);
-    let b = deliver(s2, "nacked", "n2", 100);
-    h.ack_result(&b, 0, &ok);
-    // (A Nack refused as stale released nothing: overlap again.)
-    let a = deliver(s1, "nack-refused", "r1", 100);
-    h.nack_sent(&a);
-    h.nack_result(&a, &Err(tonic::Status::failed_precondition("stale")));
-    let b = deliver(s2, "nack-refused", "r2", 101);
-    h.ack_result(&b, 0, &ok);
-    // ... or its stream was dropped before.
-    let s3 = h.stream_opened(0);
-    deliver(s3, "cut", "c1", 100);
-    h.stream_dropped(s3);
-    let b = deliver(s2, "cut", "c2", 101);
-    h.ack_result(&b, 0, &ok);
-
-    // Delivered, acked, never enqueued.
-    let a = deliver(s1, "ghost", "g1", 100);
-    h.ack_result(&a, 0, &ok);
-
-    let r = h.check(&Default::default(), &Default::default());
-    assert_eq!(r.lost.len(), 1, "{r:#?}");
-    assert!(r.lost[0].starts_with("lost"), "{r:#?}");
-    // With its story: the delivery and the refused Ack.
-    assert!(
-        r.lost[0].contains("delivered attempt 1 token l1 on Subscribe stream")
-            && r.lost[0].contains("ack of token l1 via broker 0: FAILED_PRECONDITION"),
-        "{r:#?}"
-    );
-    assert_eq!(r.lease_overlap.len(), 2, "{r:#?}");
-    assert!(r.lease_overlap[0].starts_with("nack-refused"), "{r:#?}");
-    assert!(r.lease_overlap[1].starts_with("overlap"), "{r:#?}");
-    assert_eq!(r.acked_twice.len(), 1, "{r:#?}");
-    assert!(r.acked_twice[0].starts_with("twice"), "{r:#?}");
-    // "after-ack", and "twice" (its second lease came after an Ack too).
-    assert_eq!(r.redelivered_after_ack.len(), 2, "{r:#?}");
-    assert_eq!(
-        (r.dup_expiry, r.dup_nack, r.dup_closed),
-        (1, 1, 1),
-        "{r:#?}"
-    );
-    assert_eq!(r.phantom.len(), 1, "{r:#?}");
-    assert_eq!(r.anomalies().len(), 5, "{:#?}", r.anomalies());
 }

@@ -21,7 +21,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common::history::History;
-use crate::common::load::{Behaviour, Load, Protocol, producer, wait_acked};
+use crate::common::load::{Behaviour, BrokerIds, Load, Protocol, producer, wait_acked};
 use crate::common::*;
 use leaseq::pb;
 use leaseq::pb::subscribe_response::Kind;
@@ -297,13 +297,21 @@ async fn lose_a_replica_mid_flow(loss: Loss) {
 
     const CONSUMERS: usize = 4;
     let h = History::new();
-    let mut load = Load::consumers_only(
+    // Each stream is recorded on the replica that serves it (named in its
+    // metadata): the drain of replica 1 excuses the releases of its own
+    // streams only.
+    let ids = BrokerIds::default();
+    assert_eq!(ids.learn(b1.addr).await, 0);
+    assert_eq!(ids.learn(b2.addr).await, 1);
+    let mut load = Load::consumers_behind(
         &h,
         &[lb.addr],
         QUEUE,
         CONSUMERS,
         through_the_balancer(lease),
+        Some(ids),
     );
+    load.watch(&db.pool);
     // leastconn spreads the four streams over both replicas.
     wait_streams_on_both(&lb).await;
 
@@ -321,12 +329,13 @@ async fn lose_a_replica_mid_flow(loss: Loss) {
     wait_acked(&h, 100, Duration::from_secs(60)).await;
 
     let lost_at = Instant::now();
+    // Replica 1 is broker 0 of the history.
     let fault = h.fault(
         match loss {
             Loss::Kill => "kill -9",
             Loss::Drain => "SIGTERM",
         },
-        None,
+        Some(0),
     );
     match loss {
         Loss::Kill => b1.signal(libc::SIGKILL),

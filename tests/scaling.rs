@@ -21,7 +21,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::common::history::History;
+use crate::common::history::{History, Op};
 use crate::common::load::{self, Next, Rng, lazy_client, next, producer_over};
 use crate::common::{dur, test_config, wait_serving};
 use crate::faults::pg::PrivatePg;
@@ -29,13 +29,13 @@ use crate::faults::pg::PrivatePg;
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
 /// Three private clusters and a pool on each.
-struct Three {
-    pgs: Vec<PrivatePg>,
-    pools: Vec<PgPool>,
+pub(crate) struct Three {
+    pub(crate) pgs: Vec<PrivatePg>,
+    pub(crate) pools: Vec<PgPool>,
 }
 
 impl Three {
-    async fn start() -> Three {
+    pub(crate) async fn start() -> Three {
         let (a, b, c) = tokio::join!(PrivatePg::start(), PrivatePg::start(), PrivatePg::start());
         let pgs = vec![a, b, c];
         let mut pools = Vec::new();
@@ -51,7 +51,7 @@ impl Three {
         Three { pgs, pools }
     }
 
-    fn databases(&self) -> Vec<Database> {
+    pub(crate) fn databases(&self) -> Vec<Database> {
         self.pgs
             .iter()
             .zip(NAMES)
@@ -63,7 +63,7 @@ impl Three {
     }
 
     /// (id, pool) per cluster, home first: what `move_bucket` takes.
-    fn placement_pools(&self) -> Vec<(ClusterId, PgPool)> {
+    pub(crate) fn placement_pools(&self) -> Vec<(ClusterId, PgPool)> {
         self.pools
             .iter()
             .enumerate()
@@ -71,7 +71,7 @@ impl Three {
             .collect()
     }
 
-    async fn live(&self, k: usize, queues: &[String]) -> i64 {
+    pub(crate) async fn live(&self, k: usize, queues: &[String]) -> i64 {
         sqlx::query_scalar("select count(*) from leaseq.jobs where queue = any($1)")
             .bind(queues)
             .fetch_one(&self.pools[k])
@@ -79,7 +79,7 @@ impl Three {
             .expect("count")
     }
 
-    async fn live_everywhere(&self, queues: &[String]) -> i64 {
+    pub(crate) async fn live_everywhere(&self, queues: &[String]) -> i64 {
         let mut n = 0;
         for k in 0..3 {
             n += self.live(k, queues).await;
@@ -100,14 +100,14 @@ impl Three {
 }
 
 /// A broker over the three clusters, in this process.
-struct Broker {
-    addr: SocketAddr,
+pub(crate) struct Broker {
+    pub(crate) addr: SocketAddr,
     stop: CancellationToken,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl Broker {
-    async fn start(dbs: &[Database]) -> Broker {
+    pub(crate) async fn start(dbs: &[Database]) -> Broker {
         Broker::start_with(dbs, |_| {}).await
     }
 
@@ -132,7 +132,7 @@ impl Broker {
         Broker { addr, stop, handle }
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         let r = timeout(Duration::from_secs(20), self.handle)
             .await
@@ -144,7 +144,7 @@ impl Broker {
 
 /// `n` queue names on cluster `k` under the first map of a new deployment
 /// (bucket b on cluster b mod 3).
-fn queues_on(k: usize, n: usize, prefix: &str) -> Vec<String> {
+pub(crate) fn queues_on(k: usize, n: usize, prefix: &str) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}{k}-{i}"))
         .filter(|q| bucket_of(q) as usize % 3 == k)
@@ -161,6 +161,7 @@ async fn consumer(
     consume: SocketAddr,
     settle: SocketAddr,
     broker: usize,
+    settle_broker: usize,
     queues: Vec<String>,
     nack: f64,
     seed: u64,
@@ -180,7 +181,7 @@ async fn consumer(
                 lease: Some(dur(lease)),
             })) => r,
         };
-        let mut stream = match opened {
+        let stream = match opened {
             Ok(Ok(s)) => s.into_inner(),
             Ok(Err(s)) => {
                 h.subscribe_err(s.code());
@@ -192,29 +193,33 @@ async fn consumer(
                 continue;
             }
         };
-        let sid = h.stream_opened(broker);
+        let sid = h.consumer_stream(broker, 8, false);
+        let mut reader = load::Reader::start(&h, sid, broker, lease, stream);
         loop {
             let msg = tokio::select! {
                 _ = stop.cancelled() => {
                     h.stream_dropped(sid);
                     return;
                 }
-                m = stream.message() => m,
+                m = reader.next() => m,
             };
-            let d = match next(&h, sid, msg) {
-                Next::Job(d) => d,
-                Next::Nothing => continue,
-                Next::Ended => break,
-            };
-            let rec = h.delivered(sid, broker, lease, &d);
+            let Some(rec) = msg else { break };
             if rng.next_f64() < nack {
-                load::nack(&h, &mut settler, &rec, "scaling: nacked on purpose").await;
+                load::nack(
+                    &h,
+                    &mut settler,
+                    &rec,
+                    settle_broker,
+                    "scaling: nacked on purpose",
+                )
+                .await;
             } else {
+                let sent = h.sent(Op::Ack, &rec, settle_broker);
                 let r = load::ack(&mut settler, &rec.id, &rec.token).await;
-                h.ack_result(&rec, broker, &r);
+                h.answered(sent, &r);
             }
         }
-        drop(stream);
+        drop(reader);
         sleep(Duration::from_millis(50)).await;
     }
 }
@@ -225,6 +230,7 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
     let deadline = Instant::now() + Duration::from_secs(60);
     let lease = Duration::from_secs(30);
     let mut client = lazy_client(addr);
+    let mut acks = load::Acks::default();
     'outer: loop {
         assert!(
             Instant::now() < deadline,
@@ -249,6 +255,7 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
         let sid = h.stream_opened(usize::MAX);
         loop {
             if three.live_everywhere(queues).await == 0 {
+                acks.wait().await;
                 h.stream_dropped(sid);
                 break 'outer;
             }
@@ -262,26 +269,27 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
                 Next::Ended => continue 'outer,
             };
             let rec = h.delivered(sid, usize::MAX, lease, &d);
-            let r = load::ack(&mut client, &rec.id, &rec.token).await;
-            h.ack_result(&rec, usize::MAX, &r);
+            acks.ack(h, &client, rec).await;
         }
     }
 }
 
 /// Producers and consumers of one run.
-struct Run {
+pub(crate) struct Run {
     h: History,
     producers: CancellationToken,
     consumers: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     consumer_tasks: Vec<tokio::task::JoinHandle<()>>,
+    sampler_stop: CancellationToken,
+    sampler: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Run {
     /// Two consumers per broker, each streaming every queue from its broker
     /// and settling on the other one; two producers over every queue and
     /// broker, about `rate` jobs/s between them.
-    fn start(h: &History, addrs: &[SocketAddr], queues: &[String], rate: u32) -> Run {
+    pub(crate) fn start(h: &History, addrs: &[SocketAddr], queues: &[String], rate: u32) -> Run {
         let (producers, consumers) = (CancellationToken::new(), CancellationToken::new());
         let mut consumer_tasks = Vec::new();
         for i in 0..2 * addrs.len() {
@@ -291,6 +299,7 @@ impl Run {
                 addrs[b],
                 addrs[(b + 1) % addrs.len()],
                 b,
+                (b + 1) % addrs.len(),
                 queues.to_vec(),
                 0.05,
                 i as u64 + 1,
@@ -318,11 +327,41 @@ impl Run {
             consumers,
             tasks,
             consumer_tasks,
+            sampler_stop: CancellationToken::new(),
+            sampler: None,
         }
     }
 
+    /// Samples the jobs of `queues` waiting deliverable on every cluster
+    /// (the history's stall check) until [`Run::finish`] has drained.
+    pub(crate) fn watch(&mut self, three: &Three, queues: &[String]) {
+        self.sampler = Some(tokio::spawn(load::sample_ready(
+            self.h.clone(),
+            three.pools.clone(),
+            queues.to_vec(),
+            self.sampler_stop.clone(),
+        )));
+    }
+
+    /// Runs `task` as one more producer: [`Run::finish`] waits for it.
+    pub(crate) fn produce(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.push(tokio::spawn(task));
+    }
+
+    /// The token producers stop on.
+    pub(crate) fn producers_stop(&self) -> CancellationToken {
+        self.producers.clone()
+    }
+
     /// Stops the load, drains, checks the history over every cluster.
-    async fn finish(self, name: &str, three: &Three, drain: SocketAddr, queues: &[String]) {
+    pub(crate) async fn finish(
+        self,
+        name: &str,
+        three: &Three,
+        drain: SocketAddr,
+        queues: &[String],
+    ) -> crate::common::history::Report {
+        self.h.faults_over();
         self.producers.cancel();
         for t in self.tasks {
             timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
@@ -332,11 +371,16 @@ impl Run {
             timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
         }
         final_drain(&self.h, three, drain, queues).await;
+        self.sampler_stop.cancel();
+        if let Some(s) = self.sampler {
+            s.await.expect("sampler");
+        }
         let (dead, live) = three.final_ids().await;
         let report = self.h.check(&dead, &live);
         eprintln!("{}", report.figures(name, self.h.now()));
         report.assert_ok();
         assert!(live.is_empty(), "jobs left after the drain: {live:?}");
+        report
     }
 }
 
@@ -465,7 +509,8 @@ async fn exactly_once_over_three_clusters() {
         v
     };
     let h = History::new();
-    let run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
+    let mut run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
+    run.watch(&three, &queues);
     sleep(Duration::from_secs(6)).await;
     run.finish("scaling-exactly-once", &three, b1.addr, &queues)
         .await;
@@ -488,7 +533,8 @@ async fn one_cluster_crashes_the_others_flow() {
     let all: Vec<String> = up.iter().chain(&down).cloned().collect();
 
     let h = History::new();
-    let run = Run::start(&h, &[b0.addr, b1.addr], &all, 200);
+    let mut run = Run::start(&h, &[b0.addr, b1.addr], &all, 200);
+    run.watch(&three, &all);
     sleep(Duration::from_secs(2)).await;
 
     let fault = h.fault("cluster c stopped -m immediate", None);
@@ -567,7 +613,8 @@ async fn bucket_moved_under_load() {
     let bucket = bucket_of(&moving[0]);
 
     let h = History::new();
-    let run = Run::start(&h, &[b0.addr, b1.addr], &all, 300);
+    let mut run = Run::start(&h, &[b0.addr, b1.addr], &all, 300);
+    run.watch(&three, &all);
     sleep(Duration::from_secs(2)).await;
     // A backlog on the source too, so the copy has something to carry.
     let mut c = lazy_client(b0.addr);
@@ -922,7 +969,8 @@ async fn stray_jobs_are_swept_to_their_cluster() {
     // queues[k] lives on cluster k.
 
     let h = History::new();
-    let run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
+    let mut run = Run::start(&h, &[b0.addr, b1.addr], &queues, 200);
+    run.watch(&three, &queues);
     sleep(Duration::from_secs(1)).await;
 
     // An interrupted copy of a job of queues[0] from c to a: committed on
@@ -1190,6 +1238,107 @@ async fn a_dedup_key_enqueued_during_a_bucket_move_finds_the_job_being_moved() {
     assert_eq!(ids(0).await, Vec::<String>::new());
     assert_eq!(ids(1).await, vec![x.job_id.clone()]);
     assert_eq!(ids(2).await, Vec::<String>::new());
+    b.stop().await;
+}
+
+/// Found by the fault suite (faults::moves): a bucket move killed between
+/// the two commits of a copy leaves a job X (dedup key K) on both
+/// clusters, the destination's row tombstoned, the source's paused; X is
+/// delivered from the destination and acked there. Until the move runs
+/// again, an Enqueue with key K looked on the source, found X's stale row
+/// and was answered `duplicate: true` with X's id: a job already done, so
+/// the Enqueue created nothing. Once X is acked its key is free: the
+/// Enqueue creates a job, delivered in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dedup_key_is_free_once_its_job_copied_by_a_killed_move_is_acked() {
+    let three = Three::start().await;
+    let b = Broker::start(&three.databases()).await;
+    let q = queues_on(0, 1, "kk").remove(0);
+    let bucket = bucket_of(&q);
+    let mut c = lazy_client(b.addr);
+    let keyed = |payload: &str| pb::EnqueueRequest {
+        dedup_key: "K".into(),
+        ..crate::common::job(&q, payload)
+    };
+    let x = c.enqueue(keyed("x")).await.unwrap().into_inner();
+    assert!(!x.duplicate);
+
+    // What `leaseq placement move` leaves when killed after the copy of X
+    // committed on b and before its delete on a: the move announced (a
+    // new epoch), the queue fenced (paused) on a, X on both clusters, its
+    // tombstone on b.
+    let epoch: i64 = sqlx::query_scalar(
+        "with m as (update leaseq.placement set moving_to = 1 where bucket = $1)
+         update leaseq.placement_epoch set epoch = epoch + 1 returning epoch",
+    )
+    .bind(bucket as i32)
+    .fetch_one(&three.pools[0])
+    .await
+    .unwrap();
+    sqlx::query("update leaseq.queues set paused = true where name = $1")
+        .bind(&q)
+        .execute(&three.pools[0])
+        .await
+        .unwrap();
+    let row: String =
+        sqlx::query_scalar("select row_to_json(j)::text from leaseq.jobs j where id = $1::uuid")
+            .bind(&x.job_id)
+            .fetch_one(&three.pools[0])
+            .await
+            .unwrap();
+    for sql in [
+        "insert into leaseq.queues (name) values ($2) on conflict do nothing",
+        "insert into leaseq.moved_jobs (id) select (r).id
+           from (select json_populate_record(null::leaseq.jobs, $1::json) r) s",
+        "insert into leaseq.jobs select * from json_populate_record(null::leaseq.jobs, $1::json)",
+    ] {
+        sqlx::query(sql)
+            .bind(&row)
+            .bind(&q)
+            .execute(&three.pools[1])
+            .await
+            .unwrap();
+    }
+    // The broker routes the queue to b.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sqlx::query_scalar::<_, i64>(
+        "select count(*) from leaseq.placement_brokers where epoch < $1",
+    )
+    .bind(epoch)
+    .fetch_one(&three.pools[0])
+    .await
+    .unwrap()
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the broker never followed");
+        sleep(Duration::from_millis(50)).await;
+    }
+
+    // X is delivered from b and acked.
+    let mut s = c
+        .subscribe(pb::SubscribeRequest {
+            queues: vec![q.clone()],
+            max_in_flight: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let d = crate::common::next_delivery(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(d.job.as_ref().unwrap().id, x.job_id);
+    crate::common::ack(&mut c, &d).await.expect("X acked");
+
+    // The key is free: a new job, delivered.
+    let y = c.enqueue(keyed("y")).await.unwrap().into_inner();
+    assert!(
+        !y.duplicate,
+        "answered duplicate of {} ({}), which was acked",
+        y.job_id, x.job_id
+    );
+    let d = crate::common::next_delivery(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(d.job.as_ref().unwrap().id, y.job_id);
+    crate::common::ack(&mut c, &d).await.expect("Y acked");
+    drop(s);
     b.stop().await;
 }
 

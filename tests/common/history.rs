@@ -1,26 +1,39 @@
 //! The history of one fault run, Jepsen style, and its checker.
 //!
 //! Clients record what they saw (never what they assume): every Enqueue
-//! that returned OK or failed, every delivery (job id, attempt, lease token,
-//! stream, broker, receive time, and the `lease_expires_at` the broker sent,
-//! which is database time), every Ack / Nack sent and its outcome, streams
-//! opened, dropped by the client, or ended by the broker, and the faults the
-//! test injected. [`History::check`] then counts the anomalies.
+//! that returned OK or failed (with its dedup key, when it had one), every
+//! delivery (job id, attempt, lease token, stream, broker, receive time, and
+//! the `lease_expires_at` the broker sent, which is database time), every
+//! Ack, Nack and ExtendLease with the time it was sent and its outcome,
+//! streams opened (with their credit), dropped by the client or ended by the
+//! broker, samples of how many jobs waited deliverable in the database, and
+//! the faults the test injected. [`History::check`] then lists the
+//! anomalies (docs/RELIABILITY.md has the table).
 //!
-//! Two clocks appear, and each is compared only with itself:
+//! Two clocks appear:
 //! - database time (`lease_expires_at`, and the lease start derived from it,
 //!   `lease_expires_at - lease`): orders the leases of one job, since every
 //!   lease statement's `now()` follows the commit that freed the job;
 //! - the test process's monotonic clock (`t`, from one `Instant`): orders
 //!   client actions (a Nack sent, a stream dropped, SIGTERM sent) before a
 //!   later delivery was received.
+//!
+//! They are compared with each other only through [`History::db_at`]: the
+//! wall clock at the history's start plus the monotonic time since, plus
+//! the jumps the test made the database server's clock take
+//! ([`History::db_clock_jump`]). The tests' PostgreSQL runs on this machine,
+//! so without a jump the database clock is this process's wall clock.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leaseq::pb;
 use tonic::Code;
+
+/// The broker of a settle sent through a balancer: which broker handled it
+/// is not known (for the recovery after a fault, it may be any).
+pub const UNKNOWN_BROKER: usize = usize::MAX - 1;
 
 /// One delivery as the client received it.
 #[derive(Clone, Debug)]
@@ -51,37 +64,135 @@ pub struct Fault {
     /// When the test undid it (restart, Postgres start, SIGCONT); None if
     /// it heals by itself.
     pub healed: Option<Duration>,
+    /// Whether streams may receive nothing while it lasts: those of
+    /// `broker`, or every stream when it hit no one broker. A client's own
+    /// cut excuses nothing.
+    pub excuses_stalls: bool,
+    /// A client's own doing (a cut stream): nothing to recover from.
+    pub by_client: bool,
+}
+
+/// A settle a client sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Ack,
+    Nack,
+    Extend,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Ack => "ack",
+            Op::Nack => "nack",
+            Op::Extend => "extend",
+        }
+    }
+}
+
+/// What became of a settle.
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    /// Sent, never answered (the client stopped waiting).
+    Pending,
+    Ok,
+    /// FAILED_PRECONDITION: the broker says the token was not current.
+    Refused,
+    /// Any other error: it may or may not have happened.
+    Unknown(Code),
+}
+
+#[derive(Clone, Debug)]
+struct Settle {
+    op: Op,
+    id: String,
+    token: String,
+    /// The broker it was sent to.
+    broker: usize,
+    sent: Duration,
+    answered: Option<Duration>,
+    outcome: Outcome,
+    /// ExtendLease answered OK: the new expiry (database time, µs).
+    expires_us: Option<i64>,
+}
+
+impl Settle {
+    /// Whether it may have released or completed its lease (it was not
+    /// refused).
+    fn may_have_released(&self) -> bool {
+        matches!(self.op, Op::Ack | Op::Nack) && self.outcome != Outcome::Refused
+    }
+}
+
+/// A handle on a recorded settle, for its outcome.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent(usize);
+
+#[derive(Clone, Debug)]
+struct StreamRec {
+    broker: usize,
+    opened: Duration,
+    /// The stream's credit (max_in_flight); 0: not checked for stalls.
+    credit: u32,
+    consume: bool,
+}
+
+/// One Enqueue with a dedup key.
+#[derive(Clone, Debug)]
+struct Keyed {
+    key: String,
+    payload: String,
+    sent: Duration,
+    /// None: it failed, and may or may not have created a job.
+    answer: Option<(Duration, String, bool)>,
+}
+
+/// Bounds the checker holds the run to (stated per test, in its FAULTS
+/// line and in docs/RELIABILITY.md).
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Every job enqueued OK is settled within this long of the end of the
+    /// faults ([`History::faults_over`]), or of its Enqueue when later.
+    pub settle: Duration,
+    /// No stream with free credit goes this long without a delivery while
+    /// jobs wait deliverable, outside the faults that excuse it.
+    pub stall: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            settle: Duration::from_secs(15),
+            stall: Duration::from_secs(5),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Inner {
-    enq_ok: HashMap<String, String>,
+    /// payload -> (id, local time answered)
+    enq_ok: HashMap<String, (String, Duration)>,
     /// payload -> the broker its Enqueue went to, where known.
     enq_broker: HashMap<String, usize>,
     enq_err: HashMap<String, Code>,
+    keyed: Vec<Keyed>,
     deliveries: Vec<Delivered>,
-    /// (id, token, broker, t answered)
-    ack_ok: Vec<(String, String, usize, Duration)>,
-    /// Acks whose outcome is unknown (transport error, UNAVAILABLE, ...).
-    ack_unknown: Vec<(String, String, Code)>,
-    /// Acks refused with FAILED_PRECONDITION (stale token: fine):
-    /// (id, token, broker, t answered).
-    ack_stale: Vec<(String, String, usize, Duration)>,
-    /// token -> local time the Nack was sent.
-    nack_sent: HashMap<String, Duration>,
-    nack_ok: usize,
-    /// stream -> (broker, opened at)
-    streams: HashMap<u64, (usize, Duration)>,
-    /// Streams opened with Consume (settles on the stream); the others
-    /// are Subscribe streams.
-    consume_streams: HashSet<u64>,
-    /// stream -> local time the client dropped it (it releases its jobs).
+    settles: Vec<Settle>,
+    streams: HashMap<u64, StreamRec>,
+    /// stream -> local time the client dropped it, half-closed it, or its
+    /// deadline passed (it releases its jobs).
     dropped: HashMap<u64, Duration>,
     /// stream -> (local time, end status) when the broker ended it.
     ended: HashMap<u64, (Duration, Option<Code>)>,
     /// broker -> times SIGTERM was sent (a drain releases its streams' jobs).
     drains: Vec<(usize, Duration)>,
     faults: Vec<Fault>,
+    /// (local time, deliverable jobs waiting; None: the sample failed).
+    ready: Vec<(Duration, Option<i64>)>,
+    /// (local time, the database clock's offset from then on, µs).
+    db_offsets: Vec<(Duration, i64)>,
+    faults_over: Option<Duration>,
+    bounds: Bounds,
     /// Every error a client saw: (operation, code, local time).
     errors: Vec<(&'static str, Code, Duration)>,
     next_stream: u64,
@@ -99,42 +210,32 @@ impl Inner {
                 (None, Some((t, code))) => format!("ended by the broker at {t:.3?} ({code:?})"),
                 (None, None) => "open at the end".into(),
             };
-            let kind = if self.consume_streams.contains(&d.stream) {
-                "Consume"
-            } else {
-                "Subscribe"
+            let kind = match self.streams.get(&d.stream) {
+                Some(s) if s.consume => "Consume",
+                _ => "Subscribe",
             };
             events.push((
                 d.t,
                 format!(
-                    "delivered attempt {} token {} on {kind} stream {} of broker {} ({stream})",
-                    d.attempt, d.token, d.stream, d.broker
+                    "delivered attempt {} token {} (leased {} to {}) on {kind} stream {} of broker {} ({stream})",
+                    d.attempt, d.token, d.start_us, d.expires_us, d.stream, d.broker
                 ),
             ));
-            if let Some(t) = self.nack_sent.get(&d.token) {
-                events.push((*t, format!("nack sent for token {}", d.token)));
-            }
         }
-        for (i, tok, b, t) in &self.ack_stale {
-            if i == id {
-                events.push((
-                    *t,
-                    format!("ack of token {tok} via broker {b}: FAILED_PRECONDITION"),
-                ));
-            }
-        }
-        for (i, tok, code) in &self.ack_unknown {
-            if i == id {
-                events.push((
-                    Duration::MAX,
-                    format!("ack of token {tok}: unknown ({code:?})"),
-                ));
-            }
-        }
-        for (i, tok, b, t) in &self.ack_ok {
-            if i == id {
-                events.push((*t, format!("ack of token {tok} via broker {b}: OK")));
-            }
+        for s in self.settles.iter().filter(|s| s.id == id) {
+            let answered = s.answered.map_or("never answered".to_owned(), |t| {
+                format!("answered at {t:.3?}")
+            });
+            events.push((
+                s.sent,
+                format!(
+                    "{} of token {} sent to broker {}: {:?}, {answered}",
+                    s.op.name(),
+                    s.token,
+                    s.broker,
+                    s.outcome
+                ),
+            ));
         }
         events.sort_by_key(|e| e.0);
         let faults: Vec<String> = self
@@ -144,10 +245,7 @@ impl Inner {
             .collect();
         let lines: Vec<String> = events
             .into_iter()
-            .map(|(t, e)| match t {
-                Duration::MAX => format!("(time unknown) {e}"),
-                t => format!("{t:.3?} {e}"),
-            })
+            .map(|(t, e)| format!("{t:.3?} {e}"))
             .collect();
         format!("[{}] faults: [{}]", lines.join("; "), faults.join(", "))
     }
@@ -157,39 +255,93 @@ impl Inner {
 #[derive(Clone)]
 pub struct History {
     start: Instant,
+    /// The wall clock at `start`, µs since the epoch.
+    wall0_us: i64,
+    /// Set: local time is this, not the time since `start` (the checker's
+    /// self-test plants events at chosen times).
+    manual: Option<Arc<Mutex<Duration>>>,
     inner: Arc<Mutex<Inner>>,
 }
 
-fn ts_us(ts: &prost_types::Timestamp) -> i64 {
+/// A timestamp in µs since the epoch.
+pub fn ts_us(ts: &prost_types::Timestamp) -> i64 {
     ts.seconds * 1_000_000 + i64::from(ts.nanos) / 1000
+}
+
+fn micros(t: Duration) -> i64 {
+    t.as_micros() as i64
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History::new()
+    }
 }
 
 impl History {
     pub fn new() -> History {
+        let start = Instant::now();
+        let wall0_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_micros() as i64;
         History {
-            start: Instant::now(),
+            start,
+            wall0_us,
+            manual: None,
             inner: Default::default(),
         }
     }
 
+    /// A history whose local clock stands still until [`History::set_now`]
+    /// moves it, starting at 0, with the database clock at `wall0_us` then.
+    pub fn manual(wall0_us: i64) -> History {
+        History {
+            wall0_us,
+            manual: Some(Arc::new(Mutex::new(Duration::ZERO))),
+            ..History::new()
+        }
+    }
+
+    /// Moves a [`History::manual`] clock.
+    pub fn set_now(&self, t: Duration) {
+        *self
+            .manual
+            .as_ref()
+            .expect("a manual clock")
+            .lock()
+            .unwrap() = t;
+    }
+
     pub fn now(&self) -> Duration {
-        self.start.elapsed()
+        match &self.manual {
+            Some(t) => *t.lock().unwrap(),
+            None => self.start.elapsed(),
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         f(&mut self.inner.lock().unwrap())
     }
 
+    /// The bounds [`History::check`] holds the run to.
+    pub fn set_bounds(&self, bounds: Bounds) {
+        self.with(|h| h.bounds = bounds);
+    }
+
+    pub fn bounds(&self) -> Bounds {
+        self.with(|h| h.bounds)
+    }
+
     pub fn enqueue_ok(&self, payload: &str, id: &str) {
-        self.with(|h| h.enq_ok.insert(payload.to_owned(), id.to_owned()));
+        let t = self.now();
+        self.with(|h| h.enq_ok.insert(payload.to_owned(), (id.to_owned(), t)));
     }
 
     /// [`History::enqueue_ok`] through broker `broker`.
     pub fn enqueue_ok_via(&self, payload: &str, id: &str, broker: usize) {
-        self.with(|h| {
-            h.enq_ok.insert(payload.to_owned(), id.to_owned());
-            h.enq_broker.insert(payload.to_owned(), broker);
-        });
+        self.enqueue_ok(payload, id);
+        self.with(|h| h.enq_broker.insert(payload.to_owned(), broker));
     }
 
     /// An Enqueue that failed: it may still have committed.
@@ -201,29 +353,69 @@ impl History {
         });
     }
 
+    /// An Enqueue with dedup key `key`, sent at `sent`: its answer (job id,
+    /// `duplicate`) or its error. Recorded as [`History::enqueue_ok`] or
+    /// [`History::enqueue_err`] too.
+    pub fn enqueue_keyed(
+        &self,
+        key: &str,
+        payload: &str,
+        sent: Duration,
+        r: &Result<(String, bool), tonic::Status>,
+    ) {
+        match r {
+            Ok((id, _)) => self.enqueue_ok(payload, id),
+            Err(s) => self.enqueue_err(payload, s.code()),
+        }
+        let t = self.now();
+        self.with(|h| {
+            h.keyed.push(Keyed {
+                key: key.to_owned(),
+                payload: payload.to_owned(),
+                sent,
+                answer: r.as_ref().ok().map(|(id, dup)| (t, id.clone(), *dup)),
+            })
+        });
+    }
+
+    /// A stream the checker does not hold to the stall bound (its credit is
+    /// not known to it).
     pub fn stream_opened(&self, broker: usize) -> u64 {
+        self.consumer_stream(broker, 0, false)
+    }
+
+    /// A consumer's stream with `credit` (0: not checked for stalls), on
+    /// Consume (settles on the stream) or Subscribe.
+    pub fn consumer_stream(&self, broker: usize, credit: u32, consume: bool) -> u64 {
         let t = self.now();
         self.with(|h| {
             h.next_stream += 1;
             let id = h.next_stream;
-            h.streams.insert(id, (broker, t));
+            h.streams.insert(
+                id,
+                StreamRec {
+                    broker,
+                    opened: t,
+                    credit,
+                    consume,
+                },
+            );
             id
         })
-    }
-
-    /// A Consume stream was opened (settles go on it).
-    pub fn consume_opened(&self, broker: usize) -> u64 {
-        let id = self.stream_opened(broker);
-        self.with(|h| h.consume_streams.insert(id));
-        id
     }
 
     /// The client drops `stream`, or half-closes it (before the drop, so
     /// that the time is a lower bound of the release).
     pub fn stream_dropped(&self, stream: u64) {
-        let t = self.now();
+        self.stream_dropped_at(stream, self.now());
+    }
+
+    /// As [`History::stream_dropped`], at local time `t` (say when the
+    /// call's deadline passed).
+    pub fn stream_dropped_at(&self, stream: u64, t: Duration) {
         self.with(|h| {
-            h.dropped.entry(stream).or_insert(t);
+            let e = h.dropped.entry(stream).or_insert(t);
+            *e = (*e).min(t);
         });
     }
 
@@ -259,7 +451,7 @@ impl History {
             attempt: job.attempt,
             token: d.lease_token.clone(),
             expires_us,
-            start_us: expires_us - lease.as_micros() as i64,
+            start_us: expires_us - micros(lease),
             // Absent only from the checker's own planted deliveries.
             enqueued_us: job.enqueued_at.as_ref().map_or(i64::MIN, ts_us),
             t: self.now(),
@@ -268,36 +460,54 @@ impl History {
         rec
     }
 
-    pub fn ack_result(&self, d: &Delivered, broker: usize, r: &Result<(), tonic::Status>) {
+    /// A settle of `d` is being sent to `broker`; [`History::answered`] (or
+    /// [`History::extended`]) records its outcome.
+    pub fn sent(&self, op: Op, d: &Delivered, broker: usize) -> Sent {
         let t = self.now();
-        self.with(|h| match r {
-            Ok(()) => h.ack_ok.push((d.id.clone(), d.token.clone(), broker, t)),
-            Err(s) if s.code() == Code::FailedPrecondition => {
-                h.ack_stale.push((d.id.clone(), d.token.clone(), broker, t))
-            }
-            Err(s) => {
-                h.ack_unknown
-                    .push((d.id.clone(), d.token.clone(), s.code()));
-                h.errors.push(("ack", s.code(), t));
-            }
-        });
+        self.with(|h| {
+            h.settles.push(Settle {
+                op,
+                id: d.id.clone(),
+                token: d.token.clone(),
+                broker,
+                sent: t,
+                answered: None,
+                outcome: Outcome::Pending,
+                expires_us: None,
+            });
+            Sent(h.settles.len() - 1)
+        })
     }
 
-    pub fn nack_sent(&self, d: &Delivered) {
-        let t = self.now();
-        self.with(|h| h.nack_sent.insert(d.token.clone(), t));
+    /// The outcome of a settle: OK, FAILED_PRECONDITION (refused: the
+    /// token was not current), or any other error (unknown).
+    pub fn answered(&self, s: Sent, r: &Result<(), tonic::Status>) {
+        self.answer(s, r.as_ref().map(|_| None));
     }
 
-    pub fn nack_result(&self, d: &Delivered, r: &Result<(), tonic::Status>) {
+    /// The outcome of an ExtendLease: OK with the new expiry (database
+    /// time, µs since the epoch), or as [`History::answered`].
+    pub fn extended(&self, s: Sent, r: &Result<i64, tonic::Status>) {
+        self.answer(s, r.as_ref().map(|e| Some(*e)));
+    }
+
+    fn answer(&self, s: Sent, r: Result<Option<i64>, &tonic::Status>) {
         let t = self.now();
-        self.with(|h| match r {
-            Ok(()) => h.nack_ok += 1,
-            // Refused: it released nothing, so it explains no redelivery.
-            Err(s) if s.code() == Code::FailedPrecondition => {
-                h.nack_sent.remove(&d.token);
+        self.with(|h| {
+            let op = h.settles[s.0].op.name();
+            let rec = &mut h.settles[s.0];
+            rec.answered = Some(t);
+            match r {
+                Ok(e) => {
+                    rec.outcome = Outcome::Ok;
+                    rec.expires_us = e;
+                }
+                Err(st) if st.code() == Code::FailedPrecondition => rec.outcome = Outcome::Refused,
+                Err(st) => {
+                    rec.outcome = Outcome::Unknown(st.code());
+                    h.errors.push((op, st.code(), t));
+                }
             }
-            // Outcome unknown: it may have released the job.
-            Err(s) => h.errors.push(("nack", s.code(), t)),
         });
     }
 
@@ -307,8 +517,28 @@ impl History {
         self.with(|h| h.drains.push((broker, t)));
     }
 
-    /// Records a fault; returns its index for [`History::healed`].
+    /// Records a fault; returns its index for [`History::healed`]. While
+    /// it lasts (until healed), streams of `broker` (of every broker when
+    /// None) are not held to the stall bound.
     pub fn fault(&self, kind: &'static str, broker: Option<usize>) -> usize {
+        self.push_fault(kind, broker, true)
+    }
+
+    /// A fault that excuses no stream's stall (one that should not stop
+    /// deliveries); returns its index for [`History::healed`].
+    pub fn fault_excusing_nothing(&self, kind: &'static str, broker: Option<usize>) -> usize {
+        self.push_fault(kind, broker, false)
+    }
+
+    /// A client cut its own stream mid-lease (a fault that excuses nothing,
+    /// and that there is nothing to recover from).
+    pub fn client_cut(&self, broker: usize) -> usize {
+        let f = self.push_fault("client cut", Some(broker), false);
+        self.with(|h| h.faults[f].by_client = true);
+        f
+    }
+
+    fn push_fault(&self, kind: &'static str, broker: Option<usize>, excuses: bool) -> usize {
         let t = self.now();
         self.with(|h| {
             h.faults.push(Fault {
@@ -316,6 +546,8 @@ impl History {
                 broker,
                 injected: t,
                 healed: None,
+                excuses_stalls: excuses,
+                by_client: false,
             });
             h.faults.len() - 1
         })
@@ -324,6 +556,34 @@ impl History {
     pub fn healed(&self, fault: usize) {
         let t = self.now();
         self.with(|h| h.faults[fault].healed = Some(t));
+    }
+
+    /// The fault phase is over (the test injects nothing more): every job
+    /// must be settled within [`Bounds::settle`] of now, or of its Enqueue.
+    /// [`crate::common::load::Load::finish`] calls it if the test did not.
+    pub fn faults_over(&self) {
+        let t = self.now();
+        self.with(|h| {
+            h.faults_over.get_or_insert(t);
+        });
+    }
+
+    /// The database server's clock was just moved: it is now `total` ahead
+    /// of this process's wall clock.
+    pub fn db_clock_jump(&self, total: Duration) {
+        let t = self.now();
+        self.with(|h| h.db_offsets.push((t, micros(total))));
+    }
+
+    /// How many jobs waited deliverable (None: the sample failed).
+    pub fn ready(&self, n: Option<i64>) {
+        let t = self.now();
+        self.with(|h| h.ready.push((t, n)));
+    }
+
+    /// The database clock at local time `t`, µs since the epoch.
+    pub fn db_at(&self, t: Duration) -> i64 {
+        self.with(|h| db_at(self.wall0_us, &h.db_offsets, t))
     }
 
     /// Waits for an Ack OK after `since` (on `broker` if given): the
@@ -337,13 +597,7 @@ impl History {
     ) -> f64 {
         let deadline = Instant::now() + limit;
         loop {
-            let first = self.with(|h| {
-                h.ack_ok
-                    .iter()
-                    .filter(|a| a.3 >= since && broker.is_none_or(|b| b == a.2))
-                    .map(|a| a.3)
-                    .min()
-            });
+            let first = self.with(|h| first_ack_after(h, since, broker));
             if let Some(t) = first {
                 return (t - since).as_secs_f64();
             }
@@ -356,13 +610,43 @@ impl History {
     }
 
     pub fn acked_count(&self) -> usize {
-        self.with(|h| h.ack_ok.iter().map(|a| &a.0).collect::<HashSet<_>>().len())
+        self.with(|h| {
+            h.settles
+                .iter()
+                .filter(|s| s.op == Op::Ack && s.outcome == Outcome::Ok)
+                .map(|s| &s.id)
+                .collect::<HashSet<_>>()
+                .len()
+        })
     }
 
     /// How many streams clients opened (more than there are consumers:
     /// some re-subscribed).
     pub fn streams_opened(&self) -> usize {
         self.with(|h| h.streams.len())
+    }
+
+    /// Settles of `op` answered OK: (from their delivery to their send,
+    /// from their send to their answer, whether on a Consume stream's
+    /// delivery).
+    pub fn settle_times(&self, op: Op) -> Vec<(Duration, Duration, bool)> {
+        self.with(|h| {
+            let by_token: HashMap<&str, &Delivered> =
+                h.deliveries.iter().map(|d| (d.token.as_str(), d)).collect();
+            h.settles
+                .iter()
+                .filter(|s| s.op == op && s.outcome == Outcome::Ok)
+                .filter_map(|s| {
+                    let d = by_token.get(s.token.as_str())?;
+                    let consume = h.streams.get(&d.stream).is_some_and(|x| x.consume);
+                    Some((
+                        s.sent.saturating_sub(d.t),
+                        s.answered?.saturating_sub(s.sent),
+                        consume,
+                    ))
+                })
+                .collect()
+        })
     }
 
     pub fn deliveries(&self) -> Vec<Delivered> {
@@ -380,16 +664,19 @@ impl History {
         })
     }
 
-    /// Stream ends (status) of streams on `broker` open at `at`.
+    /// Stream ends (status) of streams on `broker` open at `at`, but for
+    /// those the client dropped before the broker ended them (their end is
+    /// not known: a consumer away from home going back, say).
     pub fn ends_of_streams_open_at(&self, broker: usize, at: Duration) -> Vec<Option<Code>> {
         self.with(|h| {
             h.streams
                 .iter()
-                .filter(|(s, (b, opened))| {
-                    *b == broker
-                        && *opened <= at
+                .filter(|(s, r)| {
+                    r.broker == broker
+                        && r.opened <= at
                         && h.dropped.get(s).is_none_or(|t| *t > at)
                         && h.ended.get(s).is_none_or(|e| e.0 > at)
+                        && (h.ended.contains_key(s) || !h.dropped.contains_key(s))
                 })
                 .map(|(s, _)| h.ended.get(s).and_then(|e| e.1))
                 .collect()
@@ -407,7 +694,7 @@ impl History {
                 .iter()
                 .filter_map(|(s, (ended, status))| {
                     let code = (*status)?;
-                    let (broker, opened) = h.streams[s];
+                    let (broker, opened) = (h.streams[s].broker, h.streams[s].opened);
                     let explained = h.faults.iter().any(|f| {
                         f.broker == Some(broker)
                             && f.injected <= *ended
@@ -427,33 +714,68 @@ impl History {
     /// the dead letters at the end, `live` the ids still in the jobs table.
     pub fn check(&self, dead: &HashSet<String>, live: &HashSet<String>) -> Report {
         let h = self.inner.lock().unwrap();
-        let mut r = Report::default();
+        let db = |t: Duration| db_at(self.wall0_us, &h.db_offsets, t);
+        let db_min = |t: Duration| db_at_lagging(self.wall0_us, &h.db_offsets, t, JUMP_SLACK);
+        let mut r = Report {
+            bounds: h.bounds,
+            ..Report::default()
+        };
 
+        let acks_ok: Vec<&Settle> = h
+            .settles
+            .iter()
+            .filter(|s| s.op == Op::Ack && s.outcome == Outcome::Ok)
+            .collect();
         let mut acks_per_id: HashMap<&str, Vec<&str>> = HashMap::new();
-        for (id, token, _, _) in &h.ack_ok {
-            acks_per_id.entry(id).or_default().push(token);
+        for s in &acks_ok {
+            acks_per_id.entry(&s.id).or_default().push(&s.token);
         }
-        let ack_unknown: HashSet<&str> = h.ack_unknown.iter().map(|a| a.0.as_str()).collect();
+        let ack_unknown: Vec<&Settle> = h
+            .settles
+            .iter()
+            .filter(|s| {
+                s.op == Op::Ack && matches!(s.outcome, Outcome::Unknown(_) | Outcome::Pending)
+            })
+            .collect();
+        let ack_unknown_ids: HashSet<&str> = ack_unknown.iter().map(|s| s.id.as_str()).collect();
+        let by_token: HashMap<&str, &Delivered> =
+            h.deliveries.iter().map(|d| (d.token.as_str(), d)).collect();
+        let mut settles_of: HashMap<&str, Vec<&Settle>> = HashMap::new();
+        for s in &h.settles {
+            settles_of.entry(&s.token).or_default().push(s);
+        }
+        // A lease's end: its expiry, or the latest one an ExtendLease
+        // answered OK gave it.
+        let expiry = |d: &Delivered| -> i64 {
+            settles_of
+                .get(d.token.as_str())
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.expires_us)
+                .fold(d.expires_us, i64::max)
+        };
 
         r.enqueued = h.enq_ok.len();
         r.enqueue_unknown = h.enq_err.len();
         r.deliveries = h.deliveries.len();
-        r.ack_unknown = h.ack_unknown.len();
-        r.ack_stale = h.ack_stale.len();
-        r.nacks = h.nack_ok;
+        r.ack_unknown = ack_unknown.len();
+        let count = |op: Op, o: Outcome| {
+            h.settles
+                .iter()
+                .filter(|s| s.op == op && s.outcome == o)
+                .count()
+        };
+        r.ack_stale = count(Op::Ack, Outcome::Refused);
+        r.nacks = count(Op::Nack, Outcome::Ok);
+        r.extends = count(Op::Extend, Outcome::Ok);
         r.dead = dead.len();
-        let stream_of: HashMap<&str, u64> = h
-            .deliveries
-            .iter()
-            .map(|d| (d.token.as_str(), d.stream))
-            .collect();
-        r.consume_acks = h
-            .ack_ok
+        r.consume_acks = acks_ok
             .iter()
             .filter(|a| {
-                stream_of
-                    .get(a.1.as_str())
-                    .is_some_and(|s| h.consume_streams.contains(s))
+                by_token
+                    .get(a.token.as_str())
+                    .and_then(|d| h.streams.get(&d.stream))
+                    .is_some_and(|s| s.consume)
             })
             .count();
         r.handed_across = h
@@ -473,17 +795,45 @@ impl History {
             *r.errors.entry(format!("{op} {code:?}")).or_default() += 1;
         }
 
-        for (payload, id) in &h.enq_ok {
-            if acks_per_id.contains_key(id.as_str()) || dead.contains(id) {
+        // Lost; and settled in time after the faults.
+        let mut settled_at: HashMap<&str, Duration> = HashMap::new();
+        for s in &acks_ok {
+            let t = s.answered.unwrap_or(s.sent);
+            let e = settled_at.entry(&s.id).or_insert(t);
+            *e = (*e).min(t);
+        }
+        for (payload, (id, enq_t)) in &h.enq_ok {
+            if dead.contains(id) {
                 continue;
             }
-            if ack_unknown.contains(id.as_str()) && !live.contains(id) {
+            let at = if let Some(t) = settled_at.get(id.as_str()) {
+                Some(*t)
+            } else if ack_unknown_ids.contains(id.as_str()) && !live.contains(id) {
                 // An Ack whose answer was lost, and the job is gone: it
                 // committed. Not lost.
                 r.acked_unanswered += 1;
-                continue;
+                ack_unknown
+                    .iter()
+                    .filter(|s| s.id == *id)
+                    .map(|s| s.answered.unwrap_or(s.sent))
+                    .min()
+            } else {
+                r.lost.push(format!("{payload} ({id}): {}", h.story(id)));
+                None
+            };
+            if let (Some(at), Some(over)) = (at, h.faults_over) {
+                let from = over.max(*enq_t);
+                let took = at.saturating_sub(from);
+                r.settle_max_s = r.settle_max_s.max(took.as_secs_f64());
+                if took > h.bounds.settle {
+                    r.settled_late.push(format!(
+                        "{payload} ({id}): settled {:.1}s after the faults ended (bound {:?}): {}",
+                        took.as_secs_f64(),
+                        h.bounds.settle,
+                        h.story(id)
+                    ));
+                }
             }
-            r.lost.push(format!("{payload} ({id}): {}", h.story(id)));
         }
         for (id, tokens) in &acks_per_id {
             if tokens.len() > 1 {
@@ -503,13 +853,45 @@ impl History {
             if !known.contains(d.payload.as_str()) {
                 r.phantom.push(format!("{} ({})", d.payload, d.id));
             }
+            // Received after its lease had run out (database clock).
+            let received = db_min(d.t);
+            if received > d.expires_us {
+                r.delivered_released.push(format!(
+                    "{} attempt {} token {}: received {:.3}s after its lease expired: {}",
+                    d.id,
+                    d.attempt,
+                    d.token,
+                    (received - d.expires_us) as f64 / 1e6,
+                    h.story(&d.id)
+                ));
+            }
             per_job.entry(&d.id).or_default().push(d);
         }
-        let acked_token: HashMap<&str, &str> = h
-            .ack_ok
-            .iter()
-            .map(|a| (a.1.as_str(), a.0.as_str()))
-            .collect();
+        let acked_tokens: HashSet<&str> = acks_ok.iter().map(|a| a.token.as_str()).collect();
+        let stream_open = |s: u64| h.streams.get(&s).map(|s| s.opened).unwrap_or_default();
+        // Whether a settle of d's lease that may have released or completed
+        // it (an Ack or Nack not refused) was sent before local time t.
+        let settled_before = |d: &Delivered, t: Duration| -> bool {
+            settles_of
+                .get(d.token.as_str())
+                .into_iter()
+                .flatten()
+                .any(|s| s.may_have_released() && s.sent < t)
+        };
+        // Whether d's stream was closed: dropped or half-closed by the
+        // client before local time `client`, or its broker (that one only)
+        // draining since before `broker` (a drain races what is in flight:
+        // a settle sent before SIGTERM may reach the broker after the
+        // drain released its lease, so for a settle it is the answer's time).
+        let closed_before = |d: &Delivered, client: Duration, broker: Duration| -> bool {
+            if h.dropped.get(&d.stream).is_some_and(|x| *x < client) {
+                return true;
+            }
+            let opened = stream_open(d.stream);
+            h.drains
+                .iter()
+                .any(|(b, x)| *b == d.broker && *x >= opened && *x < broker)
+        };
         for (id, ds) in per_job.iter_mut() {
             ds.sort_by_key(|d| (d.start_us, d.t));
             for pair in ds.windows(2) {
@@ -518,7 +900,18 @@ impl History {
                     r.same_token_twice.push(format!("{id}: {}", d1.token));
                     continue;
                 }
-                if acked_token.contains_key(d1.token.as_str()) {
+                // Received after the job was leased again.
+                if db_min(d1.t) > d2.start_us {
+                    r.delivered_released.push(format!(
+                        "{id} attempt {} token {}: received {:.3}s after attempt {} was leased: {}",
+                        d1.attempt,
+                        d1.token,
+                        (db_min(d1.t) - d2.start_us) as f64 / 1e6,
+                        d2.attempt,
+                        h.story(id)
+                    ));
+                }
+                if acked_tokens.contains(d1.token.as_str()) {
                     r.redelivered_after_ack.push(format!(
                         "{id} ({}): attempt {} delivered after the Ack of attempt {} returned OK",
                         d2.payload, d2.attempt, d1.attempt
@@ -526,66 +919,337 @@ impl History {
                     continue;
                 }
                 r.duplicates += 1;
-                // The test's consumers never extend a lease.
-                let expires = d1.expires_us;
+                let expires = expiry(d1);
                 if d2.start_us >= expires {
                     r.dup_expiry += 1;
                     continue;
                 }
-                if h.nack_sent.get(&d1.token).is_some_and(|t| *t < d2.t) {
+                let nacked = settles_of
+                    .get(d1.token.as_str())
+                    .into_iter()
+                    .flatten()
+                    .any(|s| s.op == Op::Nack && s.outcome != Outcome::Refused && s.sent < d2.t);
+                if nacked {
                     r.dup_nack += 1;
                     continue;
                 }
-                let opened = h.streams.get(&d1.stream).map(|s| s.1).unwrap_or_default();
-                let drained = h
-                    .drains
-                    .iter()
-                    .any(|(b, t)| *b == d1.broker && *t >= opened && *t < d2.t);
-                let dropped = h.dropped.get(&d1.stream).is_some_and(|t| *t < d2.t);
-                if drained || dropped {
+                if closed_before(d1, d2.t, d2.t) {
                     r.dup_closed += 1;
                     continue;
                 }
                 r.lease_overlap.push(format!(
                     "{id} ({}): attempt {} (stream {}, broker {}, lease to {}) and attempt {} \
                      (stream {}, broker {}) leased {:.3}s before the first lease ended, \
-                     which was neither settled nor released before",
+                     which was neither settled nor released before: {}",
                     d1.payload,
                     d1.attempt,
                     d1.stream,
                     d1.broker,
-                    d1.expires_us,
+                    expires,
                     d2.attempt,
                     d2.stream,
                     d2.broker,
-                    (expires - d2.start_us) as f64 / 1e6
+                    (expires - d2.start_us) as f64 / 1e6,
+                    h.story(id)
                 ));
+            }
+        }
+
+        // Settles: refused while their lease was current, or answered OK
+        // for a lease that was no longer current.
+        for s in &h.settles {
+            let Some(d) = by_token.get(s.token.as_str()) else {
+                continue;
+            };
+            match s.outcome {
+                Outcome::Refused => {
+                    let answered = s.answered.unwrap_or(s.sent);
+                    if db(answered) >= expiry(d) {
+                        continue;
+                    }
+                    if settled_before(d, s.sent) || closed_before(d, s.sent, answered) {
+                        continue;
+                    }
+                    r.refused_valid.push(format!(
+                        "{}: {} of token {} refused {:.3}s before its lease's end, nothing \
+                         having released it: {}",
+                        s.id,
+                        s.op.name(),
+                        s.token,
+                        (expiry(d) - db(answered)) as f64 / 1e6,
+                        h.story(&s.id)
+                    ));
+                }
+                Outcome::Ok => {
+                    let later = per_job.get(s.id.as_str()).and_then(|ds| {
+                        ds.iter()
+                            .find(|d2| d2.start_us > d.start_us && d2.t < s.sent)
+                    });
+                    if let Some(d2) = later {
+                        r.stale_ok.push(format!(
+                            "{}: {} of token {} answered OK, sent after attempt {} (token {}) \
+                             was delivered: {}",
+                            s.id,
+                            s.op.name(),
+                            s.token,
+                            d2.attempt,
+                            d2.token,
+                            h.story(&s.id)
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        // Dedup answers.
+        let mut per_key: BTreeMap<&str, Vec<&Keyed>> = BTreeMap::new();
+        for k in &h.keyed {
+            per_key.entry(&k.key).or_default().push(k);
+        }
+        // When a job's completion began (the first Ack of it sent that was
+        // not refused), and when an Ack of it first returned OK.
+        let mut completing: HashMap<&str, Duration> = HashMap::new();
+        for s in h
+            .settles
+            .iter()
+            .filter(|s| s.op == Op::Ack && s.outcome != Outcome::Refused)
+        {
+            let e = completing.entry(&s.id).or_insert(s.sent);
+            *e = (*e).min(s.sent);
+        }
+        for (key, es) in &per_key {
+            let created: Vec<(&str, Duration)> = es
+                .iter()
+                .filter_map(|e| match &e.answer {
+                    Some((t, id, false)) => Some((id.as_str(), *t)),
+                    _ => None,
+                })
+                .collect();
+            for e in es {
+                let Some((answered, id, dup)) = &e.answer else {
+                    continue;
+                };
+                r.dedup_answers += 1;
+                if *dup {
+                    r.dedup_duplicates += 1;
+                    let of_key = created.iter().any(|c| c.0 == id.as_str())
+                        || es.iter().any(|o| o.answer.is_none() && o.sent < *answered);
+                    let completed_before = settled_at.get(id.as_str()).is_some_and(|t| *t < e.sent);
+                    if !of_key || completed_before {
+                        r.dedup_inconsistent.push(format!(
+                            "key {key}: {} answered duplicate of {id}, {}",
+                            e.payload,
+                            if of_key {
+                                "a job whose Ack had returned OK before"
+                            } else {
+                                "which no Enqueue of the key created"
+                            }
+                        ));
+                    }
+                } else {
+                    // Another job of the key live throughout this Enqueue.
+                    let live_other = created.iter().find(|(other, t)| {
+                        *other != id.as_str()
+                            && *t < e.sent
+                            && !dead.contains(*other)
+                            && completing.get(other).is_none_or(|a| *a > *answered)
+                    });
+                    if let Some((other, _)) = live_other {
+                        r.dedup_inconsistent.push(format!(
+                            "key {key}: {} created {id} while {other} of the same key was live",
+                            e.payload
+                        ));
+                    }
+                }
             }
         }
 
         // Recovery: from a fault's healing (or its injection when it heals
         // by itself) to the first Ack OK after it, on its broker if it hit one.
-        for f in &h.faults {
+        for f in h.faults.iter().filter(|f| !f.by_client) {
             let from = f.healed.unwrap_or(f.injected);
-            let first = h
-                .ack_ok
-                .iter()
-                .filter(|a| a.3 >= from && f.broker.is_none_or(|b| b == a.2))
-                .map(|a| a.3)
-                .min();
-            if let Some(t) = first {
-                let secs = (t - from).as_secs_f64();
-                r.recovery_max_s = r.recovery_max_s.max(secs);
+            if let Some(t) = first_ack_after(&h, from, f.broker) {
+                r.recovery_max_s = r.recovery_max_s.max((t - from).as_secs_f64());
             } else {
-                r.unrecovered += 1;
+                r.unrecovered.push(format!(
+                    "{} on {:?} at {from:.3?}: no Ack OK after it",
+                    f.kind, f.broker
+                ));
             }
         }
+
+        stalls(&h, self.wall0_us, &settles_of, &mut r);
         r
+    }
+}
+
+/// The database clock at local time `t`: the wall clock then, plus the
+/// offset of the last jump recorded before `t`. A jump is recorded right
+/// after the server's clock was moved: this is the latest the database
+/// clock can read at `t`.
+fn db_at(wall0_us: i64, offsets: &[(Duration, i64)], t: Duration) -> i64 {
+    db_at_lagging(wall0_us, offsets, t, Duration::ZERO)
+}
+
+/// How long after a jump was recorded the checker holds what a client
+/// received to the new clock: a delivery the broker sent before the jump
+/// may arrive just after it, with a lease the jump ended.
+const JUMP_SLACK: Duration = Duration::from_millis(500);
+
+/// As [`db_at`], with the jumps taking effect `lag` after they were
+/// recorded: the earliest the database clock can read at `t` (for the
+/// checks that find anomalies).
+fn db_at_lagging(wall0_us: i64, offsets: &[(Duration, i64)], t: Duration, lag: Duration) -> i64 {
+    let offset = offsets
+        .iter()
+        .take_while(|(at, _)| *at + lag <= t)
+        .last()
+        .map_or(0, |o| o.1);
+    wall0_us + micros(t) + offset
+}
+
+/// The local time at which the database clock reaches `db_us` (the first
+/// instant it is past it, when a jump skipped over it).
+fn local_at(wall0_us: i64, offsets: &[(Duration, i64)], db_us: i64) -> Duration {
+    let mut segments: Vec<(Duration, i64)> = vec![(Duration::ZERO, 0)];
+    segments.extend_from_slice(offsets);
+    for (i, (from, offset)) in segments.iter().enumerate() {
+        let t = db_us - wall0_us - offset;
+        let t = Duration::from_micros(t.max(0) as u64);
+        let next = segments.get(i + 1).map(|s| s.0);
+        if t < *from {
+            return *from;
+        }
+        if next.is_none_or(|n| t < n) {
+            return t;
+        }
+    }
+    unreachable!("the last segment is open")
+}
+
+fn first_ack_after(h: &Inner, since: Duration, broker: Option<usize>) -> Option<Duration> {
+    h.settles
+        .iter()
+        .filter(|s| s.op == Op::Ack && s.outcome == Outcome::Ok)
+        .filter_map(|s| s.answered.map(|t| (t, s.broker)))
+        .filter(|(t, b)| *t >= since && broker.is_none_or(|x| x == *b || *b == UNKNOWN_BROKER))
+        .map(|(t, _)| t)
+        .min()
+}
+
+/// The longest time each stream with credit went without a delivery while
+/// it had credit free and jobs waited deliverable (every sample of the
+/// database showing some), outside the faults that excuse it.
+fn stalls(h: &Inner, wall0_us: i64, settles_of: &HashMap<&str, Vec<&Settle>>, r: &mut Report) {
+    let mut samples = h.ready.clone();
+    samples.sort_by_key(|s| s.0);
+    let mut by_stream: HashMap<u64, Vec<&Delivered>> = HashMap::new();
+    for d in &h.deliveries {
+        by_stream.entry(d.stream).or_default().push(d);
+    }
+    let mut ids: Vec<&u64> = h.streams.keys().collect();
+    ids.sort();
+    for sid in ids {
+        let s = &h.streams[sid];
+        if s.credit == 0 {
+            continue;
+        }
+        let closed = [h.dropped.get(sid), h.ended.get(sid).map(|e| &e.0)]
+            .into_iter()
+            .flatten()
+            .min()
+            .copied()
+            .unwrap_or(Duration::MAX);
+        let mut ds = by_stream.remove(sid).unwrap_or_default();
+        ds.sort_by_key(|d| d.t);
+        // The credit each delivery holds, from its receipt until its
+        // settle was answered (OK or refused), its lease ran out, or the
+        // stream closed. An outcome unknown holds it until the lease's end.
+        let holds: Vec<(Duration, Duration)> = ds
+            .iter()
+            .map(|d| {
+                let settles = settles_of.get(d.token.as_str());
+                let expires = settles
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x.expires_us)
+                    .fold(d.expires_us, i64::max);
+                let settled = settles
+                    .into_iter()
+                    .flatten()
+                    .filter(|x| {
+                        matches!(x.op, Op::Ack | Op::Nack)
+                            && matches!(x.outcome, Outcome::Ok | Outcome::Refused)
+                    })
+                    .filter_map(|x| x.answered)
+                    .min()
+                    .unwrap_or(Duration::MAX);
+                let end = local_at(wall0_us, &h.db_offsets, expires)
+                    .min(settled)
+                    .min(closed);
+                (d.t, end)
+            })
+            .collect();
+        let excused = |t: Duration| -> Option<Duration> {
+            // The end of the latest excusing fault of this stream's broker
+            // begun by t; Duration::MAX while one lasts.
+            h.faults
+                .iter()
+                .filter(|f| {
+                    f.excuses_stalls && f.injected <= t && f.broker.is_none_or(|b| b == s.broker)
+                })
+                .map(|f| match f.healed {
+                    Some(x) if x <= t => x,
+                    Some(_) => Duration::MAX,
+                    None => f.injected,
+                })
+                .max()
+        };
+        let mut since: Option<Duration> = None;
+        let mut worst = Duration::ZERO;
+        for (t, n) in &samples {
+            let t = *t;
+            let free = i64::from(s.credit)
+                - holds.iter().filter(|(a, b)| *a <= t && t < *b).count() as i64;
+            let waiting = n.is_some_and(|n| n > 0);
+            let fault_end = excused(t);
+            if t < s.opened
+                || t >= closed
+                || !waiting
+                || free <= 0
+                || fault_end == Some(Duration::MAX)
+            {
+                since = None;
+                continue;
+            }
+            let first = *since.get_or_insert(t);
+            let last_delivery = ds
+                .iter()
+                .take_while(|d| d.t <= t)
+                .last()
+                .map_or(Duration::ZERO, |d| d.t);
+            let from = first.max(last_delivery).max(fault_end.unwrap_or_default());
+            worst = worst.max(t.saturating_sub(from));
+        }
+        r.stall_max_s = r.stall_max_s.max(worst.as_secs_f64());
+        if worst > h.bounds.stall {
+            r.stalls.push(format!(
+                "stream {sid} on broker {} (credit {}, opened at {:.3?}): {:.1}s without a \
+                 delivery with credit free and jobs waiting (bound {:?})",
+                s.broker,
+                s.credit,
+                s.opened,
+                worst.as_secs_f64(),
+                h.bounds.stall
+            ));
+        }
     }
 }
 
 #[derive(Debug, Default)]
 pub struct Report {
+    pub bounds: Bounds,
     pub enqueued: usize,
     pub enqueue_unknown: usize,
     pub deliveries: usize,
@@ -598,6 +1262,8 @@ pub struct Report {
     pub dup_nack: usize,
     pub dup_closed: usize,
     pub nacks: usize,
+    /// ExtendLease calls (unary or on a stream) answered OK.
+    pub extends: usize,
     /// Acks that returned OK for jobs delivered on Consume streams.
     pub consume_acks: usize,
     /// Deliveries handed off at their insert to a stream of another replica
@@ -605,17 +1271,43 @@ pub struct Report {
     pub handed_across: usize,
     pub dead: usize,
     pub ack_unknown: usize,
+    /// Acks refused with FAILED_PRECONDITION (each explained, or it is in
+    /// `refused_valid`).
     pub ack_stale: usize,
     pub acked_unanswered: usize,
     pub recovery_max_s: f64,
-    /// Faults after which no Ack succeeded (on their broker) any more.
-    pub unrecovered: usize,
+    /// The longest a job took to be settled after the faults ended.
+    pub settle_max_s: f64,
+    /// The longest a stream went without a delivery while it had credit
+    /// free and jobs waited.
+    pub stall_max_s: f64,
+    /// Enqueues with a dedup key answered, and how many of them `duplicate`.
+    pub dedup_answers: usize,
+    pub dedup_duplicates: usize,
     pub lost: Vec<String>,
     pub acked_twice: Vec<String>,
     pub lease_overlap: Vec<String>,
     pub redelivered_after_ack: Vec<String>,
     pub phantom: Vec<String>,
     pub same_token_twice: Vec<String>,
+    /// Settles refused with FAILED_PRECONDITION while their lease was
+    /// current and nothing had released it.
+    pub refused_valid: Vec<String>,
+    /// Settles answered OK though a later lease of the job had already
+    /// been delivered when they were sent.
+    pub stale_ok: Vec<String>,
+    /// Deliveries received after their lease had expired, or after the job
+    /// had been leased again.
+    pub delivered_released: Vec<String>,
+    /// Jobs settled later than [`Bounds::settle`] after the faults ended.
+    pub settled_late: Vec<String>,
+    /// Faults after which no Ack succeeded (on their broker) any more.
+    pub unrecovered: Vec<String>,
+    /// Dedup answers no single live job per key explains.
+    pub dedup_inconsistent: Vec<String>,
+    /// Streams that went longer than [`Bounds::stall`] without a delivery
+    /// while they had credit free and jobs waited.
+    pub stalls: Vec<String>,
 }
 
 impl Report {
@@ -623,9 +1315,13 @@ impl Report {
     pub fn figures(&self, name: &str, wall: Duration) -> String {
         format!(
             "FAULTS {name}: jobs={} enqueue_unknown={} deliveries={} faults={} {:?} duplicates={} \
-             (expiry={} nack={} closed={}) nacks={} consume_acks={} handed_across={} dead={} ack_unknown={} ack_stale={} \
-             lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} \
-             recovery_max_s={:.2} wall_s={:.1} client_errors={:?}",
+             (expiry={} nack={} closed={}) nacks={} extends={} consume_acks={} handed_across={} \
+             dead={} ack_unknown={} ack_stale={} dedup={}/{} \
+             lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} refused_valid={} \
+             stale_ok={} delivered_released={} settled_late={} unrecovered={} \
+             dedup_inconsistent={} stalls={} \
+             recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
+             wall_s={:.1} client_errors={:?}",
             self.enqueued,
             self.enqueue_unknown,
             self.deliveries,
@@ -636,32 +1332,61 @@ impl Report {
             self.dup_nack,
             self.dup_closed,
             self.nacks,
+            self.extends,
             self.consume_acks,
             self.handed_across,
             self.dead,
             self.ack_unknown,
             self.ack_stale,
+            self.dedup_duplicates,
+            self.dedup_answers,
             self.lost.len(),
             self.acked_twice.len(),
             self.lease_overlap.len(),
             self.redelivered_after_ack.len(),
+            self.refused_valid.len(),
+            self.stale_ok.len(),
+            self.delivered_released.len(),
+            self.settled_late.len(),
+            self.unrecovered.len(),
+            self.dedup_inconsistent.len(),
+            self.stalls.len(),
             self.recovery_max_s,
+            self.settle_max_s,
+            self.bounds.settle,
+            self.stall_max_s,
+            self.bounds.stall,
             wall.as_secs_f64(),
             self.errors,
         )
     }
 
-    /// Every invariant broken, one entry per kind (empty: all hold).
-    pub fn anomalies(&self) -> Vec<String> {
-        let mut problems = Vec::new();
-        for (what, list) in [
+    /// Every kind of anomaly and its instances, in a fixed order.
+    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 13] {
+        [
             ("lost", &self.lost),
             ("acked twice", &self.acked_twice),
             ("lease overlap", &self.lease_overlap),
             ("redelivered after ack", &self.redelivered_after_ack),
             ("delivered but never enqueued", &self.phantom),
             ("one lease token delivered twice", &self.same_token_twice),
-        ] {
+            ("valid settle refused", &self.refused_valid),
+            ("stale settle answered OK", &self.stale_ok),
+            (
+                "delivered after its lease expired or was released",
+                &self.delivered_released,
+            ),
+            ("settled too late after the faults", &self.settled_late),
+            ("fault never recovered from", &self.unrecovered),
+            ("dedup answer inconsistent", &self.dedup_inconsistent),
+            ("stream stalled while jobs waited", &self.stalls),
+        ]
+    }
+
+    /// Every invariant broken, one entry per kind (empty: all hold).
+    pub fn anomalies(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (what, list) in self.kinds() {
             if !list.is_empty() {
                 let shown: Vec<&String> = list.iter().take(10).collect();
                 problems.push(format!("{} {what}: {shown:#?}", list.len()));

@@ -9,6 +9,7 @@ use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leaseq::pb;
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Endpoint;
 
-use super::history::{Delivered, History, Report};
+use super::history::{Delivered, History, Op, Report, UNKNOWN_BROKER};
 use crate::common::{Client, dur, free_port, wait_serving};
 
 /// How long the fault phase of each test runs: `LEASEQ_FAULT_SECONDS`
@@ -209,6 +210,7 @@ impl Rng {
 /// Consumes `queue` through the brokers at `addrs` (starting with `home`,
 /// moving to the next one when a stream cannot be opened), recording
 /// everything, until `stop`. Reconnects after every stream end.
+#[allow(clippy::too_many_arguments)]
 pub async fn consumer(
     history: History,
     addrs: Vec<SocketAddr>,
@@ -217,6 +219,7 @@ pub async fn consumer(
     b: Behaviour,
     seed: u64,
     stop: CancellationToken,
+    ids: Option<BrokerIds>,
 ) {
     let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
     let mut rng = Rng::new(seed);
@@ -232,11 +235,15 @@ pub async fn consumer(
                 lease: Some(dur(b.lease)),
             })) => r,
         };
-        let Some(mut stream) = opened_or_next(&history, opened, &mut broker, clients.len()).await
+        let Some((stream, at)) =
+            opened_or_next(&history, opened, &mut broker, clients.len(), ids.as_ref()).await
         else {
             continue;
         };
-        let sid = history.stream_opened(broker);
+        let sid = history.consumer_stream(at, b.credit, false);
+        let mut reader = Reader::start(&history, sid, at, b.lease, stream);
+        // Unary settles go through the balancer, to a broker not known.
+        let settles_to = if ids.is_some() { UNKNOWN_BROKER } else { at };
         let away = away_from(broker, home);
         tokio::pin!(away);
         loop {
@@ -249,17 +256,12 @@ pub async fn consumer(
                     history.stream_dropped(sid);
                     break;
                 }
-                m = stream.message() => m,
+                m = reader.next() => m,
             };
-            let d = match next(&history, sid, msg) {
-                Next::Job(d) => d,
-                Next::Nothing => continue,
-                Next::Ended => break,
-            };
-            let rec = history.delivered(sid, broker, b.lease, &d);
+            let Some(rec) = msg else { break };
             let roll = rng.next_f64();
             if roll < b.cut {
-                history.fault("client cut", Some(broker));
+                history.client_cut(at);
                 history.stream_dropped(sid);
                 break;
             } else if roll < b.cut + b.stall {
@@ -269,30 +271,91 @@ pub async fn consumer(
                 tokio::time::sleep(b.work.mul_f64(rng.next_f64())).await;
             }
             if roll < b.cut + b.stall + b.nack {
-                nack(&history, &mut client, &rec, "faults: nacked on purpose").await;
+                nack(
+                    &history,
+                    &mut client,
+                    &rec,
+                    settles_to,
+                    "faults: nacked on purpose",
+                )
+                .await;
             } else {
+                let sent = history.sent(Op::Ack, &rec, settles_to);
                 let r = ack(&mut client, &rec.id, &rec.token).await;
-                history.ack_result(&rec, broker, &r);
+                history.answered(sent, &r);
             }
         }
         // The stream is gone (its Drop ran above or below); go back home.
-        drop(stream);
+        drop(reader);
         broker = home;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// The stream a consumer's open on `broker` gave; or None, the failure
-/// recorded and `broker` moved on to the next of `brokers` (after a pause
-/// when the broker answered).
+/// A Subscribe stream read in a task of its own, each delivery recorded
+/// the moment it arrives: a consumer busy settling the last one would read
+/// the next one late, and the checker compares receipt times with leases
+/// (a delivery received after its lease's end is an anomaly). Dropping the
+/// reader drops the stream.
+pub struct Reader {
+    rx: mpsc::UnboundedReceiver<Delivered>,
+    task: JoinHandle<()>,
+}
+
+impl Reader {
+    pub fn start(
+        history: &History,
+        sid: u64,
+        broker: usize,
+        lease: Duration,
+        mut stream: tonic::Streaming<pb::SubscribeResponse>,
+    ) -> Reader {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let history = history.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match next(&history, sid, stream.message().await) {
+                    Next::Job(d) => {
+                        if tx.send(history.delivered(sid, broker, lease, &d)).is_err() {
+                            return;
+                        }
+                    }
+                    Next::Nothing => {}
+                    Next::Ended => return,
+                }
+            }
+        });
+        Reader { rx, task }
+    }
+
+    /// The next delivery; None once the stream ended (recorded).
+    pub async fn next(&mut self) -> Option<Delivered> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The stream a consumer's open on `broker` gave, and the broker serving
+/// it (`broker`, or behind a balancer the one its metadata names in
+/// `ids`); or None, the failure recorded and `broker` moved on to the next
+/// of `brokers` (after a pause when the broker answered).
 async fn opened_or_next<T>(
     history: &History,
     opened: Result<Result<tonic::Response<T>, tonic::Status>, tokio::time::error::Elapsed>,
     broker: &mut usize,
     brokers: usize,
-) -> Option<T> {
+    ids: Option<&BrokerIds>,
+) -> Option<(T, usize)> {
     let code = match opened {
-        Ok(Ok(s)) => return Some(s.into_inner()),
+        Ok(Ok(s)) => {
+            let at = ids.map_or(*broker, |ids| ids.index_of(s.metadata()));
+            return Some((s.into_inner(), at));
+        }
         Ok(Err(s)) => s.code(),
         Err(_) => Code::DeadlineExceeded,
     };
@@ -324,6 +387,7 @@ fn away_from(broker: usize, home: usize) -> tokio::time::Sleep {
 /// drops the call: the response side first (the client stops reading), then
 /// the request side, which the broker sees end as well; either way it
 /// releases the stream's jobs at once.
+#[allow(clippy::too_many_arguments)]
 pub async fn consume_consumer(
     history: History,
     addrs: Vec<SocketAddr>,
@@ -332,6 +396,7 @@ pub async fn consume_consumer(
     b: Behaviour,
     seed: u64,
     stop: CancellationToken,
+    ids: Option<BrokerIds>,
 ) {
     let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
     let mut rng = Rng::new(seed);
@@ -354,15 +419,16 @@ pub async fn consume_consumer(
             _ = stop.cancelled() => return,
             r = timeout(Duration::from_secs(5), client.consume(ReceiverStream::new(rx))) => r,
         };
-        let Some(stream) = opened_or_next(&history, opened, &mut broker, clients.len()).await
+        let Some((stream, at)) =
+            opened_or_next(&history, opened, &mut broker, clients.len(), ids.as_ref()).await
         else {
             continue;
         };
-        let sid = history.consume_opened(broker);
+        let sid = history.consumer_stream(at, b.credit, true);
         let mut s = ConsumeConn {
             history: &history,
             sid,
-            broker,
+            broker: at,
             lease: b.lease,
             stream,
             tx: Some(tx),
@@ -371,6 +437,10 @@ pub async fn consume_consumer(
         let away = away_from(broker, home);
         tokio::pin!(away);
         loop {
+            if stop.is_cancelled() {
+                s.close().await;
+                return;
+            }
             let rec = match s.queued.pop_front() {
                 Some(rec) => rec,
                 None => {
@@ -394,7 +464,7 @@ pub async fn consume_consumer(
             };
             let roll = rng.next_f64();
             if roll < b.cut {
-                history.fault("client cut", Some(broker));
+                history.client_cut(at);
                 history.stream_dropped(sid);
                 break;
             } else if roll < b.cut + b.stall {
@@ -405,7 +475,6 @@ pub async fn consume_consumer(
             }
             let mut req = pb::ConsumeRequest::default();
             let op = if roll < b.cut + b.stall + b.nack {
-                history.nack_sent(&rec);
                 req.nacks.push(pb::NackRequest {
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
@@ -421,11 +490,16 @@ pub async fn consume_consumer(
                 });
                 pb::SettleOp::Ack
             };
+            let sent = history.sent(
+                match op {
+                    pb::SettleOp::Nack => Op::Nack,
+                    _ => Op::Ack,
+                },
+                &rec,
+                at,
+            );
             let (r, open) = s.settle(req, &rec, op).await;
-            match op {
-                pb::SettleOp::Nack => history.nack_result(&rec, &r),
-                _ => history.ack_result(&rec, broker, &r),
-            }
+            history.answered(sent, &r);
             if !open {
                 break;
             }
@@ -586,10 +660,16 @@ pub async fn ack(client: &mut Client, id: &str, token: &str) -> Result<(), tonic
     .map(|_| ())
 }
 
-/// Nacks a delivery (retry at once, not dead-lettered) with a 10 s timeout,
-/// recording the Nack and its outcome in `history`.
-pub async fn nack(history: &History, client: &mut Client, rec: &Delivered, why: &str) {
-    history.nack_sent(rec);
+/// Nacks a delivery (retry at once, not dead-lettered) through `broker`
+/// with a 10 s timeout, recording the Nack and its outcome in `history`.
+pub async fn nack(
+    history: &History,
+    client: &mut Client,
+    rec: &Delivered,
+    broker: usize,
+    why: &str,
+) {
+    let sent = history.sent(Op::Nack, rec, broker);
     let r = timeout(
         Duration::from_secs(10),
         client.nack(pb::NackRequest {
@@ -603,7 +683,7 @@ pub async fn nack(history: &History, client: &mut Client, rec: &Delivered, why: 
     .await
     .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("nack timed out")))
     .map(|_| ());
-    history.nack_result(rec, &r);
+    history.answered(sent, &r);
 }
 
 /// One message of a Subscribe stream, as a test consumer sees it.
@@ -672,6 +752,7 @@ pub async fn producer_over(
         }
         let payload = format!("{prefix}{n:06}");
         let broker = n % clients.len();
+        let single = clients.len() == 1;
         let mut c = clients[broker].clone();
         let r = timeout(
             Duration::from_secs(10),
@@ -683,10 +764,37 @@ pub async fn producer_over(
         )
         .await;
         match r {
+            // Through one address (a balancer, say) the broker is not known.
+            Ok(Ok(resp)) if single => history.enqueue_ok(&payload, &resp.into_inner().job_id),
             Ok(Ok(resp)) => history.enqueue_ok_via(&payload, &resp.into_inner().job_id, broker),
             Ok(Err(s)) => history.enqueue_err(&payload, s.code()),
             Err(_) => history.enqueue_err(&payload, Code::DeadlineExceeded),
         }
+    }
+}
+
+/// The final drain's Acks, up to 64 at a time (one at a time, a backlog of
+/// thousands would take longer to ack than the broker took to deliver it).
+#[derive(Default)]
+pub struct Acks(tokio::task::JoinSet<()>);
+
+impl Acks {
+    /// Acks `rec` (recorded) in a task of its own.
+    pub async fn ack(&mut self, history: &History, client: &Client, rec: Delivered) {
+        while self.0.len() >= 64 {
+            self.0.join_next().await;
+        }
+        let (history, mut client) = (history.clone(), client.clone());
+        self.0.spawn(async move {
+            let sent = history.sent(Op::Ack, &rec, usize::MAX);
+            let r = ack(&mut client, &rec.id, &rec.token).await;
+            history.answered(sent, &r);
+        });
+    }
+
+    /// Waits for every Ack sent.
+    pub async fn wait(&mut self) {
+        while self.0.join_next().await.is_some() {}
     }
 }
 
@@ -705,6 +813,7 @@ pub async fn final_drain(
     let mut client = lazy_client(addr);
     let lease = Duration::from_secs(30);
     let mut reported = false;
+    let mut acks = Acks::default();
     'outer: loop {
         assert!(
             Instant::now() < deadline,
@@ -731,6 +840,7 @@ pub async fn final_drain(
         let sid = history.stream_opened(usize::MAX);
         loop {
             if live(db, queue).await == 0 {
+                acks.wait().await;
                 history.stream_dropped(sid);
                 break 'outer;
             }
@@ -759,8 +869,7 @@ pub async fn final_drain(
                 Next::Ended => continue 'outer,
             };
             let rec = history.delivered(sid, usize::MAX, lease, &d);
-            let r = ack(&mut client, &rec.id, &rec.token).await;
-            history.ack_result(&rec, usize::MAX, &r);
+            acks.ack(history, &client, rec).await;
         }
     }
     started.elapsed()
@@ -787,13 +896,111 @@ pub async fn final_ids(pool: &sqlx::PgPool) -> (HashSet<String>, HashSet<String>
     (dead.into_iter().collect(), live.into_iter().collect())
 }
 
+/// The brokers behind a load balancer, by the process id each names in its
+/// streams' metadata (`leaseq-broker`, docs/DEPLOYMENT.md): a stream opened
+/// through the balancer is recorded on the broker that serves it, so that
+/// the checker's exemptions (a drain releases the jobs of its own streams
+/// only) name that one broker. Index i is the i-th broker learned.
+#[derive(Clone, Default)]
+pub struct BrokerIds(Arc<Mutex<Vec<String>>>);
+
+impl BrokerIds {
+    /// Learns the id of the broker at `addr` (not through the balancer)
+    /// from a stream opened on it; returns its index.
+    pub async fn learn(&self, addr: SocketAddr) -> usize {
+        let id = broker_id(addr).await;
+        let mut ids = self.0.lock().unwrap();
+        ids.push(id);
+        ids.len() - 1
+    }
+
+    /// The index of the broker a response's metadata names; one not seen
+    /// before (a restarted process) is given the next index.
+    pub fn index_of(&self, md: &tonic::metadata::MetadataMap) -> usize {
+        let id = md
+            .get(leaseq_server::api::queue::BROKER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .expect("a stream's response names its broker (leaseq-broker)")
+            .to_owned();
+        let mut ids = self.0.lock().unwrap();
+        if let Some(i) = ids.iter().position(|x| *x == id) {
+            return i;
+        }
+        ids.push(id);
+        ids.len() - 1
+    }
+}
+
+/// The id the broker at `addr` names in its streams' metadata.
+pub async fn broker_id(addr: SocketAddr) -> String {
+    let mut c = lazy_client(addr);
+    let s = timeout(
+        Duration::from_secs(10),
+        c.subscribe(pb::SubscribeRequest {
+            queues: vec!["broker-id".into()],
+            consumer: "broker-id".into(),
+            max_in_flight: 1,
+            lease: None,
+        }),
+    )
+    .await
+    .expect("subscribe in time")
+    .expect("subscribe");
+    s.metadata()
+        .get(leaseq_server::api::queue::BROKER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .expect("a stream's response names its broker (leaseq-broker)")
+        .to_owned()
+}
+
+/// Every 100 ms until `stop`, how many jobs of `queues` wait deliverable
+/// (available, due, their queue not paused) over `pools`, into `history`
+/// (a failed or slow sample is recorded as unknown): the stall check's
+/// "while jobs wait".
+pub async fn sample_ready(
+    history: History,
+    pools: Vec<PgPool>,
+    queues: Vec<String>,
+    stop: CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let mut total = Some(0);
+        for pool in &pools {
+            let n = timeout(
+                Duration::from_secs(1),
+                sqlx::query_scalar::<_, i64>(
+                    "select count(*) from leaseq.jobs j
+                     where j.queue = any($1) and j.state = 'available' and j.run_at <= now()
+                       and not exists (select 1 from leaseq.queues q
+                                       where q.name = j.queue and q.paused)",
+                )
+                .bind(&queues)
+                .fetch_one(pool),
+            )
+            .await;
+            total = match (total, n) {
+                (Some(t), Ok(Ok(n))) => Some(t + n),
+                _ => None,
+            };
+        }
+        history.ready(total);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
 /// Producers and consumers of one run.
 pub struct Load {
     history: History,
+    queue: &'static str,
     producers_stop: CancellationToken,
     consumers_stop: CancellationToken,
     producers: Vec<JoinHandle<()>>,
     consumers: Vec<JoinHandle<()>>,
+    sampler_stop: CancellationToken,
+    sampler: Option<JoinHandle<()>>,
     started: Instant,
 }
 
@@ -836,33 +1043,72 @@ impl Load {
         consumers: usize,
         behaviour: Behaviour,
     ) -> Load {
+        Load::consumers_behind(history, addrs, queue, consumers, behaviour, None)
+    }
+
+    /// As [`Load::consumers_only`]; with `ids`, the addresses are a
+    /// balancer's and each stream is recorded on the broker its metadata
+    /// names.
+    pub fn consumers_behind(
+        history: &History,
+        addrs: &[SocketAddr],
+        queue: &'static str,
+        consumers: usize,
+        behaviour: Behaviour,
+        ids: Option<BrokerIds>,
+    ) -> Load {
         let consumers_stop = CancellationToken::new();
         let consumers = (0..consumers)
             .map(|i| {
                 let (h, addrs, home) = (history.clone(), addrs.to_vec(), i % addrs.len());
-                let (seed, stop) = (i as u64 + 1, consumers_stop.clone());
+                let (seed, stop, ids) = (i as u64 + 1, consumers_stop.clone(), ids.clone());
                 if behaviour.protocol.consume(i) {
                     tokio::spawn(consume_consumer(
-                        h, addrs, home, queue, behaviour, seed, stop,
+                        h, addrs, home, queue, behaviour, seed, stop, ids,
                     ))
                 } else {
-                    tokio::spawn(consumer(h, addrs, home, queue, behaviour, seed, stop))
+                    tokio::spawn(consumer(h, addrs, home, queue, behaviour, seed, stop, ids))
                 }
             })
             .collect();
         Load {
             history: history.clone(),
+            queue,
             producers_stop: CancellationToken::new(),
             consumers_stop,
             producers: Vec::new(),
             consumers,
+            sampler_stop: CancellationToken::new(),
+            sampler: None,
             started: Instant::now(),
         }
+    }
+
+    /// Samples the jobs waiting deliverable in the queue through `pool`
+    /// (the stall check) until [`Load::finish`] has drained.
+    pub fn watch(&mut self, pool: &PgPool) {
+        self.sampler = Some(tokio::spawn(sample_ready(
+            self.history.clone(),
+            vec![pool.clone()],
+            vec![self.queue.to_owned()],
+            self.sampler_stop.clone(),
+        )));
     }
 
     /// Runs `task` as one more producer: [`Load::finish`] waits for it.
     pub fn produce(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         self.producers.push(tokio::spawn(task));
+    }
+
+    /// Runs `task` as one more consumer, stopping on
+    /// [`Load::consumers_stop`]: [`Load::finish`] waits for it.
+    pub fn consume(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.consumers.push(tokio::spawn(task));
+    }
+
+    /// The token consumers stop on.
+    pub fn consumers_stop(&self) -> CancellationToken {
+        self.consumers_stop.clone()
     }
 
     /// The token producers stop on (for [`producer`]s the test adds).
@@ -875,6 +1121,7 @@ impl Load {
     pub async fn stop(self) {
         self.producers_stop.cancel();
         self.consumers_stop.cancel();
+        self.sampler_stop.cancel();
         for t in self.producers.into_iter().chain(self.consumers) {
             timeout(Duration::from_secs(20), t)
                 .await
@@ -892,6 +1139,7 @@ impl Load {
         drain_addr: SocketAddr,
         queue: &'static str,
     ) -> Report {
+        self.history.faults_over();
         self.producers_stop.cancel();
         for p in self.producers {
             timeout(Duration::from_secs(20), p)
@@ -914,6 +1162,10 @@ impl Load {
             Duration::from_secs(60),
         )
         .await;
+        self.sampler_stop.cancel();
+        if let Some(s) = self.sampler {
+            s.await.expect("sampler");
+        }
         let (dead, live) = final_ids(pool).await;
         let report = self.history.check(&dead, &live);
         eprintln!(

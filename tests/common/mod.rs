@@ -14,6 +14,7 @@ pub mod consume;
 pub mod history;
 pub mod load;
 pub mod pgproxy;
+pub mod slow;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -86,9 +86,25 @@ impl PrivatePg {
         }
     }
 
+    /// `pg_ctl stop -m fast`, then [`PrivatePg::start_again`] with `env`
+    /// set for the server (LD_PRELOAD of libfaketime, say).
+    pub fn restart_with_env(&self, env: &[(&str, &str)]) {
+        run_ok(
+            self.pg_ctl()
+                .args(["stop", "-w", "-t", "30", "-m", "fast", "-D"])
+                .arg(self.dir.join("data")),
+            "pg_ctl stop",
+        );
+        self.start_with_env(env);
+    }
+
     /// `pg_ctl start` with the options `leaseq::embedded` starts it with
     /// (its private socket, no TCP), waiting until it accepts connections.
     pub fn start_again(&self) {
+        self.start_with_env(&[]);
+    }
+
+    fn start_with_env(&self, env: &[(&str, &str)]) {
         let opts = format!(
             "-k {} -p 5432 -c listen_addresses= -c unix_socket_permissions=0700 -c max_connections=300",
             self.dir.join("run").display()
@@ -100,6 +116,7 @@ impl PrivatePg {
                 .arg("-l")
                 .arg(self.dir.join("postgres.log"))
                 .args(["-o", &opts])
+                .envs(env.iter().copied())
                 // pg_ctl's server keeps our stdout open otherwise.
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped()),

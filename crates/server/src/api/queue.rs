@@ -18,6 +18,12 @@ use crate::request_limit::{CallCharges, StreamBudget};
 use crate::stream_limit::{Limited, StreamLimit};
 use crate::telemetry::{Settle, Traced, Traces};
 
+/// Response metadata of Subscribe and Consume: the id of the broker process
+/// serving the stream (32 hex digits, a new one at every start; the
+/// `lease_broker` its leases carry in `leaseq.jobs`). It names a process,
+/// not a host or an address.
+pub const BROKER_HEADER: &str = "leaseq-broker";
+
 /// Served wrapped in [`crate::auth::Authenticator`]: every handler reads the
 /// caller's [`Identity`] and checks its grants after validating the request
 /// and before anything changes.
@@ -43,6 +49,17 @@ impl QueueApi {
     pub fn with_traces(mut self, traces: Traces) -> Self {
         self.traces = traces;
         self
+    }
+
+    /// A stream's response, its metadata naming this broker process
+    /// ([`BROKER_HEADER`]): behind a load balancer a client can tell which
+    /// replica serves its stream.
+    fn served_here<T>(&self, stream: T) -> Response<T> {
+        let mut r = Response::new(stream);
+        if let Ok(v) = self.broker.store().broker_id.simple().to_string().parse() {
+            r.metadata_mut().insert(BROKER_HEADER, v);
+        }
+        r
     }
 
     /// Caps open Subscribe streams on this broker (`--max-streams`).
@@ -152,7 +169,7 @@ impl QueueService for QueueApi {
         let permit = self.streams.acquire()?;
         let stream = self.broker.subscribe(sub).await?;
         let stream = Traced::new(stream, self.traces.clone(), "Subscribe");
-        Ok(Response::new(Limited::new(stream, permit).holding(hold)))
+        Ok(self.served_here(Limited::new(stream, permit).holding(hold)))
     }
 
     #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -282,6 +299,6 @@ impl QueueService for QueueApi {
             requests,
         );
         let stream = Traced::new(stream, self.traces.clone(), "Consume");
-        Ok(Response::new(Limited::new(stream, permit)))
+        Ok(self.served_here(Limited::new(stream, permit)))
     }
 }

@@ -542,6 +542,21 @@ impl Store {
         .into_iter()
         .map(|r| ((r.queue, r.dedup_key), r.id))
         .collect();
+        // A source row whose copy committed here (its tombstone is here) is
+        // this cluster's job now, the source's row a leftover of a copy
+        // interrupted before its delete (a killed move): if the job is still
+        // live here the insert above found its key; if not, it was settled
+        // here and its key is free. Answering with it would name a job
+        // already done.
+        let ids: Vec<Uuid> = there.values().copied().collect();
+        let copied: Vec<Uuid> =
+            sqlx::query_scalar!("select id from leaseq.moved_jobs where id = any($1)", &ids)
+                .fetch_all(&mut *tx)
+                .await?;
+        let there: HashMap<(String, String), Uuid> = there
+            .into_iter()
+            .filter(|(_, id)| !copied.contains(id))
+            .collect();
         let mut undo = Vec::new();
         for i in fresh {
             let key = (

@@ -1,0 +1,531 @@
+//! The history checker (tests/common/history.rs) checked: a history with
+//! one planted anomaly of every kind it knows is reported with each of them
+//! (and with nothing else), the duplicates and refusals each exemption
+//! explains are not, an exemption that names another broker excuses
+//! nothing, and a clean history is reported clean. The histories run on a
+//! manual clock: local time is set, and the database clock is the wall
+//! clock `W` at local time 0 plus local time.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::common::history::{Bounds, Delivered, History, Op, Report};
+use leaseq::pb;
+use tonic::{Code, Status};
+
+/// The database clock at local time 0, µs since the epoch.
+const W: i64 = 1_800_000_000_000_000;
+
+fn at(secs: f64) -> Duration {
+    Duration::from_secs_f64(secs)
+}
+
+/// A planted history and the helpers that write it.
+struct Plant {
+    h: History,
+}
+
+impl Plant {
+    fn new() -> Plant {
+        let h = History::manual(W);
+        h.set_bounds(Bounds {
+            settle: Duration::from_secs(15),
+            stall: Duration::from_secs(5),
+        });
+        Plant { h }
+    }
+
+    fn enqueue(&self, t: f64, payload: &str) {
+        self.h.set_now(at(t));
+        self.h.enqueue_ok(payload, payload);
+    }
+
+    /// Job `id` (its payload too) received at local `t` under `token`,
+    /// leased at `start` (database time, seconds after W) for `lease` s.
+    fn deliver_lease(
+        &self,
+        stream: u64,
+        broker: usize,
+        id: &str,
+        token: &str,
+        (t, start, lease): (f64, f64, f64),
+    ) -> Delivered {
+        self.h.set_now(at(t));
+        let expires = W + ((start + lease) * 1e6) as i64;
+        let d = pb::Delivery {
+            job: Some(pb::Job {
+                id: id.into(),
+                payload: id.as_bytes().to_vec(),
+                attempt: 1,
+                ..Default::default()
+            }),
+            lease_token: token.into(),
+            lease_expires_at: Some(prost_types::Timestamp {
+                seconds: expires.div_euclid(1_000_000),
+                nanos: (expires.rem_euclid(1_000_000) * 1000) as i32,
+            }),
+        };
+        self.h.delivered(stream, broker, at(lease), &d)
+    }
+
+    /// Leased a millisecond before it was received, for 2 s.
+    fn deliver(&self, stream: u64, broker: usize, id: &str, token: &str, t: f64) -> Delivered {
+        self.deliver_lease(stream, broker, id, token, (t, t - 0.001, 2.0))
+    }
+
+    /// A settle sent at `sent`, answered at `answered` with `r`.
+    fn settle(&self, op: Op, d: &Delivered, sent: f64, answered: f64, r: Result<(), Code>) {
+        self.h.set_now(at(sent));
+        let s = self.h.sent(op, d, d.broker);
+        self.h.set_now(at(answered));
+        self.h
+            .answered(s, &r.map_err(|c| Status::new(c, "planted")));
+    }
+
+    fn ack(&self, d: &Delivered, sent: f64) {
+        self.settle(Op::Ack, d, sent, sent + 0.05, Ok(()));
+    }
+
+    fn refused(&self, op: Op, d: &Delivered, sent: f64) {
+        self.settle(op, d, sent, sent + 0.05, Err(Code::FailedPrecondition));
+    }
+
+    fn keyed(&self, key: &str, payload: &str, sent: f64, r: Result<(&str, bool), Code>) {
+        self.h.set_now(at(sent + 0.05));
+        self.h.enqueue_keyed(
+            key,
+            payload,
+            at(sent),
+            &r.map(|(id, dup)| (id.to_owned(), dup))
+                .map_err(|c| Status::new(c, "planted")),
+        );
+    }
+
+    fn check(&self) -> Report {
+        self.h.check(&HashSet::new(), &HashSet::new())
+    }
+}
+
+/// The names (job ids, or stream numbers) each kind of anomaly mentions,
+/// out of `names`.
+fn found(r: &Report, names: &[&str]) -> Vec<(&'static str, Vec<String>)> {
+    r.kinds()
+        .iter()
+        .map(|(kind, list)| {
+            let mut hit: Vec<String> = names
+                .iter()
+                .filter(|n| {
+                    list.iter().any(|e| {
+                        e.split_whitespace().next().map(|w| w.trim_end_matches(':')) == Some(n)
+                    })
+                })
+                .map(|n| n.to_string())
+                .collect();
+            hit.sort();
+            (*kind, hit)
+        })
+        .collect()
+}
+
+#[test]
+fn checker_finds_every_planted_anomaly() {
+    let p = Plant::new();
+    let h = &p.h;
+    let s1 = h.stream_opened(0);
+    let s2 = h.stream_opened(0);
+    let s_b1 = h.stream_opened(1);
+    let s_cut = h.stream_opened(0);
+    let s_dropped = h.stream_opened(0);
+    let s_gone = h.stream_opened(0);
+    let stalled = h.consumer_stream(2, 2, false);
+    let excused = h.consumer_stream(3, 1, false);
+    let full = h.consumer_stream(4, 1, false);
+    let jobs = [
+        "lost",
+        "overlap",
+        "after-ack",
+        "twice",
+        "same",
+        "refused",
+        "refused-nack",
+        "refused-extend",
+        "stale-nack",
+        "stale-extend",
+        "late-expiry",
+        "late-release",
+        "late-settle",
+        "other-drain",
+        "other-drain-refused",
+        // Explained: none of these is an anomaly.
+        "expired",
+        "nacked",
+        "cut",
+        "drained",
+        "refused-expired",
+        "refused-dropped",
+        "refused-drained",
+        "refused-in-flight",
+        "refused-retry",
+        "extended",
+    ];
+    for id in jobs {
+        p.enqueue(0.0, id);
+    }
+
+    // Never acked OK: its one Ack was refused after its lease ran out
+    // (explained: no refused-valid).
+    let a = p.deliver(s1, 0, "lost", "l1", 1.0);
+    p.refused(Op::Ack, &a, 3.5);
+
+    // Leased again while the first lease was current, nothing released it.
+    p.deliver(s1, 0, "overlap", "o1", 1.0);
+    let b = p.deliver(s2, 0, "overlap", "o2", 1.5);
+    p.ack(&b, 1.6);
+
+    // Leased again after an Ack returned OK.
+    let a = p.deliver(s1, 0, "after-ack", "a1", 1.0);
+    p.ack(&a, 1.1);
+    p.deliver(s2, 0, "after-ack", "a2", 4.0);
+
+    // Acked OK twice (after-ack too).
+    let a = p.deliver(s1, 0, "twice", "t1", 1.0);
+    p.ack(&a, 1.1);
+    let b = p.deliver(s2, 0, "twice", "t2", 4.0);
+    p.ack(&b, 4.1);
+
+    // One token delivered twice.
+    let a = p.deliver(s1, 0, "same", "s1", 1.0);
+    p.deliver(s2, 0, "same", "s1", 1.2);
+    p.ack(&a, 1.3);
+
+    // Refused while current (answered long before the lease's end, nothing
+    // released it), each settle; the job comes back after its expiry.
+    for (id, op) in [
+        ("refused", Op::Ack),
+        ("refused-nack", Op::Nack),
+        ("refused-extend", Op::Extend),
+    ] {
+        let a = p.deliver(s1, 0, id, &format!("{id}1"), 1.0);
+        p.refused(op, &a, 1.1);
+        let b = p.deliver(s2, 0, id, &format!("{id}2"), 3.5);
+        p.ack(&b, 3.6);
+    }
+
+    // Answered OK though the job had been leased again (after an expiry)
+    // and delivered before the settle was sent.
+    let a = p.deliver(s1, 0, "stale-nack", "sn1", 1.0);
+    let b = p.deliver(s2, 0, "stale-nack", "sn2", 3.5);
+    p.settle(Op::Nack, &a, 3.6, 3.7, Ok(()));
+    p.ack(&b, 3.8);
+    let a = p.deliver(s1, 0, "stale-extend", "se1", 1.0);
+    let b = p.deliver(s2, 0, "stale-extend", "se2", 3.5);
+    h.set_now(at(3.6));
+    let sent = h.sent(Op::Extend, &a, 0);
+    h.set_now(at(3.7));
+    // The extension (2 s more) makes the two leases overlap as well.
+    h.extended(sent, &Ok(W + 5_600_000));
+    p.ack(&b, 3.8);
+
+    // Received half a second after its lease ran out (its Ack accepted:
+    // nobody else had it).
+    let a = p.deliver_lease(s1, 0, "late-expiry", "le1", (3.0, 0.5, 2.0));
+    p.ack(&a, 3.1);
+
+    // Received on a stream the client had dropped, after the job had been
+    // leased again elsewhere (the second lease is explained by the drop).
+    h.set_now(at(1.2));
+    h.stream_dropped(s_cut);
+    p.deliver_lease(s_cut, 0, "late-release", "lr1", (1.6, 0.999, 2.0));
+    let b = p.deliver(s2, 0, "late-release", "lr2", 1.5);
+    p.ack(&b, 1.7);
+
+    // Settled 19 s after the faults ended (bound 15 s).
+    h.set_now(at(10.0));
+    h.faults_over();
+    let a = p.deliver(s1, 0, "late-settle", "ls1", 29.0);
+    p.ack(&a, 29.1);
+
+    // A drain of broker 1 explains nothing of broker 0's streams: a
+    // second lease and a refusal are anomalies.
+    h.set_now(at(1.05));
+    h.drain(1);
+    p.deliver(s1, 0, "other-drain", "od1", 1.0);
+    let b = p.deliver(s2, 0, "other-drain", "od2", 1.5);
+    p.ack(&b, 1.6);
+    let a = p.deliver(s1, 0, "other-drain-refused", "odr1", 1.0);
+    p.refused(Op::Ack, &a, 1.2);
+    let b = p.deliver(s2, 0, "other-drain-refused", "odr2", 3.5);
+    p.ack(&b, 3.6);
+
+    // --- explained
+    // The second lease began after the first expired.
+    p.deliver(s1, 0, "expired", "e1", 1.0);
+    let b = p.deliver(s2, 0, "expired", "e2", 3.5);
+    p.ack(&b, 3.6);
+    // The first was nacked before the second was received.
+    let a = p.deliver(s1, 0, "nacked", "n1", 1.0);
+    p.settle(Op::Nack, &a, 1.1, 1.2, Ok(()));
+    let b = p.deliver(s2, 0, "nacked", "n2", 1.3);
+    p.ack(&b, 1.4);
+    // Its stream was dropped before.
+    p.deliver(s_dropped, 0, "cut", "c1", 1.0);
+    h.set_now(at(1.1));
+    h.stream_dropped(s_dropped);
+    let b = p.deliver(s2, 0, "cut", "c2", 1.3);
+    p.ack(&b, 1.4);
+    // Its broker (1) was draining.
+    p.deliver(s_b1, 1, "drained", "d1", 1.0);
+    let b = p.deliver(s2, 0, "drained", "d2", 1.3);
+    p.ack(&b, 1.4);
+    // Refused after the lease's end; after its stream was dropped; after
+    // its broker began to drain; after an Ack of it with no answer.
+    let a = p.deliver(s1, 0, "refused-expired", "re1", 1.0);
+    p.refused(Op::Extend, &a, 3.1);
+    let b = p.deliver(s2, 0, "refused-expired", "re2", 3.5);
+    p.ack(&b, 3.6);
+    let a = p.deliver(s_gone, 0, "refused-dropped", "rd1", 1.0);
+    h.set_now(at(1.05));
+    h.stream_dropped(s_gone);
+    p.refused(Op::Ack, &a, 1.1);
+    let b = p.deliver(s2, 0, "refused-dropped", "rd2", 1.3);
+    p.ack(&b, 1.4);
+    let a = p.deliver(s_b1, 1, "refused-drained", "rr1", 1.0);
+    p.refused(Op::Ack, &a, 1.1);
+    let b = p.deliver(s2, 0, "refused-drained", "rr2", 1.3);
+    p.ack(&b, 1.4);
+    // Sent before its broker began to drain, answered after: the drain
+    // may have released the lease first.
+    let a = p.deliver(s_b1, 1, "refused-in-flight", "rf1", 0.9);
+    p.settle(Op::Ack, &a, 1.0, 1.1, Err(Code::FailedPrecondition));
+    let b = p.deliver(s2, 0, "refused-in-flight", "rf2", 1.3);
+    p.ack(&b, 1.4);
+    let a = p.deliver(s1, 0, "refused-retry", "rt1", 1.0);
+    p.settle(Op::Ack, &a, 1.1, 1.2, Err(Code::DeadlineExceeded));
+    p.refused(Op::Ack, &a, 1.3);
+    // Extended past the second lease's start? No: extended, then acked.
+    let a = p.deliver(s1, 0, "extended", "x1", 1.0);
+    h.set_now(at(1.5));
+    let sent = h.sent(Op::Extend, &a, 0);
+    h.set_now(at(1.6));
+    h.extended(sent, &Ok(W + 4_500_000));
+    p.ack(&a, 4.0);
+
+    // Delivered and acked, never enqueued.
+    let a = p.deliver(s1, 0, "ghost", "g1", 1.0);
+    p.ack(&a, 1.1);
+
+    // A fault on broker 7 that no Ack on it followed.
+    h.set_now(at(5.0));
+    let f = h.fault("planted", Some(7));
+    h.set_now(at(5.5));
+    h.healed(f);
+    // A client's cut of its own stream on broker 8: nothing to recover from.
+    h.client_cut(8);
+
+    // Dedup: a second job created while the first of its key was live;
+    // a duplicate naming a job acked before; one naming a job no Enqueue
+    // of the key created; and a consistent key.
+    p.keyed("K1", "k1a", 1.0, Ok(("X", false)));
+    p.keyed("K1", "k1b", 1.2, Ok(("Y", false)));
+    p.keyed("K2", "k2a", 1.0, Ok(("Z", false)));
+    p.keyed("K2", "k2b", 2.0, Ok(("Z", true)));
+    p.keyed("K3", "k3a", 1.0, Ok(("V", false)));
+    p.keyed("K3", "k3b", 1.2, Ok(("Q", true)));
+    p.keyed("K4", "k4a", 1.0, Ok(("U", false)));
+    p.keyed("K4", "k4b", 1.2, Ok(("U", true)));
+    p.keyed("K4", "k4c", 3.0, Ok(("T", false)));
+    for (payload, id, t) in [
+        ("k1a", "X", 1.8),
+        ("k1b", "Y", 1.8),
+        ("k2a", "Z", 1.3),
+        ("k3a", "V", 1.3),
+        ("k4a", "U", 1.3),
+        ("k4c", "T", 3.3),
+    ] {
+        h.set_now(at(t));
+        let d = pb::Delivery {
+            job: Some(pb::Job {
+                id: id.into(),
+                payload: payload.as_bytes().to_vec(),
+                attempt: 1,
+                ..Default::default()
+            }),
+            lease_token: format!("{id}-token"),
+            lease_expires_at: Some(prost_types::Timestamp {
+                seconds: (W + ((t + 2.0) * 1e6) as i64) / 1_000_000,
+                nanos: 0,
+            }),
+        };
+        let d = h.delivered(s1, 0, at(2.0), &d);
+        p.ack(&d, t + 0.1);
+    }
+    // Q (named by k3b) is delivered and acked too, so nothing is lost.
+    h.set_now(at(1.4));
+    let q = pb::Delivery {
+        job: Some(pb::Job {
+            id: "Q".into(),
+            payload: b"k3b".to_vec(),
+            attempt: 1,
+            ..Default::default()
+        }),
+        lease_token: "Q-token".into(),
+        lease_expires_at: Some(prost_types::Timestamp {
+            seconds: (W + 3_400_000) / 1_000_000,
+            nanos: 0,
+        }),
+    };
+    let q = h.delivered(s1, 0, at(2.0), &q);
+    p.ack(&q, 1.5);
+
+    // A stream with credit that receives once, then nothing for 9 s while
+    // jobs wait; one whose gap is a fault of its broker; one whose credit
+    // is full (its one job held for 30 s).
+    p.enqueue(0.0, "st1");
+    p.enqueue(0.0, "ex1");
+    p.enqueue(0.0, "ex2");
+    p.enqueue(0.0, "fu1");
+    let a = p.deliver(stalled, 2, "st1", "st1", 0.5);
+    p.ack(&a, 0.6);
+    let a = p.deliver(excused, 3, "ex1", "ex1", 1.0);
+    p.ack(&a, 1.1);
+    let full_d = p.deliver_lease(full, 4, "fu1", "fu1", (0.5, 0.499, 30.0));
+    h.set_now(at(2.0));
+    let f = h.fault("planted freeze", Some(3));
+    h.set_now(at(9.0));
+    h.healed(f);
+    let a = p.deliver(excused, 3, "ex2", "ex2", 9.5);
+    p.ack(&a, 9.6);
+    for i in 0..=100 {
+        h.set_now(at(f64::from(i) / 10.0));
+        h.ready(Some(3));
+    }
+    p.ack(&full_d, 11.0);
+
+    let r = p.check();
+    let mut names: Vec<&str> = jobs.to_vec();
+    names.extend(["ghost", "planted", "key", "stream"]);
+    let got = found(&r, &names);
+    let want: Vec<(&str, Vec<&str>)> = vec![
+        ("lost", vec!["lost"]),
+        ("acked twice", vec!["twice"]),
+        (
+            "lease overlap",
+            vec!["other-drain", "overlap", "stale-extend"],
+        ),
+        ("redelivered after ack", vec!["after-ack", "twice"]),
+        ("delivered but never enqueued", vec!["ghost"]),
+        ("one lease token delivered twice", vec!["same"]),
+        (
+            "valid settle refused",
+            vec![
+                "other-drain-refused",
+                "refused",
+                "refused-extend",
+                "refused-nack",
+            ],
+        ),
+        (
+            "stale settle answered OK",
+            vec!["stale-extend", "stale-nack"],
+        ),
+        (
+            "delivered after its lease expired or was released",
+            vec!["late-expiry", "late-release"],
+        ),
+        ("settled too late after the faults", vec!["late-settle"]),
+        ("fault never recovered from", vec!["planted"]),
+        ("dedup answer inconsistent", vec!["key"]),
+        ("stream stalled while jobs waited", vec!["stream"]),
+    ];
+    let want: Vec<(&str, Vec<String>)> = want
+        .into_iter()
+        .map(|(k, v)| (k, v.into_iter().map(String::from).collect()))
+        .collect();
+    assert_eq!(got, want, "{r:#?}");
+    // One entry per planted instance: the refusals' op, the dedup keys,
+    // the stalled stream.
+    let count: Vec<usize> = r.kinds().iter().map(|k| k.1.len()).collect();
+    assert_eq!(count, [1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1], "{r:#?}");
+    assert!(r.refused_valid.iter().any(|e| e.contains(": nack of")));
+    assert!(r.refused_valid.iter().any(|e| e.contains(": extend of")));
+    for key in ["key K1:", "key K2:", "key K3:"] {
+        assert!(
+            r.dedup_inconsistent.iter().any(|e| e.starts_with(key)),
+            "{key} {:#?}",
+            r.dedup_inconsistent
+        );
+    }
+    assert!(
+        r.stalls[0].starts_with(&format!("stream {stalled} ")),
+        "{:#?}",
+        r.stalls
+    );
+    // Explained duplicates: nack (nacked); closed (cut, drained,
+    // late-release, refused-dropped, refused-drained, refused-in-flight);
+    // the rest expiry.
+    assert_eq!(r.dup_nack, 1, "{r:#?}");
+    assert_eq!(r.dup_closed, 6, "{r:#?}");
+    // With its story: the delivery and the refused Ack.
+    assert!(
+        r.lost[0].contains("delivered attempt 1 token l1")
+            && r.lost[0].contains("ack of token l1 sent to broker 0: Refused"),
+        "{r:#?}"
+    );
+    assert_eq!(r.anomalies().len(), 13, "{:#?}", r.anomalies());
+}
+
+/// A clean history: duplicates of every explanation, settles refused for a
+/// reason, an extended lease, a dedup key used twice, streams that stall
+/// only while a fault of their broker lasts.
+#[test]
+fn checker_reports_a_clean_history_clean() {
+    let p = Plant::new();
+    let h = &p.h;
+    let s1 = h.consumer_stream(0, 4, false);
+    let s2 = h.consumer_stream(1, 4, true);
+    for id in ["a", "b", "c", "d", "e"] {
+        p.enqueue(0.0, id);
+    }
+    let a = p.deliver(s1, 0, "a", "a1", 0.2);
+    p.settle(Op::Nack, &a, 0.3, 0.35, Ok(()));
+    let a = p.deliver(s2, 1, "a", "a2", 0.4);
+    p.ack(&a, 0.5);
+    p.deliver(s1, 0, "b", "b1", 0.2);
+    let b = p.deliver(s2, 1, "b", "b2", 2.5);
+    p.ack(&b, 2.6);
+    let c = p.deliver(s1, 0, "c", "c1", 0.3);
+    h.set_now(at(1.0));
+    let sent = h.sent(Op::Extend, &c, 0);
+    h.set_now(at(1.1));
+    h.extended(sent, &Ok(W + 3_000_000));
+    p.ack(&c, 2.8);
+    let d = p.deliver(s2, 1, "d", "d1", 0.3);
+    p.refused(Op::Ack, &d, 2.5);
+    let d = p.deliver(s1, 0, "d", "d2", 2.6);
+    p.ack(&d, 2.7);
+    p.keyed("K", "k", 3.0, Ok(("k", false)));
+    p.keyed("K", "k-again", 3.1, Ok(("k", true)));
+    let k = p.deliver(s1, 0, "k", "k1", 3.2);
+    p.ack(&k, 3.3);
+    // Jobs wait while broker 1 is frozen (its stream s2 receives nothing),
+    // none otherwise.
+    h.set_now(at(3.0));
+    let f = h.fault("frozen", Some(1));
+    h.set_now(at(3.5));
+    h.healed(f);
+    // Its first Ack after the fault.
+    let e = p.deliver(s2, 1, "e", "e1", 4.0);
+    p.ack(&e, 4.1);
+    for i in 0..=60 {
+        h.set_now(at(f64::from(i) / 10.0));
+        h.ready(Some(i64::from(i > 32 && i < 36)));
+    }
+    h.set_now(at(6.0));
+    h.faults_over();
+    let r = p.check();
+    assert!(r.anomalies().is_empty(), "{:#?}", r.anomalies());
+    assert_eq!(r.duplicates, 3, "{r:#?}");
+    assert_eq!((r.dup_expiry, r.dup_nack), (2, 1), "{r:#?}");
+    assert_eq!((r.extends, r.ack_stale), (1, 1), "{r:#?}");
+    assert_eq!((r.dedup_answers, r.dedup_duplicates), (2, 1), "{r:#?}");
+}
