@@ -145,13 +145,13 @@ async fn template() -> &'static str {
                 .map(|m| m.version)
                 .max()
                 .unwrap_or(0);
-            let digest = leaseq_server::store::MIGRATOR.iter().fold(
-                0xcbf2_9ce4_8422_2325_u64,
-                |h, m| {
-                    (m.version.to_le_bytes().iter().chain(m.checksum.iter()))
-                        .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
-                },
-            );
+            let digest =
+                leaseq_server::store::MIGRATOR
+                    .iter()
+                    .fold(0xcbf2_9ce4_8422_2325_u64, |h, m| {
+                        (m.version.to_le_bytes().iter().chain(m.checksum.iter()))
+                            .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+                    });
             let tpl = format!("leaseq_template_{version}_{:08x}", digest as u32);
             let exists: bool =
                 sqlx::query_scalar("select exists (select 1 from pg_database where datname = $1)")

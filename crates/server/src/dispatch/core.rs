@@ -46,6 +46,8 @@ struct Inflight {
     /// (the consumer is done with it), but the lease is still ours until
     /// the ack's statement answers ([`Core::acking`]).
     acking: bool,
+    /// Past this the delivery is not sent (see [`Core::assign`]).
+    send_by: Instant,
 }
 
 #[derive(Debug)]
@@ -177,15 +179,19 @@ pub(crate) struct Round {
     pub limited: Vec<QueueName>,
     /// Each queue's `seq` when the round was planned.
     seqs: HashMap<QueueName, u64>,
+    /// When it was planned: its statement, and so its leases, began later.
+    pub started: Instant,
 }
 
 /// What the enqueue path did with its hand-off claims: `leased` are the
 /// jobs it inserted leased (their `slot` indexes `claims`); every other
 /// claim was not used and its credit returns.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Handoff {
     pub claims: Vec<Claim>,
     pub leased: Vec<Leased>,
+    /// When the enqueue statement was sent: its leases began later.
+    pub sent: Instant,
 }
 
 /// Leased jobs to push into their streams, and leases nobody can take any
@@ -739,7 +745,7 @@ impl Core {
     /// replicas on the queues' rows and may wait, and the jobs the other
     /// leased must not wait with it (they would go out late, their leases
     /// running all along).
-    pub fn plan_round(&mut self) -> Option<Round> {
+    pub fn plan_round(&mut self, now: Instant) -> Option<Round> {
         if let Some(part) = self.next_part.take() {
             return Some(part);
         }
@@ -820,17 +826,17 @@ impl Core {
             .partition(|w| self.queues.get(&w.queue).is_some_and(|q| q.limited));
         match (fast.is_empty(), slow.is_empty()) {
             (false, false) => {
-                let first = self.round(fast, slots.clone());
-                self.next_part = Some(self.round(slow, slots));
+                let first = self.round(fast, slots.clone(), now);
+                self.next_part = Some(self.round(slow, slots, now));
                 Some(first)
             }
-            (false, true) => Some(self.round(fast, slots)),
-            (true, _) => Some(self.round(slow, slots)),
+            (false, true) => Some(self.round(fast, slots, now)),
+            (true, _) => Some(self.round(slow, slots, now)),
         }
     }
 
     /// One lease statement's round: its asks reserved, in flight.
-    fn round(&mut self, wants: Vec<Want>, slots: Vec<StreamId>) -> Round {
+    fn round(&mut self, wants: Vec<Want>, slots: Vec<StreamId>, now: Instant) -> Round {
         let mut seqs = HashMap::new();
         let mut limited = Vec::new();
         for w in &wants {
@@ -850,6 +856,7 @@ impl Core {
             slots,
             limited,
             seqs,
+            started: now,
         }
     }
 
@@ -953,7 +960,7 @@ impl Core {
             .into_iter()
             .map(|j| (round.slots[j.slot as usize], j))
             .collect();
-        let delivered = self.assign(jobs, now);
+        let delivered = self.assign(jobs, now, round.started);
         self.in_order(&round.slots, delivered)
     }
 
@@ -1025,7 +1032,7 @@ impl Core {
             .into_iter()
             .map(|j| (handoff.claims[j.slot as usize].stream, j))
             .collect();
-        self.assign(jobs, now)
+        self.assign(jobs, now, handoff.sent)
     }
 
     /// Another replica inserted jobs leased to our streams (`super::remote`).
@@ -1048,7 +1055,9 @@ impl Core {
                 });
             if taken {
                 self.dirty.insert(sid);
-                let d = self.assign(vec![(sid, job)], now);
+                // When another replica's statement began is not known
+                // here: the lease is taken as beginning now.
+                let d = self.assign(vec![(sid, job)], now, now);
                 out.jobs.extend(d.jobs);
                 out.orphans.extend(d.orphans);
             } else {
@@ -1097,10 +1106,32 @@ impl Core {
         out
     }
 
-    /// Records leased jobs as in flight on their streams.
-    fn assign(&mut self, jobs: Vec<(StreamId, Leased)>, now: Instant) -> Delivered {
+    /// Records leased jobs as in flight on their streams. `started`: when
+    /// the statement that leased them was sent (their leases began later,
+    /// by the database's clock, but not earlier).
+    ///
+    /// A job whose lease may be three quarters over by now is not
+    /// delivered: it goes back (attempt given back), and comes again with a
+    /// fresh lease. The answer of a statement can reach the dispatcher long
+    /// after it committed (a broker frozen by SIGSTOP, a host stalled, a
+    /// statement slowed past its lease): pushed then, the delivery reached
+    /// its consumer after its lease was over, while the job was already
+    /// another's, or acked (found by the fault suite: faults::frozen). The
+    /// same bound holds on its way out of the stream's channel
+    /// (`DeliveryStream`, [`Core::send_by`]).
+    fn assign(
+        &mut self,
+        jobs: Vec<(StreamId, Leased)>,
+        now: Instant,
+        started: Instant,
+    ) -> Delivered {
         let mut out = Delivered::default();
         for (sid, job) in jobs {
+            let send_by = started + Duration::from_millis(job.lease_ms as u64 * 3 / 4);
+            if now >= send_by {
+                out.orphans.push((job.id, job.token));
+                continue;
+            }
             if self
                 .unheard
                 .get(&job.id)
@@ -1133,6 +1164,7 @@ impl Core {
                     deadline,
                     checking: false,
                     acking: false,
+                    send_by,
                 },
             );
             self.owner.insert(id, sid);
@@ -1180,6 +1212,30 @@ impl Core {
             );
         }
         leases
+    }
+
+    /// The instant past which the delivery of a lease a stream holds is not
+    /// sent (see [`Core::assign`]).
+    pub fn send_by(&self, sid: StreamId, id: JobId) -> Option<Instant> {
+        self.streams
+            .get(&sid)
+            .and_then(|s| s.inflight.get(&id))
+            .map(|f| f.send_by)
+    }
+
+    /// A delivery was not sent (its lease was too far gone when it came to
+    /// be): the stream gives the lease up, to be released. Returns whether
+    /// it held it.
+    pub fn unsent(&mut self, sid: StreamId, id: JobId, token: LeaseToken) -> bool {
+        let held = self
+            .streams
+            .get(&sid)
+            .and_then(|s| s.inflight.get(&id))
+            .is_some_and(|f| f.token == token && !f.acking);
+        if held {
+            self.forget(id, token);
+        }
+        held
     }
 
     /// A stream's credit accounting, for the simulation's checker:
@@ -1308,12 +1364,12 @@ mod tests {
         let (mut c, _) = core();
         c.open(1, sub(&["a", "b", "c"], 10));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().expect("a round");
+        let round = c.plan_round(Instant::now()).expect("a round");
         let asks = asks(&round);
         assert_eq!(asks.values().sum::<i32>(), 10);
         assert!(asks.values().all(|n| (3..=4).contains(n)), "{asks:?}");
         // The credit is reserved while the round runs: no second round.
-        assert!(c.plan_round().is_none());
+        assert!(c.plan_round(Instant::now()).is_none());
     }
 
     fn job_prio(slot: i32, queue: &str, priority: i32) -> Leased {
@@ -1337,11 +1393,13 @@ mod tests {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 1));
         c.reconcile_offers(Instant::now());
-        let first = c.plan_round().expect("a round");
+        let first = c.plan_round(Instant::now()).expect("a round");
         assert_eq!(asks(&first), HashMap::from([("a".into(), 1)]));
         c.set_credit(1, 10);
         c.reconcile_offers(Instant::now());
-        let second = c.plan_round().expect("a second round beside the first");
+        let second = c
+            .plan_round(Instant::now())
+            .expect("a second round beside the first");
         assert_eq!(asks(&second), HashMap::from([("a".into(), 9)]));
         // The second round came back first, with the backlog: held.
         let backlog = vec![
@@ -1355,7 +1413,9 @@ mod tests {
         // Another stream is served meanwhile; the holding one waits.
         c.open(2, sub(&["b"], 1));
         c.reconcile_offers(Instant::now());
-        let other = c.plan_round().expect("a round for the other stream");
+        let other = c
+            .plan_round(Instant::now())
+            .expect("a round for the other stream");
         assert_eq!(asks(&other), HashMap::from([("b".into(), 1)]));
         c.finish_round(other, outcome(vec![job(0, "b")]), Instant::now());
         c.reconcile_offers(Instant::now());
@@ -1365,7 +1425,9 @@ mod tests {
         let want: Vec<JobId> = backlog.iter().map(|j| j.id).collect();
         assert_eq!(ids, want, "equal priority: in id order");
         c.reconcile_offers(Instant::now());
-        let next = c.plan_round().expect("the stream joins rounds again");
+        let next = c
+            .plan_round(Instant::now())
+            .expect("the stream joins rounds again");
         assert_eq!(asks(&next), HashMap::from([("a".into(), 6)]));
     }
 
@@ -1374,9 +1436,9 @@ mod tests {
         let (mut c, _) = core();
         c.open(1, sub(&["a"], 1));
         c.reconcile_offers(Instant::now());
-        let first = c.plan_round().unwrap();
+        let first = c.plan_round(Instant::now()).unwrap();
         c.set_credit(1, 3);
-        let second = c.plan_round().unwrap();
+        let second = c.plan_round(Instant::now()).unwrap();
         let (keep, gone) = (job_prio(0, "a", 0), job_prio(0, "a", 1));
         let d = c.finish_round(
             second,
@@ -1404,7 +1466,7 @@ mod tests {
             None,
             "a new stream's queue may have jobs"
         );
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
         assert_eq!(d.jobs.len(), 1);
         c.reconcile_offers(Instant::now());
@@ -1414,7 +1476,7 @@ mod tests {
         }
         assert_eq!(offers.claim(&q("a"), false), None);
         assert!(
-            c.plan_round().is_none(),
+            c.plan_round(Instant::now()).is_none(),
             "nothing ready, all credit offered"
         );
     }
@@ -1426,7 +1488,7 @@ mod tests {
         c.publish_offers(Instant::now());
         c.open(1, sub(&["a"], credit));
         assert_eq!(c.reconcile_offers(Instant::now()), vec![], "not idle yet");
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         c.finish_round(round, outcome(vec![]), Instant::now());
         (c, offers)
     }
@@ -1476,7 +1538,7 @@ mod tests {
             "past the credit, and for a stream that is gone"
         );
         assert_eq!(offers.claim(&q("a"), false), None, "the offer was used up");
-        assert!(c.plan_round().is_none(), "no credit left");
+        assert!(c.plan_round(Instant::now()).is_none(), "no credit left");
         // Credit back: offered here again, and published again.
         c.settled([(j[0].id, j[0].token)]);
         assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 1)]);
@@ -1542,7 +1604,7 @@ mod tests {
         // Not while a lease round runs: its jobs are not assigned yet.
         wake_now(&mut c, "a");
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().expect("a round");
+        let round = c.plan_round(Instant::now()).expect("a round");
         c.unheard(listed);
         assert_eq!(c.take_unheard(Instant::now()), vec![], "a round runs");
         c.finish_round(round, outcome(vec![]), Instant::now());
@@ -1569,7 +1631,7 @@ mod tests {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 4));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         c.finish_round(round, outcome(vec![]), Instant::now());
         c.reconcile_offers(Instant::now());
         let claim = offers.claim(&q("a"), false).expect("offered");
@@ -1578,13 +1640,14 @@ mod tests {
         assert_eq!(offers.claim(&q("a"), false), None, "withdrawn");
         // The claim taken before the wake still holds its credit until the
         // enqueue path reports it: the round asks for 3, not 4.
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         assert_eq!(asks(&round)["a"], 3);
         // Reported unused: the credit returns.
         c.handed(
             Handoff {
                 claims: vec![claim],
                 leased: vec![],
+                sent: Instant::now(),
             },
             Instant::now(),
         );
@@ -1604,7 +1667,7 @@ mod tests {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 2));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         c.finish_round(round, outcome(vec![]), Instant::now());
         c.reconcile_offers(Instant::now());
         let due = |ready: bool| {
@@ -1620,18 +1683,25 @@ mod tests {
         assert!(checks.expired.is_empty() && checks.verify.is_empty());
         assert_eq!(c.due_checks(), vec![q("a")], "the poll asks about `a`");
         c.reconcile_offers(Instant::now());
-        assert!(c.plan_round().is_none(), "no round before the answer");
+        assert!(
+            c.plan_round(Instant::now()).is_none(),
+            "no round before the answer"
+        );
         let claim = offers.claim(&q("a"), false).expect("still offered");
         c.handed(
             Handoff {
                 claims: vec![claim],
                 leased: vec![],
+                sent: Instant::now(),
             },
             Instant::now(),
         );
         c.due_known(due(false), Instant::now());
         c.reconcile_offers(Instant::now());
-        assert!(c.plan_round().is_none(), "nothing ready: no round");
+        assert!(
+            c.plan_round(Instant::now()).is_none(),
+            "nothing ready: no round"
+        );
         assert!(offers.claim(&q("a"), false).is_some(), "still offered");
 
         // A job whose wake-up was lost: the next poll finds it.
@@ -1641,7 +1711,9 @@ mod tests {
         c.due_known(due(true), Instant::now());
         c.reconcile_offers(Instant::now());
         assert_eq!(offers.claim(&q("a"), false), None, "withdrawn");
-        let round = c.plan_round().expect("a round for the ready job");
+        let round = c
+            .plan_round(Instant::now())
+            .expect("a round for the ready job");
         assert_eq!(asks(&round)["a"], 1, "one credit is still claimed");
     }
 
@@ -1684,7 +1756,7 @@ mod tests {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 1));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         c.finish_round(round, outcome(vec![]), Instant::now());
         c.reconcile_offers(Instant::now());
         let claim = offers.claim(&q("a"), false).unwrap();
@@ -1694,6 +1766,7 @@ mod tests {
             Handoff {
                 claims: vec![claim],
                 leased: vec![j],
+                sent: Instant::now(),
             },
             Instant::now(),
         );
@@ -1717,7 +1790,7 @@ mod tests {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 2));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
         let held = d.jobs[0].1.id;
         c.reconcile_offers(Instant::now());
@@ -1729,6 +1802,7 @@ mod tests {
             Handoff {
                 claims: vec![claim],
                 leased: vec![late],
+                sent: Instant::now(),
             },
             Instant::now(),
         );
@@ -1741,7 +1815,7 @@ mod tests {
         let (mut c, _offers) = core();
         c.open(1, sub(&["a"], 2));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         c.open(2, sub(&["b"], 2));
         assert!(c.close(2).is_empty());
         assert_eq!(
@@ -1751,7 +1825,7 @@ mod tests {
         );
         c.set_credit(1, 4);
         c.wake_all(Instant::now());
-        let second = c.plan_round().unwrap();
+        let second = c.plan_round(Instant::now()).unwrap();
         assert_eq!(second.slots, vec![1]);
         assert!(c.close(1).is_empty());
         assert!(
@@ -1770,7 +1844,7 @@ mod tests {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 3));
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let d = c.finish_round(
             round,
             outcome(vec![job(0, "a"), job(0, "a"), job(0, "a")]),
@@ -1780,13 +1854,13 @@ mod tests {
         c.settled([(d.jobs[0].1.id, d.jobs[0].1.token)]);
         c.reconcile_offers(Instant::now());
         assert!(
-            c.plan_round().is_none(),
+            c.plan_round(Instant::now()).is_none(),
             "2 in flight, credit 1: nothing asked"
         );
         c.settled([(d.jobs[1].1.id, d.jobs[1].1.token)]);
         c.settled([(d.jobs[2].1.id, d.jobs[2].1.token)]);
         c.reconcile_offers(Instant::now());
-        let round = c.plan_round().expect("credit again");
+        let round = c.plan_round(Instant::now()).expect("credit again");
         assert_eq!(asks(&round)["a"], 1, "credit is 1 now");
         c.finish_round(round, outcome(vec![]), Instant::now());
         c.reconcile_offers(Instant::now());
@@ -1798,12 +1872,12 @@ mod tests {
     async fn local_deadlines_fire_lease_checks_and_dead_leases_return_credit() {
         let (mut c, _) = core();
         c.open(1, sub(&["a"], 1));
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let mut j = job(0, "a");
         j.lease_ms = 1000;
         let (id, token) = (j.id, j.token);
         c.finish_round(round, outcome(vec![j]), Instant::now());
-        assert!(c.plan_round().is_none(), "no credit");
+        assert!(c.plan_round(Instant::now()).is_none(), "no credit");
         tokio::time::advance(Duration::from_millis(999)).await;
         assert!(c.fire_timers(Instant::now()).expired.is_empty());
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -1816,7 +1890,7 @@ mod tests {
         // Over: credit returns.
         c.lease_checked(vec![(id, token)], vec![], Instant::now());
         wake_now(&mut c, "a");
-        assert!(c.plan_round().is_some());
+        assert!(c.plan_round(Instant::now()).is_some());
     }
 
     /// Settled leases leave their deadlines in the heap; it is rebuilt
@@ -1826,7 +1900,7 @@ mod tests {
     async fn settled_leases_do_not_pile_up_in_the_deadline_heap() {
         let (mut c, _) = core();
         c.open(1, sub(&["a"], 2));
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let mut held = job(0, "a");
         // Shorter than the fallback poll (10 s), which checks every lease.
         held.lease_ms = 5_000;
@@ -1834,7 +1908,7 @@ mod tests {
         c.finish_round(round, outcome(vec![held]), Instant::now());
         for _ in 0..20_000 {
             wake_now(&mut c, "a");
-            let round = c.plan_round().expect("one credit free");
+            let round = c.plan_round(Instant::now()).expect("one credit free");
             let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
             let j = &d.jobs[0].1;
             c.settled([(j.id, j.token)]);
@@ -1852,7 +1926,7 @@ mod tests {
     async fn limited_queues_are_never_offered_and_go_to_the_limited_path() {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 5));
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let r = Ok(LeaseOutcome {
             jobs: vec![],
             limited: vec![q("a")],
@@ -1861,7 +1935,7 @@ mod tests {
         c.finish_round(round, r, Instant::now());
         c.reconcile_offers(Instant::now());
         assert_eq!(offers.claim(&q("a"), false), None);
-        let round = c.plan_round().expect("the queue stays ready");
+        let round = c.plan_round(Instant::now()).expect("the queue stays ready");
         assert_eq!(round.limited, vec![q("a")]);
         let r = Ok(LeaseOutcome {
             jobs: vec![],
@@ -1874,7 +1948,7 @@ mod tests {
         });
         c.finish_round(round, r, Instant::now());
         let round = c
-            .plan_round()
+            .plan_round(Instant::now())
             .expect("back to the plain path, looked at again");
         assert!(round.limited.is_empty());
     }
@@ -1887,7 +1961,7 @@ mod tests {
     async fn a_limited_round_runs_apart_and_holds_back_no_other_queue() {
         let (mut c, _) = core();
         c.open(1, sub(&["a", "l"], 6));
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let r = Ok(LeaseOutcome {
             jobs: vec![],
             limited: vec![q("l")],
@@ -1896,14 +1970,19 @@ mod tests {
         c.finish_round(round, r, Instant::now());
         wake_now(&mut c, "a");
         c.reconcile_offers(Instant::now());
-        let fast = c.plan_round().expect("the unlimited part");
-        let slow = c.plan_round().expect("the limited part, planned with it");
+        let fast = c.plan_round(Instant::now()).expect("the unlimited part");
+        let slow = c
+            .plan_round(Instant::now())
+            .expect("the limited part, planned with it");
         assert_eq!(c.rounds_in_flight(), 2);
         assert_eq!(asks(&fast).keys().collect::<Vec<_>>(), ["a"]);
         assert_eq!(asks(&slow).keys().collect::<Vec<_>>(), ["l"]);
         assert!(fast.limited.is_empty());
         assert_eq!(slow.limited, vec![q("l")]);
-        assert!(c.plan_round().is_none(), "all the credit is reserved");
+        assert!(
+            c.plan_round(Instant::now()).is_none(),
+            "all the credit is reserved"
+        );
         let d = c.finish_round(fast, outcome(vec![job(0, "a")]), Instant::now());
         assert_eq!(sent(&d), vec![(1, 0)], "out while the limited round runs");
         let d = c.finish_round(slow, outcome(vec![job(0, "l")]), Instant::now());
@@ -1914,7 +1993,7 @@ mod tests {
     async fn a_drain_withdraws_offers_and_returns_every_lease() {
         let (mut c, offers) = core();
         c.open(1, sub(&["a"], 3));
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
         c.reconcile_offers(Instant::now());
         assert!(offers.claim(&q("a"), false).is_some());
@@ -1922,7 +2001,10 @@ mod tests {
         assert_eq!(c.unsettled().len(), 1);
         assert_eq!(offers.claim(&q("a"), false), None);
         wake_now(&mut c, "a");
-        assert!(c.plan_round().is_none(), "no rounds while draining");
+        assert!(
+            c.plan_round(Instant::now()).is_none(),
+            "no rounds while draining"
+        );
         assert_eq!(c.take_streams().len(), 1);
     }
 
@@ -1932,13 +2014,16 @@ mod tests {
         for id in 0..3 {
             c.open(id, sub(&["a"], 1500));
         }
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         // 1500 + 1500 passes the cap of 2000: two streams per round.
         assert_eq!(round.slots.len(), 2);
         let first = round.slots[0];
-        let round2 = c.plan_round().unwrap();
+        let round2 = c.plan_round(Instant::now()).unwrap();
         assert_ne!(round2.slots[0], first, "the next round starts elsewhere");
-        assert!(c.plan_round().is_none(), "two rounds in flight at most");
+        assert!(
+            c.plan_round(Instant::now()).is_none(),
+            "two rounds in flight at most"
+        );
     }
 
     /// Every job a round asked for: it comes back full.
@@ -1965,7 +2050,7 @@ mod tests {
         c.reconcile_offers(Instant::now());
         // Nothing known of the queues: the credit is split over all of them,
         // every cluster at once (the light-load path).
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         let expect: HashMap<String, i32> = [("a1", 4), ("a2", 4), ("b1", 4)]
             .map(|(q, n)| (q.to_owned(), n))
             .into();
@@ -1976,7 +2061,7 @@ mod tests {
         // cluster for the whole credit, the clusters in turn.
         let mut on_a = Vec::new();
         for _ in 0..4 {
-            let round = c.plan_round().unwrap();
+            let round = c.plan_round(Instant::now()).unwrap();
             let asks = asks(&round);
             assert_eq!(asks.values().sum::<i32>(), 12, "{asks:?}");
             let a = asks.keys().filter(|q| q.starts_with('a')).count();
@@ -1989,7 +2074,7 @@ mod tests {
         // a1 comes back short (drained), then a new job wakes it: a queue
         // without a backlog puts the stream back on the light-load path.
         let round = loop {
-            let round = c.plan_round().unwrap();
+            let round = c.plan_round(Instant::now()).unwrap();
             if round.wants.iter().any(|w| w.queue.as_str() == "a1") {
                 break round;
             }
@@ -2002,7 +2087,7 @@ mod tests {
             .collect();
         finish_and_settle(&mut c, round, jobs);
         wake_now(&mut c, "a1");
-        let round = c.plan_round().unwrap();
+        let round = c.plan_round(Instant::now()).unwrap();
         assert_eq!(asks(&round), expect, "split over every cluster again");
     }
 }

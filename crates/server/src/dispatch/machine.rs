@@ -52,6 +52,9 @@ pub(crate) enum Input {
     /// When the next delayed job of these queues is due, and whether one
     /// is ready now.
     DueKnown(crate::error::Result<Vec<Due>>),
+    /// A delivery was not sent: its lease was too far gone when it came to
+    /// leave the stream's channel (`Core::assign` says why).
+    Unsent(StreamId, JobId, LeaseToken),
     /// Stop delivering; finish once no lease round is in flight.
     Drain,
 }
@@ -83,9 +86,11 @@ pub(crate) struct Effects {
     /// Streams closed: flag their outlets (nothing waiting goes out any
     /// more) and drop them, before the releases below run.
     pub closed: Vec<StreamId>,
-    /// Leased jobs to push into their streams' channels. One that cannot
-    /// be sent (the client is gone) comes back as [`Input::Closed`].
-    pub deliver: Vec<(StreamId, Leased)>,
+    /// Leased jobs to push into their streams' channels, each with the
+    /// instant past which it is not sent ([`Input::Unsent`]). One that
+    /// cannot be pushed (the client is gone) comes back as
+    /// [`Input::Closed`].
+    pub deliver: Vec<(StreamId, Leased, Instant)>,
     pub release: Vec<Release>,
     /// Leases to look at in the database (`check_leases`: reap the expired,
     /// report the live), back as [`Input::LeaseChecked`].
@@ -136,6 +141,7 @@ pub(crate) const CLOSED_BEFORE_SETTLING: &str = "consumer stream closed before s
 pub(crate) const CLOSED_BEFORE_DELIVERY: &str = "stream closed before delivery";
 pub(crate) const NEVER_HEARD_OF: &str = "handed over, never heard of";
 pub(crate) const SHUT_DOWN: &str = "broker shut down before the job was settled";
+pub(crate) const NOT_SENT_IN_TIME: &str = "lease too far gone before it could be sent";
 
 impl Machine {
     pub fn new(core: Core) -> Machine {
@@ -200,6 +206,11 @@ impl Machine {
             Input::DueKnown(Err(e)) => {
                 warn!(error = %e, "next-due query failed; the fallback poll covers it")
             }
+            Input::Unsent(sid, id, token) => {
+                if self.core.unsent(sid, id, token) {
+                    fx.release(vec![(id, token)], NOT_SENT_IN_TIME, true, None);
+                }
+            }
             Input::Drain => {
                 // Carried out by `step` once no lease statement is in flight.
                 self.core.begin_drain();
@@ -238,7 +249,7 @@ impl Machine {
             fx.release(lost, NEVER_HEARD_OF, true, None);
         }
         fx.publish.extend(self.core.reconcile_offers(now));
-        while let Some(round) = self.core.plan_round() {
+        while let Some(round) = self.core.plan_round(now) {
             fx.rounds.push(round);
         }
         fx.sweep |= self.core.take_sweep();
@@ -251,7 +262,13 @@ impl Machine {
     /// drain, attempt given back, without reaching a consumer.
     fn deliver(&mut self, delivered: Delivered, fx: &mut Effects) {
         if !self.core.is_draining() {
-            fx.deliver.extend(delivered.jobs);
+            for (sid, job) in delivered.jobs {
+                match self.core.send_by(sid, job.id) {
+                    Some(until) => fx.deliver.push((sid, job, until)),
+                    // Ended meanwhile (an in-order hold outlived it).
+                    None => {}
+                }
+            }
         }
         fx.release(delivered.orphans, CLOSED_BEFORE_DELIVERY, true, None);
     }

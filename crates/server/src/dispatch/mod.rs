@@ -388,13 +388,15 @@ impl Task {
             for id in fx.ended.drain(..) {
                 self.store.metrics.streams.closed(id);
             }
-            (self.store.metrics).on_leased(fx.deliver.iter().map(|(_, j)| j));
+            (self.store.metrics).on_leased(fx.deliver.iter().map(|(_, j, _)| j));
             let mut gone: Vec<StreamId> = Vec::new();
-            for (sid, job) in fx.deliver.drain(..) {
-                let sent = self
-                    .txs
-                    .get(&sid)
-                    .is_some_and(|tx| tx.try_send(Ok(delivery(job))));
+            for (sid, job, send_by) in fx.deliver.drain(..) {
+                let out = stream::Outgoing {
+                    lease: (job.id, job.token),
+                    send_by,
+                    delivery: delivery(job),
+                };
+                let sent = self.txs.get(&sid).is_some_and(|tx| tx.try_send(Ok(out)));
                 if !sent && !gone.contains(&sid) {
                     // The client is gone: the stream is closed and this job
                     // released with its other unsettled ones.

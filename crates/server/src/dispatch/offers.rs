@@ -52,6 +52,9 @@ pub struct Claim {
 /// impossible.
 pub(crate) struct Claims {
     claims: Vec<Claim>,
+    /// When they were taken, just before their statement was sent: the
+    /// leases it makes begin later (see `Core::assign`).
+    taken: Instant,
     /// Where the report goes (the dispatcher's inbox, or the simulation's).
     sink: Box<dyn FnMut(super::Handoff) + Send>,
 }
@@ -60,6 +63,7 @@ impl Claims {
     pub fn new(claims: Vec<Claim>, sink: impl FnMut(super::Handoff) + Send + 'static) -> Claims {
         Claims {
             claims,
+            taken: Instant::now(),
             sink: Box::new(sink),
         }
     }
@@ -69,7 +73,11 @@ impl Claims {
     pub fn report(&mut self, leased: Vec<crate::store::Leased>) {
         let claims = std::mem::take(&mut self.claims);
         if !claims.is_empty() {
-            (self.sink)(super::Handoff { claims, leased });
+            (self.sink)(super::Handoff {
+                claims,
+                leased,
+                sent: self.taken,
+            });
         }
     }
 }

@@ -23,7 +23,19 @@ use super::{Msg, StreamId};
 use crate::pb;
 
 /// What the dispatcher sends a stream: a delivery, or the status that ends it.
-pub type Item = Result<pb::Delivery, Status>;
+pub type Item = Result<Outgoing, Status>;
+
+/// A delivery on its way to the client.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub delivery: pb::Delivery,
+    /// The lease it carries (`Input::Unsent` names it).
+    pub lease: (crate::domain::JobId, crate::domain::LeaseToken),
+    /// Past this it is not sent: its lease may be three quarters over
+    /// (`Core::assign`; a process frozen or stalled between the push and
+    /// the write would otherwise send it late).
+    pub send_by: Instant,
+}
 
 /// What a stream shows its client.
 #[derive(Debug)]
@@ -101,10 +113,22 @@ impl Stream for DeliveryStream {
                 }
             }
         }
-        if let Poll::Ready(item) = this.rx.poll_recv(cx) {
-            let next = Instant::now() + this.interval;
-            this.heartbeat.as_mut().reset(next);
-            return Poll::Ready(item.map(|r| r.map(Event::Delivery)));
+        while let Poll::Ready(item) = this.rx.poll_recv(cx) {
+            let now = Instant::now();
+            if let Some(Ok(out)) = &item
+                && now >= out.send_by
+            {
+                // Too late to be of use: the dispatcher releases it.
+                let (id, token) = out.lease;
+                let _ = this.guard.dispatcher.send(Msg::In(super::Input::Unsent(
+                    this.guard.id,
+                    id,
+                    token,
+                )));
+                continue;
+            }
+            this.heartbeat.as_mut().reset(now + this.interval);
+            return Poll::Ready(item.map(|r| r.map(|out| Event::Delivery(out.delivery))));
         }
         if this.heartbeat.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Ok(Event::Heartbeat(this.beat()))));

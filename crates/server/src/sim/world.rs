@@ -87,6 +87,8 @@ struct Cfg {
     produce_ms: u64,
     crash_at: Option<Ms>,
     drain_at: Option<Ms>,
+    /// SIGSTOP for `.1` ms, then SIGCONT.
+    freeze_at: Option<(Ms, Ms)>,
 }
 
 /// What happens next.
@@ -110,11 +112,13 @@ enum Ev {
     Crash,
     Drain,
     Restart,
+    Freeze,
 }
 
 /// The dispatcher's end of a stream: its channel.
 struct Outlet {
-    chan: VecDeque<Leased>,
+    /// Each delivery with the instant past which it is not sent.
+    chan: VecDeque<(Leased, Ms)>,
     consumer: usize,
     /// Capacity: the channel a stream gets (credit + 1; Consume: the most
     /// credit + 1).
@@ -136,6 +140,8 @@ struct Broker {
     timer_at: Option<Ms>,
     draining: bool,
     dead: bool,
+    /// SIGSTOP: the dispatcher runs, and the process writes, only after.
+    frozen_until: Option<Ms>,
 }
 
 struct Hold {
@@ -334,6 +340,12 @@ impl World {
             drain_at: rng
                 .random_bool(0.15)
                 .then(|| rng.random_range(0..active_ms.max(1))),
+            freeze_at: rng.random_bool(0.2).then(|| {
+                (
+                    rng.random_range(0..active_ms.max(1)),
+                    rng.random_range(500..4000),
+                )
+            }),
         };
         let epoch = Instant::now();
         let broker = Broker::start(1, &cfg, epoch, 0);
@@ -381,6 +393,9 @@ impl World {
         }
         if let Some(t) = w.cfg.drain_at {
             w.at(t, Ev::Drain);
+        }
+        if let Some((t, _)) = w.cfg.freeze_at {
+            w.at(t, Ev::Freeze);
         }
         w.wake_dispatcher();
         w
@@ -499,6 +514,15 @@ impl World {
                 self.after(REAP_MS, Ev::Reaper);
             }
             Ev::Crash => self.crash(),
+            Ev::Freeze => {
+                let d = self.cfg.freeze_at.map_or(0, |(_, d)| d);
+                if !self.broker.dead {
+                    self.out.faults += 1;
+                    self.last_fault = self.now + d;
+                    say!(self, format!("FREEZE (SIGSTOP) for {d} ms"));
+                    self.broker.frozen_until = Some(self.now + d);
+                }
+            }
             Ev::Drain => {
                 if !self.broker.dead && !self.broker.draining {
                     self.out.faults += 1;
@@ -537,6 +561,15 @@ impl World {
     /// The dispatcher task: every message queued, then its step.
     fn dispatch(&mut self) {
         if self.broker.dead || self.broker.dispatch_at.is_some_and(|t| t > self.now) {
+            return;
+        }
+        if let Some(t) = self.broker.frozen_until
+            && t > self.now
+        {
+            // Frozen: everything waits (statements' answers in the socket,
+            // messages in the inbox) until the process runs again.
+            self.broker.dispatch_at = Some(t);
+            self.at(t, Ev::Dispatch);
             return;
         }
         self.broker.dispatch_at = None;
@@ -593,10 +626,11 @@ impl World {
             }
             fx.ended.clear();
             let mut gone = Vec::new();
-            for (sid, job) in fx.deliver.drain(..) {
+            for (sid, job, send_by) in fx.deliver.drain(..) {
+                let send_by = self.ms(send_by);
                 let sent = match self.broker.outlets.get_mut(&sid) {
                     Some(o) if !o.released && o.chan.len() < o.capacity => {
-                        o.chan.push_back(job.clone());
+                        o.chan.push_back((job.clone(), send_by));
                         Some(o.consumer)
                     }
                     _ => None,
@@ -1202,7 +1236,8 @@ impl World {
             let mut jobs: Vec<Insert> = Vec::new();
             for _ in 0..n {
                 self.next_job += 1;
-                let queue = self.cfg.queues[self.rng.random_range(0..self.cfg.queues.len())].clone();
+                let queue =
+                    self.cfg.queues[self.rng.random_range(0..self.cfg.queues.len())].clone();
                 // A queue with a concurrency limit (2) drains at two jobs a
                 // linger: it takes a fifth of its share, or its backlog
                 // outlasts the settle bound whatever the broker does.
@@ -1424,11 +1459,23 @@ impl World {
         else {
             return;
         };
-        let jobs: Vec<Leased> = match self.broker.outlets.get_mut(&sid) {
+        if self.broker.frozen_until.is_some_and(|t| t > self.now) {
+            // A frozen process writes nothing to its sockets.
+            let t = self.broker.frozen_until.expect("frozen");
+            self.at(t, Ev::Read(c));
+            return;
+        }
+        let jobs: Vec<(Leased, Ms)> = match self.broker.outlets.get_mut(&sid) {
             Some(o) => o.chan.drain(..).collect(),
             None => return,
         };
-        for job in jobs {
+        for (job, send_by) in jobs {
+            if self.now >= send_by {
+                // `DeliveryStream`: too late to be of use, not sent.
+                say!(self, format!("s{sid}: {} not sent (too late)", jid(job.id)));
+                self.input(Input::Unsent(sid, job.id, job.token));
+                continue;
+            }
             self.received(c, sid, job);
         }
     }
@@ -1466,6 +1513,13 @@ impl World {
         if !current && expires > self.now && !revocable {
             self.anomaly(format!(
                 "{} received on s{sid} after its lease {} was released (not expired)",
+                jid(job.id),
+                tok(job.token)
+            ));
+        }
+        if expires <= self.now && !revocable {
+            self.anomaly(format!(
+                "{} received on s{sid} after its lease {} ran out (at {expires})",
                 jid(job.id),
                 tok(job.token)
             ));
@@ -1974,6 +2028,7 @@ impl Broker {
             timer_at: None,
             draining: false,
             dead: false,
+            frozen_until: None,
         }
     }
 }
