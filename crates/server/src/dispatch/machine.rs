@@ -263,10 +263,9 @@ impl Machine {
     fn deliver(&mut self, delivered: Delivered, fx: &mut Effects) {
         if !self.core.is_draining() {
             for (sid, job) in delivered.jobs {
-                match self.core.send_by(sid, job.id) {
-                    Some(until) => fx.deliver.push((sid, job, until)),
-                    // Ended meanwhile (an in-order hold outlived it).
-                    None => {}
+                // None: ended meanwhile (an in-order hold outlived it).
+                if let Some(until) = self.core.send_by(sid, job.id) {
+                    fx.deliver.push((sid, job, until));
                 }
             }
         }
