@@ -81,7 +81,7 @@ echo
 start_broker() {
     local name=$1 port
     shift
-    port=$(free_port)
+    free_port; port=$PORT
     spawn "$OUT/broker-$name.log" env RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" "$@"
     LAST=$SPAWNED
     LAST_URL=http://127.0.0.1:$port

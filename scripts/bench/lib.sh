@@ -83,15 +83,16 @@ psql_at() {
     as_pg psql -qAtX "$url" "$@"
 }
 
-# free_port: prints a loopback TCP port nothing listens on, picked by the
-# kernel, and not handed out before in this run.
+# free_port: sets PORT to a loopback TCP port nothing listens on, picked by
+# the kernel, and not handed out before in this run (call it in the
+# script's own shell, not in $(...), so that it remembers).
 free_port() {
     local p _
     for _ in $(seq 20); do
         p=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         if [[ " ${BENCH_PORTS[*]} " != *" $p "* ]] && ! ss -ltnH "( sport = :$p )" | grep -q .; then
             BENCH_PORTS+=("$p")
-            echo "$p"
+            PORT=$p
             return 0
         fi
     done
@@ -215,7 +216,7 @@ embedded_broker() {
     local name=$1 dir=$BENCH_ROOT/$1 port sock log
     shift
     log=${BROKER_LOG:-$OUT/$name.log}
-    port=$(free_port)
+    free_port; port=$PORT
     add_cluster "$dir/data"
     spawn "$log" env "$@" LEASEQ_DATA_DIR="$dir" LEASEQ_LISTEN="127.0.0.1:$port" \
         RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve
@@ -233,7 +234,7 @@ embedded_broker() {
 serve() {
     local name=$1 port
     shift
-    port=$(free_port)
+    free_port; port=$PORT
     spawn "$OUT/$name.log" env "$@" DATABASE_URL="$U" LEASEQ_LISTEN="127.0.0.1:$port" \
         RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve
     S_PID=$SPAWNED
@@ -367,7 +368,7 @@ floor_brokers() {
     psql_at "$U" -c "create database floor_bench owner leaseq" >/dev/null
     local fu=${U/\/leaseq\?//floor_bench?} i port addrs=()
     for i in 0 1 2; do
-        port=$(free_port)
+        free_port; port=$PORT
         # One at a time: each creates its table if missing.
         if [ "$i" = 0 ]; then
             spawn "$OUT/floor-$i.log" env DATABASE_URL="$fu" FLOOR_LISTEN="127.0.0.1:$port" "$FLOOR"
