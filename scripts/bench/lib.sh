@@ -446,7 +446,8 @@ rabbit() {
     sleep "$GAP"
     log "rabbit $name"
     c0=$(awk '{print $14+$15}' "/proc/$RPID/stat")
-    run_json "$name" "$RB" --duration "$(secs 15)" --payload-bytes 100 --prefetch 100 "$@" || return 0
+    # QUICK: no warm-up (rabbit-bench's duration must exceed it).
+    run_json "$name" "$RB" --duration "$(secs 15)" ${QUICK:+--warmup 0} --payload-bytes 100 --prefetch 100 "$@" || return 0
     c1=$(awk '{print $14+$15}' "/proc/$RPID/stat")
     emit "{\"beam_cpu_s\": $(python3 -c "print(($c1 - $c0) / $(getconf CLK_TCK))")}"
 }
