@@ -3,7 +3,7 @@
 # "Inside the hops"). A broker on a fresh durable embedded cluster, warmed
 # (10 s flat out), then `leaseq bench --scenario latency --rate RATE
 # --consumers 2` for 10 s; over 8 s of it, /proc/PID/task/TID/schedstat of
-# every thread of the broker, the cluster and the load generator: time on a
+# every thread of this run's broker, cluster and load generator: time on a
 # CPU, time runnable but waiting for one, and time slices, per job.
 # Run as root.
 #   usage: scripts/bench/runqueue.sh OUTDIR [RATE]
@@ -14,12 +14,13 @@ set -uo pipefail
 RATE=${2:-1000}
 bench_init "${1:?usage: scripts/bench/runqueue.sh OUTDIR [RATE]}"
 warmed_broker broker
-(sleep 3; python3 "$BENCH_DIR/runqueue.py" snap "$OUT/s0.json"
- sleep 8; python3 "$BENCH_DIR/runqueue.py" snap "$OUT/s1.json") &
-SP=$!; track "$SP"
-RAW=$OUT/bench.json run_json runqueue "$BIN" bench --addr "$A" --scenario latency --rate "$RATE" --consumers 2 \
+spawn "$OUT/bench.json" "$BIN" bench --addr "$A" --scenario latency --rate "$RATE" --consumers 2 \
   --duration 10 --payload-bytes 100 --json
-wait "$SP"; forget "$SP"
+LG=$SPAWNED
+# Over 8 s of the run: this broker, this cluster and this load generator.
+sleep 3; python3 "$BENCH_DIR/runqueue.py" snap "$OUT/s0.json" "$A_PID" "$PM" "$LG"
+sleep 8; python3 "$BENCH_DIR/runqueue.py" snap "$OUT/s1.json" "$A_PID" "$PM" "$LG"
+wait "$LG"; forget "$LG"
 stop_all
-python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(f\"latency at {d['rate']}/s: p50 {d['p50_ms']} ms, p99 {d['p99_ms']} ms\")" "$LINE"
+tail -1 "$OUT/bench.json" | python3 -c "import json,sys; d=json.load(sys.stdin); print(f\"latency at {d['rate']}/s: p50 {d['p50_ms']} ms, p99 {d['p99_ms']} ms\")"
 python3 "$BENCH_DIR/runqueue.py" diff "$OUT/s0.json" "$OUT/s1.json" $((RATE * 8))

@@ -17,6 +17,7 @@ set -uo pipefail
 ROUNDS=${3:-1}
 bench_init "${1:?usage: scripts/bench/soak.sh OUTDIR [BIN] [ROUNDS]}"
 DUR=$(secs "${DUR:-600}"); EVERY=${EVERY:-60}
+[ -n "${QUICK:-}" ] && EVERY=1
 warmed_broker broker
 psql_at "$U" -c checkpoint >/dev/null
 for r in $(seq "$ROUNDS"); do
