@@ -41,6 +41,10 @@ const MADE_BY_COMMANDS: &[(&str, &str)] = &[
         "clients/go/leaseq/v1",
         "clients/go/generate.sh writes the generated Go package here",
     ),
+    (
+        "clients/node/.installed",
+        "clients/setup.sh node-installed makes this project (the npm tarball installed)",
+    ),
 ];
 
 fn repo() -> PathBuf {

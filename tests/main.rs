@@ -31,6 +31,7 @@ mod plans;
 mod process;
 mod release;
 mod scaling;
+mod scripts;
 mod security;
 mod semantics;
 mod sql_enqueue;

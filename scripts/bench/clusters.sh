@@ -17,8 +17,9 @@
 # One JSON line per run in OUTDIR/results.jsonl (the bench's summary plus
 # the per-cluster deltas); a table of the spread runs at the end. Loopback
 # only; every run is bounded by DURATION; everything this script started is
-# stopped by its pid (and pg_ctl) at the end. Run as root.
-#   usage: scripts/bench-clusters.sh OUTDIR [BIN]
+# stopped by its pid (and pg_ctl) at the end (scripts/bench/lib.sh). Run as
+# root.
+#   usage: scripts/bench/clusters.sh OUTDIR [BIN]
 #   env:   DURATION (s, default 15), REPS (default 2), ONLY=replicas|spread,
 #          RATE (jobs/s of the spread's fixed-rate runs, default 3000),
 #          PERF=1 (perf record of the broker during each spread run:
@@ -29,153 +30,114 @@
 #          PostgreSQL cluster, a: the broker's routing and its per-cluster
 #          batchers as over three clusters, without three postmasters on
 #          the same cores; WAL shares are then not per cluster),
-#          LEASEQ_PG_BIN (initdb, pg_ctl, postgres), ROOT (default
-#          /tmp/leaseq-bench-clusters: wiped first)
+#          LEASEQ_PG_BIN (initdb, pg_ctl, postgres), QUICK=1 (2 s runs),
+#          KEEP=1 (the clusters' directories are kept)
 set -uo pipefail
-OUT=${1:?usage: scripts/bench-clusters.sh OUTDIR [BIN]}
-BIN=${2:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}
-DURATION=${DURATION:-15}
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+[ -n "${2:-}" ] && BIN=$2
+bench_init "${1:?usage: scripts/bench/clusters.sh OUTDIR [BIN]}"
+DURATION=$(secs "${DURATION:-15}")
 REPS=${REPS:-2}
 RATE=${RATE:-3000}
 ONLY=${ONLY:-}
-ROOT=${ROOT:-/tmp/leaseq-bench-clusters}
-PGBIN=${LEASEQ_PG_BIN:-$(dirname "$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")}
-mkdir -p "$OUT"
-log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)] $*" | tee -a "$OUT/log"; }
-
-BROKERS=()
-cleanup() {
-    local p k
-    for p in "${BROKERS[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${BROKERS[@]}"; do wait "$p" 2>/dev/null; done
-    for k in 0 1 2; do
-        [ -f "$ROOT/pg$k/data/postmaster.pid" ] &&
-            runuser -u postgres -- "$PGBIN/pg_ctl" -D "$ROOT/pg$k/data" -m fast -w stop >/dev/null 2>&1
-    done
-}
-trap cleanup EXIT
 
 # --- three private clusters: a, b, c
 NAMES=(a b c)
 DB=(leaseq leaseq leaseq)
 [ -n "${SHARED:-}" ] && DB=(leaseq leaseq_b leaseq_c)
 URL=()
-PM=()
-rm -rf "$ROOT"
-mkdir -p "$ROOT"
-chmod 755 "$ROOT"
+PMS=()
+CDIR=()
 for k in 0 1 2; do
-    D=$ROOT/pg$k
-    port=$((54320 + k))
     if [ -n "${SHARED:-}" ] && [ "$k" -gt 0 ]; then
-        URL[k]="postgres://leaseq@localhost:54320/${DB[k]}?host=$ROOT/pg0/run"
-        PM[k]=${PM[0]}
+        CDIR[k]=${CDIR[0]}
+        URL[k]="postgres://leaseq@localhost:5432/${DB[k]}?host=${CDIR[0]}/run"
+        PMS[k]=${PMS[0]}
         continue
     fi
-    mkdir -p "$D/run"
-    chown -R postgres "$D"
-    runuser -u postgres -- "$PGBIN/initdb" -D "$D/data" -U leaseq --auth=trust -E UTF8 --no-locale --no-sync >"$D/initdb.log" 2>&1 || {
-        echo "initdb failed: $D/initdb.log" >&2
-        exit 1
-    }
-    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$D/data" -l "$D/log" -w -o "-k $D/run -p $port \
-        -c listen_addresses= -c max_connections=300 -c max_wal_size=4GB -c min_wal_size=512MB \
-        -c checkpoint_timeout=15min -c wal_compression=on -c wal_buffers=16MB ${PGSS:+-c shared_preload_libraries=pg_stat_statements}" start >/dev/null || {
-        echo "pg_ctl start failed: $D/log" >&2
-        exit 1
-    }
-    for db in leaseq single replicas ${SHARED:+leaseq_b leaseq_c}; do
-        runuser -u postgres -- psql -qAtX -h "$D/run" -p $port -U leaseq -d postgres -c "create database $db" >/dev/null
-        if [ -n "${PGSS:-}" ]; then
-            runuser -u postgres -- psql -qAtX -h "$D/run" -p $port -U leaseq -d $db -c "create extension pg_stat_statements" >/dev/null
-        fi
+    private_cluster "pg$k" ${PGSS:+-c shared_preload_libraries=pg_stat_statements}
+    CDIR[k]=$C_DIR
+    for db in single replicas ${SHARED:+leaseq_b leaseq_c}; do
+        psql_at "${U/\/leaseq\?//postgres?}" -c "create database $db" >/dev/null
     done
-    URL[k]="postgres://leaseq@localhost:$port/leaseq?host=$D/run"
-    PM[k]=$(head -1 "$D/data/postmaster.pid")
+    if [ -n "${PGSS:-}" ]; then
+        for db in leaseq single replicas ${SHARED:+leaseq_b leaseq_c}; do
+            psql_at "${U/\/leaseq\?//$db?}" -c "create extension pg_stat_statements" >/dev/null
+        done
+    fi
+    URL[k]=$U
+    PMS[k]=$PM
 done
-url_of() { echo "postgres://leaseq@localhost:$((54320 + $1))/$2?host=$ROOT/pg$1/run"; }
-PSQL() { runuser -u postgres -- psql -qAtX "$1" -c "$2"; }
-log "clusters up: pids ${PM[*]} ($("$PGBIN/postgres" --version))"
+url_of() { echo "postgres://leaseq@localhost:5432/$2?host=${CDIR[$1]}/run"; }
+PSQL() { psql_at "$1" -c "$2"; }
+log "clusters up: pids ${PMS[*]} ($("$(pg_bindir)/postgres" --version))"
 PSQL "${URL[0]}" "show max_wal_size; show checkpoint_timeout; show synchronous_commit; show fsync; show shared_buffers" | tr '\n' ' ' | tee -a "$OUT/log"
 echo
 
 # --- brokers
-# start_broker PORT ARGS...: a broker on 127.0.0.1:PORT, pid in $LAST.
+# start_broker NAME ARGS...: a broker on a free port (`serve ARGS`), its
+# pid in LAST, its URL in LAST_URL.
 start_broker() {
-    local port=$1
+    local name=$1 port
     shift
-    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" "$@" >>"$OUT/broker-$port.log" 2>&1 &
-    LAST=$!
-    BROKERS+=("$LAST")
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "broker on $port did not start: $OUT/broker-$port.log" >&2
-    exit 1
-}
-stop_broker() {
-    kill "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
+    free_port; port=$PORT
+    spawn "$OUT/broker-$name.log" env RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" "$@"
+    LAST=$SPAWNED
+    LAST_URL=http://127.0.0.1:$port
+    wait_listen "$port" "$LAST" "$OUT/broker-$name.log"
 }
 
 # stats K: "commits wal_bytes" of cluster K's leaseq database now.
 stats() { PSQL "${URL[$1]}" "select (select xact_commit from pg_stat_database where datname = '${DB[$1]}'), (select wal_bytes from pg_stat_wal)" | tr '|' ' '; }
 
-# bench NAME ARGS...: one run, its summary as one JSON line, appended to
+# run NAME ARGS...: one run of DURATION (lib.sh's bench), its summary in
 # results.jsonl.
-bench() {
+run() {
     local name=$1
     shift
-    log "bench $name: $*"
-    "$BIN" bench --json --payload-bytes 100 --duration "$DURATION" "$@" 2>>"$OUT/bench.err" | tail -1 |
-        python3 -c "import json,sys; d=json.load(sys.stdin); d['run']='$name'; print(json.dumps(d))" |
-        tee -a "$OUT/results.jsonl"
-    sleep 2
+    bench "$name" --duration "$DURATION" "$@"
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = replicas ]; then
     # --- replicas 1, 2, 3 over one database
     U=$(url_of 0 replicas)
-    start_broker 50071 --database-url "$U"
-    R1=$LAST
-    start_broker 50072 --database-url "$U"
-    R2=$LAST
-    start_broker 50073 --database-url "$U"
-    R3=$LAST
-    A=http://127.0.0.1:50071
-    B=http://127.0.0.1:50072
-    C=http://127.0.0.1:50073
-    "$BIN" bench --addr $A --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1 # warm-up
+    start_broker r1 --database-url "$U"
+    R1=$LAST; A=$LAST_URL
+    start_broker r2 --database-url "$U"
+    R2=$LAST; B=$LAST_URL
+    start_broker r3 --database-url "$U"
+    R3=$LAST; C=$LAST_URL
+    run_json warm "$BIN" bench --addr "$A" --scenario latency --rate 500 --duration "$(secs 3)" --json
     for rep in $(seq "$REPS"); do
-        bench "baseline-$rep" --scenario baseline --database-url "$U" --batch 100 --postgres-pid "${PM[0]}"
-        bench "replicas1-tp-$rep" --addr $A --producers 6 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PM[0]}"
-        bench "replicas2-tp-$rep" --addr $A,$B --producers 6 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PM[0]}"
-        bench "replicas3-tp-$rep" --addr $A,$B,$C --producers 6 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PM[0]}"
-        bench "replicas1-lat-$rep" --addr $A --scenario latency --rate 1000 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PM[0]}"
-        bench "replicas2-lat-$rep" --addr $A,$B --scenario latency --rate 1000 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PM[0]}"
-        bench "replicas3-lat-$rep" --addr $A,$B,$C --scenario latency --rate 1000 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PM[0]}"
+        run "baseline-$rep" --scenario baseline --database-url "$U" --batch 100 --postgres-pid "${PMS[0]}"
+        run "replicas1-tp-$rep" --addr $A --producers 6 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PMS[0]}"
+        run "replicas2-tp-$rep" --addr $A,$B --producers 6 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PMS[0]}"
+        run "replicas3-tp-$rep" --addr $A,$B,$C --producers 6 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PMS[0]}"
+        run "replicas1-lat-$rep" --addr $A --scenario latency --rate 1000 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PMS[0]}"
+        run "replicas2-lat-$rep" --addr $A,$B --scenario latency --rate 1000 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PMS[0]}"
+        run "replicas3-lat-$rep" --addr $A,$B,$C --scenario latency --rate 1000 --consumers 6 --broker-pid $R1,$R2,$R3 --postgres-pid "${PMS[0]}"
     done
-    for p in $R1 $R2 $R3; do stop_broker "$p"; done
+    stop "$R1" "$R2" "$R3"
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
     # --- one database vs three clusters, same load
-    start_broker 50081 --database-url "$(url_of 0 single)"
-    ONE=$LAST
-    start_broker 50082 --database-url "a=${URL[0]}" --database-url "b=${URL[1]}" --database-url "c=${URL[2]}"
-    THREE=$LAST
-    "$BIN" bench --addr http://127.0.0.1:50081 --queues 6 --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
-    "$BIN" bench --addr http://127.0.0.1:50082 --queues 6 --scenario latency --rate 500 --duration 3 --json >/dev/null 2>&1
-    ALLPM="${PM[0]},${PM[1]},${PM[2]}"
+    start_broker one --database-url "$(url_of 0 single)"
+    ONE=$LAST; ONE_URL=$LAST_URL
+    start_broker three --database-url "a=${URL[0]}" --database-url "b=${URL[1]}" --database-url "c=${URL[2]}"
+    THREE=$LAST; THREE_URL=$LAST_URL
+    run_json warm "$BIN" bench --addr "$ONE_URL" --queues 6 --scenario latency --rate 500 --duration "$(secs 3)" --json
+    run_json warm "$BIN" bench --addr "$THREE_URL" --queues 6 --scenario latency --rate 500 --duration "$(secs 3)" --json
+    ALLPM="${PMS[0]},${PMS[1]},${PMS[2]}"
     # The clusters whose pg_stat_statements are read (once each).
     PGSS_K="0 1 2"
     if [ -n "${SHARED:-}" ]; then
-        ALLPM=${PM[0]}
+        ALLPM=${PMS[0]}
         PGSS_K=0
     fi
-    spread() { # name port pid bench-args...
-        local name=$1 port=$2 pid=$3 k before after
+    spread() { # name url pid bench-args...
+        local name=$1 url=$2 pid=$3 k before after
         shift 3
         before=()
         for k in 0 1 2; do before[k]=$(stats $k); done
@@ -193,11 +155,11 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
             # bench's own setup of about a second).
             (sleep 2 && exec perf record -q -F 499 -g -p "$pid" -o "$OUT/perf-$name.data" -- sleep $((DURATION - 4))) >/dev/null 2>&1 &
             perf=$!
+            track "$perf"
         fi
-        "$BIN" bench --json --payload-bytes 100 --duration "$DURATION" --addr "http://127.0.0.1:$port" \
-            --queues 6 --consumers 6 --broker-pid "$pid" --postgres-pid "$ALLPM" "$@" \
-            2>>"$OUT/bench.err" | tail -1 >"$OUT/last.json"
-        [ -n "$perf" ] && wait "$perf"
+        run_json "$name" "$BIN" bench --json --payload-bytes 100 --duration "$DURATION" --addr "$url" \
+            --queues 6 --consumers 6 --broker-pid "$pid" --postgres-pid "$ALLPM" "$@"
+        [ -n "$perf" ] && wait "$perf" && forget "$perf"
         if [ -n "${PGSS:-}" ]; then
             # Each statement's calls, rows and execution time over the run,
             # summed over the clusters (the broker's databases: leaseq, and
@@ -207,8 +169,6 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
             done | awk -F'|' '{c[$4]+=$1; r[$4]+=$2; t[$4]+=$3} END {for (q in c) printf "%9d calls %10d rows %9.1f ms  %s\n", c[q], r[q], t[q], q}' |
                 sort -rn >"$OUT/pgss-$name.txt"
         fi
-        python3 -c "import json,sys; d=json.load(open('$OUT/last.json')); d['run']='$name'; print(json.dumps(d))" >"$OUT/last2.json"
-        mv "$OUT/last2.json" "$OUT/last.json"
         single_after=$(PSQL "${URL[0]}" "select xact_commit from pg_stat_database where datname = 'single'")
         local deltas=""
         for k in 0 1 2; do
@@ -218,27 +178,21 @@ if [ -z "$ONLY" ] || [ "$ONLY" = spread ]; then
             deltas="$deltas\"${NAMES[k]}\": {\"commits\": $((c1 - c0)), \"wal_bytes\": $((w1 - w0))}, "
         done
         deltas="$deltas\"single_db_commits\": $((single_after - single_before))"
-        python3 - "$OUT/last.json" "{$deltas}" <<'EOF' | tee -a "$OUT/results.jsonl"
-import json, sys
-d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-d["clusters"] = json.loads(sys.argv[2])
-print(json.dumps(d))
-EOF
-        sleep 2
+        emit "{\"clusters\": {$deltas}}"
+        sleep "$GAP"
     }
     for rep in $(seq "$REPS"); do
         # The sitting's anchor: the raw-SQL pattern on cluster a (database
         # `replicas`, unused here).
-        bench "spread-baseline-$rep" --scenario baseline --database-url "$(url_of 0 replicas)" --batch 100 --postgres-pid "${PM[0]}"
+        run "spread-baseline-$rep" --scenario baseline --database-url "$(url_of 0 replicas)" --batch 100 --postgres-pid "${PMS[0]}"
         # The same offered load (open loop, single Enqueue calls), then
         # flat out (EnqueueBatch of 100, one queue per batch).
-        spread "one-db-rate-$rep" 50081 $ONE --scenario latency --rate "$RATE"
-        spread "three-clusters-rate-$rep" 50082 $THREE --scenario latency --rate "$RATE"
-        spread "one-db-tp-$rep" 50081 $ONE --producers 6
-        spread "three-clusters-tp-$rep" 50082 $THREE --producers 6
+        spread "one-db-rate-$rep" "$ONE_URL" "$ONE" --scenario latency --rate "$RATE"
+        spread "three-clusters-rate-$rep" "$THREE_URL" "$THREE" --scenario latency --rate "$RATE"
+        spread "one-db-tp-$rep" "$ONE_URL" "$ONE" --producers 6
+        spread "three-clusters-tp-$rep" "$THREE_URL" "$THREE" --producers 6
     done
-    stop_broker $ONE
-    stop_broker $THREE
+    stop "$ONE" "$THREE"
     python3 - "$OUT/results.jsonl" <<'EOF' | tee -a "$OUT/log"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"clusters"' in l]

@@ -13,7 +13,7 @@ Reads a `leaseq bench --scenario latency --latency-log FILE` log
   - for a few periods, how the slow deliveries fall on the phase of that
     period (a timer of that period shows as one crowded phase bin).
 
-    scripts/latency-tail.py /tmp/lat.csv
+    scripts/bench/latency-tail.py /tmp/lat.csv
 """
 import signal
 import sys

@@ -5,31 +5,32 @@
 # with a report line a minute (rate, CPU per job, host probe). On a noisy
 # host a soak's minutes spread; the raw loop in the same sitting shows how
 # far the host alone spreads them. Run as root (PostgreSQL runs as postgres).
-#   usage: scripts/bench-soak.sh OUTDIR [BIN] [ROUNDS]
-#   env:   DUR=600 (seconds per soak), EVERY=60 (seconds per report line)
+#   usage: scripts/bench/soak.sh OUTDIR [BIN] [ROUNDS]
+#   env:   DUR=600 (seconds per soak), EVERY=60 (seconds per report line),
+#          QUICK=1, KEEP=1 (scripts/bench/lib.sh)
 #   out:   OUTDIR/{raw,leaseq}-N.txt, and OUTDIR/minutes.txt (per soak: each
 #          minute's rate as a share of minute one, and the lowest)
 set -uo pipefail
-OUT=${1:?outdir}; BIN=${2:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}; ROUNDS=${3:-1}
-DUR=${DUR:-600}; EVERY=${EVERY:-60}
-mkdir -p "$OUT"; log() { echo "[$(date +%T) load $(cut -d' ' -f1 /proc/loadavg)] $*" | tee -a "$OUT/log"; }
-# shellcheck source=scripts/bench-lib.sh
-. "$(dirname "$0")/bench-lib.sh"
-D=/tmp/soak-pg
-A=127.0.0.1:50061
-warmed_broker $D $A "$OUT/broker.log"
-runuser -u postgres -- psql -qAtX "$U" -c checkpoint >/dev/null
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+[ -n "${2:-}" ] && BIN=$2
+ROUNDS=${3:-1}
+bench_init "${1:?usage: scripts/bench/soak.sh OUTDIR [BIN] [ROUNDS]}"
+DUR=$(secs "${DUR:-600}"); EVERY=${EVERY:-60}
+[ -n "${QUICK:-}" ] && EVERY=1
+warmed_broker broker
+psql_at "$U" -c checkpoint >/dev/null
 for r in $(seq "$ROUNDS"); do
   log "raw-SQL soak $r"
-  $BIN bench --scenario baseline --database-url "$U" --batch 100 --duration "$DUR" --report-every "$EVERY" \
-    --payload-bytes 100 --json --postgres-pid "$PM" >"$OUT/raw-$r.txt" 2>&1
+  RAW=$OUT/raw-$r.txt run_json "raw-$r" "$BIN" bench --scenario baseline --database-url "$U" --batch 100 --duration "$DUR" \
+    --report-every "$EVERY" --payload-bytes 100 --json --postgres-pid "$PM"
   log "leaseq soak $r"
-  $BIN bench --addr "http://$A" --duration "$DUR" --report-every "$EVERY" --database-url "$U" \
-    --payload-bytes 100 --json --broker-pid "$A_PID" --postgres-pid "$PM" >"$OUT/leaseq-$r.txt" 2>&1
+  RAW=$OUT/leaseq-$r.txt run_json "leaseq-$r" "$BIN" bench --addr "$A" --duration "$DUR" --report-every "$EVERY" \
+    --database-url "$U" --payload-bytes 100 --json --broker-pid "$A_PID" --postgres-pid "$PM"
 done
 log "done"
-runuser -u postgres -- psql -qAtX "$U" -c "select checkpoints_timed, checkpoints_req from pg_stat_bgwriter" >>"$OUT/log"
-kill "$A_PID"; sleep 3; pkill -f "postgres -D $D"; sleep 2; rm -rf $D
+psql_at "$U" -c "select checkpoints_timed, checkpoints_req from pg_stat_bgwriter" >>"$OUT/log"
+stop_all
 # Each soak's minutes: the report lines, and the last interval from the
 # run's total (its report line can fall just past the deadline).
 python3 - "$OUT" "$DUR" >"$OUT/minutes.txt" <<'EOF'

@@ -3,7 +3,7 @@
 # for each rate, alternately and REPS times, on one broker over a fresh
 # durable embedded cluster (warmed: 15 s flat out, then a CHECKPOINT):
 #   floor   ../shared/anchors/commit-floor.sh: a one-row insert + commit
-#   stmt    scripts/statement-floor.sh: leaseq's enqueue statement (a job
+#   stmt    scripts/bench/statement-floor.sh: leaseq's enqueue statement (a job
 #           inserted already leased) + commit, through pgbench
 #   ping    `leaseq bench --scenario ping`: a gRPC health check, no database
 #   latency `leaseq bench --scenario latency --consumers 2`: the Enqueue
@@ -12,21 +12,18 @@
 # OUTDIR/results.jsonl (`run`: what, rate, repetition; for floor and stmt,
 # `pg_cpu_us_per_tx`: the cluster's CPU over the run per transaction, as
 # `leaseq bench --postgres-pid` counts it), then a table.
-#   usage: scripts/bench-hops.sh OUTDIR [BIN]
-#   env:   RATES="100 1000", REPS=2, DUR=10, ANCHORS=../shared/anchors
+#   usage: scripts/bench/hops.sh OUTDIR [BIN]
+#   env:   RATES="100 1000", REPS=2, DUR=10, ANCHORS=../shared/anchors,
+#          QUICK=1, KEEP=1 (scripts/bench/lib.sh)
 set -uo pipefail
-OUT=${1:?OUTDIR}; BIN=${2:-$(cd "$(dirname "$0")/.." && pwd)/target/release/leaseq}
-HERE=$(cd "$(dirname "$0")" && pwd)
-ANCHORS=${ANCHORS:-$HERE/../../shared/anchors}
-DUR=${DUR:-10}
-mkdir -p "$OUT"; : > "$OUT/results.jsonl"
-# shellcheck source=scripts/bench-lib.sh
-. "$HERE/bench-lib.sh"
-pkill -f 'leaseq[^ ]* serve'; sleep 3
-embedded_broker /tmp/hops-pg 127.0.0.1:50061 "$OUT/broker.log"
-A=http://127.0.0.1:50061
-$BIN bench --addr $A --duration 15 --json >/dev/null 2>&1
-runuser -u postgres -- psql -qX "$U" -c checkpoint
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+[ -n "${2:-}" ] && BIN=$2
+bench_init "${1:?usage: scripts/bench/hops.sh OUTDIR [BIN]}"
+DUR=$(secs "${DUR:-10}")
+: >"$RESULTS"
+embedded_broker broker
+warm "$A" 15
 # The cluster's CPU seconds: the postmaster, its exited children (reaped
 # backends) and its live children, as src/bench/cpu.rs counts them.
 pgcpu() { python3 -c "
@@ -38,23 +35,28 @@ for c in open(f'/proc/{pm}/task/{pm}/children').read().split():
     try: t += sum(int(x) for x in f(c)[11:13])
     except OSError: pass
 print(t / hz)" "$PM"; }
-# A pgbench run's JSON line, with the cluster's CPU per transaction over it.
-pgrun() { local c0 line; c0=$(pgcpu); line=$(runuser -u postgres -- "$@")
-  echo "$line" | C0=$c0 C1=$(pgcpu) python3 -c "
-import json, os, sys
-d = json.loads(sys.stdin.read())
-if d.get('transactions'):
-    d['pg_cpu_us_per_tx'] = round((float(os.environ['C1']) - float(os.environ['C0'])) * 1e6 / d['transactions'], 1)
-print(json.dumps(d))"; }
-tag() { RUN="$1" python3 -c "import json,os,sys; d=json.loads(sys.stdin.readlines()[-1]); d['run']=os.environ['RUN']; print(json.dumps(d))" | tee -a "$OUT/results.jsonl"; sleep 2; }
+# A pgbench run (as postgres) with the cluster's CPU per transaction over it.
+pgrun() { # NAME SCRIPT ARGS...
+  local name=$1 c0 c1
+  shift
+  c0=$(pgcpu)
+  run_json "$name" "${AS_PG[@]}" "$@" || return 0
+  c1=$(pgcpu)
+  emit "$(python3 -c "
+import json, sys
+d = json.loads(sys.argv[1])
+print(json.dumps({'pg_cpu_us_per_tx': round((float(sys.argv[3]) - float(sys.argv[2])) * 1e6 / d['transactions'], 1)} if d.get('transactions') else {}))" "$LINE" "$c0" "$c1")"
+  sleep "$GAP"
+}
 for rep in $(seq "${REPS:-2}"); do for rate in ${RATES:-100 1000}; do
-  pgrun "$ANCHORS/commit-floor.sh" "$U" "$rate" "$DUR" | tag "floor-$rate-$rep"
-  pgrun "$HERE/statement-floor.sh" "$U" "$rate" "$DUR" | tag "stmt-$rate-$rep"
-  $BIN bench --json --addr $A --scenario ping --rate "$rate" --duration "$DUR" --broker-pid "$A_PID" 2>/dev/null | tag "ping-$rate-$rep"
-  $BIN bench --json --payload-bytes 100 --addr $A --scenario latency --rate "$rate" --consumers 2 \
-    --duration "$DUR" --broker-pid "$A_PID" --postgres-pid "$PM" 2>/dev/null | tag "latency-$rate-$rep"
+  pgrun "floor-$rate-$rep" "$ANCHORS/commit-floor.sh" "$U" "$rate" "$DUR"
+  pgrun "stmt-$rate-$rep" "$BENCH_DIR/statement-floor.sh" "$U" "$rate" "$DUR"
+  run_json "ping-$rate-$rep" "$BIN" bench --json --addr "$A" --scenario ping --rate "$rate" --duration "$DUR" --broker-pid "$A_PID" && emit
+  sleep "$GAP"
+  bench "latency-$rate-$rep" --addr "$A" --scenario latency --rate "$rate" --consumers 2 \
+    --duration "$DUR" --broker-pid "$A_PID" --postgres-pid "$PM"
 done; done
-kill "$A_PID"; wait "$A_PID" 2>/dev/null
+stop_all
 python3 - "$OUT/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

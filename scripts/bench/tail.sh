@@ -4,36 +4,34 @@
 # broker, warmed (15 s flat out, then CHECKPOINT, so that PostgreSQL recycles
 # WAL segments as a cluster in service does), then one open-loop latency run
 # with --latency-log, and the stalls (100 ms windows with a delivery above
-# 8 ms, from scripts/latency-tail.py) next to the ends of the broker's vacuums of leaseq.jobs and the
+# 8 ms, from latency-tail.py) next to the ends of the broker's vacuums of leaseq.jobs and the
 # births of WAL segments, all as seconds from the run's start.
 # Run as root (PostgreSQL runs as postgres); a release build.
-#   usage: scripts/bench-tail.sh OUTDIR
+#   usage: scripts/bench/tail.sh OUTDIR
 #   env:   DUR=60 (seconds), RATE=1000, BENV="LEASEQ_X=..." (the broker's
 #          environment), PGSQL / PGSQL2 (statements run before the run, e.g.
 #          PGSQL="alter table leaseq.jobs set (vacuum_truncate = false)"),
 #          PGLOG=1 (PostgreSQL logs statements over 8 ms and every
-#          autovacuum into OUTDIR/postgres.log)
+#          autovacuum into OUTDIR/postgres.log), BIN, QUICK=1, KEEP=1
+#          (scripts/bench/lib.sh)
 set -uo pipefail
-OUT=${1:?outdir}; DUR=${DUR:-60}; RATE=${RATE:-1000}
-ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=${BIN:-$ROOT/target/release/leaseq}
-mkdir -p "$OUT"
-# shellcheck source=scripts/bench-lib.sh
-. "$ROOT/scripts/bench-lib.sh"
-D=/tmp/leaseq-bench-tail-pg; pkill -f 'leaseq[^ ]* serve'; sleep 1
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_init "${1:?usage: scripts/bench/tail.sh OUTDIR}"
+DUR=$(secs "${DUR:-60}"); RATE=${RATE:-1000}
 # shellcheck disable=SC2086 # BENV: a list of VAR=value
-RUST_LOG=warn,leaseq_server::maintenance=debug embedded_broker $D 127.0.0.1:50061 "$OUT/broker.log" \
-    LEASEQ_LOG_FORMAT=json ${BENV:-}
-A=http://127.0.0.1:50061
-PSQL() { runuser -u postgres -- psql -qAtX "$U" -c "$1"; }
-"$BIN" bench --addr $A --duration 15 --json >/dev/null 2>&1; PSQL checkpoint >/dev/null; sleep 2
-[ -n "${PGSQL:-}" ] && PSQL "$PGSQL"; [ -n "${PGSQL2:-}" ] && PSQL "$PGSQL2"
+RUST_LOG=warn,leaseq_server::maintenance=debug embedded_broker broker LEASEQ_LOG_FORMAT=json ${BENV:-}
+D=$BENCH_ROOT/broker
+warm "$A" 15; sleep 2
+[ -n "${PGSQL:-}" ] && psql_at "$U" -c "$PGSQL"; [ -n "${PGSQL2:-}" ] && psql_at "$U" -c "$PGSQL2"
 if [ -n "${PGLOG:-}" ]; then
-    PSQL "alter system set log_min_duration_statement = 8" && PSQL "alter system set log_autovacuum_min_duration = 0"
-    PSQL "select pg_reload_conf()" >/dev/null
+    psql_at "$U" -c "alter system set log_min_duration_statement = 8" && psql_at "$U" -c "alter system set log_autovacuum_min_duration = 0"
+    psql_at "$U" -c "select pg_reload_conf()" >/dev/null
 fi
 t0=$(date +%s.%N)
-"$BIN" bench --json --payload-bytes 100 --latency-log "$OUT/lat.csv" --addr $A --scenario latency \
-    --rate "$RATE" --consumers 2 --duration "$DUR" --broker-pid $A_PID --postgres-pid "$PM" 2>/dev/null | tail -1 > "$OUT/result.json"
+run_json tail "$BIN" bench --json --payload-bytes 100 --latency-log "$OUT/lat.csv" --addr "$A" --scenario latency \
+    --rate "$RATE" --consumers 2 --duration "$DUR" --broker-pid "$A_PID" --postgres-pid "$PM" || exit 1
+echo "$LINE" >"$OUT/result.json"
 python3 - "$OUT" "$t0" $D/data/pg_wal <<'PY'
 import datetime, json, os, subprocess, sys
 out, t0, wal = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -57,6 +55,6 @@ for n in sorted(os.listdir(wal)):
             births.append(round(w - t0, 2))
 print("WAL segments born:", births)
 PY
-python3 "$ROOT/scripts/latency-tail.py" "$OUT/lat.csv" | head -4
+python3 "$BENCH_DIR/latency-tail.py" "$OUT/lat.csv" | head -4
 [ -n "${PGLOG:-}" ] && cp "$D/postgres.log" "$OUT/"
-kill $A_PID; sleep 3; pkill -f "postgres -D $D/data"
+stop_all

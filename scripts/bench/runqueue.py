@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""`runqueue.py snap FILE`: every thread's /proc schedstat (time on a CPU,
-time runnable and waiting for one, time slices) for the broker (`leaseq
-serve`), PostgreSQL and the load generator (`leaseq bench`).
+"""`runqueue.py snap FILE [PID...]`: every thread's /proc schedstat (time on
+a CPU, time runnable and waiting for one, time slices) for the broker
+(`leaseq serve`), PostgreSQL and the load generator (`leaseq bench`): of
+the PIDs given and their descendants (runqueue.sh gives its broker, its
+cluster's postmaster and its load generator), else of every such process
+on the host.
 `runqueue.py diff BEFORE AFTER JOBS`: the difference per job, per group."""
 import json, os, sys
 
@@ -19,9 +22,24 @@ def group(pid):
     return None
 
 
-def snap():
+def descendants(pids):
+    seen, todo = set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            for tid in os.listdir(f'/proc/{pid}/task'):
+                todo += open(f'/proc/{pid}/task/{tid}/children').read().split()
+        except OSError:
+            pass
+    return seen
+
+
+def snap(pids):
     out = {}
-    for pid in filter(str.isdigit, os.listdir('/proc')):
+    for pid in (descendants(pids) if pids else filter(str.isdigit, os.listdir('/proc'))):
         g = group(pid)
         if g is None:
             continue
@@ -39,7 +57,7 @@ def snap():
 
 
 if sys.argv[1] == 'snap':
-    json.dump(snap(), open(sys.argv[2], 'w'))
+    json.dump(snap(sys.argv[3:]), open(sys.argv[2], 'w'))
 else:
     before, after, jobs = json.load(open(sys.argv[2])), json.load(open(sys.argv[3])), float(sys.argv[4])
     total = {}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What one light-load insert costs PostgreSQL, by the shape of the row and the
 # statement (docs/BENCHMARKS.md, "The job row's cost at 100/s"). On a fresh
-# durable cluster with leaseq's schema (made by the broker), pgbench sends
+# durable cluster (the embedded cluster's settings, pg_stat_statements) with
+# leaseq's schema (made by `leaseq migrate`), pgbench sends
 # one insert at a time at RATE per second (open loop, prepared, one client),
 # so each lands on cold caches as the broker's do at light load; for each
 # variant, in ROUNDS rounds, it prints pg_stat_statements' mean execution
@@ -19,24 +20,20 @@
 #                         lease set as the join would have set it)
 # Run as root (PostgreSQL runs as postgres); PERF=1 also records every
 # PostgreSQL process with perf for 10 s of each run (OUTDIR/VARIANT-N.data).
-#   usage: scripts/bench-insert-shape.sh OUTDIR [BIN] [ROUNDS=3]
-#   env:   RATE=100, SECS=14
+#   usage: scripts/bench/insert-shape.sh OUTDIR [BIN] [ROUNDS=3]
+#   env:   RATE=100, SECS=14, QUICK=1 (SECS=2), KEEP=1 (scripts/bench/lib.sh)
 set -uo pipefail
-OUT=${1:?outdir}; ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${2:-$ROOT/target/release/leaseq}; ROUNDS=${3:-3}; RATE=${RATE:-100}; SECS=${SECS:-14}
-D=/tmp/leaseq-bench-insert-pg
-PGB=${LEASEQ_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+[ -n "${2:-}" ] && BIN=$2
+ROUNDS=${3:-3}; RATE=${RATE:-100}
+bench_init "${1:?usage: scripts/bench/insert-shape.sh OUTDIR [BIN] [ROUNDS]}"
+SECS=$(secs "${SECS:-14}")
 mkdir -p "$OUT/sql"
-runuser -u postgres -- "$PGB/pg_ctl" -D $D/data stop -m fast >/dev/null 2>&1
-rm -rf $D
-# The broker makes the cluster (the embedded settings) and its schema, and exits.
-LEASEQ_DATA_DIR=$D LEASEQ_LISTEN=127.0.0.1:50069 RUST_LOG=warn timeout 8 "$BIN" serve >"$OUT/broker.log" 2>&1
-sleep 1
-runuser -u postgres -- "$PGB/pg_ctl" -D $D/data -l $D/pg.log -w \
-    -o "-k $D/run -c listen_addresses= -c shared_preload_libraries=pg_stat_statements" start >/dev/null
-trap 'runuser -u postgres -- "$PGB/pg_ctl" -D $D/data stop -m fast >/dev/null' EXIT
-U="postgres://leaseq@localhost:5432/leaseq?host=$D/run"
-P() { runuser -u postgres -- psql -qAtX "$U" "$@"; }
+chmod 755 "$OUT" "$OUT/sql"
+private_cluster pg -c shared_preload_libraries=pg_stat_statements
+DATABASE_URL=$U "$BIN" migrate >"$OUT/migrate.log" 2>&1 || { echo "migrate failed: $OUT/migrate.log" >&2; exit 1; }
+P() { psql_at "$U" "$@"; }
 P -c "create extension pg_stat_statements" \
   -c "insert into leaseq.queues (name) values ('bench')" \
   -c "create table floor_jobs (id bigint generated always as identity primary key, queue text not null, payload bytea not null)" \
@@ -60,7 +57,7 @@ sed -e 's/^--.*//' \
     -e "s/\$9::text/null::text/; s/\$10::int8/null::int8/; s/\$11::bool/true/; s/\$12::int8/null::int8/" \
     -e "s/\$13::text/'c'::text/; s/\$14::uuid/'00000000-0000-0000-0000-000000000002'::uuid/" \
     -e "s/\$15::uuid/'00000000-0000-0000-0000-000000000001'::uuid/" \
-    "$ROOT/crates/server/src/store/sql/enqueue_one.sql" | grep -v '^$' >"$OUT/sql/enqueue.sql"
+    "$BENCH_REPO/crates/server/src/store/sql/enqueue_one.sql" | grep -v '^$' >"$OUT/sql/enqueue.sql"
 echo ";" >>"$OUT/sql/enqueue.sql"
 grep -v '^on conflict' "$OUT/sql/enqueue.sql" >"$OUT/sql/enqueue-no-conflict.sql"
 sed '/^returning/,$d' "$OUT/sql/enqueue.sql" >"$OUT/sql/enqueue-no-returning.sql"
@@ -76,13 +73,13 @@ for r in $(seq "$ROUNDS"); do
           -c "select pg_stat_statements_reset()" >/dev/null
         pp=
         if [ -n "${PERF:-}" ]; then
-            (sleep 3; perf record -q -F 15000 -p "$(pgrep -d, -u postgres -f postgres)" \
+            (sleep 3; exec perf record -q -F 15000 -p "$(pg_pids)" \
                 -o "$OUT/$v-$r.data" -- sleep 10 >/dev/null 2>&1) &
-            pp=$!
+            pp=$!; track "$pp"
         fi
-        runuser -u postgres -- "$PGB/pgbench" -n -M prepared -R "$RATE" -T "$SECS" -c 1 \
-            -f "$OUT/sql/$v.sql" "$U" >"$OUT/pgbench-$v-$r.log" 2>&1
-        [ -n "$pp" ] && wait "$pp"
+        run_wait "$OUT/pgbench-$v-$r.log" "${AS_PG[@]}" pgbench -n -M prepared -R "$RATE" -T "$SECS" -c 1 \
+            -f "$OUT/sql/$v.sql" "$U"
+        [ -n "$pp" ] && wait "$pp" && forget "$pp"
         P -c "select '$v', $r, calls, round(mean_exec_time::numeric * 1000, 1)
               from pg_stat_statements where query ~* '^\s*insert' order by calls desc limit 1" |
             awk -F'|' '{printf "%-20s round %s: %s inserts, %s us each\n", $1, $2, $3, $4}' | tee -a "$OUT/results.txt"

@@ -10,7 +10,7 @@
 # --scenario ping` (the gRPC hop), it splits an Enqueue call's time at light
 # load into PostgreSQL's part and the rest (docs/BENCHMARKS.md, "The hops
 # measured apart").
-#   usage: scripts/statement-floor.sh DATABASE_URL [RATE=1000] [SECONDS=10]
+#   usage: scripts/bench/statement-floor.sh DATABASE_URL [RATE=1000] [SECONDS=10]
 #   env:   SQL=FILE (default: enqueue_one.sql)
 # Prints one JSON line like commit-floor.sh's: rate, p50_ms, p90_ms, p99_ms.
 # Its jobs go to a queue of their own, `statement-floor`, leased to a broker
@@ -19,7 +19,7 @@
 # can connect with that URL (e.g. under `runuser -u postgres --`).
 set -euo pipefail
 URL=${1:?DATABASE_URL}; RATE=${2:-1000}; SECS=${3:-10}
-SQL=${SQL:-$(dirname "$0")/../crates/server/src/store/sql/enqueue_one.sql}
+SQL=${SQL:-$(dirname "$0")/../../crates/server/src/store/sql/enqueue_one.sql}
 d=$(mktemp -d); chmod 755 "$d"
 cleanup() {
   rm -rf "$d"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads `perf script -F comm,pid,tid,time,event,trace` of raw_syscalls
-sys_enter/sys_exit (scripts/trace-hops.sh) and splits each one-job Enqueue
+sys_enter/sys_exit (scripts/bench/trace-hops.sh) and splits each one-job Enqueue
 call at the broker into its hops:
 
   request read -> statement sent            the broker's work before PostgreSQL
