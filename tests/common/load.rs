@@ -26,7 +26,7 @@ use tonic::Code;
 use tonic::transport::Endpoint;
 
 use super::history::{Delivered, History, Op, Report, UNKNOWN_BROKER};
-use crate::common::{Client, dur, free_port, wait_serving};
+use crate::common::{Client, dur, free_addr, wait_serving};
 
 /// How long the fault phase of each test runs: `LEASEQ_FAULT_SECONDS`
 /// (default 8, kept short for CI).
@@ -71,7 +71,7 @@ impl Replica {
     pub fn new(index: usize, db_url: &str, extra: &[&str], logs: PathBuf) -> Replica {
         Replica {
             index,
-            addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            addr: free_addr(),
             url: db_url.to_owned(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
