@@ -377,9 +377,15 @@ impl BinaryBroker {
         BinaryBroker::on(db).args(extra).start().await
     }
 
+    /// `leaseq serve` on `db`.
     pub fn on(db: &TestDb) -> BinaryBrokerBuilder {
+        BinaryBroker::on_url(&db.url)
+    }
+
+    /// `leaseq serve` on the database at `url` (a private cluster).
+    pub fn on_url(url: &str) -> BinaryBrokerBuilder {
         BinaryBrokerBuilder {
-            url: db.url.clone(),
+            url: url.to_owned(),
             args: Vec::new(),
             env: Vec::new(),
             addr: None,
@@ -457,6 +463,21 @@ impl BinaryBrokerBuilder {
 
     /// Spawns `leaseq serve` and returns once it serves (30 s at most).
     pub async fn start(self) -> BinaryBroker {
+        let tls = self.tls.clone();
+        let mut broker = self.spawn();
+        wait_ready(
+            broker.addr,
+            tls.as_ref(),
+            None,
+            Duration::from_secs(30),
+            || matches!(broker.child.try_wait(), Ok(Some(_))),
+        )
+        .await;
+        broker
+    }
+
+    /// Spawns `leaseq serve` without waiting for it to serve.
+    pub fn spawn(self) -> BinaryBroker {
         let addr = self.addr.unwrap_or_else(free_addr);
         let stderr = match &self.log {
             Some(path) => {
@@ -464,7 +485,7 @@ impl BinaryBrokerBuilder {
             }
             None => Stdio::inherit(),
         };
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
             .arg("serve")
             .args(["--listen", &addr.to_string()])
             .args(["--database-url", &self.url])
@@ -478,15 +499,7 @@ impl BinaryBrokerBuilder {
             .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
-            .expect("spawn leaseq");
-        wait_ready(
-            addr,
-            self.tls.as_ref(),
-            None,
-            Duration::from_secs(30),
-            || matches!(child.try_wait(), Ok(Some(_))),
-        )
-        .await;
+            .expect("spawn leaseq serve");
         BinaryBroker { addr, child }
     }
 }
