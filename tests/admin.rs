@@ -800,10 +800,12 @@ async fn acked_jobs_of_a_queue_with_retention_are_kept_as_completed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_jobs_are_deleted_once_past_their_queues_retention() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |cfg| {
-        cfg.retention_interval = Duration::from_millis(100);
-    })
-    .await;
+    let broker = TestBroker::on(&db)
+        .config(|cfg| {
+            cfg.retention_interval = Duration::from_millis(100);
+        })
+        .start()
+        .await;
     let mut c = broker.client().await;
     let mut a = admin(&broker).await;
     for q in ["short", "cleared", "long"] {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{Scratch, TestDb, test_config, until, wait_serving};
+use crate::common::{Pki, Scratch, TestBroker, TestDb, free_addr, until};
 use leaseq_client::pb;
 use leaseq_client::pb::queue_service_client::QueueServiceClient;
 use leaseq_client::pb::queue_service_server::{QueueService, QueueServiceServer};
@@ -20,10 +20,8 @@ use leaseq_client::{
     AdminClient, Client, ConnectError, ConnectOptions, DeadLetter, DeadLetters, Delivery, Job,
     Nack, QueueUpdate, Retry, TraceParent, Worker,
 };
-use leaseq_server::Config;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -49,50 +47,6 @@ mod examples {
 }
 
 const S10: Duration = Duration::from_secs(10);
-
-/// An in-process broker on a given address, so a test can stop it and start
-/// another on the same address (a restart, as the worker sees it).
-struct Broker {
-    shutdown: CancellationToken,
-    handle: JoinHandle<anyhow::Result<()>>,
-}
-
-impl Broker {
-    async fn start(db: &TestDb, addr: SocketAddr) -> Broker {
-        let broker = Broker::spawn(db, addr, test_config()).await;
-        wait_serving(addr, Duration::from_secs(20)).await;
-        broker
-    }
-
-    /// Starts a broker with `cfg` without waiting for it to serve.
-    async fn spawn(db: &TestDb, addr: SocketAddr, cfg: Config) -> Broker {
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-        let shutdown = CancellationToken::new();
-        let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle =
-            tokio::spawn(
-                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
-            );
-        Broker { shutdown, handle }
-    }
-
-    /// Drains (streams end with UNAVAILABLE) and waits until it is gone.
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(15), self.handle)
-            .await
-            .expect("broker stops in time")
-            .expect("broker task")
-            .expect("broker run");
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 /// A running worker and the means to stop it.
 struct Running {
@@ -173,7 +127,7 @@ fn payload(d: &Delivery) -> String {
 async fn client_calls_round_trip() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
 
     let a = client
@@ -252,7 +206,7 @@ async fn client_calls_round_trip() {
 async fn worker_acks_jobs_its_handler_completes() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let worker = Running::spawn(
@@ -305,7 +259,7 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
             }
         },
     );
-    let first = Broker::start(&db, addr).await;
+    let first = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     client.enqueue(Job::new("jobs", "before")).await.unwrap();
     let got = tokio::time::timeout(S10, rx.recv())
@@ -318,7 +272,7 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
 
     // Drain: the broker ends the stream with UNAVAILABLE and exits.
     first.stop().await;
-    let second = Broker::start(&db, addr).await;
+    let second = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     client.enqueue(Job::new("jobs", "after")).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(20), rx.recv())
@@ -335,7 +289,7 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
 async fn lease_is_extended_while_the_handler_runs() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let (started_tx, mut started) = mpsc::unbounded_channel();
@@ -401,7 +355,7 @@ async fn lease_is_extended_while_the_handler_runs() {
 async fn handler_errors_and_panics_are_nacked_with_their_text() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     client.enqueue(Job::new("flaky", "fail")).await.unwrap();
     client.enqueue(Job::new("flaky", "panic")).await.unwrap();
@@ -464,7 +418,7 @@ async fn concurrency_is_bounded() {
     const JOBS: usize = 6;
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     client
         .enqueue_batch((0..JOBS).map(|i| Job::new("par", format!("{i}"))))
@@ -517,7 +471,7 @@ async fn concurrency_is_bounded() {
 async fn graceful_stop_lets_running_handlers_finish_and_starts_no_new_job() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let started = Arc::new(Mutex::new(Vec::<String>::new()));
     let (started_tx, mut started_rx) = mpsc::unbounded_channel();
@@ -581,7 +535,7 @@ async fn graceful_stop_lets_running_handlers_finish_and_starts_no_new_job() {
 async fn grace_elapsed_cancels_the_handler_and_releases_its_job() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let (started_tx, mut started_rx) = mpsc::unbounded_channel();
     let worker = Running::spawn(
@@ -614,7 +568,7 @@ async fn grace_elapsed_cancels_the_handler_and_releases_its_job() {
 async fn unfixable_errors_end_the_worker() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let noop = |_: Delivery| async { Ok::<(), anyhow::Error>(()) };
     let err = Worker::new(client.clone(), ["bad queue"])
@@ -646,7 +600,7 @@ async fn unfixable_errors_end_the_worker() {
 async fn handler_running_across_a_restart_keeps_the_bound_and_the_job_is_redone() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let first = Broker::start(&db, addr).await;
+    let first = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect_lazy(format!("http://{addr}")).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let (started_tx, mut started_rx) = mpsc::unbounded_channel();
@@ -684,7 +638,7 @@ async fn handler_running_across_a_restart_keeps_the_bound_and_the_job_is_redone(
     // The drain releases the job under the running handler; the next broker
     // leases it again to the reconnected worker.
     first.stop().await;
-    let second = Broker::start(&db, addr).await;
+    let second = TestBroker::on(&db).addr(addr).start().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let re_leased: bool = sqlx::query_scalar(
@@ -940,7 +894,7 @@ async fn mixed_jobs(
 async fn settles_and_lease_extensions_travel_on_the_consume_stream() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let (proxy, calls) = start_proxy(addr, true).await;
     let client = Client::connect(format!("http://{proxy}")).await.unwrap();
     let handler = mixed_jobs(&client, &db, "stream", 30).await;
@@ -984,7 +938,7 @@ async fn acks_finishing_together_share_a_message() {
     const JOBS: usize = 20;
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let (proxy, calls) = start_proxy(addr, true).await;
     let client = Client::connect(format!("http://{proxy}")).await.unwrap();
     client
@@ -1026,7 +980,7 @@ async fn acks_finishing_together_share_a_message() {
 async fn a_broker_without_consume_gets_subscribe_and_ack_batch() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let (proxy, calls) = start_proxy(addr, false).await;
     let client = Client::connect(format!("http://{proxy}")).await.unwrap();
     let handler = mixed_jobs(&client, &db, "old", 20).await;
@@ -1060,7 +1014,7 @@ async fn a_broker_without_consume_gets_subscribe_and_ack_batch() {
 async fn stream_acks_off_uses_subscribe_from_the_start() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let (proxy, calls) = start_proxy(addr, true).await;
     let client = Client::connect(format!("http://{proxy}")).await.unwrap();
     client.enqueue(Job::new("plain", "x")).await.unwrap();
@@ -1098,7 +1052,7 @@ impl Drop for DropFlag {
 async fn handlers_per_queue_with_a_fallback_and_trace_context() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let traced = client
@@ -1206,7 +1160,7 @@ async fn otel_enqueue_carries_the_current_span_and_the_handler_span_is_its_child
     let (spans, provider) = Collected::install();
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
 
     let cx = Context::current_with_span(provider.tracer("app").start("produce"));
@@ -1363,7 +1317,7 @@ async fn the_tracing_example_makes_one_trace_from_producer_to_handler() {
     let (spans, _provider) = Collected::install();
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let id = tokio::time::timeout(S10, examples::tracing::traced_round_trip(&client, "traced"))
         .await
@@ -1608,7 +1562,7 @@ async fn main() -> anyhow::Result<()> {
 
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let target = profile_dir()
         .parent()
         .expect("the target directory")
@@ -1644,7 +1598,7 @@ async fn main() -> anyhow::Result<()> {
 async fn timeout_cancels_the_handler_and_the_job_comes_back() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let slow = client.enqueue(Job::new("slow", "x")).await.unwrap();
     client.enqueue(Job::new("quick", "y")).await.unwrap();
@@ -1720,7 +1674,7 @@ async fn timeout_cancels_the_handler_and_the_job_comes_back() {
 async fn retry_and_dead_letter_outcomes() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     for p in ["retry", "context", "dead", "plain"] {
         client.enqueue(Job::new("outcomes", p)).await.unwrap();
@@ -1810,7 +1764,7 @@ async fn retry_and_dead_letter_outcomes() {
 async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let admin = client.admin();
 
@@ -1916,7 +1870,7 @@ async fn a_drain_mid_work_loses_nothing() {
     const JOBS: usize = 40;
     let db = TestDb::new().await;
     let addr = free_addr();
-    let first = Broker::start(&db, addr).await;
+    let first = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect_lazy(format!("http://{addr}")).unwrap();
     client
         .enqueue_batch((0..JOBS).map(|i| Job::new("drain", format!("{i}"))))
@@ -1948,7 +1902,7 @@ async fn a_drain_mid_work_loses_nothing() {
     first.stop().await;
     let before = handled.lock().unwrap().len();
     assert!(before < JOBS, "the drain came mid-work");
-    let second = Broker::start(&db, addr).await;
+    let second = TestBroker::on(&db).addr(addr).start().await;
     until(
         &db,
         "select count(*) = 0 from leaseq.jobs",
@@ -1971,15 +1925,11 @@ async fn a_drain_mid_work_loses_nothing() {
 
 // ---- TLS, client certificates, tokens ------------------------------------
 
-/// Certificates (made fresh with rcgen) and a token file.
+/// Certificates ([`Pki`]) and a token file.
 struct Secure {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
+    pki: Pki,
     auth_file: PathBuf,
-    /// Where the files are; removed with the Secure.
+    /// Where the token file is; removed with the Secure.
     _dir: Scratch,
 }
 
@@ -1988,44 +1938,6 @@ const ADMIN_TOKEN: &str = "admin-secret-0123456789";
 
 impl Secure {
     fn new() -> Secure {
-        use rcgen::{
-            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-            IsCa, KeyPair, KeyUsagePurpose,
-        };
-        let dir = Scratch::new("client");
-        let write = |name: &str, text: &str| {
-            use std::os::unix::fs::PermissionsExt;
-            let path = dir.path(name);
-            std::fs::write(&path, text).unwrap();
-            let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            path
-        };
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        p.distinguished_name
-            .push(DnType::CommonName, "leaseq client test CA");
-        let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
-        let leaf = |names: &[&str], usage| {
-            let key = KeyPair::generate().unwrap();
-            let mut p =
-                CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                    .unwrap();
-            p.distinguished_name.push(DnType::CommonName, names[0]);
-            p.extended_key_usages = vec![usage];
-            let cert = p.signed_by(&key, &ca).unwrap();
-            (cert.pem(), key.serialize_pem())
-        };
-        let (sc, sk) = leaf(
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let (cc, ck) = leaf(&["worker"], ExtendedKeyUsagePurpose::ClientAuth);
         let h = leaseq_server::auth::hash_token;
         let tokens = serde_json::json!({"tokens": [
             {"name": "worker", "sha256": h(WORKER_TOKEN),
@@ -2033,31 +1945,18 @@ impl Secure {
             {"name": "admin", "sha256": h(ADMIN_TOKEN),
              "grants": [{"queues": "*", "actions": ["admin"]}]},
         ]});
+        let (dir, auth_file) = Scratch::with_file("client", "tokens.json", &tokens.to_string());
         Secure {
-            ca: write("ca.pem", &ca.pem()),
-            server_cert: write("server.pem", &sc),
-            server_key: write("server.key", &sk),
-            client_cert: write("client.pem", &cc),
-            client_key: write("client.key", &ck),
-            auth_file: write("tokens.json", &tokens.to_string()),
+            pki: Pki::new(),
+            auth_file,
             _dir: dir,
         }
     }
 
-    /// TLS, client certificates from our CA required, tokens required.
-    fn config(&self) -> Config {
-        let mut cfg = test_config();
-        cfg.security.tls_cert = Some(self.server_cert.clone());
-        cfg.security.tls_key = Some(self.server_key.clone());
-        cfg.security.tls_client_ca = Some(self.ca.clone());
-        cfg.security.auth_file = Some(self.auth_file.clone());
-        cfg
-    }
-
     fn options(&self, token: Option<&str>) -> ConnectOptions {
         let opts = ConnectOptions::default()
-            .tls_ca(&self.ca)
-            .tls_identity(&self.client_cert, &self.client_key);
+            .tls_ca(&self.pki.ca)
+            .tls_identity(&self.pki.client_cert, &self.pki.client_key);
         match token {
             Some(t) => opts.token(t),
             None => opts,
@@ -2070,7 +1969,13 @@ async fn tls_client_certificates_and_tokens_on_every_client() {
     let db = TestDb::new().await;
     let sec = Secure::new();
     let addr = free_addr();
-    let broker = Broker::spawn(&db, addr, sec.config()).await;
+    // TLS, client certificates from the CA required, tokens required.
+    let broker = TestBroker::on(&db)
+        .addr(addr)
+        .mutual_tls(&sec.pki)
+        .auth_file(&sec.auth_file)
+        .spawn()
+        .await;
     let url = format!("https://{addr}");
     // Ready once health (no token needed) answers SERVING over mutual TLS.
     crate::common::eventually(Duration::from_secs(20), "TLS broker serving", || {
@@ -2134,7 +2039,7 @@ async fn tls_client_certificates_and_tokens_on_every_client() {
 
     // Without a client certificate the TLS handshake (or first call) fails.
     let no_cert = ConnectOptions::default()
-        .tls_ca(&sec.ca)
+        .tls_ca(&sec.pki.ca)
         .token(WORKER_TOKEN);
     let refused = match Client::connect_with(&url, no_cert).await {
         Err(_) => true,
@@ -2143,15 +2048,15 @@ async fn tls_client_certificates_and_tokens_on_every_client() {
     assert!(refused, "served a client without a certificate");
     // Options that cannot work fail before connecting, naming the option.
     let missing = ConnectOptions::default()
-        .tls_ca(&sec.ca)
-        .tls_identity("/nonexistent/client.pem", &sec.client_key);
+        .tls_ca(&sec.pki.ca)
+        .tls_identity("/nonexistent/client.pem", &sec.pki.client_key);
     match Client::connect_lazy_with(&url, missing) {
         Err(ConnectError::Config(msg)) => assert!(msg.starts_with("tls_cert:"), "{msg}"),
         other => panic!("expected a config error, got {other:?}"),
     }
     match Client::connect_lazy_with(
         format!("http://{addr}"),
-        ConnectOptions::default().tls_ca(&sec.ca),
+        ConnectOptions::default().tls_ca(&sec.pki.ca),
     ) {
         Err(ConnectError::Config(msg)) => assert!(msg.contains("https://"), "{msg}"),
         other => panic!("expected a config error, got {other:?}"),
@@ -2166,7 +2071,7 @@ async fn tls_client_certificates_and_tokens_on_every_client() {
 async fn the_admin_client_covers_the_admin_service() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
     let admin = AdminClient::connect_with(format!("http://{addr}"), ConnectOptions::default())
         .await
@@ -2347,7 +2252,7 @@ async fn the_worker_example_runs_as_a_program_and_stops_on_sigterm() {
     );
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let child = tokio::process::Command::new(&bin)
         .env("LEASEQ_ADDR", format!("http://{addr}"))
         .stdout(std::process::Stdio::piped())
@@ -2378,7 +2283,7 @@ async fn the_worker_example_runs_as_a_program_and_stops_on_sigterm() {
 async fn the_examples_run_against_a_broker() {
     let db = TestDb::new().await;
     let addr = free_addr();
-    let broker = Broker::start(&db, addr).await;
+    let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
 
     // producer: five enqueues, one of them a duplicate.

@@ -6,7 +6,6 @@
 //! stream; durations as usage errors; shell completions; `bench`'s open-loop
 //! scenarios against a real broker.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::Stdio;
@@ -14,19 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::*;
-use leaseq::cli::ClientSecurity;
 use leaseq::pb;
 use leaseq::pb::admin_service_client::AdminServiceClient;
 use leaseq::pb::queue_service_server::{QueueService, QueueServiceServer};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 const S5: Duration = Duration::from_secs(5);
@@ -120,158 +113,41 @@ fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
 
 // ---- a broker with TLS, mutual TLS and tokens ------------------------------
 
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    p.distinguished_name.push(DnType::CommonName, name);
-    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
-}
-
-fn leaf(
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut p =
-        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, names[0]);
-    p.extended_key_usages = vec![usage];
-    let cert = p.signed_by(&key, issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
 /// A token allowed everything, and one that may only enqueue.
 const OPS: &str = "ops-secret-0123456789";
 const PRODUCER: &str = "producer-secret-0123456789";
 
-/// A broker in this process serving TLS, requiring a client certificate
-/// from its CA and a bearer token; and the files a client needs.
-struct SecureBroker {
-    addr: SocketAddr,
-    ca: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-    /// A CA that did not sign the broker's certificate.
-    other_ca: PathBuf,
-    shutdown: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-    /// Where the files are; removed with the broker.
-    _dir: Scratch,
+/// A broker in this process serving TLS with `pki`'s certificate, requiring
+/// a client certificate from `pki`'s CA and a bearer token ([`OPS`],
+/// [`PRODUCER`]).
+async fn secure_broker(db: &TestDb, pki: &Pki) -> TestBroker {
+    let h = leaseq_server::auth::hash_token;
+    let tokens = serde_json::json!({"tokens": [
+        {"name": "ops", "sha256": h(OPS),
+         "grants": [{"queues": "*", "actions": ["enqueue", "consume", "admin"]}]},
+        {"name": "producer", "sha256": h(PRODUCER),
+         "grants": [{"queues": "*", "actions": ["enqueue"]}]},
+    ]});
+    let (_scratch, auth_file) = Scratch::with_file("cli", "tokens.json", &tokens.to_string());
+    TestBroker::on(db)
+        .mutual_tls(pki)
+        .auth_file(&auth_file)
+        .start()
+        .await
 }
 
-impl SecureBroker {
-    async fn start(db: &TestDb) -> SecureBroker {
-        let dir = Scratch::new("cli");
-        let write = |name: &str, text: &str| {
-            use std::os::unix::fs::PermissionsExt;
-            let path = dir.path(name);
-            std::fs::write(&path, text).unwrap();
-            let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            path
-        };
-        let authority = ca("leaseq cli test CA");
-        let (sc, sk) = leaf(
-            &authority,
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let (cc, ck) = leaf(&authority, &["cli"], ExtendedKeyUsagePurpose::ClientAuth);
-        let h = leaseq_server::auth::hash_token;
-        let tokens = serde_json::json!({"tokens": [
-            {"name": "ops", "sha256": h(OPS),
-             "grants": [{"queues": "*", "actions": ["enqueue", "consume", "admin"]}]},
-            {"name": "producer", "sha256": h(PRODUCER),
-             "grants": [{"queues": "*", "actions": ["enqueue"]}]},
-        ]});
-        let ca_path = write("ca.pem", &authority.pem());
-        let server_cert = write("server.pem", &sc);
-        let server_key = write("server.key", &sk);
-        let auth_file = write("tokens.json", &tokens.to_string());
-        let mut cfg = test_config();
-        cfg.security.tls_cert = Some(server_cert);
-        cfg.security.tls_key = Some(server_key);
-        cfg.security.tls_client_ca = Some(ca_path.clone());
-        cfg.security.auth_file = Some(auth_file);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle =
-            tokio::spawn(
-                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
-            );
-        let broker = SecureBroker {
-            addr,
-            ca: ca_path,
-            client_cert: write("client.pem", &cc),
-            client_key: write("client.key", &ck),
-            other_ca: write("other-ca.pem", &ca("someone else's CA").pem()),
-            shutdown,
-            handle,
-            _dir: dir,
-        };
-        broker.wait_serving().await;
-        broker
+/// Every connection option to `broker` as its environment twin.
+fn secure_env(broker: &TestBroker, pki: &Pki, token: Option<&str>) -> Vec<(String, String)> {
+    let mut e = env(&[
+        ("LEASEQ_ADDR", &broker.url()),
+        ("LEASEQ_TLS_CA", pki.ca.to_str().unwrap()),
+        ("LEASEQ_CLIENT_CERT", pki.client_cert.to_str().unwrap()),
+        ("LEASEQ_CLIENT_KEY", pki.client_key.to_str().unwrap()),
+    ]);
+    if let Some(t) = token {
+        e.push(("LEASEQ_TOKEN".into(), t.into()));
     }
-
-    fn url(&self) -> String {
-        format!("https://{}", self.addr)
-    }
-
-    /// Health over TLS with the client certificate (no token needed).
-    async fn wait_serving(&self) {
-        let sec = ClientSecurity {
-            tls_ca: Some(self.ca.clone()),
-            tls_cert: Some(self.client_cert.clone()),
-            tls_key: Some(self.client_key.clone()),
-            token: None,
-        };
-        let deadline = tokio::time::Instant::now() + S20;
-        loop {
-            if let Ok(ch) = leaseq::cli::connect(&self.url(), &sec).await {
-                let status = tonic_health::pb::health_client::HealthClient::new(ch)
-                    .check(tonic_health::pb::HealthCheckRequest::default())
-                    .await
-                    .map(|r| r.into_inner().status);
-                if status.is_ok_and(|s| s == 1) {
-                    return;
-                }
-            }
-            assert!(tokio::time::Instant::now() < deadline, "not serving in 20s");
-            assert!(!self.handle.is_finished(), "broker exited at startup");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Every connection option as its environment twin.
-    fn env(&self, token: Option<&str>) -> Vec<(String, String)> {
-        let mut e = env(&[
-            ("LEASEQ_ADDR", &self.url()),
-            ("LEASEQ_TLS_CA", self.ca.to_str().unwrap()),
-            ("LEASEQ_CLIENT_CERT", self.client_cert.to_str().unwrap()),
-            ("LEASEQ_CLIENT_KEY", self.client_key.to_str().unwrap()),
-        ]);
-        if let Some(t) = token {
-            e.push(("LEASEQ_TOKEN".into(), t.into()));
-        }
-        e
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(15), self.handle)
-            .await
-            .expect("broker stops within 15s")
-            .expect("broker task")
-            .expect("broker run");
-    }
+    e
 }
 
 /// `leaseq work` running `sh -c script` until `done`, then SIGTERM: it must
@@ -322,8 +198,9 @@ async fn work_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_reaches_a_tls_broker_with_a_token() {
     let db = TestDb::new().await;
-    let broker = SecureBroker::start(&db).await;
-    let ops = broker.env(Some(OPS));
+    let pki = Pki::new();
+    let broker = secure_broker(&db, &pki).await;
+    let ops = secure_env(&broker, &pki, Some(OPS));
     let run = async |args: &[&str]| leaseq(args, &ops, None).await;
 
     // Flags instead of environment twins, and the payload from stdin.
@@ -334,11 +211,11 @@ async fn every_command_reaches_a_tls_broker_with_a_token() {
         "--addr",
         &broker.url(),
         "--tls-ca",
-        broker.ca.to_str().unwrap(),
+        pki.ca.to_str().unwrap(),
         "--tls-cert",
-        broker.client_cert.to_str().unwrap(),
+        pki.client_cert.to_str().unwrap(),
         "--tls-key",
-        broker.client_key.to_str().unwrap(),
+        pki.client_key.to_str().unwrap(),
         "--token",
         OPS,
         "-o",
@@ -490,10 +367,10 @@ async fn every_command_reaches_a_tls_broker_with_a_token() {
         vec!["purge", "cli", "--yes"],
         vec!["queue", "update", "cli", "--max-attempts", "3"],
     ];
-    let no_token = broker.env(None);
-    let producer = broker.env(Some(PRODUCER));
+    let no_token = secure_env(&broker, &pki, None);
+    let producer = secure_env(&broker, &pki, Some(PRODUCER));
     let mut wrong_ca = ops.clone();
-    wrong_ca[1].1 = broker.other_ca.to_str().unwrap().into();
+    wrong_ca[1].1 = pki.rogue_ca.to_str().unwrap().into();
     let no_client_cert: Vec<_> = ops
         .iter()
         .filter(|(k, _)| !k.starts_with("LEASEQ_CLIENT_"))
@@ -956,7 +833,7 @@ async fn work_with_a_token_survives_a_broker_restart() {
     broker.signal(libc::SIGTERM);
     assert!(broker.wait(S20).await.success());
     let addr = broker.addr;
-    broker = BinaryBroker::start_at(&db, addr, &serve).await;
+    broker = BinaryBroker::on(&db).addr(addr).args(&serve).start().await;
     let out = leaseq(&["enqueue", "-q", "rq", "-p", "2"], &e, None).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     done(&db).await;
@@ -1097,9 +974,10 @@ async fn bench_open_loop_scenarios_measure_a_real_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_address_form_and_the_system_roots() {
     let db = TestDb::new().await;
-    let secure = SecureBroker::start(&db).await;
-    let cert = secure.client_cert.to_str().unwrap();
-    let key = secure.client_key.to_str().unwrap();
+    let pki = Pki::new();
+    let secure = secure_broker(&db, &pki).await;
+    let cert = pki.client_cert.to_str().unwrap();
+    let key = pki.client_key.to_str().unwrap();
     let host_port = secure.addr.to_string();
     let roots = |file: &PathBuf| {
         env(&[
@@ -1133,27 +1011,24 @@ async fn every_address_form_and_the_system_roots() {
     let args = |a: Vec<&str>| a.into_iter().map(str::to_owned).collect::<Vec<_>>();
 
     // https:// without --tls-ca: the system's roots.
-    let (code, err) = run(queues(&secure.url()), &roots(&secure.ca)).await;
+    let (code, err) = run(queues(&secure.url()), &roots(&pki.ca)).await;
     assert_eq!(code, 0, "system roots holding the broker's CA: {err}");
-    let (code, err) = run(queues(&secure.url()), &roots(&secure.other_ca)).await;
+    let (code, err) = run(queues(&secure.url()), &roots(&pki.rogue_ca)).await;
     assert_eq!(code, DENIED, "system roots without it: {err}");
     // A CA given wins over the system's roots.
     let mut with_ca = queues(&secure.url());
-    with_ca.extend([
-        "--tls-ca".to_owned(),
-        secure.ca.to_str().unwrap().to_owned(),
-    ]);
-    let (code, err) = run(with_ca, &roots(&secure.other_ca)).await;
+    with_ca.extend(["--tls-ca".to_owned(), pki.ca.to_str().unwrap().to_owned()]);
+    let (code, err) = run(with_ca, &roots(&pki.rogue_ca)).await;
     assert_eq!(code, 0, "--tls-ca over the system's roots: {err}");
     // host:port with a CA (here from LEASEQ_TLS_CA) is TLS.
-    let mut e = roots(&secure.other_ca);
-    e.push(("LEASEQ_TLS_CA".into(), secure.ca.to_str().unwrap().into()));
+    let mut e = roots(&pki.rogue_ca);
+    e.push(("LEASEQ_TLS_CA".into(), pki.ca.to_str().unwrap().into()));
     e.push(("LEASEQ_ADDR".into(), host_port.clone()));
     let (code, err) = run(args(vec!["queues", "-o", "json"]), &e).await;
     assert_eq!(code, 0, "LEASEQ_ADDR=host:port with LEASEQ_TLS_CA: {err}");
     // http:// with TLS files cannot work: a usage error, before connecting.
-    let mut e = roots(&secure.ca);
-    e.push(("LEASEQ_TLS_CA".into(), secure.ca.to_str().unwrap().into()));
+    let mut e = roots(&pki.ca);
+    e.push(("LEASEQ_TLS_CA".into(), pki.ca.to_str().unwrap().into()));
     let (code, err) = run(queues(&format!("http://{host_port}")), &e).await;
     assert_eq!(code, USAGE, "{err}");
     assert!(err.contains("http:// is plaintext"), "{err}");

@@ -226,15 +226,17 @@ async fn try_subscribe(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_limit_is_resource_exhausted_naming_it_and_changes_nothing() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| {
-        c.request_limits.max_payload_bytes = T_PAYLOAD;
-        c.request_limits.max_message_bytes = T_MESSAGE;
-        c.security.max_request_bytes_per_connection = T_REQUESTS;
-        c.security.max_in_flight_per_connection = T_CREDIT;
-        c.security.max_subscriptions_per_connection = T_SUBSCRIPTIONS;
-        c.security.max_connections = T_CONNECTIONS;
-    })
-    .await;
+    let broker = TestBroker::on(&db)
+        .config(|c| {
+            c.request_limits.max_payload_bytes = T_PAYLOAD;
+            c.request_limits.max_message_bytes = T_MESSAGE;
+            c.security.max_request_bytes_per_connection = T_REQUESTS;
+            c.security.max_in_flight_per_connection = T_CREDIT;
+            c.security.max_subscriptions_per_connection = T_SUBSCRIPTIONS;
+            c.security.max_connections = T_CONNECTIONS;
+        })
+        .start()
+        .await;
     let mut c = broker.client().await;
     let state = db.fingerprint().await;
     let mut t = Table {

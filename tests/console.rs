@@ -19,10 +19,8 @@ use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use leaseq::cli::{ClientChannel, ClientSecurity};
 use leaseq::pb;
 use leaseq::pb::queue_service_client::QueueServiceClient;
-use leaseq_server::Config;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 const ADMIN: &str = "ops-console-secret-0123456789";
 const VIEWER: &str = "viewer-console-secret-0123456789";
@@ -45,66 +43,26 @@ fn auth_file() -> (Scratch, PathBuf) {
     Scratch::with_file("con", "tokens.json", &text.to_string())
 }
 
-/// A broker in this process with the console on; returns once the console
-/// answers.
-struct Broker {
-    addr: SocketAddr,
-    http: SocketAddr,
-    shutdown: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+/// A broker in this process with the console on (and metrics sampled every
+/// 500 ms); it has started once gRPC and the console answer (30 s at most).
+fn console(db: &TestDb) -> TestBrokerBuilder {
+    TestBroker::on(db)
+        .http()
+        .ready_within(Duration::from_secs(30))
+        .config(|c| c.metrics_interval = Duration::from_millis(500))
 }
 
-impl Broker {
-    async fn start(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Broker {
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut cfg = test_config();
-        cfg.http_listen = Some(http);
-        cfg.metrics_interval = Duration::from_millis(500);
-        tweak(&mut cfg);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let (url, token) = (db.url.clone(), shutdown.clone());
-        let handle =
-            tokio::spawn(
-                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
-            );
-        let started = Instant::now();
-        while tokio::net::TcpStream::connect(http).await.is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "console up within 30s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Broker {
-            addr,
-            http,
-            shutdown,
-            handle,
-        }
-    }
-
-    async fn grpc(&self) -> Grpc {
-        let sec = ClientSecurity {
-            token: Some(WORKER.to_owned()),
-            ..Default::default()
-        };
-        QueueServiceClient::new(
-            leaseq::cli::connect(&format!("http://{}", self.addr), &sec)
-                .await
-                .unwrap(),
-        )
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(15), self.handle)
+/// A gRPC client of `broker` with the worker's token.
+async fn grpc_client(broker: &TestBroker) -> Grpc {
+    let sec = ClientSecurity {
+        token: Some(WORKER.to_owned()),
+        ..Default::default()
+    };
+    QueueServiceClient::new(
+        leaseq::cli::connect(&format!("http://{}", broker.addr), &sec)
             .await
-            .expect("broker stops within 15s")
-            .expect("broker task")
-            .expect("broker run");
-    }
+            .unwrap(),
+    )
 }
 
 async fn enqueue_to(c: &mut Grpc, queue: &str, payload: &str) -> String {
@@ -324,9 +282,9 @@ impl Chrome {
 async fn console_follows_the_queues_and_requeues_a_dead_letter() {
     let db = TestDb::new().await;
     let (_scratch, file) = auth_file();
-    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
-    let base = format!("http://{}/", broker.http);
-    let mut grpc = broker.grpc().await;
+    let broker = console(&db).auth_file(&file).start().await;
+    let base = format!("http://{}/", broker.http());
+    let mut grpc = grpc_client(&broker).await;
     let chrome = Chrome::start(false).await;
 
     // Login, with a wrong token first.
@@ -697,9 +655,9 @@ async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
 async fn read_only_token_cannot_requeue() {
     let db = TestDb::new().await;
     let (_scratch, file) = auth_file();
-    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
-    let base = format!("http://{}/", broker.http);
-    let mut grpc = broker.grpc().await;
+    let broker = console(&db).auth_file(&file).start().await;
+    let base = format!("http://{}/", broker.http());
+    let mut grpc = grpc_client(&broker).await;
     let id = enqueue_to(&mut grpc, "emails", "{\"n\": 1}").await;
     let mut stream = subscribe_as(&mut grpc, "emails", "w", 1).await;
     let d = next_delivery(&mut stream, S10).await;
@@ -775,26 +733,12 @@ async fn read_only_token_cannot_requeue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_over_tls_sets_a_secure_session_cookie() {
     let db = TestDb::new().await;
-    let dir = Scratch::new("con");
-    let cert =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    let (cert_path, key_path) = (dir.path("server.pem"), dir.path("server.key"));
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let pki = Pki::new();
     let (_scratch, file) = auth_file();
-    let broker = Broker::start(&db, |c| {
-        c.security.auth_file = Some(file);
-        c.security.tls_cert = Some(cert_path);
-        c.security.tls_key = Some(key_path);
-    })
-    .await;
+    let broker = console(&db).tls(&pki).auth_file(&file).start().await;
     let chrome = Chrome::start(true).await;
     chrome
-        .login(&format!("https://{}/", broker.http), ADMIN)
+        .login(&format!("https://{}/", broker.http()), ADMIN)
         .await;
     chrome.wait_text("#who-name", "ops").await;
     let cookies = chrome.client.get_all_cookies().await.unwrap();
@@ -807,7 +751,7 @@ async fn console_over_tls_sets_a_secure_session_cookie() {
     assert_eq!(format!("{:?}", c.same_site()), "Some(Strict)");
     // Plain HTTP on the TLS port gets no console.
     let plain = raw(
-        broker.http,
+        broker.http(),
         "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
     .await;
@@ -877,9 +821,9 @@ pub(crate) async fn http(
 async fn state_changes_need_the_csrf_token_and_this_origin() {
     let db = TestDb::new().await;
     let (_scratch, file) = auth_file();
-    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
-    let addr = broker.http;
-    let mut grpc = broker.grpc().await;
+    let broker = console(&db).auth_file(&file).start().await;
+    let addr = broker.http();
+    let mut grpc = grpc_client(&broker).await;
     enqueue_to(&mut grpc, "emails", "x").await;
     let mut stream = subscribe_as(&mut grpc, "emails", "w", 1).await;
     let d = next_delivery(&mut stream, S10).await;
@@ -1026,8 +970,8 @@ async fn state_changes_need_the_csrf_token_and_this_origin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_auth_the_console_is_open_but_still_checks_csrf() {
     let db = TestDb::new().await;
-    let broker = Broker::start(&db, |_| {}).await;
-    let addr = broker.http;
+    let broker = console(&db).start().await;
+    let addr = broker.http();
     let r = http(addr, "GET", "/api/session", &[], "").await;
     assert_eq!(r.status, 200, "{}", r.body);
     let session: Value = serde_json::from_str(&r.body).unwrap();
@@ -1070,17 +1014,19 @@ async fn without_auth_the_console_is_open_but_still_checks_csrf() {
 async fn the_live_view_samples_once_for_every_browser() {
     let db = TestDb::new().await;
     let (_scratch, file) = auth_file();
-    let broker = Broker::start(&db, |c| {
-        c.security.auth_file = Some(file);
-        c.health_interval = Duration::from_secs(2);
-        c.reap_interval = Duration::from_secs(5);
-        c.metrics_interval = Duration::from_secs(60);
-        c.vacuum_interval = Duration::ZERO;
-        c.retention_interval = Duration::ZERO;
-    })
-    .await;
-    let addr = broker.http;
-    let mut grpc = broker.grpc().await;
+    let broker = console(&db)
+        .config(|c| {
+            c.security.auth_file = Some(file);
+            c.health_interval = Duration::from_secs(2);
+            c.reap_interval = Duration::from_secs(5);
+            c.metrics_interval = Duration::from_secs(60);
+            c.vacuum_interval = Duration::ZERO;
+            c.retention_interval = Duration::ZERO;
+        })
+        .start()
+        .await;
+    let addr = broker.http();
+    let mut grpc = grpc_client(&broker).await;
     enqueue_to(&mut grpc, "emails", "x").await;
     let login = format!("{{\"token\":\"{ADMIN}\"}}");
     let r = http(
@@ -1178,11 +1124,14 @@ async fn nack_with(c: &mut Grpc, d: &pb::Delivery, error: &str) {
 async fn a_login_on_one_replica_works_on_the_other() {
     let db = TestDb::new().await;
     let (_scratch, file) = auth_file();
-    let a = Broker::start(&db, |c| c.security.auth_file = Some(file.clone())).await;
-    let b = Broker::start(&db, |c| c.security.auth_file = Some(file.clone())).await;
-    let (on_a, on_b) = (format!("http://{}/", a.http), format!("http://{}/", b.http));
-    let mut grpc_a = a.grpc().await;
-    let mut grpc_b = b.grpc().await;
+    let a = console(&db).auth_file(&file).start().await;
+    let b = console(&db).auth_file(&file).start().await;
+    let (on_a, on_b) = (
+        format!("http://{}/", a.http()),
+        format!("http://{}/", b.http()),
+    );
+    let mut grpc_a = grpc_client(&a).await;
+    let mut grpc_b = grpc_client(&b).await;
     enqueue_to(&mut grpc_a, "orders", "first").await;
 
     let chrome = Chrome::start(false).await;
@@ -1254,10 +1203,10 @@ async fn a_login_on_one_replica_works_on_the_other() {
 
     // A rolling deploy: B replaced by a new process, at a new address.
     b.stop().await;
-    let b2 = Broker::start(&db, |c| c.security.auth_file = Some(file.clone())).await;
+    let b2 = console(&db).auth_file(&file).start().await;
     chrome
         .client
-        .goto(&format!("http://{}/", b2.http))
+        .goto(&format!("http://{}/", b2.http()))
         .await
         .unwrap();
     chrome.wait_text("#who-name", "ops").await;
@@ -1285,9 +1234,9 @@ async fn a_login_on_one_replica_works_on_the_other() {
 async fn console_browses_jobs_cancels_enqueues_and_purges() {
     let db = TestDb::new().await;
     let (_scratch, file) = auth_file();
-    let broker = Broker::start(&db, |c| c.security.auth_file = Some(file)).await;
-    let base = format!("http://{}/", broker.http);
-    let mut grpc = broker.grpc().await;
+    let broker = console(&db).auth_file(&file).start().await;
+    let base = format!("http://{}/", broker.http());
+    let mut grpc = grpc_client(&broker).await;
 
     // A job that fails twice and then dies; four waiting; one delayed; one
     // with a dedup key.
@@ -1539,21 +1488,21 @@ async fn console_browses_jobs_cancels_enqueues_and_purges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempt_errors_go_with_their_job() {
     let db = TestDb::new().await;
-    let broker = Broker::start(&db, |c| {
-        c.retention_interval = Duration::from_millis(200);
-    })
-    .await;
-    let mut grpc = broker.grpc().await;
+    let broker = console(&db)
+        .config(|c| c.retention_interval = Duration::from_millis(200))
+        .start()
+        .await;
+    let mut grpc = grpc_client(&broker).await;
     let id = enqueue_to(&mut grpc, "q", "x").await;
     let mut stream = subscribe_as(&mut grpc, "q", "w", 1).await;
     for error in ["first", "second"] {
         let d = next_delivery(&mut stream, S10).await;
         nack_with(&mut grpc, &d, error).await;
     }
-    let r = http(broker.http, "GET", "/api/session", &[], "").await;
+    let r = http(broker.http(), "GET", "/api/session", &[], "").await;
     let cookie = session_cookie(&r.head);
     let j = http(
-        broker.http,
+        broker.http(),
         "GET",
         &format!("/api/jobs/{id}"),
         &[("Cookie", &cookie)],

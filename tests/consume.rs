@@ -440,7 +440,10 @@ async fn credit_comes_back_when_the_ack_arrives_not_when_it_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_waits_for_company_only_while_its_stream_has_credit_to_spare() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.ack_linger = secs(1)).await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.ack_linger = secs(1))
+        .start()
+        .await;
     let mut c = broker.client().await;
     c.enqueue_batch(pb::EnqueueBatchRequest {
         jobs: (0..8).map(|i| job("linger", &i.to_string())).collect(),
@@ -626,8 +629,8 @@ async fn a_lost_connection_releases_its_jobs_at_once_and_an_ack_in_flight_is_nev
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settles_sent_to_one_replica_for_jobs_another_delivered() {
     let db = TestDb::new().await;
-    let a = TestBroker::start_with(&db, no_poll).await;
-    let b = TestBroker::start_with(&db, no_poll).await;
+    let a = TestBroker::on(&db).config(no_poll).start().await;
+    let b = TestBroker::on(&db).config(no_poll).start().await;
     let (mut ca, mut cb) = (a.client().await, b.client().await);
     for i in 1..=3 {
         enqueue(&mut cb, "rep", &i.to_string()).await;
@@ -945,7 +948,7 @@ async fn until_handed_off(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_off_skips_a_paused_queue_and_its_waiting_jobs_go_first_after_resume() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     let mut adm = admin(&broker).await;
     let lease = secs(30);
@@ -984,7 +987,7 @@ async fn hand_off_skips_a_paused_queue_and_its_waiting_jobs_go_first_after_resum
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_off_skips_a_queue_with_limits() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     let mut adm = admin(&broker).await;
     update(&mut adm, |r| {
@@ -1023,7 +1026,7 @@ async fn hand_off_skips_a_queue_with_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handed_off_jobs_never_overtake_a_waiting_higher_priority_backlog() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     let mut c2 = broker.client().await;
     let lease = secs(30);
@@ -1089,8 +1092,8 @@ async fn handed_off_jobs_never_overtake_a_waiting_higher_priority_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_enqueued_on_one_replica_is_handed_to_an_idle_stream_of_another() {
     let db = TestDb::new().await;
-    let a = TestBroker::start_with(&db, no_poll).await;
-    let b = TestBroker::start_with(&db, no_poll).await;
+    let a = TestBroker::on(&db).config(no_poll).start().await;
+    let b = TestBroker::on(&db).config(no_poll).start().await;
     let mut ca = a.client().await;
     let mut cb = b.client().await;
     let lease = secs(30);
@@ -1136,7 +1139,7 @@ async fn a_job_enqueued_on_one_replica_is_handed_to_an_idle_stream_of_another() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_handed_to_a_replica_that_never_takes_it_comes_back_when_its_lease_runs_out() {
     let db = TestDb::new().await;
-    let a = TestBroker::start_with(&db, no_poll).await;
+    let a = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = a.client().await;
     let ghost = Uuid::new_v4();
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();

@@ -233,44 +233,9 @@ async fn outcome(mut cmd: tokio::process::Command) -> (bool, String) {
 /// broker verified against the system's roots (`SSL_CERT_FILE` holding its
 /// CA: works; another CA: refused), and `host:port` with `LEASEQ_TLS_CA`.
 async fn address_forms(bin: &Path, db: &TestDb, plain: &TestBroker) {
-    let dir = Scratch::new("go");
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "leaseq go test CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate().unwrap()).unwrap();
-    let other = rcgen::generate_simple_self_signed(vec!["elsewhere".into()]).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let write = |name: &str, text: &str| {
-        let p = dir.path(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    };
-    let (ca_pem, other_pem) = (
-        write("ca.pem", &ca.pem()),
-        write("other.pem", &other.cert.pem()),
-    );
-    let (cert, key) = (
-        write("server.pem", &server.pem()),
-        write("server.key", &key.serialize_pem()),
-    );
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let secure = TestBroker::spawn_with(db, |c| {
-        c.security.tls_cert = Some(cert);
-        c.security.tls_key = Some(key);
-    })
-    .await;
+    let pki = Pki::new();
+    let (ca_pem, other_pem) = (&pki.ca, &pki.rogue_ca);
+    let secure = TestBroker::on(db).tls(&pki).spawn().await;
     let queue = format!("go-{}", uuid::Uuid::new_v4().simple());
     let produce = |vars: &[(&str, String)]| {
         let mut cmd = tokio::process::Command::new(bin);

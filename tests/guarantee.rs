@@ -44,11 +44,13 @@ fn secs(n: u64) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lingering_stream_ack_is_not_released_by_the_poll_sweep() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| {
-        c.poll_interval = ms(300);
-        c.ack_linger = secs(1);
-    })
-    .await;
+    let broker = TestBroker::on(&db)
+        .config(|c| {
+            c.poll_interval = ms(300);
+            c.ack_linger = secs(1);
+        })
+        .start()
+        .await;
     let mut c = broker.client().await;
     for i in 0..2 {
         enqueue(&mut c, "linger", &format!("j{i}")).await;
@@ -155,7 +157,10 @@ async fn until_blocked(db: &TestDb) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_nack_sharing_a_statement_with_the_current_one_is_refused() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.batch_concurrency = 1).await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.batch_concurrency = 1)
+        .start()
+        .await;
     let mut c = broker.client().await;
     for i in 0..2 {
         enqueue(&mut c, "stale-nack", &format!("j{i}")).await;
@@ -198,7 +203,10 @@ async fn a_stale_nack_sharing_a_statement_with_the_current_one_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_extend_sharing_a_statement_with_the_current_one_is_refused() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.batch_concurrency = 1).await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.batch_concurrency = 1)
+        .start()
+        .await;
     let mut c = broker.client().await;
     for i in 0..2 {
         enqueue(&mut c, "stale-extend", &format!("j{i}")).await;
@@ -411,11 +419,13 @@ async fn a_lock_on_a_limited_queue_does_not_hold_back_other_queues_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_does_not_linger_past_its_lease() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| {
-        c.ack_linger = secs(1);
-        c.reap_interval = ms(50);
-    })
-    .await;
+    let broker = TestBroker::on(&db)
+        .config(|c| {
+            c.ack_linger = secs(1);
+            c.reap_interval = ms(50);
+        })
+        .start()
+        .await;
     let mut c = broker.client().await;
     for i in 0..2 {
         enqueue(&mut c, "short", &format!("j{i}")).await;

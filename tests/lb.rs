@@ -90,7 +90,7 @@ impl Balancer {
         let dir = std::env::temp_dir().join(format!("leaseq-lb-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("admin.sock");
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let addr = free_addr();
         let log = std::fs::File::create(dir.join("haproxy.log")).unwrap();
         let child = tokio::process::Command::new(haproxy_bin())
             .arg("-db")
@@ -507,7 +507,7 @@ async fn max_connection_age_moves_streams_to_a_replica_added_later() {
     ];
     let b1 = BinaryBroker::start(&db, &age).await;
     // Replica 2's address is in the balancer's config before it runs.
-    let addr2: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let addr2 = free_addr();
     let lb = Balancer::start_expecting([b1.addr, addr2], "60s", &["leaseq-1"]).await;
 
     // Every stream lands on the only replica there is.
@@ -520,7 +520,7 @@ async fn max_connection_age_moves_streams_to_a_replica_added_later() {
     // stay on replica 1. With one, replica 1 closes the balancer's
     // connection (GOAWAY, then the grace), the streams on it end, the
     // consumers re-subscribe and leastconn sends them to the new replica.
-    let b2 = BinaryBroker::start_at(&db, addr2, &age).await;
+    let b2 = BinaryBroker::on(&db).addr(addr2).args(&age).start().await;
     lb.wait_status("leaseq-2", |s| s.status == "UP", Duration::from_secs(20))
         .await;
     lb.wait_status("leaseq-2", |s| s.current >= 1, Duration::from_secs(20))

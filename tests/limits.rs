@@ -33,8 +33,8 @@ fn leased_at(d: &pb::Delivery, lease: Duration) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrency_limit_holds_across_replicas_and_freed_slots_wake_them() {
     let db = TestDb::new().await;
-    let b1 = TestBroker::start_with(&db, no_poll).await;
-    let b2 = TestBroker::start_with(&db, no_poll).await;
+    let b1 = TestBroker::on(&db).config(no_poll).start().await;
+    let b2 = TestBroker::on(&db).config(no_poll).start().await;
     let s = update(&mut admin(&b1).await, |r| {
         r.queue = "lim".into();
         r.concurrency_limit = Some(3);
@@ -122,8 +122,8 @@ async fn concurrency_limit_holds_across_replicas_and_freed_slots_wake_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rate_limit_spaces_starts_across_replicas() {
     let db = TestDb::new().await;
-    let b1 = TestBroker::start_with(&db, no_poll).await;
-    let b2 = TestBroker::start_with(&db, no_poll).await;
+    let b1 = TestBroker::on(&db).config(no_poll).start().await;
+    let b2 = TestBroker::on(&db).config(no_poll).start().await;
     let s = update(&mut admin(&b2).await, |r| {
         r.queue = "slow".into();
         r.rate_limit = Some(20.0);
@@ -177,7 +177,7 @@ async fn rate_limit_spaces_starts_across_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_apply_to_live_streams_and_lifting_them_releases_the_backlog() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     let mut a = admin(&broker).await;
     // The stream is there before the queue has a limit: its dispatcher
@@ -233,7 +233,7 @@ async fn limits_apply_to_live_streams_and_lifting_them_releases_the_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_round_that_waited_for_the_queue_lock_leases_from_when_it_got_it() {
     let db = TestDb::new().await;
-    let b = TestBroker::start_with(&db, no_poll).await;
+    let b = TestBroker::on(&db).config(no_poll).start().await;
     update(&mut admin(&b).await, |r| {
         r.queue = "waited".into();
         r.rate_limit = Some(100.0);

@@ -128,8 +128,7 @@ fn names_in(text: &str) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_traffic() {
     let db = TestDb::new().await;
-    let port = free_port();
-    let maddr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let maddr = free_addr();
     let broker = BinaryBroker::start(
         &db,
         &[
@@ -307,11 +306,14 @@ async fn metrics_move_with_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_listen_serves_the_console_and_metrics() {
     let db = TestDb::new().await;
-    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let http = free_addr();
     let scratch = Scratch::new("http");
     let log = scratch.path("broker.log");
-    let broker =
-        BinaryBroker::start_logging(&db, &["--http-listen", &http.to_string()], &[], &log).await;
+    let broker = BinaryBroker::on(&db)
+        .args(&["--http-listen", &http.to_string()])
+        .log(&log)
+        .start()
+        .await;
     console_and_metrics_on(http, &broker).await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -326,12 +328,14 @@ async fn http_listen_serves_the_console_and_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaseq_http_listen_env_serves_the_console_and_metrics() {
     let db = TestDb::new().await;
-    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let http = free_addr();
     let scratch = Scratch::new("http");
     let log = scratch.path("broker.log");
-    let broker =
-        BinaryBroker::start_logging(&db, &[], &[("LEASEQ_HTTP_LISTEN", &http.to_string())], &log)
-            .await;
+    let broker = BinaryBroker::on(&db)
+        .env("LEASEQ_HTTP_LISTEN", &http.to_string())
+        .log(&log)
+        .start()
+        .await;
     console_and_metrics_on(http, &broker).await;
 }
 

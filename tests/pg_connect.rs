@@ -1,6 +1,6 @@
 //! The PostgreSQL connection forms and TLS modes of `leaseq_server::pgconn`,
 //! against a real PostgreSQL started here with `ssl = on` and certificates
-//! made here with rcgen: a CA and a server certificate (for `db.leaseq.test`
+//! made here (`common::pki`): a CA and a server certificate (for `db.leaseq.test`
 //! and 127.0.0.1, not `localhost`), a client certificate for the role
 //! `certuser`, and a second CA nobody trusts. Its pg_hba.conf takes TCP only
 //! over TLS (`hostssl`), `certuser` only with a client certificate, and the
@@ -15,12 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::free_port;
+use crate::common::pki::{Authority, write_pem};
 use leaseq::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use leaseq_server::pgconn;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use sqlx::{Connection, PgConnection, Row};
 
 /// The password of role `app`: every character a URI or a keyword/value
@@ -81,7 +79,7 @@ impl TlsPg {
         let data = dir.join("data");
         let md = std::fs::metadata(&data).unwrap();
         let owner = (md.uid(), md.gid());
-        let pki = Pki::write(&root, owner);
+        let pki = PgCerts::write(&root, owner);
         std::fs::write(
             root.join("pg_hba.conf"),
             "local all all trust\n\
@@ -169,7 +167,8 @@ impl Drop for TlsPg {
     }
 }
 
-struct Pki {
+/// The certificates of the server and its clients, as files.
+struct PgCerts {
     ca: PathBuf,
     rogue_ca: PathBuf,
     client_cert: PathBuf,
@@ -178,73 +177,28 @@ struct Pki {
     rogue_key: PathBuf,
 }
 
-impl Pki {
+impl PgCerts {
     /// Writes the certificates into `dir`; the server's key belongs to the
     /// server's user with mode 0600, as PostgreSQL requires.
-    fn write(dir: &Path, server: (u32, u32)) -> Pki {
-        let write = |name: &str, pem: &str| {
-            let path = dir.join(name);
-            std::fs::write(&path, pem).unwrap();
-            let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            path
-        };
-        let authority = ca("leaseq pg test CA");
-        let (sc, sk) = leaf(
-            &authority,
-            &["db.leaseq.test", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        write("server.crt", &sc);
-        let key = write("server.key", &sk);
+    fn write(dir: &Path, server: (u32, u32)) -> PgCerts {
+        let write = |name: &str, pem: &str| write_pem(&dir.join(name), pem);
+        let authority = Authority::new("leaseq pg test CA");
+        let leaf = authority.server(&["db.leaseq.test", "127.0.0.1"]);
+        write("server.crt", &leaf.cert);
+        let key = write("server.key", &leaf.key);
         std::os::unix::fs::chown(&key, Some(server.0), Some(server.1)).unwrap();
-        let (cc, ck) = leaf(
-            &authority,
-            &["certuser"],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
-        let rogue = ca("someone else's CA");
-        let (rc, rk) = leaf(&rogue, &["certuser"], ExtendedKeyUsagePurpose::ClientAuth);
-        Pki {
+        let client = authority.client("certuser");
+        let rogue = Authority::new("someone else's CA");
+        let intruder = rogue.client("certuser");
+        PgCerts {
             ca: write("ca.crt", &authority.pem()),
             rogue_ca: write("rogue-ca.crt", &rogue.pem()),
-            client_cert: write("client.crt", &cc),
-            client_key: write("client.key", &ck),
-            rogue_cert: write("rogue.crt", &rc),
-            rogue_key: write("rogue.key", &rk),
+            client_cert: write("client.crt", &client.cert),
+            client_key: write("client.key", &client.key),
+            rogue_cert: write("rogue.crt", &intruder.cert),
+            rogue_key: write("rogue.key", &intruder.key),
         }
     }
-}
-
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    p.distinguished_name.push(DnType::CommonName, name);
-    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
-}
-
-fn leaf(
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut p =
-        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, names[0]);
-    p.extended_key_usages = vec![usage];
-    let cert = p.signed_by(&key, issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 /// The directory with `pg_ctl` and `postgres`: $LEASEQ_PG_BIN, PATH, then

@@ -15,7 +15,6 @@ use std::time::Duration;
 use leaseq::pb;
 use leaseq_server::domain::ClusterId;
 use leaseq_server::placement::{self, MoveOptions, bucket_of};
-use leaseq_server::server::Database;
 use sqlx::PgPool;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
@@ -23,7 +22,7 @@ use tonic::Code;
 
 use crate::common::history::{History, Op};
 use crate::common::load::{self, Next, Rng, lazy_client, next, producer_over};
-use crate::common::{dur, test_config, wait_serving};
+use crate::common::{Database, TestBroker, TestBrokerBuilder, dur};
 use crate::faults::pg::PrivatePg;
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
@@ -99,47 +98,17 @@ impl Three {
     }
 }
 
-/// A broker over the three clusters, in this process.
-pub(crate) struct Broker {
-    pub(crate) addr: SocketAddr,
-    stop: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Broker {
-    pub(crate) async fn start(dbs: &[Database]) -> Broker {
-        Broker::start_with(dbs, |_| {}).await
-    }
-
-    async fn start_with(
-        dbs: &[Database],
-        tweak: impl FnOnce(&mut leaseq_server::Config),
-    ) -> Broker {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut cfg = test_config();
-        // Longer than any test: deliveries must come from NOTIFY wake-ups.
-        cfg.poll_interval = Duration::from_secs(600);
-        cfg.placement_interval = Duration::from_millis(200);
-        tweak(&mut cfg);
-        let stop = CancellationToken::new();
-        let dbs = dbs.to_vec();
-        let token = stop.clone();
-        let handle = tokio::spawn(async move {
-            leaseq_server::server::run_clusters(cfg, &dbs, listener, token).await
-        });
-        wait_serving(addr, Duration::from_secs(60)).await;
-        Broker { addr, stop, handle }
-    }
-
-    pub(crate) async fn stop(self) {
-        self.stop.cancel();
-        let r = timeout(Duration::from_secs(20), self.handle)
-            .await
-            .expect("broker stops")
-            .expect("broker task");
-        r.expect("broker ran cleanly");
-    }
+/// A broker over `dbs` (the three clusters), in this process: its fallback
+/// poll longer than any test, so that deliveries must come from NOTIFY
+/// wake-ups, and the map followed every 200 ms.
+pub(crate) fn over_three(dbs: &[Database]) -> TestBrokerBuilder {
+    TestBroker::over(dbs)
+        .ready_within(Duration::from_secs(60))
+        .stop_within(Duration::from_secs(20))
+        .config(|cfg| {
+            cfg.poll_interval = Duration::from_secs(600);
+            cfg.placement_interval = Duration::from_millis(200);
+        })
 }
 
 /// `n` queue names on cluster `k` under the first map of a new deployment
@@ -399,8 +368,8 @@ async fn commits_on(three: &Three, k: usize) -> i64 {
 async fn exactly_once_over_three_clusters() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let b0 = Broker::start(&dbs).await;
-    let b1 = Broker::start(&dbs).await;
+    let b0 = over_three(&dbs).start().await;
+    let b1 = over_three(&dbs).start().await;
     let queues: Vec<String> = (0..3).flat_map(|k| queues_on(k, 2, "q")).collect();
 
     // Wake-ups by NOTIFY on every cluster: a stream on broker 0 over one
@@ -526,8 +495,8 @@ async fn exactly_once_over_three_clusters() {
 async fn one_cluster_crashes_the_others_flow() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let b0 = Broker::start(&dbs).await;
-    let b1 = Broker::start(&dbs).await;
+    let b0 = over_three(&dbs).start().await;
+    let b1 = over_three(&dbs).start().await;
     let up: Vec<String> = (0..2).flat_map(|k| queues_on(k, 2, "u")).collect();
     let down = queues_on(2, 2, "u");
     let all: Vec<String> = up.iter().chain(&down).cloned().collect();
@@ -603,8 +572,8 @@ async fn one_cluster_crashes_the_others_flow() {
 async fn bucket_moved_under_load() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let b0 = Broker::start(&dbs).await;
-    let b1 = Broker::start(&dbs).await;
+    let b0 = over_three(&dbs).start().await;
+    let b1 = over_three(&dbs).start().await;
     // Two queues of one bucket... is rare; one moving queue and a queue on
     // each other cluster that stays put.
     let moving = queues_on(0, 1, "m");
@@ -663,17 +632,11 @@ async fn upgrade_in_place_keeps_queues_home() {
     let three = Three::start().await;
     let home = &three.pgs[0].url;
     // The single-database broker, as today.
-    let single = {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let (url, token) = (home.clone(), stop.clone());
-        let handle = tokio::spawn(async move {
-            leaseq_server::server::run(test_config(), &url, listener, token).await
-        });
-        wait_serving(addr, Duration::from_secs(60)).await;
-        Broker { addr, stop, handle }
-    };
+    let single = TestBroker::on_url(home)
+        .ready_within(Duration::from_secs(60))
+        .stop_within(Duration::from_secs(20))
+        .start()
+        .await;
     let mut c = lazy_client(single.addr);
     let mut s = crate::common::subscribe(&mut c, &["old"], 4, None).await;
     crate::common::enqueue(&mut c, "old", "before").await;
@@ -683,7 +646,7 @@ async fn upgrade_in_place_keeps_queues_home() {
     single.stop().await;
 
     let dbs = three.databases();
-    let b = Broker::start(&dbs).await;
+    let b = over_three(&dbs).start().await;
     let mut c = lazy_client(b.addr);
     // A token of the single-database broker (a bare UUID) is understood as
     // cluster 0's: this one was released when its stream closed, so it is
@@ -761,10 +724,8 @@ async fn console_in_flight(
 async fn admin_reads_answer_without_a_stopped_cluster() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let http: SocketAddr = format!("127.0.0.1:{}", crate::common::free_port())
-        .parse()
-        .unwrap();
-    let b = Broker::start_with(&dbs, |cfg| cfg.http_listen = Some(http)).await;
+    let b = over_three(&dbs).http().start().await;
+    let http = b.http();
     let qs: Vec<String> = (0..3).map(|k| queues_on(k, 1, "r").remove(0)).collect();
     let mut c = lazy_client(b.addr);
     let mut admin = admin_client(b.addr).await;
@@ -963,8 +924,8 @@ async fn stray_jobs_are_swept_to_their_cluster() {
     let three = Three::start().await;
     let dbs = three.databases();
     let sweep = |cfg: &mut leaseq_server::Config| cfg.sweep_interval = Duration::from_millis(300);
-    let b0 = Broker::start_with(&dbs, sweep).await;
-    let b1 = Broker::start_with(&dbs, sweep).await;
+    let b0 = over_three(&dbs).config(sweep).start().await;
+    let b1 = over_three(&dbs).config(sweep).start().await;
     let queues: Vec<String> = (0..3).flat_map(|k| queues_on(k, 1, "s")).collect();
     // queues[k] lives on cluster k.
 
@@ -1070,7 +1031,7 @@ async fn stray_jobs_are_swept_to_their_cluster() {
 async fn bucket_move_carries_settings_and_completed_records() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let b = Broker::start(&dbs).await;
+    let b = over_three(&dbs).start().await;
     let q = queues_on(0, 1, "k").remove(0);
     let mut admin = admin_client(b.addr).await;
     admin
@@ -1170,7 +1131,7 @@ async fn bucket_move_carries_settings_and_completed_records() {
 async fn a_dedup_key_enqueued_during_a_bucket_move_finds_the_job_being_moved() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let b = Broker::start(&dbs).await;
+    let b = over_three(&dbs).start().await;
     let q = queues_on(0, 1, "dd").remove(0);
     let mut c = lazy_client(b.addr);
     let keyed = |payload: &str| pb::EnqueueRequest {
@@ -1252,7 +1213,7 @@ async fn a_dedup_key_enqueued_during_a_bucket_move_finds_the_job_being_moved() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dedup_key_is_free_once_its_job_copied_by_a_killed_move_is_acked() {
     let three = Three::start().await;
-    let b = Broker::start(&three.databases()).await;
+    let b = over_three(&three.databases()).start().await;
     let q = queues_on(0, 1, "kk").remove(0);
     let bucket = bucket_of(&q);
     let mut c = lazy_client(b.addr);
@@ -1351,7 +1312,7 @@ async fn a_dedup_key_is_free_once_its_job_copied_by_a_killed_move_is_acked() {
 async fn a_stray_job_whose_dedup_key_is_taken_is_moved_not_dropped() {
     let three = Three::start().await;
     // A broker migrates the three databases and writes the first map.
-    Broker::start(&three.databases()).await.stop().await;
+    over_three(&three.databases()).start().await.stop().await;
     let q = queues_on(0, 1, "sk").remove(0);
     // The queue's own cluster holds a live job with key K ...
     let insert = "select leaseq.enqueue($1, 'p'::bytea, dedup_key => 'K')::text";

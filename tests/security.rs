@@ -1,176 +1,24 @@
 //! TLS, mutual TLS, bearer tokens with per-queue grants, and connection
 //! limits, over real gRPC on loopback and a real PostgreSQL. Certificates are
-//! made fresh in each test with rcgen.
+//! made fresh in each test ([`Pki`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::*;
-use leaseq::cli::{ClientChannel, ClientSecurity};
+use leaseq::cli::ClientSecurity;
 use leaseq::pb;
 use leaseq::pb::queue_service_client::QueueServiceClient;
-use leaseq_server::Config;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_client::HealthClient;
 
-type AuthedClient = QueueServiceClient<ClientChannel>;
-
-/// A CA, a server certificate for localhost / 127.0.0.1 signed by it, a
-/// client certificate signed by it, and a client certificate from a CA the
-/// broker does not trust. All as PEM files.
-struct Pki {
-    /// Where the files are; removed with the Pki.
-    _dir: Scratch,
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-    rogue_cert: PathBuf,
-    rogue_key: PathBuf,
-}
-
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    p.distinguished_name.push(DnType::CommonName, name);
-    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
-}
-
-fn leaf(
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut p =
-        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, names[0]);
-    p.extended_key_usages = vec![usage];
-    let cert = p.signed_by(&key, issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = Scratch::new("sec");
-        let write = |name: &str, pem: &str| {
-            use std::os::unix::fs::PermissionsExt;
-            let path = dir.path(name);
-            std::fs::write(&path, pem).unwrap();
-            // Private keys as an operator should keep them (the broker
-            // warns about keys others can read).
-            let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            path
-        };
-        let authority = ca("leaseq test CA");
-        let (sc, sk) = leaf(
-            &authority,
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let (cc, ck) = leaf(&authority, &["worker"], ExtendedKeyUsagePurpose::ClientAuth);
-        let rogue = ca("someone else's CA");
-        let (rc, rk) = leaf(&rogue, &["intruder"], ExtendedKeyUsagePurpose::ClientAuth);
-        Pki {
-            ca: write("ca.pem", &authority.pem()),
-            server_cert: write("server.pem", &sc),
-            server_key: write("server.key", &sk),
-            client_cert: write("client.pem", &cc),
-            client_key: write("client.key", &ck),
-            rogue_cert: write("rogue.pem", &rc),
-            rogue_key: write("rogue.key", &rk),
-            _dir: dir,
-        }
-    }
-
-    fn serve_tls(&self, cfg: &mut Config) {
-        cfg.security.tls_cert = Some(self.server_cert.clone());
-        cfg.security.tls_key = Some(self.server_key.clone());
-    }
-
-    fn trusting(&self) -> ClientSecurity {
-        ClientSecurity {
-            tls_ca: Some(self.ca.clone()),
-            ..Default::default()
-        }
-    }
-}
-
-/// A broker in this process that may speak TLS (so the harness's plaintext
-/// readiness probe cannot be used).
-struct Broker {
-    inner: TestBroker,
-}
-
-impl Broker {
-    /// Starts a broker and waits until a client with `probe` sees SERVING.
-    async fn start(db: &TestDb, tweak: impl FnOnce(&mut Config), probe: ClientSecurity) -> Broker {
-        let mut tls = false;
-        let inner = TestBroker::spawn_with(db, |cfg| {
-            tweak(cfg);
-            tls = cfg.security.tls_cert.is_some();
-        })
-        .await;
-        let broker = Broker { inner };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(ch) = leaseq::cli::connect(&broker.url(tls), &probe).await {
-                let status = HealthClient::new(ch)
-                    .check(HealthCheckRequest {
-                        service: String::new(),
-                    })
-                    .await
-                    .map(|r| r.into_inner().status);
-                if status.is_ok_and(|s| s == 1) {
-                    return broker;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "broker not serving within 20s"
-            );
-            assert!(!broker.inner.has_exited(), "broker exited at startup");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn url(&self, tls: bool) -> String {
-        let scheme = if tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.inner.addr)
-    }
-
-    async fn client(&self, tls: bool, sec: &ClientSecurity) -> anyhow::Result<AuthedClient> {
-        Ok(QueueServiceClient::new(
-            leaseq::cli::connect(&self.url(tls), sec).await?,
-        ))
-    }
-
-    async fn stop(self) {
-        self.inner.stop().await;
-    }
-}
-
-/// Whether an Enqueue through `sec` succeeds (connecting included: with TLS
-/// 1.3 a refused client certificate may only show on the first call).
-async fn can_enqueue(broker: &Broker, tls: bool, sec: &ClientSecurity) -> Result<(), String> {
-    let mut client = broker
-        .client(tls, sec)
+/// Whether an Enqueue to `url` through `sec` succeeds (connecting included:
+/// with TLS 1.3 a refused client certificate may only show on the first
+/// call).
+async fn can_enqueue(url: &str, sec: &ClientSecurity) -> Result<(), String> {
+    let channel = leaseq::cli::connect(url, sec)
         .await
         .map_err(|e| format!("{e:#}"))?;
-    client
+    QueueServiceClient::new(channel)
         .enqueue(job("emails", "x"))
         .await
         .map(drop)
@@ -181,23 +29,23 @@ async fn can_enqueue(broker: &Broker, tls: bool, sec: &ClientSecurity) -> Result
 async fn tls_is_required_and_works() {
     let db = TestDb::new().await;
     let pki = Pki::new();
-    let broker = Broker::start(&db, |c| pki.serve_tls(c), pki.trusting()).await;
+    let broker = TestBroker::on(&db).tls(&pki).start().await;
 
     // A plaintext client gets nowhere and changes nothing.
-    let plain = can_enqueue(&broker, false, &ClientSecurity::default()).await;
+    let plaintext = format!("http://{}", broker.addr);
+    let plain = can_enqueue(&plaintext, &ClientSecurity::default()).await;
     assert!(plain.is_err(), "plaintext client was served");
     assert_eq!(db.live_jobs().await, 0);
 
     // A client that does not trust the broker's CA refuses it.
-    let (_scratch, other_ca) = Scratch::with_file("sec", "other.pem", &ca("unrelated").pem());
     let untrusting = ClientSecurity {
-        tls_ca: Some(other_ca),
+        tls_ca: Some(pki.rogue_ca.clone()),
         ..Default::default()
     };
-    assert!(can_enqueue(&broker, true, &untrusting).await.is_err());
+    assert!(can_enqueue(&broker.url(), &untrusting).await.is_err());
 
     // TLS works end to end: enqueue, stream delivery, ack.
-    let mut client = broker.client(true, &pki.trusting()).await.unwrap();
+    let mut client = broker.client_with(&pki.trusting()).await.unwrap();
     let id = client
         .enqueue(job("emails", "over tls"))
         .await
@@ -241,28 +89,20 @@ async fn mutual_tls_requires_a_client_certificate_from_the_ca() {
         tls_key: Some(pki.client_key.clone()),
         ..pki.trusting()
     };
-    let broker = Broker::start(
-        &db,
-        |c| {
-            pki.serve_tls(c);
-            c.security.tls_client_ca = Some(pki.ca.clone());
-        },
-        with_cert.clone(),
-    )
-    .await;
+    let broker = TestBroker::on(&db).mutual_tls(&pki).start().await;
 
-    let without = can_enqueue(&broker, true, &pki.trusting()).await;
+    let without = can_enqueue(&broker.url(), &pki.trusting()).await;
     assert!(without.is_err(), "served a client without a certificate");
     let rogue = ClientSecurity {
         tls_cert: Some(pki.rogue_cert.clone()),
         tls_key: Some(pki.rogue_key.clone()),
         ..pki.trusting()
     };
-    let rogue = can_enqueue(&broker, true, &rogue).await;
+    let rogue = can_enqueue(&broker.url(), &rogue).await;
     assert!(rogue.is_err(), "served a certificate from another CA");
     assert_eq!(db.live_jobs().await, 0);
 
-    can_enqueue(&broker, true, &with_cert).await.unwrap();
+    can_enqueue(&broker.url(), &with_cert).await.unwrap();
     assert_eq!(db.live_jobs().await, 1);
     broker.stop().await;
 }
@@ -271,11 +111,10 @@ async fn mutual_tls_requires_a_client_certificate_from_the_ca() {
 async fn tls_startup_fails_on_a_bad_key_instead_of_serving_plaintext() {
     let db = TestDb::new().await;
     let pki = Pki::new();
-    let mut cfg = test_config();
-    pki.serve_tls(&mut cfg);
-    cfg.security.tls_key = Some(pki.ca.clone()); // a certificate, not a key
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = leaseq_server::server::run(cfg, &db.url, listener, CancellationToken::new())
+    let err = TestBroker::on(&db)
+        .tls(&pki)
+        .config(|c| c.security.tls_key = Some(pki.ca.clone())) // a certificate, not a key
+        .run()
         .await
         .expect_err("started with an unusable key");
     assert!(format!("{err:#}").contains("--tls"), "{err:#}");
@@ -307,14 +146,9 @@ fn token(t: &str) -> ClientSecurity {
     }
 }
 
-async fn auth_broker(db: &TestDb) -> Broker {
+async fn auth_broker(db: &TestDb) -> TestBroker {
     let (_scratch, file) = auth_file();
-    Broker::start(
-        db,
-        |c| c.security.auth_file = Some(file),
-        ClientSecurity::default(),
-    )
-    .await
+    TestBroker::on(db).auth_file(&file).start().await
 }
 
 #[tokio::test]
@@ -326,7 +160,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
         (token("not-a-known-token"), Some("not-a-known-token")),
         (token(&PRODUCER[1..]), Some(&PRODUCER[1..])),
     ] {
-        let mut client = broker.client(false, &sec).await.unwrap();
+        let mut client = broker.client_with(&sec).await.unwrap();
         let s = client.enqueue(job("emails", "x")).await.unwrap_err();
         assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
         if let Some(secret) = secret {
@@ -354,7 +188,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
     }
     // A scheme other than Bearer is refused too.
     let mut client = QueueServiceClient::with_interceptor(
-        tonic::transport::Channel::from_shared(broker.url(false))
+        tonic::transport::Channel::from_shared(broker.url())
             .unwrap()
             .connect()
             .await
@@ -373,7 +207,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
 
     // Health stays reachable without a token (probes), so does reflection.
     assert_eq!(
-        health(broker.inner.addr, "").await,
+        health(broker.addr, "").await,
         Some(tonic_health::pb::health_check_response::ServingStatus::Serving)
     );
     broker.stop().await;
@@ -383,9 +217,9 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
 async fn grants_are_per_queue_and_per_action() {
     let db = TestDb::new().await;
     let broker = auth_broker(&db).await;
-    let mut producer = broker.client(false, &token(PRODUCER)).await.unwrap();
-    let mut consumer = broker.client(false, &token(CONSUMER)).await.unwrap();
-    let mut both = broker.client(false, &token(BOTH)).await.unwrap();
+    let mut producer = broker.client_with(&token(PRODUCER)).await.unwrap();
+    let mut consumer = broker.client_with(&token(CONSUMER)).await.unwrap();
+    let mut both = broker.client_with(&token(BOTH)).await.unwrap();
 
     // A queue outside the grants: PERMISSION_DENIED naming queue and action,
     // and nothing enqueued.
@@ -516,7 +350,10 @@ fn admin_gate_requires_admin_on_every_queue() {
 #[tokio::test]
 async fn broker_wide_stream_limit_is_resource_exhausted() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.security.max_streams = 2).await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.security.max_streams = 2)
+        .start()
+        .await;
     // Separate connections: the limit is per broker, not per connection.
     let mut a = broker.client().await;
     let mut b = broker.client().await;
@@ -561,7 +398,10 @@ async fn broker_wide_stream_limit_is_resource_exhausted() {
 #[tokio::test]
 async fn per_connection_stream_limit_holds_extra_streams_back() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.security.max_streams_per_connection = 2).await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.security.max_streams_per_connection = 2)
+        .start()
+        .await;
     let mut a = broker.client().await;
     let s1 = subscribe(&mut a, &["q"], 1, None).await;
     let _s2 = subscribe(&mut a, &["q"], 1, None).await;
@@ -589,10 +429,10 @@ async fn per_connection_stream_limit_holds_extra_streams_back() {
 #[tokio::test]
 async fn per_connection_concurrency_limit_sheds_with_resource_exhausted() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| {
-        c.security.concurrency_limit_per_connection = Some(1)
-    })
-    .await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.security.concurrency_limit_per_connection = Some(1))
+        .start()
+        .await;
     let mut client = broker.client().await;
     // Hold one Enqueue in flight: it blocks on a table lock held here.
     let mut lock = db.pool.begin().await.unwrap();
@@ -644,38 +484,13 @@ async fn binary_serves_tls_with_tokens_and_the_cli_speaks_it() {
     let db = TestDb::new().await;
     let pki = Pki::new();
     let (_scratch, auth) = auth_file();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
+    let mut broker = BinaryBroker::on(&db)
+        .tls(&pki)
+        .auth_file(&auth)
+        .start()
+        .await;
+    let url = format!("https://{}", broker.addr);
     let bin = env!("CARGO_BIN_EXE_leaseq");
-    let mut child = tokio::process::Command::new(bin)
-        .args(["serve", "--listen", &addr, "--health-interval", "200ms"])
-        .arg("--tls-cert")
-        .arg(&pki.server_cert)
-        .arg("--tls-key")
-        .arg(&pki.server_key)
-        .arg("--auth-file")
-        .arg(&auth)
-        .env("DATABASE_URL", &db.url)
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let url = format!("https://{addr}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(ch) = leaseq::cli::connect(&url, &pki.trusting()).await
-            && HealthClient::new(ch)
-                .check(HealthCheckRequest::default())
-                .await
-                .is_ok_and(|r| r.into_inner().status == 1)
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "binary not serving");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let enqueue = |token: &'static str| {
         tokio::process::Command::new(bin)
             .args([
@@ -707,7 +522,7 @@ async fn binary_serves_tls_with_tokens_and_the_cli_speaks_it() {
     );
     assert!(!err.contains(CONSUMER), "token in the error output: {err}");
     assert_eq!(db.live_jobs().await, 1);
-    child.kill().await.unwrap();
+    broker.child.kill().await.unwrap();
 }
 
 #[tokio::test]

@@ -94,8 +94,8 @@ async fn two_replicas(
     db: &TestDb,
     tweak: fn(&mut Config),
 ) -> (TestBroker, TestBroker, Client, Client) {
-    let a = TestBroker::start_with(db, tweak).await;
-    let b = TestBroker::start_with(db, tweak).await;
+    let a = TestBroker::on(db).config(tweak).start().await;
+    let b = TestBroker::on(db).config(tweak).start().await;
     let (ca, cb) = (a.client().await, b.client().await);
     (a, b, ca, cb)
 }
@@ -664,7 +664,7 @@ async fn extend_lease_keeps_the_job_and_fences_stale_tokens() {
 async fn nack_retries_at_once_or_after_retry_after() {
     let db = TestDb::new().await;
     // No fallback poll within the test: retries are woken at their run_at.
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     let id = enqueue(&mut c, "nack", "x").await;
     let mut s = subscribe(&mut c, &["nack"], 1, Some(secs(30))).await;
@@ -722,7 +722,7 @@ async fn nack_retries_at_once_or_after_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nack_without_retry_after_uses_the_queue_backoff() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     enqueue(&mut c, "backoff", "x").await;
     let mut s = subscribe(&mut c, &["backoff"], 1, Some(secs(30))).await;
@@ -845,7 +845,7 @@ async fn lease_expiry_on_the_last_attempt_dead_letters_and_returns_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_jobs_are_delivered_at_run_at_without_a_poll() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, no_poll).await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
     let mut c = broker.client().await;
     let mut s = subscribe(&mut c, &["later"], 4, Some(secs(30))).await;
 
@@ -1397,7 +1397,7 @@ async fn a_leased_job_past_its_ttl_is_not_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
     let db = TestDb::new().await;
-    let a = TestBroker::start_with(&db, no_poll).await;
+    let a = TestBroker::on(&db).config(no_poll).start().await;
     // Before B starts, the only LISTEN connection is A's.
     let a_listen = listen_backends(&db.pool).await;
     assert_eq!(
@@ -1406,7 +1406,7 @@ async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
         "one LISTEN connection per broker: {a_listen:?}"
     );
     let (a_pid, a_query) = a_listen[0].clone();
-    let b = TestBroker::start_with(&db, no_poll).await;
+    let b = TestBroker::on(&db).config(no_poll).start().await;
     assert_eq!(listen_backends(&db.pool).await.len(), 2);
     let mut ca = a.client().await;
     let mut cb = b.client().await;
@@ -1454,7 +1454,10 @@ async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fallback_poll_finds_a_job_whose_wake_up_was_lost() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |c| c.poll_interval = ms(500)).await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.poll_interval = ms(500))
+        .start()
+        .await;
     let mut c = broker.client().await;
     let lease = secs(30);
     let mut s = subscribe(&mut c, &["lost"], 2, Some(lease)).await;
@@ -1499,11 +1502,13 @@ async fn credit_settled_elsewhere_during_a_listen_outage_comes_back() {
     let side = side_pool(&db).await;
     let before = pids(&side, "leaseq").await;
     // A: pool of 2, so its connections are a fixed set we can name.
-    let a = TestBroker::start_with(&db, |c| {
-        c.pool_size = 2;
-        c.poll_interval = secs(2);
-    })
-    .await;
+    let a = TestBroker::on(&db)
+        .config(|c| {
+            c.pool_size = 2;
+            c.poll_interval = secs(2);
+        })
+        .start()
+        .await;
     let a_listen = listen_backends(&side).await;
     assert_eq!(a_listen.len(), 1, "A's LISTEN connection: {a_listen:?}");
     let a_query = a_listen[0].1.clone();
@@ -1520,12 +1525,14 @@ async fn credit_settled_elsewhere_during_a_listen_outage_comes_back() {
         "A's connections: {a_pids:?}"
     );
     // B: nothing of its own touches the database during the outage.
-    let b = TestBroker::start_with(&db, |c| {
-        c.poll_interval = secs(60);
-        c.health_interval = secs(60);
-        c.reap_interval = secs(60);
-    })
-    .await;
+    let b = TestBroker::on(&db)
+        .config(|c| {
+            c.poll_interval = secs(60);
+            c.health_interval = secs(60);
+            c.reap_interval = secs(60);
+        })
+        .start()
+        .await;
     let mut cb = b.client().await;
     enqueue(&mut cb, "outage", "1").await;
     let d1 = next_delivery(&mut s, S5).await;
@@ -1654,15 +1661,11 @@ async fn a_broker_with_a_pool_of_one_still_serves() {
     let db = TestDb::new().await;
     let side = side_pool(&db).await;
     let before = pids(&side, "leaseq").await;
-    let mut cfg = test_config();
-    cfg.pool_size = 1;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let token = tokio_util::sync::CancellationToken::new();
-    let url = db.url.clone();
-    let stop = token.clone();
-    let task =
-        tokio::spawn(async move { leaseq_server::server::run(cfg, &url, listener, stop).await });
+    let broker = TestBroker::on(&db)
+        .config(|c| c.pool_size = 1)
+        .spawn()
+        .await;
+    let addr = broker.addr;
     let start = Instant::now();
     let mut serving = false;
     while start.elapsed() < secs(5) {
@@ -1696,8 +1699,7 @@ async fn a_broker_with_a_pool_of_one_still_serves() {
         .iter()
         .filter(|(pid, _)| mine.contains(pid))
         .count();
-    token.cancel();
-    let _ = tokio::time::timeout(secs(1), &mut *Box::pin(task)).await;
+    let _ = broker.shutdown(secs(1)).await;
     assert!(
         serving,
         "a broker with --pool-size 1 never reported SERVING within 5s \
@@ -1785,7 +1787,10 @@ async fn ack_batch_settles_each_entry_on_its_own_and_returns_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_ack_batch_acks_nothing() {
     let db = TestDb::new().await;
-    let broker = TestBroker::start_with(&db, |cfg| cfg.request_limits.max_batch_jobs = 5).await;
+    let broker = TestBroker::on(&db)
+        .config(|cfg| cfg.request_limits.max_batch_jobs = 5)
+        .start()
+        .await;
     let mut c = broker.client().await;
     c.enqueue_batch(pb::EnqueueBatchRequest {
         jobs: (0..2).map(|i| job("mab", &format!("{i}"))).collect(),
@@ -1834,8 +1839,10 @@ async fn the_broker_vacuums_the_jobs_table_past_its_dead_tuple_threshold() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let broker =
-        TestBroker::start_with(&db, |cfg| cfg.vacuum_interval = Duration::from_millis(200)).await;
+    let broker = TestBroker::on(&db)
+        .config(|cfg| cfg.vacuum_interval = Duration::from_millis(200))
+        .start()
+        .await;
     let vacuums = || async {
         sqlx::query_scalar::<_, i64>(
             "select vacuum_count from pg_stat_user_tables where relid = 'leaseq.jobs'::regclass",

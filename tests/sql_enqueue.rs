@@ -15,7 +15,10 @@ const S5: Duration = Duration::from_secs(5);
 /// A broker whose fallback poll never fires during a test: only a NOTIFY
 /// can wake its streams.
 async fn broker_without_poll(db: &TestDb) -> TestBroker {
-    TestBroker::start_with(db, |c| c.poll_interval = Duration::from_secs(3600)).await
+    TestBroker::on(db)
+        .config(|c| c.poll_interval = Duration::from_secs(3600))
+        .start()
+        .await
 }
 
 async fn business_table(db: &TestDb) {

@@ -8,7 +8,6 @@
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ use tonic::Code;
 use tonic::transport::Endpoint;
 
 use super::history::{Delivered, History, Op, Report, UNKNOWN_BROKER};
-use crate::common::{Client, dur, free_port, wait_serving};
+use crate::common::{BinaryBroker, Client, dur, free_addr, wait_serving};
 
 /// How long the fault phase of each test runs: `LEASEQ_FAULT_SECONDS`
 /// (default 8, kept short for CI).
@@ -71,7 +70,7 @@ impl Replica {
     pub fn new(index: usize, db_url: &str, extra: &[&str], logs: PathBuf) -> Replica {
         Replica {
             index,
-            addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            addr: free_addr(),
             url: db_url.to_owned(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
@@ -89,28 +88,19 @@ impl Replica {
     /// Spawns the process; returns without waiting for it to serve.
     pub fn spawn(&mut self) {
         self.starts += 1;
-        let log = std::fs::File::create(
-            self.logs
-                .join(format!("broker{}-{}.log", self.index, self.starts)),
-        )
-        .unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
-            .arg("serve")
-            .args(["--listen", &self.addr.to_string()])
-            .args(["--database-url", &self.url])
-            .args(["--reap-interval", "200ms", "--health-interval", "200ms"])
-            .args(["--heartbeat-interval", "500ms", "--drain-grace", "5s"])
-            .args(["--pool-size", "5"])
-            .args(&self.extra)
-            .env("RUST_LOG", "warn")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn leaseq serve");
-        self.child = Some(child);
+        let log = self
+            .logs
+            .join(format!("broker{}-{}.log", self.index, self.starts));
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let mut broker = BinaryBroker::on_url(&self.url)
+            .addr(self.addr)
+            .args(&["--pool-size", "5"])
+            .args(&extra)
+            .log(&log);
+        for (k, v) in &self.env {
+            broker = broker.env(k, v);
+        }
+        self.child = Some(broker.spawn().child);
     }
 
     pub async fn start(&mut self) {

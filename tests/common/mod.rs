@@ -1,7 +1,9 @@
 //! Test harness: a real PostgreSQL (DATABASE_URL, or a shared embedded cluster
 //! under the system temp dir), a fresh database per test, and brokers over
-//! real gRPC on loopback: in-process ([`TestBroker`]) or as the real binary
-//! ([`BinaryBroker`]). Also the helpers several test files share: waiting on
+//! real gRPC on loopback: in-process ([`TestBroker`], one builder for every
+//! test that starts one) or as the real binary ([`BinaryBroker`]), on ports
+//! from [`free_port`] (module [`broker`]), with certificates from [`Pki`]
+//! (module [`pki`]). Also the helpers several test files share: waiting on
 //! streams and conditions ([`take`], [`assert_quiet`], [`stream_end`],
 //! [`eventually`]), database snapshots ([`TestDb::fingerprint`],
 //! [`TestDb::live_row`], ...), outages ([`TestDb::cut_off`]), AdminService
@@ -10,25 +12,27 @@
 //! [`Scratch`], removed when dropped) and reflection.
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod consume;
 pub mod history;
 pub mod load;
 pub mod pgproxy;
+pub mod pki;
 pub mod slow;
+
+pub use broker::{BinaryBroker, Database, TestBroker, TestBrokerBuilder, free_addr, free_port};
+pub use pki::Pki;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use leaseq::pb;
 use leaseq::pb::admin_service_client::AdminServiceClient;
 use leaseq::pb::queue_service_client::QueueServiceClient;
-use leaseq_server::Config;
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
-use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
@@ -380,86 +384,6 @@ pub async fn until(db: &TestDb, sql: &'static str, limit: Duration) {
     .await;
 }
 
-/// Settings for fast tests: quick heartbeats and reaping, short drain.
-pub fn test_config() -> Config {
-    Config {
-        heartbeat_interval: Duration::from_millis(500),
-        reap_interval: Duration::from_millis(200),
-        health_interval: Duration::from_millis(200),
-        drain_grace: Duration::from_secs(5),
-        pool_size: 5,
-        ..Config::default()
-    }
-}
-
-/// A broker running in this process, on 127.0.0.1 and an ephemeral port.
-pub struct TestBroker {
-    pub addr: SocketAddr,
-    shutdown: CancellationToken,
-    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl TestBroker {
-    pub async fn start(db: &TestDb) -> TestBroker {
-        Self::start_with(db, |_| {}).await
-    }
-
-    pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestBroker {
-        let broker = Self::spawn_with(db, tweak).await;
-        wait_serving(broker.addr, Duration::from_secs(20)).await;
-        broker
-    }
-
-    /// Like [`TestBroker::start_with`], without waiting for it to serve (a
-    /// caller that speaks TLS to it probes readiness itself).
-    pub async fn spawn_with(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> TestBroker {
-        let mut cfg = test_config();
-        tweak(&mut cfg);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let url = db.url.clone();
-        let token = shutdown.clone();
-        let handle =
-            tokio::spawn(
-                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
-            );
-        TestBroker {
-            addr,
-            shutdown,
-            handle,
-        }
-    }
-
-    /// Whether `run` has returned (e.g. it failed at startup).
-    pub fn has_exited(&self) -> bool {
-        self.handle.is_finished()
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub async fn client(&self) -> Client {
-        connect(self.addr).await
-    }
-
-    /// Drains and stops the broker; returns once `run` has returned.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(15), self.handle)
-            .await
-            .expect("broker stops within 15s")
-            .expect("broker task")
-            .expect("broker run");
-    }
-
-    /// Begins a drain without waiting for it.
-    pub fn begin_shutdown(&self) {
-        self.shutdown.cancel();
-    }
-}
-
 /// An AdminService client of `broker`.
 pub async fn admin(broker: &TestBroker) -> Admin {
     AdminServiceClient::connect(broker.url())
@@ -749,110 +673,6 @@ pub async fn ack(client: &mut Client, d: &pb::Delivery) -> Result<(), tonic::Sta
         })
         .await
         .map(|_| ())
-}
-
-/// A free loopback port for a broker process to bind later (and bind
-/// again after a restart). Taken below Linux's ephemeral range (32768 and
-/// up): a port from `bind :0` is one that any other test's in-process
-/// broker or outgoing connection may be given before the process binds it
-/// (a kill -9 run once lost a replica so: "Address already in use"). Each
-/// candidate is checked free; the process id spreads parallel test
-/// processes over the range.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    const LOW: u16 = 20_000;
-    const SPAN: u16 = 12_000;
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = (std::process::id() % u32::from(SPAN)) as u16;
-    for _ in 0..SPAN {
-        let k = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = LOW + (base.wrapping_add(k.wrapping_mul(7919)) % SPAN);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
-}
-
-/// The real `leaseq` binary as a child process.
-pub struct BinaryBroker {
-    pub addr: SocketAddr,
-    pub child: tokio::process::Child,
-}
-
-impl BinaryBroker {
-    pub async fn start(db: &TestDb, extra: &[&str]) -> BinaryBroker {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        Self::start_at(db, addr, extra).await
-    }
-
-    /// Like [`BinaryBroker::start`], on an address chosen beforehand (e.g.
-    /// one a load balancer's config already names).
-    pub async fn start_at(db: &TestDb, addr: SocketAddr, extra: &[&str]) -> BinaryBroker {
-        Self::spawn(db, addr, extra, &[], Stdio::inherit()).await
-    }
-
-    /// Like [`BinaryBroker::start`], with `env` set for the child and its
-    /// log (stderr, warnings and up) written to the file `log`, for tests
-    /// that check an environment variable or what the broker warns.
-    pub async fn start_logging(
-        db: &TestDb,
-        extra: &[&str],
-        env: &[(&str, &str)],
-        log: &Path,
-    ) -> BinaryBroker {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let file = std::fs::File::create(log).expect("creating the broker's log file");
-        Self::spawn(db, addr, extra, env, Stdio::from(file)).await
-    }
-
-    async fn spawn(
-        db: &TestDb,
-        addr: SocketAddr,
-        extra: &[&str],
-        env: &[(&str, &str)],
-        stderr: Stdio,
-    ) -> BinaryBroker {
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leaseq"))
-            .arg("serve")
-            .args(["--listen", &addr.to_string()])
-            .args(["--database-url", &db.url])
-            .args(["--reap-interval", "200ms", "--health-interval", "200ms"])
-            .args(["--heartbeat-interval", "500ms", "--drain-grace", "5s"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn leaseq");
-        wait_serving(addr, Duration::from_secs(30)).await;
-        BinaryBroker { addr, child }
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.id().expect("running") as i32
-    }
-
-    pub fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.pid(), sig) };
-        assert_eq!(rc, 0, "kill({sig})");
-    }
-
-    /// Waits for exit; panics after `limit`.
-    pub async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        tokio::time::timeout(limit, self.child.wait())
-            .await
-            .expect("broker exits in time")
-            .expect("wait")
-    }
-
-    pub async fn client(&self) -> Client {
-        connect(self.addr).await
-    }
 }
 
 /// What gRPC server reflection answers: the services it lists, and the file

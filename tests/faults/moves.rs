@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::history::History;
 use crate::common::load::lazy_client;
-use crate::scaling::{Broker, Run, Three, queues_on};
+use crate::scaling::{Run, Three, over_three, queues_on};
 
 /// Enqueues `kp{n}` on `queue` with dedup key `key{n % 40}`, through the
 /// brokers in turn, one every 10 ms until `stop`: a key comes back every
@@ -97,8 +97,8 @@ fn move_command(three: &Three, queue: &str) -> tokio::process::Command {
 async fn bucket_move_killed_mid_copy_under_load() {
     let three = Three::start().await;
     let dbs = three.databases();
-    let b0 = Broker::start(&dbs).await;
-    let b1 = Broker::start(&dbs).await;
+    let b0 = over_three(&dbs).start().await;
+    let b1 = over_three(&dbs).start().await;
     let addrs = vec![b0.addr, b1.addr];
     let moving = queues_on(0, 1, "km");
     let stay: Vec<String> = (1..3).flat_map(|k| queues_on(k, 1, "km")).collect();

@@ -449,16 +449,8 @@ async fn pg_sockets_have_keepalive_and_user_timeout() {
     for (params, want) in cases {
         let proxy = PgProxy::start(&db.url).await;
         let url = with_params(&proxy.url(&db.url), &params);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let token = stop.clone();
-        let cfg = test_config();
-        let broker =
-            tokio::spawn(
-                async move { leaseq_server::server::run(cfg, &url, listener, token).await },
-            );
-        wait_serving(addr, Duration::from_secs(20)).await;
+        let broker = TestBroker::on_url(&url).start().await;
+        let addr = broker.addr;
         // Use the hot path, the LISTEN connection and the health probe.
         let mut c = connect(addr).await;
         let mut s = subscribe(&mut c, &["ka"], 1, None).await;
@@ -480,11 +472,6 @@ async fn pg_sockets_have_keepalive_and_user_timeout() {
                 "socket {fd} to PostgreSQL ({params:?})"
             );
         }
-        stop.cancel();
-        timeout(Duration::from_secs(15), broker)
-            .await
-            .expect("broker stops")
-            .expect("broker task")
-            .expect("broker run");
+        broker.stop().await;
     }
 }
