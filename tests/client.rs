@@ -2026,7 +2026,7 @@ impl Secure {
             ExtendedKeyUsagePurpose::ServerAuth,
         );
         let (cc, ck) = leaf(&["worker"], ExtendedKeyUsagePurpose::ClientAuth);
-        let h = leaseq_server::auth::hash_token;
+        let h = leaseq_server::hash_token;
         let tokens = serde_json::json!({"tokens": [
             {"name": "worker", "sha256": h(WORKER_TOKEN),
              "grants": [{"queues": "secure*", "actions": ["enqueue", "consume"]}]},
