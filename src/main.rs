@@ -102,7 +102,7 @@ fn named_databases(values: &[String]) -> anyhow::Result<Vec<leaseq_server::serve
 /// what it copied on a terminal).
 async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> {
     use leaseq::config::PlacementCommand as P;
-    use leaseq_server::domain::ClusterId;
+    use leaseq_server::ClusterId;
     use leaseq_server::placement as pl;
     let args = match &cmd {
         P::Show(db) | P::Move { db, .. } | P::Pin { db, .. } => db.clone(),

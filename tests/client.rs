@@ -1938,7 +1938,7 @@ const ADMIN_TOKEN: &str = "admin-secret-0123456789";
 
 impl Secure {
     fn new() -> Secure {
-        let h = leaseq_server::auth::hash_token;
+        let h = leaseq_server::hash_token;
         let tokens = serde_json::json!({"tokens": [
             {"name": "worker", "sha256": h(WORKER_TOKEN),
              "grants": [{"queues": "secure*", "actions": ["enqueue", "consume"]}]},

@@ -121,7 +121,7 @@ const PRODUCER: &str = "producer-secret-0123456789";
 /// a client certificate from `pki`'s CA and a bearer token ([`OPS`],
 /// [`PRODUCER`]).
 async fn secure_broker(db: &TestDb, pki: &Pki) -> TestBroker {
-    let h = leaseq_server::auth::hash_token;
+    let h = leaseq_server::hash_token;
     let tokens = serde_json::json!({"tokens": [
         {"name": "ops", "sha256": h(OPS),
          "grants": [{"queues": "*", "actions": ["enqueue", "consume", "admin"]}]},
@@ -562,15 +562,12 @@ async fn completions_print_a_script_for_each_shell() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_token_prints_json() {
     let out = leaseq(&["hash-token", "-o", "json"], &[], Some("secret\n")).await;
-    assert_eq!(
-        out.json()["sha256"],
-        leaseq_server::auth::hash_token("secret")
-    );
+    assert_eq!(out.json()["sha256"], leaseq_server::hash_token("secret"));
     let made = leaseq(&["hash-token", "--generate", "-o", "json"], &[], None)
         .await
         .json();
     let token = made["token"].as_str().unwrap();
-    assert_eq!(made["sha256"], leaseq_server::auth::hash_token(token));
+    assert_eq!(made["sha256"], leaseq_server::hash_token(token));
     let out = leaseq(&["hash-token"], &[], Some("")).await;
     assert_eq!(out.code, USAGE, "{}", out.stderr);
 }
@@ -797,7 +794,7 @@ async fn work_with_a_token_survives_a_broker_restart() {
     let db = TestDb::new().await;
     let scratch = Scratch::new("cli");
     let tokens = scratch.path("tokens.json");
-    let h = leaseq_server::auth::hash_token;
+    let h = leaseq_server::hash_token;
     std::fs::write(
         &tokens,
         serde_json::json!({"tokens": [{"name": "ops", "sha256": h(OPS),

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use leaseq::pb;
-use leaseq_server::conn_limit::REFUSED_LIFETIME;
+use leaseq_server::REFUSED_LIFETIME;
 use prost::Message;
 use tonic::{Code, Status};
 
@@ -706,7 +706,7 @@ impl Settings {
             + self.subscriptions * (RESPONSE_BYTES + self.message.max(delivery) + self.message)
             + self.streams_per_connection * STREAM_BYTES
             + CONNECTION_BYTES;
-        let refusing = leaseq_server::conn_limit::MAX_REFUSING
+        let refusing = leaseq_server::MAX_REFUSING
             * (CONNECTION_BYTES + self.streams_per_connection * STREAM_BYTES);
         (clients * per_connection + refusing) as u64
     }

@@ -33,7 +33,7 @@ type Grpc = QueueServiceClient<ClientChannel>;
 /// ops: admin everywhere; viewer: consume everywhere (no admin: read-only
 /// in the console); worker: enqueue and consume.
 fn auth_file() -> (Scratch, PathBuf) {
-    let h = leaseq_server::auth::hash_token;
+    let h = leaseq_server::hash_token;
     let text = json!({"tokens": [
         {"name": "ops", "sha256": h(ADMIN), "grants": [{"queues": "*", "actions": ["admin"]}]},
         {"name": "viewer", "sha256": h(VIEWER), "grants": [{"queues": "*", "actions": ["consume"]}]},

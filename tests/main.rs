@@ -21,6 +21,7 @@ mod faults;
 mod fuzz_decode;
 mod go_example;
 mod guarantee;
+mod house;
 mod image;
 mod lb;
 mod limits;

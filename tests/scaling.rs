@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use leaseq::pb;
-use leaseq_server::domain::ClusterId;
+use leaseq_server::ClusterId;
 use leaseq_server::placement::{self, MoveOptions, bucket_of};
 use sqlx::PgPool;
 use tokio::time::{Instant, sleep, timeout};

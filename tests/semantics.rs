@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::common::*;
 use leaseq::pb;
 use leaseq_server::Config;
-use leaseq_server::domain::{ClusterId, JobId, LeaseToken};
+use leaseq_server::{ClusterId, JobId, LeaseToken};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tonic::Code;

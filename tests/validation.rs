@@ -38,7 +38,7 @@ const TWELVE_HOURS_S: i64 = 12 * 3600;
 
 /// The implemented upper bound for delay / ttl / retry_after.
 fn max_delay_s() -> i64 {
-    leaseq_server::domain::MAX_DELAY.as_secs() as i64
+    leaseq_proto::limits::MAX_DELAY.as_secs() as i64
 }
 
 fn pd(seconds: i64, nanos: i32) -> Option<PDuration> {

@@ -24,8 +24,8 @@ pub struct HashTokenArgs {
 /// see), trailing newline ignored, and prints its hash.
 pub fn run(args: HashTokenArgs) -> Result<(), CliError> {
     if args.generate {
-        let token = leaseq_server::auth::generate_token();
-        let sha256 = leaseq_server::auth::hash_token(&token);
+        let token = leaseq_server::generate_token();
+        let sha256 = leaseq_server::hash_token(&token);
         match args.output {
             Output::Json => print_json(&json!({"token": token, "sha256": sha256})),
             Output::Table => {
@@ -43,7 +43,7 @@ pub fn run(args: HashTokenArgs) -> Result<(), CliError> {
     if token.is_empty() {
         return Err(CliError::usage("no token on stdin"));
     }
-    let sha256 = leaseq_server::auth::hash_token(token);
+    let sha256 = leaseq_server::hash_token(token);
     match args.output {
         Output::Json => print_json(&json!({ "sha256": sha256 })),
         Output::Table => println!("{sha256}"),

@@ -908,7 +908,7 @@ impl BrokerIds {
     /// before (a restarted process) is given the next index.
     pub fn index_of(&self, md: &tonic::metadata::MetadataMap) -> usize {
         let id = md
-            .get(leaseq_server::api::queue::BROKER_HEADER)
+            .get(leaseq_server::BROKER_HEADER)
             .and_then(|v| v.to_str().ok())
             .expect("a stream's response names its broker (leaseq-broker)")
             .to_owned();
@@ -937,7 +937,7 @@ pub async fn broker_id(addr: SocketAddr) -> String {
     .expect("subscribe in time")
     .expect("subscribe");
     s.metadata()
-        .get(leaseq_server::api::queue::BROKER_HEADER)
+        .get(leaseq_server::BROKER_HEADER)
         .and_then(|v| v.to_str().ok())
         .expect("a stream's response names its broker (leaseq-broker)")
         .to_owned()

@@ -185,7 +185,7 @@ async fn bucket_move_killed_mid_copy_under_load() {
     sleep(Duration::from_secs(1)).await;
     assert_eq!(three.live(0, &moving).await, 0, "the source keeps jobs");
     let map = placement::load(&three.pools[0]).await.unwrap();
-    assert_eq!(map.cluster_of(&q), leaseq_server::domain::ClusterId(1));
+    assert_eq!(map.cluster_of(&q), leaseq_server::ClusterId(1));
     assert!(map.moving.is_empty());
 
     let report = run

@@ -54,6 +54,7 @@ pub mod connect;
 pub mod otel;
 mod outcome;
 mod session;
+mod stats;
 pub mod trace;
 mod worker;
 
@@ -73,8 +74,9 @@ use pb::queue_service_client::QueueServiceClient;
 pub use admin::{AdminClient, DeadLetters, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
 pub use outcome::{BoxError, DeadLetter, Retry};
+pub use stats::WorkerStats;
 pub use trace::TraceParent;
-pub use worker::{DEFAULT_CONCURRENCY, Worker, WorkerStats};
+pub use worker::{DEFAULT_CONCURRENCY, Worker};
 
 /// Largest message the client accepts from the broker. Matches the broker's
 /// default `--max-message-bytes`, so a delivery of any accepted payload fits.

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
 use tracing::debug;
 
-use crate::worker::{Acker, WorkerStats};
+use crate::stats::WorkerStats;
 use crate::{Client, Delivery, Nack, pb, pb_duration, timestamp};
 
 /// Most settles in one ConsumeRequest: well under the broker's default
@@ -376,3 +376,72 @@ impl Settler {
             .map(|until| debug!(?until, "lease extended"))
     }
 }
+
+type AckReply = oneshot::Sender<Result<(), Status>>;
+
+/// Client-side group commit for acks: handlers that finish while an
+/// AckBatch call is in flight are acked together by the next call, so a busy
+/// worker makes one call per batch instead of one per job, and an idle one
+/// sends a lone ack at once. Falls back to unary Ack against a broker without
+/// AckBatch (`UNIMPLEMENTED`).
+#[derive(Clone)]
+pub(crate) struct Acker {
+    /// To the task below; it ends when the last handle is dropped.
+    tx: mpsc::UnboundedSender<((String, String), AckReply)>,
+}
+
+impl Acker {
+    pub fn spawn(client: Client) -> Acker {
+        let (tx, mut rx) = mpsc::unbounded_channel::<((String, String), AckReply)>();
+        tokio::spawn(async move {
+            let mut batch_supported = true;
+            while let Some(first) = rx.recv().await {
+                let mut pending = vec![first];
+                while pending.len() < ACK_BATCH_MAX {
+                    match rx.try_recv() {
+                        Ok(more) => pending.push(more),
+                        Err(_) => break,
+                    }
+                }
+                let (acks, replies): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
+                if batch_supported {
+                    match client.ack_batch(&acks).await {
+                        Ok(results) => {
+                            for (reply, r) in replies.into_iter().zip(results) {
+                                let _ = reply.send(r);
+                            }
+                            continue;
+                        }
+                        Err(s) if s.code() == Code::Unimplemented => batch_supported = false,
+                        // A broker configured with a smaller batch limit:
+                        // these go one by one.
+                        Err(s) if s.code() == Code::ResourceExhausted => {}
+                        Err(s) => {
+                            for reply in replies {
+                                let _ = reply.send(Err(s.clone()));
+                            }
+                            continue;
+                        }
+                    }
+                }
+                for ((id, token), reply) in acks.iter().zip(replies) {
+                    let _ = reply.send(client.ack(id, token).await);
+                }
+            }
+        });
+        Acker { tx }
+    }
+
+    pub async fn ack(&self, job_id: &str, lease_token: &str) -> Result<(), Status> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(((job_id.to_owned(), lease_token.to_owned()), reply))
+            .map_err(|_| Status::cancelled("worker stopped"))?;
+        rx.await
+            .unwrap_or_else(|_| Err(Status::cancelled("worker stopped")))
+    }
+}
+
+/// Most acks in one AckBatch call: well under the broker's default batch
+/// limit (1000), and already a hundredfold fewer calls.
+const ACK_BATCH_MAX: usize = 100;

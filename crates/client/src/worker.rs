@@ -7,17 +7,18 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use tracing::{Instrument, Level, Span, debug, field, info, info_span, warn};
 
 use crate::outcome::{BoxError, NackKind, NackOutcome, Outcome};
-use crate::session::{Event, Session, SettleBase, Settler};
+use crate::session::{Acker, Event, Session, SettleBase, Settler};
+use crate::stats::WorkerStats;
 use crate::{Client, Delivery, Nack, pb, pb_duration};
 use leaseq_proto::limits::{MAX_IN_FLIGHT, MAX_LEASE, MIN_LEASE};
 
@@ -66,41 +67,6 @@ where
         let fut = handler(job);
         Box::pin(async move { fut.await.map_err(Outcome::of) })
     })
-}
-
-/// Counters of one worker since it was built (read them with
-/// `load(Ordering::Relaxed)`; get them with [`Worker::stats`] before
-/// running it).
-#[derive(Debug, Default)]
-pub struct WorkerStats {
-    /// Jobs delivered to this worker (started or not).
-    pub delivered: AtomicU64,
-    pub acked: AtomicU64,
-    /// Every nack: handler errors, `Retry`, `DeadLetter`, timeouts, panics.
-    pub nacked: AtomicU64,
-    pub dead_lettered: AtomicU64,
-    /// Handlers cancelled by their timeout.
-    pub timed_out: AtomicU64,
-    /// Jobs whose lease was lost (a settle or an extension refused with
-    /// `FAILED_PRECONDITION`); their handlers were cancelled if running.
-    pub lease_lost: AtomicU64,
-    /// Acks and nacks sent on a Consume stream...
-    pub settled_on_stream: AtomicU64,
-    /// ... acks sent in AckBatch calls ...
-    pub settled_batched: AtomicU64,
-    /// ... and nacks sent as unary calls (Subscribe fallback, or a job whose
-    /// stream had ended).
-    pub settled_unary: AtomicU64,
-    /// Consume streams opened.
-    pub consume_streams: AtomicU64,
-    /// Subscribe streams opened (the fallback).
-    pub subscribe_streams: AtomicU64,
-}
-
-impl WorkerStats {
-    fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// Consumes one or more queues: keeps a stream open, runs the queue's
@@ -772,75 +738,6 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
         }
     }
 }
-
-type AckReply = oneshot::Sender<Result<(), Status>>;
-
-/// Client-side group commit for acks: handlers that finish while an
-/// AckBatch call is in flight are acked together by the next call, so a busy
-/// worker makes one call per batch instead of one per job, and an idle one
-/// sends a lone ack at once. Falls back to unary Ack against a broker without
-/// AckBatch (`UNIMPLEMENTED`).
-#[derive(Clone)]
-pub(crate) struct Acker {
-    /// To the task below; it ends when the last handle is dropped.
-    tx: mpsc::UnboundedSender<((String, String), AckReply)>,
-}
-
-impl Acker {
-    pub fn spawn(client: Client) -> Acker {
-        let (tx, mut rx) = mpsc::unbounded_channel::<((String, String), AckReply)>();
-        tokio::spawn(async move {
-            let mut batch_supported = true;
-            while let Some(first) = rx.recv().await {
-                let mut pending = vec![first];
-                while pending.len() < ACK_BATCH_MAX {
-                    match rx.try_recv() {
-                        Ok(more) => pending.push(more),
-                        Err(_) => break,
-                    }
-                }
-                let (acks, replies): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
-                if batch_supported {
-                    match client.ack_batch(&acks).await {
-                        Ok(results) => {
-                            for (reply, r) in replies.into_iter().zip(results) {
-                                let _ = reply.send(r);
-                            }
-                            continue;
-                        }
-                        Err(s) if s.code() == Code::Unimplemented => batch_supported = false,
-                        // A broker configured with a smaller batch limit:
-                        // these go one by one.
-                        Err(s) if s.code() == Code::ResourceExhausted => {}
-                        Err(s) => {
-                            for reply in replies {
-                                let _ = reply.send(Err(s.clone()));
-                            }
-                            continue;
-                        }
-                    }
-                }
-                for ((id, token), reply) in acks.iter().zip(replies) {
-                    let _ = reply.send(client.ack(id, token).await);
-                }
-            }
-        });
-        Acker { tx }
-    }
-
-    pub async fn ack(&self, job_id: &str, lease_token: &str) -> Result<(), Status> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(((job_id.to_owned(), lease_token.to_owned()), reply))
-            .map_err(|_| Status::cancelled("worker stopped"))?;
-        rx.await
-            .unwrap_or_else(|_| Err(Status::cancelled("worker stopped")))
-    }
-}
-
-/// Most acks in one AckBatch call: well under the broker's default batch
-/// limit (1000), and already a hundredfold fewer calls.
-const ACK_BATCH_MAX: usize = 100;
 
 /// Statuses that retrying the same request cannot fix.
 fn fatal(s: &Status) -> bool {

@@ -331,10 +331,6 @@ impl TokenSet {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// The principal whose token's SHA-256 is `digest` (the tokens file's
     /// `sha256`, as a console session keeps it), compared in constant time.
     pub fn by_digest(&self, digest: &str) -> Option<Arc<Principal>> {
@@ -627,5 +623,42 @@ mod tests {
         let t = generate_token();
         assert_eq!(t.len(), 64);
         assert_ne!(t, generate_token());
+    }
+
+    /// (Moved here from tests/security.rs: it checks the gate itself, not
+    /// a broker.)
+    #[test]
+    fn admin_gate_requires_admin_on_every_queue() {
+        use tonic::service::Interceptor;
+        let h = hash_token;
+        let file = serde_json::json!({"tokens": [
+            {"name": "ops", "sha256": h("ops"), "grants": [{"queues": "*", "actions": ["admin"]}]},
+            {"name": "team", "sha256": h("team"),
+             "grants": [{"queues": "emails*", "actions": ["admin", "consume"]}]},
+        ]});
+        let mut gate = AdminGate::new(Authenticator::new(Some(
+            TokenSet::parse(&file.to_string()).unwrap(),
+        )));
+        let call = |gate: &mut AdminGate, t: Option<&str>| {
+            let mut r = tonic::Request::new(());
+            if let Some(t) = t {
+                r.metadata_mut()
+                    .insert("authorization", format!("Bearer {t}").parse().unwrap());
+            }
+            gate.call(r).map(drop).map_err(|s| s.code())
+        };
+        assert_eq!(call(&mut gate, Some("ops")), Ok(()));
+        assert_eq!(
+            call(&mut gate, Some("team")),
+            Err(tonic::Code::PermissionDenied)
+        );
+        assert_eq!(
+            call(&mut gate, Some("nobody")),
+            Err(tonic::Code::Unauthenticated)
+        );
+        assert_eq!(call(&mut gate, None), Err(tonic::Code::Unauthenticated));
+        // With auth off the gate lets everyone through, like every other service.
+        let mut open = AdminGate::new(Authenticator::new(None));
+        assert_eq!(call(&mut open, None), Ok(()));
     }
 }

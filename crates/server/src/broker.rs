@@ -11,13 +11,14 @@ use chrono::{DateTime, Utc};
 
 use crate::dispatch::{DeliveryStream, Dispatcher, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ClusterId, ExtendReq, NackReq, NewJob, QueueName, Schedule, Subscription,
+    AckReq, ClusterId, Enqueued, ExtendReq, FailReq, NackReq, NewJob, QueueName, Schedule,
+    Subscription,
 };
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
 use crate::settle::{Ending, Settle};
+use crate::store::Store;
 use crate::store::batch::Batcher;
-use crate::store::{Enqueued, FailReq, Store};
 
 /// Most rows one group-commit statement carries.
 const MAX_BATCH_ROWS: usize = 2000;
@@ -123,7 +124,7 @@ impl Broker {
             .iter()
             .map(|s| {
                 (
-                    s.cluster,
+                    s.cluster(),
                     Lane::new(s.clone(), &dispatcher, batch_concurrency, ack_linger),
                 )
             })
@@ -163,7 +164,7 @@ impl Broker {
                 let name = self
                     .clusters
                     .get(c)
-                    .map_or_else(|| c.to_string(), |s| s.cluster_name.to_string());
+                    .map_or_else(|| c.to_string(), |s| s.cluster_name().to_string());
                 r.map_err(|e| e.on_cluster(&name))
             }
             _ => r,
@@ -235,7 +236,7 @@ impl Broker {
             .group(sub.queues.iter().cloned(), |q| self.clusters.cluster_of(q))
         {
             let store = self.clusters.get(c).ok_or(Error::ClusterUnknown(c.0))?;
-            match self.named(c, Store::ensure_queues(&store.pool, &queues).await) {
+            match self.named(c, Store::ensure_queues(store.pool(), &queues).await) {
                 Ok(()) => opened = true,
                 Err(e) if e.is_unavailable() => down = down.or(Some(e)),
                 Err(e) => return Err(e),
@@ -408,20 +409,18 @@ async fn enqueue(
             .cloned()
             .collect()
     };
-    let moving = moving_dedup(dispatcher.settle().clusters(), store.cluster, &jobs);
+    let moving = moving_dedup(dispatcher.settle().clusters(), store.cluster(), &jobs);
     let offers = dispatcher.offers();
     let claims: Vec<Option<crate::dispatch::Claim>> = jobs
         .iter()
         .map(|j| match j.schedule {
             // A batch checked on two clusters is not handed off: simpler,
             // and moves are rare.
-            Schedule::Now if moving.is_empty() => {
-                offers.claim(&j.queue, crate::dispatch::remote::fits(j))
-            }
+            Schedule::Now if moving.is_empty() => offers.claim(&j.queue, crate::channels::fits(j)),
             _ => None,
         })
         .collect();
-    let to: Vec<Option<crate::store::HandoffTo>> = claims
+    let to: Vec<Option<crate::domain::HandoffTo>> = claims
         .iter()
         .map(|c| c.as_ref().map(|c| c.to.clone()))
         .collect();
@@ -468,8 +467,8 @@ async fn enqueue(
     for (broker, stream, job) in across {
         settle.hand_over(broker, stream, job).await;
     }
-    store.metrics.on_enqueued(&jobs, &out.results);
-    (store.metrics.clusters).on_enqueued(&store.cluster_name, out.results.len());
+    store.metrics().on_enqueued(&jobs, &out.results);
+    (store.metrics().clusters).on_enqueued(store.cluster_name(), out.results.len());
     {
         let mut known = known.0.lock().expect("poisoned");
         if known.0 == epoch {
@@ -507,7 +506,7 @@ fn moving_dedup(clusters: &Clusters, here: ClusterId, jobs: &[NewJob]) -> Vec<(S
         let Some(source) = clusters.get(from) else {
             continue;
         };
-        match out.iter_mut().find(|(s, _)| s.cluster == from) {
+        match out.iter_mut().find(|(s, _)| s.cluster() == from) {
             Some((_, idxs)) => idxs.push(i),
             None => out.push((source.clone(), vec![i])),
         }
@@ -547,10 +546,10 @@ async fn extend(
     reqs: Vec<ExtendReq>,
 ) -> Result<Vec<Result<DateTime<Utc>>>> {
     let done = store.extend(&reqs).await?;
-    store.metrics.stale_tokens.add(reqs.len() - done.len());
+    store.metrics().stale_tokens.add(reqs.len() - done.len());
     // A broker whose stream holds a job extended on another replica learns
     // the new deadline when it checks the lease at the old one.
-    for e in done.iter().filter(|e| e.broker == Some(store.broker_id)) {
+    for e in done.iter().filter(|e| e.broker == Some(store.broker_id())) {
         dispatcher.extended(e.id, e.lease_ms);
     }
     Ok(crate::settle::extend_results(&reqs, &done))

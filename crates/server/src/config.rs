@@ -12,6 +12,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// PostgreSQL's `statement_timeout` on the broker's connections unless
+/// [`Config::pg_statement_timeout`] says otherwise (`--pg-statement-timeout`).
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Everything `leaseq serve` can be told, but where to listen and which
 /// database (the caller binds the listener and resolves the database).
 #[derive(Clone, Debug)]
@@ -162,7 +166,7 @@ impl Default for Config {
             retention_interval: Duration::from_secs(10),
             vacuum_interval: Duration::from_secs(2),
             health_interval: Duration::from_secs(2),
-            pg_statement_timeout: Some(crate::store::DEFAULT_STATEMENT_TIMEOUT),
+            pg_statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
             placement_interval: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(30),
             drain_grace: Duration::from_secs(30),

@@ -23,7 +23,6 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -145,6 +144,7 @@ impl Conn {
     }
 
     /// Bytes of requests under way on this connection.
+    #[cfg(test)]
     pub fn request_bytes(&self) -> u64 {
         self.requests.used()
     }
@@ -270,7 +270,6 @@ impl Drop for StreamHold {
 /// through [`Admission`].
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
-    pub remote_addr: Option<SocketAddr>,
     pub conn: Arc<Conn>,
 }
 
@@ -376,12 +375,10 @@ impl Admission {
     }
 
     fn admit(&mut self, io: TcpStream) -> Option<ConnIo> {
-        let remote_addr = io.peer_addr().ok();
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             return Some(ConnIo {
                 io,
                 info: ConnInfo {
-                    remote_addr,
                     conn: Conn::new(&self.caps),
                 },
                 _slot: slot,
@@ -407,7 +404,6 @@ impl Admission {
         Some(ConnIo {
             io,
             info: ConnInfo {
-                remote_addr,
                 conn: Conn::refused(self.caps.max_connections),
             },
             _slot: slot,

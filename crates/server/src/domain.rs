@@ -112,6 +112,9 @@ impl ClusterId {
     pub const HOME: ClusterId = ClusterId(0);
 }
 
+/// The name of the only cluster of a single-database broker.
+pub const HOME_NAME: &str = "main";
+
 impl fmt::Display for ClusterId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)
@@ -537,6 +540,108 @@ pub struct Failed {
     pub retry_ms: i64,
     /// The queue has a concurrency limit: a slot just freed.
     pub slot_freed: bool,
+}
+
+// ---------------------------------------------------------------------------
+// What the dispatcher, the batchers and settle ask of the store, and what it
+// answers: defined here, not in `store`, so that neither side owns the
+// other's concepts (the store runs statements; the dispatcher decides).
+
+/// A stream, by its broker's numbering (unique within one broker process).
+pub type StreamId = u64;
+
+/// A queue to wake: `delay_ms` 0 = has jobs now, > 0 = its next job is due then.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Wake {
+    pub queue: QueueName,
+    pub delay_ms: i64,
+}
+
+/// What one stream slot wants from one queue in a lease round.
+#[derive(Clone, Debug)]
+pub struct Want {
+    pub queue: QueueName,
+    pub n: i32,
+    pub lease_ms: Option<i64>,
+    pub slot: i32,
+    pub consumer: Arc<str>,
+}
+
+/// What `Store::next_due` found for one queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Due {
+    pub queue: QueueName,
+    /// Milliseconds until its next delayed job (None: none).
+    pub due_ms: Option<i64>,
+    /// A job is deliverable now.
+    pub ready: bool,
+}
+
+/// What a lease round got.
+#[derive(Debug, Default)]
+pub struct LeaseOutcome {
+    pub jobs: Vec<Leased>,
+    /// Wanted queues the round skipped because they have limits.
+    pub limited: Vec<QueueName>,
+    /// For a round of limited queues: how the limits cut each queue's ask.
+    pub caps: Vec<Cap>,
+}
+
+/// How the limits of one queue shaped a limited lease round.
+#[derive(Clone, Debug)]
+pub struct Cap {
+    pub queue: QueueName,
+    /// The queue has no limits any more: use the fast path again.
+    pub unlimited: bool,
+    /// The rate limit cut the round: the next token is due in this many ms.
+    pub retry_ms: Option<i64>,
+}
+
+/// One lease to end unsuccessfully (see fail.sql).
+#[derive(Clone, Debug)]
+pub struct FailReq {
+    pub id: JobId,
+    pub token: LeaseToken,
+    pub error: String,
+    pub retry_after_ms: Option<i64>,
+    pub dead_letter: bool,
+    pub refund: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Extended {
+    pub id: JobId,
+    /// The lease extended (see [`Failed::token`]).
+    pub token: LeaseToken,
+    pub lease_expires_at: DateTime<Utc>,
+    pub broker: Option<Uuid>,
+    pub lease_ms: i64,
+}
+
+/// An idle stream that a new job may be handed to (enqueue.sql): its lease
+/// (None = the queue's default), consumer name, and broker (None = this
+/// one; another replica's id for a stream it offered, `dispatch::offers`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandoffTo {
+    pub lease_ms: Option<i64>,
+    pub consumer: Arc<str>,
+    pub broker: Option<Uuid>,
+    /// The stream, by its broker's numbering (for a hand-over).
+    pub stream: StreamId,
+}
+
+/// What an enqueue statement did.
+#[derive(Debug, Default)]
+pub struct EnqueueOutcome {
+    /// One result per job, in order.
+    pub results: Vec<Enqueued>,
+    /// Queues to wake (jobs inserted available, now or later).
+    pub wakes: Vec<Wake>,
+    /// Jobs inserted already leased to the stream of their claim, but for
+    /// those whose hand-over to another replica the statement sent
+    /// (enqueue_handover.sql); `Leased::slot` is the job's index in the
+    /// request.
+    pub handed: Vec<Leased>,
 }
 
 #[cfg(test)]

@@ -88,17 +88,17 @@ where
     let runs = clusters.all().iter().map(|store| {
         let fut = f(store);
         async move {
-            if store.metrics.clusters.is_down(&store.cluster_name) {
+            if store.metrics().clusters.is_down(store.cluster_name()) {
                 let r = Err(Error::ClusterUnavailable {
-                    clusters: store.cluster_name.to_string(),
+                    clusters: store.cluster_name().to_string(),
                     source: None,
                 });
                 return (store, r);
             }
             let r = match tokio::time::timeout(FANOUT_TIMEOUT, fut).await {
-                Ok(r) => r.map_err(|e| e.on_cluster(&store.cluster_name)),
+                Ok(r) => r.map_err(|e| e.on_cluster(store.cluster_name())),
                 Err(_) => Err(Error::ClusterUnavailable {
-                    clusters: store.cluster_name.to_string(),
+                    clusters: store.cluster_name().to_string(),
                     source: None,
                 }),
             };
@@ -118,7 +118,7 @@ fn split<T>(answers: Vec<(&Store, Result<T>)>) -> Result<(Vec<(&Store, T)>, Vec<
     for (store, r) in answers {
         match r {
             Ok(v) => ok.push((store, v)),
-            Err(e) if e.is_unavailable() => missing.push(store.cluster_name.to_string()),
+            Err(e) if e.is_unavailable() => missing.push(store.cluster_name().to_string()),
             Err(e) => return Err(e),
         }
     }
@@ -171,7 +171,7 @@ pub async fn queue_page(
     for (store, rows) in answers {
         for row in rows {
             let placed = QueueName::parse(&row.name)
-                .is_some_and(|q| clusters.cluster_of(&q) == store.cluster);
+                .is_some_and(|q| clusters.cluster_of(&q) == store.cluster());
             match merged.remove(&row.name) {
                 None => {
                     merged.insert(row.name.clone(), (placed, row));
@@ -201,8 +201,8 @@ pub async fn queue_page(
     let missing_ids: Vec<_> = clusters
         .all()
         .iter()
-        .filter(|s| missing.iter().any(|m| **m == *s.cluster_name))
-        .map(|s| s.cluster)
+        .filter(|s| missing.iter().any(|m| **m == **s.cluster_name()))
+        .map(|s| s.cluster())
         .collect();
     let page: Vec<QueueRow> = merged
         .into_values()

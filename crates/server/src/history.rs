@@ -78,7 +78,7 @@ pub async fn sample_loop(
     let period_ms = interval.as_millis().min(i32::MAX as u128) as i32;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_totals = store.metrics.activity.totals();
+    let mut last_totals = store.metrics().activity.totals();
     let mut last_at = Instant::now();
     // Queues whose last written rate was not zero: they get one more row
     // (the zero) when their traffic stops.
@@ -97,7 +97,7 @@ pub async fn sample_loop(
                         .iter()
                         .map(|q| (q.name.clone(), [q.available, q.scheduled, q.leased, q.dead]))
                         .collect();
-                    store.metrics.refreshed(found.value);
+                    store.metrics().refreshed(found.value);
                     d
                 }
                 Err(e) => {
@@ -110,7 +110,7 @@ pub async fn sample_loop(
         };
         let now = Instant::now();
         let secs = now.duration_since(last_at).as_secs_f64();
-        let totals = store.metrics.activity.totals();
+        let totals = store.metrics().activity.totals();
         // The first tick comes at once: no interval to divide by yet.
         let mut rates: HashMap<String, (f64, f64)> = HashMap::new();
         if secs >= 0.05 {
@@ -173,7 +173,7 @@ async fn write(
         &rq as &[&str],
         &re,
         &ra,
-        store.broker_id,
+        store.broker_id(),
         period_ms,
         &sq as &[&str],
         &se,
@@ -183,7 +183,7 @@ async fn write(
         &col(2) as &[Option<i64>],
         &col(3) as &[Option<i64>],
     )
-    .execute(&store.pool)
+    .execute(store.pool())
     .await?;
     Ok(())
 }
@@ -197,7 +197,7 @@ pub async fn rates(store: &Store) -> Result<HashMap<String, (f64, f64)>> {
            where at > now() - period_ms * interval '2.5 milliseconds'
            group by queue"#
     )
-    .fetch_all(&store.pool)
+    .fetch_all(store.pool())
     .await?;
     Ok(rows
         .into_iter()
@@ -217,7 +217,7 @@ pub async fn series(store: &Store, queue: &str) -> Result<Vec<Point>> {
         queue,
         KEEP.as_millis() as f64,
     )
-    .fetch_all(&store.pool)
+    .fetch_all(store.pool())
     .await?;
     Ok(combine(rows.into_iter().map(|r| Sample {
         broker: r.broker,

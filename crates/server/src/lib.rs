@@ -4,75 +4,101 @@
 //!
 //! A map of the modules, from the wire inwards:
 //!
-//! - [`api`]: the tonic services (queue, admin); thin handlers that validate
+//! - `api`: the tonic services (queue, admin); thin handlers that validate
 //!   and convert.
-//! - [`domain`]: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
+//! - `domain`: parsed request types (`QueueName`, `JobId`, `LeaseToken`, ...)
 //!   and every input rule.
-//! - [`broker`]: the core the handlers call; owns the group-commit batchers.
-//! - [`settle`]: ending leases (ack, nack, release, expiry) and waking
+//! - `broker`: the core the handlers call; owns the group-commit batchers.
+//! - `settle`: ending leases (ack, nack, release, expiry) and waking
 //!   queues: the statements, the credit, the NOTIFYs, the metrics.
-//! - [`store`]: every SQL statement (`src/store/sql/`), the [`store::batch`]
-//!   group-commit machinery, and [`store::limits`] (per-queue concurrency and
+//! - `channels`: every NOTIFY channel the brokers use and every payload's
+//!   format, in one table (the SQL senders are checked against it).
+//! - [`store`]: every SQL statement (`src/store/sql/`), the `store::batch`
+//!   group-commit machinery, and `store::limits` (per-queue concurrency and
 //!   rate limits in the lease path).
-//! - [`dispatch`]: Subscribe streams, credits, batch leasing, release on close.
-//! - [`notify`]: the one LISTEN connection and its fan-out.
+//! - `dispatch`: Subscribe streams, credits, batch leasing, release on close.
+//! - `notify`: the one LISTEN connection and its fan-out.
 //! - [`pgconn`]: DATABASE_URL (libpq's URI and keyword/value forms), the PG*
 //!   variables and TLS to PostgreSQL, read into sqlx's connect options;
-//!   [`pgsock`]: TCP keepalive and user timeout on those connections.
+//!   `pgsock`: TCP keepalive and user timeout on those connections.
 //! - [`placement`]: queues over several PostgreSQL clusters: buckets, the
 //!   bucket → cluster map with its epoch, pins, and bucket moves
 //!   (docs/SCALING.md).
-//! - [`fanout`]: admin reads and writes over every cluster, merged.
-//! - [`maintenance`]: lease reaper, ttl expiry, retention of completed jobs,
+//! - `fanout`: admin reads and writes over every cluster, merged.
+//! - `maintenance`: lease reaper, ttl expiry, retention of completed jobs,
 //!   and vacuuming the jobs table.
-//! - [`metrics`]: Prometheus counters, histograms and gauges
+//! - `metrics`: Prometheus counters, histograms and gauges
 //!   (`prometheus-client`).
-//! - [`history`]: every broker's per-queue rates, and the queues' depth,
+//! - `history`: every broker's per-queue rates, and the queues' depth,
 //!   written to PostgreSQL for the console (the deployment's, not one
 //!   broker's).
-//! - [`console`]: the web console and `/metrics` over HTTP (axum), its
+//! - `console`: the web console and `/metrics` over HTTP (axum), its
 //!   sessions (in PostgreSQL), CSRF checks and JSON API over the
 //!   AdminService.
 //! - [`server`]: wires it all together and shuts it down in order.
-//! - [`auth`], [`tls`], [`stream_limit`]: bearer tokens and per-queue grants,
+//! - `auth`, `tls`, `stream_limit`: bearer tokens and per-queue grants,
 //!   TLS and mutual TLS, the broker-wide stream cap (docs/SECURITY.md).
-//! - [`conn_limit`], [`request_limit`]: the connection cap, each
+//! - `conn_limit`, `request_limit`: the connection cap, each
 //!   connection's budgets (request bytes, stream credit), and the message
 //!   size limit (docs/SECURITY.md, "Limits").
-//! - [`telemetry`]: spans of the jobs' enqueues, deliveries and settles,
+//! - `telemetry`: spans of the jobs' enqueues, deliveries and settles,
 //!   exported over OTLP (off by default).
-//! - [`config`]: [`Config`], the settings; [`error`]: errors and their one
+//! - [`config`]: [`Config`], the settings; `error`: errors and their one
 //!   mapping to gRPC status codes.
 //! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
 
-pub mod api;
-pub mod auth;
-pub mod broker;
+// Private unless another crate needs it: the binary (`src/`), the test
+// suite (`tests/`) or `fuzz/`. What they need is re-exported below, or is in
+// one of the few public modules; everything else is `pub(crate)` at most, so
+// the compiler reports what nothing uses.
+//
+// The modules depend on one another without a circle (tests/house.rs checks
+// it): from the bottom, `error`, `pgconn`, `config` and `domain`, then
+// `channels` and `metrics`, then `store`, `placement`, `settle`, `dispatch`,
+// `broker`, the services, and `server`, which wires everything.
+mod api;
+mod auth;
+mod broker;
+mod channels;
 pub mod config;
-pub mod conn_limit;
-pub mod console;
-pub mod dispatch;
-pub mod domain;
-pub mod error;
-pub mod fanout;
+mod conn_limit;
+mod console;
+mod dispatch;
+mod domain;
+mod error;
+mod fanout;
 pub mod fuzzing;
-pub mod history;
-pub mod maintenance;
-pub mod metrics;
-pub mod notify;
+mod history;
+mod maintenance;
+mod metrics;
+mod notify;
 pub mod pgconn;
-pub mod pgsock;
+mod pgsock;
+/// Several PostgreSQL clusters (docs/SCALING.md): the binary's `cluster`
+/// commands and the scaling tests call it.
 pub mod placement;
-pub mod request_limit;
+mod request_limit;
 pub mod server;
-pub mod settle;
+mod settle;
 #[cfg(test)]
 mod sim;
 pub mod store;
-pub mod stream_limit;
-pub mod telemetry;
-pub mod tls;
+mod stream_limit;
+mod telemetry;
+mod tls;
 
+/// The response header naming the broker process serving a stream (the
+/// load-balancer tests read it).
+pub use api::queue::BROKER_HEADER;
+/// Bearer tokens, as `leaseq hash-token` makes them and the token file
+/// holds them.
+pub use auth::{generate_token, hash_token};
 pub use config::Config;
+/// The connection cap's fixed limits (the connection-limit tests are
+/// written against them).
+pub use conn_limit::{MAX_REFUSING, REFUSED_LIFETIME};
+/// Which cluster holds a lease, and the ids a `store::Store`'s statements
+/// take (the binary's cluster commands and the tests).
+pub use domain::{ClusterId, JobId, LeaseToken};
 /// The generated API (`leaseq.v1`), re-exported from `leaseq-proto`.
 pub use leaseq_proto as pb;

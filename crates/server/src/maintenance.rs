@@ -29,7 +29,7 @@ pub async fn run(settle: Settle, store: Store, interval: Duration, shutdown: Can
             _ = tick.tick() => {}
         }
         if let Err(e) = pass(&settle, &store).await {
-            warn!(error = %e, cluster = %store.cluster_name, "maintenance pass failed");
+            warn!(error = %e, cluster = %store.cluster_name(), "maintenance pass failed");
         }
     }
 }
@@ -48,7 +48,7 @@ async fn pass(settle: &Settle, store: &Store) -> Result<()> {
     }
     loop {
         let dead = store.expire_ttl(BATCH).await?;
-        store.metrics.on_ttl_expired(&dead);
+        store.metrics().on_ttl_expired(&dead);
         let n: u64 = dead.iter().map(|(_, n)| n).sum();
         if n > 0 {
             debug!(expired = n, "jobs past their ttl dead-lettered");
@@ -139,7 +139,7 @@ pub async fn vacuum_loop(store: Store, interval: Duration, shutdown: Cancellatio
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let writes = store.metrics.job_writes();
+        let writes = store.metrics().job_writes();
         if writes_seen == Some(writes) {
             continue;
         }
@@ -162,7 +162,7 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
                 "select n_dead_tup as \"n_dead_tup!\", n_live_tup as \"n_live_tup!\" from pg_stat_user_tables \
                  where relid = 'leaseq.jobs'::regclass",
             )
-            .fetch_one(&store.pool)
+            .fetch_one(store.pool())
             .await?)
         })
         .await?;
@@ -176,7 +176,7 @@ pub async fn vacuum_if_needed(store: &Store) -> Result<Option<i64>> {
     // short has done nothing that lasts, and one running a while must not
     // hold a connection of the pool the reaper and the dispatcher's sweeps
     // share.
-    let mut conn = store.conns.connect_apart().await?;
+    let mut conn = store.conns().connect_apart().await?;
     let result = vacuum_on(&mut conn).await;
     let _ = sqlx::Connection::close(conn).await;
     Ok(result?.then_some(dead))

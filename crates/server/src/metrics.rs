@@ -42,10 +42,6 @@ impl Counter {
     pub fn add(&self, n: usize) {
         self.0.inc_by(n as u64);
     }
-
-    pub fn get(&self) -> u64 {
-        self.0.get()
-    }
 }
 
 /// The one label of per-queue series.
@@ -493,11 +489,6 @@ impl Default for Metrics {
     }
 }
 
-/// `family`'s count for `queue` (0 when it has none yet).
-pub fn count(family: &Counters, queue: &str) -> u64 {
-    family.get(&QueueLabel::of(queue)).map_or(0, |c| c.get())
-}
-
 impl Metrics {
     /// Rows this broker has written to the jobs table so far (inserted,
     /// leased, settled, released or expired): it leaves dead tuples only
@@ -648,11 +639,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
-    }
-
-    /// The last statistics snapshot (refreshed every `--metrics-interval`).
-    pub fn snapshot(&self) -> Vec<QueueRow> {
-        self.gauges.lock().expect("poisoned").clone()
     }
 
     /// New per-queue statistics (from [`crate::history`]'s sampler).

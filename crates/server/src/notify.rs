@@ -1,10 +1,10 @@
 //! The one LISTEN connection of a broker process, and its fan-out.
 //!
-//! It listens on [`WAKE_CHANNEL`] (jobs became available somewhere: wake the
+//! It listens on [`channels::WAKE`] (jobs became available somewhere: wake the
 //! local dispatcher for that queue), on this broker's settle channel (jobs
 //! leased here were acked / nacked on another replica: give the streams their
 //! credit back), and for hand-off across replicas (`dispatch::remote`) on
-//! [`OFFERS_CHANNEL`] (other replicas' idle streams) and this broker's
+//! [`channels::OFFERS`] (other replicas' idle streams) and this broker's
 //! handed channel (jobs another replica inserted leased to our streams).
 //! Notifications sent by this process itself are skipped: it woke its own
 //! dispatcher in-process already.
@@ -28,13 +28,11 @@ use std::time::Duration;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, trace, warn};
-use uuid::Uuid;
 
+use crate::channels::{self, HandedNote, OfferNote};
 use crate::dispatch::Dispatcher;
-use crate::dispatch::remote::{HandedNote, OFFERS_CHANNEL, OfferNote, handed_channel};
-use crate::domain::{JobId, LeaseToken, QueueName};
 use crate::store::conn::PING_TIMEOUT;
-use crate::store::{Session, Store, WAKE_CHANNEL, Wake, settle_channel};
+use crate::store::{Session, Store};
 
 /// How to open a LISTEN connection again from scratch: the cluster's
 /// connection string and the broker's session settings.
@@ -96,15 +94,15 @@ pub async fn listen(store: &Store, own_pool: &sqlx::PgPool) -> Result<PgListener
     // Its own one-connection pool: the listener holds that connection for the
     // life of the process, and must not take one of the working pool's.
     let mut listener = PgListener::connect_with(own_pool).await?;
-    let settle = settle_channel(store.broker_id);
-    let handed = handed_channel(store.broker_id);
-    let channels = [
-        WAKE_CHANNEL,
+    let settle = channels::settle(store.broker_id());
+    let handed = channels::handed(store.broker_id());
+    let all = [
+        channels::WAKE,
         settle.as_str(),
-        OFFERS_CHANNEL,
+        channels::OFFERS,
         handed.as_str(),
     ];
-    listener.listen_all(channels).await?;
+    listener.listen_all(all).await?;
     Ok(listener)
 }
 
@@ -117,8 +115,8 @@ pub async fn run(
     dispatcher: Dispatcher,
     shutdown: CancellationToken,
 ) {
-    let me = store.broker_id.simple().to_string();
-    let handed = handed_channel(store.broker_id);
+    let me = store.broker_id().simple().to_string();
+    let handed = channels::handed(store.broker_id());
     let mut check = tokio::time::interval(relisten.check);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     check.reset();
@@ -143,14 +141,14 @@ pub async fn run(
         };
         match next {
             Ok(Some(n)) => {
-                if n.channel() == WAKE_CHANNEL {
-                    if let Some(w) = parse_wake(n.payload(), &me) {
+                if n.channel() == channels::WAKE {
+                    if let Some(w) = channels::parse_wake(n.payload(), &me) {
                         trace!(queue = %w.queue, "woken by another replica");
                         dispatcher.wake(vec![w]);
                     }
-                } else if n.channel() == OFFERS_CHANNEL {
+                } else if n.channel() == channels::OFFERS {
                     match OfferNote::parse(n.payload()) {
-                        Some(o) if o.broker != store.broker_id => {
+                        Some(o) if o.broker != store.broker_id() => {
                             trace!(broker = %o.broker, stream = o.stream, credit = o.credit, "offer heard");
                             dispatcher.offers().heard(o, tokio::time::Instant::now());
                         }
@@ -158,7 +156,7 @@ pub async fn run(
                         None => warn!(payload = n.payload(), "unreadable offer notification"),
                     }
                 } else if n.channel() == handed {
-                    match HandedNote::parse(n.payload(), store.cluster) {
+                    match HandedNote::parse(n.payload(), store.cluster()) {
                         Some(h) => {
                             trace!(job = %h.job.id, stream = h.stream, "job handed over");
                             dispatcher.remote_handed(h.stream, h.job);
@@ -166,17 +164,7 @@ pub async fn run(
                         None => warn!("unreadable hand-over notification"),
                     }
                 } else {
-                    let ids: Vec<(JobId, LeaseToken)> = n
-                        .payload()
-                        .split(',')
-                        .filter_map(|pair| {
-                            let (id, token) = pair.split_once(':')?;
-                            Some((
-                                JobId(Uuid::try_parse(id).ok()?),
-                                LeaseToken(Uuid::try_parse(token).ok()?, store.cluster),
-                            ))
-                        })
-                        .collect();
+                    let ids = channels::parse_settled(n.payload(), store.cluster());
                     debug!(jobs = ids.len(), "settled on another replica");
                     dispatcher.settled(ids);
                 }
@@ -216,31 +204,5 @@ async fn reconnected(listener: &mut PgListener, shutdown: &CancellationToken) {
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
-    }
-}
-
-fn parse_wake(payload: &str, me: &str) -> Option<Wake> {
-    let mut parts = payload.splitn(3, ':');
-    let broker = parts.next()?;
-    if broker == me {
-        return None;
-    }
-    let delay_ms: i64 = parts.next()?.parse().ok()?;
-    let queue = QueueName::parse(parts.next()?)?;
-    Some(Wake { queue, delay_ms })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wake_payloads() {
-        let w = parse_wake("abc:0:orders:eu", "me").unwrap();
-        assert_eq!(w.queue.as_str(), "orders:eu");
-        assert_eq!(w.delay_ms, 0);
-        assert!(parse_wake("me:0:orders", "me").is_none());
-        assert!(parse_wake("abc:x:orders", "me").is_none());
-        assert!(parse_wake("garbage", "me").is_none());
     }
 }

@@ -124,7 +124,7 @@ pub enum Host {
 
 /// libpq's sslmode, after leaseq's reading of it (`allow` is `Prefer`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Prefer,
     Require,
@@ -133,7 +133,7 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SslMode::Disable => "disable",
             SslMode::Prefer => "prefer",
@@ -162,7 +162,7 @@ impl From<SslMode> for PgSslMode {
 
 /// The trust anchors for the server's certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RootCert {
+pub(crate) enum RootCert {
     /// A PEM file of CA certificates (`sslrootcert=FILE`).
     File(PathBuf),
     /// The system's trusted roots (`sslrootcert=system`).
@@ -176,23 +176,23 @@ pub struct PgTarget {
     pub host: Host,
     pub port: u16,
     /// None: sqlx's default (PGUSER, else the operating-system user).
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     password: Option<String>,
     /// None: the server's default (the user name).
-    pub dbname: Option<String>,
+    pub(crate) dbname: Option<String>,
     /// `Disable` for a Unix socket whatever was asked (libpq ignores it there).
-    pub sslmode: SslMode,
+    pub(crate) sslmode: SslMode,
     /// Set when the mode verifies the server's certificate.
-    pub sslrootcert: Option<RootCert>,
+    pub(crate) sslrootcert: Option<RootCert>,
     /// Client certificate and key, both or neither.
-    pub sslcert: Option<PathBuf>,
-    pub sslkey: Option<PathBuf>,
-    pub application_name: String,
+    pub(crate) sslcert: Option<PathBuf>,
+    pub(crate) sslkey: Option<PathBuf>,
+    pub(crate) application_name: String,
     /// The user's startup options (`options=`), as given.
-    pub options: Option<String>,
-    pub connect_timeout: Option<Duration>,
+    pub(crate) options: Option<String>,
+    pub(crate) connect_timeout: Option<Duration>,
     /// TCP keepalive and user timeout (TCP connections only).
-    pub tcp: TcpOptions,
+    pub(crate) tcp: TcpOptions,
     /// Settings accepted without effect, and similar notes, to log once.
     pub warnings: Vec<String>,
     /// Whether `options` came from PGOPTIONS (sqlx reads that itself).
@@ -200,26 +200,26 @@ pub struct PgTarget {
 }
 
 /// How long the pool waits for a connection unless `connect_timeout` says.
-pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The socket options of a TCP connection to PostgreSQL, from libpq's
 /// `keepalives*` and `tcp_user_timeout` keywords over leaseq's defaults
 /// (module docs). A `None` leaves that value to the operating system.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TcpOptions {
+pub(crate) struct TcpOptions {
     /// SO_KEEPALIVE and its timers; None: `keepalives=0`.
-    pub keepalive: Option<Keepalive>,
+    pub(crate) keepalive: Option<Keepalive>,
     /// TCP_USER_TIMEOUT: how long sent data may stay unacknowledged
     /// before the connection is dropped.
-    pub user_timeout: Option<Duration>,
+    pub(crate) user_timeout: Option<Duration>,
 }
 
 /// TCP keepalive timers (TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Keepalive {
-    pub idle: Option<Duration>,
-    pub interval: Option<Duration>,
-    pub count: Option<u32>,
+pub(crate) struct Keepalive {
+    pub(crate) idle: Option<Duration>,
+    pub(crate) interval: Option<Duration>,
+    pub(crate) count: Option<u32>,
 }
 
 impl Default for TcpOptions {
@@ -237,13 +237,14 @@ impl Default for TcpOptions {
 }
 
 impl PgTarget {
-    pub fn has_password(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_password(&self) -> bool {
         self.password.is_some()
     }
 
     /// How long the pool may wait for a connection: `connect_timeout`, else
     /// [`DEFAULT_ACQUIRE_TIMEOUT`].
-    pub fn acquire_timeout(&self) -> Duration {
+    pub(crate) fn acquire_timeout(&self) -> Duration {
         self.connect_timeout.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT)
     }
 

@@ -26,8 +26,6 @@ use crate::domain::{ClusterId, QueueName};
 use crate::error::{Error, Result};
 use crate::store::Store;
 
-/// The name of the only cluster of a single-database broker.
-pub const HOME_NAME: &str = "main";
 /// Fixed for the life of a deployment: a queue's bucket never changes.
 pub const BUCKETS: u32 = 1024;
 
@@ -131,7 +129,7 @@ impl Clusters {
         let by_id = stores
             .iter()
             .enumerate()
-            .map(|(i, s)| (s.cluster, i))
+            .map(|(i, s)| (s.cluster(), i))
             .collect();
         Clusters {
             inner: Arc::new(Inner {
@@ -163,7 +161,7 @@ impl Clusters {
     /// The cluster id that takes the queue's new jobs and lease rounds.
     pub fn cluster_of(&self, queue: &QueueName) -> ClusterId {
         if self.is_single() {
-            return self.home().cluster;
+            return self.home().cluster();
         }
         self.map().cluster_of(queue.as_str())
     }
@@ -371,9 +369,9 @@ pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationTo
             _ = tick.tick() => {}
         }
         let result = async {
-            let now = epoch(&home.pool).await?;
+            let now = epoch(home.pool()).await?;
             if now != clusters.map().epoch {
-                let map = load(&home.pool).await?;
+                let map = load(home.pool()).await?;
                 info!(
                     epoch = map.epoch,
                     moving = map.moving.len(),
@@ -384,10 +382,10 @@ pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationTo
             sqlx::query!(
                 "insert into leaseq.placement_brokers (broker, epoch) values ($1, $2) \
                  on conflict (broker) do update set epoch = excluded.epoch, seen_at = now()",
-                home.broker_id,
+                home.broker_id(),
                 clusters.map().epoch,
             )
-            .execute(&home.pool)
+            .execute(home.pool())
             .await?;
             Ok::<_, Error>(())
         }
@@ -399,9 +397,9 @@ pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationTo
     // Gone: a move need not wait for this broker.
     let _ = sqlx::query!(
         "delete from leaseq.placement_brokers where broker = $1",
-        home.broker_id,
+        home.broker_id(),
     )
-    .execute(&home.pool)
+    .execute(home.pool())
     .await;
 }
 
@@ -812,7 +810,7 @@ pub async fn sweep_loop(clusters: Clusters, interval: Duration, stop: Cancellati
     let pools: Vec<(ClusterId, PgPool)> = clusters
         .all()
         .iter()
-        .map(|s| (s.cluster, s.pool.clone()))
+        .map(|s| (s.cluster(), s.pool().clone()))
         .collect();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -974,7 +972,7 @@ async fn copy_batch(
 async fn wake(pool: &PgPool, queues: &[String]) {
     let r = sqlx::query!(
         "select pg_notify($1, 'placement:0:' || q) from unnest($2::text[]) as q",
-        crate::store::WAKE_CHANNEL,
+        crate::channels::WAKE,
         queues as &[String],
     )
     .execute(pool)

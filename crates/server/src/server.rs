@@ -37,11 +37,11 @@ use crate::telemetry::Traces;
 /// Health service name that stays SERVING while the process is healthy, even
 /// when PostgreSQL is not: orchestrators use it for liveness, so a database
 /// outage does not restart every replica.
-pub const LIVENESS: &str = "liveness";
+pub(crate) const LIVENESS: &str = "liveness";
 /// Health service name of the queue service.
-pub const QUEUE_SERVICE: &str = "leaseq.v1.QueueService";
+pub(crate) const QUEUE_SERVICE: &str = "leaseq.v1.QueueService";
 /// Health service name of the admin service (same readiness as the queue service).
-pub const ADMIN_SERVICE: &str = "leaseq.v1.AdminService";
+pub(crate) const ADMIN_SERVICE: &str = "leaseq.v1.AdminService";
 
 /// Runs the broker until `shutdown` is cancelled, then drains: reports
 /// NOT_SERVING, releases every stream's unsettled jobs and ends the streams
@@ -54,7 +54,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let db = Database {
-        name: crate::placement::HOME_NAME.to_owned(),
+        name: crate::domain::HOME_NAME.to_owned(),
         url: database_url.to_owned(),
     };
     run_clusters(cfg, &[db], listener, shutdown).await
@@ -138,7 +138,7 @@ impl Server {
         }
         let clusters = connect_clusters(&cfg, databases, shutdown).await?;
         let home = clusters.home().clone();
-        info!(broker = %home.broker_id, clusters = clusters.all().len(), "migrations applied");
+        info!(broker = %home.broker_id(), clusters = clusters.all().len(), "migrations applied");
 
         let dispatcher = Dispatcher::spawn(
             clusters.clone(),
@@ -160,8 +160,8 @@ impl Server {
                 .with_context(|| format!("opening the LISTEN connection to cluster {}", db.name))?;
             listens.push(listen);
             connections.push(Connections {
-                pool: store.pool.clone(),
-                conns: store.conns.clone(),
+                pool: store.pool().clone(),
+                conns: store.conns().clone(),
                 listen_pool,
             });
         }
@@ -387,7 +387,7 @@ impl Server {
         info!(grace = ?self.cfg.drain_grace, "draining");
         self.draining.cancel();
         set_ready(&self.reporter, false).await;
-        self.broker.store().metrics.serving.set(0);
+        self.broker.store().metrics().serving.set(0);
         let drained = tokio::time::timeout(self.cfg.drain_grace, async {
             self.broker.drain().await;
             stop_server.cancel();
@@ -604,7 +604,7 @@ async fn health_loop(
     draining: CancellationToken,
     stop: CancellationToken,
 ) {
-    let metrics = clusters.home().metrics.clone();
+    let metrics = clusters.home().metrics().clone();
     let mut last = None;
     let mut last_up: Vec<Option<bool>> = vec![None; clusters.all().len()];
     loop {
@@ -613,13 +613,13 @@ async fn health_loop(
             // Bounded: `select 1` within PING_TIMEOUT, on a hot-path connection.
             let ok = store.ping().await.is_ok();
             any |= ok;
-            metrics.clusters.set_up(&store.cluster_name, ok);
+            metrics.clusters.set_up(store.cluster_name(), ok);
             if last_up[i] != Some(ok) {
                 if !clusters.is_single() {
                     if ok {
-                        info!(cluster = %store.cluster_name, "cluster answers");
+                        info!(cluster = %store.cluster_name(), "cluster answers");
                     } else {
-                        warn!(cluster = %store.cluster_name, "cluster unreachable: its queues answer UNAVAILABLE");
+                        warn!(cluster = %store.cluster_name(), "cluster unreachable: its queues answer UNAVAILABLE");
                     }
                     let status = if ok {
                         ServingStatus::Serving
@@ -628,7 +628,7 @@ async fn health_loop(
                     };
                     reporter
                         .set_service_status(
-                            format!("leaseq.cluster.{}", store.cluster_name),
+                            format!("leaseq.cluster.{}", store.cluster_name()),
                             status,
                         )
                         .await;
@@ -686,7 +686,7 @@ async fn connect_clusters(
             "select exists (select 1 from leaseq.placement where cluster <> 0 or moving_to is not null) \
              or exists (select 1 from leaseq.placement_pins where cluster <> 0) as \"elsewhere!\"",
         )
-        .fetch_one(&home.pool)
+        .fetch_one(home.pool())
         .await?;
         anyhow::ensure!(
             !elsewhere,
@@ -695,15 +695,15 @@ async fn connect_clusters(
         return Ok(Clusters::single(home));
     }
     let names: Vec<String> = databases.iter().map(|d| d.name.clone()).collect();
-    let ids = crate::placement::setup(&home.pool, &names).await?;
+    let ids = crate::placement::setup(home.pool(), &names).await?;
     let mut stores = vec![home.clone()];
     for ((pool, conns), (id, db)) in opened.zip(ids.iter().zip(databases).skip(1)) {
         stores.push(home.sibling(pool, conns, *id, &db.name));
     }
     for (store, db) in stores.iter().zip(databases) {
-        crate::placement::check_identity(&store.pool, store.cluster, &db.name).await?;
+        crate::placement::check_identity(store.pool(), store.cluster(), &db.name).await?;
     }
-    let map = crate::placement::load(&home.pool).await?;
+    let map = crate::placement::load(home.pool()).await?;
     info!(epoch = map.epoch, clusters = ?names, "placement loaded");
     Ok(Clusters::new(stores, map))
 }

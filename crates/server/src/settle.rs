@@ -8,7 +8,7 @@
 //! - consumers of the job's queue, here and on every replica, when the job is
 //!   available again (a nack, a release, an expired lease) or a slot of a
 //!   concurrency-limited queue freed: [`Local::wake`] here, a NOTIFY on
-//!   [`WAKE_CHANNEL`](crate::store::WAKE_CHANNEL) for the others;
+//!   [`channels::WAKE`] for the others;
 //! - the metrics.
 //!
 //! Every caller (Ack and Nack from clients, a stream's release on close or
@@ -32,10 +32,14 @@ use tokio::sync::mpsc;
 use tracing::warn;
 use uuid::Uuid;
 
-use crate::domain::{AckReq, ClusterId, FastMap, FastSet, JobId, LeaseToken, QueueName};
+use crate::channels;
+use crate::domain::{
+    AckReq, ClusterId, FailReq, Failed, FastMap, FastSet, JobId, LeaseToken, Leased, QueueName,
+    Settled, StreamId, Wake,
+};
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
-use crate::store::{FailReq, Failed, Settled, Store, Wake};
+use crate::store::Store;
 
 /// How the settle path reaches this process's dispatcher.
 pub trait Local: Send + Sync + 'static {
@@ -103,12 +107,12 @@ impl Settle {
     }
 
     async fn ack_on(&self, cluster: ClusterId, reqs: &[AckReq]) -> Result<Vec<Settled>> {
-        let m = &self.store().metrics;
+        let m = &self.store().metrics();
         // A token naming a cluster this broker does not have is stale.
         let done = match self.clusters.get(cluster) {
             Some(store) => {
                 let done = store.ack(reqs).await?;
-                m.clusters.on_acked(&store.cluster_name, done.len());
+                m.clusters.on_acked(store.cluster_name(), done.len());
                 done
             }
             None => Vec::new(),
@@ -164,7 +168,7 @@ impl Settle {
             Some(store) => store.fail(reqs).await?,
             None => Vec::new(),
         };
-        let m = &self.store().metrics;
+        let m = &self.store().metrics();
         match ending {
             Ending::Nacked => m.on_nacked(reqs.len(), &done),
             Ending::Expired => m.on_expired(&done),
@@ -235,13 +239,12 @@ impl Settle {
     }
 
     /// Another replica's idle streams offer these (payloads on
-    /// `dispatch::remote::OFFERS_CHANNEL`); sent on the home cluster, where
+    /// [`channels::OFFERS`]); sent on the home cluster, where
     /// every replica listens.
     pub fn publish_offers(&self, payloads: Vec<String>) {
-        let home = self.store().cluster;
+        let home = self.store().cluster();
         for p in payloads {
-            self.notifiers
-                .raw(home, crate::dispatch::remote::OFFERS_CHANNEL.to_owned(), p);
+            self.notifiers.raw(home, channels::OFFERS.to_owned(), p);
         }
     }
 
@@ -249,11 +252,10 @@ impl Settle {
     /// `broker` goes to that broker (on the job's cluster). One that does
     /// not fit a notification is released at once instead, so it is leased
     /// again the usual way (the enqueue path only hands over jobs that fit).
-    pub async fn hand_over(&self, broker: Uuid, stream: u64, job: crate::store::Leased) {
-        match crate::dispatch::remote::HandedNote::encode(stream, &job) {
+    pub async fn hand_over(&self, broker: Uuid, stream: StreamId, job: Leased) {
+        match channels::HandedNote::encode(stream, &job) {
             Some(p) => {
-                let channel = crate::dispatch::remote::handed_channel(broker);
-                self.notifiers.raw(job.token.1, channel, p);
+                self.notifiers.raw(job.token.1, channels::handed(broker), p);
             }
             None => {
                 let lease = vec![(job.id, job.token)];
@@ -266,7 +268,7 @@ impl Settle {
     /// NOTIFY for leases held by streams of other replicas (`broker` is the
     /// job's `lease_broker`).
     pub fn return_credit(&self, settled: impl Iterator<Item = (Option<Uuid>, JobId, LeaseToken)>) {
-        let me = self.store().broker_id;
+        let me = self.store().broker_id();
         let mut local = Vec::new();
         for (broker, id, token) in settled {
             match broker {
@@ -319,7 +321,7 @@ pub(crate) fn nack_results(reqs: &[FailReq], done: &[Failed]) -> Vec<Result<bool
 /// expiry. Matched by (job, token): see [`nack_results`].
 pub(crate) fn extend_results(
     reqs: &[crate::domain::ExtendReq],
-    done: &[crate::store::Extended],
+    done: &[crate::domain::Extended],
 ) -> Vec<Result<chrono::DateTime<chrono::Utc>>> {
     let until: FastMap<(JobId, LeaseToken), chrono::DateTime<chrono::Utc>> = done
         .iter()
@@ -364,7 +366,7 @@ impl Notifiers {
             clusters
                 .all()
                 .iter()
-                .map(|s| (s.cluster, Notifier::spawn(s.clone())))
+                .map(|s| (s.cluster(), Notifier::spawn(s.clone())))
                 .collect(),
         ))
     }

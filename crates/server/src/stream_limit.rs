@@ -48,11 +48,6 @@ impl StreamLimit {
                 ),
             })
     }
-
-    /// Streams open now.
-    pub fn in_use(&self) -> usize {
-        self.max - self.permits.available_permits()
-    }
 }
 
 /// A response stream that holds a [`StreamLimit`] permit while it lives

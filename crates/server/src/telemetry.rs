@@ -385,7 +385,7 @@ impl JobSpan {
     }
 
     /// Ends an enqueue's span with its result.
-    pub fn enqueued(mut self, result: Result<&crate::store::Enqueued, &Error>) {
+    pub fn enqueued(mut self, result: Result<&crate::domain::Enqueued, &Error>) {
         if let (Some(span), Ok(e)) = (self.span.as_mut(), result) {
             span.set_attribute(KeyValue::new("leaseq.job.duplicate", e.duplicate));
             if e.duplicate {

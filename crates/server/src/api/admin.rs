@@ -16,12 +16,12 @@ use tracing::{info, instrument};
 use uuid::Uuid;
 
 use crate::broker::Broker;
+use crate::domain::Wake;
 use crate::domain::{self, JobId, MAX_ATTEMPTS, MAX_DELAY, MAX_SUBSCRIBE_QUEUES, QueueName};
 use crate::error::{Error, Result};
 use crate::fanout;
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
-use crate::store::Wake;
 use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
 
 /// Page size when the request says 0, and the most a page may hold.
@@ -85,7 +85,7 @@ impl AdminApi {
         if self.clusters().is_single() {
             r
         } else {
-            r.map_err(|e| e.on_cluster(&store.cluster_name))
+            r.map_err(|e| e.on_cluster(store.cluster_name()))
         }
     }
 

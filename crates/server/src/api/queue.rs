@@ -56,7 +56,7 @@ impl QueueApi {
     /// replica serves its stream.
     fn served_here<T>(&self, stream: T) -> Response<T> {
         let mut r = Response::new(stream);
-        if let Ok(v) = self.broker.store().broker_id.simple().to_string().parse() {
+        if let Ok(v) = self.broker.store().broker_id().simple().to_string().parse() {
             r.metadata_mut().insert(BROKER_HEADER, v);
         }
         r
@@ -98,7 +98,7 @@ fn parse_batch<T, U>(
         .collect()
 }
 
-fn enqueued(e: crate::store::Enqueued) -> pb::EnqueueResponse {
+fn enqueued(e: crate::domain::Enqueued) -> pb::EnqueueResponse {
     pb::EnqueueResponse {
         job_id: e.job_id.to_string(),
         duplicate: e.duplicate,

@@ -111,7 +111,7 @@ impl Console {
     }
 
     fn metrics(&self) -> &Metrics {
-        &self.store.metrics
+        self.store.metrics()
     }
 
     /// Per queue, (enqueued, acked) per second over the whole deployment
@@ -132,7 +132,7 @@ impl Console {
         let Some(sid) = cookie(headers, SESSION_COOKIE) else {
             return Ok(None);
         };
-        let stored = sessions::find(&self.store.pool, sid)
+        let stored = sessions::find(self.store.pool(), sid)
             .await
             .map_err(unavailable)?;
         Ok(stored.and_then(|s| {
@@ -144,7 +144,7 @@ impl Console {
 
     /// Opens a session; returns its `Set-Cookie` value and CSRF token.
     async fn open_session(&self, token_sha256: Option<&str>) -> ApiResult<(String, String)> {
-        let (sid, csrf) = sessions::open(&self.store.pool, token_sha256, SESSION_TTL)
+        let (sid, csrf) = sessions::open(self.store.pool(), token_sha256, SESSION_TTL)
             .await
             .map_err(unavailable)?;
         let secure = if self.tls { "; Secure" } else { "" };
@@ -328,7 +328,7 @@ pub fn metrics_router(store: Store) -> Router {
         "/metrics",
         get(move || {
             let store = store.clone();
-            async move { metrics_response(&store.metrics) }
+            async move { metrics_response(store.metrics()) }
         }),
     )
 }
@@ -527,7 +527,7 @@ async fn login(State(c): State<Console>, body: axum::Json<Value>) -> Response {
 /// Ends the session on every replica.
 async fn logout(State(c): State<Console>, headers: HeaderMap) -> Response {
     if let Some(sid) = cookie(&headers, SESSION_COOKIE)
-        && let Err(e) = sessions::close(&c.store.pool, sid).await
+        && let Err(e) = sessions::close(c.store.pool(), sid).await
     {
         return unavailable(e).into_response();
     }

@@ -21,8 +21,10 @@ use tokio::time::Instant;
 use super::StreamId;
 use super::offers::{Claim, Offers};
 use super::remote::OFFER_REFRESH;
-use crate::domain::{ClusterId, FastMap, FastSet, JobId, LeaseToken, QueueName, Subscription};
-use crate::store::{Due, LeaseOutcome, Leased, Wake, Want};
+use crate::domain::{
+    ClusterId, Due, FastMap, FastSet, JobId, LeaseOutcome, LeaseToken, Leased, QueueName,
+    Subscription, Wake, Want,
+};
 
 /// Most jobs one lease statement asks for.
 pub(crate) const MAX_ROUND_JOBS: i32 = 2000;
@@ -1295,7 +1297,7 @@ mod tests {
     use chrono::Utc;
 
     use super::*;
-    use crate::store::limits::Cap;
+    use crate::domain::Cap;
 
     fn q(s: &str) -> QueueName {
         QueueName::parse(s).unwrap()

@@ -11,8 +11,8 @@ use tracing::{debug, warn};
 
 use super::StreamId;
 use super::core::{Core, Delivered, Handoff, Publish, Round};
+use crate::domain::{Due, LeaseOutcome, Leased, Wake};
 use crate::domain::{JobId, LeaseToken, QueueName, Subscription};
-use crate::store::{Due, LeaseOutcome, Leased, Wake};
 
 /// What happened, as the dispatcher hears of it.
 #[derive(Debug)]

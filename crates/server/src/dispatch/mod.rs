@@ -56,13 +56,15 @@ pub(crate) mod sim_seam {
     pub(crate) use super::core::{Core, Round, UNHEARD_AFTER};
     pub(crate) use super::machine::{CLOSED_BEFORE_SETTLING, Effects, Input, Machine, Release};
 }
-use crate::domain::{FastMap, JobId, LeaseToken, MAX_IN_FLIGHT, QueueName, Subscription};
+use crate::domain::{
+    FastMap, JobId, LeaseOutcome, LeaseToken, Leased, MAX_IN_FLIGHT, QueueName, Subscription, Wake,
+};
 use crate::pb;
 use crate::placement::Clusters;
 use crate::settle::{Local, Notifiers, Settle};
-use crate::store::{LeaseOutcome, Leased, Store, Wake};
+use crate::store::Store;
 
-pub type StreamId = u64;
+pub use crate::domain::StreamId;
 
 #[derive(Clone, Debug)]
 pub struct DispatchConfig {
@@ -340,7 +342,7 @@ impl Task {
         let input = match msg {
             Msg::Open { id, sub, tx } => {
                 debug!(stream = id, queues = ?sub.queues, consumer = %sub.consumer, "stream opened");
-                (self.store.metrics.streams).opened(
+                (self.store.metrics().streams).opened(
                     id,
                     &sub.consumer,
                     &sub.queues,
@@ -354,7 +356,7 @@ impl Task {
                 Input::Finish(id)
             }
             Msg::Credit(id, n) => {
-                self.store.metrics.streams.credit(id, n);
+                self.store.metrics().streams.credit(id, n);
                 Input::Credit(id, n)
             }
             Msg::Drain(done) => {
@@ -378,7 +380,7 @@ impl Task {
                 if let Some(out) = self.txs.remove(&id) {
                     out.try_send(Err(Status::unavailable("broker is shutting down")));
                 }
-                self.store.metrics.streams.closed(id);
+                self.store.metrics().streams.closed(id);
             }
             for id in fx.closed.drain(..) {
                 if let Some(out) = self.txs.remove(&id) {
@@ -386,9 +388,9 @@ impl Task {
                 }
             }
             for id in fx.ended.drain(..) {
-                self.store.metrics.streams.closed(id);
+                self.store.metrics().streams.closed(id);
             }
-            (self.store.metrics).on_leased(fx.deliver.iter().map(|(_, j, _)| j));
+            (self.store.metrics()).on_leased(fx.deliver.iter().map(|(_, j, _)| j));
             let mut gone: Vec<StreamId> = Vec::new();
             for (sid, job, send_by) in fx.deliver.drain(..) {
                 let out = stream::Outgoing {
@@ -452,11 +454,11 @@ impl Task {
         if offers.is_empty() {
             return;
         }
-        let broker = self.store.broker_id;
+        let broker = self.store.broker_id();
         let notes = offers
             .into_iter()
             .filter_map(|p| {
-                remote::OfferNote {
+                crate::channels::OfferNote {
                     broker,
                     stream: p.stream,
                     credit: p.credit,
@@ -494,7 +496,7 @@ impl Task {
             .release(drained.leases, machine::SHUT_DOWN, true)
             .await;
         for id in drained.streams {
-            self.store.metrics.streams.closed(id);
+            self.store.metrics().streams.closed(id);
             if let Some(tx) = self.txs.remove(&id) {
                 tx.try_send(Err(Status::unavailable(
                     "broker is shutting down; reconnect",
@@ -553,7 +555,7 @@ async fn lease_everywhere(
 async fn next_due(
     clusters: &Clusters,
     queues: Vec<QueueName>,
-) -> crate::error::Result<Vec<crate::store::Due>> {
+) -> crate::error::Result<Vec<crate::domain::Due>> {
     let mut out = Vec::new();
     for (c, queues) in clusters.group(queues, |q| clusters.cluster_of(q)) {
         if let Some(store) = clusters.get(c) {
@@ -568,7 +570,7 @@ async fn next_due(
 /// (`store::limits`), both at once.
 async fn lease(
     store: &Store,
-    wants: Vec<crate::store::Want>,
+    wants: Vec<crate::domain::Want>,
     limited: &[QueueName],
 ) -> crate::error::Result<LeaseOutcome> {
     let (slow, fast): (Vec<_>, Vec<_>) =
@@ -646,7 +648,7 @@ async fn check_leases(
         match result {
             Ok(a) => alive.extend(a),
             Err(e) => {
-                warn!(error = %e, cluster = %store.cluster_name, "lease check failed; retrying in 1s");
+                warn!(error = %e, cluster = %store.cluster_name(), "lease check failed; retrying in 1s");
                 // Treat them as alive for another second.
                 alive.extend(ids.iter().map(|id| (*id, 1000)));
             }

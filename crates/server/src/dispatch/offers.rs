@@ -31,9 +31,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::StreamId;
-use super::remote::{OFFER_TTL, OfferNote};
+use super::remote::OFFER_TTL;
+use crate::channels::OfferNote;
+use crate::domain::HandoffTo;
 use crate::domain::QueueName;
-use crate::store::HandoffTo;
 
 /// A claim on one credit of one stream, for one job about to be inserted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +71,7 @@ impl Claims {
 
     /// The statement committed: `leased` were inserted leased (their
     /// `slot` indexes the claims); the other claims' credit returns.
-    pub fn report(&mut self, leased: Vec<crate::store::Leased>) {
+    pub fn report(&mut self, leased: Vec<crate::domain::Leased>) {
         let claims = std::mem::take(&mut self.claims);
         if !claims.is_empty() {
             (self.sink)(super::Handoff {

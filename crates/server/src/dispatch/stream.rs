@@ -78,11 +78,6 @@ impl DeliveryStream {
         }
     }
 
-    /// The dispatcher's id of this stream.
-    pub fn id(&self) -> StreamId {
-        self.guard.id
-    }
-
     fn beat(&mut self) -> pb::Heartbeat {
         let next = Instant::now() + self.interval;
         self.heartbeat.as_mut().reset(next);

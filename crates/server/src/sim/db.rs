@@ -14,8 +14,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use uuid::Uuid;
 
 use crate::domain::{AckReq, ClusterId, ExtendReq, Failed, JobId, LeaseToken, QueueName, Settled};
-use crate::store::limits::Cap;
-use crate::store::{Due, Extended, FailReq, HandoffTo, LeaseOutcome, Leased, Wake, Want};
+use crate::domain::{Cap, Due, Extended, FailReq, HandoffTo, LeaseOutcome, Leased, Wake, Want};
 
 /// Database time: milliseconds since the simulation began.
 pub type Ms = u64;

@@ -19,9 +19,9 @@ use crate::dispatch::sim_seam::{
 };
 use crate::dispatch::{Claims, Offers, StreamId};
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, QueueName, Subscription};
+use crate::domain::{FailReq, HandoffTo, Leased, Wake};
 use crate::error::Error;
 use crate::settle::{ack_results, extend_results, nack_results, wakes_for};
-use crate::store::{FailReq, HandoffTo, Leased, Wake};
 
 /// Runs one seed for `seconds` of activity (then until everything is
 /// settled); `trace`: print every step.

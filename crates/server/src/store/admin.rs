@@ -189,15 +189,6 @@ pub async fn queue_stats(
         .collect())
 }
 
-/// One queue, or None when it does not exist.
-pub async fn queue(store: &Store, name: &QueueName) -> Result<Option<QueueRow>> {
-    Ok(
-        queue_stats(store, Some(std::slice::from_ref(name)), None, 1)
-            .await?
-            .pop(),
-    )
-}
-
 /// Changes a queue's settings; creates the queue first when `create`.
 /// Returns false when the queue does not exist (and `create` is false).
 pub async fn update_queue(

@@ -30,19 +30,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 
-use super::{LeaseOutcome, LeaseRow, Store, Want};
-use crate::domain::QueueName;
+use super::{LeaseRow, Store};
+use crate::domain::{Cap, LeaseOutcome, QueueName, Want};
 use crate::error::Result;
-
-/// How the limits of one queue shaped a limited lease round.
-#[derive(Clone, Debug)]
-pub struct Cap {
-    pub queue: QueueName,
-    /// The queue has no limits any more: use the fast path again.
-    pub unlimited: bool,
-    /// The rate limit cut the round: the next token is due in this many ms.
-    pub retry_ms: Option<i64>,
-}
 
 struct Allowance {
     /// Jobs the round may lease (None = no limit applies).

@@ -5,10 +5,10 @@
 //! batchers in [`batch`] and the dispatcher) always work on many rows per
 //! statement. Errors become [`crate::error::Error`] by SQLSTATE class.
 
-pub mod admin;
-pub mod batch;
-pub mod conn;
-pub mod limits;
+pub(crate) mod admin;
+pub(crate) mod batch;
+pub(crate) mod conn;
+pub(crate) mod limits;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,12 +18,13 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Executor, Postgres};
 use uuid::Uuid;
 
-pub use conn::Conns;
+pub(crate) use conn::Conns;
 
-pub use crate::domain::{Enqueued, Failed, Leased, Settled};
-
+use crate::channels;
 use crate::domain::{
-    AckReq, ClusterId, ExtendReq, FastMap, FastSet, JobId, LeaseToken, NewJob, QueueName, Schedule,
+    AckReq, ClusterId, Due, EnqueueOutcome, Enqueued, ExtendReq, Extended, FailReq, Failed,
+    FastMap, FastSet, HandoffTo, JobId, LeaseOutcome, LeaseToken, Leased, NewJob, QueueName,
+    Schedule, Settled, Wake, Want,
 };
 use crate::error::{Error, Result};
 
@@ -75,7 +76,7 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 /// The settings that decide whether a commit PostgreSQL reported survives
 /// a crash of the server or its host (fsync, synchronous_commit,
 /// full_page_writes), as (name, value) in this session.
-pub async fn durability_settings(pool: &PgPool) -> Result<Vec<(String, String)>> {
+pub(crate) async fn durability_settings(pool: &PgPool) -> Result<Vec<(String, String)>> {
     let rows = sqlx::query!(
         r#"select name as "name!", setting as "setting!" from pg_settings
            where name in ('fsync', 'synchronous_commit', 'full_page_writes')
@@ -84,16 +85,6 @@ pub async fn durability_settings(pool: &PgPool) -> Result<Vec<(String, String)>>
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(|r| (r.name, r.setting)).collect())
-}
-
-/// The channel every broker LISTENs on for wake-ups. Payload:
-/// `<broker id>:<delay ms>:<queue>`.
-pub const WAKE_CHANNEL: &str = "leaseq_wake";
-
-/// The channel one broker LISTENs on to hear that jobs it leased were settled
-/// on another replica (payload: comma-separated `job_id:lease_token`).
-pub fn settle_channel(broker: Uuid) -> String {
-    format!("leaseq_settle_{}", broker.simple())
 }
 
 /// Opens the connection pool. The pool is small and fixed: connections do not
@@ -114,14 +105,10 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
         .await
 }
 
-/// PostgreSQL's `statement_timeout` on the broker's connections unless
-/// [`Session::statement_timeout`] says otherwise (`--pg-statement-timeout`).
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// What the broker sets on each of its sessions beyond what the connection
 /// string says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Session {
+pub(crate) struct Session {
     /// PostgreSQL's `statement_timeout` for the broker's statements (the
     /// migrations and VACUUM excepted), sent at connect, after the
     /// string's `options`; the broker's own wait on a statement is bounded
@@ -134,7 +121,7 @@ pub struct Session {
 impl Default for Session {
     fn default() -> Self {
         Session {
-            statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
+            statement_timeout: Some(crate::config::DEFAULT_STATEMENT_TIMEOUT),
         }
     }
 }
@@ -149,7 +136,7 @@ impl Session {
     }
 
     /// The broker's bound on one borrow of a connection.
-    pub fn bound(&self) -> Option<Duration> {
+    pub(crate) fn bound(&self) -> Option<Duration> {
         self.statement_timeout.map(|t| t + conn::BOUND_MARGIN)
     }
 }
@@ -197,7 +184,7 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
 }
 
 /// [`open`] with the session settings given.
-pub async fn open_with(
+pub(crate) async fn open_with(
     url: &str,
     pool_size: u32,
     session: Session,
@@ -250,18 +237,14 @@ pub async fn connect_listener(url: &str) -> Result<PgPool, sqlx::Error> {
 }
 
 /// [`connect_listener`] with the session settings given.
-pub async fn connect_listener_with(url: &str, session: Session) -> Result<PgPool, sqlx::Error> {
+pub(crate) async fn connect_listener_with(
+    url: &str,
+    session: Session,
+) -> Result<PgPool, sqlx::Error> {
     let target = crate::pgconn::connect_options(url)?;
     Ok(pool_options(&target, 1)
         .min_connections(0)
         .connect_lazy_with(session.apply(target.options()?)))
-}
-
-/// A queue to wake: `delay_ms` 0 = has jobs now, > 0 = its next job is due then.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Wake {
-    pub queue: QueueName,
-    pub delay_ms: i64,
 }
 
 /// Coalesces wake-ups: per queue, the earliest ready job and the earliest
@@ -285,107 +268,60 @@ impl Wakes {
     }
 }
 
-/// What one stream slot wants from one queue in a lease round.
-#[derive(Clone, Debug)]
-pub struct Want {
-    pub queue: QueueName,
-    pub n: i32,
-    pub lease_ms: Option<i64>,
-    pub slot: i32,
-    pub consumer: std::sync::Arc<str>,
-}
-
-/// What [`Store::next_due`] found for one queue.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Due {
-    pub queue: QueueName,
-    /// Milliseconds until its next delayed job (None: none).
-    pub due_ms: Option<i64>,
-    /// A job is deliverable now.
-    pub ready: bool,
-}
-
-/// What a lease round got.
-#[derive(Debug, Default)]
-pub struct LeaseOutcome {
-    pub jobs: Vec<Leased>,
-    /// Wanted queues the round skipped because they have limits.
-    pub limited: Vec<QueueName>,
-    /// For a round of limited queues: how the limits cut each queue's ask.
-    pub caps: Vec<limits::Cap>,
-}
-
 enum LeaseRow {
     Job(Leased),
     Limited(QueueName),
-}
-
-/// One lease to end unsuccessfully (see fail.sql).
-#[derive(Clone, Debug)]
-pub struct FailReq {
-    pub id: JobId,
-    pub token: LeaseToken,
-    pub error: String,
-    pub retry_after_ms: Option<i64>,
-    pub dead_letter: bool,
-    pub refund: bool,
-}
-
-#[derive(Clone, Debug)]
-pub struct Extended {
-    pub id: JobId,
-    /// The lease extended (see [`crate::domain::Failed::token`]).
-    pub token: LeaseToken,
-    pub lease_expires_at: DateTime<Utc>,
-    pub broker: Option<Uuid>,
-    pub lease_ms: i64,
-}
-
-/// An idle stream that a new job may be handed to (enqueue.sql): its lease
-/// (None = the queue's default), consumer name, and broker (None = this
-/// one; another replica's id for a stream it offered, `dispatch::offers`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HandoffTo {
-    pub lease_ms: Option<i64>,
-    pub consumer: std::sync::Arc<str>,
-    pub broker: Option<Uuid>,
-    /// The stream, by its broker's numbering (for a hand-over).
-    pub stream: u64,
-}
-
-/// What an enqueue statement did.
-#[derive(Debug, Default)]
-pub struct EnqueueOutcome {
-    /// One result per job, in order.
-    pub results: Vec<Enqueued>,
-    /// Queues to wake (jobs inserted available, now or later).
-    pub wakes: Vec<Wake>,
-    /// Jobs inserted already leased to the stream of their claim, but for
-    /// those whose hand-over to another replica the statement sent
-    /// (enqueue_handover.sql); `Leased::slot` is the job's index in the
-    /// request.
-    pub handed: Vec<Leased>,
 }
 
 /// All SQL. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
     /// For admin and maintenance statements.
-    pub pool: PgPool,
+    pool: PgPool,
     /// For the hot path: group-commit statements and lease rounds.
-    pub conns: Conns,
+    conns: Conns,
     /// This broker process's id: stamped on the leases it takes.
-    pub broker_id: Uuid,
+    broker_id: Uuid,
     /// This broker's counters, histograms and stream registry.
-    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The cluster these connections reach (docs/SCALING.md): stamped on the
     /// lease tokens this store reads, so settles find their way back.
-    pub cluster: ClusterId,
+    cluster: ClusterId,
     /// Its name (`--database-url NAME=URI`; `main` for a single database).
-    pub cluster_name: std::sync::Arc<str>,
+    cluster_name: std::sync::Arc<str>,
 }
 
 impl Store {
+    /// The pool, for admin and maintenance statements.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The hot path's connections: group-commit statements and lease rounds.
+    pub(crate) fn conns(&self) -> &Conns {
+        &self.conns
+    }
+
+    /// This broker process's id: stamped on the leases it takes.
+    pub(crate) fn broker_id(&self) -> Uuid {
+        self.broker_id
+    }
+
+    /// This broker's counters, histograms and stream registry.
+    pub(crate) fn metrics(&self) -> &std::sync::Arc<crate::metrics::Metrics> {
+        &self.metrics
+    }
+
+    /// The cluster these connections reach.
+    pub(crate) fn cluster(&self) -> ClusterId {
+        self.cluster
+    }
+
+    /// The cluster's name.
+    pub(crate) fn cluster_name(&self) -> &std::sync::Arc<str> {
+        &self.cluster_name
+    }
+
     pub fn new(pool: PgPool, conns: Conns) -> Store {
         Store {
             pool,
@@ -393,13 +329,19 @@ impl Store {
             broker_id: Uuid::new_v4(),
             metrics: Default::default(),
             cluster: ClusterId::HOME,
-            cluster_name: std::sync::Arc::from(crate::placement::HOME_NAME),
+            cluster_name: std::sync::Arc::from(crate::domain::HOME_NAME),
         }
     }
 
     /// The store of another cluster of the same broker: same broker id and
     /// metrics, other connections.
-    pub fn sibling(&self, pool: PgPool, conns: Conns, cluster: ClusterId, name: &str) -> Store {
+    pub(crate) fn sibling(
+        &self,
+        pool: PgPool,
+        conns: Conns,
+        cluster: ClusterId,
+        name: &str,
+    ) -> Store {
         Store {
             pool,
             conns,
@@ -411,13 +353,13 @@ impl Store {
     }
 
     /// Names this (home) store's cluster.
-    pub fn named(mut self, name: &str) -> Store {
+    pub(crate) fn named(mut self, name: &str) -> Store {
         self.cluster_name = std::sync::Arc::from(name);
         self
     }
 
     /// Creates queue rows (with defaults) for names not seen before.
-    pub async fn ensure_queues<'e>(
+    pub(crate) async fn ensure_queues<'e>(
         exec: impl Executor<'e, Database = Postgres>,
         names: &[QueueName],
     ) -> Result<()> {
@@ -442,7 +384,7 @@ impl Store {
     /// cluster's store): their key is looked for there too, before the
     /// commit, so that a job the move has not copied yet is found
     /// ([`Store::dedup_elsewhere`]).
-    pub async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         jobs: &[NewJob],
         claims: &[Option<HandoffTo>],
@@ -773,49 +715,40 @@ impl Store {
         .await?)
     }
 
-    /// Sends wake-ups (`<broker>:<delay ms>:<queue>` on [`WAKE_CHANNEL`]),
-    /// settle notices (`job:token,...` on each broker's settle channel) and
+    /// Sends wake-ups (on [`channels::WAKE`]), settle notices (on each
+    /// broker's [`channels::settle`] channel) and
     /// `raw` (channel, payload) pairs in one statement, outside any write
     /// transaction.
-    pub async fn notify(
+    pub(crate) async fn notify(
         &self,
         wakes: &[Wake],
         settled: &[(Uuid, JobId, LeaseToken)],
         raw: Vec<(String, String)>,
     ) -> Result<()> {
-        let (mut channels, mut payloads): (Vec<String>, Vec<String>) = raw.into_iter().unzip();
+        let (mut names, mut payloads): (Vec<String>, Vec<String>) = raw.into_iter().unzip();
+        let me = self.broker_id.simple().to_string();
         for w in wakes {
-            channels.push(WAKE_CHANNEL.to_owned());
-            payloads.push(format!(
-                "{}:{}:{}",
-                self.broker_id.simple(),
-                w.delay_ms,
-                w.queue
-            ));
+            names.push(channels::WAKE.to_owned());
+            payloads.push(channels::wake(&me, w));
         }
-        let mut by_broker: HashMap<Uuid, Vec<String>> = HashMap::new();
+        let mut by_broker: HashMap<Uuid, Vec<(JobId, LeaseToken)>> = HashMap::new();
         for (broker, id, token) in settled {
-            by_broker
-                .entry(*broker)
-                .or_default()
-                // The bare UUID: the listener knows the cluster it listens on.
-                .push(format!("{id}:{}", token.0));
+            by_broker.entry(*broker).or_default().push((*id, *token));
         }
-        for (broker, ids) in by_broker {
-            // NOTIFY payloads are limited to 8000 bytes: 100 pairs is 7400.
-            for chunk in ids.chunks(100) {
-                channels.push(settle_channel(broker));
-                payloads.push(chunk.join(","));
+        for (broker, leases) in by_broker {
+            for p in channels::settled(&leases) {
+                names.push(channels::settle(broker));
+                payloads.push(p);
             }
         }
-        if channels.is_empty() {
+        if names.is_empty() {
             return Ok(());
         }
         let mut c = self.conns.acquire().await?;
         c.bounded(|c| {
             sqlx::query!(
                 "select pg_notify(c, p) from unnest($1::text[], $2::text[]) as n(c, p)",
-                &channels,
+                &names,
                 &payloads,
             )
             .execute(c)
@@ -829,7 +762,7 @@ impl Store {
     /// lease.sql). Wanted queues that turn out to have limits are skipped and
     /// named in [`LeaseOutcome::limited`]: they go through
     /// [`Store::lease_limited`].
-    pub async fn lease(&self, wants: &[Want]) -> Result<LeaseOutcome> {
+    pub(crate) async fn lease(&self, wants: &[Want]) -> Result<LeaseOutcome> {
         let mut c = self.conns.acquire().await?;
         let rows = c.bounded(|c| self.lease_rows(c, wants, false)).await?;
         c.done();
@@ -923,7 +856,7 @@ impl Store {
     /// Completes jobs whose token is current: deletes them, and keeps a
     /// record of those whose queue has a completed retention (see ack.sql).
     /// Returns the ones completed.
-    pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
+    pub(crate) async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
         // In id order: ack.sql locks the rows in the order given.
         let mut pairs: Vec<(Uuid, Uuid)> = reqs.iter().map(|r| (r.job_id.0, r.token.0)).collect();
         pairs.sort_unstable();
@@ -946,7 +879,7 @@ impl Store {
     }
 
     /// Ends leases unsuccessfully (see fail.sql). Returns the ones matched.
-    pub async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
+    pub(crate) async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
         // In id order: fail.sql locks the rows in the order given.
         let mut reqs: Vec<&FailReq> = reqs.iter().collect();
         reqs.sort_unstable_by_key(|r| r.id.0);
@@ -989,7 +922,7 @@ impl Store {
     }
 
     /// Extends leases whose token is current and not yet expired.
-    pub async fn extend(&self, reqs: &[ExtendReq]) -> Result<Vec<Extended>> {
+    pub(crate) async fn extend(&self, reqs: &[ExtendReq]) -> Result<Vec<Extended>> {
         // In id order: extend.sql locks the rows in the order given.
         let mut reqs: Vec<&ExtendReq> = reqs.iter().collect();
         reqs.sort_unstable_by_key(|r| r.job_id.0);
@@ -1016,7 +949,7 @@ impl Store {
     }
 
     /// Leases past their expiry (all, or only among `only`).
-    pub async fn expired_leases(
+    pub(crate) async fn expired_leases(
         &self,
         only: Option<&[JobId]>,
         limit: i64,
@@ -1041,7 +974,7 @@ impl Store {
 
     /// Live leases of this broker on jobs enqueued more than `older_ms` ago
     /// (see unheard_leases.sql): the dispatcher keeps those its streams hold.
-    pub async fn unheard_leases(&self, older_ms: i64) -> Result<Vec<(JobId, LeaseToken)>> {
+    pub(crate) async fn unheard_leases(&self, older_ms: i64) -> Result<Vec<(JobId, LeaseToken)>> {
         let rows = self
             .on_pool(async {
                 let mut tx = self.sweep_tx().await?;
@@ -1104,7 +1037,7 @@ impl Store {
     }
 
     /// Dead-letters waiting jobs past their ttl; returns how many per queue.
-    pub async fn expire_ttl(&self, limit: i64) -> Result<Vec<(String, u64)>> {
+    pub(crate) async fn expire_ttl(&self, limit: i64) -> Result<Vec<(String, u64)>> {
         let rows = self
             .on_pool(async {
                 let mut tx = self.sweep_tx().await?;
@@ -1145,7 +1078,7 @@ impl Store {
     /// analysed completed_jobs found the doomed rows by reading the whole
     /// table (a sequential scan filtered on ctid) for every batch, however
     /// many records the retention kept (tests/plans.rs).
-    pub async fn expire_completed(&self, limit: i64) -> Result<u64> {
+    pub(crate) async fn expire_completed(&self, limit: i64) -> Result<u64> {
         let done = self
             .on_pool(async {
                 let mut tx = self.sweep_tx().await?;
@@ -1163,7 +1096,7 @@ impl Store {
     /// and whether one is deliverable now. In a sweep transaction: with the default planner settings, its
     /// generic plan made on a drained table read every job of the queue and
     /// sorted them (tests/plans.rs); with them it reads jobs_scheduled.
-    pub async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<Due>> {
+    pub(crate) async fn next_due(&self, queues: &[QueueName]) -> Result<Vec<Due>> {
         let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
         let rows = self
             .on_pool(async {
@@ -1197,7 +1130,7 @@ impl Store {
     /// terminated, a restart) fails at once without saying anything about
     /// the server: it is closed and the probe tries again, three times at
     /// most, on another connection or a new one.
-    pub async fn ping(&self) -> Result<()> {
+    pub(crate) async fn ping(&self) -> Result<()> {
         let probe = async {
             let mut tries = 0;
             loop {

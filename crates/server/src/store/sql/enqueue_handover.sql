@@ -6,9 +6,9 @@
 -- between the commit and the other broker's push (docs/BENCHMARKS.md,
 -- "Hand-off across replicas"). A NOTIFY holds a database-wide lock through
 -- the commit, so only one-job statements (light load) take this path; the
--- payload is the JSON of dispatch::remote::HandedNote, and the enqueue path
--- only hands over jobs that fit a NOTIFY (remote::fits). Keep the insert
--- alike enqueue_one.sql.
+-- channel and payload are channels::handed and channels::HandedNote (whose
+-- tests check this file), and the enqueue path only hands over jobs that
+-- fit a NOTIFY (channels::fits). Keep the insert alike enqueue_one.sql.
 with j as (
     insert into leaseq.jobs
         (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
