@@ -44,6 +44,12 @@
 //! - [`config`]: [`Config`], the settings; [`error`]: errors and their one
 //!   mapping to gRPC status codes.
 //! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
+//! - `tick`: the clock of every background loop (an interval that ends at
+//!   shutdown).
+
+// Tests may be long (a scenario reads top to bottom); the code they test
+// may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod api;
 pub mod auth;
@@ -71,6 +77,7 @@ mod sim;
 pub mod store;
 pub mod stream_limit;
 pub mod telemetry;
+mod tick;
 pub mod tls;
 
 pub use config::Config;
