@@ -306,7 +306,11 @@ impl Broker {
             places.into_iter().zip(results).collect::<Vec<_>>()
         });
         let mut out: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
-        for (i, r) in join_all(runs).await.into_iter().flatten() {
+        for (i, r) in futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .flatten()
+        {
             out[i] = Some(r);
         }
         Ok(out
@@ -347,34 +351,6 @@ impl Broker {
         self.draining.store(true, Ordering::SeqCst);
         self.dispatcher.drain().await;
     }
-}
-
-/// Runs futures concurrently in this task; results in order.
-pub(crate) async fn join_all<F: std::future::Future>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (i, f) in pending.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => done = false,
-                }
-            }
-        }
-        if done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter()
-        .map(|o| o.expect("every future finished"))
-        .collect()
 }
 
 /// Queue rows known to exist on this lane's cluster, so enqueues create them
