@@ -682,12 +682,7 @@ async fn connect_clusters(
     if databases.len() == 1 {
         // The home of several clusters given alone would take every queue
         // for its own, and strand the jobs of the others.
-        let elsewhere: bool = sqlx::query_scalar!(
-            "select exists (select 1 from leaseq.placement where cluster <> 0 or moving_to is not null) \
-             or exists (select 1 from leaseq.placement_pins where cluster <> 0) as \"elsewhere!\"",
-        )
-        .fetch_one(&home.pool)
-        .await?;
+        let elsewhere = store::placement::places_elsewhere(&home.pool).await?;
         anyhow::ensure!(
             !elsewhere,
             "this database is the home cluster of a placement over several clusters: give every cluster's --database-url (docs/SCALING.md)"

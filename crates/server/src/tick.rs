@@ -20,6 +20,11 @@ impl Ticks {
         Ticks::starting(Instant::now(), period, stop)
     }
 
+    /// The first tick one `period` from now.
+    pub(crate) fn after_one(period: Duration, stop: &CancellationToken) -> Ticks {
+        Ticks::starting(Instant::now() + period, period, stop)
+    }
+
     fn starting(first: Instant, period: Duration, stop: &CancellationToken) -> Ticks {
         let mut interval = tokio::time::interval_at(first, period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -59,10 +64,18 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn after_one_skips_the_first_tick() {
+        let stop = CancellationToken::new();
+        let start = Instant::now();
+        let mut ticks = Ticks::after_one(Duration::from_secs(3), &stop);
+        assert!(ticks.next().await);
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_stop_ends_the_wait_for_a_tick() {
         let stop = CancellationToken::new();
-        let mut ticks = Ticks::new(Duration::from_secs(3600), &stop);
-        assert!(ticks.next().await);
+        let mut ticks = Ticks::after_one(Duration::from_secs(3600), &stop);
         let cancel = stop.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(1)).await;

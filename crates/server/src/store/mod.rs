@@ -9,6 +9,7 @@ pub mod admin;
 pub mod batch;
 pub mod conn;
 pub mod limits;
+pub(crate) mod placement;
 
 use std::collections::HashMap;
 use std::time::Duration;
