@@ -359,6 +359,44 @@ impl Broker {
 #[derive(Clone, Default)]
 struct KnownQueues(Arc<Mutex<(i64, HashSet<QueueName>)>>);
 
+/// An enqueue's claims, by where their stream is. Every claim on a stream
+/// of ours is reported, used or not, so its credit is accounted for.
+struct ClaimsBySide {
+    /// A job's place in the request → its claim's in `used`.
+    index: HashMap<usize, usize>,
+    /// A job's place in the request → another replica's stream (that
+    /// replica counts its credit when the job reaches it).
+    remote: HashMap<usize, (uuid::Uuid, StreamId)>,
+    /// The claims on streams of this broker.
+    used: Vec<crate::dispatch::Claim>,
+}
+
+impl ClaimsBySide {
+    /// `claims[i]`: the claim for the request's `i`th job, if any.
+    fn of(claims: Vec<Option<crate::dispatch::Claim>>) -> ClaimsBySide {
+        let mut index: HashMap<usize, usize> = HashMap::new();
+        let mut remote: HashMap<usize, (uuid::Uuid, StreamId)> = HashMap::new();
+        let mut used = Vec::new();
+        for (i, c) in claims.into_iter().enumerate() {
+            let Some(c) = c else { continue };
+            match c.to.broker {
+                Some(b) => {
+                    remote.insert(i, (b, c.stream));
+                }
+                None => {
+                    index.insert(i, used.len());
+                    used.push(c);
+                }
+            }
+        }
+        ClaimsBySide {
+            index,
+            remote,
+            used,
+        }
+    }
+}
+
 /// One enqueue statement for many requests. Jobs due now whose queue has an
 /// idle stream here, or else on another replica, are handed off to it (see
 /// `dispatch::offers` and `dispatch::remote`); the rest wake their queues
@@ -402,25 +440,11 @@ async fn enqueue(
         .map(|c| c.as_ref().map(|c| c.to.clone()))
         .collect();
     let settle = dispatcher.settle();
-    // Every claim on a stream of ours is reported, used or not, so its
-    // credit is accounted for. `index` maps a job's place in the request to
-    // its claim's; `remote` to another replica's stream (that replica counts
-    // its credit when the job reaches it).
-    let mut index: HashMap<usize, usize> = HashMap::new();
-    let mut remote: HashMap<usize, (uuid::Uuid, StreamId)> = HashMap::new();
-    let mut used = Vec::new();
-    for (i, c) in claims.into_iter().enumerate() {
-        let Some(c) = c else { continue };
-        match c.to.broker {
-            Some(b) => {
-                remote.insert(i, (b, c.stream));
-            }
-            None => {
-                index.insert(i, used.len());
-                used.push(c);
-            }
-        }
-    }
+    let ClaimsBySide {
+        index,
+        remote,
+        used,
+    } = ClaimsBySide::of(claims);
     // From here on the claims are reported exactly once: with what the
     // statement did, or (an error, a panic, this future dropped) unused.
     let mut claims = {
