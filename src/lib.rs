@@ -11,6 +11,10 @@
 //! - [`embedded`]: the private PostgreSQL cluster used when no DATABASE_URL.
 //! - [`telemetry`], logging: `RUST_LOG` filters, human or JSON lines.
 
+// Tests may be long (a scenario reads top to bottom); the code they test
+// may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod bench;
 pub mod cli;
 pub mod config;

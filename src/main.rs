@@ -1,5 +1,9 @@
 //! The `leaseq` binary: parse the command line, set up logging, run.
 
+// Tests may be long (a scenario reads top to bottom); the code they test
+// may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use tokio_util::sync::CancellationToken;
@@ -127,84 +131,14 @@ async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> 
     };
     let placed: Vec<(ClusterId, sqlx::PgPool)> = ids.iter().copied().zip(pools).collect();
     let json = args.output == leaseq::cli::Output::Json;
-    let name_of = |id: &ClusterId| {
-        ids.iter()
-            .position(|i| i == id)
-            .map_or_else(|| format!("id {id}"), |i| names[i].clone())
-    };
     match cmd {
         P::Show(_) => {
             let map = pl::load(&placed[0].1).await?;
-            let count = |id: &ClusterId| map.buckets.iter().filter(|c| *c == id).count();
-            if json {
-                print_json(&serde_json::json!({
-                    "epoch": map.epoch,
-                    "clusters": names.iter().zip(&ids).map(|(name, id)| serde_json::json!({
-                        "name": name, "id": id.0, "buckets": count(id),
-                    })).collect::<Vec<_>>(),
-                    "moving": map.moving.iter().map(|(b, to)| serde_json::json!({
-                        "bucket": b, "to": name_of(to),
-                    })).collect::<Vec<_>>(),
-                    "pins": map.pins.iter().map(|(p, c)| serde_json::json!({
-                        "pattern": p, "cluster": name_of(c),
-                    })).collect::<Vec<_>>(),
-                }));
-                return Ok(());
-            }
-            println!("epoch {}", map.epoch);
-            for (name, id) in names.iter().zip(&ids) {
-                println!("cluster {name} (id {id}): {} buckets", count(id));
-            }
-            for (b, to) in &map.moving {
-                println!("bucket {b}: moving to cluster id {to}");
-            }
-            for (p, c) in &map.pins {
-                println!("pin {p} -> cluster id {c}");
-            }
+            show_placement(&map, &names, &ids, json);
         }
         P::Move {
             bucket, queue, to, ..
-        } => {
-            let bucket = match (bucket, queue) {
-                (Some(b), _) => b,
-                (None, Some(q)) => pl::bucket_of(&q),
-                (None, None) => anyhow::bail!("give --bucket or --queue"),
-            };
-            // What has been copied so far, on a terminal.
-            let (progress, mut copied) = tokio::sync::watch::channel(pl::Moved::default());
-            let spinner =
-                leaseq::cli::interactive::spinner(&format!("moving bucket {bucket} to {to}"));
-            let shown = spinner.clone();
-            let show = tokio::spawn(async move {
-                while copied.changed().await.is_ok() {
-                    let m = copied.borrow_and_update().clone();
-                    shown.set_message(format!(
-                        "moving bucket {bucket}: {} jobs, {} dead letters, {} completed copied",
-                        m.jobs, m.dead, m.completed
-                    ));
-                }
-            });
-            let opts = pl::MoveOptions {
-                progress: Some(progress),
-                ..pl::MoveOptions::default()
-            };
-            let moved = pl::move_bucket(&placed, bucket, id_of(&to)?, &opts).await;
-            drop(opts);
-            let _ = show.await;
-            spinner.finish_and_clear();
-            let moved = moved?;
-            if json {
-                print_json(&serde_json::json!({
-                    "bucket": bucket, "to": to, "queues": moved.queues,
-                    "jobs": moved.jobs, "dead": moved.dead, "completed": moved.completed,
-                }));
-            } else {
-                println!(
-                    "bucket {bucket} moved to {to}: {} queues, {} jobs, {} dead letters",
-                    moved.queues, moved.jobs, moved.dead
-                );
-            }
-        }
+        } => move_bucket(&placed, bucket, queue, &to, &id_of, json).await?,
         P::Pin {
             pattern, cluster, ..
         } => {
@@ -215,6 +149,99 @@ async fn placement(cmd: leaseq::config::PlacementCommand) -> anyhow::Result<()> 
                 println!("{pattern} pinned to {cluster}");
             }
         }
+    }
+    Ok(())
+}
+
+/// `leaseq placement show`: the clusters (`names`, their `ids`) and their
+/// buckets, the moves under way and the pins.
+fn show_placement(
+    map: &leaseq_server::placement::Map,
+    names: &[String],
+    ids: &[leaseq_server::ClusterId],
+    json: bool,
+) {
+    let name_of = |id: &leaseq_server::ClusterId| {
+        ids.iter()
+            .position(|i| i == id)
+            .map_or_else(|| format!("id {id}"), |i| names[i].clone())
+    };
+    let count = |id: &leaseq_server::ClusterId| map.buckets.iter().filter(|c| *c == id).count();
+    if json {
+        print_json(&serde_json::json!({
+            "epoch": map.epoch,
+            "clusters": names.iter().zip(ids).map(|(name, id)| serde_json::json!({
+                "name": name, "id": id.0, "buckets": count(id),
+            })).collect::<Vec<_>>(),
+            "moving": map.moving.iter().map(|(b, to)| serde_json::json!({
+                "bucket": b, "to": name_of(to),
+            })).collect::<Vec<_>>(),
+            "pins": map.pins.iter().map(|(p, c)| serde_json::json!({
+                "pattern": p, "cluster": name_of(c),
+            })).collect::<Vec<_>>(),
+        }));
+        return;
+    }
+    println!("epoch {}", map.epoch);
+    for (name, id) in names.iter().zip(ids) {
+        println!("cluster {name} (id {id}): {} buckets", count(id));
+    }
+    for (b, to) in &map.moving {
+        println!("bucket {b}: moving to cluster id {to}");
+    }
+    for (p, c) in &map.pins {
+        println!("pin {p} -> cluster id {c}");
+    }
+}
+
+/// `leaseq placement move`: the bucket given, or the queue's, to cluster
+/// `to` (`id_of` finds its id), showing what it copied on a terminal.
+async fn move_bucket(
+    placed: &[(leaseq_server::ClusterId, sqlx::PgPool)],
+    bucket: Option<u32>,
+    queue: Option<String>,
+    to: &str,
+    id_of: &dyn Fn(&str) -> anyhow::Result<leaseq_server::ClusterId>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use leaseq_server::placement as pl;
+    let bucket = match (bucket, queue) {
+        (Some(b), _) => b,
+        (None, Some(q)) => pl::bucket_of(&q),
+        (None, None) => anyhow::bail!("give --bucket or --queue"),
+    };
+    // What has been copied so far, on a terminal.
+    let (progress, mut copied) = tokio::sync::watch::channel(pl::Moved::default());
+    let spinner = leaseq::cli::interactive::spinner(&format!("moving bucket {bucket} to {to}"));
+    let shown = spinner.clone();
+    let show = tokio::spawn(async move {
+        while copied.changed().await.is_ok() {
+            let m = copied.borrow_and_update().clone();
+            shown.set_message(format!(
+                "moving bucket {bucket}: {} jobs, {} dead letters, {} completed copied",
+                m.jobs, m.dead, m.completed
+            ));
+        }
+    });
+    let opts = pl::MoveOptions {
+        progress: Some(progress),
+        ..pl::MoveOptions::default()
+    };
+    let moved = pl::move_bucket(placed, bucket, id_of(to)?, &opts).await;
+    drop(opts);
+    let _ = show.await;
+    spinner.finish_and_clear();
+    let moved = moved?;
+    if json {
+        print_json(&serde_json::json!({
+            "bucket": bucket, "to": to, "queues": moved.queues,
+            "jobs": moved.jobs, "dead": moved.dead, "completed": moved.completed,
+        }));
+    } else {
+        println!(
+            "bucket {bucket} moved to {to}: {} queues, {} jobs, {} dead letters",
+            moved.queues, moved.jobs, moved.dead
+        );
     }
     Ok(())
 }

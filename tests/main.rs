@@ -4,6 +4,10 @@
 //! admin clients, snapshots, fault load). Run one file's tests with a filter:
 //! `cargo nextest run -E 'test(/^lb::/)'` or `cargo test --test suite lb::`.
 
+// A scenario reads top to bottom: test functions may be long (the code
+// they test may not: clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 mod admin;

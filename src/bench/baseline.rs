@@ -54,16 +54,7 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
         .context("baseline needs --database-url / DATABASE_URL")?;
     let workers = args.producers.max(1) * 2;
     let pool = leaseq_server::store::connect(&url, workers as u32 + 1).await?;
-    sqlx::query(
-        "create table if not exists leaseq_bench_raw (
-            id bigserial primary key, payload bytea not null,
-            leased_until timestamptz)",
-    )
-    .execute(&pool)
-    .await?;
-    sqlx::query("truncate leaseq_bench_raw")
-        .execute(&pool)
-        .await?;
+    create_table(&pool).await?;
     prefill(&pool, args.raw_backlog, args.payload_bytes).await?;
     let done = Arc::new(AtomicU64::new(0));
     let cpu_before = CpuTimes::read(&args.broker_pid, &args.postgres_pid);
@@ -80,25 +71,7 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
             anyhow::Ok(())
         });
     }
-    let mut reporter = Reporter::new(args, "leaseq_bench_raw", None).await?;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1).min(deadline - now)).await;
-        let jobs = done.load(Ordering::Relaxed);
-        if let Some(r) = &mut reporter {
-            r.tick(started.elapsed().as_secs_f64(), jobs, None).await;
-        }
-        eprint!(
-            "\r[{:>4.0}s] raw-sql jobs={jobs} ",
-            started.elapsed().as_secs_f64(),
-        );
-    }
-    if let Some(r) = reporter {
-        r.close().await;
-    }
+    report_until(args, started, deadline, &done).await?;
     while let Some(r) = tasks.join_next().await {
         r??;
     }
@@ -128,6 +101,51 @@ async fn raw_sql(args: &BenchArgs, batch: usize) -> anyhow::Result<Outcome> {
         cpu,
         waiting,
     })
+}
+
+/// The pattern's table, empty.
+async fn create_table(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    sqlx::query(
+        "create table if not exists leaseq_bench_raw (
+            id bigserial primary key, payload bytea not null,
+            leased_until timestamptz)",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query("truncate leaseq_bench_raw")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Shows (and records, with `--report`) the jobs `done` every second until
+/// `deadline`.
+async fn report_until(
+    args: &BenchArgs,
+    started: Instant,
+    deadline: Instant,
+    done: &AtomicU64,
+) -> anyhow::Result<()> {
+    let mut reporter = Reporter::new(args, "leaseq_bench_raw", None).await?;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1).min(deadline - now)).await;
+        let jobs = done.load(Ordering::Relaxed);
+        if let Some(r) = &mut reporter {
+            r.tick(started.elapsed().as_secs_f64(), jobs, None).await;
+        }
+        eprint!(
+            "\r[{:>4.0}s] raw-sql jobs={jobs} ",
+            started.elapsed().as_secs_f64(),
+        );
+    }
+    if let Some(r) = reporter {
+        r.close().await;
+    }
+    Ok(())
 }
 
 /// Inserts `n` waiting rows (--raw-backlog) and vacuums the table so that

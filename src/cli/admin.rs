@@ -262,250 +262,287 @@ async fn connect(c: &ClientArgs) -> Result<Admin, CliError> {
 pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
     match cmd {
         AdminCommand::Stats(a) => stats(a).await,
-        AdminCommand::Queues(a) => {
-            let mut admin = connect(&a.client).await?;
-            let queues = all_queues(&mut admin).await?;
-            match a.client.output {
-                Output::Json => print_json(&Value::Array(queues.iter().map(queue_json).collect())),
-                Output::Table => print_table(
-                    &[
-                        "QUEUE",
-                        "PAUSED",
-                        "LEASE",
-                        "MAX_ATTEMPTS",
-                        "BACKOFF",
-                        "RETENTION",
-                        "LIMITS",
-                        "CREATED",
-                    ],
-                    queues.iter().map(|q| {
-                        let s = q.settings.unwrap_or_default();
-                        vec![
-                            q.name.clone(),
-                            yes_no(s.paused),
-                            human_dur(s.default_lease.as_ref()),
-                            s.max_attempts.to_string(),
-                            format!(
-                                "{}..{}",
-                                human_dur(s.backoff_base.as_ref()),
-                                human_dur(s.backoff_cap.as_ref())
-                            ),
-                            s.completed_retention
-                                .as_ref()
-                                .map_or("-".into(), |d| human_dur(Some(d))),
-                            limits(&s),
-                            q.created_at.as_ref().map_or("-".into(), rfc3339),
-                        ]
-                    }),
-                ),
-            }
-            Ok(())
-        }
-        AdminCommand::Jobs(a) => {
-            let state = a.state.map(|s| match s {
-                StateArg::Available => pb::JobState::Available,
-                StateArg::Scheduled => pb::JobState::Scheduled,
-                StateArg::Leased => pb::JobState::Leased,
-                StateArg::Dead => pb::JobState::Dead,
-                StateArg::Completed => pb::JobState::Completed,
-            });
-            let mut admin = connect(&a.client).await?;
-            let jobs = list_jobs(
-                &mut admin,
-                a.queue.unwrap_or_default(),
-                state.unwrap_or(pb::JobState::Unspecified),
-                a.limit,
-                a.payload,
-            )
-            .await?;
-            print_jobs(&jobs, a.client.output, a.payload);
-            Ok(())
-        }
-        AdminCommand::Job { cmd } => match cmd {
-            JobCmd::Get(a) => {
-                let mut admin = connect(&a.client).await?;
-                let job = admin
-                    .get_job(pb::GetJobRequest { job_id: a.job_id })
-                    .await?
-                    .into_inner();
-                match a.client.output {
-                    Output::Json => print_json(&job_json(&job, true)),
-                    Output::Table => {
-                        let v = job_json(&job, true);
-                        if let Value::Object(m) = v {
-                            for (k, v) in m {
-                                let v = match v {
-                                    Value::String(s) => s,
-                                    Value::Null => "-".into(),
-                                    other => other.to_string(),
-                                };
-                                println!("{k:<17} {v}");
-                            }
-                        }
-                    }
-                }
-                Ok(())
-            }
-            JobCmd::Cancel(JobCancelArgs { job: a, yes }) => {
-                confirm(&format!("cancel deletes job {}", a.job_id), yes)?;
-                let mut admin = connect(&a.client).await?;
-                let r = admin
-                    .cancel_job(pb::CancelJobRequest {
-                        job_id: a.job_id.clone(),
-                    })
-                    .await?
-                    .into_inner();
-                match a.client.output {
-                    Output::Json => {
-                        print_json(&json!({"job_id": a.job_id, "was_leased": r.was_leased}))
-                    }
-                    Output::Table => println!(
-                        "cancelled {}{}",
-                        a.job_id,
-                        if r.was_leased { " (was leased)" } else { "" }
-                    ),
-                }
-                Ok(())
-            }
-        },
-        AdminCommand::Dlq { cmd } => match cmd {
-            DlqCmd::List(a) => {
-                let mut admin = connect(&a.client).await?;
-                let jobs = list_jobs(
-                    &mut admin,
-                    a.queue.unwrap_or_default(),
-                    pb::JobState::Dead,
-                    a.limit,
-                    a.payload,
-                )
-                .await?;
-                print_jobs(&jobs, a.client.output, a.payload);
-                Ok(())
-            }
-            DlqCmd::Requeue(a) => {
-                let mut admin = connect(&a.client).await?;
-                let r = if a.all && std::io::stderr().is_terminal() {
-                    let (requeued, skipped) = dlq_by_pages(&mut admin, &a, Dlq::Requeue).await?;
-                    pb::RequeueDeadLettersResponse {
-                        requeued,
-                        skipped_duplicates: skipped,
-                    }
-                } else {
-                    admin.requeue_dead_letters(selector(&a)).await?.into_inner()
-                };
-                match a.client.output {
-                    Output::Json => print_json(&json!({
-                        "requeued": r.requeued,
-                        "skipped_duplicates": r.skipped_duplicates,
-                    })),
-                    Output::Table => println!(
-                        "requeued {} (skipped {}: a live job holds the same dedup_key)",
-                        r.requeued, r.skipped_duplicates
-                    ),
-                }
-                Ok(())
-            }
-            DlqCmd::Purge(DlqPurgeArgs { select: a, yes }) => {
-                let what = if a.all {
-                    format!(
-                        "dlq purge deletes every dead letter of {}",
-                        a.queue.as_deref().unwrap_or_default()
-                    )
-                } else {
-                    format!("dlq purge deletes {} dead letter(s)", a.ids.len())
-                };
-                confirm(&what, yes)?;
-                let mut admin = connect(&a.client).await?;
-                let r = if a.all && std::io::stderr().is_terminal() {
-                    let (purged, _) = dlq_by_pages(&mut admin, &a, Dlq::Purge).await?;
-                    pb::PurgeDeadLettersResponse { purged }
-                } else {
-                    admin.purge_dead_letters(selector(&a)).await?.into_inner()
-                };
-                match a.client.output {
-                    Output::Json => print_json(&json!({"purged": r.purged})),
-                    Output::Table => println!("purged {}", r.purged),
-                }
-                Ok(())
-            }
-        },
-        AdminCommand::Pause(a) => {
-            let mut admin = connect(&a.client).await?;
-            let q = admin
-                .pause_queue(pb::PauseQueueRequest { queue: a.queue })
-                .await?
-                .into_inner();
-            print_queue_result(&q, a.client.output, "paused");
-            Ok(())
-        }
-        AdminCommand::Resume(a) => {
-            let mut admin = connect(&a.client).await?;
-            let q = admin
-                .resume_queue(pb::ResumeQueueRequest { queue: a.queue })
-                .await?
-                .into_inner();
-            print_queue_result(&q, a.client.output, "resumed");
-            Ok(())
-        }
-        AdminCommand::Purge(a) => {
-            confirm(
-                &format!(
-                    "purge deletes the waiting and completed jobs of {}",
-                    a.queue
-                ),
-                a.yes,
-            )?;
-            let mut admin = connect(&a.client).await?;
-            let r = admin
-                .purge_queue(pb::PurgeQueueRequest {
-                    queue: a.queue.clone(),
-                })
-                .await?
-                .into_inner();
-            match a.client.output {
-                Output::Json => print_json(&json!({
-                    "queue": a.queue,
-                    "purged": r.purged,
-                    "purged_completed": r.purged_completed,
-                })),
-                Output::Table => println!(
-                    "purged {} waiting and {} completed jobs from {}",
-                    r.purged, r.purged_completed, a.queue
-                ),
-            }
-            Ok(())
-        }
+        AdminCommand::Queues(a) => queues(a).await,
+        AdminCommand::Jobs(a) => jobs(a).await,
+        AdminCommand::Job {
+            cmd: JobCmd::Get(a),
+        } => job_get(a).await,
+        AdminCommand::Job {
+            cmd: JobCmd::Cancel(JobCancelArgs { job: a, yes }),
+        } => job_cancel(a, yes).await,
+        AdminCommand::Dlq {
+            cmd: DlqCmd::List(a),
+        } => dlq_list(a).await,
+        AdminCommand::Dlq {
+            cmd: DlqCmd::Requeue(a),
+        } => dlq_requeue(a).await,
+        AdminCommand::Dlq {
+            cmd: DlqCmd::Purge(DlqPurgeArgs { select: a, yes }),
+        } => dlq_purge(a, yes).await,
+        AdminCommand::Pause(a) => pause(a).await,
+        AdminCommand::Resume(a) => resume(a).await,
+        AdminCommand::Purge(a) => purge(a).await,
         AdminCommand::Queue {
             cmd: QueueCmd::Update(a),
-        } => {
-            if a.retention == Some(Duration::ZERO) {
-                confirm(
-                    &format!("--retention 0 deletes the completed jobs {} keeps", a.queue),
-                    a.yes,
-                )?;
+        } => queue_update(a).await,
+    }
+}
+
+/// `leaseq queues`.
+async fn queues(a: QueuesArgs) -> Result<(), CliError> {
+    let mut admin = connect(&a.client).await?;
+    let queues = all_queues(&mut admin).await?;
+    match a.client.output {
+        Output::Json => print_json(&Value::Array(queues.iter().map(queue_json).collect())),
+        Output::Table => print_table(
+            &[
+                "QUEUE",
+                "PAUSED",
+                "LEASE",
+                "MAX_ATTEMPTS",
+                "BACKOFF",
+                "RETENTION",
+                "LIMITS",
+                "CREATED",
+            ],
+            queues.iter().map(|q| {
+                let s = q.settings.unwrap_or_default();
+                vec![
+                    q.name.clone(),
+                    yes_no(s.paused),
+                    human_dur(s.default_lease.as_ref()),
+                    s.max_attempts.to_string(),
+                    format!(
+                        "{}..{}",
+                        human_dur(s.backoff_base.as_ref()),
+                        human_dur(s.backoff_cap.as_ref())
+                    ),
+                    s.completed_retention
+                        .as_ref()
+                        .map_or("-".into(), |d| human_dur(Some(d))),
+                    limits(&s),
+                    q.created_at.as_ref().map_or("-".into(), rfc3339),
+                ]
+            }),
+        ),
+    }
+    Ok(())
+}
+
+/// `leaseq jobs`.
+async fn jobs(a: JobsArgs) -> Result<(), CliError> {
+    let state = a.state.map(|s| match s {
+        StateArg::Available => pb::JobState::Available,
+        StateArg::Scheduled => pb::JobState::Scheduled,
+        StateArg::Leased => pb::JobState::Leased,
+        StateArg::Dead => pb::JobState::Dead,
+        StateArg::Completed => pb::JobState::Completed,
+    });
+    let mut admin = connect(&a.client).await?;
+    let jobs = list_jobs(
+        &mut admin,
+        a.queue.unwrap_or_default(),
+        state.unwrap_or(pb::JobState::Unspecified),
+        a.limit,
+        a.payload,
+    )
+    .await?;
+    print_jobs(&jobs, a.client.output, a.payload);
+    Ok(())
+}
+
+/// `leaseq job get`.
+async fn job_get(a: JobIdArg) -> Result<(), CliError> {
+    let mut admin = connect(&a.client).await?;
+    let job = admin
+        .get_job(pb::GetJobRequest { job_id: a.job_id })
+        .await?
+        .into_inner();
+    match a.client.output {
+        Output::Json => print_json(&job_json(&job, true)),
+        Output::Table => {
+            let v = job_json(&job, true);
+            if let Value::Object(m) = v {
+                for (k, v) in m {
+                    let v = match v {
+                        Value::String(s) => s,
+                        Value::Null => "-".into(),
+                        other => other.to_string(),
+                    };
+                    println!("{k:<17} {v}");
+                }
             }
-            let d = |d: Option<Duration>| d.and_then(|d| d.try_into().ok());
-            let mut admin = connect(&a.client).await?;
-            let q = admin
-                .update_queue(pb::UpdateQueueRequest {
-                    queue: a.queue,
-                    default_lease: d(a.default_lease),
-                    max_attempts: a.max_attempts,
-                    backoff_base: d(a.backoff_base),
-                    backoff_cap: d(a.backoff_cap),
-                    completed_retention: d(a.retention),
-                    paused: None,
-                    create: a.create,
-                    concurrency_limit: a.concurrency_limit,
-                    rate_limit: a.rate_limit,
-                    rate_burst: a.rate_burst,
-                })
-                .await?
-                .into_inner();
-            print_queue_result(&q, a.client.output, "updated");
-            Ok(())
         }
     }
+    Ok(())
+}
+
+/// `leaseq job cancel`.
+async fn job_cancel(a: JobIdArg, yes: bool) -> Result<(), CliError> {
+    confirm(&format!("cancel deletes job {}", a.job_id), yes)?;
+    let mut admin = connect(&a.client).await?;
+    let r = admin
+        .cancel_job(pb::CancelJobRequest {
+            job_id: a.job_id.clone(),
+        })
+        .await?
+        .into_inner();
+    match a.client.output {
+        Output::Json => print_json(&json!({"job_id": a.job_id, "was_leased": r.was_leased})),
+        Output::Table => println!(
+            "cancelled {}{}",
+            a.job_id,
+            if r.was_leased { " (was leased)" } else { "" }
+        ),
+    }
+    Ok(())
+}
+
+/// `leaseq dlq list`.
+async fn dlq_list(a: DlqListArgs) -> Result<(), CliError> {
+    let mut admin = connect(&a.client).await?;
+    let jobs = list_jobs(
+        &mut admin,
+        a.queue.unwrap_or_default(),
+        pb::JobState::Dead,
+        a.limit,
+        a.payload,
+    )
+    .await?;
+    print_jobs(&jobs, a.client.output, a.payload);
+    Ok(())
+}
+
+/// `leaseq dlq requeue`.
+async fn dlq_requeue(a: DlqSelectArgs) -> Result<(), CliError> {
+    let mut admin = connect(&a.client).await?;
+    let r = if a.all && std::io::stderr().is_terminal() {
+        let (requeued, skipped) = dlq_by_pages(&mut admin, &a, Dlq::Requeue).await?;
+        pb::RequeueDeadLettersResponse {
+            requeued,
+            skipped_duplicates: skipped,
+        }
+    } else {
+        admin.requeue_dead_letters(selector(&a)).await?.into_inner()
+    };
+    match a.client.output {
+        Output::Json => print_json(&json!({
+            "requeued": r.requeued,
+            "skipped_duplicates": r.skipped_duplicates,
+        })),
+        Output::Table => println!(
+            "requeued {} (skipped {}: a live job holds the same dedup_key)",
+            r.requeued, r.skipped_duplicates
+        ),
+    }
+    Ok(())
+}
+
+/// `leaseq dlq purge`.
+async fn dlq_purge(a: DlqSelectArgs, yes: bool) -> Result<(), CliError> {
+    let what = if a.all {
+        format!(
+            "dlq purge deletes every dead letter of {}",
+            a.queue.as_deref().unwrap_or_default()
+        )
+    } else {
+        format!("dlq purge deletes {} dead letter(s)", a.ids.len())
+    };
+    confirm(&what, yes)?;
+    let mut admin = connect(&a.client).await?;
+    let r = if a.all && std::io::stderr().is_terminal() {
+        let (purged, _) = dlq_by_pages(&mut admin, &a, Dlq::Purge).await?;
+        pb::PurgeDeadLettersResponse { purged }
+    } else {
+        admin.purge_dead_letters(selector(&a)).await?.into_inner()
+    };
+    match a.client.output {
+        Output::Json => print_json(&json!({"purged": r.purged})),
+        Output::Table => println!("purged {}", r.purged),
+    }
+    Ok(())
+}
+
+/// `leaseq pause`.
+async fn pause(a: QueueArg) -> Result<(), CliError> {
+    let mut admin = connect(&a.client).await?;
+    let q = admin
+        .pause_queue(pb::PauseQueueRequest { queue: a.queue })
+        .await?
+        .into_inner();
+    print_queue_result(&q, a.client.output, "paused");
+    Ok(())
+}
+
+/// `leaseq resume`.
+async fn resume(a: QueueArg) -> Result<(), CliError> {
+    let mut admin = connect(&a.client).await?;
+    let q = admin
+        .resume_queue(pb::ResumeQueueRequest { queue: a.queue })
+        .await?
+        .into_inner();
+    print_queue_result(&q, a.client.output, "resumed");
+    Ok(())
+}
+
+/// `leaseq purge`.
+async fn purge(a: PurgeArgs) -> Result<(), CliError> {
+    confirm(
+        &format!(
+            "purge deletes the waiting and completed jobs of {}",
+            a.queue
+        ),
+        a.yes,
+    )?;
+    let mut admin = connect(&a.client).await?;
+    let r = admin
+        .purge_queue(pb::PurgeQueueRequest {
+            queue: a.queue.clone(),
+        })
+        .await?
+        .into_inner();
+    match a.client.output {
+        Output::Json => print_json(&json!({
+            "queue": a.queue,
+            "purged": r.purged,
+            "purged_completed": r.purged_completed,
+        })),
+        Output::Table => println!(
+            "purged {} waiting and {} completed jobs from {}",
+            r.purged, r.purged_completed, a.queue
+        ),
+    }
+    Ok(())
+}
+
+/// `leaseq queue update`.
+async fn queue_update(a: QueueUpdateArgs) -> Result<(), CliError> {
+    if a.retention == Some(Duration::ZERO) {
+        confirm(
+            &format!("--retention 0 deletes the completed jobs {} keeps", a.queue),
+            a.yes,
+        )?;
+    }
+    let d = |d: Option<Duration>| d.and_then(|d| d.try_into().ok());
+    let mut admin = connect(&a.client).await?;
+    let q = admin
+        .update_queue(pb::UpdateQueueRequest {
+            queue: a.queue,
+            default_lease: d(a.default_lease),
+            max_attempts: a.max_attempts,
+            backoff_base: d(a.backoff_base),
+            backoff_cap: d(a.backoff_cap),
+            completed_retention: d(a.retention),
+            paused: None,
+            create: a.create,
+            concurrency_limit: a.concurrency_limit,
+            rate_limit: a.rate_limit,
+            rate_burst: a.rate_burst,
+        })
+        .await?
+        .into_inner();
+    print_queue_result(&q, a.client.output, "updated");
+    Ok(())
 }
 
 #[derive(Clone, Copy)]

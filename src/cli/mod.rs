@@ -218,40 +218,17 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
                 let Some(tx) = &requests else { continue };
                 print_delivery(&d, args.output);
                 seen += 1;
-                let mut req = pb::ConsumeRequest::default();
-                if !args.no_ack {
-                    req.acks.push(pb::AckRequest {
-                        job_id: d.job.map(|j| j.id).unwrap_or_default(),
-                        lease_token: d.lease_token,
-                    });
-                }
-                let remaining = args.count.map(|n| n.saturating_sub(seen));
-                if let Some(r) = remaining.filter(|&r| r > 0 && r < credit && !args.no_ack) {
-                    // No more credit than jobs still wanted. (Unacked jobs
-                    // keep theirs: with --no-ack the credit is --count.)
-                    credit = r;
-                    req.max_in_flight = r as u32;
-                }
+                let (req, last) = answer(d, &args, seen, &mut credit);
                 if req != pb::ConsumeRequest::default() {
                     // A send fails only once the stream is over; the next
                     // message says why.
                     let _ = tx.send(req).await;
                 }
-                if remaining == Some(0) {
+                if last {
                     requests = None; // half-close
                 }
             }
-            Some(pb::consume_response::Kind::Settled(r)) => {
-                for r in r.results.iter().filter(|r| r.code != 0) {
-                    failed += 1;
-                    eprintln!(
-                        "warning: ack of {} failed: {:?}: {}",
-                        r.job_id,
-                        Code::from(r.code),
-                        r.message
-                    );
-                }
-            }
+            Some(pb::consume_response::Kind::Settled(r)) => failed += warn_failed(&r.results),
             Some(pb::consume_response::Kind::Heartbeat(_)) | None => {}
         }
     }
@@ -259,6 +236,47 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
         return Err(CliError::error(format!("{failed} ack(s) failed")));
     }
     Ok(())
+}
+
+/// What `tail` sends back for the `seen`th job delivered: its ack (unless
+/// `--no-ack`), and less `credit` as the last jobs wanted near; and whether
+/// it was the last one wanted.
+fn answer(
+    d: pb::Delivery,
+    args: &TailArgs,
+    seen: u64,
+    credit: &mut u64,
+) -> (pb::ConsumeRequest, bool) {
+    let mut req = pb::ConsumeRequest::default();
+    if !args.no_ack {
+        req.acks.push(pb::AckRequest {
+            job_id: d.job.map(|j| j.id).unwrap_or_default(),
+            lease_token: d.lease_token,
+        });
+    }
+    let remaining = args.count.map(|n| n.saturating_sub(seen));
+    if let Some(r) = remaining.filter(|&r| r > 0 && r < *credit && !args.no_ack) {
+        // No more credit than jobs still wanted. (Unacked jobs
+        // keep theirs: with --no-ack the credit is --count.)
+        *credit = r;
+        req.max_in_flight = r as u32;
+    }
+    (req, remaining == Some(0))
+}
+
+/// Warns of each ack the broker refused; returns how many.
+fn warn_failed(results: &[pb::SettleResult]) -> usize {
+    let mut failed = 0;
+    for r in results.iter().filter(|r| r.code != 0) {
+        failed += 1;
+        eprintln!(
+            "warning: ack of {} failed: {:?}: {}",
+            r.job_id,
+            Code::from(r.code),
+            r.message
+        );
+    }
+    failed
 }
 
 /// `tail` over Subscribe and unary Acks, for a broker without Consume.

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 
@@ -311,6 +312,25 @@ impl Worker {
     /// completes, then stops gracefully. Returns `Err` only for a status
     /// that retrying cannot fix.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), Status> {
+        let routes = self.routes()?;
+        let mut running = self.start(routes);
+        let mut shutdown = pin!(shutdown);
+        let result = loop {
+            let step = if running.session.is_none() {
+                running.open(shutdown.as_mut()).await
+            } else {
+                running.next_event(shutdown.as_mut()).await
+            };
+            if let ControlFlow::Break(result) = step {
+                break result;
+            }
+        };
+        running.stop(self.grace).await;
+        result
+    }
+
+    /// Each queue's handler and timeout, once the settings are checked.
+    fn routes(&self) -> Result<HashMap<String, Route>, Status> {
         if !self.queues.is_empty() {
             return Err(Status::invalid_argument(
                 "queues: Worker::new's queues need the handler of Worker::run",
@@ -352,6 +372,11 @@ impl Worker {
         if routes.values().any(|r| r.timeout == Some(Duration::ZERO)) {
             return Err(Status::invalid_argument("timeout: must be above zero"));
         }
+        Ok(routes)
+    }
+
+    /// What [`Worker::serve`] keeps while it runs; no stream open yet.
+    fn start(&self, routes: HashMap<String, Route>) -> Running {
         let queues: Vec<String> = self.routes.iter().map(|(q, _)| q.clone()).collect();
         let ctx = Arc::new(Ctx {
             routes,
@@ -372,126 +397,174 @@ impl Worker {
             max_in_flight: self.concurrency,
             lease: Some(pb_duration(self.lease)),
         };
-        // One task per delivered job (waiting for a permit, running,
-        // settling). Ended by the graceful stop below: awaited, then aborted
-        // after the grace.
-        let mut tasks: JoinSet<()> = JoinSet::new();
-        let mut backoff = Backoff::new(self.reconnect_min, self.reconnect_max);
-        let mut shutdown = pin!(shutdown);
-        let mut use_consume = self.stream_acks;
-        // The open stream, and whether it has said anything yet. It is kept
-        // through the stop so running handlers can still settle on it.
-        let mut session: Option<(Session, bool)> = None;
-
-        let result = loop {
-            let Some((open, heard)) = session.as_mut() else {
-                let opened = tokio::select! {
-                    _ = &mut shutdown => break Ok(()),
-                    Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                        log_join(done);
-                        continue;
-                    }
-                    r = async {
-                        if use_consume {
-                            Session::consume(&self.client, sub.clone(), base.clone()).await
-                        } else {
-                            Session::subscribe(&self.client, sub.clone(), base.clone()).await
-                        }
-                    } => r,
-                };
-                match opened {
-                    Ok(s) => {
-                        debug!(queues = ?sub.queues, consume = s.is_consume(), "stream opened");
-                        session = Some((s, false));
-                    }
-                    Err(status) if use_consume && status.code() == Code::Unimplemented => {
-                        info!(
-                            "the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch"
-                        );
-                        use_consume = false;
-                    }
-                    Err(status) if fatal(&status) => break Err(status),
-                    Err(status) => {
-                        let wait = backoff.next();
-                        warn!(code = ?status.code(), message = status.message(), retry_in = ?wait,
-                            "opening the stream failed; retrying");
-                        tokio::select! {
-                            _ = &mut shutdown => break Ok(()),
-                            _ = tokio::time::sleep(wait) => {}
-                        }
-                    }
-                }
-                continue;
-            };
-            let event = tokio::select! {
-                _ = &mut shutdown => break Ok(()),
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    log_join(done);
-                    continue;
-                }
-                msg = tokio::time::timeout(self.idle_timeout, open.next()) => msg,
-            };
-            let ended = match event {
-                Ok(Ok(Some(event))) => {
-                    // A live stream: the next failure starts from the
-                    // shortest wait again.
-                    *heard = true;
-                    backoff.reset();
-                    if let Event::Delivery(d) = event {
-                        match Delivery::from_pb(*d) {
-                            Some(job) => {
-                                let span = job_span(&job);
-                                let settler = open.settler();
-                                #[cfg(feature = "otel")]
-                                let otel_cx = crate::otel::handler_context(&job);
-                                let task = process(ctx.clone(), settler, job).instrument(span);
-                                #[cfg(feature = "otel")]
-                                let task =
-                                    opentelemetry::context::FutureExt::with_context(task, otel_cx);
-                                tasks.spawn(task);
-                            }
-                            None => warn!("delivery without a job; ignored"),
-                        }
-                    }
-                    continue;
-                }
-                Ok(Ok(None)) => "stream ended by the broker".to_owned(),
-                Ok(Err(status)) => {
-                    // A proxy may only say UNIMPLEMENTED once the stream runs.
-                    if status.code() == Code::Unimplemented && open.is_consume() && !*heard {
-                        info!(
-                            "the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch"
-                        );
-                        use_consume = false;
-                        if let Some((s, _)) = session.take() {
-                            s.end();
-                        }
-                        continue;
-                    }
-                    format!("{:?}: {}", status.code(), status.message())
-                }
-                Err(_) => format!("no message for {:?}", self.idle_timeout),
-            };
-            // Running handlers keep going; their jobs were released with the
-            // stream, so their settles will be refused and the jobs redelivered.
-            if let Some((s, _)) = session.take() {
-                s.end();
-            }
-            let wait = backoff.next();
-            info!(reason = %ended, retry_in = ?wait, "stream lost; reconnecting");
-            tokio::select! {
-                _ = &mut shutdown => break Ok(()),
-                _ = tokio::time::sleep(wait) => {}
-            }
-        };
-
-        // Graceful stop: no new handler starts; running ones get the grace,
-        // while the stream stays open for their settles.
-        ctx.stop.cancel();
-        if !tasks.is_empty() {
-            info!(running = tasks.len(), grace = ?self.grace, "stopping: waiting for running handlers");
+        Running {
+            client: self.client.clone(),
+            idle_timeout: self.idle_timeout,
+            ctx,
+            base,
+            sub,
+            tasks: JoinSet::new(),
+            backoff: Backoff::new(self.reconnect_min, self.reconnect_max),
+            use_consume: self.stream_acks,
+            session: None,
         }
-        let deadline = tokio::time::Instant::now() + self.grace;
+    }
+}
+
+/// A running worker: its stream, when one is open, and its job tasks.
+struct Running {
+    client: Client,
+    idle_timeout: Duration,
+    ctx: Arc<Ctx>,
+    base: SettleBase,
+    sub: pb::SubscribeRequest,
+    /// One task per delivered job (waiting for a permit, running,
+    /// settling). Ended by the graceful stop ([`Running::stop`]): awaited,
+    /// then aborted after the grace.
+    tasks: JoinSet<()>,
+    backoff: Backoff,
+    /// Consume, until the broker says it does not serve it.
+    use_consume: bool,
+    /// The open stream, and whether it has said anything yet. It is kept
+    /// through the stop so running handlers can still settle on it.
+    session: Option<(Session, bool)>,
+}
+
+impl Running {
+    /// Opens a stream (or waits before trying again); Break once `shutdown`
+    /// completed or opening failed for good.
+    async fn open(
+        &mut self,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> ControlFlow<Result<(), Status>> {
+        let (client, sub, base, use_consume) =
+            (&self.client, &self.sub, &self.base, self.use_consume);
+        let opened = tokio::select! {
+            _ = shutdown.as_mut() => return ControlFlow::Break(Ok(())),
+            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                log_join(done);
+                return ControlFlow::Continue(());
+            }
+            r = async {
+                if use_consume {
+                    Session::consume(client, sub.clone(), base.clone()).await
+                } else {
+                    Session::subscribe(client, sub.clone(), base.clone()).await
+                }
+            } => r,
+        };
+        match opened {
+            Ok(s) => {
+                debug!(queues = ?self.sub.queues, consume = s.is_consume(), "stream opened");
+                self.session = Some((s, false));
+            }
+            Err(status) if self.use_consume && status.code() == Code::Unimplemented => {
+                info!(
+                    "the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch"
+                );
+                self.use_consume = false;
+            }
+            Err(status) if fatal(&status) => return ControlFlow::Break(Err(status)),
+            Err(status) => {
+                let wait = self.backoff.next();
+                warn!(code = ?status.code(), message = status.message(), retry_in = ?wait,
+                    "opening the stream failed; retrying");
+                tokio::select! {
+                    _ = shutdown.as_mut() => return ControlFlow::Break(Ok(())),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Takes the open stream's next message (a job starts its task), or
+    /// ends the stream when it is lost and waits before the next; Break
+    /// once `shutdown` completed.
+    async fn next_event(
+        &mut self,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> ControlFlow<Result<(), Status>> {
+        let Some((open, heard)) = self.session.as_mut() else {
+            return ControlFlow::Continue(());
+        };
+        let event = tokio::select! {
+            _ = shutdown.as_mut() => return ControlFlow::Break(Ok(())),
+            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                log_join(done);
+                return ControlFlow::Continue(());
+            }
+            msg = tokio::time::timeout(self.idle_timeout, open.next()) => msg,
+        };
+        let ended = match event {
+            Ok(Ok(Some(event))) => {
+                // A live stream: the next failure starts from the
+                // shortest wait again.
+                *heard = true;
+                self.backoff.reset();
+                if let Event::Delivery(d) = event {
+                    match Delivery::from_pb(*d) {
+                        Some(job) => {
+                            let settler = open.settler();
+                            self.spawn_job(settler, job);
+                        }
+                        None => warn!("delivery without a job; ignored"),
+                    }
+                }
+                return ControlFlow::Continue(());
+            }
+            Ok(Ok(None)) => "stream ended by the broker".to_owned(),
+            Ok(Err(status)) => {
+                // A proxy may only say UNIMPLEMENTED once the stream runs.
+                if status.code() == Code::Unimplemented && open.is_consume() && !*heard {
+                    info!(
+                        "the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch"
+                    );
+                    self.use_consume = false;
+                    if let Some((s, _)) = self.session.take() {
+                        s.end();
+                    }
+                    return ControlFlow::Continue(());
+                }
+                format!("{:?}: {}", status.code(), status.message())
+            }
+            Err(_) => format!("no message for {:?}", self.idle_timeout),
+        };
+        // Running handlers keep going; their jobs were released with the
+        // stream, so their settles will be refused and the jobs redelivered.
+        if let Some((s, _)) = self.session.take() {
+            s.end();
+        }
+        let wait = self.backoff.next();
+        info!(reason = %ended, retry_in = ?wait, "stream lost; reconnecting");
+        tokio::select! {
+            _ = shutdown.as_mut() => return ControlFlow::Break(Ok(())),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Starts a delivered job's task, in its span.
+    fn spawn_job(&mut self, settler: Arc<Settler>, job: Delivery) {
+        let span = job_span(&job);
+        #[cfg(feature = "otel")]
+        let otel_cx = crate::otel::handler_context(&job);
+        let task = process(self.ctx.clone(), settler, job).instrument(span);
+        #[cfg(feature = "otel")]
+        let task = opentelemetry::context::FutureExt::with_context(task, otel_cx);
+        self.tasks.spawn(task);
+    }
+
+    /// Graceful stop: no new handler starts; running ones get the `grace`,
+    /// while the stream stays open for their settles.
+    async fn stop(mut self, grace: Duration) {
+        self.ctx.stop.cancel();
+        let tasks = &mut self.tasks;
+        let session = &mut self.session;
+        if !tasks.is_empty() {
+            info!(running = tasks.len(), grace = ?grace, "stopping: waiting for running handlers");
+        }
+        let deadline = tokio::time::Instant::now() + grace;
         while !tasks.is_empty() {
             tokio::select! {
                 Some(done) = tasks.join_next() => log_join(done),
@@ -520,7 +593,6 @@ impl Worker {
         if let Some((s, _)) = session.take() {
             s.close(CLOSE_WAIT).await;
         }
-        result
     }
 }
 

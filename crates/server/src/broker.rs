@@ -307,7 +307,11 @@ impl Broker {
             places.into_iter().zip(results).collect::<Vec<_>>()
         });
         let mut out: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
-        for (i, r) in join_all(runs).await.into_iter().flatten() {
+        for (i, r) in futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .flatten()
+        {
             out[i] = Some(r);
         }
         Ok(out
@@ -350,39 +354,49 @@ impl Broker {
     }
 }
 
-/// Runs futures concurrently in this task; results in order.
-pub(crate) async fn join_all<F: std::future::Future>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (i, f) in pending.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => done = false,
-                }
-            }
-        }
-        if done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter()
-        .map(|o| o.expect("every future finished"))
-        .collect()
-}
-
 /// Queue rows known to exist on this lane's cluster, so enqueues create them
 /// only once; forgotten when the placement changes (a bucket moved away
 /// takes its queue rows with it, and may come back).
 #[derive(Clone, Default)]
 struct KnownQueues(Arc<Mutex<(i64, HashSet<QueueName>)>>);
+
+/// An enqueue's claims, by where their stream is. Every claim on a stream
+/// of ours is reported, used or not, so its credit is accounted for.
+struct ClaimsBySide {
+    /// A job's place in the request → its claim's in `used`.
+    index: HashMap<usize, usize>,
+    /// A job's place in the request → another replica's stream (that
+    /// replica counts its credit when the job reaches it).
+    remote: HashMap<usize, (uuid::Uuid, StreamId)>,
+    /// The claims on streams of this broker.
+    used: Vec<crate::dispatch::Claim>,
+}
+
+impl ClaimsBySide {
+    /// `claims[i]`: the claim for the request's `i`th job, if any.
+    fn of(claims: Vec<Option<crate::dispatch::Claim>>) -> ClaimsBySide {
+        let mut index: HashMap<usize, usize> = HashMap::new();
+        let mut remote: HashMap<usize, (uuid::Uuid, StreamId)> = HashMap::new();
+        let mut used = Vec::new();
+        for (i, c) in claims.into_iter().enumerate() {
+            let Some(c) = c else { continue };
+            match c.to.broker {
+                Some(b) => {
+                    remote.insert(i, (b, c.stream));
+                }
+                None => {
+                    index.insert(i, used.len());
+                    used.push(c);
+                }
+            }
+        }
+        ClaimsBySide {
+            index,
+            remote,
+            used,
+        }
+    }
+}
 
 /// One enqueue statement for many requests. Jobs due now whose queue has an
 /// idle stream here, or else on another replica, are handed off to it (see
@@ -425,25 +439,11 @@ async fn enqueue(
         .map(|c| c.as_ref().map(|c| c.to.clone()))
         .collect();
     let settle = dispatcher.settle();
-    // Every claim on a stream of ours is reported, used or not, so its
-    // credit is accounted for. `index` maps a job's place in the request to
-    // its claim's; `remote` to another replica's stream (that replica counts
-    // its credit when the job reaches it).
-    let mut index: HashMap<usize, usize> = HashMap::new();
-    let mut remote: HashMap<usize, (uuid::Uuid, StreamId)> = HashMap::new();
-    let mut used = Vec::new();
-    for (i, c) in claims.into_iter().enumerate() {
-        let Some(c) = c else { continue };
-        match c.to.broker {
-            Some(b) => {
-                remote.insert(i, (b, c.stream));
-            }
-            None => {
-                index.insert(i, used.len());
-                used.push(c);
-            }
-        }
-    }
+    let ClaimsBySide {
+        index,
+        remote,
+        used,
+    } = ClaimsBySide::of(claims);
     // From here on the claims are reported exactly once: with what the
     // statement did, or (an error, a panic, this future dropped) unused.
     let mut claims = {

@@ -105,7 +105,7 @@ where
             (store, r)
         }
     });
-    crate::broker::join_all(runs).await
+    futures_util::future::join_all(runs).await
 }
 
 /// The answers of the clusters that answered and the names of those that

@@ -29,6 +29,7 @@ use uuid::Uuid;
 use crate::error::Result;
 use crate::placement::Clusters;
 use crate::store::Store;
+use crate::tick::Ticks;
 
 /// How far back the charts reach.
 pub const KEEP: Duration = Duration::from_secs(15 * 60);
@@ -76,62 +77,104 @@ pub async fn sample_loop(
     let store = clusters.home().clone();
     let interval = interval.max(Duration::from_millis(100));
     let period_ms = interval.as_millis().min(i32::MAX as u128) as i32;
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_totals = store.metrics().activity.totals();
-    let mut last_at = Instant::now();
-    // Queues whose last written rate was not zero: they get one more row
-    // (the zero) when their traffic stops.
-    let mut active: HashSet<String> = HashSet::new();
-    let mut written: HashMap<String, ([i64; 4], Instant)> = HashMap::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+    let mut ticks = Ticks::new(interval, &shutdown);
+    let mut sampler = Sampler::new(&store);
+    while ticks.next().await {
         let depths = if depth {
-            match crate::fanout::queue_stats(&clusters, None, None, i64::MAX).await {
-                Ok(found) => {
-                    let d: HashMap<String, [i64; 4]> = found
-                        .value
-                        .iter()
-                        .map(|q| (q.name.clone(), [q.available, q.scheduled, q.leased, q.dead]))
-                        .collect();
-                    store.metrics().refreshed(found.value);
-                    d
-                }
-                Err(e) => {
-                    warn!(error = %e, "metrics: queue statistics query failed");
-                    HashMap::new()
-                }
-            }
+            count_depths(&clusters, &store).await
         } else {
             HashMap::new()
         };
         let now = Instant::now();
-        let secs = now.duration_since(last_at).as_secs_f64();
+        let rates = sampler.rates(&store, now);
+        let samples = sampler.samples(&depths, &rates, now);
+        if let Err(e) = write(&store, period_ms, &rates, &samples).await {
+            warn!(error = %e, "history: writing the queues' rates failed");
+        }
+    }
+}
+
+/// Every queue's depth (available, scheduled, leased, dead) over every
+/// cluster that answers; refreshes the per-queue gauges. Empty (and
+/// logged) when the statistics query fails.
+async fn count_depths(clusters: &Clusters, store: &Store) -> HashMap<String, [i64; 4]> {
+    match crate::fanout::queue_stats(clusters, None, None, i64::MAX).await {
+        Ok(found) => {
+            let d: HashMap<String, [i64; 4]> = found
+                .value
+                .iter()
+                .map(|q| (q.name.clone(), [q.available, q.scheduled, q.leased, q.dead]))
+                .collect();
+            store.metrics().refreshed(found.value);
+            d
+        }
+        Err(e) => {
+            warn!(error = %e, "metrics: queue statistics query failed");
+            HashMap::new()
+        }
+    }
+}
+
+/// What [`sample_loop`] remembers from one pass to the next.
+struct Sampler {
+    /// The enqueue and ack counts at the last rates, and when.
+    last_totals: HashMap<String, [u64; 2]>,
+    last_at: Instant,
+    /// Queues whose last written rate was not zero: they get one more row
+    /// (the zero) when their traffic stops.
+    active: HashSet<String>,
+    /// The depth last written per queue, and when.
+    written: HashMap<String, ([i64; 4], Instant)>,
+}
+
+impl Sampler {
+    fn new(store: &Store) -> Sampler {
+        Sampler {
+            last_totals: store.metrics().activity.totals(),
+            last_at: Instant::now(),
+            active: HashSet::new(),
+            written: HashMap::new(),
+        }
+    }
+
+    /// This broker's (enqueue, ack) rates per queue since the last call:
+    /// queues with traffic, and those that had some last time.
+    fn rates(&mut self, store: &Store, now: Instant) -> HashMap<String, (f64, f64)> {
+        let secs = now.duration_since(self.last_at).as_secs_f64();
         let totals = store.metrics().activity.totals();
         // The first tick comes at once: no interval to divide by yet.
         let mut rates: HashMap<String, (f64, f64)> = HashMap::new();
         if secs >= 0.05 {
             for (q, t) in &totals {
-                let was = last_totals.get(q).copied().unwrap_or_default();
+                let was = self.last_totals.get(q).copied().unwrap_or_default();
                 let d = [t[0].saturating_sub(was[0]), t[1].saturating_sub(was[1])];
-                if d != [0, 0] || active.contains(q) {
+                if d != [0, 0] || self.active.contains(q) {
                     rates.insert(q.clone(), (d[0] as f64 / secs, d[1] as f64 / secs));
                 }
             }
-            last_totals = totals;
-            last_at = now;
+            self.last_totals = totals;
+            self.last_at = now;
         }
-        active = rates
+        self.active = rates
             .iter()
             .filter(|(_, r)| r.0 > 0.0 || r.1 > 0.0)
             .map(|(q, _)| q.clone())
             .collect();
+        rates
+    }
+
+    /// The rows to write: every queue with a rate, and every queue whose
+    /// depth changed or was last written [`DEPTH_EVERY`] ago.
+    fn samples(
+        &mut self,
+        depths: &HashMap<String, [i64; 4]>,
+        rates: &HashMap<String, (f64, f64)>,
+        now: Instant,
+    ) -> Vec<Row> {
         let mut samples: Vec<Row> = Vec::new();
-        for (q, d) in &depths {
-            let stale = written
+        for (q, d) in depths {
+            let stale = self
+                .written
                 .get(q)
                 .is_none_or(|(w, at)| w != d || now.duration_since(*at) >= DEPTH_EVERY);
             if stale || rates.contains_key(q) {
@@ -140,18 +183,16 @@ pub async fn sample_loop(
                     rates.get(q).copied().unwrap_or_default(),
                     Some(*d),
                 ));
-                written.insert(q.clone(), (*d, now));
+                self.written.insert(q.clone(), (*d, now));
             }
         }
-        for (q, r) in &rates {
+        for (q, r) in rates {
             if !depths.contains_key(q) {
                 samples.push((q.clone(), *r, None));
             }
         }
-        written.retain(|q, _| depths.contains_key(q));
-        if let Err(e) = write(&store, period_ms, &rates, &samples).await {
-            warn!(error = %e, "history: writing the queues' rates failed");
-        }
+        self.written.retain(|q, _| depths.contains_key(q));
+        samples
     }
 }
 

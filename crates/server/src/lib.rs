@@ -46,6 +46,12 @@
 //! - [`config`]: [`Config`], the settings; `error`: errors and their one
 //!   mapping to gRPC status codes.
 //! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
+//! - `tick`: the clock of every background loop (an interval that ends at
+//!   shutdown).
+
+// Tests may be long (a scenario reads top to bottom); the code they test
+// may not (clippy.toml).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 // Private unless another crate needs it: the binary (`src/`), the test
 // suite (`tests/`) or `fuzz/`. What they need is re-exported below, or is in
@@ -85,6 +91,7 @@ mod sim;
 pub mod store;
 mod stream_limit;
 mod telemetry;
+mod tick;
 mod tls;
 
 /// The response header naming the broker process serving a stream (the

@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 use crate::error::Result;
 use crate::settle::Settle;
 use crate::store::Store;
+use crate::tick::Ticks;
 
 /// Most rows one maintenance statement touches.
 const BATCH: i64 = 1000;
@@ -21,13 +22,8 @@ const BATCH: i64 = 1000;
 /// Runs the reaper and ttl expiry on `store`'s cluster every `interval`
 /// until `shutdown` (one loop per cluster).
 pub async fn run(settle: Settle, store: Store, interval: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+    let mut ticks = Ticks::new(interval, &shutdown);
+    while ticks.next().await {
         if let Err(e) = pass(&settle, &store).await {
             warn!(error = %e, cluster = %store.cluster_name(), "maintenance pass failed");
         }
@@ -78,14 +74,9 @@ const RETENTION_BATCH: i64 = 10_000;
 /// it over the passes: the work per pass is bounded however many errors the
 /// live and dead jobs keep.
 pub async fn retention_loop(store: Store, interval: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(interval, &shutdown);
     let mut errors_after: Option<uuid::Uuid> = None;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+    while ticks.next().await {
         match crate::store::admin::delete_orphan_errors(&store, errors_after, ERRORS_BATCH).await {
             Ok((n, next)) => {
                 if n > 0 {
@@ -128,17 +119,12 @@ const VACUUM_LOCK: i64 = 0x6c65_6173_6571;
 /// One replica at a time (an advisory lock); `skip_locked` yields to a
 /// running autovacuum.
 pub async fn vacuum_loop(store: Store, interval: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(interval, &shutdown);
     // A broker that wrote nothing since its last look does not ask (an idle
     // broker stays under a statement a second); a busy replica does the
     // vacuuming for everyone.
     let mut writes_seen = None;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+    while ticks.next().await {
         let writes = store.metrics().job_writes();
         if writes_seen == Some(writes) {
             continue;

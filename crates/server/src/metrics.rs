@@ -365,46 +365,15 @@ impl std::fmt::Debug for Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
-        let counters = |registry: &mut Registry, name: &str, help: &str| {
-            let family = Counters::default();
-            registry.register(name, help, family.clone());
-            family
-        };
-        let enqueued = counters(
-            &mut registry,
-            "leaseq_jobs_enqueued",
-            "Jobs enqueued (new jobs only; de-duplicated enqueues are counted apart)",
-        );
-        let enqueue_duplicates = counters(
-            &mut registry,
-            "leaseq_jobs_enqueue_duplicates",
-            "Enqueues that matched a live job's dedup_key and created nothing",
-        );
-        let delivered = counters(
-            &mut registry,
-            "leaseq_jobs_delivered",
-            "Deliveries (leases taken) by this broker's streams",
-        );
-        let acked = counters(
-            &mut registry,
-            "leaseq_jobs_acked",
-            "Successful Acks received by this broker",
-        );
-        let nacked = counters(
-            &mut registry,
-            "leaseq_jobs_nacked",
-            "Successful Nacks received by this broker",
-        );
-        let lease_expired = counters(
-            &mut registry,
-            "leaseq_leases_expired",
-            "Leases this broker found expired and ended",
-        );
-        let dead_lettered = counters(
-            &mut registry,
-            "leaseq_jobs_dead_lettered",
-            "Jobs this broker moved to the dead letters (nack, last attempt, ttl)",
-        );
+        let JobCounters {
+            enqueued,
+            enqueue_duplicates,
+            delivered,
+            acked,
+            nacked,
+            lease_expired,
+            dead_lettered,
+        } = JobCounters::register(&mut registry);
         let stale_tokens = Counter::default();
         registry.register(
             "leaseq_stale_tokens",
@@ -446,22 +415,7 @@ impl Default for Metrics {
             "The broker's version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
-        let clusters = ClusterMetrics::default();
-        registry.register(
-            "leaseq_cluster_up",
-            "1 while the PostgreSQL cluster answers this broker's health probe, else 0",
-            clusters.up.clone(),
-        );
-        registry.register(
-            "leaseq_cluster_jobs_enqueued",
-            "Jobs this broker enqueued on the cluster",
-            clusters.enqueued.clone(),
-        );
-        registry.register(
-            "leaseq_cluster_jobs_acked",
-            "Jobs acked on the cluster through this broker",
-            clusters.acked.clone(),
-        );
+        let clusters = ClusterMetrics::register(&mut registry);
         let gauges = Arc::new(Mutex::new(Vec::new()));
         registry.register_collector(Box::new(QueueGauges(gauges.clone())));
         Metrics {
@@ -486,6 +440,79 @@ impl Default for Metrics {
             gauges,
             activity: Activity::default(),
         }
+    }
+}
+
+/// The per-queue counters of jobs, registered together.
+struct JobCounters {
+    enqueued: Counters,
+    enqueue_duplicates: Counters,
+    delivered: Counters,
+    acked: Counters,
+    nacked: Counters,
+    lease_expired: Counters,
+    dead_lettered: Counters,
+}
+
+impl JobCounters {
+    fn register(registry: &mut Registry) -> JobCounters {
+        let mut counters = |name: &str, help: &str| {
+            let family = Counters::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        JobCounters {
+            enqueued: counters(
+                "leaseq_jobs_enqueued",
+                "Jobs enqueued (new jobs only; de-duplicated enqueues are counted apart)",
+            ),
+            enqueue_duplicates: counters(
+                "leaseq_jobs_enqueue_duplicates",
+                "Enqueues that matched a live job's dedup_key and created nothing",
+            ),
+            delivered: counters(
+                "leaseq_jobs_delivered",
+                "Deliveries (leases taken) by this broker's streams",
+            ),
+            acked: counters(
+                "leaseq_jobs_acked",
+                "Successful Acks received by this broker",
+            ),
+            nacked: counters(
+                "leaseq_jobs_nacked",
+                "Successful Nacks received by this broker",
+            ),
+            lease_expired: counters(
+                "leaseq_leases_expired",
+                "Leases this broker found expired and ended",
+            ),
+            dead_lettered: counters(
+                "leaseq_jobs_dead_lettered",
+                "Jobs this broker moved to the dead letters (nack, last attempt, ttl)",
+            ),
+        }
+    }
+}
+
+impl ClusterMetrics {
+    fn register(registry: &mut Registry) -> ClusterMetrics {
+        let clusters = ClusterMetrics::default();
+        registry.register(
+            "leaseq_cluster_up",
+            "1 while the PostgreSQL cluster answers this broker's health probe, else 0",
+            clusters.up.clone(),
+        );
+        registry.register(
+            "leaseq_cluster_jobs_enqueued",
+            "Jobs this broker enqueued on the cluster",
+            clusters.enqueued.clone(),
+        );
+        registry.register(
+            "leaseq_cluster_jobs_acked",
+            "Jobs acked on the cluster through this broker",
+            clusters.acked.clone(),
+        );
+        clusters
     }
 }
 

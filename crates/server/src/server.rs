@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use sqlx::postgres::PgListener;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -124,18 +125,7 @@ impl Server {
     ) -> anyhow::Result<Server> {
         // Security settings are read before anything starts, so a bad file
         // stops the broker instead of serving without the protection asked for.
-        crate::request_limit::check_settings(&cfg)?;
-        let tls = crate::tls::server_config(&cfg.security)?;
-        let auth = authenticator(&cfg)?;
-        let traces = match &cfg.otlp {
-            Some(otlp) => Traces::start(otlp).context("--otlp-endpoint")?,
-            None => Traces::off(),
-        };
-        if tls.is_none() {
-            warn!(
-                "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
-            );
-        }
+        let (tls, auth, traces) = security(&cfg)?;
         let clusters = connect_clusters(&cfg, databases, shutdown).await?;
         let home = clusters.home().clone();
         info!(broker = %home.broker_id(), clusters = clusters.all().len(), "migrations applied");
@@ -148,105 +138,34 @@ impl Server {
                 poll_interval: cfg.poll_interval,
             },
         );
-        // One LISTEN connection per cluster: wake-ups and settles are sent
-        // on the cluster of the queue or the lease.
-        let mut connections = Vec::new();
-        let mut listens = Vec::new();
-        let session = session(&cfg)?;
-        for (store, db) in clusters.all().iter().zip(databases) {
-            let listen_pool = store::connect_listener_with(&db.url, session).await?;
-            let listen = crate::notify::listen(store, &listen_pool)
-                .await
-                .with_context(|| format!("opening the LISTEN connection to cluster {}", db.name))?;
-            listens.push(listen);
-            connections.push(Connections {
-                pool: store.pool().clone(),
-                conns: store.conns().clone(),
-                listen_pool,
-            });
-        }
+        let (connections, listens) = listen(&cfg, &clusters, databases).await?;
         let broker = Broker::new(
             clusters.clone(),
             dispatcher.clone(),
             cfg.batch_concurrency,
             cfg.ack_linger,
         );
-        let reporter = HealthReporter::new();
-        let health = tonic_health::pb::health_server::HealthServer::new(
-            tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
-        );
-        reporter
-            .set_service_status(LIVENESS, ServingStatus::Serving)
-            .await;
-        set_ready(&reporter, false).await;
+        let (reporter, health) = health_service().await;
 
         let stop = CancellationToken::new();
         let draining = CancellationToken::new();
         let mut background = JoinSet::new();
-        for ((store, listen), db) in clusters.all().iter().zip(listens).zip(databases) {
-            let relisten = crate::notify::Relisten {
-                url: db.url.clone(),
-                session,
-                check: cfg.health_interval,
-            };
-            background.spawn(crate::notify::run(
-                store.clone(),
-                listen,
-                relisten,
-                dispatcher.clone(),
-                stop.clone(),
-            ));
-            background.spawn(crate::maintenance::run(
-                dispatcher.settle().clone(),
-                store.clone(),
-                cfg.reap_interval,
-                stop.clone(),
-            ));
-            if !cfg.retention_interval.is_zero() {
-                background.spawn(crate::maintenance::retention_loop(
-                    store.clone(),
-                    cfg.retention_interval,
-                    stop.clone(),
-                ));
-            }
-            if !cfg.vacuum_interval.is_zero() {
-                background.spawn(crate::maintenance::vacuum_loop(
-                    store.clone(),
-                    cfg.vacuum_interval,
-                    stop.clone(),
-                ));
-            }
-        }
-        if !clusters.is_single() {
-            background.spawn(crate::placement::follow(
-                clusters.clone(),
-                cfg.placement_interval,
-                stop.clone(),
-            ));
-            if !cfg.sweep_interval.is_zero() {
-                background.spawn(crate::placement::sweep_loop(
-                    clusters.clone(),
-                    cfg.sweep_interval,
-                    stop.clone(),
-                ));
-            }
-        }
-        background.spawn(health_loop(
-            clusters.clone(),
-            reporter.clone(),
-            cfg.health_interval,
-            draining.clone(),
-            stop.clone(),
-        ));
-        // Every broker's rates go to the database for the console of any
-        // replica; a broker that serves /metrics or the console also counts
-        // the queues' depth (the per-queue gauges).
-        background.spawn(crate::history::sample_loop(
-            clusters.clone(),
-            cfg.metrics_interval,
-            cfg.metrics_listen.is_some() || cfg.http_listen.is_some(),
-            stop.clone(),
-        ));
+        spawn_cluster_services(
+            &cfg,
+            &clusters,
+            listens,
+            &dispatcher,
+            &stop,
+            &mut background,
+        );
+        spawn_broker_services(
+            &cfg,
+            &clusters,
+            &reporter,
+            &draining,
+            &stop,
+            &mut background,
+        );
         let admin = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
         // The console's test jobs go through the QueueService's own handler.
         let queue_api =
@@ -421,6 +340,162 @@ impl Server {
         }
         self.traces.shutdown().await;
     }
+}
+
+/// The security settings (request limits, TLS, tokens) and the OTLP
+/// exporter, read before anything starts.
+fn security(
+    cfg: &Config,
+) -> anyhow::Result<(
+    Option<tonic::transport::ServerTlsConfig>,
+    crate::auth::Authenticator,
+    Traces,
+)> {
+    crate::request_limit::check_settings(cfg)?;
+    let tls = crate::tls::server_config(&cfg.security)?;
+    let auth = authenticator(cfg)?;
+    let traces = match &cfg.otlp {
+        Some(otlp) => Traces::start(otlp).context("--otlp-endpoint")?,
+        None => Traces::off(),
+    };
+    if tls.is_none() {
+        warn!(
+            "TLS is OFF (no --tls-cert): gRPC traffic, payloads and bearer tokens cross the network in plaintext"
+        );
+    }
+    Ok((tls, auth, traces))
+}
+
+/// One LISTEN connection per cluster: wake-ups and settles are sent on the
+/// cluster of the queue or the lease. Returns each cluster's connections
+/// and its listener with how to replace it.
+async fn listen(
+    cfg: &Config,
+    clusters: &Clusters,
+    databases: &[Database],
+) -> anyhow::Result<(Vec<Connections>, Vec<(PgListener, crate::notify::Relisten)>)> {
+    let mut connections = Vec::new();
+    let mut listens = Vec::new();
+    let session = session(cfg)?;
+    for (store, db) in clusters.all().iter().zip(databases) {
+        let listen_pool = store::connect_listener_with(&db.url, session).await?;
+        let listen = crate::notify::listen(store, &listen_pool)
+            .await
+            .with_context(|| format!("opening the LISTEN connection to cluster {}", db.name))?;
+        let relisten = crate::notify::Relisten {
+            url: db.url.clone(),
+            session,
+            check: cfg.health_interval,
+        };
+        listens.push((listen, relisten));
+        connections.push(Connections {
+            pool: store.pool().clone(),
+            conns: store.conns().clone(),
+            listen_pool,
+        });
+    }
+    Ok((connections, listens))
+}
+
+/// The health service: live at once, ready once [`health_loop`] says.
+async fn health_service() -> (
+    HealthReporter,
+    tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+) {
+    let reporter = HealthReporter::new();
+    let health = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+    );
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
+    set_ready(&reporter, false).await;
+    (reporter, health)
+}
+
+/// Each cluster's services, until `stop`: its LISTEN connection, the lease
+/// reaper and ttl expiry, retention and vacuum (unless their interval is
+/// zero).
+fn spawn_cluster_services(
+    cfg: &Config,
+    clusters: &Clusters,
+    listens: Vec<(PgListener, crate::notify::Relisten)>,
+    dispatcher: &Dispatcher,
+    stop: &CancellationToken,
+    background: &mut JoinSet<()>,
+) {
+    for (store, (listen, relisten)) in clusters.all().iter().zip(listens) {
+        background.spawn(crate::notify::run(
+            store.clone(),
+            listen,
+            relisten,
+            dispatcher.clone(),
+            stop.clone(),
+        ));
+        background.spawn(crate::maintenance::run(
+            dispatcher.settle().clone(),
+            store.clone(),
+            cfg.reap_interval,
+            stop.clone(),
+        ));
+        if !cfg.retention_interval.is_zero() {
+            background.spawn(crate::maintenance::retention_loop(
+                store.clone(),
+                cfg.retention_interval,
+                stop.clone(),
+            ));
+        }
+        if !cfg.vacuum_interval.is_zero() {
+            background.spawn(crate::maintenance::vacuum_loop(
+                store.clone(),
+                cfg.vacuum_interval,
+                stop.clone(),
+            ));
+        }
+    }
+}
+
+/// The broker's own services, until `stop`: with several clusters,
+/// following the placement and sweeping stray jobs; the health loop; the
+/// history sampler.
+fn spawn_broker_services(
+    cfg: &Config,
+    clusters: &Clusters,
+    reporter: &HealthReporter,
+    draining: &CancellationToken,
+    stop: &CancellationToken,
+    background: &mut JoinSet<()>,
+) {
+    if !clusters.is_single() {
+        background.spawn(crate::placement::follow(
+            clusters.clone(),
+            cfg.placement_interval,
+            stop.clone(),
+        ));
+        if !cfg.sweep_interval.is_zero() {
+            background.spawn(crate::placement::sweep_loop(
+                clusters.clone(),
+                cfg.sweep_interval,
+                stop.clone(),
+            ));
+        }
+    }
+    background.spawn(health_loop(
+        clusters.clone(),
+        reporter.clone(),
+        cfg.health_interval,
+        draining.clone(),
+        stop.clone(),
+    ));
+    // Every broker's rates go to the database for the console of any
+    // replica; a broker that serves /metrics or the console also counts
+    // the queues' depth (the per-queue gauges).
+    background.spawn(crate::history::sample_loop(
+        clusters.clone(),
+        cfg.metrics_interval,
+        cfg.metrics_listen.is_some() || cfg.http_listen.is_some(),
+        stop.clone(),
+    ));
 }
 
 /// Starts the HTTP servers asked for: `--metrics-listen` (only `/metrics`)
@@ -682,12 +757,7 @@ async fn connect_clusters(
     if databases.len() == 1 {
         // The home of several clusters given alone would take every queue
         // for its own, and strand the jobs of the others.
-        let elsewhere: bool = sqlx::query_scalar!(
-            "select exists (select 1 from leaseq.placement where cluster <> 0 or moving_to is not null) \
-             or exists (select 1 from leaseq.placement_pins where cluster <> 0) as \"elsewhere!\"",
-        )
-        .fetch_one(home.pool())
-        .await?;
+        let elsewhere = store::placement::places_elsewhere(home.pool()).await?;
         anyhow::ensure!(
             !elsewhere,
             "this database is the home cluster of a placement over several clusters: give every cluster's --database-url (docs/SCALING.md)"

@@ -98,12 +98,8 @@ impl Settle {
             let (c, reqs) = groups.pop().expect("one group");
             return self.ack_on(c, &reqs).await;
         }
-        let mut runs = tokio::task::JoinSet::new();
-        for (c, reqs) in groups {
-            let me = self.clone();
-            runs.spawn(async move { me.ack_on(c, &reqs).await });
-        }
-        merge(runs.join_all().await)
+        let runs = groups.iter().map(|(c, reqs)| self.ack_on(*c, reqs));
+        merge(futures_util::future::join_all(runs).await)
     }
 
     async fn ack_on(&self, cluster: ClusterId, reqs: &[AckReq]) -> Result<Vec<Settled>> {
@@ -150,12 +146,10 @@ impl Settle {
         }
         // A stream's release or a reap over several clusters: one statement
         // per cluster, at once, so one that is down delays no other.
-        let mut runs = tokio::task::JoinSet::new();
-        for (c, reqs) in groups {
-            let me = self.clone();
-            runs.spawn(async move { me.fail_on(c, &reqs, ending).await });
-        }
-        merge(runs.join_all().await)
+        let runs = groups
+            .iter()
+            .map(|(c, reqs)| self.fail_on(*c, reqs, ending));
+        merge(futures_util::future::join_all(runs).await)
     }
 
     async fn fail_on(

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::fanout;
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
+use crate::placement::Clusters;
 use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
 
 /// Page size when the request says 0, and the most a page may hold.
@@ -666,102 +667,129 @@ impl AdminService for AdminApi {
         &self,
         request: Request<pb::WatchQueuesRequest>,
     ) -> Result<Response<Self::WatchQueuesStream>, Status> {
-        let r = request.into_inner();
-        if r.queues.len() > MAX_SUBSCRIBE_QUEUES {
-            return Err(
-                Error::invalid("queues", format!("at most {MAX_SUBSCRIBE_QUEUES} queues")).into(),
-            );
-        }
-        let names = r
-            .queues
-            .iter()
-            .enumerate()
-            .map(|(i, q)| queue_field(q, &format!("queues[{i}]")))
-            .collect::<Result<Vec<_>>>()?;
-        let interval = match &r.interval {
-            None => DEFAULT_WATCH_INTERVAL,
-            Some(d) => {
-                let ms = domain::duration_ms(d, "interval", MAX_WATCH_INTERVAL)?;
-                if ms < MIN_WATCH_INTERVAL.as_millis() as i64 {
-                    return Err(Error::invalid("interval", "must be between 1s and 1h").into());
-                }
-                Duration::from_millis(ms as u64)
-            }
-        };
+        let (names, interval) = watch_request(request.into_inner())?;
         let clusters = self.clusters().clone();
-        let names = (!names.is_empty()).then_some(names);
         if let Some(names) = &names {
-            let found =
-                fanout::queue_stats(&clusters, Some(names), None, names.len() as i64).await?;
-            if let Some(unknown) = names
-                .iter()
-                .find(|n| !found.value.iter().any(|f| f.name == n.as_str()))
-            {
-                // It may be on a cluster that did not answer.
-                return Err(found
-                    .missing_error()
-                    .unwrap_or_else(|| unknown_queue(unknown))
-                    .into());
-            }
+            check_known(&clusters, names).await?;
         }
         // Small buffer: a slow watcher makes the sampler wait, it does not
         // make it queue snapshots.
         let (tx, rx) = mpsc::channel(2);
-        let draining = self.draining.clone();
-        tokio::spawn(async move {
-            let mut last: Option<(Vec<(String, [i64; 6], bool)>, Vec<String>)> = None;
-            let mut last_sent = tokio::time::Instant::now();
-            loop {
-                let limit = names.as_ref().map_or(WATCH_ALL_LIMIT, |n| n.len() as i64);
-                // A cluster that does not answer leaves its queues out of the
-                // message, named in it; every cluster down ends the stream.
-                let (rows, missing) =
-                    match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await {
-                        Ok(found) => (found.value, found.missing),
-                        Err(e) => {
-                            let _ = tx.send(Err(e.into())).await;
-                            return;
-                        }
-                    };
-                // Ages change every sample; a push "on change" is about counts.
-                let counts: Vec<(String, [i64; 6], bool)> = rows
-                    .iter()
-                    .map(|q| {
-                        let c = [
-                            q.available,
-                            q.scheduled,
-                            q.leased,
-                            q.dead,
-                            q.streams,
-                            q.consumers,
-                        ];
-                        (q.name.clone(), c, q.paused)
-                    })
-                    .collect();
-                let counts = (counts, missing);
-                if last.as_ref() != Some(&counts) || last_sent.elapsed() >= interval {
-                    let msg = pb::WatchQueuesResponse {
-                        queues: rows.into_iter().map(queue_info).collect(),
-                        sent_at: Some(std::time::SystemTime::now().into()),
-                        unavailable_clusters: counts.1.clone(),
-                    };
-                    if tx.send(Ok(msg)).await.is_err() {
-                        return; // the watcher is gone
-                    }
-                    last = Some(counts);
-                    last_sent = tokio::time::Instant::now();
-                }
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    _ = draining.cancelled() => {
-                        let _ = tx.send(Err(Status::unavailable("broker is shutting down; reconnect"))).await;
-                        return;
-                    }
-                    _ = tokio::time::sleep(WATCH_SAMPLE.min(interval)) => {}
-                }
-            }
-        });
+        tokio::spawn(watch(clusters, names, interval, self.draining.clone(), tx));
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A WatchQueues request's queues (None: every queue) and interval,
+/// checked.
+fn watch_request(r: pb::WatchQueuesRequest) -> Result<(Option<Vec<QueueName>>, Duration)> {
+    if r.queues.len() > MAX_SUBSCRIBE_QUEUES {
+        return Err(Error::invalid(
+            "queues",
+            format!("at most {MAX_SUBSCRIBE_QUEUES} queues"),
+        ));
+    }
+    let names = r
+        .queues
+        .iter()
+        .enumerate()
+        .map(|(i, q)| queue_field(q, &format!("queues[{i}]")))
+        .collect::<Result<Vec<_>>>()?;
+    let interval = match &r.interval {
+        None => DEFAULT_WATCH_INTERVAL,
+        Some(d) => {
+            let ms = domain::duration_ms(d, "interval", MAX_WATCH_INTERVAL)?;
+            if ms < MIN_WATCH_INTERVAL.as_millis() as i64 {
+                return Err(Error::invalid("interval", "must be between 1s and 1h"));
+            }
+            Duration::from_millis(ms as u64)
+        }
+    };
+    Ok(((!names.is_empty()).then_some(names), interval))
+}
+
+/// NOT_FOUND naming the first of `names` that no cluster has (UNAVAILABLE
+/// when it may be on a cluster that did not answer).
+async fn check_known(clusters: &Clusters, names: &[QueueName]) -> Result<()> {
+    let found = fanout::queue_stats(clusters, Some(names), None, names.len() as i64).await?;
+    if let Some(unknown) = names
+        .iter()
+        .find(|n| !found.value.iter().any(|f| f.name == n.as_str()))
+    {
+        // It may be on a cluster that did not answer.
+        return Err(found
+            .missing_error()
+            .unwrap_or_else(|| unknown_queue(unknown)));
+    }
+    Ok(())
+}
+
+/// What a WatchQueues message is compared by: each queue's counts
+/// (available, scheduled, leased, dead, streams, consumers) and whether it
+/// is paused, and the clusters that did not answer.
+type WatchCounts = (Vec<(String, [i64; 6], bool)>, Vec<String>);
+
+/// A WatchQueues stream's sampler: the queues' statistics every
+/// [`WATCH_SAMPLE`] (at most every `interval`), sent when their counts
+/// change and at least every `interval`, until the watcher leaves or a
+/// drain begins.
+async fn watch(
+    clusters: Clusters,
+    names: Option<Vec<QueueName>>,
+    interval: Duration,
+    draining: CancellationToken,
+    tx: mpsc::Sender<Result<pb::WatchQueuesResponse, Status>>,
+) {
+    let mut last: Option<WatchCounts> = None;
+    let mut last_sent = tokio::time::Instant::now();
+    loop {
+        let limit = names.as_ref().map_or(WATCH_ALL_LIMIT, |n| n.len() as i64);
+        // A cluster that does not answer leaves its queues out of the
+        // message, named in it; every cluster down ends the stream.
+        let (rows, missing) =
+            match fanout::queue_stats(&clusters, names.as_deref(), None, limit).await {
+                Ok(found) => (found.value, found.missing),
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+        // Ages change every sample; a push "on change" is about counts.
+        let counts: Vec<(String, [i64; 6], bool)> = rows
+            .iter()
+            .map(|q| {
+                let c = [
+                    q.available,
+                    q.scheduled,
+                    q.leased,
+                    q.dead,
+                    q.streams,
+                    q.consumers,
+                ];
+                (q.name.clone(), c, q.paused)
+            })
+            .collect();
+        let counts: WatchCounts = (counts, missing);
+        if last.as_ref() != Some(&counts) || last_sent.elapsed() >= interval {
+            let msg = pb::WatchQueuesResponse {
+                queues: rows.into_iter().map(queue_info).collect(),
+                sent_at: Some(std::time::SystemTime::now().into()),
+                unavailable_clusters: counts.1.clone(),
+            };
+            if tx.send(Ok(msg)).await.is_err() {
+                return; // the watcher is gone
+            }
+            last = Some(counts);
+            last_sent = tokio::time::Instant::now();
+        }
+        tokio::select! {
+            _ = tx.closed() => return,
+            _ = draining.cancelled() => {
+                let _ = tx.send(Err(Status::unavailable("broker is shutting down; reconnect"))).await;
+                return;
+            }
+            _ = tokio::time::sleep(WATCH_SAMPLE.min(interval)) => {}
+        }
     }
 }
 

@@ -263,6 +263,40 @@ pub(crate) struct Core {
 /// Where a queue's lease rounds go (the current placement map).
 pub(crate) type Placement = Box<dyn Fn(&QueueName) -> ClusterId + Send>;
 
+/// The queues of a stream (`subscribed`, the one whose turn it is
+/// `next_queue`) a round may ask for: those ready; when the broker has
+/// several clusters and all of them have a backlog, only those on one
+/// cluster ([`Core::plan_round`]): the `focus` cluster if the stream has
+/// any there, else the cluster of the queue whose turn it is.
+fn ready_queues<'q>(
+    queues: &FastMap<QueueName, QueueState>,
+    placement: Option<&Placement>,
+    subscribed: &'q [QueueName],
+    next_queue: usize,
+    focus: Option<ClusterId>,
+) -> Vec<&'q QueueName> {
+    let mut ready: Vec<&QueueName> = subscribed
+        .iter()
+        .filter(|q| queues.get(*q).is_some_and(|qs| qs.ready))
+        .collect();
+    if ready.is_empty() {
+        return ready;
+    }
+    if let (Some(focus), Some(cluster_of)) = (focus, placement)
+        && ready.iter().all(|q| queues[*q].backlog)
+    {
+        // This round's cluster, or else the cluster of the queue
+        // whose turn it is among the stream's.
+        let c = if ready.iter().any(|q| cluster_of(q) == focus) {
+            focus
+        } else {
+            cluster_of(ready[next_queue % ready.len()])
+        };
+        ready.retain(|q| cluster_of(q) == c);
+    }
+    ready
+}
+
 impl Core {
     pub fn new(poll_interval: Duration, offers: Offers, now: Instant) -> Core {
         Core {
@@ -777,25 +811,15 @@ impl Core {
             if credit <= 0 || !stream.held.is_empty() {
                 continue;
             }
-            let mut ready: Vec<&QueueName> = stream
-                .queues
-                .iter()
-                .filter(|q| self.queues.get(*q).is_some_and(|qs| qs.ready))
-                .collect();
+            let ready = ready_queues(
+                &self.queues,
+                self.placement.as_ref(),
+                &stream.queues,
+                stream.next_queue,
+                focus,
+            );
             if ready.is_empty() {
                 continue;
-            }
-            if let (Some(focus), Some(cluster_of)) = (focus, &self.placement)
-                && ready.iter().all(|q| self.queues[*q].backlog)
-            {
-                // This round's cluster, or else the cluster of the queue
-                // whose turn it is among the stream's.
-                let c = if ready.iter().any(|q| cluster_of(q) == focus) {
-                    focus
-                } else {
-                    cluster_of(ready[stream.next_queue % ready.len()])
-                };
-                ready.retain(|q| cluster_of(q) == c);
             }
             let k = ready.len() as i32;
             let first = stream.next_queue % ready.len();
@@ -823,6 +847,13 @@ impl Core {
         if wants.is_empty() {
             return None;
         }
+        Some(self.rounds(wants, slots, now))
+    }
+
+    /// The round of `wants`: one, or when both queues with limits and
+    /// queues without are asked, the unlimited ones' now and the limited
+    /// ones' next ([`Core::plan_round`]).
+    fn rounds(&mut self, wants: Vec<Want>, slots: Vec<StreamId>, now: Instant) -> Round {
         let (slow, fast): (Vec<Want>, Vec<Want>) = wants
             .into_iter()
             .partition(|w| self.queues.get(&w.queue).is_some_and(|q| q.limited));
@@ -830,10 +861,10 @@ impl Core {
             (false, false) => {
                 let first = self.round(fast, slots.clone(), now);
                 self.next_part = Some(self.round(slow, slots, now));
-                Some(first)
+                first
             }
-            (false, true) => Some(self.round(fast, slots, now)),
-            (true, _) => Some(self.round(slow, slots, now)),
+            (false, true) => self.round(fast, slots, now),
+            (true, _) => self.round(slow, slots, now),
         }
     }
 

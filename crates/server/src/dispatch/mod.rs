@@ -518,20 +518,19 @@ async fn lease_everywhere(
     if clusters.is_single() {
         return lease(clusters.home(), round.wants.clone(), &round.limited).await;
     }
-    let mut runs = tokio::task::JoinSet::new();
+    let mut runs = Vec::new();
     for (c, wants) in clusters.group(round.wants.iter().cloned(), |w| {
         clusters.cluster_of(&w.queue)
     }) {
-        let Some(store) = clusters.get(c).cloned() else {
+        let Some(store) = clusters.get(c) else {
             warn!(cluster = %c, "queues placed on a cluster this broker does not know");
             continue;
         };
-        let limited = round.limited.clone();
-        runs.spawn(async move { lease(&store, wants, &limited).await });
+        runs.push(lease(store, wants, &round.limited));
     }
     let mut out = LeaseOutcome::default();
     let mut failed = None;
-    for r in runs.join_all().await {
+    for r in futures_util::future::join_all(runs).await {
         match r {
             Ok(o) => {
                 out.jobs.extend(o.jobs);

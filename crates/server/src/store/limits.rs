@@ -60,69 +60,15 @@ impl Store {
         let locked = c
             .bounded(|c| async move {
                 let mut tx = sqlx::Connection::begin(c).await?;
-                sqlx::query!(
-                    "select set_config('lock_timeout', $1, true)",
-                    format!("{}ms", LOCK_WAIT.as_millis()),
-                )
-                .fetch_one(&mut *tx)
-                .await?;
-                let locked = sqlx::query_scalar!(
-                    "select 1 from leaseq.queues where name = any($1) order by name for update",
-                    names_ as &Vec<&str>,
-                )
-                .fetch_all(&mut *tx)
-                .await;
-                if let Err(sqlx::Error::Database(e)) = &locked
-                    && e.code().as_deref() == Some("55P03")
-                {
-                    // lock_not_available: a row held past the wait.
+                // 1. Lock.
+                if !lock_queues(&mut tx, names_).await? {
                     tx.rollback().await?;
                     return Ok(None);
                 }
-                locked?;
-                let names = names_;
-                let mut allow: HashMap<String, Allowance> = HashMap::new();
-                for r in sqlx::query_file!("src/store/sql/limits.sql", names as &Vec<&str>)
-                    .fetch_all(&mut *tx)
-                    .await?
-                {
-                    let slots: Option<i64> = r.slots;
-                    let tokens: Option<f64> = r.tokens;
-                    let by_rate = tokens.map(|t| t.floor() as i64);
-                    let n = match (slots, by_rate) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    allow.insert(
-                        r.name,
-                        Allowance {
-                            n: n.map(|n| n.max(0)),
-                            rate: r.rate_limit,
-                            tokens,
-                            at: r.at,
-                            paused: r.paused,
-                        },
-                    );
-                }
-                // Each queue's asks are numbered (lo, hi] in delivery order: keep the
-                // first `n` of them.
-                let mut asked: HashMap<&QueueName, i64> = HashMap::new();
-                let mut trimmed = Vec::with_capacity(wants.len());
-                for w in wants {
-                    let lo = *asked.get(&w.queue).unwrap_or(&0);
-                    asked.insert(&w.queue, lo + i64::from(w.n));
-                    let cap = allow
-                        .get(w.queue.as_str())
-                        .and_then(|a| a.n)
-                        .unwrap_or(i64::MAX);
-                    let n = (lo + i64::from(w.n)).min(cap) - lo;
-                    if n > 0 {
-                        trimmed.push(Want {
-                            n: n as i32,
-                            ..w.clone()
-                        });
-                    }
-                }
+                // 2. What the limits allow.
+                let allow = allowances(&mut tx, names_).await?;
+                // 3. Lease that much.
+                let (asked, trimmed) = trim(wants, &allow);
                 let mut out = LeaseOutcome::default();
                 if !trimmed.is_empty() {
                     for row in self.lease_rows(&mut *tx, &trimmed, true).await? {
@@ -131,31 +77,8 @@ impl Store {
                         }
                     }
                 }
-                let mut got: HashMap<&str, i64> = HashMap::new();
-                for j in &out.jobs {
-                    *got.entry(j.queue.as_str()).or_default() += 1;
-                }
-                // Take what was leased out of the rate buckets.
-                let (mut bq, mut bt, mut ba) = (Vec::new(), Vec::new(), Vec::new());
-                for (name, a) in &allow {
-                    if let Some(t) = a.tokens {
-                        bq.push(name.as_str());
-                        bt.push(t - *got.get(name.as_str()).unwrap_or(&0) as f64);
-                        ba.push(a.at);
-                    }
-                }
-                if !bq.is_empty() {
-                    sqlx::query!(
-                        "update leaseq.queues q set rate_tokens = u.tokens, rate_at = u.at \
-                 from unnest($1::text[], $2::float8[], $3::timestamptz[]) as u(name, tokens, at) \
-                 where q.name = u.name",
-                        &bq as &Vec<&str>,
-                        &bt,
-                        &ba,
-                    )
-                    .execute(&mut *tx)
-                    .await?;
-                }
+                // 4. Take what was leased out of the rate buckets.
+                take_tokens(&mut tx, &allow, &leased_per_queue(&out)).await?;
                 tx.commit().await?;
                 Ok::<_, crate::error::Error>(Some((allow, asked, out)))
             })
@@ -177,31 +100,162 @@ impl Store {
                 ..LeaseOutcome::default()
             });
         };
-        let mut got: HashMap<&str, i64> = HashMap::new();
-        for j in &out.jobs {
-            *got.entry(j.queue.as_str()).or_default() += 1;
-        }
-        for (name, a) in &allow {
-            let Some(queue) = QueueName::parse(name) else {
-                continue;
-            };
-            let leased = *got.get(name.as_str()).unwrap_or(&0);
-            let wanted = *asked.get(&queue).unwrap_or(&0);
-            // Cut by the rate limit: it allowed less than was asked and all
-            // of that was taken. Come back when the next token is due.
-            let retry_ms = match (a.rate, a.tokens) {
-                (Some(rate), Some(tokens)) if !a.paused && wanted > leased => {
-                    let left = tokens - leased as f64;
-                    (left < 1.0).then(|| ((1.0 - left) / rate * 1000.0).ceil().max(1.0) as i64)
-                }
-                _ => None,
-            };
-            out.caps.push(Cap {
-                unlimited: a.n.is_none() && a.rate.is_none(),
-                queue,
-                retry_ms,
-            });
-        }
+        let got = leased_per_queue(&out);
+        let caps = caps(&allow, &asked, &got);
+        out.caps.extend(caps);
         Ok(out)
     }
+}
+
+/// Locks the queues' rows in name order, waiting at most [`LOCK_WAIT`];
+/// false when a row stayed locked past it.
+async fn lock_queues(tx: &mut sqlx::PgConnection, names: &[&str]) -> Result<bool> {
+    sqlx::query!(
+        "select set_config('lock_timeout', $1, true)",
+        format!("{}ms", LOCK_WAIT.as_millis()),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let locked = sqlx::query_scalar!(
+        "select 1 from leaseq.queues where name = any($1) order by name for update",
+        names as &[&str],
+    )
+    .fetch_all(&mut *tx)
+    .await;
+    if let Err(sqlx::Error::Database(e)) = &locked
+        && e.code().as_deref() == Some("55P03")
+    {
+        // lock_not_available: a row held past the wait.
+        return Ok(false);
+    }
+    locked?;
+    Ok(true)
+}
+
+/// What the limits of each queue allow this round (`limits.sql`).
+async fn allowances(
+    tx: &mut sqlx::PgConnection,
+    names: &[&str],
+) -> Result<HashMap<String, Allowance>> {
+    let mut allow: HashMap<String, Allowance> = HashMap::new();
+    for r in sqlx::query_file!("src/store/sql/limits.sql", names as &[&str])
+        .fetch_all(&mut *tx)
+        .await?
+    {
+        let slots: Option<i64> = r.slots;
+        let tokens: Option<f64> = r.tokens;
+        let by_rate = tokens.map(|t| t.floor() as i64);
+        let n = match (slots, by_rate) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        allow.insert(
+            r.name,
+            Allowance {
+                n: n.map(|n| n.max(0)),
+                rate: r.rate_limit,
+                tokens,
+                at: r.at,
+                paused: r.paused,
+            },
+        );
+    }
+    Ok(allow)
+}
+
+/// The asks cut to what `allow` allows, and how much each queue asked.
+fn trim<'w>(
+    wants: &'w [Want],
+    allow: &HashMap<String, Allowance>,
+) -> (HashMap<&'w QueueName, i64>, Vec<Want>) {
+    // Each queue's asks are numbered (lo, hi] in delivery order: keep the
+    // first `n` of them.
+    let mut asked: HashMap<&QueueName, i64> = HashMap::new();
+    let mut trimmed = Vec::with_capacity(wants.len());
+    for w in wants {
+        let lo = *asked.get(&w.queue).unwrap_or(&0);
+        asked.insert(&w.queue, lo + i64::from(w.n));
+        let cap = allow
+            .get(w.queue.as_str())
+            .and_then(|a| a.n)
+            .unwrap_or(i64::MAX);
+        let n = (lo + i64::from(w.n)).min(cap) - lo;
+        if n > 0 {
+            trimmed.push(Want {
+                n: n as i32,
+                ..w.clone()
+            });
+        }
+    }
+    (asked, trimmed)
+}
+
+/// Jobs leased per queue.
+fn leased_per_queue(out: &LeaseOutcome) -> HashMap<&str, i64> {
+    let mut got: HashMap<&str, i64> = HashMap::new();
+    for j in &out.jobs {
+        *got.entry(j.queue.as_str()).or_default() += 1;
+    }
+    got
+}
+
+/// Takes the jobs leased (`got`) out of the queues' rate buckets.
+async fn take_tokens(
+    tx: &mut sqlx::PgConnection,
+    allow: &HashMap<String, Allowance>,
+    got: &HashMap<&str, i64>,
+) -> Result<()> {
+    let (mut bq, mut bt, mut ba) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, a) in allow {
+        if let Some(t) = a.tokens {
+            bq.push(name.as_str());
+            bt.push(t - *got.get(name.as_str()).unwrap_or(&0) as f64);
+            ba.push(a.at);
+        }
+    }
+    if !bq.is_empty() {
+        sqlx::query!(
+            "update leaseq.queues q set rate_tokens = u.tokens, rate_at = u.at \
+             from unnest($1::text[], $2::float8[], $3::timestamptz[]) as u(name, tokens, at) \
+             where q.name = u.name",
+            &bq as &Vec<&str>,
+            &bt,
+            &ba,
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// How the limits shaped the round, per limited queue: whether it has
+/// limits still, and when a rate limit lets it lease again.
+fn caps(
+    allow: &HashMap<String, Allowance>,
+    asked: &HashMap<&QueueName, i64>,
+    got: &HashMap<&str, i64>,
+) -> Vec<Cap> {
+    let mut caps = Vec::new();
+    for (name, a) in allow {
+        let Some(queue) = QueueName::parse(name) else {
+            continue;
+        };
+        let leased = *got.get(name.as_str()).unwrap_or(&0);
+        let wanted = *asked.get(&queue).unwrap_or(&0);
+        // Cut by the rate limit: it allowed less than was asked and all
+        // of that was taken. Come back when the next token is due.
+        let retry_ms = match (a.rate, a.tokens) {
+            (Some(rate), Some(tokens)) if !a.paused && wanted > leased => {
+                let left = tokens - leased as f64;
+                (left < 1.0).then(|| ((1.0 - left) / rate * 1000.0).ceil().max(1.0) as i64)
+            }
+            _ => None,
+        };
+        caps.push(Cap {
+            unlimited: a.n.is_none() && a.rate.is_none(),
+            queue,
+            retry_ms,
+        });
+    }
+    caps
 }

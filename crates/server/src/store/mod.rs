@@ -9,6 +9,7 @@ pub(crate) mod admin;
 pub(crate) mod batch;
 pub(crate) mod conn;
 pub(crate) mod limits;
+pub(crate) mod placement;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -571,24 +572,7 @@ impl Store {
                 pending.clear();
                 break;
             }
-            let queues: Vec<&str> = dups.iter().map(|&i| jobs[i].queue.as_str()).collect();
-            let keys: Vec<&str> = dups
-                .iter()
-                .map(|&i| jobs[i].dedup_key.as_deref().unwrap_or(""))
-                .collect();
-            let rows = sqlx::query!(
-                "select j.id, j.queue, j.dedup_key as \"dedup_key!\" from leaseq.jobs j \
-                 join unnest($1::text[], $2::text[]) as k(queue, dedup_key) \
-                 on j.queue = k.queue and j.dedup_key = k.dedup_key",
-                &queues as &Vec<&str>,
-                &keys as &Vec<&str>,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut live: HashMap<(String, String), Uuid> = HashMap::new();
-            for r in rows {
-                live.insert((r.queue, r.dedup_key), r.id);
-            }
+            let live = Self::live_holders(&mut *tx, jobs, &dups).await?;
             pending.clear();
             for i in dups {
                 let key = (
@@ -617,6 +601,34 @@ impl Store {
             wakes: wakes.into_vec(),
             handed,
         })
+    }
+
+    /// The live jobs holding the dedup keys of `jobs[i]` for `i` in `dups`:
+    /// (queue, dedup key) → the live job's id.
+    async fn live_holders(
+        tx: &mut sqlx::PgConnection,
+        jobs: &[NewJob],
+        dups: &[usize],
+    ) -> Result<HashMap<(String, String), Uuid>> {
+        let queues: Vec<&str> = dups.iter().map(|&i| jobs[i].queue.as_str()).collect();
+        let keys: Vec<&str> = dups
+            .iter()
+            .map(|&i| jobs[i].dedup_key.as_deref().unwrap_or(""))
+            .collect();
+        let rows = sqlx::query!(
+            "select j.id, j.queue, j.dedup_key as \"dedup_key!\" from leaseq.jobs j \
+             join unnest($1::text[], $2::text[]) as k(queue, dedup_key) \
+             on j.queue = k.queue and j.dedup_key = k.dedup_key",
+            &queues as &Vec<&str>,
+            &keys as &Vec<&str>,
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut live: HashMap<(String, String), Uuid> = HashMap::new();
+        for r in rows {
+            live.insert((r.queue, r.dedup_key), r.id);
+        }
+        Ok(live)
     }
 
     /// Runs enqueue.sql for `jobs` (with their claims, if any); one job,
