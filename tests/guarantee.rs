@@ -494,6 +494,17 @@ async fn a_lease_answered_to_a_frozen_broker_is_not_delivered_after_its_end() {
     })
     .await;
     broker.signal(libc::SIGSTOP);
+    // kill(2) returns before every thread has stopped: on a loaded host a
+    // thread of the broker can still run for a while (and read an answer).
+    eventually(S5, "every thread of the broker is stopped", || async {
+        stopped(broker.pid())
+    })
+    .await;
+    assert_eq!(
+        db.leased_in("frozen").await,
+        0,
+        "the lease statement must still wait on the lock (the test's premise)"
+    );
     lock.rollback().await.unwrap();
     // The lease is committed, its answer unread; the lease runs out.
     eventually(S5, "the lease is committed", || async {
@@ -524,4 +535,18 @@ async fn a_lease_answered_to_a_frozen_broker_is_not_delivered_after_its_end() {
     ack(&mut c, &d)
         .await
         .expect("the holder of a live lease acks");
+}
+
+/// Every thread of process `pid` is stopped (state `T` in /proc).
+fn stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| {
+            // The state follows the command name's closing parenthesis.
+            st.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    })
 }
