@@ -14,7 +14,7 @@ use crate::tick::Ticks;
 
 /// Follows the placement: re-reads the map whenever home's epoch moved, and
 /// records the epoch this broker routes by, every `interval` until `stop`.
-pub async fn follow(clusters: Clusters, interval: Duration, stop: CancellationToken) {
+pub(crate) async fn follow(clusters: Clusters, interval: Duration, stop: CancellationToken) {
     let home = clusters.home().clone();
     let mut ticks = Ticks::new(interval, &stop);
     while ticks.next().await {

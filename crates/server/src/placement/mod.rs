@@ -44,13 +44,15 @@ use crate::error::{Error, Result};
 use crate::store::Store;
 use crate::store::placement as sql;
 
-pub use follow::follow;
+pub(crate) use follow::follow;
 pub use moves::{MoveOptions, Moved, move_bucket, pin};
-pub use setup::{check_identity, setup};
-pub use sweep::{Swept, sweep, sweep_loop};
+pub(crate) use setup::check_identity;
+pub use setup::setup;
+pub(crate) use sweep::sweep_loop;
+pub use sweep::{Swept, sweep};
 
 /// Fixed for the life of a deployment: a queue's bucket never changes.
-pub const BUCKETS: u32 = 1024;
+pub(crate) const BUCKETS: u32 = 1024;
 
 /// A queue's bucket: FNV-1a (32-bit) of its name, modulo [`BUCKETS`].
 pub fn bucket_of(queue: &str) -> u32 {
@@ -86,7 +88,7 @@ pub struct Map {
 
 impl Map {
     /// Everything on the home cluster.
-    pub fn home_only() -> Map {
+    pub(crate) fn home_only() -> Map {
         Map {
             epoch: 0,
             buckets: vec![ClusterId::HOME; BUCKETS as usize],
@@ -108,7 +110,7 @@ impl Map {
     }
 
     /// The longest pin matching the queue, if any.
-    pub fn pinned(&self, queue: &str) -> Option<ClusterId> {
+    pub(crate) fn pinned(&self, queue: &str) -> Option<ClusterId> {
         self.pins
             .iter()
             .filter(|(p, _)| match p.strip_suffix('*') {
@@ -122,7 +124,7 @@ impl Map {
 
 /// The clusters of one broker and their current placement. Cheap to clone.
 #[derive(Clone)]
-pub struct Clusters {
+pub(crate) struct Clusters {
     inner: Arc<Inner>,
 }
 
@@ -143,12 +145,12 @@ impl std::fmt::Debug for Clusters {
 
 impl Clusters {
     /// One database: everything routes to it.
-    pub fn single(store: Store) -> Clusters {
+    pub(crate) fn single(store: Store) -> Clusters {
         Clusters::new(vec![store], Map::home_only())
     }
 
     /// `stores` with home first.
-    pub fn new(stores: Vec<Store>, map: Map) -> Clusters {
+    pub(crate) fn new(stores: Vec<Store>, map: Map) -> Clusters {
         let by_id = stores
             .iter()
             .enumerate()
@@ -163,26 +165,26 @@ impl Clusters {
         }
     }
 
-    pub fn is_single(&self) -> bool {
+    pub(crate) fn is_single(&self) -> bool {
         self.inner.stores.len() == 1
     }
 
-    pub fn home(&self) -> &Store {
+    pub(crate) fn home(&self) -> &Store {
         &self.inner.stores[0]
     }
 
-    pub fn all(&self) -> &[Store] {
+    pub(crate) fn all(&self) -> &[Store] {
         &self.inner.stores
     }
 
     /// The store of a cluster id (from a lease token); None if this broker
     /// has no such cluster.
-    pub fn get(&self, id: ClusterId) -> Option<&Store> {
+    pub(crate) fn get(&self, id: ClusterId) -> Option<&Store> {
         self.inner.by_id.get(&id).map(|&i| &self.inner.stores[i])
     }
 
     /// The cluster id that takes the queue's new jobs and lease rounds.
-    pub fn cluster_of(&self, queue: &QueueName) -> ClusterId {
+    pub(crate) fn cluster_of(&self, queue: &QueueName) -> ClusterId {
         if self.is_single() {
             return self.home().cluster();
         }
@@ -190,21 +192,21 @@ impl Clusters {
     }
 
     /// The store of the queue's cluster.
-    pub fn store_for(&self, queue: &QueueName) -> Result<&Store> {
+    pub(crate) fn store_for(&self, queue: &QueueName) -> Result<&Store> {
         let id = self.cluster_of(queue);
         self.get(id).ok_or(Error::ClusterUnknown(id.0))
     }
 
-    pub fn map(&self) -> Arc<Map> {
+    pub(crate) fn map(&self) -> Arc<Map> {
         self.inner.map.read().expect("poisoned").clone()
     }
 
-    pub fn set_map(&self, map: Map) {
+    pub(crate) fn set_map(&self, map: Map) {
         *self.inner.map.write().expect("poisoned") = Arc::new(map);
     }
 
     /// Splits `items` by cluster, keeping their order within each group.
-    pub fn group<T>(
+    pub(crate) fn group<T>(
         &self,
         items: impl IntoIterator<Item = T>,
         cluster: impl Fn(&T) -> ClusterId,
@@ -222,7 +224,7 @@ impl Clusters {
 }
 
 /// The current epoch on home.
-pub async fn epoch(home: &PgPool) -> Result<i64> {
+pub(crate) async fn epoch(home: &PgPool) -> Result<i64> {
     Ok(sql::epoch(home).await?.unwrap_or(0))
 }
 

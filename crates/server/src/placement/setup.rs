@@ -76,7 +76,7 @@ fn id_for(known: &HashMap<String, i16>, i: usize, name: &str) -> anyhow::Result<
 
 /// On each cluster: checks that the database knows itself as this cluster
 /// (recording it the first time).
-pub async fn check_identity(pool: &PgPool, id: ClusterId, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn check_identity(pool: &PgPool, id: ClusterId, name: &str) -> anyhow::Result<()> {
     let (was_id, was_name) = sql::identity(pool, id, name).await?;
     if was_id != id.0 as i16 || was_name != name {
         anyhow::bail!(

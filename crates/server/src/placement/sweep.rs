@@ -123,7 +123,7 @@ async fn copy_strays(
 }
 
 /// Sweeps every `interval` until `stop` ([`sweep`]).
-pub async fn sweep_loop(clusters: Clusters, interval: Duration, stop: CancellationToken) {
+pub(crate) async fn sweep_loop(clusters: Clusters, interval: Duration, stop: CancellationToken) {
     let pools: Vec<(ClusterId, PgPool)> = clusters
         .all()
         .iter()
