@@ -258,6 +258,12 @@ pub(crate) struct Core {
     /// The second half of a round planned in two ([`Core::plan_round`]),
     /// counted in flight already: the next `plan_round` returns it.
     next_part: Option<Round>,
+    /// What `Instant`s are measured from in [`Core::db_clock`].
+    epoch: Instant,
+    /// Per cluster: the database's clock minus this process's (µs since
+    /// `epoch`), as last seen in a lease this process took (see
+    /// [`Core::learn_db_clock`]). Dates the leases other replicas hand over.
+    db_clock: FastMap<ClusterId, i64>,
 }
 
 /// Where a queue's lease rounds go (the current placement map).
@@ -323,7 +329,35 @@ impl Core {
             closing: FastMap::default(),
             ended: Vec::new(),
             next_part: None,
+            epoch: now,
+            db_clock: FastMap::default(),
         }
+    }
+
+    /// Learns the database's clock from leases this process took: each
+    /// began (by `lease_expires_at - lease_ms`, the database's time) no
+    /// later than `now`, when the answer was read. Taking `now` as the
+    /// lease's start makes other replicas' leases look younger than they
+    /// are, never older, by at most the statement's round trip.
+    fn learn_db_clock(&mut self, jobs: &[(StreamId, Leased)], now: Instant) {
+        let local = now.saturating_duration_since(self.epoch).as_micros() as i64;
+        for (_, job) in jobs {
+            let began = job.lease_expires_at.timestamp_micros() - job.lease_ms * 1000;
+            self.db_clock.insert(job.token.1, began - local);
+        }
+    }
+
+    /// When (on this process's clock) a lease another replica took began,
+    /// by its database's clock as last learned; `now` when not known yet.
+    fn lease_began(&self, job: &Leased, now: Instant) -> Instant {
+        let Some(offset) = self.db_clock.get(&job.token.1) else {
+            return now;
+        };
+        let began = job.lease_expires_at.timestamp_micros() - job.lease_ms * 1000 - offset;
+        if began <= 0 {
+            return self.epoch;
+        }
+        (self.epoch + Duration::from_micros(began as u64)).min(now)
     }
 
     /// Idle streams' offers are published to other replicas too.
@@ -992,7 +1026,8 @@ impl Core {
         let jobs = leased
             .into_iter()
             .map(|j| (round.slots[j.slot as usize], j))
-            .collect();
+            .collect::<Vec<_>>();
+        self.learn_db_clock(&jobs, now);
         let delivered = self.assign(jobs, now, round.started);
         self.in_order(&round.slots, delivered)
     }
@@ -1064,7 +1099,8 @@ impl Core {
             .leased
             .into_iter()
             .map(|j| (handoff.claims[j.slot as usize].stream, j))
-            .collect();
+            .collect::<Vec<_>>();
+        self.learn_db_clock(&jobs, now);
         self.assign(jobs, now, handoff.sent)
     }
 
@@ -1089,8 +1125,12 @@ impl Core {
             if taken {
                 self.dirty.insert(sid);
                 // When another replica's statement began is not known
-                // here: the lease is taken as beginning now.
-                let d = self.assign(vec![(sid, job)], now, now);
+                // here; when the lease began is, by the database's clock,
+                // which this process has learned from its own leases: a
+                // note read late (this process stopped while it waited
+                // in the LISTEN socket) is not delivered past its time.
+                let began = self.lease_began(&job, now);
+                let d = self.assign(vec![(sid, job)], now, began);
                 out.jobs.extend(d.jobs);
                 out.orphans.extend(d.orphans);
             } else {
@@ -1576,6 +1616,47 @@ mod tests {
         c.settled([(j[0].id, j[0].token)]);
         assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 1)]);
         assert!(offers.claim(&q("a"), false).is_some());
+    }
+
+    /// Found by the fault suite (faults::frozen, an open finding of
+    /// docs/RELIABILITY.md): a hand-over note that waited in the LISTEN
+    /// socket of a stopped process was delivered after its lease. Its
+    /// lease's start, by the database's clock, is dated on this process's
+    /// clock with what its own leases taught it.
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_over_read_late_is_dated_by_the_database_clock() {
+        let (mut c, _) = publishing(4);
+        c.reconcile_offers(Instant::now());
+        let base = Utc::now();
+        let lease = |began: chrono::DateTime<Utc>| Leased {
+            lease_ms: 2_000,
+            lease_expires_at: began + chrono::Duration::milliseconds(2_000),
+            ..job(0, "a")
+        };
+        // A lease of our own began at `base`, as its answer was read.
+        c.learn_db_clock(&[(1, lease(base))], Instant::now());
+        // Stopped for 3 s; notes of leases taken meanwhile are read now.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let stale = lease(base + chrono::Duration::milliseconds(10));
+        let fresh = lease(base + chrono::Duration::milliseconds(2_990));
+        let d = c.remote_handed(vec![(1, stale.clone()), (1, fresh.clone())], Instant::now());
+        assert_eq!(
+            d.orphans,
+            vec![(stale.id, stale.token)],
+            "a lease 3 s old of 2 s is released, not delivered"
+        );
+        assert_eq!(
+            d.jobs.iter().map(|(_, j)| j.id).collect::<Vec<_>>(),
+            vec![fresh.id]
+        );
+        // Not knowing the database's clock yet, a note is dated on reading.
+        let (mut c, _) = publishing(4);
+        c.reconcile_offers(Instant::now());
+        let d = c.remote_handed(
+            vec![(1, lease(base - chrono::Duration::hours(1)))],
+            Instant::now(),
+        );
+        assert_eq!((d.jobs.len(), d.orphans.len()), (1, 0));
     }
 
     #[tokio::test(start_paused = true)]
