@@ -17,8 +17,9 @@
 # Then, with PROFILE=1 (the default), one profiled run per SDK (their rates
 # are not figures: a profiler slows the worker):
 #   python-*  cProfile (OUTDIR/python-MODE.pstats, .pstats.top.txt),
-#             py-spy (`record --threads`, Python frames, if PYSPY or `py-spy` on
-#             PATH: OUTDIR/python-MODE.pyspy.txt, .top.txt), and a counting
+#             py-spy (`record --gil --threads`: the thread that holds the
+#             GIL; when PYSPY is set or `py-spy` is on PATH:
+#             OUTDIR/python-MODE.pyspy.txt, .top.txt), and a counting
 #             run (py_worker.py --count: stream writes, acks per write,
 #             replies, tasks, futures, loop turns, callbacks per job)
 #   node      `node --cpu-prof` (OUTDIR/node.cpuprofile, .top.txt) and a
@@ -31,11 +32,14 @@
 # is the benchmark with them.
 #
 #   usage: scripts/bench/sdk-workers.sh OUTDIR [BIN]
-#   needs: clients/setup.sh python node (the SDKs' venv and dist/);
+#   needs: clients/setup.sh python node (the SDKs' venv and dist/; that
+#          venv is the suites', with the test extras: opentelemetry-api is
+#          installed, so the Python worker starts a non-recording span per
+#          job, as a user with OpenTelemetry but no tracer provider would);
 #          cargo build --release -p leaseq-client --example noop_worker
 #   env:   JOBS=30000, CREDIT=256, REPS=2, SDKS="python-async python-sync
-#          node rust", PROFILE=1, RUST_CREDITS, PYSPY (py-spy's path; `pip install
-#          py-spy`), RUST_WORKER (default target/release/examples/
+#          node rust", PROFILE=1, RUST_CREDITS, PYSPY (py-spy's path;
+#          `pip install py-spy`), RUST_WORKER (default target/release/examples/
 #          noop_worker), QUICK=1 (JOBS=2000, no warm-up), KEEP=1
 #          (scripts/bench/lib.sh)
 set -uo pipefail
@@ -117,7 +121,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
                     fill "$q" && {
                         worker_cmd "$sdk" "$q"
                         log "$q: py-spy record ${CMD[*]}"
-                        run_wait "$OUT/$q.log" "$PYSPY" record --threads --rate 250 --format raw \
+                        run_wait "$OUT/$q.log" "$PYSPY" record --gil --threads --rate 250 --format raw \
                             -o "$OUT/$sdk.pyspy.txt" -- "${CMD[@]}"
                         "$PY" "$PROF/summarize.py" "$OUT/$sdk.pyspy.txt" >"$OUT/$sdk.pyspy.top.txt"
                     }
