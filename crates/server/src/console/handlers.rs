@@ -334,19 +334,7 @@ pub(super) async fn get_job(
     axum::Extension(caller): axum::Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let j = c
-        .api
-        .get_job(tonic::Request::new(pb::GetJobRequest {
-            job_id: id.clone(),
-        }))
-        .await?
-        .into_inner();
-    if !caller.can_read(&j.queue) {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("job {id} does not exist"),
-        ));
-    }
+    let j = readable_job(&c, &caller, &id).await?;
     let job_id = crate::domain::JobId::parse_field(&id, "job_id")?;
     let mut attempts: Vec<Value> = crate::fanout::attempt_errors(
         c.api.clusters(),
@@ -454,19 +442,7 @@ pub(super) async fn cancel_job(
     axum::Extension(caller): axum::Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let j = c
-        .api
-        .get_job(tonic::Request::new(pb::GetJobRequest {
-            job_id: id.clone(),
-        }))
-        .await?
-        .into_inner();
-    if !caller.can_read(&j.queue) {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("job {id} does not exist"),
-        ));
-    }
+    let j = readable_job(&c, &caller, &id).await?;
     caller.admin(&j.queue)?;
     let r = c
         .api
@@ -558,4 +534,23 @@ pub(super) async fn enqueue_job(
     Ok(axum::Json(
         json!({ "job_id": r.job_id, "duplicate": r.duplicate }),
     ))
+}
+
+/// The job `id`, if the caller may read its queue: a job of a queue it may
+/// not see is a job it does not know (404, as for queues).
+async fn readable_job(c: &Console, caller: &Caller, id: &str) -> ApiResult<pb::JobInfo> {
+    let j = c
+        .api
+        .get_job(tonic::Request::new(pb::GetJobRequest {
+            job_id: id.to_owned(),
+        }))
+        .await?
+        .into_inner();
+    if !caller.can_read(&j.queue) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("job {id} does not exist"),
+        ));
+    }
+    Ok(j)
 }

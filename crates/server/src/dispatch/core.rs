@@ -341,7 +341,14 @@ impl Core {
     /// are, never older, by at most the statement's round trip.
     fn learn_db_clock(&mut self, jobs: &[(StreamId, Leased)], now: Instant) {
         let local = now.saturating_duration_since(self.epoch).as_micros() as i64;
+        // One reading per cluster is enough (a round's jobs of one cluster
+        // came from one statement): not a map insert per job.
+        let mut last = None;
         for (_, job) in jobs {
+            if last == Some(job.token.1) {
+                continue;
+            }
+            last = Some(job.token.1);
             let began = job.lease_expires_at.timestamp_micros() - job.lease_ms * 1000;
             self.db_clock.insert(job.token.1, began - local);
         }
