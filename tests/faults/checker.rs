@@ -529,3 +529,41 @@ fn checker_reports_a_clean_history_clean() {
     assert_eq!((r.extends, r.ack_stale), (1, 1), "{r:#?}");
     assert_eq!((r.dedup_answers, r.dedup_duplicates), (2, 1), "{r:#?}");
 }
+
+/// The one exemption for a late delivery is narrow: a broker frozen by
+/// SIGSTOP while the lease was live, and the delivery received within a
+/// second of its SIGCONT (`frozen_late`, counted, not an anomaly). The same
+/// lateness on another broker, or later after the SIGCONT, stays an
+/// anomaly.
+#[test]
+fn late_deliveries_from_a_frozen_broker_are_counted_apart_and_only_those() {
+    let p = Plant::new();
+    let h = &p.h;
+    let (s0, s1) = (h.stream_opened(0), h.stream_opened(1));
+    for job in ["frozen", "other-broker", "much-later"] {
+        p.enqueue(0.5, job);
+    }
+    h.set_now(at(1.0));
+    let f = h.fault("SIGSTOP 3 s", Some(1));
+    h.set_now(at(4.0));
+    h.healed(f);
+    // Each leased at 1.0 for 2 s (database time), received after 3.0.
+    let late = [
+        p.deliver_lease(s1, 1, "frozen", "t1", (4.03, 1.0, 2.0)),
+        p.deliver_lease(s0, 0, "other-broker", "t2", (4.03, 1.0, 2.0)),
+        p.deliver_lease(s1, 1, "much-later", "t3", (5.5, 1.0, 2.0)),
+    ];
+    for d in &late {
+        p.ack(d, 5.6);
+    }
+    let r = p.check();
+    assert_eq!(r.frozen_late.len(), 1, "{r:#?}");
+    assert!(r.frozen_late[0].starts_with("frozen "), "{r:#?}");
+    let mut anomalies: Vec<&str> = r
+        .delivered_released
+        .iter()
+        .map(|e| e.split(' ').next().unwrap())
+        .collect();
+    anomalies.sort();
+    assert_eq!(anomalies, ["much-later", "other-broker"], "{r:#?}");
+}
