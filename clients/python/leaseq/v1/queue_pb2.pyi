@@ -63,14 +63,22 @@ class ConsumeRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[NackRequest, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[ExtendLeaseRequest, _Mapping]]] = ..., max_in_flight: _Optional[int] = ..., confirm_settles: bool = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ["delivery", "heartbeat", "settled"]
+    __slots__ = ["deliveries", "delivery", "heartbeat", "settled"]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
+    deliveries: Deliveries
     delivery: Delivery
     heartbeat: Heartbeat
     settled: SettleResults
-    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., settled: _Optional[_Union[SettleResults, _Mapping]] = ...) -> None: ...
+    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., settled: _Optional[_Union[SettleResults, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ...) -> None: ...
+
+class Deliveries(_message.Message):
+    __slots__ = ["deliveries"]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ["job", "lease_expires_at", "lease_token"]
@@ -148,10 +156,12 @@ class ExtendLeaseResponse(_message.Message):
     def __init__(self, lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ["sent_at"]
+    __slots__ = ["features", "sent_at"]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    features: _containers.RepeatedScalarFieldContainer[str]
     sent_at: _timestamp_pb2.Timestamp
-    def __init__(self, sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ["attempt", "enqueued_at", "headers", "id", "last_error", "payload", "priority", "queue"]
@@ -225,24 +235,28 @@ class SettleResults(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SettleResult, _Mapping]]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ["consumer", "lease", "max_in_flight", "queues"]
+    __slots__ = ["accept", "consumer", "lease", "max_in_flight", "queues"]
+    ACCEPT_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    accept: _containers.RepeatedScalarFieldContainer[str]
     consumer: str
     lease: _duration_pb2.Duration
     max_in_flight: int
     queues: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, queues: _Optional[_Iterable[str]] = ..., consumer: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, queues: _Optional[_Iterable[str]] = ..., consumer: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., accept: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ["delivery", "heartbeat"]
+    __slots__ = ["deliveries", "delivery", "heartbeat"]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    deliveries: Deliveries
     delivery: Delivery
     heartbeat: Heartbeat
-    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ...) -> None: ...
 
 class SettleOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
