@@ -201,6 +201,7 @@ fn sub_req(queue: &str, max_in_flight: u32) -> pb::SubscribeRequest {
         consumer: "limits".into(),
         max_in_flight,
         lease: None,
+        accept: Vec::new(),
     }
 }
 

@@ -79,6 +79,7 @@ async fn subscribe_as(c: &mut Grpc, queue: &str, consumer: &str, credit: u32) ->
         consumer: consumer.to_owned(),
         max_in_flight: credit,
         lease: None,
+        accept: Vec::new(),
     })
     .await
     .expect("subscribe")

@@ -1292,3 +1292,78 @@ async fn a_stream_names_the_broker_that_serves_it() {
         .unwrap();
     assert_ne!(header(other.metadata()), id0, "another process");
 }
+
+// ---------------------------------------------------------------------------
+// Packed deliveries (`accept: ["deliveries"]`).
+
+/// Every message of `stream` until `n` deliveries came: (deliveries per
+/// message, the first message's heartbeat features).
+async fn read_packs(
+    stream: &mut tonic::Streaming<pb::ConsumeResponse>,
+    n: usize,
+) -> (Vec<usize>, Vec<String>, HashSet<String>) {
+    use pb::consume_response::Kind;
+    let (mut packs, mut features, mut ids) = (Vec::new(), None, HashSet::new());
+    while ids.len() < n {
+        let msg = tokio::time::timeout(S5, stream.message())
+            .await
+            .expect("a message within 5 s")
+            .expect("stream ok")
+            .expect("stream open");
+        let ds = match msg.kind {
+            Some(Kind::Heartbeat(h)) => {
+                features.get_or_insert(h.features);
+                continue;
+            }
+            Some(Kind::Delivery(d)) => vec![d],
+            Some(Kind::Deliveries(d)) => d.deliveries,
+            other => panic!("unexpected {other:?}"),
+        };
+        packs.push(ds.len());
+        for d in ds {
+            assert!(ids.insert(id_of(&d)), "delivered twice: {}", id_of(&d));
+        }
+    }
+    (packs, features.expect("a first heartbeat"), ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_comes_packed_to_a_stream_that_accepts_packs_and_one_by_one_to_others() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    for (queue, accept) in [("packed", true), ("single", false)] {
+        for chunk in 0..6 {
+            let jobs = (0..100)
+                .map(|i| job(queue, &format!("{chunk}-{i}")))
+                .collect();
+            c.enqueue_batch(pb::EnqueueBatchRequest { jobs })
+                .await
+                .expect("enqueue");
+        }
+        let mut first = opening(&[queue], 1000, Some(secs(60)), false);
+        if !accept {
+            first.subscribe.as_mut().expect("subscribe").accept.clear();
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(first).await.expect("open");
+        let mut stream = c
+            .consume(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("consume")
+            .into_inner();
+        let (packs, features, ids) = read_packs(&mut stream, 600).await;
+        // The broker says what it understands, whatever the client accepts.
+        assert!(features.contains(&"deliveries".to_owned()), "{features:?}");
+        assert_eq!(ids.len(), 600);
+        assert!(packs.iter().all(|&n| n <= 256), "{packs:?}");
+        if accept {
+            // The leases of a round reach the stream together: far fewer
+            // messages than jobs.
+            assert!(packs.len() <= 60, "{} messages: {packs:?}", packs.len());
+        } else {
+            assert!(packs.iter().all(|&n| n == 1), "{packs:?}");
+        }
+        drop(tx);
+    }
+}

@@ -82,6 +82,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 consumer: "pod-1".into(),
                 max_in_flight: 64,
                 lease: dur(30, 0),
+                accept: Vec::new(),
             }
             .encode_to_vec(),
         ),

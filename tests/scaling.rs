@@ -148,6 +148,7 @@ async fn consumer(
                 consumer: format!("scaling-{seed}"),
                 max_in_flight: 8,
                 lease: Some(dur(lease)),
+                accept: Vec::new(),
             })) => r,
         };
         let stream = match opened {
@@ -213,6 +214,7 @@ async fn final_drain(h: &History, three: &Three, addr: SocketAddr, queues: &[Str
                 consumer: "final-drain".into(),
                 max_in_flight: 256,
                 lease: Some(dur(lease)),
+                accept: Vec::new(),
             }),
         )
         .await
@@ -742,6 +744,7 @@ async fn admin_reads_answer_without_a_stopped_cluster() {
                 consumer: format!("holder-{k}"),
                 max_in_flight: 1,
                 lease: Some(dur(Duration::from_secs(120))),
+                accept: Vec::new(),
             })
             .await
             .unwrap()

@@ -58,6 +58,7 @@ async fn tls_is_required_and_works() {
             consumer: "tls".into(),
             max_in_flight: 1,
             lease: None,
+            accept: Vec::new(),
         })
         .await
         .unwrap()
@@ -264,6 +265,7 @@ async fn grants_are_per_queue_and_per_action() {
         consumer: "t".into(),
         max_in_flight: 4,
         lease: None,
+        accept: Vec::new(),
     };
     let s = producer.subscribe(sub(&["emails"])).await.unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");

@@ -812,6 +812,7 @@ fn sub(queues: &[&str]) -> pb::SubscribeRequest {
         consumer: "validation".into(),
         max_in_flight: 1,
         lease: None,
+        accept: Vec::new(),
     }
 }
 
@@ -895,6 +896,25 @@ fn subscribe_rows() -> Vec<Row<pb::SubscribeRequest>> {
             }),
         ],
     ));
+    out.extend(rows(
+        &bad_base,
+        invalid("accept"),
+        &[("accept 33 entries", &|r| {
+            r.accept = (0..33).map(|i| format!("x{i}")).collect()
+        })],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("accept[1]"),
+        &[
+            ("accept entry 65 bytes", &|r| {
+                r.accept = vec!["deliveries".into(), "a".repeat(65)]
+            }),
+            ("accept entry with NUL", &|r| {
+                r.accept = vec!["deliveries".into(), "a\0b".into()]
+            }),
+        ],
+    ));
     // Accepted.
     out.extend(rows(
         &ok_base,
@@ -908,6 +928,13 @@ fn subscribe_rows() -> Vec<Row<pb::SubscribeRequest>> {
                 r.consumer = "c".repeat(256)
             }),
             ("consumer empty", &|r| r.consumer.clear()),
+            (
+                "accept 32 entries of 64 bytes, unknown ones ignored",
+                &|r| r.accept = (0..32).map(|i| format!("{i:064}")).collect(),
+            ),
+            ("accept deliveries", &|r| {
+                r.accept = vec!["deliveries".into()]
+            }),
             ("queue exactly 128 chars", &|r| {
                 r.queues = vec!["e".repeat(128)]
             }),

@@ -30,13 +30,26 @@ const MAX_ACKS_PER_MESSAGE: usize = 1000;
 
 /// Runs consumer `i` until aborted at the end of the run. A stream that
 /// cannot open stops the run; one that ends during it counts as an error.
-pub async fn run(shared: Arc<Shared>, channel: ClientChannel, i: usize, credit: u32, ack: AckMode) {
+/// `accept`: read packed `Deliveries`.
+pub async fn run(
+    shared: Arc<Shared>,
+    channel: ClientChannel,
+    i: usize,
+    credit: u32,
+    ack: AckMode,
+    accept: bool,
+) {
     let client = QueueServiceClient::new(channel);
     let sub = pb::SubscribeRequest {
         queues: shared.queues.clone(),
         consumer: format!("bench-{i}"),
         max_in_flight: credit,
         lease: None,
+        accept: if accept {
+            vec![crate::pb::features::DELIVERIES.to_owned()]
+        } else {
+            Vec::new()
+        },
     };
     let mut ready = Ready {
         shared: &shared,
@@ -95,17 +108,22 @@ async fn consume(
     let reader = async {
         while let Some(msg) = responses.message().await? {
             ready.signal();
-            match msg.kind {
-                Some(pb::consume_response::Kind::Delivery(d)) => {
-                    let job = d.job.unwrap_or_default();
-                    shared.on_delivery(&job);
-                    let _ = acks.send(pb::AckRequest {
-                        job_id: job.id,
-                        lease_token: d.lease_token,
-                    });
+            let batch = match msg.kind {
+                Some(pb::consume_response::Kind::Delivery(d)) => vec![d],
+                Some(pb::consume_response::Kind::Deliveries(d)) => d.deliveries,
+                Some(pb::consume_response::Kind::Settled(s)) => {
+                    shared.on_settled(&s.results);
+                    continue;
                 }
-                Some(pb::consume_response::Kind::Settled(s)) => shared.on_settled(&s.results),
-                Some(pb::consume_response::Kind::Heartbeat(_)) | None => {}
+                Some(pb::consume_response::Kind::Heartbeat(_)) | None => continue,
+            };
+            for d in batch {
+                let job = d.job.unwrap_or_default();
+                shared.on_delivery(&job);
+                let _ = acks.send(pb::AckRequest {
+                    job_id: job.id,
+                    lease_token: d.lease_token,
+                });
             }
         }
         anyhow::Ok(())
@@ -166,29 +184,33 @@ async fn subscribe(
     });
     while let Some(msg) = stream.message().await? {
         ready.signal();
-        let Some(pb::subscribe_response::Kind::Delivery(d)) = msg.kind else {
-            continue;
+        let batch = match msg.kind {
+            Some(pb::subscribe_response::Kind::Delivery(d)) => vec![d],
+            Some(pb::subscribe_response::Kind::Deliveries(d)) => d.deliveries,
+            _ => continue,
         };
-        let job = d.job.unwrap_or_default();
-        shared.on_delivery(&job);
-        let ack = pb::AckRequest {
-            job_id: job.id,
-            lease_token: d.lease_token,
-        };
-        if let Some(batches) = &batches {
-            let _ = batches.send(ack);
-            continue;
-        }
-        let (mut client, shared) = (client.clone(), shared.clone());
-        tokio::spawn(async move {
-            match client.ack(ack).await {
-                Ok(_) => shared.counters.acked.fetch_add(1, Ordering::Relaxed),
-                Err(e) => {
-                    shared.counters.error(format_args!("Ack: {e}"));
-                    0
-                }
+        for d in batch {
+            let job = d.job.unwrap_or_default();
+            shared.on_delivery(&job);
+            let ack = pb::AckRequest {
+                job_id: job.id,
+                lease_token: d.lease_token,
             };
-        });
+            if let Some(batches) = &batches {
+                let _ = batches.send(ack);
+                continue;
+            }
+            let (mut client, shared) = (client.clone(), shared.clone());
+            tokio::spawn(async move {
+                match client.ack(ack).await {
+                    Ok(_) => shared.counters.acked.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        shared.counters.error(format_args!("Ack: {e}"));
+                        0
+                    }
+                };
+            });
+        }
     }
     Ok(())
 }

@@ -300,7 +300,15 @@ impl Bench {
         }
         for i in 0..n {
             let channel = channels[i % channels.len()].clone();
-            let fut = consumer::run(self.shared.clone(), channel, i, credit, self.args.ack);
+            let accept = !self.args.one_per_response;
+            let fut = consumer::run(
+                self.shared.clone(),
+                channel,
+                i,
+                credit,
+                self.args.ack,
+                accept,
+            );
             self.tasks.spawn(fut);
         }
         self.consumers = n;

@@ -140,6 +140,10 @@ pub struct BenchArgs {
     /// one unary Ack per job.
     #[arg(long, value_enum, default_value_t = AckMode::Stream)]
     pub ack: AckMode,
+    /// Consumers ask for one delivery per response (as clients from before
+    /// `Deliveries` do) instead of the packs a broker may send.
+    #[arg(long)]
+    pub one_per_response: bool,
     /// The broker's process id: report its CPU time per job (Linux /proc).
     /// Several (comma-separated or repeated): their sum (replicas).
     #[arg(long, value_delimiter = ',')]

@@ -182,6 +182,8 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
             consumer: args.consumer.clone(),
             max_in_flight: credit as u32,
             lease: None,
+            // One delivery per response: tail prints and answers each.
+            accept: Vec::new(),
         }),
         ..Default::default()
     };
@@ -229,7 +231,13 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
                 }
             }
             Some(pb::consume_response::Kind::Settled(r)) => failed += warn_failed(&r.results),
-            Some(pb::consume_response::Kind::Heartbeat(_)) | None => {}
+            // Not asked for (`accept` is empty): ignored, as an older
+            // tail would; their leases run out.
+            Some(
+                pb::consume_response::Kind::Deliveries(_)
+                | pb::consume_response::Kind::Heartbeat(_),
+            )
+            | None => {}
         }
     }
     if failed > 0 {
@@ -290,6 +298,7 @@ async fn tail_subscribe(
             consumer: args.consumer,
             max_in_flight: TAIL_CREDIT as u32,
             lease: None,
+            accept: Vec::new(),
         })
         .await?
         .into_inner();

@@ -15,7 +15,8 @@ use tonic::{Code, Status, Streaming};
 
 use super::{Client, dur};
 
-/// The first message of a stream: the subscription (as Subscribe's).
+/// The first message of a stream: the subscription (as Subscribe's),
+/// accepting packed `Deliveries` (as the SDKs do; [`Consumer`] unpacks them).
 pub fn opening(
     queues: &[&str],
     max_in_flight: u32,
@@ -28,6 +29,7 @@ pub fn opening(
             consumer: "test".into(),
             max_in_flight,
             lease: lease.map(dur),
+            accept: vec![pb::features::DELIVERIES.to_owned()],
         }),
         confirm_settles,
         ..Default::default()
@@ -230,6 +232,7 @@ impl Consumer {
         match msg {
             Ok(Some(m)) => match m.kind {
                 Some(Kind::Delivery(d)) => self.deliveries.push_back(d),
+                Some(Kind::Deliveries(d)) => self.deliveries.extend(d.deliveries),
                 Some(Kind::Settled(r)) => self.results.extend(r.results),
                 Some(Kind::Heartbeat(_)) | None => {}
             },
@@ -321,6 +324,7 @@ impl Consumer {
             match msg {
                 Ok(Some(m)) => match m.kind {
                     Some(Kind::Delivery(d)) => self.deliveries.push_back(d),
+                    Some(Kind::Deliveries(d)) => self.deliveries.extend(d.deliveries),
                     Some(Kind::Settled(r)) => self.results.extend(r.results),
                     Some(Kind::Heartbeat(_)) | None => {}
                 },

@@ -223,6 +223,7 @@ pub async fn consumer(
                 consumer: format!("faults-{seed}"),
                 max_in_flight: b.credit,
                 lease: Some(dur(b.lease)),
+                accept: Vec::new(),
             })) => r,
         };
         let Some((stream, at)) =
@@ -400,6 +401,13 @@ pub async fn consume_consumer(
                 consumer: format!("faults-consume-{seed}"),
                 max_in_flight: b.credit,
                 lease: Some(dur(b.lease)),
+                // Half the consumers read packed deliveries, half one per
+                // response (as clients from before `Deliveries`).
+                accept: if seed.is_multiple_of(2) {
+                    vec![pb::features::DELIVERIES.to_owned()]
+                } else {
+                    Vec::new()
+                },
             }),
             confirm_settles: true,
             ..Default::default()
@@ -517,9 +525,10 @@ struct ConsumeConn<'a> {
 }
 
 impl ConsumeConn<'_> {
-    /// Sorts one response: a delivery is recorded and returned; a stream
-    /// end is recorded and is `Err`. Settle results are not expected here
-    /// (every settle's result is awaited) and are skipped.
+    /// Sorts one response: a delivery is recorded and returned; a pack of
+    /// them is recorded and queued (in order); a stream end is recorded
+    /// and is `Err`. Settle results are not expected here (every settle's
+    /// result is awaited) and are skipped.
     fn take(
         &mut self,
         msg: Result<Option<pb::ConsumeResponse>, tonic::Status>,
@@ -532,6 +541,13 @@ impl ConsumeConn<'_> {
                     self.lease,
                     &d,
                 ))),
+                Some(ConsumeKind::Deliveries(pack)) => {
+                    for d in &pack.deliveries {
+                        let rec = self.history.delivered(self.sid, self.broker, self.lease, d);
+                        self.queued.push_back(rec);
+                    }
+                    Ok(None)
+                }
                 _ => Ok(None),
             },
             Ok(None) => {
@@ -817,6 +833,7 @@ pub async fn final_drain(
                 consumer: "final-drain".into(),
                 max_in_flight: 256,
                 lease: Some(dur(lease)),
+                accept: Vec::new(),
             }),
         )
         .await;
@@ -931,6 +948,7 @@ pub async fn broker_id(addr: SocketAddr) -> String {
             consumer: "broker-id".into(),
             max_in_flight: 1,
             lease: None,
+            accept: Vec::new(),
         }),
     )
     .await

@@ -569,6 +569,7 @@ pub async fn subscribe(
             consumer: "test".into(),
             max_in_flight,
             lease: lease.map(dur),
+            accept: Vec::new(),
         })
         .await
         .expect("subscribe")

@@ -255,6 +255,7 @@ pub async fn slow_consumer(
         consumer: format!("slow-{seed}"),
         max_in_flight: b.credit,
         lease: Some(dur(b.lease)),
+        accept: Vec::new(),
     };
     while !stop.is_cancelled() {
         let waiting: Waiting = Default::default();

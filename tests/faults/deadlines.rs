@@ -258,6 +258,7 @@ async fn impatient_subscriber(
                 consumer: format!("impatient-{seed}"),
                 max_in_flight: 2,
                 lease: Some(dur(lease)),
+                accept: Vec::new(),
             })))
             .await;
         tally.record("Subscribe", cut, &r, locked);
@@ -329,6 +330,7 @@ async fn impatient_consumer(
                 consumer: format!("impatient-consume-{seed}"),
                 max_in_flight: 2,
                 lease: Some(dur(lease)),
+                accept: Vec::new(),
             }),
             confirm_settles: true,
             ..Default::default()

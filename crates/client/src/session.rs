@@ -22,7 +22,8 @@ const MAX_SETTLES_PER_MESSAGE: usize = 500;
 
 /// What the worker's loop reads from a stream.
 pub(crate) enum Event {
-    Delivery(Box<pb::Delivery>),
+    /// One delivery, or several the broker packed together (`Deliveries`).
+    Deliveries(Vec<pb::Delivery>),
     /// A heartbeat, or settle results (already handed to their waiters).
     Activity,
 }
@@ -107,13 +108,19 @@ impl Session {
     pub async fn next(&mut self) -> Result<Option<Event>, Status> {
         match &mut self.responses {
             Responses::Subscribe(s) => Ok(s.message().await?.map(|m| match m.kind {
-                Some(pb::subscribe_response::Kind::Delivery(d)) => Event::Delivery(Box::new(d)),
+                Some(pb::subscribe_response::Kind::Delivery(d)) => Event::Deliveries(vec![d]),
+                Some(pb::subscribe_response::Kind::Deliveries(d)) => {
+                    Event::Deliveries(d.deliveries)
+                }
                 _ => Event::Activity,
             })),
             Responses::Consume(s) => Ok(match s.message().await? {
                 None => None,
                 Some(m) => Some(match m.kind {
-                    Some(pb::consume_response::Kind::Delivery(d)) => Event::Delivery(Box::new(d)),
+                    Some(pb::consume_response::Kind::Delivery(d)) => Event::Deliveries(vec![d]),
+                    Some(pb::consume_response::Kind::Deliveries(d)) => {
+                        Event::Deliveries(d.deliveries)
+                    }
                     Some(pb::consume_response::Kind::Settled(r)) => {
                         self.settler.resolve(r.results);
                         Event::Activity

@@ -396,6 +396,7 @@ impl Worker {
             consumer: self.consumer.clone(),
             max_in_flight: self.concurrency,
             lease: Some(pb_duration(self.lease)),
+            accept: vec![leaseq_proto::features::DELIVERIES.to_owned()],
         };
         Running {
             client: self.client.clone(),
@@ -502,13 +503,13 @@ impl Running {
                 // shortest wait again.
                 *heard = true;
                 self.backoff.reset();
-                if let Event::Delivery(d) = event {
-                    match Delivery::from_pb(*d) {
-                        Some(job) => {
-                            let settler = open.settler();
-                            self.spawn_job(settler, job);
+                if let Event::Deliveries(ds) = event {
+                    let settler = open.settler();
+                    for d in ds {
+                        match Delivery::from_pb(d) {
+                            Some(job) => self.spawn_job(settler.clone(), job),
+                            None => warn!("delivery without a job; ignored"),
                         }
-                        None => warn!("delivery without a job; ignored"),
                     }
                 }
                 return ControlFlow::Continue(());
@@ -578,7 +579,7 @@ impl Running {
                 {
                     match next {
                         // Left unsettled: released when the stream closes.
-                        Ok(Some(Event::Delivery(_))) => debug!("delivery while stopping; released at the close"),
+                        Ok(Some(Event::Deliveries(_))) => debug!("deliveries while stopping; released at the close"),
                         Ok(Some(Event::Activity)) => {}
                         Ok(None) | Err(_) => {
                             // Settles go by unary calls from now on.

@@ -37,4 +37,25 @@ pub mod limits {
     pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
     /// Upper bound for delays, retry_after and ttl: ten years.
     pub const MAX_DELAY: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+    /// Entries of `SubscribeRequest.accept`, and bytes of each.
+    pub const MAX_ACCEPT: usize = 32;
+    pub const MAX_ACCEPT_LEN: usize = 64;
+    /// Most deliveries in one `Deliveries` response.
+    pub const MAX_BATCH_DELIVERIES: usize = 256;
+    /// Most encoded bytes of one `Deliveries` response (a larger delivery
+    /// travels alone). Packing saves per-message costs, which matter for
+    /// small jobs only; the bound keeps a pack from moving more deliveries
+    /// out of the broker's reach (into the transport's buffers, where a
+    /// release cannot take them back) than single messages would.
+    pub const MAX_BATCH_BYTES: usize = 64 * 1024;
+}
+
+/// What a client lists in `SubscribeRequest.accept` and a broker in its
+/// first `Heartbeat.features` (docs/design/stream-messages.md).
+pub mod features {
+    /// Several deliveries in one `Deliveries` response.
+    pub const DELIVERIES: &str = "deliveries";
+    /// Every feature this version of the contract defines, as a broker of
+    /// this version announces them.
+    pub const ALL: &[&str] = &[DELIVERIES];
 }

@@ -17,11 +17,13 @@ use crate::config::RequestLimits;
 use crate::error::{Error, Result};
 use crate::pb;
 
+use leaseq_proto::features;
 pub use leaseq_proto::limits::{
     DEFAULT_MAX_IN_FLIGHT, MAX_ATTEMPTS, MAX_CONSUMER_LEN, MAX_DEDUP_KEY_LEN, MAX_DELAY,
     MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_IN_FLIGHT, MAX_LEASE,
     MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MIN_LEASE,
 };
+use leaseq_proto::limits::{MAX_ACCEPT, MAX_ACCEPT_LEN};
 
 /// A valid queue name: 1–128 chars of `[A-Za-z0-9._:-]`, starting with a
 /// letter or digit. Cheap to clone.
@@ -344,6 +346,8 @@ pub struct Subscription {
     pub max_in_flight: u32,
     /// None = each queue's default lease.
     pub lease_ms: Option<i64>,
+    /// The client reads `Deliveries` (several deliveries in one response).
+    pub batched: bool,
 }
 
 impl Subscription {
@@ -377,11 +381,23 @@ impl Subscription {
             }
         };
         let lease_ms = r.lease.as_ref().map(|d| lease_ms(d, "lease")).transpose()?;
+        if r.accept.len() > MAX_ACCEPT {
+            return Err(Error::invalid(
+                "accept",
+                format!("at most {MAX_ACCEPT} entries"),
+            ));
+        }
+        for (i, a) in r.accept.iter().enumerate() {
+            check_text(a, &format!("accept[{i}]"), MAX_ACCEPT_LEN)?;
+        }
+        // Values this broker does not know are ignored (newer clients).
+        let batched = r.accept.iter().any(|a| a == features::DELIVERIES);
         Ok(Subscription {
             queues,
             consumer: r.consumer,
             max_in_flight,
             lease_ms,
+            batched,
         })
     }
 }

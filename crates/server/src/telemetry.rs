@@ -443,25 +443,29 @@ impl<S> Traced<S> {
     }
 }
 
-/// A response message that may carry a delivery.
+/// A response message that may carry deliveries.
 pub trait CarriesDelivery {
-    fn delivery(&self) -> Option<&pb::Delivery>;
+    fn deliveries(&self) -> &[pb::Delivery];
 }
 
 impl CarriesDelivery for pb::SubscribeResponse {
-    fn delivery(&self) -> Option<&pb::Delivery> {
+    fn deliveries(&self) -> &[pb::Delivery] {
+        use pb::subscribe_response::Kind;
         match &self.kind {
-            Some(pb::subscribe_response::Kind::Delivery(d)) => Some(d),
-            _ => None,
+            Some(Kind::Delivery(d)) => std::slice::from_ref(d),
+            Some(Kind::Deliveries(d)) => &d.deliveries,
+            _ => &[],
         }
     }
 }
 
 impl CarriesDelivery for pb::ConsumeResponse {
-    fn delivery(&self) -> Option<&pb::Delivery> {
+    fn deliveries(&self) -> &[pb::Delivery] {
+        use pb::consume_response::Kind;
         match &self.kind {
-            Some(pb::consume_response::Kind::Delivery(d)) => Some(d),
-            _ => None,
+            Some(Kind::Delivery(d)) => std::slice::from_ref(d),
+            Some(Kind::Deliveries(d)) => &d.deliveries,
+            _ => &[],
         }
     }
 }
@@ -478,9 +482,10 @@ where
         let next = Pin::new(&mut this.inner).poll_next(cx);
         if this.traces.is_on()
             && let Poll::Ready(Some(Ok(msg))) = &next
-            && let Some(d) = msg.delivery()
         {
-            this.traces.delivered(this.rpc, d);
+            for d in msg.deliveries() {
+                this.traces.delivered(this.rpc, d);
+            }
         }
         next
     }

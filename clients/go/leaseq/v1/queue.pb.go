@@ -605,7 +605,7 @@ func (x *Heartbeat) GetFeatures() []string {
 }
 
 // Deliveries that were ready together, in the order they were leased: at
-// most 256 of them and 1 MiB encoded (one larger delivery travels alone).
+// most 256 of them and 64 KiB encoded (one larger delivery travels alone).
 // Each is a delivery as on its own, with its own lease.
 type Deliveries struct {
 	state         protoimpl.MessageState

@@ -123,9 +123,9 @@ impl Held {
             .saturating_sub(settled)
     }
 
-    /// A delivery went out on the stream.
-    pub fn delivered(&self) {
-        self.delivered.fetch_add(1, Ordering::Relaxed);
+    /// `n` deliveries went out on the stream.
+    pub fn delivered(&self, n: u64) {
+        self.delivered.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Well-formed acks of `leases` arrive on a stream whose credit is
@@ -604,8 +604,12 @@ impl Stream for ConsumeStream {
                 Poll::Ready(Some(Ok(event))) => {
                     let kind = match event {
                         Event::Delivery(d) => {
-                            this.held.delivered();
+                            this.held.delivered(1);
                             Kind::Delivery(d)
+                        }
+                        Event::Deliveries(d) => {
+                            this.held.delivered(d.len() as u64);
+                            Kind::Deliveries(pb::Deliveries { deliveries: d })
                         }
                         Event::Heartbeat(h) => Kind::Heartbeat(h),
                     };

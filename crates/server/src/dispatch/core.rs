@@ -1387,6 +1387,7 @@ mod tests {
             consumer: "test".into(),
             max_in_flight: credit,
             lease_ms: Some(30_000),
+            batched: false,
         }
     }
 

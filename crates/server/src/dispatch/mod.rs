@@ -191,13 +191,15 @@ impl Dispatcher {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(capacity);
         let released = Arc::new(AtomicBool::new(false));
+        let batched = sub.batched;
         let tx = Outlet {
             tx,
             released: released.clone(),
         };
         let _ = self.tx.send(Msg::Open { id, sub, tx });
         let stream =
-            DeliveryStream::new(rx, released, self.heartbeat_interval, id, self.tx.clone());
+            DeliveryStream::new(rx, released, self.heartbeat_interval, id, self.tx.clone())
+                .batched(batched);
         (id, stream)
     }
 

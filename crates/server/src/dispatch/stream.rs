@@ -7,6 +7,12 @@
 //! disconnect, cancellation, connection reset) so its unsettled jobs are
 //! released at once. [`SubscriptionStream`] is the Subscribe response built
 //! on it; the Consume response (api/consume.rs) adds settle results.
+//!
+//! A stream whose client accepts `Deliveries` gets what already waits in
+//! the channel packed into one response (at most `MAX_BATCH_DELIVERIES`
+//! and `MAX_BATCH_BYTES`): the pack never waits to fill, so a delivery at
+//! light load goes out as soon as it would alone. Each delivery keeps its
+//! own `send_by` check: one too late is released, not packed.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +24,9 @@ use futures_core::Stream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tonic::Status;
+
+use leaseq_proto::limits::{MAX_BATCH_BYTES, MAX_BATCH_DELIVERIES};
+use prost::Message;
 
 use super::{Msg, StreamId};
 use crate::pb;
@@ -41,6 +50,9 @@ pub struct Outgoing {
 #[derive(Debug)]
 pub enum Event {
     Delivery(pb::Delivery),
+    /// Two or more deliveries that were waiting together (a stream that
+    /// accepts `Deliveries` only).
+    Deliveries(Vec<pb::Delivery>),
     Heartbeat(pb::Heartbeat),
 }
 
@@ -54,6 +66,12 @@ pub struct DeliveryStream {
     /// delivery is already waiting: clients (and tests) use it to know the
     /// subscription is registered.
     greeted: bool,
+    /// The client reads `Deliveries`.
+    batched: bool,
+    /// An item taken from `rx` while packing that did not fit (the end of
+    /// the stream, a status, a delivery over the byte bound): the next
+    /// poll starts with it.
+    held_over: Option<Option<Item>>,
     heartbeat: Pin<Box<Sleep>>,
     interval: Duration,
     guard: CloseGuard,
@@ -71,6 +89,8 @@ impl DeliveryStream {
             rx,
             released,
             greeted: false,
+            batched: false,
+            held_over: None,
             // Reset when the first event (a heartbeat) goes out.
             heartbeat: Box::pin(tokio::time::sleep(interval)),
             interval,
@@ -78,11 +98,79 @@ impl DeliveryStream {
         }
     }
 
+    /// Packs deliveries waiting together into one response (the client
+    /// listed `"deliveries"` in `accept`).
+    pub(super) fn batched(mut self, on: bool) -> Self {
+        self.batched = on;
+        self
+    }
+
     fn beat(&mut self) -> pb::Heartbeat {
         let next = Instant::now() + self.interval;
         self.heartbeat.as_mut().reset(next);
         pb::Heartbeat {
             sent_at: Some(std::time::SystemTime::now().into()),
+            features: Vec::new(),
+        }
+    }
+
+    /// The next item: one held over from packing, else from the channel.
+    fn next_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        match self.held_over.take() {
+            Some(item) => Poll::Ready(item),
+            None => self.rx.poll_recv(cx),
+        }
+    }
+
+    /// `out`, unless it is too late to be of use: then the dispatcher
+    /// releases it.
+    fn in_time(&self, out: Outgoing, now: Instant) -> Option<pb::Delivery> {
+        if now < out.send_by {
+            return Some(out.delivery);
+        }
+        let (id, token) = out.lease;
+        let _ = self
+            .guard
+            .dispatcher
+            .send(Msg::In(super::Input::Unsent(self.guard.id, id, token)));
+        None
+    }
+
+    /// Adds to `first` what already waits in the channel, within the
+    /// bounds; whatever does not fit is held over for the next poll.
+    /// (`try_recv`, not `poll_recv`: it spends none of the task's
+    /// cooperative budget, which would cut packs short at random.)
+    fn pack(&mut self, first: pb::Delivery, now: Instant) -> Event {
+        use mpsc::error::TryRecvError;
+        let mut bytes = first.encoded_len();
+        let mut pack = vec![first];
+        while pack.len() < MAX_BATCH_DELIVERIES {
+            let item = match self.rx.try_recv() {
+                Err(TryRecvError::Empty) => break,
+                Ok(Ok(out)) => out,
+                Ok(Err(status)) => {
+                    self.held_over = Some(Some(Err(status)));
+                    break;
+                }
+                Err(TryRecvError::Disconnected) => {
+                    self.held_over = Some(None);
+                    break;
+                }
+            };
+            let size = item.delivery.encoded_len();
+            if bytes + size > MAX_BATCH_BYTES {
+                self.held_over = Some(Some(Ok(item)));
+                break;
+            }
+            if let Some(d) = self.in_time(item, now) {
+                bytes += size;
+                pack.push(d);
+            }
+        }
+        if pack.len() == 1 {
+            Event::Delivery(pack.pop().expect("one"))
+        } else {
+            Event::Deliveries(pack)
         }
     }
 }
@@ -94,13 +182,19 @@ impl Stream for DeliveryStream {
         let this = self.get_mut();
         if !this.greeted {
             this.greeted = true;
-            return Poll::Ready(Some(Ok(Event::Heartbeat(this.beat()))));
+            let mut hello = this.beat();
+            // The first message says what this broker understands.
+            hello.features = leaseq_proto::features::ALL
+                .iter()
+                .map(|f| (*f).to_owned())
+                .collect();
+            return Poll::Ready(Some(Ok(Event::Heartbeat(hello))));
         }
         if this.released.load(Ordering::Acquire) {
             // The jobs were released: what still waits is not the client's
             // any more. Only the end (or the drain's status) goes out.
             loop {
-                match this.rx.poll_recv(cx) {
+                match this.next_item(cx) {
                     Poll::Ready(Some(Ok(_))) => continue,
                     Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status))),
                     Poll::Ready(None) => return Poll::Ready(None),
@@ -108,22 +202,19 @@ impl Stream for DeliveryStream {
                 }
             }
         }
-        while let Poll::Ready(item) = this.rx.poll_recv(cx) {
+        while let Poll::Ready(item) = this.next_item(cx) {
             let now = Instant::now();
-            if let Some(Ok(out)) = &item
-                && now >= out.send_by
-            {
-                // Too late to be of use: the dispatcher releases it.
-                let (id, token) = out.lease;
-                let _ = this.guard.dispatcher.send(Msg::In(super::Input::Unsent(
-                    this.guard.id,
-                    id,
-                    token,
-                )));
-                continue;
-            }
+            let event = match item {
+                Some(Ok(out)) => match this.in_time(out, now) {
+                    None => continue,
+                    Some(d) if this.batched => this.pack(d, now),
+                    Some(d) => Event::Delivery(d),
+                },
+                Some(Err(status)) => return Poll::Ready(Some(Err(status))),
+                None => return Poll::Ready(None),
+            };
             this.heartbeat.as_mut().reset(now + this.interval);
-            return Poll::Ready(item.map(|r| r.map(|out| Event::Delivery(out.delivery))));
+            return Poll::Ready(Some(Ok(event)));
         }
         if this.heartbeat.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Ok(Event::Heartbeat(this.beat()))));
@@ -151,6 +242,7 @@ impl Stream for SubscriptionStream {
                 r.map(|event| pb::SubscribeResponse {
                     kind: Some(match event {
                         Event::Delivery(d) => Kind::Delivery(d),
+                        Event::Deliveries(d) => Kind::Deliveries(pb::Deliveries { deliveries: d }),
                         Event::Heartbeat(h) => Kind::Heartbeat(h),
                     }),
                 })
@@ -168,5 +260,153 @@ struct CloseGuard {
 impl Drop for CloseGuard {
     fn drop(&mut self) {
         let _ = self.dispatcher.send(Msg::In(super::Input::Closed(self.id)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+    use crate::dispatch::Input;
+    use crate::domain::{JobId, LeaseToken};
+
+    fn delivery(payload: usize) -> pb::Delivery {
+        pb::Delivery {
+            job: Some(pb::Job {
+                id: uuid::Uuid::now_v7().to_string(),
+                payload: vec![7; payload],
+                ..Default::default()
+            }),
+            lease_token: uuid::Uuid::new_v4().to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn outgoing(payload: usize, send_by: Instant) -> Item {
+        Ok(Outgoing {
+            delivery: delivery(payload),
+            lease: (
+                JobId::new(),
+                LeaseToken(uuid::Uuid::new_v4(), crate::domain::ClusterId::HOME),
+            ),
+            send_by,
+        })
+    }
+
+    /// A stream over a channel of `cap`, its dispatcher's receiver, and
+    /// its first event (the heartbeat) already taken.
+    fn stream(
+        cap: usize,
+        batched: bool,
+    ) -> (
+        DeliveryStream,
+        mpsc::Sender<Item>,
+        mpsc::UnboundedReceiver<Msg>,
+    ) {
+        let (tx, rx) = mpsc::channel(cap);
+        let (dtx, drx) = mpsc::unbounded_channel();
+        let mut s = DeliveryStream::new(rx, Arc::default(), Duration::from_secs(60), 1, dtx)
+            .batched(batched);
+        match poll(&mut s) {
+            Poll::Ready(Some(Ok(Event::Heartbeat(h)))) => {
+                assert_eq!(h.features, vec!["deliveries".to_owned()], "{h:?}");
+            }
+            other => panic!("first event: {other:?}"),
+        }
+        (s, tx, drx)
+    }
+
+    fn poll(s: &mut DeliveryStream) -> Poll<Option<Result<Event, Status>>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(s).poll_next(&mut cx)
+    }
+
+    fn sizes(e: &Poll<Option<Result<Event, Status>>>) -> Vec<usize> {
+        match e {
+            Poll::Ready(Some(Ok(Event::Delivery(d)))) => vec![d.encoded_len()],
+            Poll::Ready(Some(Ok(Event::Deliveries(ds)))) => {
+                ds.iter().map(Message::encoded_len).collect()
+            }
+            other => panic!("not deliveries: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn what_waits_together_goes_in_one_pack_within_the_count_bound() {
+        let (mut s, tx, _d) = stream(1000, true);
+        let later = Instant::now() + Duration::from_secs(60);
+        for _ in 0..600 {
+            tx.try_send(outgoing(10, later)).unwrap();
+        }
+        let packs: Vec<usize> = (0..3).map(|_| sizes(&poll(&mut s)).len()).collect();
+        assert_eq!(packs, [256, 256, 88]);
+        assert!(poll(&mut s).is_pending());
+        // One alone goes alone, at once (no waiting to fill a pack).
+        tx.try_send(outgoing(10, later)).unwrap();
+        assert!(matches!(
+            poll(&mut s),
+            Poll::Ready(Some(Ok(Event::Delivery(_))))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_pack_stays_within_the_byte_bound_and_a_larger_delivery_goes_alone() {
+        let (mut s, tx, _d) = stream(100, true);
+        let later = Instant::now() + Duration::from_secs(60);
+        // 24 KiB each: two fit in 64 KiB, three do not.
+        for _ in 0..5 {
+            tx.try_send(outgoing(24 * 1024, later)).unwrap();
+        }
+        // 100 KiB: over the bound alone, so alone.
+        tx.try_send(outgoing(100 * 1024, later)).unwrap();
+        tx.try_send(outgoing(10, later)).unwrap();
+        let mut packs = Vec::new();
+        while let p @ Poll::Ready(_) = poll(&mut s) {
+            let sz = sizes(&p);
+            packs.push(sz.len());
+            if sz.len() > 1 {
+                assert!(sz.iter().sum::<usize>() <= MAX_BATCH_BYTES, "{sz:?}");
+            }
+        }
+        assert_eq!(packs, [2, 2, 1, 1, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_delivery_too_late_is_released_not_packed_and_an_end_waits_for_the_pack() {
+        let (mut s, tx, mut d) = stream(100, true);
+        let later = Instant::now() + Duration::from_secs(60);
+        let past = Instant::now();
+        tx.try_send(outgoing(10, later)).unwrap();
+        tx.try_send(outgoing(10, past)).unwrap();
+        tx.try_send(outgoing(10, later)).unwrap();
+        tx.try_send(Err(Status::unavailable("draining"))).unwrap();
+        assert_eq!(sizes(&poll(&mut s)).len(), 2);
+        match d.try_recv() {
+            Ok(Msg::In(Input::Unsent(1, _, _))) => {}
+            Ok(_) => panic!("the late one is released: another message"),
+            Err(e) => panic!("the late one is released: {e:?}"),
+        }
+        match poll(&mut s) {
+            Poll::Ready(Some(Err(st))) => assert_eq!(st.message(), "draining"),
+            other => panic!("then the status: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_did_not_accept_packs_gets_one_delivery_per_event() {
+        let (mut s, tx, _d) = stream(100, false);
+        let later = Instant::now() + Duration::from_secs(60);
+        for _ in 0..5 {
+            tx.try_send(outgoing(10, later)).unwrap();
+        }
+        drop(tx);
+        for _ in 0..5 {
+            assert!(matches!(
+                poll(&mut s),
+                Poll::Ready(Some(Ok(Event::Delivery(_))))
+            ));
+        }
+        assert!(matches!(poll(&mut s), Poll::Ready(None)));
     }
 }

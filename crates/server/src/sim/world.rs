@@ -1362,6 +1362,9 @@ impl World {
                 consumer: "sim".into(),
                 max_in_flight: cfg.credit,
                 lease_ms: Some(cfg.lease_ms),
+                // A read drains what waits at once (`Ev::Read`), as a
+                // `Deliveries` pack does; the dispatcher does not see it.
+                batched: true,
             },
         });
         if !self.ending {
@@ -1555,7 +1558,7 @@ impl World {
         me.seen.entry(job.id).or_default().push(job.token);
         let s = me.stream.as_mut().expect("reading it");
         if let Some(held) = &s.held {
-            held.delivered();
+            held.delivered(1);
         }
         s.holding.insert(
             job.id,
