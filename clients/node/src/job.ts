@@ -131,7 +131,7 @@ export interface PbDelivery {
  * and rejects with a LeaseqError; LeaseLostError (FAILED_PRECONDITION) when
  * the lease was lost meanwhile (the job is or will be delivered again).
  */
-export class Job {
+export class Job<T = unknown> {
   readonly id: string;
   readonly queue: string;
   /** The payload bytes as enqueued. */
@@ -195,9 +195,9 @@ export class Job {
     return this.payload.toString('utf8');
   }
 
-  /** The payload parsed as JSON. */
-  json<T = unknown>(): T {
-    return JSON.parse(this.text()) as T;
+  /** The payload parsed as JSON (typed as the job's T, or as asked). */
+  json<U = T>(): U {
+    return JSON.parse(this.text()) as U;
   }
 
   /** @internal ack() without a promise: `w` is told how it ended. */

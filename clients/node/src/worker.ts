@@ -9,6 +9,7 @@ import { Consumer, loggerOf, type Logger, type StreamOptions } from './consumer'
 import { asLeaseqError, errorText, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
 import { LeaseKeeper, type Job, type NackOptions, type SettleWaiter } from './job';
 import type { Protocol } from './session';
+import type { Task } from './task';
 import { DueSet } from './timers';
 import { NOOP_SPAN, startJobSpan, type JobSpan } from './tracing';
 
@@ -29,7 +30,15 @@ export interface HandlerContext {
  * error nacks the job with the error's message (the next attempt's
  * `lastError`), retried after the queue's backoff.
  */
-export type Handler = (job: Job, ctx: HandlerContext) => unknown;
+export type Handler<T = unknown> = (job: Job<T>, ctx: HandlerContext) => unknown;
+
+/**
+ * Runs around every handler of a worker (worker.use): logging, metrics, an
+ * error policy. Call `next()` to run the handler (and the middleware after
+ * this one) and return (or await) its result; what the middleware returns
+ * or throws is the job's outcome, as a handler's is.
+ */
+export type Middleware = (job: Job, ctx: HandlerContext, next: () => unknown) => unknown;
 
 export interface HandlerOptions {
   /** This queue's timeout per job in ms (overrides the worker's); null = none. */
@@ -50,6 +59,13 @@ export interface WorkerOptions extends StreamOptions {
   timeoutMs?: number | null;
   /** Handlers by queue name (or call handle()). */
   handlers?: Record<string, Handler>;
+  /**
+   * Burst mode: work what is waiting, then stop. run() resolves once the
+   * stream is up and no job was delivered or running for burstIdleMs.
+   */
+  burst?: boolean;
+  /** Burst mode: how long without work means the queues are drained. Default 500. */
+  burstIdleMs?: number;
 }
 
 /** How a job ended, as the worker's 'job' event reports it. */
@@ -138,6 +154,9 @@ export class Worker extends EventEmitter {
   #stopped: Promise<void>;
   #run: Promise<void> | null = null;
   #cleanups = new Set<() => void>();
+  #middleware: Middleware[] = [];
+  #burstIdleMs: number | null;
+  #lastWorkAt = 0;
 
   constructor(client: Client, opts?: WorkerOptions);
   /** One handler for every queue of `queues`. */
@@ -145,7 +164,7 @@ export class Worker extends EventEmitter {
   constructor(client: Client, a?: WorkerOptions | string[], b?: Handler, c?: WorkerOptions) {
     super();
     const opts: WorkerOptions = (Array.isArray(a) ? c : a) ?? {};
-    const { concurrency, maxInFlight, graceMs = 30000, timeoutMs = null, handlers, ...streamOpts } = opts;
+    const { concurrency, maxInFlight, graceMs = 30000, timeoutMs = null, handlers, burst = false, burstIdleMs = 500, ...streamOpts } = opts;
     const n = concurrency ?? maxInFlight ?? DEFAULT_CONCURRENCY;
     if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`concurrency: must be an integer of at least 1, not ${n}`);
     this.#client = client;
@@ -156,6 +175,7 @@ export class Worker extends EventEmitter {
     this.#streamOpts = streamOpts;
     this.#log = loggerOf(streamOpts.log);
     this.#free = n;
+    this.#burstIdleMs = burst ? burstIdleMs : null;
     this.#keeper = new LeaseKeeper(
       this.leaseMs,
       (job, err) => this.#leaseLost(job, err),
@@ -170,13 +190,30 @@ export class Worker extends EventEmitter {
   }
 
   /** Registers the handler of `queue` (before run()). */
-  handle(queue: string, handler: Handler, opts: HandlerOptions = {}): this {
+  handle<T = unknown>(queue: string, handler: Handler<T>, opts: HandlerOptions = {}): this {
     if (this.#run) throw new Error('handle(): the worker is already running');
     if (typeof handler !== 'function') throw new TypeError('handler: expected a function');
     this.#routes.set(queue, {
-      handler,
+      handler: handler as Handler,
       timeoutMs: opts.timeoutMs !== undefined ? opts.timeoutMs : this.#defaultTimeoutMs,
     });
+    return this;
+  }
+
+  /** Registers a task's handler for its queue (see defineTask). */
+  register<T>(task: Task<T>): this {
+    const { handler } = task;
+    return this.handle<T>(task.queue, (job, ctx) => handler(job.json(), job, ctx), task.options);
+  }
+
+  /**
+   * Adds a middleware around every handler (before run()); the first added
+   * runs outermost. A worker without middleware calls its handlers directly.
+   */
+  use(middleware: Middleware): this {
+    if (this.#run) throw new Error('use(): the worker is already running');
+    if (typeof middleware !== 'function') throw new TypeError('middleware: expected a function');
+    this.#middleware.push(middleware);
     return this;
   }
 
@@ -208,6 +245,10 @@ export class Worker extends EventEmitter {
   run(): Promise<void> {
     if (this.#run) throw new Error('run(): the worker is already running');
     if (this.#routes.size === 0) throw new TypeError('run(): no handler registered (worker.handle(queue, handler))');
+    if (this.#middleware.length > 0) {
+      for (const route of this.#routes.values()) route.handler = wrap(this.#middleware, route.handler);
+      this.#middleware = [];
+    }
     const consumer = new Consumer(
       this.#client._rpc,
       { ...this.#streamOpts, queues: [...this.#routes.keys()], maxInFlight: this.concurrency },
@@ -229,6 +270,7 @@ export class Worker extends EventEmitter {
   async #work(consumer: Consumer): Promise<void> {
     const consuming = consumer.run();
     let fatal: unknown = null;
+    if (this.#burstIdleMs != null) this.#watchBurst(consumer, this.#burstIdleMs);
     await Promise.race([consuming.catch((e) => (fatal = e)), this.#stopped]);
     this.#stopping = true;
     this.#turnAway();
@@ -282,6 +324,22 @@ export class Worker extends EventEmitter {
       for (const run of [...this.#running]) this.#abort(run, reason);
       await this.#whenIdle();
     }
+  }
+
+  // Burst mode: stop once the stream is up and nothing was delivered or
+  // running for idleMs. One timer, checking when work was last seen.
+  #watchBurst(consumer: Consumer, idleMs: number): void {
+    const check = () => {
+      if (this.#stopping) return;
+      const quiet = Date.now() - this.#lastWorkAt;
+      if (consumer.features !== null && this.#live === 0 && quiet >= idleMs) {
+        void this.stop();
+        return;
+      }
+      setTimeout(check, this.#live === 0 && consumer.features !== null ? idleMs - quiet : idleMs);
+    };
+    this.#lastWorkAt = Date.now();
+    setTimeout(check, idleMs);
   }
 
   #whenIdle(): Promise<void> {
@@ -488,12 +546,18 @@ export class Worker extends EventEmitter {
 
   #finished(): void {
     this.#live -= 1;
+    if (this.#burstIdleMs != null) this.#lastWorkAt = Date.now();
     if (this.#live === 0 && this.#idle) {
       const idle = this.#idle;
       this.#idle = null;
       idle();
     }
   }
+}
+
+// The handler inside the middleware, the first one outermost.
+function wrap(middleware: Middleware[], handler: Handler): Handler {
+  return middleware.reduceRight<Handler>((inner, mw) => (job, ctx) => mw(job, ctx, () => inner(job, ctx)), handler);
 }
 
 const WAITING = 0;
