@@ -263,6 +263,40 @@ function callCounter() {
   return { counts, interceptor };
 }
 
+/**
+ * Counts what travels on Consume streams, through a grpc-js client
+ * interceptor (the public hook: nothing in the SDK is patched): requests
+ * written after the opening one and the acks they carry, responses read by
+ * kind, and the deliveries they carry.
+ */
+function streamCounter() {
+  const c = { writes: 0, acks: 0, kinds: {}, delivered: 0, opening: [] };
+  c.interceptor = (options, nextCall) => {
+    if (!options.method_definition.path.endsWith('/Consume')) return new grpc.InterceptingCall(nextCall(options));
+    return new grpc.InterceptingCall(nextCall(options), {
+      sendMessage(message, next) {
+        if (message.subscribe) c.opening.push(message.subscribe);
+        else {
+          c.writes += 1;
+          c.acks += message.acks?.length ?? 0;
+        }
+        next(message);
+      },
+      start(metadata, listener, next) {
+        next(metadata, {
+          onReceiveMessage(msg, nextMsg) {
+            c.kinds[msg.kind] = (c.kinds[msg.kind] ?? 0) + 1;
+            if (msg.kind === 'deliveries') c.delivered += msg.deliveries.deliveries.length;
+            else if (msg.kind === 'delivery') c.delivered += 1;
+            nextMsg(msg);
+          },
+        });
+      },
+    });
+  };
+  return c;
+}
+
 /** Warnings kept out of the test output but available to assertions. */
 function quietLog() {
   const lines = [];
@@ -302,6 +336,6 @@ const NO_CONSUME =
   'acks on the stream need a broker built with the Consume server side (LEASEQ_BIN)';
 
 module.exports = {
-  callCounter, quietLog, jobGone, NO_CONSUME,
+  callCounter, streamCounter, quietLog, jobGone, NO_CONSUME,
   Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, health, retryUnavailable, eventually, jobFromDelivery, REPO,
 };

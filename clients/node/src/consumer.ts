@@ -3,7 +3,7 @@
 // iterator built on it.
 
 import * as grpc from '@grpc/grpc-js';
-import type { Job } from './job';
+import { LeaseKeeper, type Job } from './job';
 import { Backoff, type Rpc } from './rpc';
 import { Session, type Protocol } from './session';
 
@@ -55,6 +55,13 @@ export interface StreamOptions {
    */
   idleTimeoutMs?: number | null;
   protocol?: ProtocolOption;
+  /**
+   * Ask the broker to pack deliveries that are ready together into one
+   * message (`accept: ["deliveries"]`); a broker without batched deliveries
+   * sends one delivery a message, which is read as well. Default true;
+   * false asks for one delivery a message, as clients before it did.
+   */
+  batchDeliveries?: boolean;
   /** Default: console (warnings only). */
   log?: Logger;
 }
@@ -85,6 +92,7 @@ export class Consumer {
   #session: Session | null = null;
   #wake: (() => void) | null = null;
   #protocol: Protocol | null = null;
+  #features: readonly string[] | null = null;
 
   constructor(rpc: Rpc, params: ConsumerParams, onDelivery: (job: Job) => void) {
     if (!Array.isArray(params.queues) || params.queues.length === 0) throw new TypeError('queues: expected at least one queue name');
@@ -104,6 +112,15 @@ export class Consumer {
     return this.#protocol;
   }
 
+  /**
+   * What the broker of the current (or last) stream said it understands
+   * (its first heartbeat's features; empty from a broker before them), or
+   * null before the first stream is up.
+   */
+  get features(): readonly string[] | null {
+    return this.#session?.received ? this.#session.features : this.#features;
+  }
+
   get stopped(): boolean {
     return this.#stopped;
   }
@@ -121,6 +138,7 @@ export class Consumer {
           consumer: this.params.consumer ?? '',
           maxInFlight: this.params.maxInFlight,
           leaseMs: this.leaseMs,
+          batchDeliveries: this.params.batchDeliveries ?? true,
         },
         this.params.idleTimeoutMs === undefined ? 60000 : this.params.idleTimeoutMs,
         {
@@ -137,6 +155,7 @@ export class Consumer {
       this.#session = session;
       this.#protocol = protocol;
       const err = await session.ended;
+      if (session.received) this.#features = session.features;
       this.#session = null;
       if (this.#stopped) break;
       if (err && err.code === status.UNIMPLEMENTED && protocol === 'consume' && choice === 'auto' && !session.received) {
@@ -216,11 +235,9 @@ export interface ConsumeOptions extends StreamOptions {
  */
 export class JobStream implements AsyncIterableIterator<Job> {
   #consumer: Consumer;
-  #autoExtend: boolean;
-  #log: Required<Logger>;
+  #keeper: LeaseKeeper | null;
   #buffer: Job[] = [];
   #waiters: { resolve: (r: IteratorResult<Job>) => void; reject: (e: unknown) => void }[] = [];
-  #outstanding = new Set<Job>();
   #running: Promise<void> | null = null;
   #error: unknown = null;
   #done = false;
@@ -230,8 +247,9 @@ export class JobStream implements AsyncIterableIterator<Job> {
   constructor(rpc: Rpc, opts: ConsumeOptions) {
     const { maxInFlight = 16, autoExtend = true, signal, ...rest } = opts ?? ({} as ConsumeOptions);
     this.#consumer = new Consumer(rpc, { ...rest, maxInFlight }, (job) => this.#push(job));
-    this.#autoExtend = autoExtend;
-    this.#log = loggerOf(opts.log);
+    const log = loggerOf(opts.log);
+    // One timer extends every unsettled job's lease (a settle stops it).
+    this.#keeper = autoExtend ? new LeaseKeeper(this.#consumer.leaseMs, () => {}, (m) => log.warn(m)) : null;
     if (signal) {
       if (signal.aborted) this.#done = true;
       else signal.addEventListener('abort', () => void this.close(), { once: true });
@@ -243,12 +261,13 @@ export class JobStream implements AsyncIterableIterator<Job> {
     return this.#consumer.protocol;
   }
 
+  /** What the broker said it understands (see Consumer.features); null before the stream is up. */
+  get features(): readonly string[] | null {
+    return this.#consumer.features;
+  }
+
   #push(job: Job): void {
-    for (const j of this.#outstanding) if (j.settled) this.#outstanding.delete(j);
-    this.#outstanding.add(job);
-    if (this.#autoExtend) {
-      job._keepLease(this.#consumer.leaseMs, () => {}, (m) => this.#log.warn(m));
-    }
+    this.#keeper?.add(job);
     const w = this.#waiters.shift();
     if (w) w.resolve({ value: job, done: false });
     else this.#buffer.push(job);
@@ -265,7 +284,7 @@ export class JobStream implements AsyncIterableIterator<Job> {
   #finish(err: unknown): void {
     this.#done = true;
     this.#error = err;
-    for (const j of this.#outstanding) j._stopKeeping();
+    this.#keeper?.clear();
     const waiters = this.#waiters.splice(0, this.#waiters.length);
     for (const w of waiters) {
       if (this.#error) {

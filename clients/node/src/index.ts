@@ -18,5 +18,7 @@ export type { Protocol } from './session';
 export type { NackOptions } from './job';
 export { duration } from './proto';
 export { Backoff } from './rpc';
+export { defineTask, Task } from './task';
+export type { TaskHandler } from './task';
 export { DEFAULT_CONCURRENCY, Worker } from './worker';
-export type { Handler, HandlerContext, HandlerOptions, JobEvent, JobOutcome, WorkerOptions } from './worker';
+export type { Handler, HandlerContext, HandlerOptions, JobEvent, JobOutcome, Middleware, WorkerOptions } from './worker';

@@ -4,6 +4,7 @@
 import { status } from '@grpc/grpc-js';
 import { asLeaseqError, errorText, LeaseqError } from './errors';
 import { toDate, type PbTime } from './proto';
+import { DueSet } from './timers';
 
 /** How a nack retries. */
 export interface NackOptions {
@@ -13,11 +14,99 @@ export interface NackOptions {
   deadLetter?: boolean;
 }
 
+/**
+ * @internal Told how one settle ended: a callback pair instead of a
+ * promise, so the worker's path needs none per job.
+ */
+export interface SettleWaiter {
+  /** deadLettered: nacks; expires: extends (null otherwise). */
+  settleOk(deadLettered: boolean, expires: Date | null): void;
+  settleFailed(err: LeaseqError): void;
+}
+
 /** @internal Where a job's settles go: its stream, or unary calls. */
 export interface Settler {
-  ack(job: Job): Promise<void>;
-  nack(job: Job, error: string, opts: NackOptions): Promise<boolean>;
-  extend(job: Job, leaseMs: number): Promise<Date>;
+  ack(job: Job, w: SettleWaiter): void;
+  nack(job: Job, error: string, opts: NackOptions, w: SettleWaiter): void;
+  extend(job: Job, leaseMs: number, w: SettleWaiter): void;
+}
+
+// The public methods' waiter: a promise's resolve and reject.
+class PromiseWaiter<T> implements SettleWaiter {
+  #resolve: (v: T) => void;
+  #reject: (e: LeaseqError) => void;
+  #pick: (deadLettered: boolean, expires: Date | null) => T;
+
+  constructor(resolve: (v: T) => void, reject: (e: LeaseqError) => void, pick: (deadLettered: boolean, expires: Date | null) => T) {
+    this.#resolve = resolve;
+    this.#reject = reject;
+    this.#pick = pick;
+  }
+
+  settleOk(deadLettered: boolean, expires: Date | null): void {
+    this.#resolve(this.#pick(deadLettered, expires));
+  }
+
+  settleFailed(err: LeaseqError): void {
+    this.#reject(err);
+  }
+}
+
+const pickVoid = (): void => undefined;
+const pickDeadLettered = (deadLettered: boolean): boolean => deadLettered;
+
+/**
+ * @internal Keeps the leases of a stream's unsettled jobs: each is
+ * extended by leaseMs every leaseMs / 2 (at least 250 ms), counted from its
+ * delivery, until it is settled; one timer for all of them (DueSet).
+ */
+export class LeaseKeeper {
+  readonly leaseMs: number;
+  #due: DueSet<Job>;
+  #onLost: (job: Job, err: LeaseqError) => void;
+  #warn: (msg: string) => void;
+
+  constructor(leaseMs: number, onLost: (job: Job, err: LeaseqError) => void, warn: (msg: string) => void) {
+    this.leaseMs = leaseMs;
+    this.#onLost = onLost;
+    this.#warn = warn;
+    this.#due = new DueSet(Math.max(250, leaseMs / 2), (job) => this.#extend(job));
+  }
+
+  get size(): number {
+    return this.#due.size;
+  }
+
+  add(job: Job): void {
+    if (job.settled) return;
+    job._keeper = this;
+    this.#due.add(job);
+  }
+
+  delete(job: Job): void {
+    this.#due.delete(job);
+  }
+
+  /** Stops keeping every job (the stream or worker ended). */
+  clear(): void {
+    this.#due.clear();
+  }
+
+  // Each extension is a full lease from now, so one lost call still leaves
+  // half a lease to try again.
+  #extend(job: Job): void {
+    this.#due.add(job); // due again in half a lease
+    job.extendLease(this.leaseMs).catch((e: unknown) => {
+      if (!this.#due.has(job)) return; // settled meanwhile
+      const err = asLeaseqError(e);
+      if (err.code === status.FAILED_PRECONDITION) {
+        this.#due.delete(job);
+        this.#onLost(job, err);
+      } else {
+        this.#warn(`leaseq: job ${job.id}: extending the lease failed (${err.message}); will retry`);
+      }
+    });
+  }
 }
 
 /** @internal A Delivery as decoded by proto-loader. */
@@ -42,7 +131,7 @@ export interface PbDelivery {
  * and rejects with a LeaseqError; LeaseLostError (FAILED_PRECONDITION) when
  * the lease was lost meanwhile (the job is or will be delivered again).
  */
-export class Job {
+export class Job<T = unknown> {
   readonly id: string;
   readonly queue: string;
   /** The payload bytes as enqueued. */
@@ -51,35 +140,54 @@ export class Job {
   readonly priority: number;
   /** 1 on first delivery. */
   readonly attempt: number;
-  readonly enqueuedAt: Date | null;
   /** The previous failed attempt's error; '' if none. */
   readonly lastError: string;
   /** Opaque; proves this delivery's lease to Ack / Nack / ExtendLease. */
   readonly leaseToken: string;
-  /** By the broker's clock; moved on by every lease extension. */
-  leaseExpiresAt: Date | null;
   #settler: Settler;
-  #settling: Promise<unknown> | null = null;
-  #keeper: NodeJS.Timeout | null = null;
+  #settled = false;
+  // The two times as decoded, made Dates when first read: most handlers
+  // read neither.
+  #enqueuedAt: PbTime | null | Date;
+  #leaseExpiresAt: PbTime | null | Date;
+  /** @internal The keeper of this job's lease, if any. */
+  _keeper: LeaseKeeper | null = null;
 
   /** @internal */
   constructor(d: PbDelivery, settler: Settler) {
-    this.id = d.job.id;
-    this.queue = d.job.queue;
-    this.payload = d.job.payload;
-    this.headers = Object.freeze({ ...d.job.headers });
-    this.priority = d.job.priority;
-    this.attempt = d.job.attempt;
-    this.enqueuedAt = toDate(d.job.enqueuedAt);
-    this.lastError = d.job.lastError;
+    const j = d.job;
+    this.id = j.id;
+    this.queue = j.queue;
+    this.payload = j.payload;
+    // The decoded map is this job's own object: frozen, not copied.
+    this.headers = Object.freeze(j.headers);
+    this.priority = j.priority;
+    this.attempt = j.attempt;
+    this.#enqueuedAt = j.enqueuedAt;
+    this.lastError = j.lastError;
     this.leaseToken = d.leaseToken;
-    this.leaseExpiresAt = toDate(d.leaseExpiresAt);
+    this.#leaseExpiresAt = d.leaseExpiresAt;
     this.#settler = settler;
+  }
+
+  get enqueuedAt(): Date | null {
+    const t = this.#enqueuedAt;
+    return t === null || t instanceof Date ? t : (this.#enqueuedAt = toDate(t));
+  }
+
+  /** By the broker's clock; moved on by every lease extension. */
+  get leaseExpiresAt(): Date | null {
+    const t = this.#leaseExpiresAt;
+    return t === null || t instanceof Date ? t : (this.#leaseExpiresAt = toDate(t));
+  }
+
+  set leaseExpiresAt(d: Date | null) {
+    this.#leaseExpiresAt = d;
   }
 
   /** Whether ack/nack/retry/deadLetter was called. */
   get settled(): boolean {
-    return this.#settling !== null;
+    return this.#settled;
   }
 
   /** The payload as UTF-8 text. */
@@ -87,21 +195,28 @@ export class Job {
     return this.payload.toString('utf8');
   }
 
-  /** The payload parsed as JSON. */
-  json<T = unknown>(): T {
-    return JSON.parse(this.text()) as T;
+  /** The payload parsed as JSON (typed as the job's T, or as asked). */
+  json<U = T>(): U {
+    return JSON.parse(this.text()) as U;
   }
 
-  #settle<T>(run: () => Promise<T>): Promise<T> {
+  /** @internal ack() without a promise: `w` is told how it ended. */
+  _ack(w: SettleWaiter): void {
     this._stopKeeping();
-    const p = run();
-    this.#settling = p;
-    return p;
+    this.#settled = true;
+    this.#settler.ack(this, w);
+  }
+
+  /** @internal nack() without a promise. */
+  _nack(error: string, opts: NackOptions, w: SettleWaiter): void {
+    this._stopKeeping();
+    this.#settled = true;
+    this.#settler.nack(this, error, opts, w);
   }
 
   /** The job is done: the broker removes it. */
   ack(): Promise<void> {
-    return this.#settle(() => this.#settler.ack(this));
+    return new Promise((resolve, reject) => this._ack(new PromiseWaiter(resolve, reject, pickVoid)));
   }
 
   /**
@@ -110,7 +225,8 @@ export class Job {
    * the dead letters. Resolves to true when it was dead-lettered.
    */
   nack(error: unknown = '', opts: NackOptions = {}): Promise<boolean> {
-    return this.#settle(() => this.#settler.nack(this, errorText(error), opts));
+    const text = errorText(error);
+    return new Promise((resolve, reject) => this._nack(text, opts, new PromiseWaiter(resolve, reject, pickDeadLettered)));
   }
 
   /** Nack to be retried `after` ms from now (absent = the queue's backoff). */
@@ -124,38 +240,17 @@ export class Job {
   }
 
   /** Keeps the job leased for `leaseMs` more, counted from now. Resolves to the new expiry. */
-  async extendLease(leaseMs: number): Promise<Date> {
-    const expires = await this.#settler.extend(this, leaseMs);
-    this.leaseExpiresAt = expires;
-    return expires;
+  extendLease(leaseMs: number): Promise<Date> {
+    return new Promise<Date>((resolve, reject) =>
+      this.#settler.extend(this, leaseMs, new PromiseWaiter(resolve, reject, (_dl, expires) => expires ?? new Date(Date.now() + leaseMs))),
+    ).then((expires) => {
+      this.leaseExpiresAt = expires;
+      return expires;
+    });
   }
 
-  /**
-   * @internal Extends the lease by `leaseMs` every `leaseMs / 2` until the
-   * job is settled; `onLost` once the broker says the lease is gone.
-   */
-  _keepLease(leaseMs: number, onLost: (e: LeaseqError) => void, warn: (msg: string) => void): void {
-    if (this.#keeper || this.#settling) return;
-    const timer = setInterval(() => {
-      this.extendLease(leaseMs).catch((e: unknown) => {
-        if (this.#keeper !== timer) return; // settled meanwhile
-        const err = asLeaseqError(e);
-        if (err.code === status.FAILED_PRECONDITION) {
-          this._stopKeeping();
-          onLost(err);
-        } else {
-          warn(`leaseq: job ${this.id}: extending the lease failed (${err.message}); will retry`);
-        }
-      });
-    }, Math.max(250, leaseMs / 2));
-    // Counted from the delivery; each extension is a full lease from now, so
-    // one lost call still leaves half a lease to try again.
-    this.#keeper = timer;
-  }
-
-  /** @internal */
+  /** @internal Stops extending the lease (settled, or the stream ended). */
   _stopKeeping(): void {
-    if (this.#keeper) clearInterval(this.#keeper);
-    this.#keeper = null;
+    if (this._keeper) this._keeper.delete(this);
   }
 }

@@ -20,7 +20,11 @@ export function protoDir(): string {
 const definition = protoLoader.loadSync(['leaseq/v1/queue.proto', 'leaseq/v1/admin.proto'], {
   includeDirs: [protoDir()],
   keepCase: false, // camelCase fields: jobId, leaseToken, maxInFlight
-  longs: String, // int64 (Duration/Timestamp seconds, counts); converted below
+  // int64 (Duration/Timestamp seconds, counts) as numbers: exact below
+  // 2^53, which no second count or job count reaches. Strings (Long's
+  // toString) cost 1-2.5 us more per delivery (two timestamps each):
+  // docs/benchmarks/notebook.md, "SDK workers".
+  longs: Number,
   enums: String,
   defaults: true,
   oneofs: true, // response `kind` is 'delivery', 'heartbeat' or 'settled'
@@ -34,7 +38,7 @@ export const QueueService = pkg.leaseq.v1.QueueService;
 /** @internal */
 export const AdminService = pkg.leaseq.v1.AdminService;
 
-/** A protobuf Duration / Timestamp (seconds may arrive as a string). */
+/** A protobuf Duration / Timestamp (seconds may be a string when it comes from elsewhere). */
 export interface PbTime {
   seconds: string | number;
   nanos: number;

@@ -4,7 +4,7 @@
 
 import * as grpc from '@grpc/grpc-js';
 import { asLeaseqError, LeaseqError } from './errors';
-import { Job, type NackOptions, type PbDelivery, type Settler } from './job';
+import { Job, type NackOptions, type PbDelivery, type SettleWaiter, type Settler } from './job';
 import { duration, toDate, type PbTime } from './proto';
 import type { NackReq, Rpc } from './rpc';
 
@@ -16,14 +16,18 @@ export interface StreamParams {
   consumer: string;
   maxInFlight: number;
   leaseMs: number | undefined;
+  /** Ask for batched deliveries (SubscribeRequest.accept: ["deliveries"]). */
+  batchDeliveries: boolean;
 }
 
 /** The streaming RPC a consumer uses: 'consume' (settles on the stream) or 'subscribe' (the fallback). */
 export type Protocol = 'consume' | 'subscribe';
 
+type PbOp = 'SETTLE_OP_ACK' | 'SETTLE_OP_NACK' | 'SETTLE_OP_EXTEND' | 'SETTLE_OP_UNSPECIFIED';
+
 interface PbSettleResult {
   jobId: string;
-  op: 'SETTLE_OP_ACK' | 'SETTLE_OP_NACK' | 'SETTLE_OP_EXTEND' | 'SETTLE_OP_UNSPECIFIED';
+  op: PbOp;
   code: number;
   message: string;
   deadLettered: boolean;
@@ -32,21 +36,34 @@ interface PbSettleResult {
 }
 
 interface StreamMessage {
-  kind: 'delivery' | 'heartbeat' | 'settled';
+  kind: 'delivery' | 'deliveries' | 'heartbeat' | 'settled';
   delivery?: PbDelivery;
+  deliveries?: { deliveries: PbDelivery[] };
+  heartbeat?: { features?: string[] };
   settled?: { results: PbSettleResult[] };
 }
 
-interface Pending {
-  // The settle's lease token: two settles of one job are answered in no set
-  // order, and the broker echoes the token to tell them apart.
-  leaseToken: string;
-  resolve: (r: PbSettleResult) => void;
-  reject: (e: LeaseqError) => void;
-  retryUnary: () => Promise<unknown>;
-}
+type Op = 'ack' | 'nack' | 'extend';
+const OP_OF: Record<PbOp, Op | null> = {
+  SETTLE_OP_ACK: 'ack',
+  SETTLE_OP_NACK: 'nack',
+  SETTLE_OP_EXTEND: 'extend',
+  SETTLE_OP_UNSPECIFIED: null,
+};
 
-const OPS = { ack: 'SETTLE_OP_ACK', nack: 'SETTLE_OP_NACK', extend: 'SETTLE_OP_EXTEND' } as const;
+// A settle written on the stream and not yet answered. A job's settles
+// form a chain, oldest first (most jobs have one): two settles of one job
+// are answered in no set order, and the broker echoes the lease token to
+// tell them apart, so results are matched by (job id, op, lease token).
+interface Pending {
+  op: Op;
+  job: Job;
+  // What was written: NackReq for a nack; for an extend, its length.
+  nack: NackReq | null;
+  leaseMs: number;
+  waiter: SettleWaiter;
+  next: Pending | null;
+}
 
 /** @internal */
 export interface SessionEvents {
@@ -66,19 +83,26 @@ export class Session implements Settler {
   readonly ended: Promise<grpc.ServiceError | null>;
   /** Whether any message arrived (a stream refused at once has none). */
   received = false;
+  /** What the broker said it understands (its first heartbeat); empty from an older broker. */
+  features: readonly string[] = [];
   #rpc: Rpc;
   #call: grpc.ClientDuplexStream<object, StreamMessage> | grpc.ClientReadableStream<StreamMessage>;
   #open = true;
   #closing = false;
   #events: SessionEvents;
+  // The idle watch: one timer that looks at when the last message came,
+  // not a timer re-armed by every message.
   #idle: NodeJS.Timeout | null = null;
   #idleTimeoutMs: number | null;
-  // Consume: settles written and not yet answered, by op and job id.
-  #pending = new Map<string, Pending[]>();
+  #lastMessageAt = Date.now();
+  // Consume: settles written and not yet answered, by job id.
+  #pending = new Map<string, Pending>();
   #outbox: { acks: object[]; nacks: object[]; extends: object[] } = { acks: [], nacks: [], extends: [] };
   #flush: NodeJS.Immediate | null = null;
-  // Subscribe: settle calls in flight (awaited before the stream is closed).
-  #inflight = new Set<Promise<unknown>>();
+  // Settles not yet answered (on the stream, as unary calls, retried):
+  // what a graceful close waits for.
+  #unanswered = 0;
+  #answered: (() => void)[] = [];
 
   constructor(rpc: Rpc, protocol: Protocol, params: StreamParams, idleTimeoutMs: number | null, events: SessionEvents) {
     this.#rpc = rpc;
@@ -87,6 +111,9 @@ export class Session implements Settler {
     this.#idleTimeoutMs = idleTimeoutMs;
     const sub: Record<string, unknown> = { queues: params.queues, consumer: params.consumer, maxInFlight: params.maxInFlight };
     if (params.leaseMs != null) sub.lease = duration(params.leaseMs);
+    // An older broker ignores the field and sends one delivery a message,
+    // which is read as well.
+    if (params.batchDeliveries) sub.accept = ['deliveries'];
     if (protocol === 'consume') {
       const call = rpc.stub.Consume() as grpc.ClientDuplexStream<object, StreamMessage>;
       // With confirm_settles every settle gets its result, so a job's ack()
@@ -107,11 +134,13 @@ export class Session implements Settler {
       this.#call.on('status', () => {
         this.#open = false;
         if (this.#idle) clearTimeout(this.#idle);
+        this.#idle = null;
         this.#rerouteAll();
+        this.#wakeClose();
         resolve(error);
       });
     });
-    this.#watch();
+    if (this.#idleTimeoutMs != null) this.#watch(this.#idleTimeoutMs);
   }
 
   get open(): boolean {
@@ -120,40 +149,99 @@ export class Session implements Settler {
 
   // Heartbeats stopped: a hung broker or a silently dropped connection.
   // Cancelling ends the stream (CANCELLED, retried) and the consumer reopens it.
-  #watch(): void {
-    if (this.#idleTimeoutMs == null) return;
-    if (this.#idle) clearTimeout(this.#idle);
+  #watch(ms: number): void {
     this.#idle = setTimeout(() => {
-      this.#events.warn(`leaseq: no message on the stream for ${this.#idleTimeoutMs} ms; reconnecting`);
+      this.#idle = null;
+      const limit = this.#idleTimeoutMs as number;
+      const quiet = Date.now() - this.#lastMessageAt;
+      if (quiet < limit) {
+        this.#watch(limit - quiet);
+        return;
+      }
+      this.#events.warn(`leaseq: no message on the stream for ${limit} ms; reconnecting`);
       this.#call.cancel();
-    }, this.#idleTimeoutMs);
+    }, ms);
   }
 
   #onMessage(msg: StreamMessage): void {
-    this.received = true;
-    this.#watch();
-    this.#events.message();
-    if (msg.kind === 'delivery' && msg.delivery) {
-      this.#events.delivery(new Job(msg.delivery, this));
-    } else if (msg.kind === 'settled' && msg.settled) {
-      for (const r of msg.settled.results) this.#onResult(r);
+    this.#lastMessageAt = Date.now();
+    if (!this.received) {
+      this.received = true;
+      // The broker's first message is a heartbeat, with what it understands.
+      if (msg.kind === 'heartbeat' && msg.heartbeat?.features) this.features = msg.heartbeat.features;
+      this.#events.message();
+    }
+    switch (msg.kind) {
+      case 'deliveries': {
+        const list = msg.deliveries?.deliveries ?? [];
+        for (let i = 0; i < list.length; i++) this.#events.delivery(new Job(list[i], this));
+        break;
+      }
+      case 'delivery':
+        if (msg.delivery) this.#events.delivery(new Job(msg.delivery, this));
+        break;
+      case 'settled': {
+        const results = msg.settled?.results ?? [];
+        for (let i = 0; i < results.length; i++) this.#onResult(results[i]);
+        break;
+      }
     }
   }
 
   #onResult(r: PbSettleResult): void {
-    const key = `${r.op}:${r.jobId}`;
-    const queue = this.#pending.get(key);
-    // The waiter with the echoed token; a broker from before the echo sends
-    // none: the oldest.
-    const at = r.leaseToken ? (queue?.findIndex((w) => w.leaseToken === r.leaseToken) ?? -1) : 0;
-    const p = at >= 0 ? queue?.splice(at, 1)[0] : undefined;
-    if (queue && queue.length === 0) this.#pending.delete(key);
+    const op = OP_OF[r.op];
+    const head = this.#pending.get(r.jobId);
+    let prev: Pending | null = null;
+    let p: Pending | null = head ?? null;
+    // The settle with the echoed token; a broker from before the echo sends
+    // none: the oldest of that op.
+    while (p && !(p.op === op && (!r.leaseToken || p.job.leaseToken === r.leaseToken))) {
+      prev = p;
+      p = p.next;
+    }
     if (!p) return; // not ours (a settle sent before a reconnect, say)
-    if (r.code === status.OK) p.resolve(r);
-    else if (r.code === status.UNAVAILABLE) {
+    if (prev) prev.next = p.next;
+    else if (p.next) this.#pending.set(r.jobId, p.next);
+    else this.#pending.delete(r.jobId);
+    if (r.code === status.OK) {
+      const expires = op === 'extend' ? (toDate(r.leaseExpiresAt) ?? new Date(Date.now() + p.leaseMs)) : null;
+      this.#answer(p.waiter, r.deadLettered, expires);
+    } else if (r.code === status.UNAVAILABLE) {
       // The database was not reachable for it: the unary path retries.
-      p.retryUnary().then(() => p.resolve({ ...r, code: 0 }), p.reject);
-    } else p.reject(asLeaseqError({ code: r.code, details: r.message }));
+      this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter);
+    } else this.#fail(p.waiter, asLeaseqError({ code: r.code, details: r.message }));
+  }
+
+  #answer(w: SettleWaiter, deadLettered: boolean, expires: Date | null): void {
+    this.#unanswered -= 1;
+    try {
+      w.settleOk(deadLettered, expires);
+    } finally {
+      if (this.#unanswered === 0) this.#wakeClose();
+    }
+  }
+
+  #fail(w: SettleWaiter, err: LeaseqError): void {
+    this.#unanswered -= 1;
+    try {
+      w.settleFailed(err);
+    } finally {
+      if (this.#unanswered === 0) this.#wakeClose();
+    }
+  }
+
+  #wakeClose(): void {
+    if (this.#answered.length === 0) return;
+    for (const wake of this.#answered.splice(0, this.#answered.length)) wake();
+  }
+
+  // The settle as a unary call (AckBatch for acks), retried on UNAVAILABLE:
+  // Subscribe's way, and Consume's once the stream is gone.
+  #unary(op: Op, job: Job, nack: NackReq | null, leaseMs: number, w: SettleWaiter): void {
+    const fail = (e: LeaseqError) => this.#fail(w, e);
+    if (op === 'ack') this.#rpc.ack(job.id, job.leaseToken).then(() => this.#answer(w, false, null), fail);
+    else if (op === 'nack') this.#rpc.nack(nack as NackReq).then((dl) => this.#answer(w, dl, null), fail);
+    else this.#rpc.extend(job.id, job.leaseToken, leaseMs).then((d) => this.#answer(w, false, d), fail);
   }
 
   // The stream is gone: settles without an answer go as unary calls. Their
@@ -163,31 +251,33 @@ export class Session implements Settler {
     if (this.#flush) clearImmediate(this.#flush);
     this.#flush = null;
     this.#outbox = { acks: [], nacks: [], extends: [] };
-    const all = [...this.#pending.values()].flat();
+    const all: Pending[] = [];
+    for (let p of this.#pending.values()) for (; p; p = p.next as Pending) all.push(p);
     this.#pending.clear();
-    for (const p of all) p.retryUnary().then(() => p.resolve(okResult), p.reject);
+    for (const p of all) this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter);
   }
 
-  #send<T>(op: keyof typeof OPS, job: Job, entry: object, unary: () => Promise<T>): Promise<PbSettleResult | T> {
-    if (this.protocol !== 'consume' || !this.#open || this.#closing) return unary();
-    return new Promise<PbSettleResult | T>((resolve, reject) => {
-      let unaryResult: T | undefined;
-      const key = `${OPS[op]}:${job.id}`;
-      const list = this.#pending.get(key) ?? [];
-      list.push({
-        leaseToken: job.leaseToken,
-        resolve: (r) => resolve(unaryResult !== undefined ? unaryResult : r),
-        reject,
-        retryUnary: () => unary().then((v) => (unaryResult = v)),
-      });
-      this.#pending.set(key, list);
-      this.#outbox[op === 'ack' ? 'acks' : op === 'nack' ? 'nacks' : 'extends'].push(entry);
-      if (!this.#flush) this.#flush = setImmediate(() => this.#flushOutbox());
-    });
+  #send(op: Op, job: Job, entry: object, nack: NackReq | null, leaseMs: number, w: SettleWaiter): void {
+    this.#unanswered += 1;
+    if (this.protocol !== 'consume' || !this.#open || this.#closing) {
+      this.#unary(op, job, nack, leaseMs, w);
+      return;
+    }
+    const p: Pending = { op, job, nack, leaseMs, waiter: w, next: null };
+    const head = this.#pending.get(job.id);
+    if (head) {
+      let last = head;
+      while (last.next) last = last.next;
+      last.next = p;
+    } else this.#pending.set(job.id, p);
+    const box = this.#outbox;
+    (op === 'ack' ? box.acks : op === 'nack' ? box.nacks : box.extends).push(entry);
+    if (!this.#flush) this.#flush = setImmediate(() => this.#flushOutbox());
   }
 
   // Everything settled in one turn of the event loop goes in one message.
   #flushOutbox(): void {
+    if (this.#flush) clearImmediate(this.#flush);
     this.#flush = null;
     const { acks, nacks, extends: ext } = this.#outbox;
     if (acks.length + nacks.length + ext.length === 0) return;
@@ -196,75 +286,34 @@ export class Session implements Settler {
     (this.#call as grpc.ClientDuplexStream<object, StreamMessage>).write({ acks, nacks, extends: ext });
   }
 
-  // Subscribe: settle calls are tracked so a graceful close waits for them.
-  #track<T>(p: Promise<T>): Promise<T> {
-    this.#inflight.add(p);
-    const done = () => this.#inflight.delete(p);
-    p.then(done, done);
-    return p;
+  ack(job: Job, w: SettleWaiter): void {
+    this.#send('ack', job, { jobId: job.id, leaseToken: job.leaseToken }, null, 0, w);
   }
 
-  ack(job: Job): Promise<void> {
-    const unary = () => this.#rpc.ack(job.id, job.leaseToken);
-    if (this.protocol === 'subscribe') return this.#track(unary());
-    return this.#send('ack', job, { jobId: job.id, leaseToken: job.leaseToken }, unary).then(() => {});
-  }
-
-  nack(job: Job, error: string, opts: NackOptions): Promise<boolean> {
+  nack(job: Job, error: string, opts: NackOptions, w: SettleWaiter): void {
     const req: NackReq = { jobId: job.id, leaseToken: job.leaseToken, error, deadLetter: !!opts.deadLetter };
     if (opts.retryAfterMs != null) req.retryAfter = duration(opts.retryAfterMs);
-    const unary = () => this.#rpc.nack(req);
-    if (this.protocol === 'subscribe') return this.#track(unary());
-    return this.#send('nack', job, req, unary).then((r) => (typeof r === 'boolean' ? r : r.deadLettered));
+    this.#send('nack', job, req, req, 0, w);
   }
 
-  extend(job: Job, leaseMs: number): Promise<Date> {
+  extend(job: Job, leaseMs: number, w: SettleWaiter): void {
     const req = { jobId: job.id, leaseToken: job.leaseToken, lease: duration(leaseMs) };
-    const unary = () => this.#rpc.extend(job.id, job.leaseToken, leaseMs);
-    if (this.protocol === 'subscribe') return unary();
-    return this.#send('extend', job, req, unary).then((r) =>
-      r instanceof Date ? r : (toDate(r.leaseExpiresAt) ?? new Date(Date.now() + leaseMs)),
-    );
+    this.#send('extend', job, req, null, leaseMs, w);
   }
 
   /**
-   * Answers to every settle sent so far, including any sent while waiting
-   * (or the stream's end), for up to timeoutMs.
+   * Answers to every settle sent so far, including any sent while waiting,
+   * for up to timeoutMs or until the stream ends.
    */
   async #settlesDone(timeoutMs: number): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
-    while (this.#open && Date.now() < deadline) {
-      if (!(await this.#settlesSent(deadline - Date.now()))) return;
-    }
-  }
-
-  // One round of #settlesDone; false if nothing was waiting.
-  async #settlesSent(timeoutMs: number): Promise<boolean> {
-    const waits: Promise<unknown>[] = [...this.#inflight];
     if (this.#flush) this.#flushOutbox();
-    for (const list of this.#pending.values()) {
-      for (const p of list) {
-        waits.push(new Promise<void>((resolve) => {
-          const { resolve: res, reject: rej } = p;
-          p.resolve = (r) => {
-            res(r);
-            resolve();
-          };
-          p.reject = (e) => {
-            rej(e);
-            resolve();
-          };
-        }));
-      }
-    }
-    if (waits.length === 0) return false;
+    if (this.#unanswered === 0 || !this.#open) return;
     let timer: NodeJS.Timeout | undefined;
-    await Promise.race([
-      Promise.allSettled(waits),
-      new Promise((resolve) => (timer = setTimeout(resolve, timeoutMs))),
-    ]);
+    await new Promise<void>((resolve) => {
+      this.#answered.push(resolve);
+      timer = setTimeout(resolve, timeoutMs);
+    });
     clearTimeout(timer);
-    return true;
   }
 
   /**
@@ -298,13 +347,3 @@ export class Session implements Settler {
     if (this.#open) this.#call.cancel();
   }
 }
-
-const okResult: PbSettleResult = {
-  jobId: '',
-  op: 'SETTLE_OP_UNSPECIFIED',
-  code: 0,
-  message: '',
-  deadLettered: false,
-  leaseExpiresAt: null,
-  leaseToken: '',
-};

@@ -95,7 +95,8 @@ export interface JobSpan {
   end(outcome: string): void;
 }
 
-const NOOP_SPAN: JobSpan = {
+/** @internal */
+export const NOOP_SPAN: JobSpan = {
   run: (fn) => fn(),
   fail: () => {},
   event: () => {},

@@ -7,9 +7,11 @@ import { status } from '@grpc/grpc-js';
 import type { Client } from './client';
 import { Consumer, loggerOf, type Logger, type StreamOptions } from './consumer';
 import { asLeaseqError, errorText, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
-import type { Job } from './job';
+import { LeaseKeeper, type Job, type NackOptions, type SettleWaiter } from './job';
 import type { Protocol } from './session';
-import { startJobSpan } from './tracing';
+import type { Task } from './task';
+import { DueSet } from './timers';
+import { NOOP_SPAN, startJobSpan, type JobSpan } from './tracing';
 
 /** What a handler gets besides the job. */
 export interface HandlerContext {
@@ -28,7 +30,15 @@ export interface HandlerContext {
  * error nacks the job with the error's message (the next attempt's
  * `lastError`), retried after the queue's backoff.
  */
-export type Handler = (job: Job, ctx: HandlerContext) => unknown;
+export type Handler<T = unknown> = (job: Job<T>, ctx: HandlerContext) => unknown;
+
+/**
+ * Runs around every handler of a worker (worker.use): logging, metrics, an
+ * error policy. Call `next()` to run the handler (and the middleware after
+ * this one) and return (or await) its result; what the middleware returns
+ * or throws is the job's outcome, as a handler's is.
+ */
+export type Middleware = (job: Job, ctx: HandlerContext, next: () => unknown) => unknown;
 
 export interface HandlerOptions {
   /** This queue's timeout per job in ms (overrides the worker's); null = none. */
@@ -49,6 +59,13 @@ export interface WorkerOptions extends StreamOptions {
   timeoutMs?: number | null;
   /** Handlers by queue name (or call handle()). */
   handlers?: Record<string, Handler>;
+  /**
+   * Burst mode: work what is waiting, then stop. run() resolves once the
+   * stream is up and no job was delivered or running for burstIdleMs.
+   */
+  burst?: boolean;
+  /** Burst mode: how long without work means the queues are drained. Default 500. */
+  burstIdleMs?: number;
 }
 
 /** How a job ended, as the worker's 'job' event reports it. */
@@ -72,34 +89,6 @@ export interface JobEvent {
   settleError?: LeaseqError;
   /** From the start of the handler (0 if it never ran). */
   durationMs: number;
-}
-
-/** A counting semaphore whose waiters can all be turned away. */
-class Slots {
-  #free: number;
-  #waiters: ((ok: boolean) => void)[] = [];
-
-  constructor(n: number) {
-    this.#free = n;
-  }
-
-  acquire(): Promise<boolean> {
-    if (this.#free > 0) {
-      this.#free -= 1;
-      return Promise.resolve(true);
-    }
-    return new Promise((resolve) => this.#waiters.push(resolve));
-  }
-
-  release(): void {
-    const next = this.#waiters.shift();
-    if (next) next(true); // the slot passes straight to the next waiter
-    else this.#free += 1;
-  }
-
-  turnAway(): void {
-    for (const w of this.#waiters.splice(0, this.#waiters.length)) w(false);
-  }
 }
 
 interface Route {
@@ -142,15 +131,32 @@ export class Worker extends EventEmitter {
   #defaultTimeoutMs: number | null;
   #streamOpts: StreamOptions;
   #log: Required<Logger>;
-  #slots: Slots;
   #consumer: Consumer | null = null;
-  #tasks = new Set<Promise<void>>();
-  #aborts = new Set<AbortController>();
+  // Handlers at once, at most `concurrency`. Credit alone would not bound
+  // them: after a reconnect the new stream has full credit while handlers
+  // of the old stream (whose jobs the broker already released) may still
+  // be running. Deliveries wait in #waiting, their leases kept meanwhile.
+  #free: number;
+  #waiting: JobRun[] = [];
+  #pumping = false;
+  // Handlers running now (for the stop grace's abort).
+  #running = new Set<JobRun>();
+  // Jobs taken and not finished (waiting, running or settling): what a
+  // stop waits for.
+  #live = 0;
+  #idle: (() => void) | null = null;
+  // One timer for every job's lease, one per timeout length for the
+  // handlers' timeouts: no timer per job.
+  #keeper: LeaseKeeper;
+  #timeouts = new Map<number, DueSet<JobRun>>();
   #stopping = false;
   #signalStop: () => void = () => {};
   #stopped: Promise<void>;
   #run: Promise<void> | null = null;
   #cleanups = new Set<() => void>();
+  #middleware: Middleware[] = [];
+  #burstIdleMs: number | null;
+  #lastWorkAt = 0;
 
   constructor(client: Client, opts?: WorkerOptions);
   /** One handler for every queue of `queues`. */
@@ -158,7 +164,7 @@ export class Worker extends EventEmitter {
   constructor(client: Client, a?: WorkerOptions | string[], b?: Handler, c?: WorkerOptions) {
     super();
     const opts: WorkerOptions = (Array.isArray(a) ? c : a) ?? {};
-    const { concurrency, maxInFlight, graceMs = 30000, timeoutMs = null, handlers, ...streamOpts } = opts;
+    const { concurrency, maxInFlight, graceMs = 30000, timeoutMs = null, handlers, burst = false, burstIdleMs = 500, ...streamOpts } = opts;
     const n = concurrency ?? maxInFlight ?? DEFAULT_CONCURRENCY;
     if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`concurrency: must be an integer of at least 1, not ${n}`);
     this.#client = client;
@@ -168,11 +174,13 @@ export class Worker extends EventEmitter {
     this.#defaultTimeoutMs = timeoutMs;
     this.#streamOpts = streamOpts;
     this.#log = loggerOf(streamOpts.log);
-    // Bounds running handlers to `concurrency`. Credit alone would not: after
-    // a reconnect the new stream has full credit while handlers of the old
-    // stream (whose jobs the broker already released) may still be running.
-    // Deliveries wait here, their leases kept meanwhile.
-    this.#slots = new Slots(n);
+    this.#free = n;
+    this.#burstIdleMs = burst ? burstIdleMs : null;
+    this.#keeper = new LeaseKeeper(
+      this.leaseMs,
+      (job, err) => this.#leaseLost(job, err),
+      (m) => this.#log.warn(m),
+    );
     this.#stopped = new Promise((resolve) => (this.#signalStop = resolve));
     if (Array.isArray(a)) {
       if (typeof b !== 'function') throw new TypeError('handler: expected a function');
@@ -182,13 +190,30 @@ export class Worker extends EventEmitter {
   }
 
   /** Registers the handler of `queue` (before run()). */
-  handle(queue: string, handler: Handler, opts: HandlerOptions = {}): this {
+  handle<T = unknown>(queue: string, handler: Handler<T>, opts: HandlerOptions = {}): this {
     if (this.#run) throw new Error('handle(): the worker is already running');
     if (typeof handler !== 'function') throw new TypeError('handler: expected a function');
     this.#routes.set(queue, {
-      handler,
+      handler: handler as Handler,
       timeoutMs: opts.timeoutMs !== undefined ? opts.timeoutMs : this.#defaultTimeoutMs,
     });
+    return this;
+  }
+
+  /** Registers a task's handler for its queue (see defineTask). */
+  register<T>(task: Task<T>): this {
+    const { handler } = task;
+    return this.handle<T>(task.queue, (job, ctx) => handler(job.json(), job, ctx), task.options);
+  }
+
+  /**
+   * Adds a middleware around every handler (before run()); the first added
+   * runs outermost. A worker without middleware calls its handlers directly.
+   */
+  use(middleware: Middleware): this {
+    if (this.#run) throw new Error('use(): the worker is already running');
+    if (typeof middleware !== 'function') throw new TypeError('middleware: expected a function');
+    this.#middleware.push(middleware);
     return this;
   }
 
@@ -197,9 +222,18 @@ export class Worker extends EventEmitter {
     return this.#consumer?.protocol ?? null;
   }
 
+  /**
+   * What the broker said it understands (its first heartbeat's features,
+   * e.g. "deliveries"; empty from a broker before them), or null before
+   * the first stream is up.
+   */
+  get features(): readonly string[] | null {
+    return this.#consumer?.features ?? null;
+  }
+
   /** Handlers running now. */
   get running(): number {
-    return this.#aborts.size;
+    return this.#running.size;
   }
 
   /**
@@ -211,16 +245,22 @@ export class Worker extends EventEmitter {
   run(): Promise<void> {
     if (this.#run) throw new Error('run(): the worker is already running');
     if (this.#routes.size === 0) throw new TypeError('run(): no handler registered (worker.handle(queue, handler))');
+    if (this.#middleware.length > 0) {
+      for (const route of this.#routes.values()) route.handler = wrap(this.#middleware, route.handler);
+      this.#middleware = [];
+    }
     const consumer = new Consumer(
       this.#client._rpc,
       { ...this.#streamOpts, queues: [...this.#routes.keys()], maxInFlight: this.concurrency },
-      (job) => this.#track(job),
+      (job) => this.#take(job),
     );
     this.#consumer = consumer;
     this.#run = (async () => {
       try {
         await this.#work(consumer);
       } finally {
+        this.#keeper.clear();
+        for (const t of this.#timeouts.values()) t.clear();
         for (const cleanup of [...this.#cleanups]) cleanup();
       }
     })();
@@ -230,8 +270,10 @@ export class Worker extends EventEmitter {
   async #work(consumer: Consumer): Promise<void> {
     const consuming = consumer.run();
     let fatal: unknown = null;
+    if (this.#burstIdleMs != null) this.#watchBurst(consumer, this.#burstIdleMs);
     await Promise.race([consuming.catch((e) => (fatal = e)), this.#stopped]);
     this.#stopping = true;
+    this.#turnAway();
     consumer.stop(); // no new jobs; the stream stays open for the settles
     await this.#finishJobs();
     await consumer.close(); // half-close: unsettled jobs are released
@@ -246,7 +288,7 @@ export class Worker extends EventEmitter {
    */
   stop(): Promise<void> {
     this.#stopping = true;
-    this.#slots.turnAway();
+    this.#turnAway();
     this.#signalStop();
     return this.#run ? this.#run.then(() => {}, () => {}) : Promise.resolve();
   }
@@ -266,24 +308,49 @@ export class Worker extends EventEmitter {
     return remove;
   }
 
-  #track(job: Job): void {
-    const task = this.#job(job);
-    this.#tasks.add(task);
-    void task.finally(() => this.#tasks.delete(task));
+  // Waits up to the grace for the jobs taken, then aborts the handlers
+  // still running.
+  async #finishJobs(): Promise<void> {
+    if (this.#live === 0) return;
+    let timer: NodeJS.Timeout | undefined;
+    const late = await Promise.race([
+      this.#whenIdle().then(() => false),
+      new Promise<boolean>((resolve) => (timer = setTimeout(resolve, this.graceMs, true))),
+    ]);
+    clearTimeout(timer);
+    if (late) {
+      this.#log.warn(`leaseq worker: ${this.#running.size} handler(s) still running after the ${this.graceMs} ms grace; abandoned`);
+      const reason = new Error('worker stop grace ran out');
+      for (const run of [...this.#running]) this.#abort(run, reason);
+      await this.#whenIdle();
+    }
   }
 
-  // Waits up to the grace for job tasks, then aborts the rest.
-  async #finishJobs(): Promise<void> {
-    if (this.#tasks.size === 0) return;
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<'late'>((resolve) => (timer = setTimeout(resolve, this.graceMs, 'late')));
-    const outcome = await Promise.race([Promise.allSettled([...this.#tasks]), late]);
-    clearTimeout(timer);
-    if (outcome === 'late') {
-      this.#log.warn(`leaseq worker: ${this.#aborts.size} handler(s) still running after the ${this.graceMs} ms grace; abandoned`);
-      for (const c of this.#aborts) c.abort(new Error('worker stop grace ran out'));
-      await Promise.allSettled([...this.#tasks]);
-    }
+  // Burst mode: stop once the stream is up and nothing was delivered or
+  // running for idleMs. One timer, checking when work was last seen.
+  #watchBurst(consumer: Consumer, idleMs: number): void {
+    const check = () => {
+      if (this.#stopping) return;
+      const quiet = Date.now() - this.#lastWorkAt;
+      if (consumer.features !== null && this.#live === 0 && quiet >= idleMs) {
+        void this.stop();
+        return;
+      }
+      setTimeout(check, this.#live === 0 && consumer.features !== null ? idleMs - quiet : idleMs);
+    };
+    this.#lastWorkAt = Date.now();
+    setTimeout(check, idleMs);
+  }
+
+  #whenIdle(): Promise<void> {
+    if (this.#live === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const prev = this.#idle;
+      this.#idle = () => {
+        prev?.();
+        resolve();
+      };
+    });
   }
 
   #emit(e: JobEvent): void {
@@ -294,120 +361,275 @@ export class Worker extends EventEmitter {
     }
   }
 
-  async #job(job: Job): Promise<void> {
-    const route = this.#routes.get(job.queue);
-    const controller = new AbortController();
-    const { signal } = controller;
-    job._keepLease(
-      this.leaseMs,
-      (err) => {
-        this.#log.debug(`leaseq worker: job ${job.id}: lease lost; it will be redelivered`);
-        controller.abort(err);
-      },
-      (m) => this.#log.warn(m),
-    );
-    if (!(await this.#slots.acquire())) {
-      // Stopped before it ran: released when the stream closes.
-      job._stopKeeping();
-      this.#emit({ job, outcome: 'abandoned', durationMs: 0 });
-      return;
-    }
-    if (this.#stopping || signal.aborted || !route) {
-      this.#slots.release();
-      job._stopKeeping();
-      if (!route) {
-        // Cannot happen: the stream asks only for routed queues.
-        await job.nack(`no handler for queue ${job.queue}`).catch(() => {});
-      }
-      this.#emit({ job, outcome: signal.aborted ? 'lease-lost' : 'abandoned', durationMs: 0 });
-      return;
-    }
-    this.#aborts.add(controller);
-    const started = Date.now();
-    const span = startJobSpan(job);
-    let timer: NodeJS.Timeout | undefined;
-    if (route.timeoutMs != null) {
-      const ms = route.timeoutMs;
-      timer = setTimeout(() => controller.abort(new JobTimeoutError(ms)), ms);
-    }
-    type Result = { kind: 'ok'; value: unknown } | { kind: 'error'; error: unknown } | { kind: 'aborted'; reason: unknown };
-    const aborted = new Promise<Result>((resolve) => {
-      if (signal.aborted) resolve({ kind: 'aborted', reason: signal.reason });
-      else signal.addEventListener('abort', () => resolve({ kind: 'aborted', reason: signal.reason }), { once: true });
-    });
-    let result: Result;
-    try {
-      const handled = span.run(() =>
-        new Promise<unknown>((resolve) => resolve(route.handler(job, { signal }))).then(
-          (value): Result => ({ kind: 'ok', value }),
-          (error): Result => ({ kind: 'error', error }),
-        ),
-      );
-      result = await Promise.race([handled, aborted]);
-    } finally {
-      clearTimeout(timer);
-      this.#aborts.delete(controller);
-      // Also after a timeout, when a handler ignoring its signal may still
-      // run: its job is settled and its credit back, so its slot goes too.
-      this.#slots.release();
-    }
-    const durationMs = Date.now() - started;
+  // --- a job's path: no promise, timer or AbortController of its own
+  // unless its handler asks for one (an async handler's own promise, a
+  // signal read) or it has a timeout (its length's shared timer).
 
-    let outcome: JobOutcome;
-    let error: string | undefined;
-    let opts: { retryAfterMs?: number; deadLetter?: boolean } = {};
-    if (result.kind === 'aborted') {
-      const reason = result.reason;
+  // A delivery: run it now, or when a handler finishes.
+  #take(job: Job): void {
+    const run = new JobRun(this, job, this.#routes.get(job.queue) ?? null);
+    this.#live += 1;
+    this.#keeper.add(job);
+    this.#waiting.push(run);
+    this.#pump();
+  }
+
+  // Starts waiting jobs while slots are free. Not re-entered: a handler
+  // that finishes at once frees its slot inside the loop, which goes on.
+  #pump(): void {
+    if (this.#pumping) return;
+    this.#pumping = true;
+    try {
+      while (this.#free > 0 && this.#waiting.length > 0 && !this.#stopping) {
+        const run = this.#waiting.shift() as JobRun;
+        this.#free -= 1;
+        this.#start(run);
+      }
+    } finally {
+      this.#pumping = false;
+    }
+  }
+
+  // Stopped: waiting jobs never run; released when the stream closes.
+  #turnAway(): void {
+    for (const run of this.#waiting.splice(0, this.#waiting.length)) {
+      run.job._stopKeeping();
+      run.state = DONE;
+      this.#emit({ job: run.job, outcome: 'abandoned', durationMs: 0 });
+      this.#finished();
+    }
+  }
+
+  #start(run: JobRun): void {
+    const { job, route } = run;
+    if (!route) {
+      // Cannot happen: the stream asks only for routed queues.
+      this.#free += 1;
       job._stopKeeping();
-      if (!(reason instanceof JobTimeoutError)) {
-        // Lease lost, or the stop grace ran out: not ours to settle.
-        const lost = asLeaseqError(reason).code === status.FAILED_PRECONDITION;
-        span.fail(errorText(reason));
-        span.end(lost ? 'lease-lost' : 'abandoned');
-        this.#emit({ job, outcome: lost ? 'lease-lost' : 'abandoned', durationMs });
+      run.state = DONE;
+      job._nack(`no handler for queue ${job.queue}`, {}, IGNORE);
+      this.#emit({ job, outcome: 'abandoned', durationMs: 0 });
+      this.#finished();
+      return;
+    }
+    run.state = RUNNING;
+    run.started = Date.now();
+    this.#running.add(run);
+    if (route.timeoutMs != null) this.#timeoutsOf(route.timeoutMs).add(run);
+    const span = startJobSpan(job);
+    run.span = span;
+    let result: unknown;
+    try {
+      result = span === NOOP_SPAN ? route.handler(job, run.ctx) : span.run(() => route.handler(job, run.ctx));
+    } catch (e) {
+      this.#handled(run, false, e);
+      return;
+    }
+    if (result !== null && (typeof result === 'object' || typeof result === 'function') && typeof (result as PromiseLike<unknown>).then === 'function') {
+      try {
+        (result as PromiseLike<unknown>).then(
+          (v) => this.#handled(run, true, v),
+          (e) => this.#handled(run, false, e),
+        );
+      } catch (e) {
+        this.#handled(run, false, e);
+      }
+    } else this.#handled(run, true, result);
+  }
+
+  #timeoutsOf(ms: number): DueSet<JobRun> {
+    let set = this.#timeouts.get(ms);
+    if (!set) {
+      set = new DueSet<JobRun>(ms, (run) => this.#abort(run, new JobTimeoutError(ms)));
+      this.#timeouts.set(ms, set);
+    }
+    return set;
+  }
+
+  // The handler is no longer ours to wait for: its slot goes back. Also
+  // after a timeout, when a handler ignoring its signal may still run: its
+  // job is settled and its credit back, so its slot goes too.
+  #release(run: JobRun): void {
+    this.#running.delete(run);
+    if (run.route?.timeoutMs != null) this.#timeouts.get(run.route.timeoutMs)?.delete(run);
+    this.#free += 1;
+    this.#pump();
+  }
+
+  // The handler returned or threw (ok: whether it returned).
+  #handled(run: JobRun, ok: boolean, value: unknown): void {
+    if (run.state !== RUNNING) return; // aborted meanwhile: its result no longer counts
+    run.state = SETTLING;
+    this.#release(run);
+    const kind = outcomeOf(value);
+    if (kind === 'retry') this.#settle(run, 'retry', errorText(value), { retryAfterMs: (value as Retry).after });
+    else if (kind === 'dead-letter') this.#settle(run, 'dead-letter', errorText(value), { deadLetter: true });
+    else if (ok) this.#settle(run, 'ack', undefined, NO_OPTS);
+    else this.#settle(run, 'nack', errorText(value), NO_OPTS);
+  }
+
+  // A timeout, a lost lease or the stop grace, while the handler runs.
+  #abort(run: JobRun, reason: unknown): void {
+    if (run.state !== RUNNING) return;
+    run.state = reason instanceof JobTimeoutError ? SETTLING : DONE;
+    this.#release(run);
+    run.abort(reason);
+    if (reason instanceof JobTimeoutError) {
+      this.#settle(run, 'timeout', reason.message, NO_OPTS);
+      return;
+    }
+    // Lease lost, or the stop grace ran out: not ours to settle.
+    run.job._stopKeeping();
+    const lost = asLeaseqError(reason).code === status.FAILED_PRECONDITION;
+    const span = run.span as JobSpan;
+    span.fail(errorText(reason));
+    span.end(lost ? 'lease-lost' : 'abandoned');
+    this.#emit({ job: run.job, outcome: lost ? 'lease-lost' : 'abandoned', durationMs: Date.now() - run.started });
+    this.#finished();
+  }
+
+  // The keeper's extension was refused: the lease is gone.
+  #leaseLost(job: Job, err: LeaseqError): void {
+    this.#log.debug(`leaseq worker: job ${job.id}: lease lost; it will be redelivered`);
+    const at = this.#waiting.findIndex((r) => r.job === job);
+    if (at >= 0) {
+      // Not started yet: it never runs.
+      const [run] = this.#waiting.splice(at, 1);
+      run.state = DONE;
+      this.#emit({ job, outcome: 'lease-lost', durationMs: 0 });
+      this.#finished();
+      return;
+    }
+    for (const run of this.#running) {
+      if (run.job === job) {
+        this.#abort(run, err);
         return;
       }
-      outcome = 'timeout';
-      error = reason.message;
-    } else {
-      const value = result.kind === 'ok' ? result.value : result.error;
-      const kind = outcomeOf(value);
-      if (kind === 'retry') {
-        outcome = 'retry';
-        error = errorText(value);
-        opts = { retryAfterMs: (value as Retry).after };
-      } else if (kind === 'dead-letter') {
-        outcome = 'dead-letter';
-        error = errorText(value);
-        opts = { deadLetter: true };
-      } else if (result.kind === 'ok') {
-        outcome = 'ack';
-      } else {
-        outcome = 'nack';
-        error = errorText(result.error);
-      }
     }
-    if (error !== undefined) span.fail(error);
-    const event: JobEvent = { job, outcome, durationMs };
-    try {
-      if (outcome === 'ack') await job.ack();
-      else {
-        event.error = error;
-        event.deadLettered = await job.nack(error, opts);
-      }
-    } catch (e) {
-      const err = asLeaseqError(e);
+  }
+
+  #settle(run: JobRun, outcome: JobOutcome, error: string | undefined, opts: NackOptions): void {
+    run.outcome = outcome;
+    run.durationMs = Date.now() - run.started;
+    const span = run.span as JobSpan;
+    if (error !== undefined) {
+      span.fail(error);
+      run.error = error;
+    }
+    if (outcome === 'ack') run.job._ack(run);
+    else run.job._nack(error as string, opts, run);
+  }
+
+  /** @internal The broker answered a settle of `run`. */
+  _settled(run: JobRun, deadLettered: boolean, err: LeaseqError | null): void {
+    run.state = DONE;
+    const event: JobEvent = { job: run.job, outcome: run.outcome as JobOutcome, durationMs: run.durationMs };
+    if (run.outcome !== 'ack') {
+      event.error = run.error;
+      if (!err) event.deadLettered = deadLettered;
+    }
+    if (err) {
       if (err.code === status.FAILED_PRECONDITION) {
         // The lease was lost (expired, cancelled, or the stream closed): the
         // job is or will be redelivered. Nothing to report.
-        this.#log.debug(`leaseq worker: job ${job.id}: lease lost before its ${outcome} was settled`);
+        this.#log.debug(`leaseq worker: job ${run.job.id}: lease lost before its ${run.outcome} was settled`);
         event.outcome = 'lease-lost';
       } else {
-        this.#log.warn(`leaseq worker: job ${job.id}: settling failed (${err.message}); it will be redelivered`);
+        this.#log.warn(`leaseq worker: job ${run.job.id}: settling failed (${err.message}); it will be redelivered`);
         event.settleError = err;
       }
     }
-    span.end(event.outcome);
+    (run.span as JobSpan).end(event.outcome);
     this.#emit(event);
+    this.#finished();
+  }
+
+  #finished(): void {
+    this.#live -= 1;
+    if (this.#burstIdleMs != null) this.#lastWorkAt = Date.now();
+    if (this.#live === 0 && this.#idle) {
+      const idle = this.#idle;
+      this.#idle = null;
+      idle();
+    }
+  }
+}
+
+// The handler inside the middleware, the first one outermost.
+function wrap(middleware: Middleware[], handler: Handler): Handler {
+  return middleware.reduceRight<Handler>((inner, mw) => (job, ctx) => mw(job, ctx, () => inner(job, ctx)), handler);
+}
+
+const WAITING = 0;
+const RUNNING = 1;
+const SETTLING = 2;
+const DONE = 3;
+const NO_OPTS: NackOptions = {};
+const IGNORE: SettleWaiter = { settleOk: () => {}, settleFailed: () => {} };
+
+/**
+ * @internal One job in a worker: waiting for a slot, running, settling,
+ * done. It is its own settle waiter; its AbortController is made only when
+ * the handler reads its signal, or when it must abort one already read.
+ */
+class JobRun implements SettleWaiter {
+  readonly job: Job;
+  readonly route: Route | null;
+  state = WAITING;
+  started = 0;
+  durationMs = 0;
+  span: JobSpan | null = null;
+  outcome: JobOutcome | null = null;
+  error: string | undefined = undefined;
+  readonly worker: Worker;
+  #controller: AbortController | null = null;
+  #reason: unknown = undefined;
+  #aborted = false;
+  #ctx: HandlerContext | null = null;
+
+  constructor(worker: Worker, job: Job, route: Route | null) {
+    this.worker = worker;
+    this.job = job;
+    this.route = route;
+  }
+
+  // What the handler gets: `signal` made when first read.
+  get ctx(): HandlerContext {
+    return (this.#ctx ??= new Context(this));
+  }
+
+  signal(): AbortSignal {
+    if (!this.#controller) {
+      this.#controller = new AbortController();
+      if (this.#aborted) this.#controller.abort(this.#reason);
+    }
+    return this.#controller.signal;
+  }
+
+  abort(reason: unknown): void {
+    this.#aborted = true;
+    this.#reason = reason;
+    this.#controller?.abort(reason);
+  }
+
+  settleOk(deadLettered: boolean): void {
+    this.worker._settled(this, deadLettered, null);
+  }
+
+  settleFailed(err: LeaseqError): void {
+    this.worker._settled(this, false, err);
+  }
+}
+
+/** A handler's context: the signal, made when first read. */
+class Context implements HandlerContext {
+  #run: JobRun;
+
+  constructor(run: JobRun) {
+    this.#run = run;
+  }
+
+  get signal(): AbortSignal {
+    return this.#run.signal();
   }
 }

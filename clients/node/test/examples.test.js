@@ -159,6 +159,19 @@ test('examples/tracing.mjs: the handler runs in the producer\'s trace', { timeou
   assert.equal(handler, producer);
 });
 
+test('examples/tasks.mjs: a typed task, middleware, burst mode exits when drained', { timeout: 30000 }, async () => {
+  const q = queueName('emails');
+  const lines = await runToEnd('tasks.mjs', { QUEUE: q });
+  assert.deepEqual(lines.filter((l) => l.startsWith('mail')).sort(), [
+    'mail to ada@example.com: hello (attempt 1)',
+    'mail to bob@example.com: again (attempt 1)',
+  ]);
+  assert.equal(lines.filter((l) => new RegExp(`^${q} took \\d+ ms$`).test(l)).length, 2, lines.join('\n'));
+  assert.equal(lines.at(-1), 'drained');
+  const { stats } = await admin.getQueue(q);
+  assert.deepEqual([stats.available, stats.leased, stats.scheduled], [0, 0, 0]);
+});
+
 test('examples/admin.mjs', { timeout: 30000 }, async () => {
   const q = queueName();
   const { jobId } = await client.enqueue(q, 'x');
