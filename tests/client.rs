@@ -2342,3 +2342,163 @@ async fn the_examples_run_against_a_broker() {
     assert!(seen.contains(&"paused, available 1".to_owned()), "{seen:?}");
     broker.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// Typed payloads, middleware and burst mode (issue 36, item 5).
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct Email {
+    to: String,
+    tries: u32,
+}
+
+const EMAILS: leaseq_client::Task<Email> = leaseq_client::Task::new("typed-emails");
+
+#[tokio::test]
+async fn a_task_declares_its_payload_type_once_for_producer_and_handler() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let sent = Email {
+        to: "a@b.c".into(),
+        tries: 3,
+    };
+    EMAILS.enqueue(&client, &sent).await.unwrap();
+    // Not an Email: dead-lettered at once with the reason, not retried.
+    client
+        .enqueue(Job::new("typed-emails", r#"{"to": 5}"#))
+        .await
+        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let worker = Running::serve(Worker::builder(client.clone()).task(
+        EMAILS,
+        move |email: Email, job: Delivery| {
+            let tx = tx.clone();
+            async move {
+                tx.send((email, job.headers.get("content-type").cloned()))
+                    .unwrap();
+                Ok::<(), anyhow::Error>(())
+            }
+        },
+    ));
+    let got = tokio::time::timeout(S10, rx.recv()).await.unwrap().unwrap();
+    assert_eq!(got, (sent, Some("application/json".to_owned())));
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.dead_jobs where last_error like 'payload is not a valid %Email: invalid type%'",
+        S10,
+    )
+    .await;
+    worker.stop(S10).await.expect("clean stop");
+    assert_eq!(db.live_jobs().await, 0);
+    assert!(
+        rx.try_recv().is_err(),
+        "the bad payload never reached the handler"
+    );
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn middleware_wraps_handlers_outermost_first_and_keeps_their_outcome() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    client.enqueue(Job::new("mw", "retry")).await.unwrap();
+    client.enqueue(Job::new("mw", "ok")).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (l1, l2) = (log.clone(), log.clone());
+    let worker = Running::serve(
+        Worker::builder(client.clone())
+            .concurrency(1)
+            .middleware(move |job: Delivery, next: leaseq_client::Next| {
+                let log = l1.clone();
+                async move {
+                    let p = payload(&job);
+                    log.lock().unwrap().push(format!("outer in {p}"));
+                    let r = next.run(job).await;
+                    let how = match &r {
+                        Ok(()) => "ok".to_owned(),
+                        Err(e) => format!("{} {:?} {}", e.kind(), e.retry_after(), e.message()),
+                    };
+                    log.lock().unwrap().push(format!("outer out {p}: {how}"));
+                    r
+                }
+            })
+            .middleware(move |job: Delivery, next: leaseq_client::Next| {
+                let log = l2.clone();
+                async move {
+                    log.lock().unwrap().push(format!("inner {}", payload(&job)));
+                    next.run(job).await
+                }
+            })
+            .handle("mw", |job: Delivery| async move {
+                if payload(&job) == "retry" && job.attempt == 1 {
+                    return Err(anyhow::Error::new(
+                        leaseq_client::Retry::after(Duration::from_secs(3600)).because("later"),
+                    ));
+                }
+                Ok(())
+            }),
+    );
+    // The retry kept its delay through both middlewares: its job waits an
+    // hour (not the queue's backoff), and the other was acked.
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.jobs where run_at > now() + interval '50 minutes' and last_error = 'later'",
+        S10,
+    )
+    .await;
+    until(&db, "select count(*) = 1 from leaseq.jobs", S10).await;
+    worker.stop(S10).await.expect("clean stop");
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            "outer in retry",
+            "inner retry",
+            "outer out retry: retry Some(3600s) later",
+            "outer in ok",
+            "inner ok",
+            "outer out ok: ok",
+        ]
+    );
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn a_burst_worker_works_what_waits_then_returns() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let jobs = (0..300).map(|i| Job::new("burst", format!("b{i}")));
+    client.enqueue_batch(jobs).await.unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    let worker = Worker::new(client.clone(), ["burst"])
+        .concurrency(32)
+        .burst(Duration::from_millis(300))
+        .run(
+            move |_job: Delivery| {
+                let d = d.clone();
+                async move {
+                    d.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), anyhow::Error>(())
+                }
+            },
+            std::future::pending(),
+        );
+    tokio::time::timeout(S10, worker)
+        .await
+        .expect("the burst worker returns by itself")
+        .expect("clean end");
+    assert_eq!(done.load(Ordering::SeqCst), 300);
+    assert_eq!(
+        db.live_jobs().await,
+        0,
+        "every job acked before it returned"
+    );
+    broker.stop().await;
+}

@@ -60,6 +60,7 @@ mod outcome;
 mod session;
 mod stats;
 pub mod trace;
+mod typed;
 mod worker;
 
 use std::collections::HashMap;
@@ -77,10 +78,11 @@ use pb::queue_service_client::QueueServiceClient;
 
 pub use admin::{AdminClient, DeadLetters, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
-pub use outcome::{BoxError, DeadLetter, Retry};
+pub use outcome::{BoxError, DeadLetter, HandlerError, Retry};
 pub use stats::WorkerStats;
 pub use trace::TraceParent;
-pub use worker::{DEFAULT_CONCURRENCY, Worker};
+pub use typed::{JSON, Task};
+pub use worker::{DEFAULT_CONCURRENCY, Next, Worker};
 
 /// Largest message the client accepts from the broker. Matches the broker's
 /// default `--max-message-bytes`, so a delivery of any accepted payload fits.

@@ -167,6 +167,10 @@ impl Outcome {
         chain: impl Iterator<Item = &'a (dyn StdError + 'static)>,
     ) -> Outcome {
         for cause in chain {
+            // A middleware passing on (or wrapping) what the handler gave.
+            if let Some(h) = cause.downcast_ref::<HandlerError>() {
+                return h.0.clone();
+            }
             if let Some(r) = cause.downcast_ref::<Retry>() {
                 return Outcome::Nack(NackOutcome {
                     error: error_text(&text),
@@ -331,3 +335,48 @@ mod tests {
         assert_eq!(n.error.len(), MAX_ERROR_LEN);
     }
 }
+
+/// What a handler's error became (see [`Next::run`](crate::Next::run)): a
+/// middleware may log it, count it, return it as is (the job is then
+/// settled as the handler said), or return another error instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandlerError(pub(crate) Outcome);
+
+impl HandlerError {
+    /// The error text the job will be nacked with.
+    pub fn message(&self) -> &str {
+        match &self.0 {
+            Outcome::Nack(n) => &n.error,
+            Outcome::Ack => "",
+        }
+    }
+
+    /// The job goes to the dead letters ([`DeadLetter`]).
+    pub fn dead_letter(&self) -> bool {
+        matches!(&self.0, Outcome::Nack(n) if n.dead_letter)
+    }
+
+    /// The delay a [`Retry`] asked for.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match &self.0 {
+            Outcome::Nack(n) => n.retry_after,
+            Outcome::Ack => None,
+        }
+    }
+
+    /// `timeout`, `panic`, `retry`, `dead_letter` or `failed`.
+    pub fn kind(&self) -> &'static str {
+        match &self.0 {
+            Outcome::Nack(n) => n.kind.as_str(),
+            Outcome::Ack => "ack",
+        }
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl StdError for HandlerError {}

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use tracing::{Instrument, Level, Span, debug, field, info, info_span, warn};
 
-use crate::outcome::{BoxError, NackKind, NackOutcome, Outcome};
+use crate::outcome::{BoxError, HandlerError, NackKind, NackOutcome, Outcome};
 use crate::session::{Acker, Event, Session, SettleBase, Settler};
 use crate::stats::WorkerStats;
 use crate::{Client, Delivery, Nack, pb, pb_duration};
@@ -43,6 +43,25 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// error's type is still known).
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), Outcome>> + Send>>;
 type DynHandler = Arc<dyn Fn(Delivery) -> HandlerFuture + Send + Sync>;
+type DynMiddleware = Arc<dyn Fn(Delivery, Next) -> HandlerFuture + Send + Sync>;
+
+/// The rest of the chain, for a middleware ([`Worker::middleware`]): the
+/// next middleware, or the queue's handler.
+pub struct Next(DynHandler);
+
+impl Next {
+    /// Runs the rest of the chain. Its error is what the handler's became
+    /// ([`HandlerError`]): return it to settle the job as the handler said.
+    pub async fn run(self, job: Delivery) -> Result<(), HandlerError> {
+        (self.0)(job).await.map_err(HandlerError)
+    }
+}
+
+/// `handler` behind `middleware`.
+fn wrap(middleware: &DynMiddleware, handler: DynHandler) -> DynHandler {
+    let middleware = middleware.clone();
+    Arc::new(move |job| middleware(job, Next(handler.clone())))
+}
 
 /// A tracing event at a level chosen at run time (the macros want a
 /// constant one).
@@ -145,6 +164,10 @@ pub struct Worker {
     stream_acks: bool,
     lost_lease_level: Level,
     stats: Arc<WorkerStats>,
+    /// Outermost first.
+    middlewares: Vec<DynMiddleware>,
+    /// Burst mode: return once nothing was delivered or running this long.
+    burst: Option<Duration>,
 }
 
 impl Worker {
@@ -176,6 +199,8 @@ impl Worker {
             stream_acks: true,
             lost_lease_level: Level::DEBUG,
             stats: Arc::new(WorkerStats::default()),
+            middlewares: Vec::new(),
+            burst: None,
         }
     }
 
@@ -202,6 +227,78 @@ impl Worker {
         E: Into<BoxError> + 'static,
     {
         self.routes.push((queue.into(), boxed(handler)));
+        self
+    }
+
+    /// Runs `handler` for the jobs of `task`'s queue, each payload read
+    /// into `T` first (JSON). A payload that is not a `T` never will be:
+    /// its job is dead-lettered with `payload is not a valid <T>: <why>`.
+    pub fn task<T, H, F, E>(self, task: crate::Task<T>, handler: H) -> Worker
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+        H: Fn(T, Delivery) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.handle(task.queue(), move |job: Delivery| {
+            let parsed = job.json::<T>();
+            let handler = handler.clone();
+            async move {
+                match parsed {
+                    Ok(payload) => handler(payload, job).await.map_err(Into::into),
+                    Err(e) => Err(crate::DeadLetter::new(format!(
+                        "payload is not a valid {}: {e}",
+                        std::any::type_name::<T>()
+                    ))
+                    .into()),
+                }
+            }
+        })
+    }
+
+    /// Runs every job through `middleware`, which gets the job and the rest
+    /// of the chain ([`Next`]): logging, metrics, an error policy. The
+    /// first one added is the outermost. Its result settles the job as a
+    /// handler's would; returning what [`Next::run`] gave keeps the
+    /// handler's outcome (a [`Retry`](crate::Retry) stays a retry).
+    ///
+    /// ```no_run
+    /// use leaseq_client::{Client, Delivery, Next, Worker};
+    ///
+    /// # async fn demo(client: Client) -> Result<(), tonic::Status> {
+    /// Worker::builder(client)
+    ///     .middleware(|job: Delivery, next: Next| async move {
+    ///         let (id, started) = (job.id.clone(), std::time::Instant::now());
+    ///         let result = next.run(job).await;
+    ///         tracing::info!(%id, took = ?started.elapsed(), ok = result.is_ok());
+    ///         result
+    ///     })
+    ///     .handle("emails", |_job: Delivery| async { Ok::<(), anyhow::Error>(()) })
+    ///     .serve(async { tokio::signal::ctrl_c().await.ok(); })
+    ///     .await
+    /// # }
+    /// ```
+    pub fn middleware<M, F, E>(mut self, middleware: M) -> Worker
+    where
+        M: Fn(Delivery, Next) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        self.middlewares.push(Arc::new(move |job, next| {
+            let fut = middleware(job, next);
+            Box::pin(async move { fut.await.map_err(Outcome::of) })
+        }));
+        self
+    }
+
+    /// Burst mode: [`serve`](Worker::serve) and [`run`](Worker::run)
+    /// return (after the graceful stop) once the stream is open and no job
+    /// was delivered or running for `idle`: the worker works what is
+    /// waiting, then exits (a cron job, a test, a one-off backfill). A job
+    /// delayed past that is left for the next run.
+    pub fn burst(mut self, idle: Duration) -> Worker {
+        self.burst = Some(idle);
         self
     }
 
@@ -344,10 +441,12 @@ impl Worker {
         let mut routes = HashMap::new();
         for (queue, handler) in &self.routes {
             let timeout = self.timeouts.get(queue).copied().or(self.timeout);
-            let route = Route {
-                handler: handler.clone(),
-                timeout,
-            };
+            let handler = self
+                .middlewares
+                .iter()
+                .rev()
+                .fold(handler.clone(), |h, m| wrap(m, h));
+            let route = Route { handler, timeout };
             if routes.insert(queue.clone(), route).is_some() {
                 return Err(Status::invalid_argument(format!(
                     "queues: {queue:?} has two handlers"
@@ -408,6 +507,8 @@ impl Worker {
             backoff: Backoff::new(self.reconnect_min, self.reconnect_max),
             use_consume: self.stream_acks,
             session: None,
+            burst: self.burst,
+            last_busy: tokio::time::Instant::now(),
         }
     }
 }
@@ -429,6 +530,10 @@ struct Running {
     /// The open stream, and whether it has said anything yet. It is kept
     /// through the stop so running handlers can still settle on it.
     session: Option<(Session, bool)>,
+    /// Burst mode's idle time ([`Worker::burst`]).
+    burst: Option<Duration>,
+    /// The last delivery or handler end.
+    last_busy: tokio::time::Instant,
 }
 
 impl Running {
@@ -489,16 +594,28 @@ impl Running {
         let Some((open, heard)) = self.session.as_mut() else {
             return ControlFlow::Continue(());
         };
+        let idle_until = self.burst.map(|idle| self.last_busy + idle);
         let event = tokio::select! {
             _ = shutdown.as_mut() => return ControlFlow::Break(Ok(())),
             Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                 log_join(done);
+                self.last_busy = tokio::time::Instant::now();
                 return ControlFlow::Continue(());
+            }
+            // Burst mode: nothing delivered or running for its idle time.
+            () = tokio::time::sleep_until(idle_until.unwrap_or_else(tokio::time::Instant::now)),
+                if idle_until.is_some() && *heard && self.tasks.is_empty() =>
+            {
+                debug!("burst: nothing left to work; stopping");
+                return ControlFlow::Break(Ok(()));
             }
             msg = tokio::time::timeout(self.idle_timeout, open.next()) => msg,
         };
         let ended = match event {
             Ok(Ok(Some(event))) => {
+                if !*heard || matches!(event, Event::Deliveries(_)) {
+                    self.last_busy = tokio::time::Instant::now();
+                }
                 // A live stream: the next failure starts from the
                 // shortest wait again.
                 *heard = true;
