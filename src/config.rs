@@ -185,6 +185,17 @@ pub struct ServeArgs {
     /// table. 0 = leave it to autovacuum.
     #[arg(long, env = "LEASEQ_VACUUM_INTERVAL", default_value_t = defaults().vacuum_interval.into())]
     pub vacuum_interval: CliDuration,
+    /// How often this broker fires due schedules (every replica does; a
+    /// schedule's row lock makes one of them fire each tick): a tick's job
+    /// is enqueued up to this long after its time. 0 = this broker fires
+    /// none (leave it to other replicas).
+    #[arg(long, env = "LEASEQ_SCHEDULE_INTERVAL", default_value_t = defaults().schedule_interval.into())]
+    pub schedule_interval: CliDuration,
+    /// A schedule's tick that no broker fired within this long of its time
+    /// (all were down) is missed: the schedule's catch-up policy (none, one,
+    /// all up to its limit) decides whether it fires. At most 1h.
+    #[arg(long, env = "LEASEQ_SCHEDULE_GRACE", default_value_t = defaults().schedule_grace.into())]
+    pub schedule_grace: CliDuration,
     /// How often Postgres is probed for the health service (each probe
     /// waits at most 2s for its answer).
     #[arg(long, env = "LEASEQ_HEALTH_INTERVAL", default_value_t = defaults().health_interval.into())]
@@ -393,6 +404,8 @@ impl ServeArgs {
             reap_interval: self.reap_interval.0,
             retention_interval: self.retention_interval.0,
             vacuum_interval: self.vacuum_interval.0,
+            schedule_interval: self.schedule_interval.0,
+            schedule_grace: self.schedule_grace.0,
             health_interval: self.health_interval.0,
             pg_statement_timeout: Some(self.pg_statement_timeout.0).filter(|d| !d.is_zero()),
             placement_interval: self.placement_interval.0,

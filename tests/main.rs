@@ -36,6 +36,7 @@ mod plans;
 mod process;
 mod release;
 mod scaling;
+mod schedules;
 mod scripts;
 mod security;
 mod semantics;

@@ -1,5 +1,6 @@
 //! Operator subcommands over `leaseq.v1.AdminService`: `stats`, `queues`,
-//! `jobs`, `job`, `dlq`, `pause`, `resume`, `purge`, `queue update`.
+//! `jobs`, `job`, `dlq`, `pause`, `resume`, `purge`, `queue update`;
+//! `schedules` is in [`super::schedules`].
 //!
 //! Each takes the connection flags every client command takes
 //! ([`ConnectArgs`]) and `-o table|json`: human tables by default, `-o json`
@@ -70,6 +71,11 @@ pub enum AdminCommand {
     Queue {
         #[command(subcommand)]
         cmd: QueueCmd,
+    },
+    /// Cron schedules: a job from a template at every tick.
+    Schedules {
+        #[command(subcommand)]
+        cmd: super::schedules::ScheduleCmd,
     },
 }
 
@@ -285,6 +291,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
         AdminCommand::Queue {
             cmd: QueueCmd::Update(a),
         } => queue_update(a).await,
+        AdminCommand::Schedules { cmd } => super::schedules::run(cmd).await,
     }
 }
 

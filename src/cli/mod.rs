@@ -13,6 +13,7 @@ pub mod health;
 pub mod interactive;
 pub mod migrate;
 mod output;
+pub mod schedules;
 pub mod work;
 
 use std::io::Read;
@@ -108,7 +109,7 @@ fn parse_rfc3339(s: &str) -> Result<DateTime<Utc>, String> {
         .map_err(|e| format!("{s:?} is not an RFC 3339 instant (e.g. 2030-01-31T09:00:00Z): {e}"))
 }
 
-fn parse_header(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_header(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("header {s:?} is not KEY=VALUE"))

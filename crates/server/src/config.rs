@@ -52,6 +52,13 @@ pub struct Config {
     /// How often the jobs table's dead tuples are checked (it is vacuumed
     /// past 10,000 + 20 % of its live rows). Zero: leave it to autovacuum.
     pub vacuum_interval: Duration,
+    /// How often this broker fires due schedules (docs/design/schedules.md):
+    /// a tick's job is enqueued up to this long after its time. Zero: this
+    /// broker fires none (other replicas do).
+    pub schedule_interval: Duration,
+    /// A tick no broker fired within this long of its time is missed: its
+    /// schedule's catch-up policy decides whether it fires.
+    pub schedule_grace: Duration,
     /// How often PostgreSQL is probed for the health service (each probe
     /// waits at most 2 s for its answer).
     pub health_interval: Duration,
@@ -165,6 +172,8 @@ impl Default for Config {
             reap_interval: Duration::from_secs(5),
             retention_interval: Duration::from_secs(10),
             vacuum_interval: Duration::from_secs(2),
+            schedule_interval: Duration::from_secs(1),
+            schedule_grace: Duration::from_secs(10),
             health_interval: Duration::from_secs(2),
             pg_statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
             placement_interval: Duration::from_secs(1),

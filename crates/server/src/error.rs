@@ -32,6 +32,9 @@ pub enum Error {
     /// An unknown queue or job, named (admin lookups).
     #[error("{0}")]
     NotFound(String),
+    /// A name already taken (CreateSchedule), named.
+    #[error("{0}")]
+    AlreadyExists(String),
     /// No valid bearer token. The message never contains the token.
     #[error("{0}")]
     Unauthenticated(&'static str),
@@ -181,6 +184,7 @@ impl From<Error> for Status {
             Error::TooLarge { .. } => Status::new(Code::ResourceExhausted, e.to_string()),
             Error::StaleLease(_) => Status::new(Code::FailedPrecondition, e.to_string()),
             Error::NotFound(_) => Status::new(Code::NotFound, e.to_string()),
+            Error::AlreadyExists(_) => Status::new(Code::AlreadyExists, e.to_string()),
             Error::Unauthenticated(_) => Status::new(Code::Unauthenticated, e.to_string()),
             Error::PermissionDenied {
                 ref token,

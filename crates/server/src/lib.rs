@@ -25,6 +25,8 @@
 //!   bucket → cluster map with its epoch, pins, and bucket moves
 //!   (docs/SCALING.md).
 //! - `fanout`: admin reads and writes over every cluster, merged.
+//! - `schedule`: cron schedules (croner, chrono-tz): every broker's loop
+//!   fires due ticks, exactly one job per tick (docs/design/schedules.md).
 //! - `maintenance`: lease reaper, ttl expiry, retention of completed jobs,
 //!   and vacuuming the jobs table.
 //! - `metrics`: Prometheus counters, histograms and gauges
@@ -84,6 +86,7 @@ mod pgsock;
 /// commands and the scaling tests call it.
 pub mod placement;
 mod request_limit;
+mod schedule;
 pub mod server;
 mod settle;
 #[cfg(test)]

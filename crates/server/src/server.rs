@@ -166,7 +166,13 @@ impl Server {
             &stop,
             &mut background,
         );
-        let admin = Arc::new(AdminApi::new(broker.clone(), draining.clone()));
+        let scheduler = spawn_scheduler(&cfg, &clusters, &broker, &stop, &mut background);
+        let admin = Arc::new(AdminApi::new(
+            broker.clone(),
+            draining.clone(),
+            scheduler,
+            cfg.request_limits,
+        ));
         // The console's test jobs go through the QueueService's own handler.
         let queue_api =
             Arc::new(QueueApi::new(broker.clone(), cfg.request_limits).with_traces(traces.clone()));
@@ -395,6 +401,27 @@ async fn listen(
         });
     }
     Ok((connections, listens))
+}
+
+/// The schedules' firing (docs/design/schedules.md): one loop per broker,
+/// since schedules live on the home cluster, unless its interval is zero.
+/// The scheduler is also RunSchedule's.
+fn spawn_scheduler(
+    cfg: &Config,
+    clusters: &Clusters,
+    broker: &Broker,
+    stop: &CancellationToken,
+    background: &mut JoinSet<()>,
+) -> crate::schedule::run::Scheduler {
+    let scheduler = crate::schedule::run::Scheduler::new(
+        clusters.clone(),
+        broker.settle().clone(),
+        cfg.schedule_grace,
+    );
+    if !cfg.schedule_interval.is_zero() {
+        background.spawn(scheduler.clone().run(cfg.schedule_interval, stop.clone()));
+    }
+    scheduler
 }
 
 /// The health service: live at once, ready once [`health_loop`] says.

@@ -48,6 +48,27 @@ type AdminServiceClient interface {
 	// Pushes queue statistics at once, then whenever the job counts change
 	// (sampled every second) and at least every `interval`.
 	WatchQueues(ctx context.Context, in *WatchQueuesRequest, opts ...grpc.CallOption) (AdminService_WatchQueuesClient, error)
+	// Schedules (docs/design/schedules.md): a cron expression, read in a time
+	// zone, enqueues a job made from a template at each tick. Exactly one job
+	// per tick, whatever the number of brokers. A duplicate name is
+	// ALREADY_EXISTS; an unknown one NOT_FOUND.
+	CreateSchedule(ctx context.Context, in *CreateScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error)
+	GetSchedule(ctx context.Context, in *GetScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error)
+	// Schedules in name order, paginated.
+	ListSchedules(ctx context.Context, in *ListSchedulesRequest, opts ...grpc.CallOption) (*ListSchedulesResponse, error)
+	// Changes a schedule. Only the fields set change; a new cron or time zone
+	// counts the next tick from now.
+	UpdateSchedule(ctx context.Context, in *UpdateScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error)
+	// A paused schedule fires nothing (RunSchedule still enqueues). Ticks
+	// passed while paused are not caught up: resuming counts the next tick
+	// from now.
+	PauseSchedule(ctx context.Context, in *PauseScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error)
+	ResumeSchedule(ctx context.Context, in *ResumeScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error)
+	// Deletes the schedule. The jobs it enqueued stay.
+	DeleteSchedule(ctx context.Context, in *DeleteScheduleRequest, opts ...grpc.CallOption) (*DeleteScheduleResponse, error)
+	// Enqueues the schedule's job now, once, whatever its cron, overlap policy
+	// or pause; the next tick stays where it was.
+	RunSchedule(ctx context.Context, in *RunScheduleRequest, opts ...grpc.CallOption) (*RunScheduleResponse, error)
 }
 
 type adminServiceClient struct {
@@ -198,6 +219,78 @@ func (x *adminServiceWatchQueuesClient) Recv() (*WatchQueuesResponse, error) {
 	return m, nil
 }
 
+func (c *adminServiceClient) CreateSchedule(ctx context.Context, in *CreateScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error) {
+	out := new(ScheduleInfo)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/CreateSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetSchedule(ctx context.Context, in *GetScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error) {
+	out := new(ScheduleInfo)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/GetSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListSchedules(ctx context.Context, in *ListSchedulesRequest, opts ...grpc.CallOption) (*ListSchedulesResponse, error) {
+	out := new(ListSchedulesResponse)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/ListSchedules", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) UpdateSchedule(ctx context.Context, in *UpdateScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error) {
+	out := new(ScheduleInfo)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/UpdateSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PauseSchedule(ctx context.Context, in *PauseScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error) {
+	out := new(ScheduleInfo)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/PauseSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResumeSchedule(ctx context.Context, in *ResumeScheduleRequest, opts ...grpc.CallOption) (*ScheduleInfo, error) {
+	out := new(ScheduleInfo)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/ResumeSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteSchedule(ctx context.Context, in *DeleteScheduleRequest, opts ...grpc.CallOption) (*DeleteScheduleResponse, error) {
+	out := new(DeleteScheduleResponse)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/DeleteSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RunSchedule(ctx context.Context, in *RunScheduleRequest, opts ...grpc.CallOption) (*RunScheduleResponse, error) {
+	out := new(RunScheduleResponse)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/RunSchedule", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -233,6 +326,27 @@ type AdminServiceServer interface {
 	// Pushes queue statistics at once, then whenever the job counts change
 	// (sampled every second) and at least every `interval`.
 	WatchQueues(*WatchQueuesRequest, AdminService_WatchQueuesServer) error
+	// Schedules (docs/design/schedules.md): a cron expression, read in a time
+	// zone, enqueues a job made from a template at each tick. Exactly one job
+	// per tick, whatever the number of brokers. A duplicate name is
+	// ALREADY_EXISTS; an unknown one NOT_FOUND.
+	CreateSchedule(context.Context, *CreateScheduleRequest) (*ScheduleInfo, error)
+	GetSchedule(context.Context, *GetScheduleRequest) (*ScheduleInfo, error)
+	// Schedules in name order, paginated.
+	ListSchedules(context.Context, *ListSchedulesRequest) (*ListSchedulesResponse, error)
+	// Changes a schedule. Only the fields set change; a new cron or time zone
+	// counts the next tick from now.
+	UpdateSchedule(context.Context, *UpdateScheduleRequest) (*ScheduleInfo, error)
+	// A paused schedule fires nothing (RunSchedule still enqueues). Ticks
+	// passed while paused are not caught up: resuming counts the next tick
+	// from now.
+	PauseSchedule(context.Context, *PauseScheduleRequest) (*ScheduleInfo, error)
+	ResumeSchedule(context.Context, *ResumeScheduleRequest) (*ScheduleInfo, error)
+	// Deletes the schedule. The jobs it enqueued stay.
+	DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error)
+	// Enqueues the schedule's job now, once, whatever its cron, overlap policy
+	// or pause; the next tick stays where it was.
+	RunSchedule(context.Context, *RunScheduleRequest) (*RunScheduleResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -278,6 +392,30 @@ func (UnimplementedAdminServiceServer) PurgeDeadLetters(context.Context, *DeadLe
 }
 func (UnimplementedAdminServiceServer) WatchQueues(*WatchQueuesRequest, AdminService_WatchQueuesServer) error {
 	return status.Errorf(codes.Unimplemented, "method WatchQueues not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateSchedule(context.Context, *CreateScheduleRequest) (*ScheduleInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CreateSchedule not implemented")
+}
+func (UnimplementedAdminServiceServer) GetSchedule(context.Context, *GetScheduleRequest) (*ScheduleInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetSchedule not implemented")
+}
+func (UnimplementedAdminServiceServer) ListSchedules(context.Context, *ListSchedulesRequest) (*ListSchedulesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListSchedules not implemented")
+}
+func (UnimplementedAdminServiceServer) UpdateSchedule(context.Context, *UpdateScheduleRequest) (*ScheduleInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateSchedule not implemented")
+}
+func (UnimplementedAdminServiceServer) PauseSchedule(context.Context, *PauseScheduleRequest) (*ScheduleInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PauseSchedule not implemented")
+}
+func (UnimplementedAdminServiceServer) ResumeSchedule(context.Context, *ResumeScheduleRequest) (*ScheduleInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ResumeSchedule not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteSchedule not implemented")
+}
+func (UnimplementedAdminServiceServer) RunSchedule(context.Context, *RunScheduleRequest) (*RunScheduleResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RunSchedule not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -529,6 +667,150 @@ func (x *adminServiceWatchQueuesServer) Send(m *WatchQueuesResponse) error {
 	return x.ServerStream.SendMsg(m)
 }
 
+func _AdminService_CreateSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/CreateSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateSchedule(ctx, req.(*CreateScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/GetSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetSchedule(ctx, req.(*GetScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListSchedules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSchedulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListSchedules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/ListSchedules",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListSchedules(ctx, req.(*ListSchedulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_UpdateSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).UpdateSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/UpdateSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).UpdateSchedule(ctx, req.(*UpdateScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PauseSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PauseSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/PauseSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PauseSchedule(ctx, req.(*PauseScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResumeSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResumeSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/ResumeSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResumeSchedule(ctx, req.(*ResumeScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/DeleteSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteSchedule(ctx, req.(*DeleteScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RunSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RunScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RunSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/RunSchedule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RunSchedule(ctx, req.(*RunScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "leaseq.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -580,6 +862,38 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PurgeDeadLetters",
 			Handler:    _AdminService_PurgeDeadLetters_Handler,
+		},
+		{
+			MethodName: "CreateSchedule",
+			Handler:    _AdminService_CreateSchedule_Handler,
+		},
+		{
+			MethodName: "GetSchedule",
+			Handler:    _AdminService_GetSchedule_Handler,
+		},
+		{
+			MethodName: "ListSchedules",
+			Handler:    _AdminService_ListSchedules_Handler,
+		},
+		{
+			MethodName: "UpdateSchedule",
+			Handler:    _AdminService_UpdateSchedule_Handler,
+		},
+		{
+			MethodName: "PauseSchedule",
+			Handler:    _AdminService_PauseSchedule_Handler,
+		},
+		{
+			MethodName: "ResumeSchedule",
+			Handler:    _AdminService_ResumeSchedule_Handler,
+		},
+		{
+			MethodName: "DeleteSchedule",
+			Handler:    _AdminService_DeleteSchedule_Handler,
+		},
+		{
+			MethodName: "RunSchedule",
+			Handler:    _AdminService_RunSchedule_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

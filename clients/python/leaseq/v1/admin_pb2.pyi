@@ -6,6 +6,10 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+CATCH_UP_POLICY_ALL: CatchUpPolicy
+CATCH_UP_POLICY_NONE: CatchUpPolicy
+CATCH_UP_POLICY_ONE: CatchUpPolicy
+CATCH_UP_POLICY_UNSPECIFIED: CatchUpPolicy
 DESCRIPTOR: _descriptor.FileDescriptor
 JOB_STATE_AVAILABLE: JobState
 JOB_STATE_COMPLETED: JobState
@@ -13,6 +17,9 @@ JOB_STATE_DEAD: JobState
 JOB_STATE_LEASED: JobState
 JOB_STATE_SCHEDULED: JobState
 JOB_STATE_UNSPECIFIED: JobState
+OVERLAP_POLICY_ALLOW: OverlapPolicy
+OVERLAP_POLICY_SKIP: OverlapPolicy
+OVERLAP_POLICY_UNSPECIFIED: OverlapPolicy
 
 class CancelJobRequest(_message.Message):
     __slots__ = ["job_id"]
@@ -26,6 +33,12 @@ class CancelJobResponse(_message.Message):
     was_leased: bool
     def __init__(self, was_leased: bool = ...) -> None: ...
 
+class CreateScheduleRequest(_message.Message):
+    __slots__ = ["schedule"]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    schedule: Schedule
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
+
 class DeadLettersSelector(_message.Message):
     __slots__ = ["all", "ids", "queue"]
     ALL_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +48,16 @@ class DeadLettersSelector(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[str]
     queue: str
     def __init__(self, queue: _Optional[str] = ..., ids: _Optional[_Iterable[str]] = ..., all: bool = ...) -> None: ...
+
+class DeleteScheduleRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteScheduleResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ["job_id"]
@@ -47,6 +70,12 @@ class GetQueueRequest(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class GetScheduleRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ["attempt", "completed_at", "completed_by", "dead_reason", "dedup_key", "died_at", "enqueued_at", "expires_at", "headers", "id", "last_error", "lease_expires_at", "leased_by", "max_attempts", "payload", "priority", "queue", "run_at", "state"]
@@ -96,6 +125,29 @@ class JobInfo(_message.Message):
     run_at: _timestamp_pb2.Timestamp
     state: JobState
     def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., dedup_key: _Optional[str] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., leased_by: _Optional[str] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dead_reason: _Optional[str] = ..., died_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_by: _Optional[str] = ...) -> None: ...
+
+class JobTemplate(_message.Message):
+    __slots__ = ["headers", "max_attempts", "payload", "priority", "queue", "ttl"]
+    class HeadersEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    headers: _containers.ScalarMap[str, str]
+    max_attempts: int
+    payload: bytes
+    priority: int
+    queue: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ["include_payload", "page_size", "page_token", "queue"]
@@ -151,11 +203,33 @@ class ListQueuesResponse(_message.Message):
     unavailable_clusters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ["page_size", "page_token"]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ["next_page_token", "schedules"]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    next_page_token: str
+    schedules: _containers.RepeatedCompositeFieldContainer[ScheduleInfo]
+    def __init__(self, schedules: _Optional[_Iterable[_Union[ScheduleInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class PauseQueueRequest(_message.Message):
     __slots__ = ["queue"]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     queue: str
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class PauseScheduleRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PurgeDeadLettersResponse(_message.Message):
     __slots__ = ["purged"]
@@ -243,6 +317,62 @@ class ResumeQueueRequest(_message.Message):
     queue: str
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
+class ResumeScheduleRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RunScheduleRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RunScheduleResponse(_message.Message):
+    __slots__ = ["job_id", "tick_at"]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TICK_AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    tick_at: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., tick_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ["catch_up", "catch_up_limit", "cron", "job", "name", "overlap", "paused", "time_zone"]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TIME_ZONE_FIELD_NUMBER: _ClassVar[int]
+    catch_up: CatchUpPolicy
+    catch_up_limit: int
+    cron: str
+    job: JobTemplate
+    name: str
+    overlap: OverlapPolicy
+    paused: bool
+    time_zone: str
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., time_zone: _Optional[str] = ..., job: _Optional[_Union[JobTemplate, _Mapping]] = ..., overlap: _Optional[_Union[OverlapPolicy, str]] = ..., catch_up: _Optional[_Union[CatchUpPolicy, str]] = ..., catch_up_limit: _Optional[int] = ..., paused: bool = ...) -> None: ...
+
+class ScheduleInfo(_message.Message):
+    __slots__ = ["created_at", "last_job_id", "last_tick_at", "next_run_at", "schedule", "updated_at"]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_TICK_AT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_RUN_AT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    created_at: _timestamp_pb2.Timestamp
+    last_job_id: str
+    last_tick_at: _timestamp_pb2.Timestamp
+    next_run_at: _timestamp_pb2.Timestamp
+    schedule: Schedule
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., next_run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_tick_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_job_id: _Optional[str] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class UpdateQueueRequest(_message.Message):
     __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "create", "default_lease", "max_attempts", "paused", "queue", "rate_burst", "rate_limit"]
     BACKOFF_BASE_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +399,26 @@ class UpdateQueueRequest(_message.Message):
     rate_limit: float
     def __init__(self, queue: _Optional[str] = ..., default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., create: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ...) -> None: ...
 
+class UpdateScheduleRequest(_message.Message):
+    __slots__ = ["catch_up", "catch_up_limit", "cron", "job", "name", "overlap", "paused", "time_zone"]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TIME_ZONE_FIELD_NUMBER: _ClassVar[int]
+    catch_up: CatchUpPolicy
+    catch_up_limit: int
+    cron: str
+    job: JobTemplate
+    name: str
+    overlap: OverlapPolicy
+    paused: bool
+    time_zone: str
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., time_zone: _Optional[str] = ..., job: _Optional[_Union[JobTemplate, _Mapping]] = ..., overlap: _Optional[_Union[OverlapPolicy, str]] = ..., catch_up: _Optional[_Union[CatchUpPolicy, str]] = ..., catch_up_limit: _Optional[int] = ..., paused: bool = ...) -> None: ...
+
 class WatchQueuesRequest(_message.Message):
     __slots__ = ["interval", "queues"]
     INTERVAL_FIELD_NUMBER: _ClassVar[int]
@@ -288,4 +438,10 @@ class WatchQueuesResponse(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class OverlapPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class CatchUpPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -15,7 +15,9 @@ use tonic::{Request, Response, Status};
 use tracing::{info, instrument};
 use uuid::Uuid;
 
+use super::schedules::Schedules;
 use crate::broker::Broker;
+use crate::config::RequestLimits;
 use crate::domain::Wake;
 use crate::domain::{self, JobId, MAX_ATTEMPTS, MAX_DELAY, MAX_SUBSCRIBE_QUEUES, QueueName};
 use crate::error::{Error, Result};
@@ -23,6 +25,7 @@ use crate::fanout;
 use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::placement::Clusters;
+use crate::schedule::run::Scheduler;
 use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
 
 /// Page size when the request says 0, and the most a page may hold.
@@ -41,14 +44,30 @@ const WATCH_ALL_LIMIT: i64 = 1000;
 
 pub struct AdminApi {
     broker: Arc<Broker>,
+    /// The schedule RPCs (api/schedules.rs).
+    schedules: Schedules,
     /// Cancelled at the start of a drain: WatchQueues streams end with
     /// UNAVAILABLE so the server can stop.
     draining: CancellationToken,
 }
 
 impl AdminApi {
-    pub fn new(broker: Arc<Broker>, draining: CancellationToken) -> Self {
-        AdminApi { broker, draining }
+    pub fn new(
+        broker: Arc<Broker>,
+        draining: CancellationToken,
+        scheduler: Scheduler,
+        limits: RequestLimits,
+    ) -> Self {
+        let schedules = Schedules {
+            scheduler,
+            clusters: broker.clusters().clone(),
+            limits,
+        };
+        AdminApi {
+            broker,
+            schedules,
+            draining,
+        }
     }
 
     /// Every cluster: calls over all queues or jobs fan out and merge
@@ -153,7 +172,7 @@ fn optional_queue(s: &str, field: &str) -> Result<Option<QueueName>> {
     }
 }
 
-fn page_size(n: u32, field: &str) -> Result<i64> {
+pub(super) fn page_size(n: u32, field: &str) -> Result<i64> {
     match n {
         0 => Ok(i64::from(DEFAULT_PAGE_SIZE)),
         n if n <= MAX_PAGE_SIZE => Ok(i64::from(n)),
@@ -166,7 +185,7 @@ fn page_size(n: u32, field: &str) -> Result<i64> {
 
 /// Page tokens are opaque to clients: a kind letter and the last key seen,
 /// hex-encoded. The kind stops a token of one listing being used in another.
-fn encode_token(kind: char, key: &str) -> String {
+pub(super) fn encode_token(kind: char, key: &str) -> String {
     let mut out = String::with_capacity(2 + key.len() * 2);
     for b in format!("{kind}:{key}").bytes() {
         out.push_str(&format!("{b:02x}"));
@@ -174,7 +193,7 @@ fn encode_token(kind: char, key: &str) -> String {
     out
 }
 
-fn decode_token(token: &str, kind: char) -> Result<Option<String>> {
+pub(super) fn decode_token(token: &str, kind: char) -> Result<Option<String>> {
     if token.is_empty() {
         return Ok(None);
     }
@@ -208,7 +227,7 @@ fn proto_duration(ms: i64) -> Option<prost_types::Duration> {
     Duration::from_millis(ms.max(0) as u64).try_into().ok()
 }
 
-fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
+pub(super) fn ts(t: chrono::DateTime<chrono::Utc>) -> prost_types::Timestamp {
     std::time::SystemTime::from(t).into()
 }
 
@@ -661,6 +680,84 @@ impl AdminService for AdminApi {
     }
 
     type WatchQueuesStream = WatchStream;
+
+    #[instrument(skip_all)]
+    async fn create_schedule(
+        &self,
+        request: Request<pb::CreateScheduleRequest>,
+    ) -> Result<Response<pb::ScheduleInfo>, Status> {
+        Ok(Response::new(
+            self.schedules.create(request.into_inner()).await?,
+        ))
+    }
+
+    #[instrument(skip_all, fields(schedule = %request.get_ref().name))]
+    async fn get_schedule(
+        &self,
+        request: Request<pb::GetScheduleRequest>,
+    ) -> Result<Response<pb::ScheduleInfo>, Status> {
+        Ok(Response::new(
+            self.schedules.get(&request.get_ref().name).await?,
+        ))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_schedules(
+        &self,
+        request: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        Ok(Response::new(
+            self.schedules.list(request.into_inner()).await?,
+        ))
+    }
+
+    #[instrument(skip_all, fields(schedule = %request.get_ref().name))]
+    async fn update_schedule(
+        &self,
+        request: Request<pb::UpdateScheduleRequest>,
+    ) -> Result<Response<pb::ScheduleInfo>, Status> {
+        Ok(Response::new(
+            self.schedules.update(request.into_inner()).await?,
+        ))
+    }
+
+    #[instrument(skip_all, fields(schedule = %request.get_ref().name))]
+    async fn pause_schedule(
+        &self,
+        request: Request<pb::PauseScheduleRequest>,
+    ) -> Result<Response<pb::ScheduleInfo>, Status> {
+        let name = request.into_inner().name;
+        Ok(Response::new(self.schedules.set_paused(name, true).await?))
+    }
+
+    #[instrument(skip_all, fields(schedule = %request.get_ref().name))]
+    async fn resume_schedule(
+        &self,
+        request: Request<pb::ResumeScheduleRequest>,
+    ) -> Result<Response<pb::ScheduleInfo>, Status> {
+        let name = request.into_inner().name;
+        Ok(Response::new(self.schedules.set_paused(name, false).await?))
+    }
+
+    #[instrument(skip_all, fields(schedule = %request.get_ref().name))]
+    async fn delete_schedule(
+        &self,
+        request: Request<pb::DeleteScheduleRequest>,
+    ) -> Result<Response<pb::DeleteScheduleResponse>, Status> {
+        Ok(Response::new(
+            self.schedules.delete(&request.get_ref().name).await?,
+        ))
+    }
+
+    #[instrument(skip_all, fields(schedule = %request.get_ref().name))]
+    async fn run_schedule(
+        &self,
+        request: Request<pb::RunScheduleRequest>,
+    ) -> Result<Response<pb::RunScheduleResponse>, Status> {
+        Ok(Response::new(
+            self.schedules.run(&request.get_ref().name).await?,
+        ))
+    }
 
     #[instrument(skip_all)]
     async fn watch_queues(

@@ -4,3 +4,4 @@
 pub mod admin;
 pub mod consume;
 pub mod queue;
+pub mod schedules;

@@ -526,7 +526,7 @@ impl Store {
     /// The transactional form: creates missing queue rows, and resolves
     /// duplicates (a job whose dedup key matches a live job is not inserted;
     /// that job's id is returned instead).
-    async fn enqueue_in(
+    pub(crate) async fn enqueue_in(
         &self,
         tx: &mut sqlx::PgConnection,
         jobs: &[NewJob],
