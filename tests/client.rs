@@ -2502,3 +2502,100 @@ async fn a_burst_worker_works_what_waits_then_returns() {
     );
     broker.stop().await;
 }
+
+#[tokio::test]
+async fn a_consumer_stream_delivers_and_settles_and_releases_the_rest_on_drop() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let jobs = (0..50).map(|i| Job::new("own-loop", format!("c{i}")));
+    client.enqueue_batch(jobs).await.unwrap();
+    let mut consumer = client
+        .consume(
+            leaseq_client::ConsumeOptions::new(["own-loop"])
+                .credit(64)
+                .lease(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let settle = consumer.settler();
+    let mut seen = HashSet::new();
+    let mut kept = None;
+    while seen.len() < 50 {
+        let job = tokio::time::timeout(S10, consumer.next())
+            .await
+            .expect("50 deliveries")
+            .expect("open")
+            .expect("ok");
+        assert!(seen.insert(job.id.clone()), "delivered twice");
+        if payload(&job) == "c7" {
+            kept = Some(job); // left unsettled
+        } else if payload(&job) == "c8" {
+            let dead = settle
+                .nack(
+                    &job,
+                    "no",
+                    &Nack {
+                        retry_after: None,
+                        dead_letter: true,
+                    },
+                )
+                .await
+                .unwrap();
+            assert!(dead);
+        } else {
+            settle.ack(&job).await.unwrap();
+        }
+    }
+    let kept = kept.expect("c7 came");
+    settle
+        .extend(&kept, Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(db.live_jobs().await, 1);
+    assert_eq!(db.dead_jobs().await, 1);
+    // Dropped: the broker releases c7 at once (no waiting out its lease).
+    drop(consumer);
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.jobs where state = 'available'",
+        S10,
+    )
+    .await;
+    assert_eq!(
+        settle.ack(&kept).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn the_test_helper_runs_a_throwaway_broker_and_stops_what_it_started() {
+    let broker = leaseq_client::testing::TestBroker::start_binary(env!("CARGO_BIN_EXE_leaseq"))
+        .await
+        .expect("a broker");
+    let client = broker.client().await.unwrap();
+    client.enqueue(Job::new("helper", "x")).await.unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    Worker::new(client, ["helper"])
+        .burst(Duration::from_millis(200))
+        .run(
+            move |_job: Delivery| {
+                let d = d.clone();
+                async move {
+                    d.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), anyhow::Error>(())
+                }
+            },
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.load(Ordering::SeqCst), 1);
+    let addr = broker.addr();
+    broker.stop().await;
+    // Gone: nothing listens there any more.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}

@@ -54,11 +54,13 @@
 
 mod admin;
 pub mod connect;
+mod consumer;
 #[cfg(feature = "otel")]
 pub mod otel;
 mod outcome;
 mod session;
 mod stats;
+pub mod testing;
 pub mod trace;
 mod typed;
 mod worker;
@@ -78,6 +80,7 @@ use pb::queue_service_client::QueueServiceClient;
 
 pub use admin::{AdminClient, DeadLetters, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
+pub use consumer::{ConsumeOptions, Consumer, ConsumerSettler};
 pub use outcome::{BoxError, DeadLetter, HandlerError, Retry};
 pub use stats::WorkerStats;
 pub use trace::TraceParent;
