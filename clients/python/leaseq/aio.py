@@ -470,12 +470,38 @@ class AsyncConsumer(_Stream):
                     req.acks.append(msg)
         return req
 
+    def _gather_limit(self) -> int:
+        credit = self._credit or self._outbox_first.subscribe.max_in_flight
+        return max(1, credit // 4) if credit else 64
+
+    async def _gather(self) -> None:
+        """Lets settles that keep coming, one event-loop turn after another
+        (a broker that sends one delivery a message; handlers that finish
+        one a turn), join the next write: waits a turn more while the last
+        turn added some, up to a quarter of the stream's credit (the
+        broker gives credit back as the acks arrive), until two turns
+        in a row add none. A lone settle waits two turns."""
+        limit = self._gather_limit()
+        n = len(self._acks) + len(self._others)
+        quiet = 0
+        while 0 < n < limit and not self._half_closed:
+            await asyncio.sleep(0)
+            m = len(self._acks) + len(self._others)
+            if m == n:
+                quiet += 1
+                if quiet == 2:
+                    return
+            else:
+                quiet = 0
+            n = m
+
     async def _write(self) -> None:
         try:
             await self._call.write(self._outbox_first)
             self._opening_sent = True
             while True:
                 await self._wake.wait()
+                await self._gather()
                 self._wake.clear()
                 req = self._next_request()
                 if req is None:

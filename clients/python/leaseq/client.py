@@ -11,6 +11,7 @@ from typing import (
     Any,
     Awaitable,
     Callable,
+    FrozenSet,
     Iterable,
     Iterator,
     List,
@@ -298,6 +299,11 @@ class Consumer:
     @property
     def error(self) -> Optional[RpcError]:
         return self._stream.error
+
+    @property
+    def features(self) -> FrozenSet[str]:
+        """As :attr:`AsyncConsumer.features`."""
+        return self._stream.features
 
     def close(self, timeout: Optional[float] = 10.0) -> None:
         """Half-closes and waits (up to ``timeout``) for the broker to end the stream."""
