@@ -3,10 +3,12 @@ conversions between them and the generated protobuf messages."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json as _json
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union, overload
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -186,6 +188,22 @@ class Job:
         """The payload decoded as UTF-8."""
         return self.payload.decode()
 
+    @overload
+    def json(self) -> Any: ...
+
+    @overload
+    def json(self, into: Type[T]) -> T: ...
+
+    def json(self, into: Optional[Type[Any]] = None) -> Any:
+        """The payload parsed as JSON; with ``into``, made into that type: a
+        pydantic model (``model_validate``), a dataclass (its fields as
+        keywords) or any callable that takes the parsed value. Raises
+        ``ValueError`` (``json.JSONDecodeError``) for a payload that is not
+        JSON, and what the type raises for one that does not fit it; in a
+        handler, raise :class:`DeadLetter` for those (retrying will not
+        help)."""
+        return from_json(self.payload, into)
+
     @classmethod
     def from_delivery(cls, d: pb.Delivery) -> "Job":
         # The hot path of every worker: the fields read on every job are
@@ -237,6 +255,36 @@ def _lazy_field(job: Job, name: str) -> Any:
     else:
         raise AttributeError(name)
     return fields.setdefault(name, value)
+
+
+T = TypeVar("T")
+
+
+def to_json(value: Any) -> bytes:
+    """A payload in JSON (UTF-8) from a pydantic model, a dataclass, or
+    anything ``json.dumps`` takes: the producer's half of
+    :meth:`Job.json`."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        value = dump(mode="json")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    return _json.dumps(value, separators=(",", ":")).encode()
+
+
+def from_json(payload: Union[bytes, str], into: Optional[Type[Any]] = None) -> Any:
+    """:meth:`Job.json` for a payload."""
+    value = _json.loads(payload)
+    if into is None:
+        return value
+    validate = getattr(into, "model_validate", None)
+    if callable(validate):
+        return validate(value)
+    if dataclasses.is_dataclass(into):
+        if not isinstance(value, dict):
+            raise TypeError(f"a JSON object is needed for {into.__name__}, not {type(value).__name__}")
+        return into(**value)
+    return into(value)
 
 
 @dataclass

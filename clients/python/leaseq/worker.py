@@ -518,6 +518,10 @@ class Worker:
         self._done_lock = threading.Lock()
         self._done: List[_Run] = []
         self._ticker: Optional[asyncio.TimerHandle] = None
+        self._burst_mode = False
+        #: Loop time of the last delivery (or of the stream's opening); None
+        #: before a stream is open.
+        self._last_delivery: Optional[float] = None
         if handler is not None:
             for q in queues or ():
                 self.add_handler(q, handler)
@@ -564,11 +568,15 @@ class Worker:
 
     # --- running
 
-    def run(self, *, handle_signals: bool = True) -> None:
+    def run(self, *, handle_signals: bool = True, burst: bool = False) -> None:
         """Works until :meth:`stop` (or SIGTERM/SIGINT when
         ``handle_signals`` and on the main thread); returns after a graceful
-        stop. Runs its own event loop: call it from plain (non-async) code."""
-        asyncio.run(self.run_async(handle_signals=handle_signals))
+        stop. Runs its own event loop: call it from plain (non-async) code.
+
+        ``burst``: work what is waiting, then stop: once the stream is open,
+        no job has been delivered for :attr:`BURST_IDLE` seconds and no
+        handler runs (jobs scheduled for later are not waited for)."""
+        asyncio.run(self.run_async(handle_signals=handle_signals, burst=burst))
 
     def stop(self) -> None:
         """Asks the worker to finish gracefully. Safe from any thread, from a
@@ -588,7 +596,10 @@ class Worker:
         except RuntimeError:  # the loop has closed: nothing to stop
             pass
 
-    async def run_async(self, *, handle_signals: bool = True) -> None:
+    #: Burst mode's quiet time (seconds): see :meth:`run`.
+    BURST_IDLE = 0.5
+
+    async def run_async(self, *, handle_signals: bool = True, burst: bool = False) -> None:
         """:meth:`run` for code already on an event loop."""
         if not self._handlers:
             raise ValueError("no handlers: register one with @worker.handler(queue)")
@@ -602,7 +613,8 @@ class Worker:
             self._runners = [asyncio.ensure_future(self._runner()) for _ in range(self._max_in_flight)]
         if self._executor is None and not all(e.is_async for e in self._handlers.values()):
             self._threads = _Threads(self._max_in_flight, self._in_thread)
-        self._ticker = loop.call_later(self._lease / 8, self._tick)
+        self._burst_mode, self._last_delivery = burst, None
+        self._ticker = loop.call_later(min(self._lease / 8, self.BURST_IDLE / 4) if burst else self._lease / 8, self._tick)
         client = AsyncClient.from_connection(self._conn)
         batcher = _AckBatcher(client, self._ack_batch_size, self._ack_batch_delay)
         restore = self._install_signals() if handle_signals else (lambda: None)
@@ -736,7 +748,9 @@ class Worker:
 
     async def _serve(self, session: _Session) -> None:
         """Runs one stream until it ends, fails, or stop() is called."""
-        assert self._stopping is not None
+        assert self._stopping is not None and self._loop is not None
+        if self._burst_mode and self._last_delivery is None:
+            self._last_delivery = self._loop.time()
         ended = asyncio.ensure_future(session.stream._wait_reader())
         stopping = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -786,7 +800,9 @@ class Worker:
             return  # left unsettled: released when the stream closes
         self.stats.delivered += len(jobs)
         self._traced = _tracing.recording()
-        extend_at = self._loop.time() + self._lease / 2
+        now = self._loop.time()
+        self._last_delivery = now
+        extend_at = now + self._lease / 2
         handlers, ready = self._handlers, self._ready
         queued = False
         plain: List[_Run] = []
@@ -1148,7 +1164,14 @@ class Worker:
             if run.extend_at <= now and run.stop is None:
                 run.extend_at = now + half
                 run.session.extend(run, self._lease)
-        self._ticker = self._loop.call_later(self._lease / 8, self._tick)
+        tick = self._lease / 8
+        if self._burst_mode:
+            tick = min(tick, self.BURST_IDLE / 4)
+            last = self._last_delivery
+            if last is not None and now - last >= self.BURST_IDLE and self._busy == 0 and not self._ready:
+                log.info("burst: nothing delivered for %ss and no handler running; stopping", self.BURST_IDLE)
+                self.stop()
+        self._ticker = self._loop.call_later(tick, self._tick)
 
     def _extend_failed(self, run: _Run, e: RpcError) -> None:
         if e.lease_lost:
