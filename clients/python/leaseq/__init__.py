@@ -22,6 +22,8 @@ from leaseq._types import (
     Seconds,
     SettleResult,
     duration,
+    from_json,
+    to_json,
 )
 from leaseq.admin import (
     AdminClient,
@@ -77,4 +79,6 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "duration",
+    "from_json",
+    "to_json",
 ]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Dict, Iterator, Mapping, Tuple
 
 try:
     from opentelemetry import trace
@@ -17,9 +17,27 @@ except ImportError:  # the optional extra is not installed
 
 TRACER_NAME = "leaseq"
 
+# The providers that record nothing: the API's default (a proxy until an SDK
+# sets one) and the explicit no-op one.
+_INACTIVE: Tuple[type, ...] = ()
+if trace is not None:
+    _INACTIVE = tuple(
+        c for c in (getattr(trace, "ProxyTracerProvider", None), getattr(trace, "NoOpTracerProvider", None)) if c
+    )
+
 
 def available() -> bool:
     return _PROPAGATOR is not None
+
+
+def recording() -> bool:
+    """Whether a tracer provider that records spans is set (an SDK's). With
+    none, a handler span records nothing: the worker then starts one only
+    for a job that carries a ``traceparent``, whose context the no-op
+    tracer still passes on to the handler's outgoing calls."""
+    if _PROPAGATOR is None:
+        return False
+    return not isinstance(trace.get_tracer_provider(), _INACTIVE)
 
 
 def inject() -> Dict[str, str]:

@@ -3,10 +3,12 @@ conversions between them and the generated protobuf messages."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json as _json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union, overload
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -38,11 +40,12 @@ def _timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
     return ts
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
 def _datetime(ts: timestamp_pb2.Timestamp) -> dt.datetime:
     # Timestamp.ToDatetime(tzinfo=) is newer than the protobuf floor.
-    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(
-        seconds=ts.seconds, microseconds=ts.nanos // 1000
-    )
+    return _EPOCH + dt.timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
 
 
 def _opt_datetime(msg: Any, name: str) -> Optional[dt.datetime]:
@@ -185,20 +188,103 @@ class Job:
         """The payload decoded as UTF-8."""
         return self.payload.decode()
 
+    @overload
+    def json(self) -> Any: ...
+
+    @overload
+    def json(self, into: Type[T]) -> T: ...
+
+    def json(self, into: Optional[Type[Any]] = None) -> Any:
+        """The payload parsed as JSON; with ``into``, made into that type: a
+        pydantic model (``model_validate``), a dataclass (its fields as
+        keywords) or any callable that takes the parsed value. Raises
+        ``ValueError`` (``json.JSONDecodeError``) for a payload that is not
+        JSON, and what the type raises for one that does not fit it; in a
+        handler, raise :class:`DeadLetter` for those (retrying will not
+        help)."""
+        return from_json(self.payload, into)
+
     @classmethod
     def from_delivery(cls, d: pb.Delivery) -> "Job":
-        return cls(
-            id=d.job.id,
-            queue=d.job.queue,
-            payload=d.job.payload,
-            headers=dict(d.job.headers),
-            priority=d.job.priority,
-            attempt=d.job.attempt,
-            enqueued_at=_datetime(d.job.enqueued_at),
-            last_error=d.job.last_error,
+        # The hot path of every worker: the fields read on every job are
+        # filled in at once; `headers`, the two datetimes and `cancelled`
+        # (a threading.Event, so a Condition and a lock) when first read
+        # (_lazy_field). Same values, same dataclass: only when they are made.
+        j = d.job
+        self = object.__new__(cls)
+        self.__dict__.update(
+            id=j.id,
+            queue=j.queue,
+            payload=j.payload,
+            priority=j.priority,
+            attempt=j.attempt,
+            last_error=j.last_error,
             lease_token=d.lease_token,
-            lease_expires_at=_datetime(d.lease_expires_at),
+            _delivery=d,
         )
+        return self
+
+    if not TYPE_CHECKING:  # (a __getattr__ would hide typos from mypy)
+
+        def __getattr__(self, name: str) -> Any:
+            return _lazy_field(self, name)
+
+
+def _has_header(job: Job, name: str) -> bool:
+    """``name in job.headers``, without making the headers' dict."""
+    d = job.__dict__.get("_delivery")
+    return name in (d.job.headers if d is not None else job.headers)
+
+
+def _lazy_field(job: Job, name: str) -> Any:
+    """A field of a Job made by ``from_delivery``, made on first read. Safe
+    from any thread: ``dict.setdefault`` keeps the first value made, so
+    every reader sees one ``cancelled`` Event."""
+    fields = job.__dict__
+    if name == "cancelled":
+        return fields.setdefault(name, threading.Event())
+    d = fields.get("_delivery")
+    if d is None:
+        raise AttributeError(name)
+    if name == "headers":
+        value: Any = dict(d.job.headers)
+    elif name == "enqueued_at":
+        value = _datetime(d.job.enqueued_at)
+    elif name == "lease_expires_at":
+        value = _datetime(d.lease_expires_at)
+    else:
+        raise AttributeError(name)
+    return fields.setdefault(name, value)
+
+
+T = TypeVar("T")
+
+
+def to_json(value: Any) -> bytes:
+    """A payload in JSON (UTF-8) from a pydantic model, a dataclass, or
+    anything ``json.dumps`` takes: the producer's half of
+    :meth:`Job.json`."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        value = dump(mode="json")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    return _json.dumps(value, separators=(",", ":")).encode()
+
+
+def from_json(payload: Union[bytes, str], into: Optional[Type[Any]] = None) -> Any:
+    """:meth:`Job.json` for a payload."""
+    value = _json.loads(payload)
+    if into is None:
+        return value
+    validate = getattr(into, "model_validate", None)
+    if callable(validate):
+        return validate(value)
+    if dataclasses.is_dataclass(into):
+        if not isinstance(value, dict):
+            raise TypeError(f"a JSON object is needed for {into.__name__}, not {type(value).__name__}")
+        return into(**value)
+    return into(value)
 
 
 @dataclass
@@ -284,14 +370,23 @@ _CODES = {s.name: s.value[0] for s in grpc.StatusCode}
 # --- request builders shared by the sync and async clients
 
 
+#: What the clients can read (``SubscribeRequest.accept``): several
+#: deliveries in one message. A broker that predates it ignores the field
+#: and sends one delivery a message; both are read alike.
+ACCEPT = ("deliveries",)
+
+
 def subscribe_request(
     queues: Union[str, Sequence[str]],
     consumer: str,
     max_in_flight: int,
     lease: Optional[Seconds],
+    batched: bool = True,
 ) -> pb.SubscribeRequest:
     qs = [queues] if isinstance(queues, str) else list(queues)
-    req = pb.SubscribeRequest(queues=qs, consumer=consumer, max_in_flight=max_in_flight)
+    req = pb.SubscribeRequest(
+        queues=qs, consumer=consumer, max_in_flight=max_in_flight, accept=ACCEPT if batched else ()
+    )
     if lease is not None:
         req.lease.CopyFrom(duration(lease))
     return req

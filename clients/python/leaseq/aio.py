@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections import deque
 from typing import (
     Any,
     AsyncIterator,
-    Deque,
+    Callable,
     Dict,
+    FrozenSet,
     Iterable,
     List,
     Mapping,
@@ -172,12 +172,15 @@ class AsyncClient:
         max_in_flight: int = 0,
         lease: Optional[Seconds] = None,
         idle_timeout: Optional[float] = None,
+        batched: bool = True,
     ) -> "AsyncSubscription":
         """A Subscribe stream: ``async for job in sub`` yields deliveries;
         settle them with :meth:`ack`/:meth:`nack`. Closing it (``close()``, or
         leaving ``async with``) releases its unsettled jobs. Most programs
-        want :class:`leaseq.Worker`."""
-        req = subscribe_request(queues, consumer, max_in_flight, lease)
+        want :class:`leaseq.Worker`. ``batched``: let the broker send
+        several deliveries in one message (``accept: ["deliveries"]``; a
+        broker that predates it sends one a message either way)."""
+        req = subscribe_request(queues, consumer, max_in_flight, lease, batched)
         return AsyncSubscription(self._stub.Subscribe(req, metadata=self._conn.metadata), idle_timeout)
 
     def consume(
@@ -188,65 +191,104 @@ class AsyncClient:
         max_in_flight: int = 0,
         lease: Optional[Seconds] = None,
         idle_timeout: Optional[float] = None,
+        batched: bool = True,
     ) -> "AsyncConsumer":
         """A Consume stream: deliveries as :meth:`subscribe`, and settles sent
-        on the same stream (``await stream.ack(job)``). A broker without
-        Consume fails it with UNIMPLEMENTED (see :meth:`AsyncConsumer.opened`)."""
+        on the same stream (``await stream.ack(job)``); settles made in one
+        event-loop turn go in one message. A broker without Consume fails it
+        with UNIMPLEMENTED (see :meth:`AsyncConsumer.opened`)."""
         req = pb.ConsumeRequest(
-            subscribe=subscribe_request(queues, consumer, max_in_flight, lease), confirm_settles=True
+            subscribe=subscribe_request(queues, consumer, max_in_flight, lease, batched), confirm_settles=True
         )
         return AsyncConsumer(lambda: self._stub.Consume(metadata=self._conn.metadata), req, idle_timeout)
 
 
+#: Called with a settle's result from the broker, or with the error that
+#: ended the stream before it answered (then the settle may or may not have
+#: been applied).
+SettleCallback = Callable[[Optional[pb.SettleResult], Optional[RpcError]], None]
+
+
 class _Stream:
-    """A background reader of a server stream: deliveries into a queue, the
-    rest to ``_on_message``; the end (or failure) recorded for iterators."""
+    """A background reader of a server stream: deliveries into a queue (or
+    to a Worker's sink), the rest to ``_on_settled``; the end (or failure)
+    recorded for iterators. One ``read()`` a message and nothing more per
+    message: the idle watch is one timer that checks a timestamp."""
 
     def __init__(self, call: Any, idle_timeout: Optional[float]) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
         self._call = call
         self._idle_timeout = idle_timeout
         self._jobs: "asyncio.Queue[Optional[Job]]" = asyncio.Queue()
-        self._opened: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        # A Worker sets this before its first await: then every message's
+        # deliveries go to it as one list instead of into the queue.
+        self._sink: Optional[Callable[[List[Job]], None]] = None
+        self._opened: "asyncio.Future[None]" = loop.create_future()
         self._error: Optional[RpcError] = None
         self._closing = False
+        self._features: FrozenSet[str] = frozenset()
+        self._last_message = loop.time()
+        self._watchdog: Optional[asyncio.TimerHandle] = None
         self._reader = asyncio.ensure_future(self._read())
+        if idle_timeout is not None:
+            self._watchdog = loop.call_later(idle_timeout, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._watchdog = None
+        if self._reader.done():
+            return
+        assert self._idle_timeout is not None
+        idle = self._loop.time() - self._last_message
+        if idle < self._idle_timeout:
+            self._watchdog = self._loop.call_later(self._idle_timeout - idle, self._check_idle)
+            return
+        # Heartbeats stopped: a hung broker or a silently dropped connection.
+        if self._error is None:
+            self._error = RpcError(grpc.StatusCode.UNAVAILABLE, f"no message on the stream for {self._idle_timeout}s")
+        self._call.cancel()
+        self._reader.cancel()
 
     async def _read(self) -> None:
+        loop = self._loop
         try:
             while True:
                 try:
-                    msg = await asyncio.wait_for(self._call.read(), self._idle_timeout)
+                    msg = await self._call.read()
                 except grpc.RpcError as e:
                     if not self._opened.done() and self._reopen(e):
                         continue
                     raise
-                except asyncio.TimeoutError:
-                    # Heartbeats stopped: a hung broker or a silently dropped
-                    # connection. wait_for cancelled the read (and the call).
-                    self._call.cancel()
-                    raise RpcError(
-                        grpc.StatusCode.UNAVAILABLE, f"no message on the stream for {self._idle_timeout}s"
-                    ) from None
                 if msg is grpc.aio.EOF:
                     break
+                self._last_message = loop.time()
+                kind = msg.WhichOneof("kind")
+                if kind == "deliveries":
+                    if not self._closing:
+                        self._deliver([Job.from_delivery(d) for d in msg.deliveries.deliveries])
+                elif kind == "delivery":
+                    if not self._closing:
+                        self._deliver([Job.from_delivery(msg.delivery)])
+                elif kind == "settled":
+                    self._on_settled(msg.settled)
+                elif kind == "heartbeat" and not self._opened.done():
+                    self._features = frozenset(msg.heartbeat.features)
                 if not self._opened.done():
                     # The broker's first message is a heartbeat sent once
                     # the subscription is registered: the stream is up.
                     self._opened.set_result(None)
-                kind = msg.WhichOneof("kind")
-                if kind == "delivery":
-                    if not self._closing:
-                        self._jobs.put_nowait(Job.from_delivery(msg.delivery))
-                elif kind == "settled":
-                    self._on_settled(msg.settled)
         except grpc.RpcError as e:
-            self._error = _from_grpc(e)
+            if self._error is None:
+                self._error = _from_grpc(e)
         except asyncio.CancelledError:
             if self._error is None:
                 self._error = RpcError(grpc.StatusCode.CANCELLED, "stream closed by the client")
         except RpcError as e:
             self._error = e
         finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
             if not self._opened.done():
                 if self._error is not None:
                     self._opened.set_exception(self._error)
@@ -255,6 +297,13 @@ class _Stream:
                     self._opened.set_result(None)
             self._ended()
             self._jobs.put_nowait(None)
+
+    def _deliver(self, jobs: List[Job]) -> None:
+        if self._sink is not None:
+            self._sink(jobs)
+            return
+        for job in jobs:
+            self._jobs.put_nowait(job)
 
     def _on_settled(self, settled: Any) -> None:  # overridden by AsyncConsumer
         pass
@@ -272,6 +321,13 @@ class _Stream:
         """Why the stream ended: None while it runs and after a clean end
         (OK from the broker)."""
         return self._error
+
+    @property
+    def features(self) -> FrozenSet[str]:
+        """What the broker said it understands, in the stream's first
+        message (``Heartbeat.features``, e.g. ``"deliveries"``); empty
+        before that message and from a broker that predates the field."""
+        return self._features
 
     @property
     def done(self) -> bool:
@@ -354,17 +410,25 @@ class AsyncConsumer(_Stream):
     _CORE_WRITE_FAILED = "Internal error from Core"
 
     def __init__(self, open_call: Any, first: pb.ConsumeRequest, idle_timeout: Optional[float]) -> None:
-        # Settles waiting for their SettleResult, oldest first per (op, id).
-        # Each with its lease token: the broker answers two settles of one job
-        # in no set order, and echoes the token to tell them apart.
-        self._pending: Dict[Tuple[int, str], Deque[Tuple[str, "asyncio.Future[SettleResult]"]]] = {}
-        self._outbox: List[Tuple[int, Any]] = []
+        # Settles waiting for their SettleResult, by (op, job id, lease
+        # token): the broker answers two settles of one job in no set order
+        # and echoes the token to tell them apart. A callback each, no
+        # future: the Worker's settles cost a list entry.
+        self._pending: Dict[Tuple[int, str, str], List[SettleCallback]] = {}
+        # What the next write carries: acks as (job id, token), the rest as
+        # (op, request message). Everything settled in one event-loop turn
+        # (and while the previous write was in flight) goes in one request.
+        self._acks: List[Tuple[str, str]] = []
+        self._others: List[Tuple[int, Any]] = []
         self._wake = asyncio.Event()
         self._half_closed = False
         self._credit: Optional[int] = None
         self._open_call = open_call
         self._opens = 1
         self._opening_sent = False
+        #: Requests written after the opening one (each carries every settle
+        #: that was waiting): the Worker's and the tests' count.
+        self.writes = 0
         super().__init__(open_call(), idle_timeout)
         self._outbox_first = first
         self._writer = asyncio.ensure_future(self._write())
@@ -385,30 +449,69 @@ class AsyncConsumer(_Stream):
         self._writer = asyncio.ensure_future(self._write())
         return True
 
+    def _next_request(self) -> Optional[pb.ConsumeRequest]:
+        if not self._acks and not self._others and self._credit is None:
+            return None
+        req = pb.ConsumeRequest(max_in_flight=self._credit or 0)
+        self._credit = None
+        if self._acks:
+            acks, self._acks = self._acks, []
+            add = req.acks.add
+            for job_id, token in acks:
+                add(job_id=job_id, lease_token=token)
+        if self._others:
+            others, self._others = self._others, []
+            for op, msg in others:
+                if op == pb.SETTLE_OP_NACK:
+                    req.nacks.append(msg)
+                elif op == pb.SETTLE_OP_EXTEND:
+                    req.extends.append(msg)
+                else:
+                    req.acks.append(msg)
+        return req
+
+    def _gather_limit(self) -> int:
+        credit = self._credit or self._outbox_first.subscribe.max_in_flight
+        return max(1, credit // 4) if credit else 64
+
+    async def _gather(self) -> None:
+        """Lets settles that keep coming, one event-loop turn after another
+        (a broker that sends one delivery a message; handlers that finish
+        one a turn), join the next write: waits a turn more while the last
+        turn added some, up to a quarter of the stream's credit (the
+        broker gives credit back as the acks arrive), until two turns
+        in a row add none. A lone settle waits two turns."""
+        limit = self._gather_limit()
+        n = len(self._acks) + len(self._others)
+        quiet = 0
+        while 0 < n < limit and not self._half_closed:
+            await asyncio.sleep(0)
+            m = len(self._acks) + len(self._others)
+            if m == n:
+                quiet += 1
+                if quiet == 2:
+                    return
+            else:
+                quiet = 0
+            n = m
+
     async def _write(self) -> None:
         try:
             await self._call.write(self._outbox_first)
             self._opening_sent = True
             while True:
                 await self._wake.wait()
+                await self._gather()
                 self._wake.clear()
-                if not self._outbox and self._credit is None:
+                req = self._next_request()
+                if req is None:
                     if self._half_closed:
                         await self._call.done_writing()
                         return
                     continue
-                batch, self._outbox = self._outbox, []
-                req = pb.ConsumeRequest(max_in_flight=self._credit or 0)
-                self._credit = None
-                for op, msg in batch:
-                    if op == pb.SETTLE_OP_ACK:
-                        req.acks.append(msg)
-                    elif op == pb.SETTLE_OP_NACK:
-                        req.nacks.append(msg)
-                    else:
-                        req.extends.append(msg)
+                self.writes += 1
                 await self._call.write(req)
-                if self._half_closed and not self._outbox:
+                if self._half_closed and not self._acks and not self._others:
                     await self._call.done_writing()
                     return
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
@@ -418,49 +521,76 @@ class AsyncConsumer(_Stream):
             pass
 
     def _on_settled(self, settled: Any) -> None:
+        pending = self._pending
         for r in settled.results:
-            waiters = self._pending.get((r.op, r.job_id))
-            if not waiters:
-                continue
-            # The waiter with the echoed token; a broker from before the echo
-            # sends none: the oldest.
-            at = next((i for i, w in enumerate(waiters) if w[0] == r.lease_token), None) if r.lease_token else 0
-            if at is None:
-                continue
-            _, fut = waiters[at]
-            del waiters[at]
-            if not waiters:
-                del self._pending[(r.op, r.job_id)]
-            if not fut.done():
-                fut.set_result(SettleResult.from_pb(r))
+            key = (r.op, r.job_id, r.lease_token)
+            callbacks = pending.get(key)
+            if callbacks is None:
+                if r.lease_token:
+                    continue
+                # A broker from before the echo sends no token: the oldest
+                # settle of that op and job.
+                found = next((k for k in pending if k[0] == r.op and k[1] == r.job_id), None)
+                if found is None:
+                    continue
+                key, callbacks = found, pending[found]
+            callback = callbacks.pop(0)
+            if not callbacks:
+                del pending[key]
+            callback(r, None)
 
     def _ended(self) -> None:
         self._writer_cancel()
         why = self._error or RpcError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
-        for waiters in self._pending.values():
-            for _, fut in waiters:
-                if not fut.done():
-                    fut.set_exception(
-                        RpcError(
-                            grpc.StatusCode.UNAVAILABLE,
-                            f"the stream ended before the broker answered ({why.code_name}); "
-                            "the settle may or may not have been applied",
-                        )
-                    )
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        self._acks, self._others = [], []
+        for callbacks in pending.values():
+            for callback in callbacks:
+                callback(
+                    None,
+                    RpcError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"the stream ended before the broker answered ({why.code_name}); "
+                        "the settle may or may not have been applied",
+                    ),
+                )
 
     def _writer_cancel(self) -> None:
         writer = getattr(self, "_writer", None)
         if writer is not None and not writer.done() and not self._half_closed:
             writer.cancel()
 
-    async def _send(self, op: int, msg: Any) -> SettleResult:
-        if self.done or self._half_closed:
+    def _submit(self, op: int, job_id: str, lease_token: str, msg: Any, callback: SettleCallback) -> None:
+        """Queues one settle for the next write; ``callback`` gets its
+        result. ``msg`` is its request message (unused for an ack). Raises
+        UNAVAILABLE when the stream has ended or is half-closed."""
+        if self._half_closed or self._reader.done():
             raise RpcError(grpc.StatusCode.UNAVAILABLE, "the stream is closed")
-        fut: "asyncio.Future[SettleResult]" = asyncio.get_running_loop().create_future()
-        self._pending.setdefault((op, msg.job_id), deque()).append((msg.lease_token, fut))
-        self._outbox.append((op, msg))
+        key = (op, job_id, lease_token)
+        callbacks = self._pending.get(key)
+        if callbacks is None:
+            self._pending[key] = [callback]
+        else:
+            callbacks.append(callback)
+        if op == pb.SETTLE_OP_ACK:
+            self._acks.append((job_id, lease_token))
+        else:
+            self._others.append((op, msg))
         self._wake.set()
+
+    async def _send(self, op: int, msg: Any) -> SettleResult:
+        fut: "asyncio.Future[SettleResult]" = self._loop.create_future()
+
+        def answered(r: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
+            if fut.done():
+                return
+            if r is None:
+                assert error is not None
+                fut.set_exception(error)
+            else:
+                fut.set_result(SettleResult.from_pb(r))
+
+        self._submit(op, msg.job_id, msg.lease_token, msg, answered)
         return await fut
 
     async def settle(self, op: str, msg: Any) -> SettleResult:

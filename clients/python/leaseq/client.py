@@ -11,6 +11,7 @@ from typing import (
     Any,
     Awaitable,
     Callable,
+    FrozenSet,
     Iterable,
     Iterator,
     List,
@@ -172,12 +173,13 @@ class Client:
         consumer: str = "",
         max_in_flight: int = 0,
         lease: Optional[Seconds] = None,
+        batched: bool = True,
     ) -> "Subscription":
         """A Subscribe stream: ``for job in sub`` yields deliveries; settle
         them with :meth:`ack`/:meth:`nack`. Closing it (``close()``, or
         leaving ``with``) releases its unsettled jobs. Most programs want
-        :class:`leaseq.Worker`."""
-        req = subscribe_request(queues, consumer, max_in_flight, lease)
+        :class:`leaseq.Worker`. ``batched``: as :meth:`AsyncClient.subscribe`."""
+        req = subscribe_request(queues, consumer, max_in_flight, lease, batched)
         return Subscription(self._stub.Subscribe(req, metadata=self._conn.metadata))
 
     def consume(
@@ -188,6 +190,7 @@ class Client:
         max_in_flight: int = 0,
         lease: Optional[Seconds] = None,
         idle_timeout: Optional[float] = None,
+        batched: bool = True,
     ) -> "Consumer":
         """A Consume stream: deliveries as :meth:`subscribe`, and settles sent
         on the same stream (``stream.ack(job)``). It runs on a background
@@ -196,7 +199,12 @@ class Client:
 
         async def open_stream() -> AsyncConsumer:
             return aio.consume(
-                queues, consumer=consumer, max_in_flight=max_in_flight, lease=lease, idle_timeout=idle_timeout
+                queues,
+                consumer=consumer,
+                max_in_flight=max_in_flight,
+                lease=lease,
+                idle_timeout=idle_timeout,
+                batched=batched,
             )
 
         return Consumer(loop, loop.run(open_stream()))
@@ -226,7 +234,11 @@ class Subscription:
     def __iter__(self) -> Iterator[Job]:
         try:
             for msg in self._call:
-                if msg.WhichOneof("kind") == "delivery":
+                kind = msg.WhichOneof("kind")
+                if kind == "deliveries":
+                    for d in msg.deliveries.deliveries:
+                        yield Job.from_delivery(d)
+                elif kind == "delivery":
                     yield Job.from_delivery(msg.delivery)
         except grpc.RpcError as e:
             if self._closed and e.code() == grpc.StatusCode.CANCELLED:
@@ -287,6 +299,11 @@ class Consumer:
     @property
     def error(self) -> Optional[RpcError]:
         return self._stream.error
+
+    @property
+    def features(self) -> FrozenSet[str]:
+        """As :attr:`AsyncConsumer.features`."""
+        return self._stream.features
 
     def close(self, timeout: Optional[float] = 10.0) -> None:
         """Half-closes and waits (up to ``timeout``) for the broker to end the stream."""

@@ -3,9 +3,16 @@ leases kept while handlers run, outcomes from exceptions, settles on the
 Consume stream (or Subscribe + batched AckBatch on a broker without it),
 reconnect with backoff, graceful stop on SIGTERM.
 
-Everything runs on one asyncio event loop: one reader per stream and, per
-delivery, a job task (wait for a slot, run the handler, settle) with a
-lease-keeper task beside it. Plain (non-async) handlers run in a thread pool.
+Everything runs on one asyncio event loop. The per-job path is lean (issue
+36): the stream's reader hands each message's deliveries to the worker as
+one list; ``max_in_flight`` runner tasks, made once, take them from a deque
+and await ``async def`` handlers directly (no task, future or timer per
+job; a runner is woken only when the others are busy); settles go into the
+stream's next write (one write carries every settle of an event-loop turn)
+and their results come back to a callback, no future. One timer keeps the
+leases of all running jobs. Plain (non-async) handlers run on the worker's
+threads: a job a queue item, and the finished ones handed back to the loop
+in batches (one wake-up of the loop for all that finished meanwhile).
 """
 
 from __future__ import annotations
@@ -14,20 +21,25 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import queue
 import random
 import signal
+import sys
 import threading
-from concurrent.futures import Executor, ThreadPoolExecutor
+import time
+from collections import deque
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Deque, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import grpc
 
 from leaseq import _tracing
 from leaseq._connection import TLS, Connection
-from leaseq._types import DeadLetter, Job, Retry, RpcError, Seconds, seconds
-from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription
+from leaseq._types import DeadLetter, Job, Retry, RpcError, Seconds, _has_header, _status_of, extend_request, nack_request, seconds
+from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription, _Stream
 from leaseq.client import Client
+from leaseq.v1 import queue_pb2 as pb
 
 log = logging.getLogger("leaseq.worker")
 
@@ -55,6 +67,11 @@ FATAL_CODES = frozenset(
 # Settling is retried this many times on UNAVAILABLE; after that the lease
 # runs out and the job is redelivered (at-least-once).
 _SETTLE_TRIES = 5
+
+# How long a chunk of a plain handler's jobs handed to one thread should
+# take, by the handler's average: below it, waking another thread costs
+# more than running the jobs one after the other.
+_CHUNK_TIME = 2e-4
 
 
 class Backoff:
@@ -95,6 +112,9 @@ class WorkerStats:
     settled_unary: int = 0
     #: Streams opened after the first.
     reconnects: int = 0
+    #: Messages written on Consume streams after their opening one: each
+    #: carries every settle made while the one before was being written.
+    stream_writes: int = 0
 
 
 @dataclass
@@ -102,6 +122,9 @@ class _Entry:
     fn: Handler
     is_async: bool
     timeout: Optional[float]
+    #: A plain handler's average run time (seconds, moving average): how
+    #: many of its jobs one thread is handed at a time.
+    avg: float = 1e-3
 
 
 @dataclass
@@ -114,6 +137,11 @@ class _Outcome:
     @property
     def dead_letter(self) -> bool:
         return self.kind == "dead_letter"
+
+
+_ACK = _Outcome("ack")
+_OK = 0
+_FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
 
 class _AckBatcher:
@@ -168,26 +196,68 @@ class _AckBatcher:
             await asyncio.wait(set(self._flushes))
 
 
+class _Run:
+    """One delivery inside the worker: the job, the session it came on, and
+    what the worker knows of it. Also the callback of its settle's result
+    (``run(result, error)``), so a settle costs no closure or future."""
+
+    __slots__ = ("worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner")
+
+    def __init__(self, worker: "Worker", job: Job, session: "_Session", entry: Optional[_Entry], extend_at: float):
+        self.worker = worker
+        self.job = job
+        self.session = session
+        self.entry = entry
+        #: When the lease keeper extends the lease next (loop time).
+        self.extend_at = extend_at
+        #: The handler's timeout, when it has one.
+        self.timer: Optional[asyncio.TimerHandle] = None
+        #: Why the worker gave up on the handler: "timeout" (nacked) or
+        #: "abandon" (stop grace, second signal: not settled; released with
+        #: the stream). None while it is the handler that decides.
+        self.stop: Optional[str] = None
+        self.outcome: _Outcome = _ACK
+        #: The runner task awaiting an async handler (to cancel it).
+        self.runner: "Optional[asyncio.Task[None]]" = None
+
+    def __call__(self, result: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
+        self.worker._answered(self, result, error)
+
+
 class _Session:
     """One stream and how settles of its jobs are sent."""
 
     transport = ""
 
-    def __init__(self, worker: "Worker", unary: AsyncClient) -> None:
+    def __init__(self, worker: "Worker", unary: AsyncClient, stream: _Stream) -> None:
         self._w, self._unary = worker, unary
-
-    async def next_job(self) -> Optional[Job]:
-        raise NotImplementedError
+        self.stream = stream
+        #: Set when the stream ended (its unstarted deliveries were released).
+        self.ended = False
 
     @property
     def alive(self) -> bool:
-        raise NotImplementedError
+        return not self.stream.done
 
     async def close(self) -> None:
         raise NotImplementedError
 
     def cancel(self) -> None:
-        raise NotImplementedError
+        self.stream.cancel()
+
+    # Settles without waiting: the fast path where there is one, else a task
+    # that awaits the slow one below.
+    def settle(self, run: _Run, outcome: _Outcome) -> None:
+        self._w._settle_later(self, run, outcome, _SETTLE_TRIES, 0.0)
+
+    def extend(self, run: _Run, lease: float) -> None:
+        self._w._spawn(self._extend_unary(run, lease))
+
+    async def _extend_unary(self, run: _Run, lease: float) -> None:
+        try:
+            await self.extend_async(run.job, lease)
+        except RpcError as e:
+            self._w._extend_failed(run, e)
 
     async def ack(self, job: Job) -> None:
         self._w.stats.settled_unary += 1
@@ -199,7 +269,7 @@ class _Session:
             job.id, job.lease_token, o.error, retry_after=o.retry_after, dead_letter=o.dead_letter
         )
 
-    async def extend(self, job: Job, lease: float) -> None:
+    async def extend_async(self, job: Job, lease: float) -> None:
         await self._unary.extend_lease(job.id, job.lease_token, lease)
 
 
@@ -207,40 +277,69 @@ class _ConsumeSession(_Session):
     transport = "consume"
 
     def __init__(self, worker: "Worker", unary: AsyncClient, stream: AsyncConsumer) -> None:
-        super().__init__(worker, unary)
-        self._stream = stream
-
-    async def next_job(self) -> Optional[Job]:
-        return await self._stream.next_job()
-
-    @property
-    def alive(self) -> bool:
-        return not self._stream.done
+        super().__init__(worker, unary, stream)
+        self._consumer = stream
 
     async def close(self) -> None:
-        await self._stream.close(timeout=10.0)
+        await self._consumer.close(timeout=10.0)
 
-    def cancel(self) -> None:
-        self._stream.cancel()
+    def settle(self, run: _Run, outcome: _Outcome) -> None:
+        stream = self._consumer
+        if not stream.done:
+            job = run.job
+            try:
+                if outcome.kind == "ack":
+                    stream._submit(pb.SETTLE_OP_ACK, job.id, job.lease_token, None, run)
+                else:
+                    msg = nack_request(job.id, job.lease_token, outcome.error, outcome.retry_after, outcome.dead_letter)
+                    stream._submit(pb.SETTLE_OP_NACK, job.id, job.lease_token, msg, run)
+            except RpcError:
+                pass  # half-closed or ended just now: the slow path
+            else:
+                self._w.stats.settled_on_stream += 1
+                return
+        super().settle(run, outcome)
 
-    # A job whose stream has ended was released by the broker; its settle
-    # goes by a unary call and fails quietly with FAILED_PRECONDITION.
+    def extend(self, run: _Run, lease: float) -> None:
+        stream = self._consumer
+        if stream.done:
+            return super().extend(run, lease)
+        job, w = run.job, self._w
+
+        def answered(r: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
+            if r is not None:
+                if r.code == _OK:
+                    return
+                error = RpcError(_status_of(r.code), r.message)
+            assert error is not None
+            w._extend_failed(run, error)
+
+        try:
+            stream._submit(
+                pb.SETTLE_OP_EXTEND, job.id, job.lease_token, extend_request(job.id, job.lease_token, lease), answered
+            )
+        except RpcError:
+            super().extend(run, lease)
+
+    # The slow path's settles (retries): on the stream while it runs. A job
+    # whose stream has ended was released by the broker; its settle goes by
+    # a unary call and fails quietly with FAILED_PRECONDITION.
     async def ack(self, job: Job) -> None:
         if not self.alive:
             return await super().ack(job)
         self._w.stats.settled_on_stream += 1
-        await self._stream.ack(job)
+        await self._consumer.ack(job)
 
     async def nack(self, job: Job, o: _Outcome) -> bool:
         if not self.alive:
             return await super().nack(job, o)
         self._w.stats.settled_on_stream += 1
-        return await self._stream.nack(job, o.error, retry_after=o.retry_after, dead_letter=o.dead_letter)
+        return await self._consumer.nack(job, o.error, retry_after=o.retry_after, dead_letter=o.dead_letter)
 
-    async def extend(self, job: Job, lease: float) -> None:
+    async def extend_async(self, job: Job, lease: float) -> None:
         if not self.alive:
-            return await super().extend(job, lease)
-        await self._stream.extend(job, lease)
+            return await super().extend_async(job, lease)
+        await self._consumer.extend(job, lease)
 
 
 class _SubscribeSession(_Session):
@@ -249,34 +348,51 @@ class _SubscribeSession(_Session):
     def __init__(
         self, worker: "Worker", unary: AsyncClient, stream: AsyncSubscription, batcher: _AckBatcher
     ) -> None:
-        super().__init__(worker, unary)
-        self._stream, self._batcher = stream, batcher
-
-    async def next_job(self) -> Optional[Job]:
-        return await self._stream.next_job()
-
-    @property
-    def alive(self) -> bool:
-        return not self._stream.done
+        super().__init__(worker, unary, stream)
+        self._subscription, self._batcher = stream, batcher
 
     async def close(self) -> None:
         # Acks first: closing a Subscribe stream releases what is unsettled.
+        await self._w._settles_done()
         await self._batcher.drain()
-        await self._stream.close()
-
-    def cancel(self) -> None:
-        self._stream.cancel()
+        await self._subscription.close()
 
     async def ack(self, job: Job) -> None:
         self._w.stats.settled_batched += 1
         await self._batcher.ack(job)
 
 
-class _JobState:
-    __slots__ = ("slot_held",)
+class _Threads:
+    """The worker's own threads for plain handlers: up to ``size``, started
+    as jobs come, each taking a chunk of jobs at a time from one queue (a
+    ``SimpleQueue``: one C call to hand a chunk over)."""
 
-    def __init__(self) -> None:
-        self.slot_held = False
+    def __init__(self, size: int, work: Callable[[List[_Run]], None]) -> None:
+        self._size, self._work = size, work
+        self._queue: "queue.SimpleQueue[Optional[List[_Run]]]" = queue.SimpleQueue()
+        self._threads: List[threading.Thread] = []
+
+    def submit(self, runs: List[_Run]) -> None:
+        self._queue.put(runs)
+        # Another thread when none was free to take it (its job still waits).
+        if len(self._threads) < self._size and self._queue.qsize() > 0:
+            t = threading.Thread(target=self._main, name=f"leaseq-handler-{len(self._threads)}")
+            self._threads.append(t)
+            t.start()
+
+    def _main(self) -> None:
+        get, work = self._queue.get, self._work
+        while True:
+            runs = get()
+            if runs is None:
+                return
+            work(runs)
+
+    def shutdown(self) -> None:
+        """Each thread ends once its current handler returns."""
+        for _ in self._threads:
+            self._queue.put(None)
+        self._threads = []
 
 
 class Worker:
@@ -299,19 +415,28 @@ class Worker:
       and the queue's backoff decides the retry.
     - **Concurrency**: at most ``max_in_flight`` handlers run at once; it is
       also the stream's credit, so the broker never pushes more than that.
+      ``async def`` handlers run on ``max_in_flight`` runner tasks made when
+      the worker starts (a handler is awaited by its runner, so handlers of
+      one runner share its ``contextvars`` context); plain ones on up to
+      ``max_in_flight`` threads of the worker's (or on ``executor``).
     - **Timeout** (``timeout``, or per handler): an async handler is
       cancelled; a plain one cannot be (it runs in a thread): its job's
       ``cancelled`` event is set, its result is ignored, and its thread keeps
       the slot until it returns. Either way the job is nacked with a
       ``timeout`` error at once.
     - **Leases**: the stream asks for ``lease``; every delivery's lease is
-      extended by ``lease`` every ``lease / 2`` while its handler runs.
-    - **Settles** go on the Consume stream; on a broker that answers
-      UNIMPLEMENTED to Consume (or with ``stream_acks=False``) the worker
-      uses Subscribe, acks in batched AckBatch calls (``ack_batch_size``,
+      extended by ``lease`` about every ``lease / 2`` (one timer for all
+      running jobs, ticking every ``lease / 8``) while its handler runs.
+    - **Settles** go on the Consume stream, all those made in one event-loop
+      turn in one message; on a broker that answers UNIMPLEMENTED to
+      Consume (or with ``stream_acks=False``) the worker uses Subscribe,
+      acks in batched AckBatch calls (``ack_batch_size``,
       ``ack_batch_delay``) and unary Nack/ExtendLease. A settle refused with
       FAILED_PRECONDITION (the lease was lost: expired, taken over, job
       cancelled) is logged at debug level and counted in ``stats``.
+    - **Deliveries**: the worker asks the broker for several deliveries per
+      message (``batched``; a broker that predates it sends one a message,
+      and the worker reads both).
     - **Reconnect**: a failed or ended stream is reopened after exponential
       backoff with jitter (``backoff_initial`` to ``backoff_max`` seconds).
       Statuses in :data:`FATAL_CODES` end ``run()`` with
@@ -322,6 +447,10 @@ class Worker:
       finish and settle, the rest are cancelled; then the stream is
       half-closed (the broker releases what was not settled). A second signal
       cancels the handlers at once.
+    - **Tracing**: with OpenTelemetry installed, each handler runs in a
+      CONSUMER span, the child of the job's ``traceparent``; when no tracer
+      provider records spans (none set), only jobs with a ``traceparent``
+      get one (it carries their context on).
     """
 
     def __init__(
@@ -345,6 +474,7 @@ class Worker:
         ack_batch_size: int = 500,
         ack_batch_delay: Seconds = 0.005,
         executor: Optional[Executor] = None,
+        batched: bool = True,
     ) -> None:
         if isinstance(target, (Client, AsyncClient)):
             self._conn = target.connection
@@ -365,14 +495,33 @@ class Worker:
         self._ack_batch_size = ack_batch_size
         self._ack_batch_delay = seconds(ack_batch_delay)
         self._executor = executor
+        self._batched = batched
         self._handlers: Dict[str, _Entry] = {}
         self.stats = WorkerStats()
         self._transport: Optional[str] = None
+        self._features: FrozenSet[str] = frozenset()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stopping: Optional[asyncio.Event] = None
         self._stop_requested = False
-        self._slots: Optional[asyncio.Semaphore] = None
-        self._jobs: Set["asyncio.Task[None]"] = set()
+        # The per-job machinery (run_async sets it up).
+        self._ready: Deque[_Run] = deque()
+        self._idle: "Deque[asyncio.Future[None]]" = deque()
+        self._runners: "List[asyncio.Task[None]]" = []
+        self._kick_armed = False
+        self._burst = 1
+        self._running: Set[_Run] = set()
+        self._busy = 0
+        self._quiet: "Optional[asyncio.Future[None]]" = None
+        self._tasks: "Set[asyncio.Task[Any]]" = set()
+        self._traced = False
+        self._threads: Optional[_Threads] = None
+        self._done_lock = threading.Lock()
+        self._done: List[_Run] = []
+        self._ticker: Optional[asyncio.TimerHandle] = None
+        self._burst_mode = False
+        #: Loop time of the last delivery (or of the stream's opening); None
+        #: before a stream is open.
+        self._last_delivery: Optional[float] = None
         if handler is not None:
             for q in queues or ():
                 self.add_handler(q, handler)
@@ -398,7 +547,8 @@ class Worker:
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)
         )
-        self._handlers[queue] = _Entry(fn, is_async, None if timeout is None else seconds(timeout))
+        t = timeout if timeout is not None else self._timeout
+        self._handlers[queue] = _Entry(fn, is_async, None if t is None else seconds(t))
 
     @property
     def queues(self) -> List[str]:
@@ -410,13 +560,23 @@ class Worker:
         fallback) once a stream was opened; None before."""
         return self._transport
 
+    @property
+    def features(self) -> FrozenSet[str]:
+        """What the broker of the last stream opened said it understands
+        (``Heartbeat.features``); empty from a broker that predates it."""
+        return self._features
+
     # --- running
 
-    def run(self, *, handle_signals: bool = True) -> None:
+    def run(self, *, handle_signals: bool = True, burst: bool = False) -> None:
         """Works until :meth:`stop` (or SIGTERM/SIGINT when
         ``handle_signals`` and on the main thread); returns after a graceful
-        stop. Runs its own event loop: call it from plain (non-async) code."""
-        asyncio.run(self.run_async(handle_signals=handle_signals))
+        stop. Runs its own event loop: call it from plain (non-async) code.
+
+        ``burst``: work what is waiting, then stop: once the stream is open,
+        no job has been delivered for :attr:`BURST_IDLE` seconds and no
+        handler runs (jobs scheduled for later are not waited for)."""
+        asyncio.run(self.run_async(handle_signals=handle_signals, burst=burst))
 
     def stop(self) -> None:
         """Asks the worker to finish gracefully. Safe from any thread, from a
@@ -436,19 +596,27 @@ class Worker:
         except RuntimeError:  # the loop has closed: nothing to stop
             pass
 
-    async def run_async(self, *, handle_signals: bool = True) -> None:
+    #: Burst mode's quiet time (seconds): see :meth:`run`.
+    BURST_IDLE = 0.5
+
+    async def run_async(self, *, handle_signals: bool = True, burst: bool = False) -> None:
         """:meth:`run` for code already on an event loop."""
         if not self._handlers:
             raise ValueError("no handlers: register one with @worker.handler(queue)")
-        self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self._loop = loop
         self._stopping = asyncio.Event()
         if self._stop_requested:
             self._stopping.set()
-        self._slots = asyncio.Semaphore(self._max_in_flight)
+        self._ready, self._idle, self._running, self._busy = deque(), deque(), set(), 0
+        if any(e.is_async for e in self._handlers.values()):
+            self._runners = [asyncio.ensure_future(self._runner()) for _ in range(self._max_in_flight)]
+        if self._executor is None and not all(e.is_async for e in self._handlers.values()):
+            self._threads = _Threads(self._max_in_flight, self._in_thread)
+        self._burst_mode, self._last_delivery = burst, None
+        self._ticker = loop.call_later(min(self._lease / 8, self.BURST_IDLE / 4) if burst else self._lease / 8, self._tick)
         client = AsyncClient.from_connection(self._conn)
         batcher = _AckBatcher(client, self._ack_batch_size, self._ack_batch_delay)
-        own_executor = self._executor is None
-        executor = self._executor or ThreadPoolExecutor(self._max_in_flight, thread_name_prefix="leaseq-handler")
         restore = self._install_signals() if handle_signals else (lambda: None)
         first = True
         try:
@@ -458,23 +626,30 @@ class Worker:
                 first = False
                 session = await self._open(client, batcher)
                 if session is not None:
-                    await self._serve(session, executor)
+                    await self._serve(session)
                 if not self._stopping.is_set():
                     await self._pause(self._backoff.delay())
         except asyncio.CancelledError:
             # run itself cancelled: no grace, the handlers go too.
-            for task in self._jobs:
-                task.cancel()
+            self._abandon_all()
             raise
         finally:
             try:
                 await self._finish_jobs()
+                await self._settles_done()
                 await batcher.drain()
             finally:
                 restore()
+                for runner in self._runners:
+                    runner.cancel()
+                self._runners = []
+                if self._ticker is not None:
+                    self._ticker.cancel()
+                    self._ticker = None
                 await client.close()
-                if own_executor:
-                    executor.shutdown(wait=False)
+                if self._threads is not None:
+                    self._threads.shutdown()
+                    self._threads = None
                 self._loop = None
                 self._stop_requested = False  # run() may be called again
 
@@ -501,8 +676,7 @@ class Worker:
     def _on_signal(self, sig: int) -> None:
         if self._stopping is not None and self._stopping.is_set():
             log.warning("%s again: cancelling the running handlers", signal.Signals(sig).name)
-            for task in self._jobs:
-                task.cancel()
+            self._abandon_all()
             return
         log.info("%s: stopping (grace %ss)", signal.Signals(sig).name, self._grace)
         self.stop()
@@ -528,17 +702,22 @@ class Worker:
             max_in_flight=self._max_in_flight,
             lease=self._lease,
             idle_timeout=self._idle_timeout,
+            batched=self._batched,
         )
         queues = list(self._handlers)
         if self._use_consume:
             stream = client.consume(queues, **opts)
+            session: _Session = _ConsumeSession(self, client, stream)
+            # Before the first await: the reader has not run yet.
+            stream._sink = self._sink_for(session)
             try:
                 if not await self._until_stopped(stream.opened()):
                     stream.cancel()
                     return None
                 self._backoff.reset()
                 self._transport = "consume"
-                return _ConsumeSession(self, client, stream)
+                self._features = stream.features
+                return session
             except RpcError as e:
                 stream.cancel()
                 if e.status != grpc.StatusCode.UNIMPLEMENTED:
@@ -547,6 +726,8 @@ class Worker:
                 log.info("the broker does not serve Consume (UNIMPLEMENTED): using Subscribe and AckBatch")
                 self._use_consume = False
         sub = client.subscribe(queues, **opts)
+        session = _SubscribeSession(self, client, sub, batcher)
+        sub._sink = self._sink_for(session)
         try:
             if not await self._until_stopped(sub.opened()):
                 sub.cancel()
@@ -557,64 +738,45 @@ class Worker:
             return None
         self._backoff.reset()
         self._transport = "subscribe"
-        return _SubscribeSession(self, client, sub, batcher)
+        self._features = sub.features
+        return session
 
     def _open_failed(self, e: RpcError) -> None:
         if e.status in FATAL_CODES:
             raise e
         log.warning("opening the stream failed (%s: %s); retrying", e.code_name, e.details())
 
-    async def _serve(self, session: _Session, executor: Executor) -> None:
-        """Reads one stream until it ends, fails, or stop() is called."""
-        assert self._stopping is not None
-        reader = asyncio.ensure_future(self._read(session, executor))
+    async def _serve(self, session: _Session) -> None:
+        """Runs one stream until it ends, fails, or stop() is called."""
+        assert self._stopping is not None and self._loop is not None
+        if self._burst_mode and self._last_delivery is None:
+            self._last_delivery = self._loop.time()
+        ended = asyncio.ensure_future(session.stream._wait_reader())
         stopping = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stopping.done():
                 # The stream stays open while running handlers finish, so
                 # their settles still hold current leases; then half-close.
                 await self._finish_jobs()
                 await session.close()
-            reader.cancel()
-            try:
-                await reader
-            except asyncio.CancelledError:
-                pass
-            except RpcError as e:
+                return
+            # Ended by itself: what it delivered and was not started is
+            # released by the broker.
+            session.ended = True
+            e = session.stream.error
+            if e is not None:
                 if e.status in FATAL_CODES:
-                    raise
-                if not self._stopping.is_set():
-                    log.warning("%s stream failed (%s: %s); reconnecting", session.transport, e.code_name, e.details())
+                    raise e
+                log.warning("%s stream failed (%s: %s); reconnecting", session.transport, e.code_name, e.details())
+            else:
+                log.warning("%s stream ended; reconnecting", session.transport)
         finally:
+            session.ended = True  # its deliveries not started are skipped
+            self.stats.stream_writes += getattr(session.stream, "writes", 0)
+            ended.cancel()
             stopping.cancel()
             session.cancel()
-
-    async def _read(self, session: _Session, executor: Executor) -> None:
-        assert self._stopping is not None
-        while True:
-            job = await session.next_job()
-            if job is None:
-                break
-            if self._stopping.is_set():
-                continue  # left unsettled: released when the stream closes
-            self.stats.delivered += 1
-            task = asyncio.ensure_future(self._job(session, job, executor))
-            self._jobs.add(task)
-            task.add_done_callback(self._jobs.discard)
-        if not self._stopping.is_set():
-            log.warning("%s stream ended; reconnecting", session.transport)
-
-    async def _finish_jobs(self) -> None:
-        """Waits up to the grace for job tasks, then cancels the rest."""
-        if not self._jobs:
-            return
-        _, late = await asyncio.wait(set(self._jobs), timeout=self._grace)
-        for task in late:
-            task.cancel()
-        if late:
-            log.warning("%d handler(s) still running after the grace; cancelled", len(late))
-            await asyncio.wait(late)
 
     async def _pause(self, delay: float) -> None:
         assert self._stopping is not None
@@ -623,76 +785,149 @@ class Worker:
         except asyncio.TimeoutError:
             pass
 
-    # --- one job
+    # --- deliveries in, runners and threads
 
-    async def _job(self, session: _Session, job: Job, executor: Executor) -> None:
-        assert self._slots is not None and self._stopping is not None
-        entry = self._handlers.get(job.queue)
-        state = _JobState()
-        keeper = asyncio.ensure_future(self._keep_lease(session, job))
-        try:
-            await self._slots.acquire()
-            state.slot_held = True
-            if self._stopping.is_set():
-                return  # not started: released when the stream closes
+    def _sink_for(self, session: _Session) -> Callable[[List[Job]], None]:
+        def sink(jobs: List[Job]) -> None:
+            self._on_jobs(session, jobs)
+
+        return sink
+
+    def _on_jobs(self, session: _Session, jobs: List[Job]) -> None:
+        """A message's deliveries, from the stream's reader."""
+        assert self._stopping is not None and self._loop is not None
+        if self._stopping.is_set():
+            return  # left unsettled: released when the stream closes
+        self.stats.delivered += len(jobs)
+        self._traced = _tracing.recording()
+        now = self._loop.time()
+        self._last_delivery = now
+        extend_at = now + self._lease / 2
+        handlers, ready = self._handlers, self._ready
+        queued = False
+        plain: List[_Run] = []
+        for job in jobs:
+            entry = handlers.get(job.queue)
+            run = _Run(self, job, session, entry, extend_at)
             if entry is None:
-                outcome = _Outcome("nack", f"no handler for queue {job.queue!r} in this worker")
+                self._settle(run, _Outcome("nack", f"no handler for queue {job.queue!r} in this worker"))
+            elif entry.is_async:
+                ready.append(run)
+                queued = True
             else:
-                outcome = await self._run_handler(job, entry, executor, state)
-        finally:
-            keeper.cancel()
-            if state.slot_held:
-                self._slots.release()
-        await self._settle(session, job, outcome)
+                plain.append(run)
+        if queued:
+            self._wake_runners()
+        if plain:
+            self._start_in_threads(plain)
 
-    async def _run_handler(self, job: Job, entry: _Entry, executor: Executor, state: _JobState) -> _Outcome:
-        timeout = entry.timeout if entry.timeout is not None else self._timeout
-        with _tracing.handler_span(job.queue, job.id, job.attempt, job.headers) as span:
-            if entry.is_async:
-                fut: "asyncio.Future[Any]" = asyncio.ensure_future(entry.fn(job))
-            else:
-                ctx = contextvars.copy_context()  # the span, for the handler's own spans
-                fut = asyncio.wrap_future(executor.submit(ctx.run, entry.fn, job))
+    def _wake_runners(self) -> None:
+        """Wakes one idle runner now, and checks on the next loop turn
+        whether deliveries still wait: the runner then went on to a handler
+        that did not finish at once, so more are woken (twice as many each
+        turn that jobs wait). A no-op handler is all run by one runner, in
+        one turn, with one wake-up per message."""
+        if self._idle and not self._kick_armed:
+            fut = self._idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+        if not self._kick_armed:
+            self._kick_armed = True
+            assert self._loop is not None
+            self._loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_armed = False
+        ready, idle = self._ready, self._idle
+        if not ready or not idle:
+            self._burst = 1
+            return
+        n = min(len(ready), len(idle), self._burst)
+        self._burst *= 2
+        for _ in range(n):
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+        self._kick_armed = True
+        assert self._loop is not None
+        self._loop.call_soon(self._kick)
+
+    async def _runner(self) -> None:
+        """One of ``max_in_flight``: takes deliveries and awaits their
+        (async) handlers, one at a time."""
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        ready, idle, running = self._ready, self._idle, self._running
+        while True:
+            if not ready:
+                fut: "asyncio.Future[None]" = loop.create_future()
+                idle.append(fut)
+                await fut
+                continue
+            run = ready.popleft()
+            if run.session.ended:
+                continue  # released with its stream
+            self._busy += 1
+            running.add(run)
+            run.runner = me
+            entry = run.entry
+            assert entry is not None
+            if entry.timeout is not None:
+                run.timer = loop.call_later(entry.timeout, self._time_out, run)
             try:
-                done, _ = await asyncio.wait({fut}, timeout=timeout)
+                outcome = await self._run_async(run, entry)
+            finally:
+                if run.timer is not None:
+                    run.timer.cancel()
+                running.discard(run)
+                run.runner = None
+                self._job_done()
+            if outcome is not None:
+                self._settle(run, outcome)
+
+    async def _run_async(self, run: _Run, entry: _Entry) -> Optional[_Outcome]:
+        """The handler's outcome; None when the worker abandoned it."""
+        job = run.job
+        if not self._traced and not _has_header(job, "traceparent"):
+            try:
+                await entry.fn(job)
             except asyncio.CancelledError:
-                self._abandon(job, fut, entry, state)
-                raise
-            if not done:
-                self._abandon(job, fut, entry, state)
-                if entry.is_async:
-                    # Let it unwind (finally blocks) before the nack.
-                    await asyncio.wait({fut})
-                self.stats.timed_out += 1
-                outcome = _Outcome("timeout", f"timeout: the handler ran longer than {timeout:g}s")
-                _tracing.mark_failed(span, outcome.error)
-            else:
-                outcome = self._outcome(job, fut, span)
-            _tracing.set_attribute(span, "leaseq.outcome", outcome.kind)
+                if run.stop is None:
+                    return self._failed(job, asyncio.CancelledError(), None)
+                return self._stopped(run, None)
+            except Exception as exc:
+                if run.stop is not None:
+                    return self._stopped(run, None)
+                return self._failed(job, exc, None)
+            if run.stop is not None:
+                return self._stopped(run, None)
+            return _ACK
+        with _tracing.handler_span(job.queue, job.id, job.attempt, job.headers) as span:
+            try:
+                await entry.fn(job)
+                outcome: Optional[_Outcome] = _ACK if run.stop is None else self._stopped(run, span)
+            except asyncio.CancelledError:
+                outcome = self._failed(job, asyncio.CancelledError(), span) if run.stop is None else self._stopped(run, span)
+            except Exception as exc:
+                outcome = self._failed(job, exc, span) if run.stop is None else self._stopped(run, span)
+            if outcome is not None:
+                _tracing.set_attribute(span, "leaseq.outcome", outcome.kind)
             return outcome
 
-    def _abandon(self, job: Job, fut: "asyncio.Future[Any]", entry: _Entry, state: _JobState) -> None:
-        """Gives up on a running handler: cancel it (async), or leave its
-        thread running with the slot until it returns (plain)."""
-        job.cancelled.set()
-        if entry.is_async:
-            fut.cancel()
-            return
-        assert self._slots is not None
-        slots = self._slots
-        state.slot_held = False
+    def _stopped(self, run: _Run, span: Any) -> Optional[_Outcome]:
+        """The outcome of a handler the worker gave up on (its cancellation
+        is the worker's, not the handler's: uncancel its runner)."""
+        if run.runner is not None and sys.version_info >= (3, 11):
+            run.runner.uncancel()
+        if run.stop != "timeout":
+            return None
+        assert run.entry is not None and run.entry.timeout is not None
+        self.stats.timed_out += 1
+        outcome = _Outcome("timeout", f"timeout: the handler ran longer than {run.entry.timeout:g}s")
+        _tracing.mark_failed(span, outcome.error)
+        return outcome
 
-        def finished(f: "asyncio.Future[Any]") -> None:
-            slots.release()
-            if not f.cancelled() and f.exception() is not None:
-                log.debug("job %s: abandoned handler raised", job.id, exc_info=f.exception())
-
-        fut.add_done_callback(finished)
-
-    def _outcome(self, job: Job, fut: "asyncio.Future[Any]", span: Any) -> _Outcome:
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-        if exc is None:
-            return _Outcome("ack")
+    def _failed(self, job: Job, exc: BaseException, span: Any) -> _Outcome:
         if isinstance(exc, Retry):
             o = _Outcome("retry", exc.reason, exc.after)
         elif isinstance(exc, DeadLetter):
@@ -703,22 +938,196 @@ class Worker:
         _tracing.mark_failed(span, o.error, exc)
         return o
 
-    async def _keep_lease(self, session: _Session, job: Job) -> None:
-        # Counted from the delivery; each extension is a full lease from now,
-        # so one lost call still leaves half a lease to try again.
-        while True:
-            await asyncio.sleep(self._lease / 2)
-            try:
-                await session.extend(job, self._lease)
-            except RpcError as e:
-                if e.lease_lost:
-                    log.info("job %s: lease lost while its handler runs; it may be delivered again", job.id)
-                    return
-                log.warning("job %s: extending the lease failed (%s); will retry", job.id, e.code_name)
+    def _time_out(self, run: _Run) -> None:
+        run.timer = None
+        run.stop = "timeout"
+        run.job.cancelled.set()
+        if run.runner is not None:
+            run.runner.cancel()  # the runner nacks once the handler unwinds
+            return
+        # A plain handler: its thread keeps going (and its slot) until it
+        # returns; the job is nacked now and the thread's result ignored.
+        self._running.discard(run)
+        outcome = self._stopped(run, None)
+        self._job_done()
+        if outcome is not None:
+            self._settle(run, outcome)
 
-    async def _settle(self, session: _Session, job: Job, outcome: _Outcome) -> None:
+    def _start_in_threads(self, runs: List[_Run]) -> None:
+        """Hands plain handlers' jobs to the threads: in chunks that one
+        thread runs one after the other, sized so that a chunk takes about
+        _CHUNK_TIME by the handler's average so far (a job a thread for
+        handlers that take a millisecond or more; one wake-up of a thread
+        for dozens of jobs of a handler that takes microseconds)."""
+        assert self._loop is not None
+        loop, running = self._loop, self._running
+        for run in runs:
+            assert run.entry is not None
+            running.add(run)
+            if run.entry.timeout is not None:
+                run.timer = loop.call_later(run.entry.timeout, self._time_out, run)
+        self._busy += len(runs)
+        assert runs[0].entry is not None
+        size = max(1, int(_CHUNK_TIME / max(runs[0].entry.avg, 1e-7)))
+        for i in range(0, len(runs), size):
+            chunk = runs[i : i + size]
+            if self._threads is not None:
+                self._threads.submit(chunk)
+            else:
+                assert self._executor is not None
+                self._executor.submit(self._in_thread, chunk)
+
+    def _in_thread(self, runs: List[_Run]) -> None:
+        """Plain handlers, one after the other on a handler thread; the runs
+        go back to the loop with any others that finished meanwhile (one
+        wake-up of the loop for them all)."""
+        for run in runs:
+            self._run_plain(run)
+        with self._done_lock:
+            done = self._done
+            first = not done
+            done.extend(runs)
+        if first:
+            loop = self._loop
+            if loop is not None:
+                try:
+                    loop.call_soon_threadsafe(self._threads_done)
+                except RuntimeError:  # the loop has closed
+                    pass
+
+    def _run_plain(self, run: _Run) -> None:
+        job, entry = run.job, run.entry
+        assert entry is not None
+        if run.stop is not None:
+            return  # timed out or abandoned while it waited
+        t0 = time.perf_counter()
+        if self._traced or _has_header(job, "traceparent"):
+            with _tracing.handler_span(job.queue, job.id, job.attempt, job.headers) as span:
+                try:
+                    entry.fn(job)
+                    outcome = _ACK
+                except Exception as exc:
+                    outcome = self._failed(job, exc, span)
+                if run.stop == "timeout":
+                    _tracing.mark_failed(span, "timeout")
+                _tracing.set_attribute(span, "leaseq.outcome", "timeout" if run.stop else outcome.kind)
+        else:
+            try:
+                entry.fn(job)
+                outcome = _ACK
+            except Exception as exc:
+                outcome = self._failed(job, exc, None)
+        entry.avg += (time.perf_counter() - t0 - entry.avg) * 0.1
+        run.outcome = outcome
+
+    def _threads_done(self) -> None:
+        with self._done_lock:
+            done, self._done = self._done, []
+        for run in done:
+            if run.stop is not None:
+                continue  # timed out (nacked) or abandoned: counted then
+            if run.timer is not None:
+                run.timer.cancel()
+            self._running.discard(run)
+            self._busy -= 1
+            self._settle(run, run.outcome)
+        self._check_quiet()
+
+    def _job_done(self) -> None:
+        self._busy -= 1
+        self._check_quiet()
+
+    def _check_quiet(self) -> None:
+        if self._busy == 0 and self._quiet is not None and not self._quiet.done():
+            self._quiet.set_result(None)
+
+    async def _until_quiet(self, timeout: Optional[float]) -> bool:
+        """Waits up to ``timeout`` for no handler to be running."""
+        if self._busy == 0:
+            return True
+        assert self._loop is not None
+        self._quiet = self._loop.create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._quiet), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._quiet = None
+
+    def _abandon_all(self) -> None:
+        """Gives up on every running handler: async ones are cancelled;
+        plain ones are flagged (``job.cancelled``) and left to return. None
+        of them is settled: their jobs are released with the stream."""
+        self._ready.clear()
+        for run in list(self._running):
+            if run.stop is not None:
+                continue
+            run.stop = "abandon"
+            run.job.cancelled.set()
+            if run.timer is not None:
+                run.timer.cancel()
+            if run.runner is not None:
+                run.runner.cancel()
+            else:
+                self._running.discard(run)
+                self._busy -= 1
+        self._check_quiet()
+
+    async def _finish_jobs(self) -> None:
+        """Waits up to the grace for running handlers, then cancels the rest."""
+        self._ready.clear()  # not started: released when the stream closes
+        if await self._until_quiet(self._grace):
+            return
+        log.warning("%d handler(s) still running after the grace; cancelled", self._busy)
+        self._abandon_all()
+        await self._until_quiet(None)
+
+    # --- settles and leases
+
+    def _settle(self, run: _Run, outcome: _Outcome) -> None:
+        run.outcome = outcome
+        run.session.settle(run, outcome)
+
+    def _answered(self, run: _Run, r: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
+        """A settle's result from the stream (or the stream's end)."""
+        if r is not None:
+            if r.code == _OK:
+                if run.outcome.kind == "ack":
+                    self.stats.acked += 1
+                else:
+                    self.stats.nacked += 1
+                    self.stats.dead_lettered += int(r.dead_lettered)
+                return
+            error = RpcError(_status_of(r.code), r.message)
+        assert error is not None
+        self._settle_failed(run.session, run, run.outcome, error, _SETTLE_TRIES - 1)
+
+    def _settle_failed(self, session: _Session, run: _Run, outcome: _Outcome, e: RpcError, tries: int) -> None:
+        job = run.job
+        if e.lease_lost:
+            # Expired, taken over, released with its stream, or the job was
+            # cancelled: it is (or will be) someone else's.
+            self.stats.lease_lost += 1
+            log.debug("job %s: lease lost before the %s (%s)", job.id, outcome.kind, e.details())
+        elif e.status != grpc.StatusCode.UNAVAILABLE:
+            log.warning("job %s: settling failed (%s: %s)", job.id, e.code_name, e.details())
+        elif tries <= 0:
+            log.warning("job %s: broker unavailable, not settled; it will be delivered again", job.id)
+        else:
+            self._settle_later(session, run, outcome, tries, Backoff(0.05, 1.0).delay())
+
+    def _settle_later(self, session: _Session, run: _Run, outcome: _Outcome, tries: int, delay: float) -> None:
+        self._spawn(self._settle_retry(session, run, outcome, tries, delay))
+
+    async def _settle_retry(self, session: _Session, run: _Run, outcome: _Outcome, tries: int, delay: float) -> None:
+        """The slow path: one settle awaited, retried on UNAVAILABLE."""
         backoff = Backoff(0.05, 1.0)
-        for _ in range(_SETTLE_TRIES):
+        if delay:
+            backoff.delay()
+            await asyncio.sleep(delay)
+        job = run.job
+        for left in range(tries - 1, -1, -1):
             try:
                 if outcome.kind == "ack":
                     await session.ack(job)
@@ -729,14 +1138,44 @@ class Worker:
                     self.stats.dead_lettered += int(dead)
                 return
             except RpcError as e:
-                if e.lease_lost:
-                    # Expired, taken over, released with its stream, or the
-                    # job was cancelled: it is (or will be) someone else's.
-                    self.stats.lease_lost += 1
-                    log.debug("job %s: lease lost before the %s (%s)", job.id, outcome.kind, e.details())
-                    return
-                if e.status != grpc.StatusCode.UNAVAILABLE:
-                    log.warning("job %s: settling failed (%s: %s)", job.id, e.code_name, e.details())
+                if e.status != grpc.StatusCode.UNAVAILABLE or left == 0:
+                    self._settle_failed(session, run, outcome, e, 0)
                     return
                 await asyncio.sleep(backoff.delay())
-        log.warning("job %s: broker unavailable, not settled; it will be delivered again", job.id)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settles_done(self) -> None:
+        """Waits for the settles being retried (and unary extends)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    def _tick(self) -> None:
+        """The lease keeper of every running job: each lease is extended by
+        a full ``lease`` from now once half of it has passed, so one lost
+        call still leaves time to try again."""
+        assert self._loop is not None
+        now = self._loop.time()
+        half = self._lease / 2
+        for run in self._running:
+            if run.extend_at <= now and run.stop is None:
+                run.extend_at = now + half
+                run.session.extend(run, self._lease)
+        tick = self._lease / 8
+        if self._burst_mode:
+            tick = min(tick, self.BURST_IDLE / 4)
+            last = self._last_delivery
+            if last is not None and now - last >= self.BURST_IDLE and self._busy == 0 and not self._ready:
+                log.info("burst: nothing delivered for %ss and no handler running; stopping", self.BURST_IDLE)
+                self.stop()
+        self._ticker = self._loop.call_later(tick, self._tick)
+
+    def _extend_failed(self, run: _Run, e: RpcError) -> None:
+        if e.lease_lost:
+            log.info("job %s: lease lost while its handler runs; it may be delivered again", run.job.id)
+            run.extend_at = float("inf")
+            return
+        log.warning("job %s: extending the lease failed (%s); will retry", run.job.id, e.code_name)

@@ -105,6 +105,11 @@ def test_async_example(addr):
     assert out[-1] == "acked 2"
 
 
+def test_burst_example_works_what_waits_then_exits(addr):
+    out = run_example("burst.py", addr, queue_name())
+    assert out[-1] == "sent 3 acked 3"
+
+
 def test_admin_example(addr):
     q = queue_name()
     out = run_example("admin.py", addr, q)

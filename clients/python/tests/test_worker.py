@@ -523,3 +523,44 @@ def test_a_silent_stream_is_reopened(private_broker):
             WORKER_LOG.removeHandler(watchdog)
 
     run(body(), timeout=60)
+
+
+def test_burst_mode_works_what_waits_then_returns(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            await c.enqueue_batch([NewJob(q, str(i)) for i in range(20)])
+            later = await c.enqueue(q, b"later", delay=3600)  # not waited for
+            seen = []
+            w = Worker(addr, [q], lambda job: seen.append(job.id), max_in_flight=4, lease=5)
+            await w.run_async(handle_signals=False, burst=True)  # returns by itself
+            assert len(seen) == 20 and later.job_id not in seen
+            assert (w.stats.acked, w.stats.delivered) == (20, 20)
+            # And with nothing waiting it returns too.
+            empty = Worker(addr, [queue_name()], lambda job: None, lease=5)
+            await empty.run_async(handle_signals=False, burst=True)
+            assert empty.stats.delivered == 0
+
+    run(body())
+
+
+def test_job_json_into_plain_data_a_dataclass_and_back():
+    import dataclasses
+
+    from leaseq import from_json, to_json
+    from leaseq.v1 import queue_pb2 as pb
+
+    @dataclasses.dataclass
+    class Email:
+        to: str
+        n: int
+
+    job = Job.from_delivery(pb.Delivery(job=pb.Job(id="j", payload=to_json(Email("a@b", 2))), lease_token="t"))
+    assert job.payload == b'{"to":"a@b","n":2}'
+    assert job.json() == {"to": "a@b", "n": 2}
+    assert job.json(Email) == Email("a@b", 2)
+    assert from_json(b"[1, 2]", tuple) == (1, 2)
+    with pytest.raises(TypeError, match="JSON object"):
+        from_json(b"[1]", Email)
+    with pytest.raises(ValueError):
+        Job.from_delivery(pb.Delivery(job=pb.Job(id="j", payload=b"not json"))).json()

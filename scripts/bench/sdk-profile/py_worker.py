@@ -4,7 +4,7 @@ handler call) to the last handler completion, and the process's CPU over
 that window from /proc/self/stat (every thread: the event loop, gRPC's and
 the handler pool's).
 
-    py_worker.py MODE ADDR QUEUE N [--credit 256] [--cprofile FILE] [--count]
+    py_worker.py MODE ADDR QUEUE N [--credit 256] [--cprofile FILE] [--count] [--single]
 
 MODE: "async" (an `async def` handler: the async Worker's path) or "sync"
 (a plain function: run in the Worker's thread pool). --credit is the
@@ -14,7 +14,9 @@ from outside the SDK, what each job costs on the event loop and the stream:
 writes on the Consume stream and the acks they carry, responses read by
 kind, tasks, futures, event-loop turns and callbacks run (wrappers around
 grpc.aio's call and asyncio's loop installed here, nothing in the SDK
-changed). Counting slows the run: its rate is not a figure.
+changed). Counting slows the run: its rate is not a figure. --single: the
+Worker does not ask for batched deliveries (``batched=False``: one delivery
+a message, as from a broker that predates them).
 scripts/bench/sdk-workers.sh runs it."""
 
 import argparse
@@ -44,9 +46,11 @@ p.add_argument("n", type=int)
 p.add_argument("--credit", type=int, default=256)
 p.add_argument("--cprofile")
 p.add_argument("--count", action="store_true")
+p.add_argument("--single", action="store_true")
 args = p.parse_args()
 
-worker = Worker(args.addr, max_in_flight=args.credit, lease=60)
+opts = {"batched": False} if args.single else {}
+worker = Worker(args.addr, max_in_flight=args.credit, lease=60, **opts)
 lock = threading.Lock()
 seen = {"n": 0, "t0": None, "c0": None, "t1": None, "c1": None}
 counts: dict = {}
