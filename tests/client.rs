@@ -1513,6 +1513,7 @@ publish = false
 [dependencies]
 leaseq-client = {{ path = "{}", features = ["otel"] }}
 anyhow = "1"
+serde = {{ version = "1", features = ["derive"] }}
 opentelemetry = {{ version = "0.33", default-features = false, features = ["trace"] }}
 tokio = {{ version = "1", features = ["macros", "rt-multi-thread", "signal"] }}
 

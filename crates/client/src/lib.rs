@@ -58,6 +58,7 @@ mod consumer;
 #[cfg(feature = "otel")]
 pub mod otel;
 mod outcome;
+mod schedules;
 mod session;
 mod stats;
 pub mod testing;
@@ -80,6 +81,7 @@ use pb::queue_service_client::QueueServiceClient;
 
 pub use admin::{AdminClient, DeadLetters, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
+pub use schedules::{CatchUp, Overlap, Schedule, ScheduleRun, ScheduleSpec, ScheduleUpdate};
 pub use consumer::{ConsumeOptions, Consumer, ConsumerSettler};
 pub use outcome::{BoxError, DeadLetter, HandlerError, Retry};
 pub use stats::WorkerStats;
