@@ -65,7 +65,11 @@ print(os.environ.get("BROKER", "leaseq"), "·", f"RabbitMQ {os.environ.get('RABB
 rounds = sorted({r["round"] for r in rows if "round" in r})
 print(f"{len(rounds)} round(s); figures are the range over the rounds.\n")
 
-print("Workers: one process, no-op handler, a pre-filled queue, credit (prefetch) as in ENV_LINE, from the first delivery to the last handler completion.\n")
+w0 = next((r for r in rows if r.get("part") == "worker" and r.get("rate")), {})
+print(
+    f"Workers: one process, no-op handler, {w0.get('jobs', 0):,} jobs of 100 bytes pre-filled, "
+    f"credit (prefetch) {w0.get('credit', '?')}, from the first delivery to the last handler completion.\n"
+)
 print("| language | leaseq SDK worker | RabbitMQ client | ratio | worker CPU per job | server CPU per job |")
 print("|---|---|---|---|---|---|")
 for sdk, label, peer in WORKERS:
@@ -98,7 +102,7 @@ sleeps = [r for r in rows if r.get("part") == "sleep" and r.get("rate")]
 if sleeps:
     s0 = sleeps[0]
     print(
-        f"\nA real handler: {s0.get('sleep_ms')} ms of sleep, concurrency {s0.get('credit')} "
+        f"\nA real handler: {s0.get('sleep_ms'):g} ms of sleep, concurrency {s0.get('credit')} "
         f"(the stream's credit too); the ideal is {s0['ideal']:,} jobs/s.\n"
     )
     print("| SDK worker | jobs/s | of the ideal | worker CPU per job |")

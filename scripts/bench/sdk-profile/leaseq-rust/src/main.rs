@@ -34,7 +34,7 @@ fn cpu_s() -> f64 {
 }
 
 /// `"secs": .., "rate": .., "cpu_s": .., "cpu_us_per_job": .., "cores": ..`
-fn window(n: u64, secs: f64, cpu: f64) -> String {
+fn figures(n: u64, secs: f64, cpu: f64) -> String {
     format!(
         r#""secs": {secs:.3}, "rate": {:.0}, "cpu_s": {cpu:.2}, "cpu_us_per_job": {:.1}, "cores": {:.2}"#,
         n as f64 / secs,
@@ -64,7 +64,7 @@ async fn producer(
     let (t1, c1) = (Instant::now(), cpu_s());
     Ok(format!(
         r#"{{"sdk": "rust", "sent": {sent}, "bytes": {bytes}, {}}}"#,
-        window(sent, (t1 - t0).as_secs_f64(), c1 - c0)
+        figures(sent, (t1 - t0).as_secs_f64(), c1 - c0)
     ))
 }
 
@@ -116,7 +116,7 @@ async fn worker(
     );
     if let (Some((t0, c0)), Some((t1, c1))) = (w.first, w.last) {
         out += ", ";
-        out += &window(n, (t1 - t0).as_secs_f64(), c1 - c0);
+        out += &figures(n, (t1 - t0).as_secs_f64(), c1 - c0);
     }
     out += "}";
     Ok(out)
