@@ -97,6 +97,8 @@ LIMIT=${LIMIT:-600}
 WORKERS=${WORKERS-python-async python-sync pika node amqplib rust lapin}
 PRODUCERS=${PRODUCERS-python-sync python-async pika node amqplib rust lapin}
 SLEEPERS=${SLEEPERS-python-async python-sync node rust}
+# As asked (the table lists those without a figure, dropped ones too).
+ASKED=("$WORKERS" "$PRODUCERS" "$SLEEPERS")
 PIKA_VERSION=${PIKA_VERSION:-1.4.4}
 AMQPLIB_VERSION=${AMQPLIB_VERSION:-2.3.1}
 RABBIT_CLIENTS=${RABBIT_CLIENTS:-$BENCH_REPO/target/bench-cache/rabbit-clients}
@@ -304,5 +306,5 @@ done
 stop_all
 rabbit_stop
 ENV_LINE="JOBS=$JOBS CREDIT=$CREDIT REPS=$REPS PRODUCE_N=$PRODUCE_N PRODUCE_SECS=$PRODUCE_SECS SLEEP_MS=$SLEEP_MS SLEEP_CONCURRENCY=$SLEEP_CONCURRENCY${QUICK:+ QUICK=1}" \
-    RABBIT_VERSION=$RABBIT_VERSION BROKER="$BIN ($("$BIN" --version 2>/dev/null))" WORKERS=$WORKERS PRODUCERS=$PRODUCERS SLEEPERS=$SLEEPERS \
+    RABBIT_VERSION=$RABBIT_VERSION BROKER="$BIN ($("$BIN" --version 2>/dev/null))" WORKERS=${ASKED[0]} PRODUCERS=${ASKED[1]} SLEEPERS=${ASKED[2]} \
     python3 "$PROF/rabbit_table.py" "$RESULTS" | tee "$OUT/table.md"

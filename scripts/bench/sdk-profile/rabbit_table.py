@@ -45,11 +45,13 @@ def runs(part: str, sdk: str) -> dict:
     return {r["round"]: r for r in rows if r.get("part") == part and r.get("sdk") == sdk and r.get("rate")}
 
 
-def span(values: list, fmt: str = "{:,.0f}") -> str:
+def span(values: list, fmt: str = "{:,.0f}", unit: str = "") -> str:
+    """The range of `values` (one figure when they agree), with `unit`."""
     if not values:
         return "—"
     lo, hi = min(values), max(values)
-    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
+    one = fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
+    return one + unit
 
 
 def ratio(mine: dict, peer: dict) -> str:
@@ -76,12 +78,12 @@ for sdk, label, peer in WORKERS:
     mine, theirs = runs("worker", sdk), runs("worker", peer)
     if not mine and not theirs:
         continue
-    rate = span([r["rate"] for r in mine.values()])
+    rate = span([r["rate"] for r in mine.values()], unit=" jobs/s")
     prate = span([r["rate"] for r in theirs.values()])
     print(
-        f"| {label} | {rate} jobs/s | {PEER_WORKER[peer]} {prate} | {ratio(mine, theirs)} "
-        f"| {span(cpu(mine), '{:.0f}')} µs ({NAMES[peer]} {span(cpu(theirs), '{:.0f}')}) "
-        f"| broker {span(cpu(mine, 'server_cpu_us_per_job'), '{:.0f}')} µs (RabbitMQ {span(cpu(theirs, 'server_cpu_us_per_job'), '{:.0f}')}) |"
+        f"| {label} | {rate} | {PEER_WORKER[peer]} {prate} | {ratio(mine, theirs)} "
+        f"| {span(cpu(mine), '{:.0f}', ' µs')} ({NAMES[peer]} {span(cpu(theirs), '{:.0f}')}) "
+        f"| broker {span(cpu(mine, 'server_cpu_us_per_job'), '{:.0f}', ' µs')} (RabbitMQ {span(cpu(theirs, 'server_cpu_us_per_job'), '{:.0f}')}) |"
     )
 
 print("\nProducers: one process, single enqueues one after the other (no batching) against the client's publish of a persistent message with a publisher confirm awaited before the next.\n")
@@ -92,10 +94,10 @@ for sdk, label, peer in PRODUCERS:
     if not mine and not theirs:
         continue
     print(
-        f"| {label} | {span([r['rate'] for r in mine.values()])} jobs/s "
+        f"| {label} | {span([r['rate'] for r in mine.values()], unit=' jobs/s')} "
         f"| {PEER_PRODUCER[peer]} {span([r['rate'] for r in theirs.values()])} | {ratio(mine, theirs)} "
-        f"| {span(cpu(mine), '{:.0f}')} µs ({NAMES[peer]} {span(cpu(theirs), '{:.0f}')}) "
-        f"| broker {span(cpu(mine, 'server_cpu_us_per_job'), '{:.0f}')} µs (RabbitMQ {span(cpu(theirs, 'server_cpu_us_per_job'), '{:.0f}')}) |"
+        f"| {span(cpu(mine), '{:.0f}', ' µs')} ({NAMES[peer]} {span(cpu(theirs), '{:.0f}')}) "
+        f"| broker {span(cpu(mine, 'server_cpu_us_per_job'), '{:.0f}', ' µs')} (RabbitMQ {span(cpu(theirs, 'server_cpu_us_per_job'), '{:.0f}')}) |"
     )
 
 sleeps = [r for r in rows if r.get("part") == "sleep" and r.get("rate")]
@@ -113,7 +115,7 @@ if sleeps:
             print(
                 f"| {label} | {span([r['rate'] for r in mine.values()])} "
                 f"| {span([r['of_ideal'] for r in mine.values()], '{:.2f}')} "
-                f"| {span(cpu(mine), '{:.0f}')} µs |"
+                f"| {span(cpu(mine), '{:.0f}', ' µs')} |"
             )
 
 missing = [
