@@ -77,16 +77,18 @@
 #          RUST_WORKER (a noop_worker built elsewhere), LEASEQ_RUST (a
 #          leaseq-rust-bench built elsewhere: no build of either then),
 #          RABBIT_CLIENTS, PIKA_VERSION=1.4.4, AMQPLIB_VERSION=2.3.1,
-#          QUICK=1 (JOBS=2000, PRODUCE_N=1000, PRODUCE_SECS=2, REPS=1, no
+#          QUICK=1 (JOBS=2000, PRODUCE_N=500, PRODUCE_SECS=1, REPS=1, no
 #          warm-up: a smoke test, its figures mean nothing), KEEP=1
 #          (scripts/bench/lib.sh)
+#   takes: QUICK=1 about 1.5 minutes, a round about 5 minutes (REPS=2:
+#          about 11), plus the builds and installs the first time
 set -uo pipefail
 # shellcheck source=scripts/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 [ -n "${2:-}" ] && BIN=$2
 bench_init "${1:?usage: scripts/bench/sdk-rabbitmq.sh OUTDIR [BIN]}"
 if [ -n "${QUICK:-}" ]; then
-    JOBS=${JOBS:-2000} PRODUCE_N=${PRODUCE_N:-1000} PRODUCE_SECS=${PRODUCE_SECS:-2} REPS=${REPS:-1}
+    JOBS=${JOBS:-2000} PRODUCE_N=${PRODUCE_N:-500} PRODUCE_SECS=${PRODUCE_SECS:-1} REPS=${REPS:-1}
 else
     JOBS=${JOBS:-30000} PRODUCE_N=${PRODUCE_N:-20000} PRODUCE_SECS=${PRODUCE_SECS:-10} REPS=${REPS:-2}
 fi
