@@ -28,8 +28,9 @@
 #   rust      the worker again at each credit of RUST_CREDITS ("64 1024")
 # Counting runs' lines are in OUTDIR/counts.jsonl.
 #
-# RabbitMQ clients (pika, amqplib, lapin) are not run here: issue 36's item 4
-# is the benchmark with them.
+# RabbitMQ clients (pika, amqplib, lapin) are not run here:
+# scripts/bench/sdk-rabbitmq.sh runs the same workers against them (issue
+# 36's item 4), with producers and a handler that sleeps.
 #
 #   usage: scripts/bench/sdk-workers.sh OUTDIR [BIN]
 #   needs: clients/setup.sh python node (the SDKs' venv and dist/; that

@@ -3,15 +3,18 @@
 // handler call) to the last handler completion, and the process's CPU over
 // that window from /proc/self/stat (every thread: the main one, libuv's).
 //
-//     node [--cpu-prof --cpu-prof-dir DIR] node_worker.mjs ADDR QUEUE N [--credit 256] [--count]
+//     node [--cpu-prof --cpu-prof-dir DIR] node_worker.mjs ADDR QUEUE N [--credit 256] [--sleep-ms MS] [--count]
 //
 // The SDK is the repository's (clients/node/dist, built by
-// `clients/setup.sh node`). --count: counts, from outside the SDK, writes on
+// `clients/setup.sh node`). --credit: the Worker's concurrency (its
+// stream's credit, and its handlers at once). --sleep-ms MS: the handler
+// awaits a setTimeout of MS milliseconds instead of returning at once
+// (scripts/bench/sdk-rabbitmq.sh's real handler). --count: counts, from outside the SDK, writes on
 // the stream and the acks they carry, messages read by kind, and the
 // promises and timers created (an async_hooks hook and wrappers around
 // grpc-js's duplex call, installed here; nothing in the SDK changed).
 // Counting slows the run: its rate is not a figure.
-// scripts/bench/sdk-workers.sh runs it.
+// scripts/bench/sdk-workers.sh and sdk-rabbitmq.sh run it.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
@@ -32,6 +35,8 @@ const flag = (name, dflt) => {
 const count = argv.includes('--count');
 if (count) argv.splice(argv.indexOf('--count'), 1);
 const credit = Number(flag('--credit', '256'));
+const sleepMs = Number(flag('--sleep-ms', '0'));
+const { setTimeout: sleep } = await import('node:timers/promises');
 const [addr, queue, nArg] = argv;
 const n = Number(nArg);
 
@@ -83,6 +88,7 @@ worker.handle(queue, async () => {
     t0 = performance.now();
     c0 = cpuS();
   }
+  if (sleepMs > 0) await sleep(sleepMs);
   done += 1;
   if (done === n) {
     t1 = performance.now();
@@ -94,6 +100,7 @@ await worker.run();
 client.close();
 
 const out = { sdk: 'node', jobs: done, credit };
+if (sleepMs > 0) out.sleep_ms = sleepMs;
 if (t1 !== null) {
   const secs = (t1 - t0) / 1000;
   const cpu = c1 - c0;

@@ -4,11 +4,15 @@ handler call) to the last handler completion, and the process's CPU over
 that window from /proc/self/stat (every thread: the event loop, gRPC's and
 the handler pool's).
 
-    py_worker.py MODE ADDR QUEUE N [--credit 256] [--cprofile FILE] [--count] [--single]
+    py_worker.py MODE ADDR QUEUE N [--credit 256] [--sleep-ms MS] [--cprofile FILE] [--count] [--single]
 
 MODE: "async" (an `async def` handler: the async Worker's path) or "sync"
 (a plain function: run in the Worker's thread pool). --credit is the
-Worker's max_in_flight (its stream's credit). --cprofile FILE: the whole
+Worker's max_in_flight (its stream's credit, and its handlers at once).
+--sleep-ms MS: the handler sleeps MS milliseconds (`await asyncio.sleep`
+in async mode, `time.sleep` in the Worker's thread pool in sync mode)
+instead of returning at once (scripts/bench/sdk-rabbitmq.sh's real
+handler). --cprofile FILE: the whole
 run under cProfile, stats dumped to FILE (pstats format). --count: counts,
 from outside the SDK, what each job costs on the event loop and the stream:
 writes on the Consume stream and the acks they carry, responses read by
@@ -17,7 +21,7 @@ grpc.aio's call and asyncio's loop installed here, nothing in the SDK
 changed). Counting slows the run: its rate is not a figure. --single: the
 Worker does not ask for batched deliveries (``batched=False``: one delivery
 a message, as from a broker that predates them).
-scripts/bench/sdk-workers.sh runs it."""
+scripts/bench/sdk-workers.sh and sdk-rabbitmq.sh run it."""
 
 import argparse
 import asyncio
@@ -44,6 +48,7 @@ p.add_argument("addr")
 p.add_argument("queue")
 p.add_argument("n", type=int)
 p.add_argument("--credit", type=int, default=256)
+p.add_argument("--sleep-ms", type=float, default=0.0)
 p.add_argument("--cprofile")
 p.add_argument("--count", action="store_true")
 p.add_argument("--single", action="store_true")
@@ -75,11 +80,28 @@ def finished() -> None:
             worker.stop()
 
 
-if args.mode == "async":
+pause = args.sleep_ms / 1000
+if args.mode == "async" and pause:
+
+    @worker.handler(args.queue)
+    async def sleeper(job: Job) -> None:
+        started()
+        await asyncio.sleep(pause)
+        finished()
+
+elif args.mode == "async":
 
     @worker.handler(args.queue)
     async def noop(job: Job) -> None:
         started()
+        finished()
+
+elif pause:
+
+    @worker.handler(args.queue)
+    def sleeper_sync(job: Job) -> None:
+        started()
+        time.sleep(pause)
         finished()
 
 else:
@@ -157,6 +179,8 @@ if prof is not None:
     prof.dump_stats(args.cprofile)
 
 out = {"sdk": "python-" + args.mode, "jobs": seen["n"], "credit": args.credit}
+if pause:
+    out["sleep_ms"] = args.sleep_ms
 if seen["t1"] is not None:
     secs = seen["t1"] - seen["t0"]
     cpu = seen["c1"] - seen["c0"]
