@@ -2600,3 +2600,77 @@ async fn the_test_helper_runs_a_throwaway_broker_and_stops_what_it_started() {
     // Gone: nothing listens there any more.
     assert!(std::net::TcpStream::connect(addr).is_err());
 }
+
+#[tokio::test]
+async fn schedules_through_the_rust_admin_client() {
+    use leaseq_client::{CatchUp, Overlap, ScheduleSpec, ScheduleUpdate};
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let admin = AdminClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let spec = ScheduleSpec::new(
+        "every-second",
+        "* * * * * *",
+        Job::new("ticks", "tick").priority(3),
+    )
+    .time_zone("Europe/Paris")
+    .overlap(Overlap::Skip)
+    .catch_up(CatchUp::All(5));
+    let s = admin.create_schedule(spec.clone()).await.unwrap();
+    assert_eq!(
+        (
+            s.name.as_str(),
+            s.queue.as_str(),
+            s.priority,
+            s.overlap,
+            s.catch_up
+        ),
+        ("every-second", "ticks", 3, Overlap::Skip, CatchUp::All(5))
+    );
+    assert!(s.next_run_at.is_some());
+    assert_eq!(
+        admin.create_schedule(spec).await.unwrap_err().code(),
+        Code::AlreadyExists
+    );
+    // A tick enqueues its job (overlap skip: one while it waits).
+    until(
+        &db,
+        "select count(*) = 1 from leaseq.jobs where queue = 'ticks'",
+        S10,
+    )
+    .await;
+    let paused = admin.pause_schedule("every-second").await.unwrap();
+    assert!(paused.paused);
+    let run = admin.run_schedule("every-second").await.unwrap();
+    assert!(!run.job_id.is_empty() && run.tick_at.is_some());
+    let updated = admin
+        .update_schedule(
+            "every-second",
+            ScheduleUpdate::new().cron("0 0 * * *").paused(false),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (updated.cron.as_str(), updated.paused),
+        ("0 0 * * *", false)
+    );
+    assert_eq!(admin.schedules().await.unwrap().len(), 1);
+    let bad = admin
+        .create_schedule(ScheduleSpec::new(
+            "bad",
+            "61 * * * *",
+            Job::new("ticks", "x"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("cron"), "{}", bad.message());
+    admin.delete_schedule("every-second").await.unwrap();
+    assert_eq!(
+        admin.get_schedule("every-second").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    broker.stop().await;
+}

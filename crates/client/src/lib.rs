@@ -81,9 +81,9 @@ use pb::queue_service_client::QueueServiceClient;
 
 pub use admin::{AdminClient, DeadLetters, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
-pub use schedules::{CatchUp, Overlap, Schedule, ScheduleRun, ScheduleSpec, ScheduleUpdate};
 pub use consumer::{ConsumeOptions, Consumer, ConsumerSettler};
 pub use outcome::{BoxError, DeadLetter, HandlerError, Retry};
+pub use schedules::{CatchUp, Overlap, Schedule, ScheduleRun, ScheduleSpec, ScheduleUpdate};
 pub use stats::WorkerStats;
 pub use trace::TraceParent;
 pub use typed::{JSON, Task};

@@ -245,14 +245,24 @@ impl AdminClient {
         let req = pb::CreateScheduleRequest {
             schedule: Some(spec.into_pb()),
         };
-        Ok(self.admin_service().create_schedule(req).await?.into_inner().into())
+        Ok(self
+            .admin_service()
+            .create_schedule(req)
+            .await?
+            .into_inner()
+            .into())
     }
 
     pub async fn get_schedule(&self, name: &str) -> Result<Schedule, Status> {
         let req = pb::GetScheduleRequest {
             name: name.to_owned(),
         };
-        Ok(self.admin_service().get_schedule(req).await?.into_inner().into())
+        Ok(self
+            .admin_service()
+            .get_schedule(req)
+            .await?
+            .into_inner()
+            .into())
     }
 
     /// Every schedule, in name order.
@@ -281,21 +291,36 @@ impl AdminClient {
     ) -> Result<Schedule, Status> {
         let mut req = update.0;
         req.name = name.to_owned();
-        Ok(self.admin_service().update_schedule(req).await?.into_inner().into())
+        Ok(self
+            .admin_service()
+            .update_schedule(req)
+            .await?
+            .into_inner()
+            .into())
     }
 
     pub async fn pause_schedule(&self, name: &str) -> Result<Schedule, Status> {
         let req = pb::PauseScheduleRequest {
             name: name.to_owned(),
         };
-        Ok(self.admin_service().pause_schedule(req).await?.into_inner().into())
+        Ok(self
+            .admin_service()
+            .pause_schedule(req)
+            .await?
+            .into_inner()
+            .into())
     }
 
     pub async fn resume_schedule(&self, name: &str) -> Result<Schedule, Status> {
         let req = pb::ResumeScheduleRequest {
             name: name.to_owned(),
         };
-        Ok(self.admin_service().resume_schedule(req).await?.into_inner().into())
+        Ok(self
+            .admin_service()
+            .resume_schedule(req)
+            .await?
+            .into_inner()
+            .into())
     }
 
     pub async fn delete_schedule(&self, name: &str) -> Result<(), Status> {
