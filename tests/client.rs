@@ -1761,13 +1761,94 @@ async fn retry_and_dead_letter_outcomes() {
     broker.stop().await;
 }
 
+/// Deletes a job behind its holder's back: no stream hears of it.
+async fn gone_untold(db: &TestDb, id: &str) {
+    let n = sqlx::query("delete from leaseq.jobs where id = $1::uuid")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_cancel_stops_the_running_handler_and_settles_nothing() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let admin = client.admin();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    // A long lease: only the Cancelled message can stop the handler soon.
+    let worker = Worker::new(client.clone(), ["cancel.me"])
+        .concurrency(1)
+        .lease(Duration::from_secs(600));
+    let stats = worker.stats();
+    let running = {
+        let dropped = dropped.clone();
+        Running::spawn(worker, move |d| {
+            let (dropped, started_tx, done_tx) =
+                (dropped.clone(), started_tx.clone(), done_tx.clone());
+            async move {
+                if payload(&d) == "long" {
+                    let _flag = DropFlag(dropped);
+                    started_tx.send(d.id.clone()).unwrap();
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                done_tx.send(payload(&d)).unwrap();
+                Ok(())
+            }
+        })
+    };
+    let long = client.enqueue(Job::new("cancel.me", "long")).await.unwrap();
+    client.enqueue(Job::new("cancel.me", "next")).await.unwrap();
+    let id = tokio::time::timeout(S10, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(id, long.job_id);
+    let asked = Instant::now();
+    assert!(admin.cancel_job(&id).await.unwrap(), "was leased");
+    crate::common::eventually(S10, "handler cancelled", || {
+        let dropped = dropped.clone();
+        async move { dropped.load(Ordering::SeqCst) }
+    })
+    .await;
+    // Its only credit came back with the cancel: the next job runs now,
+    // not after the 600 s lease.
+    assert_eq!(
+        tokio::time::timeout(S10, done.recv())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("next")
+    );
+    assert!(asked.elapsed() < Duration::from_secs(10));
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    crate::common::eventually(S10, "next acked", || {
+        let stats = stats.clone();
+        async move { stats.acked.load(Ordering::Relaxed) == 1 }
+    })
+    .await;
+    assert_eq!(
+        (n(&stats.cancelled), n(&stats.lease_lost), n(&stats.nacked)),
+        (1, 0, 0)
+    );
+    running.stop(S10).await.expect("clean stop");
+    assert_eq!(db.live_jobs().await, 0);
+    assert_eq!(db.dead_jobs().await, 0);
+    broker.stop().await;
+}
+
 #[tokio::test]
 async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
     let db = TestDb::new().await;
     let addr = free_addr();
     let broker = TestBroker::on(&db).addr(addr).start().await;
     let client = Client::connect(format!("http://{addr}")).await.unwrap();
-    let admin = client.admin();
 
     // Lost while the handler runs: the next extension (every half second of
     // a 1 s lease) is refused, and the handler is cancelled.
@@ -1802,7 +1883,11 @@ async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
         .unwrap()
         .unwrap();
     assert_eq!(id, stuck.job_id);
-    assert!(admin.cancel_job(&id).await.unwrap(), "was leased");
+    // The lease goes away under the worker's feet, untold (as when it
+    // expired and another consumer took the job): only the refused
+    // extension says so. (`CancelJob` tells the stream: see
+    // `a_cancel_stops_the_running_handler_and_settles_nothing`.)
+    gone_untold(&db, &id).await;
     crate::common::eventually(S10, "handler cancelled", || {
         let dropped = dropped.clone();
         async move { dropped.load(Ordering::SeqCst) }
@@ -1850,7 +1935,7 @@ async fn a_lost_lease_cancels_the_handler_or_skips_the_settle_quietly() {
         .unwrap()
         .unwrap();
     assert_eq!(id, job.job_id);
-    assert!(admin.cancel_job(&id).await.unwrap());
+    gone_untold(&db, &id).await;
     release_tx.send(true).unwrap();
     crate::common::eventually(S10, "ack refused", || {
         let stats = settle_stats.clone();

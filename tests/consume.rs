@@ -1367,3 +1367,44 @@ async fn a_backlog_comes_packed_to_a_stream_that_accepts_packs_and_one_by_one_to
         drop(tx);
     }
 }
+
+/// CancelJob on a job a Consume stream holds: the stream gets a
+/// `Cancelled` naming the lease (after the delivery), its credit back at
+/// once, and an ack of the cancelled lease is refused. On a replica other
+/// than the one that cancels too (told by NOTIFY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_is_announced_on_the_stream_that_holds_it_on_any_replica() {
+    let db = TestDb::new().await;
+    let here = TestBroker::start(&db).await;
+    let there = TestBroker::start(&db).await;
+    let mut c = here.client().await;
+    let mut other_admin = admin(&there).await;
+    for (cancel_by, queue) in [(None, "cx.here"), (Some(&mut other_admin), "cx.there")] {
+        enqueue(&mut c, queue, "first").await;
+        enqueue(&mut c, queue, "second").await;
+        let mut s = Consumer::open(&mut c, &[queue], 1, Some(secs(600)), true).await;
+        let d = s.next_delivery(S5).await;
+        assert_eq!(payload_of(&d), "first");
+        let mut own = admin(&here).await;
+        let a = cancel_by.unwrap_or(&mut own);
+        let r = a
+            .cancel_job(pb::CancelJobRequest { job_id: id_of(&d) })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.was_leased);
+        let cancel = s.try_next_cancel(S5).await.expect("a Cancelled");
+        assert_eq!(
+            (cancel.job_id.as_str(), cancel.lease_token.as_str()),
+            (id_of(&d).as_str(), d.lease_token.as_str())
+        );
+        // The only credit came back: the second job, long before 600 s.
+        let d2 = s.next_delivery(S5).await;
+        assert_eq!(payload_of(&d2), "second");
+        s.ack(&d).await;
+        let r = s.result(S5).await;
+        assert_eq!(r.code, Code::FailedPrecondition as i32, "{r:?}");
+        s.ack(&d2).await;
+        assert_eq!(s.result(S5).await.code, 0);
+    }
+}

@@ -115,7 +115,11 @@ async fn consume(
                     shared.on_settled(&s.results);
                     continue;
                 }
-                Some(pb::consume_response::Kind::Heartbeat(_)) | None => continue,
+                Some(
+                    pb::consume_response::Kind::Heartbeat(_)
+                    | pb::consume_response::Kind::Cancelled(_),
+                )
+                | None => continue,
             };
             for d in batch {
                 let job = d.job.unwrap_or_default();

@@ -232,11 +232,13 @@ pub async fn tail(args: TailArgs) -> Result<(), CliError> {
                 }
             }
             Some(pb::consume_response::Kind::Settled(r)) => failed += warn_failed(&r.results),
-            // Not asked for (`accept` is empty): ignored, as an older
-            // tail would; their leases run out.
+            // Deliveries: not asked for (`accept` is empty), ignored as an
+            // older tail would. A cancel: the job was printed and is gone
+            // (its ack, if any, is refused and reported).
             Some(
                 pb::consume_response::Kind::Deliveries(_)
-                | pb::consume_response::Kind::Heartbeat(_),
+                | pb::consume_response::Kind::Heartbeat(_)
+                | pb::consume_response::Kind::Cancelled(_),
             )
             | None => {}
         }

@@ -90,6 +90,8 @@ pub struct Consumer {
     tx: Option<mpsc::Sender<pb::ConsumeRequest>>,
     deliveries: VecDeque<pb::Delivery>,
     results: VecDeque<pb::SettleResult>,
+    /// `Cancelled` messages (a held job was cancelled).
+    cancels: VecDeque<pb::Cancelled>,
     /// Set once the response ended (with its status).
     ended: Option<Result<(), Status>>,
 }
@@ -119,6 +121,7 @@ impl Consumer {
             tx,
             deliveries: VecDeque::new(),
             results: VecDeque::new(),
+            cancels: VecDeque::new(),
             ended: None,
         })
     }
@@ -234,6 +237,7 @@ impl Consumer {
                 Some(Kind::Delivery(d)) => self.deliveries.push_back(d),
                 Some(Kind::Deliveries(d)) => self.deliveries.extend(d.deliveries),
                 Some(Kind::Settled(r)) => self.results.extend(r.results),
+                Some(Kind::Cancelled(c)) => self.cancels.push_back(c),
                 Some(Kind::Heartbeat(_)) | None => {}
             },
             Ok(None) => panic!("the stream ended (OK) while more was expected"),
@@ -256,6 +260,19 @@ impl Consumer {
     }
 
     /// The next delivery; panics after `limit`.
+    /// The next `Cancelled` message within `limit`, if any.
+    pub async fn try_next_cancel(&mut self, limit: Duration) -> Option<pb::Cancelled> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(c) = self.cancels.pop_front() {
+                return Some(c);
+            }
+            if !self.read(deadline).await {
+                return None;
+            }
+        }
+    }
+
     pub async fn next_delivery(&mut self, limit: Duration) -> pb::Delivery {
         self.try_next_delivery(limit)
             .await
@@ -326,6 +343,7 @@ impl Consumer {
                     Some(Kind::Delivery(d)) => self.deliveries.push_back(d),
                     Some(Kind::Deliveries(d)) => self.deliveries.extend(d.deliveries),
                     Some(Kind::Settled(r)) => self.results.extend(r.results),
+                    Some(Kind::Cancelled(c)) => self.cancels.push_back(c),
                     Some(Kind::Heartbeat(_)) | None => {}
                 },
                 Ok(None) => break Ok(()),

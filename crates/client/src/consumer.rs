@@ -134,7 +134,8 @@ async fn read(
                     }
                 }
             }
-            Ok(Some(Event::Activity)) => {}
+            // Nothing runs here to stop: the caller's settle is refused.
+            Ok(Some(Event::Activity | Event::Cancelled(_))) => {}
             Ok(None) => break,
             Err(status) => {
                 let _ = tx.send(Err(status));

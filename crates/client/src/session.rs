@@ -24,6 +24,8 @@ const MAX_SETTLES_PER_MESSAGE: usize = 500;
 pub(crate) enum Event {
     /// One delivery, or several the broker packed together (`Deliveries`).
     Deliveries(Vec<pb::Delivery>),
+    /// A held job was cancelled (`CancelJob`): its handler stops.
+    Cancelled(pb::Cancelled),
     /// A heartbeat, or settle results (already handed to their waiters).
     Activity,
 }
@@ -112,6 +114,7 @@ impl Session {
                 Some(pb::subscribe_response::Kind::Deliveries(d)) => {
                     Event::Deliveries(d.deliveries)
                 }
+                Some(pb::subscribe_response::Kind::Cancelled(c)) => Event::Cancelled(c),
                 _ => Event::Activity,
             })),
             Responses::Consume(s) => Ok(match s.message().await? {
@@ -121,6 +124,7 @@ impl Session {
                     Some(pb::consume_response::Kind::Deliveries(d)) => {
                         Event::Deliveries(d.deliveries)
                     }
+                    Some(pb::consume_response::Kind::Cancelled(c)) => Event::Cancelled(c),
                     Some(pb::consume_response::Kind::Settled(r)) => {
                         self.settler.resolve(r.results);
                         Event::Activity

@@ -19,6 +19,9 @@ pub struct WorkerStats {
     /// Jobs whose lease was lost (a settle or an extension refused with
     /// `FAILED_PRECONDITION`); their handlers were cancelled if running.
     pub lease_lost: AtomicU64,
+    /// Jobs the broker said were cancelled while their handlers ran (or
+    /// waited): stopped, not settled.
+    pub cancelled: AtomicU64,
     /// Acks and nacks sent on a Consume stream...
     pub settled_on_stream: AtomicU64,
     /// ... acks sent in AckBatch calls ...

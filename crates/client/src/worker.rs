@@ -484,6 +484,7 @@ impl Worker {
             stop: CancellationToken::new(),
             stats: self.stats.clone(),
             lost_lease_level: self.lost_lease_level,
+            running: std::sync::Mutex::new(HashMap::new()),
         });
         let base = SettleBase {
             client: self.client.clone(),
@@ -620,6 +621,9 @@ impl Running {
                 // shortest wait again.
                 *heard = true;
                 self.backoff.reset();
+                if let Event::Cancelled(c) = &event {
+                    self.ctx.cancel(c);
+                }
                 if let Event::Deliveries(ds) = event {
                     let settler = open.settler();
                     for d in ds {
@@ -698,6 +702,7 @@ impl Running {
                         // Left unsettled: released when the stream closes.
                         Ok(Some(Event::Deliveries(_))) => debug!("deliveries while stopping; released at the close"),
                         Ok(Some(Event::Activity)) => {}
+                        Ok(Some(Event::Cancelled(c))) => self.ctx.cancel(&c),
                         Ok(None) | Err(_) => {
                             // Settles go by unary calls from now on.
                             if let Some((s, _)) = session.take() {
@@ -730,6 +735,28 @@ struct Ctx {
     stop: CancellationToken,
     stats: Arc<WorkerStats>,
     lost_lease_level: Level,
+    /// Each job under way, by (id, lease token): cancelled when the broker
+    /// says its job was cancelled.
+    running: std::sync::Mutex<HashMap<(String, String), CancellationToken>>,
+}
+
+impl Ctx {
+    /// The broker cancelled this job (`CancelJob`): its handler stops.
+    fn cancel(&self, c: &pb::Cancelled) {
+        let running = self.running.lock().expect("poisoned");
+        if let Some(token) = running.get(&(c.job_id.clone(), c.lease_token.clone())) {
+            token.cancel();
+        }
+    }
+}
+
+/// Removes a job from [`Ctx::running`] when its task ends.
+struct Registered<'a>(&'a Ctx, (String, String));
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.running.lock().expect("poisoned").remove(&self.1);
+    }
 }
 
 fn job_span(job: &Delivery) -> Span {
@@ -748,25 +775,39 @@ enum Ran {
     Done(Outcome),
     /// An extension was refused: the handler was cancelled.
     LeaseLost,
+    /// The job was cancelled (`CancelJob`): the handler was dropped.
+    Cancelled,
 }
 
 /// One delivered job: wait for a permit, run the handler while keeping the
 /// lease alive, settle.
 async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
     WorkerStats::inc(&ctx.stats.delivered);
+    let key = (job.id.clone(), job.lease_token.clone());
+    let cancelled = CancellationToken::new();
+    ctx.running
+        .lock()
+        .expect("poisoned")
+        .insert(key.clone(), cancelled.clone());
+    let _registered = Registered(&ctx, key);
     // The lease is extended from receipt on, not from the handler's start:
     // time spent waiting for a permit also runs against it.
     let ran = tokio::select! {
         ran = run_handler(&ctx, job.clone()) => ran,
         () = keep_leased(&ctx, &settler, &job) => Ran::LeaseLost,
+        () = cancelled.cancelled() => Ran::Cancelled,
     };
     #[cfg(feature = "otel")]
     match &ran {
         Ran::NotStarted => crate::otel::record(None, false),
-        Ran::LeaseLost => crate::otel::record(None, true),
+        Ran::LeaseLost | Ran::Cancelled => crate::otel::record(None, true),
         Ran::Done(outcome) => crate::otel::record(Some(outcome), false),
     }
     match ran {
+        Ran::Cancelled => {
+            WorkerStats::inc(&ctx.stats.cancelled);
+            info!("job cancelled by the broker (CancelJob): handler stopped, nothing settled");
+        }
         Ran::NotStarted => debug!("not started before the stop; released when the stream closes"),
         Ran::LeaseLost => {
             WorkerStats::inc(&ctx.stats.lease_lost);

@@ -55,7 +55,9 @@ pub mod limits {
 pub mod features {
     /// Several deliveries in one `Deliveries` response.
     pub const DELIVERIES: &str = "deliveries";
+    /// `Cancelled` responses when a held job is cancelled.
+    pub const CANCEL: &str = "cancel";
     /// Every feature this version of the contract defines, as a broker of
     /// this version announces them.
-    pub const ALL: &[&str] = &[DELIVERIES];
+    pub const ALL: &[&str] = &[DELIVERIES, CANCEL];
 }

@@ -95,16 +95,33 @@ pub(crate) fn settled(leases: &[(JobId, LeaseToken)]) -> Vec<String> {
         .collect()
 }
 
-/// Reads a [`settled`] payload heard on `cluster`'s LISTEN connection;
-/// unreadable pairs are skipped.
-pub(crate) fn parse_settled(payload: &str, cluster: ClusterId) -> Vec<(JobId, LeaseToken)> {
+/// The payload telling one broker that this lease of its was cancelled
+/// (`CancelJob`): `job_id:lease_token:c`, on the same channel as
+/// [`settled`] (its stream gets the credit back and tells its client).
+pub(crate) fn cancelled(id: JobId, token: LeaseToken) -> String {
+    format!("{id}:{}:c", token.0)
+}
+
+/// What a [`settled`] or [`cancelled`] payload names: the lease, and
+/// whether it was a cancel.
+pub(crate) type Ended = (JobId, LeaseToken, bool);
+
+/// Reads a [`settled`] or [`cancelled`] payload heard on `cluster`'s
+/// LISTEN connection; unreadable entries are skipped.
+pub(crate) fn parse_settled(payload: &str, cluster: ClusterId) -> Vec<Ended> {
     payload
         .split(',')
-        .filter_map(|pair| {
-            let (id, token) = pair.split_once(':')?;
+        .filter_map(|entry| {
+            let (id, rest) = entry.split_once(':')?;
+            let (token, cancel) = match rest.split_once(':') {
+                None => (rest, false),
+                Some((token, "c")) => (token, true),
+                Some(_) => return None,
+            };
             Some((
                 JobId(Uuid::try_parse(id).ok()?),
                 LeaseToken(Uuid::try_parse(token).ok()?, cluster),
+                cancel,
             ))
         })
         .collect()
@@ -262,12 +279,24 @@ mod tests {
         let back: Vec<(JobId, LeaseToken)> = payloads
             .iter()
             .flat_map(|p| parse_settled(p, ClusterId::HOME))
+            .map(|(id, token, cancel)| {
+                assert!(!cancel);
+                (id, token)
+            })
             .collect();
         assert_eq!(back, leases);
         // The cluster is the listener's, not the payload's.
         let there = parse_settled(&payloads[0], ClusterId(2));
         assert_eq!(there[0].1, LeaseToken(leases[0].1.0, ClusterId(2)));
         assert!(parse_settled("x:y,garbage", ClusterId::HOME).is_empty());
+        // A cancel names its lease and says so; an unknown mark is skipped.
+        let (id, token) = leases[0];
+        assert_eq!(
+            parse_settled(&cancelled(id, token), ClusterId::HOME),
+            [(id, token, true)]
+        );
+        let odd = format!("{id}:{}:x", token.0);
+        assert!(parse_settled(&odd, ClusterId::HOME).is_empty());
     }
 
     #[test]

@@ -164,9 +164,18 @@ pub async fn run(
                         None => warn!("unreadable hand-over notification"),
                     }
                 } else {
-                    let ids = channels::parse_settled(n.payload(), store.cluster());
-                    debug!(jobs = ids.len(), "settled on another replica");
-                    dispatcher.settled(ids);
+                    let (cancelled, settled): (Vec<_>, Vec<_>) =
+                        channels::parse_settled(n.payload(), store.cluster())
+                            .into_iter()
+                            .partition(|(_, _, cancel)| *cancel);
+                    debug!(
+                        jobs = settled.len(),
+                        cancelled = cancelled.len(),
+                        "settled on another replica"
+                    );
+                    let lease = |(id, token, _)| (id, token);
+                    dispatcher.settled(settled.into_iter().map(lease).collect());
+                    dispatcher.cancelled(cancelled.into_iter().map(lease).collect());
                 }
             }
             _ if shutdown.is_cancelled() => return,

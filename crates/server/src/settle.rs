@@ -47,6 +47,9 @@ pub trait Local: Send + Sync + 'static {
     fn wake(&self, wakes: Vec<Wake>);
     /// These leases ended: the streams holding them get their credit back.
     fn settled(&self, leases: Vec<(JobId, LeaseToken)>);
+    /// These leases' jobs were cancelled: as [`Local::settled`], and the
+    /// streams tell their clients.
+    fn cancelled(&self, leases: Vec<(JobId, LeaseToken)>);
 }
 
 /// Why a lease ended without an ack (picks the metric).
@@ -255,6 +258,19 @@ impl Settle {
                 let lease = vec![(job.id, job.token)];
                 self.release(lease, "too large to hand over", true).await;
             }
+        }
+    }
+
+    /// A job was cancelled under this lease: the stream holding it (here,
+    /// or on the replica `broker` by NOTIFY) gets the credit back and
+    /// sends its client a `Cancelled`.
+    pub fn cancelled(&self, broker: Option<Uuid>, id: JobId, token: LeaseToken) {
+        match broker {
+            Some(b) if b != self.store().broker_id() => {
+                self.notifiers
+                    .raw(token.1, channels::settle(b), channels::cancelled(id, token));
+            }
+            _ => self.local.cancelled(vec![(id, token)]),
         }
     }
 

@@ -46,6 +46,14 @@ class AckResult(_message.Message):
     message: str
     def __init__(self, job_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class Cancelled(_message.Message):
+    __slots__ = ["job_id", "lease_token"]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lease_token: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
+
 class ConsumeRequest(_message.Message):
     __slots__ = ["acks", "confirm_settles", "extends", "max_in_flight", "nacks", "subscribe"]
     ACKS_FIELD_NUMBER: _ClassVar[int]
@@ -63,16 +71,18 @@ class ConsumeRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[NackRequest, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[ExtendLeaseRequest, _Mapping]]] = ..., max_in_flight: _Optional[int] = ..., confirm_settles: bool = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ["deliveries", "delivery", "heartbeat", "settled"]
+    __slots__ = ["cancelled", "deliveries", "delivery", "heartbeat", "settled"]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: Cancelled
     deliveries: Deliveries
     delivery: Delivery
     heartbeat: Heartbeat
     settled: SettleResults
-    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., settled: _Optional[_Union[SettleResults, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ...) -> None: ...
+    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., settled: _Optional[_Union[SettleResults, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ...) -> None: ...
 
 class Deliveries(_message.Message):
     __slots__ = ["deliveries"]
@@ -249,14 +259,16 @@ class SubscribeRequest(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[str]] = ..., consumer: _Optional[str] = ..., max_in_flight: _Optional[int] = ..., lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., accept: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ["deliveries", "delivery", "heartbeat"]
+    __slots__ = ["cancelled", "deliveries", "delivery", "heartbeat"]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    cancelled: Cancelled
     deliveries: Deliveries
     delivery: Delivery
     heartbeat: Heartbeat
-    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ...) -> None: ...
+    def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ...) -> None: ...
 
 class SettleOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -612,11 +612,10 @@ impl AdminService for AdminApi {
             .ok_or_else(|| Error::NotFound(format!("job {id} is not a live job")))?;
         info!(job_id = %id, queue = %done.queue, leased = done.lease.is_some(), "job cancelled");
         let was_leased = done.lease.is_some();
-        // The stream holding it gets its credit back, as after an Ack.
+        // The stream holding it gets its credit back, as after an Ack, and
+        // tells its client (a `Cancelled`: the handler stops).
         if let Some((broker, token)) = done.lease {
-            self.broker
-                .settle()
-                .return_credit([(broker, id, token)].into_iter());
+            self.broker.settle().cancelled(broker, id, token);
         }
         Ok(Response::new(pb::CancelJobResponse { was_leased }))
     }

@@ -163,6 +163,11 @@ impl Held {
         self.acking.fetch_sub(n, Ordering::Relaxed);
     }
 
+    /// A job the stream held was cancelled (its client is told).
+    pub fn cancelled(&self) {
+        self.settled.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A well-formed nack arrived on the stream.
     fn nacked(&self) {
         self.settled.fetch_add(1, Ordering::Relaxed);
@@ -610,6 +615,11 @@ impl Stream for ConsumeStream {
                         Event::Deliveries(d) => {
                             this.held.delivered(d.len() as u64);
                             Kind::Deliveries(pb::Deliveries { deliveries: d })
+                        }
+                        Event::Cancelled(c) => {
+                            // Its credit is back: it counts as settled.
+                            this.held.cancelled();
+                            Kind::Cancelled(c)
                         }
                         Event::Heartbeat(h) => Kind::Heartbeat(h),
                     };

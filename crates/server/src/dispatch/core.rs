@@ -520,20 +520,32 @@ impl Core {
         }
     }
 
+    /// Leases whose jobs were cancelled: forgotten as settled ones are;
+    /// returns the streams that held them (to tell their clients).
+    pub fn cancelled(
+        &mut self,
+        leases: impl IntoIterator<Item = (JobId, LeaseToken)>,
+    ) -> Vec<(StreamId, JobId, LeaseToken)> {
+        leases
+            .into_iter()
+            .filter_map(|(id, token)| self.forget(id, token).map(|sid| (sid, id, token)))
+            .collect()
+    }
+
     /// Removes a lease from its stream's in-flight set (its credit returns),
     /// if it is still the lease that stream holds: the job may have been
-    /// leased again since, to this or another stream.
-    fn forget(&mut self, id: JobId, token: LeaseToken) {
-        let Some(sid) = self.owner.get(&id).copied() else {
-            return;
-        };
+    /// leased again since, to this or another stream. Returns that stream.
+    fn forget(&mut self, id: JobId, token: LeaseToken) -> Option<StreamId> {
+        let sid = self.owner.get(&id).copied()?;
         if let Some(stream) = self.streams.get_mut(&sid)
             && stream.inflight.get(&id).is_some_and(|f| f.token == token)
         {
             stream.remove(&id);
             self.owner.remove(&id);
             self.dirty.insert(sid);
+            return Some(sid);
         }
+        None
     }
 
     /// Leases acked on their Consume stream, the acks not committed yet: the
@@ -619,7 +631,9 @@ impl Core {
                 }
                 // The lease is over (expired and reaped, or settled): the
                 // stream gets its credit back.
-                None => self.forget(id, token),
+                None => {
+                    self.forget(id, token);
+                }
             }
         }
     }

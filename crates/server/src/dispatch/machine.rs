@@ -33,6 +33,9 @@ pub(crate) enum Input {
     /// Leases that ended (acked / nacked here or elsewhere). Carries the
     /// token: a job may already be leased again, to another of our streams.
     Settled(Vec<(JobId, LeaseToken)>),
+    /// Leases whose jobs were cancelled (`CancelJob`, here or elsewhere):
+    /// as `Settled`, and the streams holding them tell their clients.
+    Cancelled(Vec<(JobId, LeaseToken)>),
     /// Leases acked on their Consume stream, the acks not committed yet
     /// (their credit comes back; the leases stay held: `Core::acking`).
     Acking(Vec<(JobId, LeaseToken)>),
@@ -91,6 +94,8 @@ pub(crate) struct Effects {
     /// cannot be pushed (the client is gone) comes back as
     /// [`Input::Closed`].
     pub deliver: Vec<(StreamId, Leased, Instant)>,
+    /// Cancelled jobs to tell their streams of (after their deliveries).
+    pub cancel: Vec<(StreamId, JobId, LeaseToken)>,
     pub release: Vec<Release>,
     /// Leases to look at in the database (`check_leases`: reap the expired,
     /// report the live), back as [`Input::LeaseChecked`].
@@ -180,6 +185,7 @@ impl Machine {
                 fx.check.extend(verify);
             }
             Input::Settled(leases) => self.core.settled(leases),
+            Input::Cancelled(leases) => fx.cancel.extend(self.core.cancelled(leases)),
             Input::Acking(leases) => self.core.acking(leases),
             Input::Extended(id, lease_ms) => self.core.extended(id, lease_ms, now),
             Input::LeaseChecked { checked, alive } => self.core.lease_checked(checked, alive, now),

@@ -124,6 +124,10 @@ impl Local for Inbox {
     fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
         self.send(Msg::In(Input::Settled(leases)));
     }
+
+    fn cancelled(&self, leases: Vec<(JobId, LeaseToken)>) {
+        self.send(Msg::In(Input::Cancelled(leases)));
+    }
 }
 
 impl Dispatcher {
@@ -233,6 +237,14 @@ impl Dispatcher {
     pub fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
         if !leases.is_empty() {
             let _ = self.tx.send(Msg::In(Input::Settled(leases)));
+        }
+    }
+
+    /// These leases' jobs were cancelled: their streams get the credit
+    /// back and tell their clients.
+    pub fn cancelled(&self, leases: Vec<(JobId, LeaseToken)>) {
+        if !leases.is_empty() {
+            let _ = self.tx.send(Msg::In(Input::Cancelled(leases)));
         }
     }
 
@@ -400,11 +412,22 @@ impl Task {
                     send_by,
                     delivery: delivery(job),
                 };
-                let sent = self.txs.get(&sid).is_some_and(|tx| tx.try_send(Ok(out)));
+                let sent = (self.txs.get(&sid))
+                    .is_some_and(|tx| tx.try_send(Ok(stream::Push::Deliver(out))));
                 if !sent && !gone.contains(&sid) {
                     // The client is gone: the stream is closed and this job
                     // released with its other unsettled ones.
                     gone.push(sid);
+                }
+            }
+            for (sid, id, token) in fx.cancel.drain(..) {
+                // At most once: a full channel (the client reads nothing)
+                // drops it; the client's ack is then refused, as without it.
+                if let Some(tx) = self.txs.get(&sid) {
+                    tx.try_send(Ok(stream::Push::Cancelled(pb::Cancelled {
+                        job_id: id.to_string(),
+                        lease_token: token.to_string(),
+                    })));
                 }
             }
             for r in fx.release.drain(..) {

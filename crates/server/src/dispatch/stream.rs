@@ -31,8 +31,20 @@ use prost::Message;
 use super::{Msg, StreamId};
 use crate::pb;
 
-/// What the dispatcher sends a stream: a delivery, or the status that ends it.
-pub type Item = Result<Outgoing, Status>;
+/// What the dispatcher sends a stream: a delivery or a cancel, or the
+/// status that ends it.
+pub type Item = Result<Push, Status>;
+
+/// What goes out on a stream besides heartbeats. (Deliveries are the hot
+/// path and cancels rare: the delivery is not boxed to make them alike.)
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Push {
+    Deliver(Outgoing),
+    /// A job the stream holds was cancelled (after its delivery: the
+    /// channel keeps their order).
+    Cancelled(pb::Cancelled),
+}
 
 /// A delivery on its way to the client.
 #[derive(Debug)]
@@ -53,6 +65,7 @@ pub enum Event {
     /// Two or more deliveries that were waiting together (a stream that
     /// accepts `Deliveries` only).
     Deliveries(Vec<pb::Delivery>),
+    Cancelled(pb::Cancelled),
     Heartbeat(pb::Heartbeat),
 }
 
@@ -147,9 +160,10 @@ impl DeliveryStream {
         while pack.len() < MAX_BATCH_DELIVERIES {
             let item = match self.rx.try_recv() {
                 Err(TryRecvError::Empty) => break,
-                Ok(Ok(out)) => out,
-                Ok(Err(status)) => {
-                    self.held_over = Some(Some(Err(status)));
+                Ok(Ok(Push::Deliver(out))) => out,
+                Ok(other) => {
+                    // A cancel or the end: after this pack.
+                    self.held_over = Some(Some(other));
                     break;
                 }
                 Err(TryRecvError::Disconnected) => {
@@ -159,7 +173,7 @@ impl DeliveryStream {
             };
             let size = item.delivery.encoded_len();
             if bytes + size > MAX_BATCH_BYTES {
-                self.held_over = Some(Some(Ok(item)));
+                self.held_over = Some(Some(Ok(Push::Deliver(item))));
                 break;
             }
             if let Some(d) = self.in_time(item, now) {
@@ -205,11 +219,12 @@ impl Stream for DeliveryStream {
         while let Poll::Ready(item) = this.next_item(cx) {
             let now = Instant::now();
             let event = match item {
-                Some(Ok(out)) => match this.in_time(out, now) {
+                Some(Ok(Push::Deliver(out))) => match this.in_time(out, now) {
                     None => continue,
                     Some(d) if this.batched => this.pack(d, now),
                     Some(d) => Event::Delivery(d),
                 },
+                Some(Ok(Push::Cancelled(c))) => Event::Cancelled(c),
                 Some(Err(status)) => return Poll::Ready(Some(Err(status))),
                 None => return Poll::Ready(None),
             };
@@ -243,6 +258,7 @@ impl Stream for SubscriptionStream {
                     kind: Some(match event {
                         Event::Delivery(d) => Kind::Delivery(d),
                         Event::Deliveries(d) => Kind::Deliveries(pb::Deliveries { deliveries: d }),
+                        Event::Cancelled(c) => Kind::Cancelled(c),
                         Event::Heartbeat(h) => Kind::Heartbeat(h),
                     }),
                 })
@@ -284,14 +300,14 @@ mod tests {
     }
 
     fn outgoing(payload: usize, send_by: Instant) -> Item {
-        Ok(Outgoing {
+        Ok(Push::Deliver(Outgoing {
             delivery: delivery(payload),
             lease: (
                 JobId::new(),
                 LeaseToken(uuid::Uuid::new_v4(), crate::domain::ClusterId::HOME),
             ),
             send_by,
-        })
+        }))
     }
 
     /// A stream over a channel of `cap`, its dispatcher's receiver, and
@@ -310,7 +326,7 @@ mod tests {
             .batched(batched);
         match poll(&mut s) {
             Poll::Ready(Some(Ok(Event::Heartbeat(h)))) => {
-                assert_eq!(h.features, vec!["deliveries".to_owned()], "{h:?}");
+                assert_eq!(h.features, ["deliveries", "cancel"], "{h:?}");
             }
             other => panic!("first event: {other:?}"),
         }
@@ -408,5 +424,45 @@ mod tests {
             ));
         }
         assert!(matches!(poll(&mut s), Poll::Ready(None)));
+    }
+}
+
+#[cfg(test)]
+mod cancel_tests {
+    use std::task::Waker;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_cancel_ends_the_pack_before_it_and_goes_out_after_it() {
+        let (tx, rx) = mpsc::channel(10);
+        let (dtx, _drx) = mpsc::unbounded_channel();
+        let mut s =
+            DeliveryStream::new(rx, Arc::default(), Duration::from_secs(60), 1, dtx).batched(true);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut next = || Pin::new(&mut s).poll_next(&mut cx);
+        assert!(matches!(next(), Poll::Ready(Some(Ok(Event::Heartbeat(_))))));
+        let later = Instant::now() + Duration::from_secs(60);
+        let deliver = || {
+            Ok(Push::Deliver(Outgoing {
+                delivery: pb::Delivery::default(),
+                lease: (
+                    crate::domain::JobId::new(),
+                    crate::domain::LeaseToken(uuid::Uuid::new_v4(), crate::domain::ClusterId::HOME),
+                ),
+                send_by: later,
+            }))
+        };
+        tx.try_send(deliver()).unwrap();
+        tx.try_send(deliver()).unwrap();
+        tx.try_send(Ok(Push::Cancelled(pb::Cancelled {
+            job_id: "j".into(),
+            lease_token: "t".into(),
+        })))
+        .unwrap();
+        tx.try_send(deliver()).unwrap();
+        assert!(matches!(next(), Poll::Ready(Some(Ok(Event::Deliveries(d)))) if d.len() == 2));
+        assert!(matches!(next(), Poll::Ready(Some(Ok(Event::Cancelled(c)))) if c.job_id == "j"));
+        assert!(matches!(next(), Poll::Ready(Some(Ok(Event::Delivery(_))))));
     }
 }
