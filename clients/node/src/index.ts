@@ -2,6 +2,7 @@
 //   Client:      Enqueue, EnqueueBatch, the settles, consume() (async iterator)
 //   Worker:      handlers per queue, timeouts, outcomes, graceful stop
 //   AdminClient: every AdminService call
+//   testing:     a throwaway broker and drain(), for tests
 
 export { status } from '@grpc/grpc-js';
 export { AdminClient } from './admin';
@@ -22,3 +23,5 @@ export { defineTask, Task } from './task';
 export type { TaskHandler } from './task';
 export { DEFAULT_CONCURRENCY, Worker } from './worker';
 export type { Handler, HandlerContext, HandlerOptions, JobEvent, JobOutcome, Middleware, WorkerOptions } from './worker';
+export * as testing from './testing';
+export type { DrainOptions, DrainTarget, StartBrokerOptions, TestBroker } from './testing';
