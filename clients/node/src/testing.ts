@@ -47,6 +47,8 @@ export interface TestBroker {
   readonly pid: number;
   /** The broker's log lines (JSON), for a failing test's message. */
   readonly log: string[];
+  /** The temporary directory (the cluster in its pg/), removed by stop(); null with dataDir or databaseUrl. */
+  readonly dir: string | null;
   /**
    * Closes the clients, stops the broker (SIGTERM to its PID; it drains and
    * stops its embedded cluster) and removes the temporary directory.
@@ -214,6 +216,7 @@ export async function startBroker(opts: StartBrokerOptions = {}): Promise<TestBr
     admin,
     pid: child.pid as number,
     log,
+    dir: tmp,
     stop: async () => {
       client.close();
       await stop();

@@ -8,7 +8,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const { after, before, test } = require('node:test');
 const { AdminClient, Client } = require('@leaseq/client');
-const { suiteBroker, queueName, jobGone, eventually } = require('../harness/helpers');
+const { suiteBroker, queueName, jobGone, eventually, REPO } = require('../harness/helpers');
 const { startSecureBroker } = require('../harness/secure');
 
 const ROOT = path.join(__dirname, '..');
@@ -170,6 +170,15 @@ test('examples/tasks.mjs: a typed task, middleware, burst mode exits when draine
   assert.equal(lines.at(-1), 'drained');
   const { stats } = await admin.getQueue(q);
   assert.deepEqual([stats.available, stats.leased, stats.scheduled], [0, 0, 0]);
+});
+
+test('examples/testing.mjs: a user\'s test file, on a throwaway broker of its own', { timeout: 120000 }, async () => {
+  // NODE_TEST_CONTEXT unset: the example reports as a program run by hand (TAP), not to this runner.
+  const p = start('testing.mjs', { NODE_TEST_CONTEXT: undefined, LEASEQ_ADDR: '', LEASEQ_BIN: process.env.LEASEQ_BIN || path.join(REPO, 'target', 'debug', 'leaseq') }, 110000);
+  const code = await p.exit;
+  assert.equal(code, 0, `testing.mjs exited ${code}: ${p.lines.join('\n')}${p.stderr}`);
+  assert.ok(p.lines.includes('# pass 1') && p.lines.includes('# fail 0'), p.lines.join('\n'));
+  assert.ok(p.lines.some((l) => /^ok 1 - a bad address is dead-lettered/.test(l)), p.lines.join('\n'));
 });
 
 test('examples/admin.mjs', { timeout: 30000 }, async () => {
