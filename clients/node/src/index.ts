@@ -6,7 +6,10 @@
 
 export { status } from '@grpc/grpc-js';
 export { AdminClient } from './admin';
-export type { DeadLettersSelector, JobInfo, JobList, JobState, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate } from './admin';
+export type {
+  CatchUpPolicy, DeadLettersSelector, JobInfo, JobList, JobState, JobTemplate, OverlapPolicy, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate,
+  ScheduleInfo, ScheduleSpec, ScheduleUpdate,
+} from './admin';
 export { Client } from './client';
 export type { AckResult, ClientOptions, EnqueueJob, EnqueueOptions, EnqueueResult } from './client';
 export { DEFAULT_ADDR, systemRoots } from './connection';
