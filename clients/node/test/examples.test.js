@@ -196,6 +196,19 @@ test('examples/admin.mjs', { timeout: 30000 }, async () => {
   await admin.purgeQueue(q);
 });
 
+test('examples/schedules.mjs', { timeout: 30000 }, async () => {
+  const [name, q] = [queueName('sched'), queueName()];
+  const lines = await runToEnd('schedules.mjs', { SCHEDULE: name, QUEUE: q });
+  // 02:30 in Paris: 00:30 or 01:30 UTC, by the season.
+  assert.match(lines[0], new RegExp(`^${name}: next run \\d{4}-\\d\\d-\\d\\dT0[01]:30:00\\.000Z$`));
+  const jobId = lines[1].match(/^ran now: job ([0-9a-f-]{36})$/)[1];
+  const job = await admin.getJob(jobId);
+  assert.deepEqual([job.queue, JSON.parse(job.payload).kind, job.headers['leaseq-schedule']], [q, 'daily', name]);
+  assert.ok(lines.includes(`${name} 0 3 * * MON-FRI Europe/Paris (paused)`), lines.join('\n'));
+  await assert.rejects(admin.getSchedule(name), /NOT_FOUND/);
+  await admin.purgeQueue(q);
+});
+
 test('examples/require.cjs', { timeout: 30000 }, async () => {
   assert.deepEqual(await runToEnd('require.cjs', { QUEUE: queueName() }), ['round trip: from CommonJS']);
 });
