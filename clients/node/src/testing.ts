@@ -11,7 +11,6 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import * as readline from 'node:readline';
 import { AdminClient } from './admin';
 import { Client } from './client';
 import type { Logger } from './consumer';
@@ -45,10 +44,10 @@ export interface TestBroker {
   readonly admin: AdminClient;
   /** The broker process's id. */
   readonly pid: number;
-  /** The broker's log lines (JSON), for a failing test's message. */
-  readonly log: string[];
-  /** The temporary directory (the cluster in its pg/), removed by stop(); null with dataDir or databaseUrl. */
-  readonly dir: string | null;
+  /** The temporary directory (the broker's log, and the cluster in pg/ unless dataDir or databaseUrl), removed by stop(). */
+  readonly dir: string;
+  /** The broker's log (JSON lines), in dir. */
+  readonly logFile: string;
   /**
    * Closes the clients, stops the broker (SIGTERM to its PID; it drains and
    * stops its embedded cluster) and removes the temporary directory.
@@ -84,19 +83,17 @@ export function findBinary(bin?: string): string {
 // Brokers started and not yet stopped: SIGTERM on process exit (a test
 // that never called stop(), or --test-force-exit), and a detached shell
 // that removes the temporary directory once the broker has exited.
-const live = new Set<{ child: ChildProcess; tmp: string | null }>();
+const live = new Set<{ child: ChildProcess; tmp: string }>();
 let exitHook = false;
 function onExit(): void {
   for (const { child, tmp } of live) {
     if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) continue;
     child.kill('SIGTERM');
-    if (tmp) {
-      const sweep = spawn('sh', ['-c', 'while kill -0 "$1" 2>/dev/null; do sleep 0.2; done; rm -rf "$2"', 'sh', String(child.pid), tmp], {
-        detached: true,
-        stdio: 'ignore',
-      });
-      sweep.unref();
-    }
+    const sweep = spawn('sh', ['-c', 'while kill -0 "$1" 2>/dev/null; do sleep 0.2; done; rm -rf "$2"', 'sh', String(child.pid), tmp], {
+      detached: true,
+      stdio: 'ignore',
+    });
+    sweep.unref();
   }
 }
 
@@ -110,7 +107,13 @@ function onExit(): void {
 export async function startBroker(opts: StartBrokerOptions = {}): Promise<TestBroker> {
   const bin = findBinary(opts.bin);
   const timeoutMs = opts.timeoutMs ?? 120000;
-  let tmp: string | null = null;
+  // The broker's log goes to a file here, not to a pipe: a broker whose
+  // test process exited (and with it the pipe's reader) must still be able
+  // to log its drain and stop its cluster.
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'leaseq-test-'));
+  // As root the cluster runs as `postgres`, which must enter the directory.
+  fs.chmodSync(tmp, 0o755);
+  const logFile = path.join(tmp, 'broker.log');
   const env: NodeJS.ProcessEnv = { ...process.env, RUST_LOG: 'warn,leaseq_server::server=info' };
   // The embedded cluster is used only without these.
   delete env.DATABASE_URL;
@@ -120,31 +123,34 @@ export async function startBroker(opts: StartBrokerOptions = {}): Promise<TestBr
   const args = ['serve', '--listen', '127.0.0.1:0', '--log-format', 'json',
     // Prompt reaping and short drains: a test's timings.
     '--heartbeat-interval', '1s', '--reap-interval', '200ms', '--health-interval', '200ms', '--drain-grace', '2s'];
+  const ownCluster = !opts.databaseUrl && !opts.dataDir;
   if (opts.databaseUrl) env.DATABASE_URL = opts.databaseUrl; // not on the command line: it may hold a password
-  else if (opts.dataDir) args.push('--data-dir', opts.dataDir);
-  else {
-    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'leaseq-test-'));
-    // As root the cluster runs as `postgres`, which must enter the directory.
-    fs.chmodSync(tmp, 0o755);
-    args.push('--data-dir', path.join(tmp, 'pg'));
-  }
+  else args.push('--data-dir', opts.dataDir ?? path.join(tmp, 'pg'));
   args.push(...(opts.args ?? []));
 
-  const child = spawn(bin, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  const fd = fs.openSync(logFile, 'a');
+  let child: ChildProcess;
+  try {
+    child = spawn(bin, args, { env, stdio: ['ignore', 'ignore', fd] });
+  } finally {
+    fs.closeSync(fd);
+  }
   const entry = { child, tmp };
   live.add(entry);
   if (!exitHook) {
     exitHook = true;
     process.once('exit', onExit);
   }
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  const log: string[] = [];
+  const exited = new Promise<void>((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) resolve();
+    else child.once('exit', () => resolve());
+  });
   let stopped = false;
 
   const stop = async (): Promise<void> => {
     if (stopped) return;
     stopped = true;
-    if (child.exitCode === null && child.signalCode === null) {
+    if (child.pid !== undefined && child.exitCode === null && child.signalCode === null) {
       child.kill('SIGTERM');
       let timer: NodeJS.Timeout | undefined;
       const late = await Promise.race([exited.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(r, 30000, true)))]);
@@ -154,49 +160,54 @@ export async function startBroker(opts: StartBrokerOptions = {}): Promise<TestBr
         await exited;
         // The cluster outlives a killed broker: stop the postmaster it
         // started in our directory (its pid from postmaster.pid).
-        if (tmp) stopPostmaster(path.join(tmp, 'pg', 'data'));
+        if (ownCluster) stopPostmaster(path.join(tmp, 'pg', 'data'));
       }
     }
     live.delete(entry);
-    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+    fs.rmSync(tmp, { recursive: true, force: true });
+  };
+  const tail = () => {
+    try {
+      return fs.readFileSync(logFile, 'utf8').trimEnd().split('\n').slice(-20).join('\n');
+    } catch {
+      return '';
+    }
   };
 
-  let address: string;
-  try {
-    address = await new Promise<string>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`leaseq testing: the broker did not start within ${timeoutMs} ms`)), timeoutMs);
-      child.once('error', (e) => {
-        clearTimeout(timer);
-        reject(e);
-      });
-      const lines = readline.createInterface({ input: child.stderr as NodeJS.ReadableStream });
-      lines.on('line', (line) => {
-        log.push(line);
-        try {
-          const event = JSON.parse(line);
-          if (event.fields?.message === 'leaseq serving') {
-            clearTimeout(timer);
-            resolve(String(event.fields.addr));
-          }
-        } catch {
-          // not JSON: kept in the log
-        }
-      });
-      lines.on('close', () => {
-        clearTimeout(timer);
-        reject(new Error(`leaseq testing: the broker exited before serving:\n${log.slice(-20).join('\n')}`));
-      });
-    });
-  } catch (e) {
-    await stop();
-    throw e;
+  // The port the broker bound: its "leaseq serving" log line (JSON). A
+  // file has no event to await: polled.
+  let address = '';
+  let spawnError: Error | null = null;
+  child.once('error', (e) => (spawnError = e));
+  const deadline = Date.now() + timeoutMs;
+  while (!address) {
+    for (const line of fs.readFileSync(logFile, 'utf8').split('\n')) {
+      if (!line.includes('leaseq serving')) continue;
+      try {
+        const event = JSON.parse(line);
+        if (event.fields?.message === 'leaseq serving') address = String(event.fields.addr);
+      } catch {
+        // a line still being written
+      }
+    }
+    if (address) break;
+    if (spawnError || child.exitCode !== null || child.signalCode !== null || Date.now() > deadline) {
+      const why = spawnError
+        ? `could not run ${bin}: ${(spawnError as Error).message}`
+        : Date.now() > deadline
+          ? `the broker did not start within ${timeoutMs} ms`
+          : 'the broker exited before serving';
+      const log = tail();
+      await stop();
+      throw new Error(`leaseq testing: ${why}${log ? `:\n${log}` : ''}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
   }
 
-  const client = new Client(address, { tls: false }) // plaintext whatever LEASEQ_TLS_CA says;
+  const client = new Client(address, { tls: false }); // plaintext whatever LEASEQ_TLS_CA says
   const admin = new AdminClient(client);
   // Serving once migrations ran and PostgreSQL answers: an admin call goes through.
   const probe = new AdminClient(client, { callTimeoutMs: 2000 });
-  const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
       await probe.listQueues({ pageSize: 1 });
@@ -205,7 +216,7 @@ export async function startBroker(opts: StartBrokerOptions = {}): Promise<TestBr
       if (Date.now() > deadline || child.exitCode !== null) {
         client.close();
         await stop();
-        throw new Error(`leaseq testing: the broker at ${address} did not answer: ${(e as Error).message}`);
+        throw new Error(`leaseq testing: the broker at ${address} did not answer: ${(e as Error).message}\n${tail()}`);
       }
       await new Promise((r) => setTimeout(r, 100)); // a process we do not control: nothing to await
     }
@@ -215,8 +226,8 @@ export async function startBroker(opts: StartBrokerOptions = {}): Promise<TestBr
     client,
     admin,
     pid: child.pid as number,
-    log,
     dir: tmp,
+    logFile,
     stop: async () => {
       client.close();
       await stop();

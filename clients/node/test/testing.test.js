@@ -40,7 +40,7 @@ test('startBroker: a broker of its own on loopback, with a client and an admin c
   const q = queueName();
   const { jobId } = await broker.client.enqueue(q, 'x');
   assert.equal((await broker.admin.getJob(jobId)).queue, q);
-  assert.ok(broker.log.some((l) => l.includes('leaseq serving')));
+  assert.ok(fs.readFileSync(broker.logFile, 'utf8').includes('leaseq serving'));
 });
 
 test('drain: each job\'s outcome, middleware, and the queue empty afterwards', { timeout: 30000 }, async () => {
@@ -130,12 +130,15 @@ test('a process that exits without stop(): its broker is stopped and the directo
   const script = [
     "const { testing } = require('@leaseq/client');",
     'testing.startBroker().then((b) => {',
-    '  console.log(JSON.stringify({ pid: b.pid, dir: b.dir }));',
+    "  const postmaster = Number(require('fs').readFileSync(b.dir + '/pg/data/postmaster.pid', 'utf8').split('\\n')[0]);",
+    '  console.log(JSON.stringify({ pid: b.pid, dir: b.dir, postmaster }));',
     '  process.exit(0);',
     '});',
   ].join('\n');
   const { stdout } = await promisify(execFile)(process.execPath, ['-e', script], { cwd: __dirname, timeout: 80000 });
-  const { pid, dir } = JSON.parse(stdout);
+  const { pid, dir, postmaster } = JSON.parse(stdout);
+  assert.ok(postmaster > 1);
   await eventually(() => !alive(pid), 30000, 'the orphaned broker exited');
+  await eventually(() => !alive(postmaster), 30000, 'its embedded postmaster exited');
   await eventually(() => !fs.existsSync(dir), 30000, 'its directory was removed');
 });
