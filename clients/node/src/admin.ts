@@ -1,4 +1,4 @@
-// leaseq.v1.AdminService: queues, jobs, dead letters. Needs a token with
+// leaseq.v1.AdminService: queues, jobs, dead letters, schedules. Needs a token with
 // `admin` on `*` when the broker runs with --auth-file.
 
 import * as grpc from '@grpc/grpc-js';
@@ -100,6 +100,64 @@ export interface JobList {
   nextPageToken: string;
 }
 
+/** What a tick does while the job of the schedule's previous run is still live: enqueue anyway, or nothing. */
+export type OverlapPolicy = 'allow' | 'skip';
+/** Ticks no broker fired within its --schedule-grace (all were down): none, the latest, or the latest catchUpLimit. */
+export type CatchUpPolicy = 'none' | 'one' | 'all';
+
+/** The job each tick of a schedule enqueues (the rules of an enqueue). */
+export interface JobTemplate {
+  queue: string;
+  /** Bytes, or a string (sent as UTF-8). */
+  payload?: Buffer | Uint8Array | string;
+  /** At most 62, none starting with `leaseq-schedule` (each job gets `leaseq-schedule` and `leaseq-schedule-tick`). */
+  headers?: Record<string, string>;
+  priority?: number;
+  /** 0 = the queue's default. */
+  maxAttempts?: number;
+  /** Dead-lettered (expired) if not done this long after its enqueue; 0 or absent = never. */
+  ttlMs?: number;
+}
+
+/** A schedule's definition (createSchedule). */
+export interface ScheduleSpec {
+  /** Five fields (minute first) or six (seconds first); names, ranges, steps, L, W, #, @hourly. */
+  cron: string;
+  /** An IANA zone name (Europe/Paris); default UTC. */
+  timeZone?: string;
+  job: JobTemplate;
+  /** Default 'allow'. */
+  overlap?: OverlapPolicy;
+  /** Default 'one'. */
+  catchUp?: CatchUpPolicy;
+  /** With catchUp 'all': 1 to 1000; default 10. */
+  catchUpLimit?: number;
+  /** Created paused: fires nothing until resumed. */
+  paused?: boolean;
+}
+
+/** Only the fields given change; a new cron or time zone counts the next tick from now. */
+export type ScheduleUpdate = Partial<ScheduleSpec>;
+
+export interface ScheduleInfo {
+  name: string;
+  cron: string;
+  /** 'UTC' unless another zone was given. */
+  timeZone: string;
+  job: { queue: string; payload: Buffer; headers: Record<string, string>; priority: number; maxAttempts: number; ttlMs: number | null };
+  overlap: OverlapPolicy;
+  catchUp: CatchUpPolicy;
+  catchUpLimit: number;
+  paused: boolean;
+  /** The next tick (while paused: where it stood). */
+  nextRunAt: Date | null;
+  /** The last tick that enqueued a job (or runSchedule's time), and that job. */
+  lastTickAt: Date | null;
+  lastJobId: string;
+  createdAt: Date | null;
+  updatedAt: Date | null;
+}
+
 /** Dead letters by id (optionally restricted to a queue), or all of a queue. */
 export type DeadLettersSelector = { queue?: string; ids: string[] } | { queue: string; all: true };
 
@@ -180,6 +238,65 @@ function jobList(r: { jobs: Record<string, unknown>[]; nextPageToken: string }):
 function selector(sel: DeadLettersSelector): Record<string, unknown> {
   if ('all' in sel) return { queue: sel.queue, ids: [], all: !!sel.all };
   return { queue: sel.queue ?? '', ids: sel.ids, all: false };
+}
+
+const OVERLAP: Record<OverlapPolicy, string> = { allow: 'OVERLAP_POLICY_ALLOW', skip: 'OVERLAP_POLICY_SKIP' };
+const CATCH_UP: Record<CatchUpPolicy, string> = { none: 'CATCH_UP_POLICY_NONE', one: 'CATCH_UP_POLICY_ONE', all: 'CATCH_UP_POLICY_ALL' };
+
+function enumValue<K extends string>(map: Record<K, string>, v: K, field: string): string {
+  const e = map[v];
+  if (e === undefined) throw new TypeError(`${field}: expected one of ${Object.keys(map).join(', ')}, not ${JSON.stringify(v)}`);
+  return e;
+}
+
+function templatePb(t: JobTemplate): Record<string, unknown> {
+  const p = t.payload;
+  const pb: Record<string, unknown> = {
+    queue: t.queue,
+    payload: typeof p === 'string' ? Buffer.from(p) : p == null ? Buffer.alloc(0) : Buffer.from(p),
+    headers: { ...(t.headers ?? {}) },
+    priority: t.priority ?? 0,
+    maxAttempts: t.maxAttempts ?? 0,
+  };
+  if (t.ttlMs != null) pb.ttl = duration(t.ttlMs);
+  return pb;
+}
+
+interface PbScheduleInfo {
+  schedule: Record<string, any>;
+  nextRunAt: PbTime | null;
+  lastTickAt: PbTime | null;
+  lastJobId: string;
+  createdAt: PbTime | null;
+  updatedAt: PbTime | null;
+}
+
+function scheduleInfo(r: PbScheduleInfo): ScheduleInfo {
+  const s = r.schedule ?? {};
+  const j = s.job ?? {};
+  const short = (v: string, prefix: string, dflt: string) => (v && !v.endsWith('UNSPECIFIED') ? v.slice(prefix.length).toLowerCase() : dflt);
+  return {
+    name: s.name,
+    cron: s.cron,
+    timeZone: s.timeZone,
+    job: {
+      queue: j.queue ?? '',
+      payload: j.payload ?? Buffer.alloc(0),
+      headers: { ...j.headers },
+      priority: j.priority ?? 0,
+      maxAttempts: j.maxAttempts ?? 0,
+      ttlMs: toMs(j.ttl),
+    },
+    overlap: short(s.overlap, 'OVERLAP_POLICY_', 'allow') as OverlapPolicy,
+    catchUp: short(s.catchUp, 'CATCH_UP_POLICY_', 'one') as CatchUpPolicy,
+    catchUpLimit: Number(s.catchUpLimit ?? 0),
+    paused: !!s.paused,
+    nextRunAt: toDate(r.nextRunAt),
+    lastTickAt: toDate(r.lastTickAt),
+    lastJobId: r.lastJobId,
+    createdAt: toDate(r.createdAt),
+    updatedAt: toDate(r.updatedAt),
+  };
 }
 
 type AnyStub = grpc.Client & Record<string, (...args: unknown[]) => any>;
@@ -327,6 +444,72 @@ export class AdminClient {
       opts.signal?.removeEventListener('abort', onAbort);
       call.cancel();
     }
+  }
+
+  // --- schedules (docs/design/schedules.md): a cron expression in a time
+  // zone enqueues a job made from a template at each tick, exactly once
+  // whatever the number of brokers.
+
+  /** Creates a schedule; ALREADY_EXISTS if the name is taken. */
+  async createSchedule(name: string, spec: ScheduleSpec): Promise<ScheduleInfo> {
+    const schedule: Record<string, unknown> = {
+      name,
+      cron: spec.cron,
+      timeZone: spec.timeZone ?? '',
+      job: templatePb(spec.job),
+      overlap: spec.overlap != null ? enumValue(OVERLAP, spec.overlap, 'overlap') : 'OVERLAP_POLICY_UNSPECIFIED',
+      catchUp: spec.catchUp != null ? enumValue(CATCH_UP, spec.catchUp, 'catchUp') : 'CATCH_UP_POLICY_UNSPECIFIED',
+      catchUpLimit: spec.catchUpLimit ?? 0,
+      paused: !!spec.paused,
+    };
+    return scheduleInfo(await this.#unary<PbScheduleInfo>('CreateSchedule', { schedule }));
+  }
+
+  async getSchedule(name: string): Promise<ScheduleInfo> {
+    return scheduleInfo(await this.#unary<PbScheduleInfo>('GetSchedule', { name }));
+  }
+
+  /** Schedules in name order. */
+  async listSchedules(page: Page = {}): Promise<{ schedules: ScheduleInfo[]; nextPageToken: string }> {
+    const r = await this.#unary<{ schedules: PbScheduleInfo[]; nextPageToken: string }>('ListSchedules', {
+      pageSize: page.pageSize ?? 0,
+      pageToken: page.pageToken ?? '',
+    });
+    return { schedules: r.schedules.map(scheduleInfo), nextPageToken: r.nextPageToken };
+  }
+
+  /** Changes the fields given (and only those); `job` replaces the whole template. */
+  async updateSchedule(name: string, update: ScheduleUpdate): Promise<ScheduleInfo> {
+    const req: Record<string, unknown> = { name };
+    if (update.cron != null) req.cron = update.cron;
+    if (update.timeZone != null) req.timeZone = update.timeZone;
+    if (update.job != null) req.job = templatePb(update.job);
+    if (update.overlap != null) req.overlap = enumValue(OVERLAP, update.overlap, 'overlap');
+    if (update.catchUp != null) req.catchUp = enumValue(CATCH_UP, update.catchUp, 'catchUp');
+    if (update.catchUpLimit != null) req.catchUpLimit = update.catchUpLimit;
+    if (update.paused != null) req.paused = update.paused;
+    return scheduleInfo(await this.#unary<PbScheduleInfo>('UpdateSchedule', req));
+  }
+
+  /** A paused schedule fires nothing (runSchedule still enqueues); ticks passed while paused are not caught up. */
+  async pauseSchedule(name: string): Promise<ScheduleInfo> {
+    return scheduleInfo(await this.#unary<PbScheduleInfo>('PauseSchedule', { name }));
+  }
+
+  /** Resumes it; the next tick counts from now. */
+  async resumeSchedule(name: string): Promise<ScheduleInfo> {
+    return scheduleInfo(await this.#unary<PbScheduleInfo>('ResumeSchedule', { name }));
+  }
+
+  /** Deletes the schedule; the jobs it enqueued stay. */
+  async deleteSchedule(name: string): Promise<void> {
+    await this.#unary('DeleteSchedule', { name });
+  }
+
+  /** Enqueues the schedule's job now, once, whatever its cron, overlap or pause; the next tick stays. */
+  async runSchedule(name: string): Promise<{ jobId: string; tickAt: Date | null }> {
+    const r = await this.#unary<{ jobId: string; tickAt: PbTime | null }>('RunSchedule', { name });
+    return { jobId: r.jobId, tickAt: toDate(r.tickAt) };
   }
 
   /** Closes the channel, if this AdminClient opened it. */

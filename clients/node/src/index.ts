@@ -2,10 +2,14 @@
 //   Client:      Enqueue, EnqueueBatch, the settles, consume() (async iterator)
 //   Worker:      handlers per queue, timeouts, outcomes, graceful stop
 //   AdminClient: every AdminService call
+//   testing:     a throwaway broker and drain(), for tests
 
 export { status } from '@grpc/grpc-js';
 export { AdminClient } from './admin';
-export type { DeadLettersSelector, JobInfo, JobList, JobState, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate } from './admin';
+export type {
+  CatchUpPolicy, DeadLettersSelector, JobInfo, JobList, JobState, JobTemplate, OverlapPolicy, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate,
+  ScheduleInfo, ScheduleSpec, ScheduleUpdate,
+} from './admin';
 export { Client } from './client';
 export type { AckResult, ClientOptions, EnqueueJob, EnqueueOptions, EnqueueResult } from './client';
 export { DEFAULT_ADDR, systemRoots } from './connection';
@@ -22,3 +26,5 @@ export { defineTask, Task } from './task';
 export type { TaskHandler } from './task';
 export { DEFAULT_CONCURRENCY, Worker } from './worker';
 export type { Handler, HandlerContext, HandlerOptions, JobEvent, JobOutcome, Middleware, WorkerOptions } from './worker';
+export * as testing from './testing';
+export type { DrainOptions, DrainTarget, StartBrokerOptions, TestBroker } from './testing';

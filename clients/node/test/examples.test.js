@@ -8,7 +8,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const { after, before, test } = require('node:test');
 const { AdminClient, Client } = require('@leaseq/client');
-const { suiteBroker, queueName, jobGone, eventually } = require('../harness/helpers');
+const { suiteBroker, queueName, jobGone, eventually, REPO } = require('../harness/helpers');
 const { startSecureBroker } = require('../harness/secure');
 
 const ROOT = path.join(__dirname, '..');
@@ -172,6 +172,15 @@ test('examples/tasks.mjs: a typed task, middleware, burst mode exits when draine
   assert.deepEqual([stats.available, stats.leased, stats.scheduled], [0, 0, 0]);
 });
 
+test('examples/testing.mjs: a user\'s test file, on a throwaway broker of its own', { timeout: 120000 }, async () => {
+  // NODE_TEST_CONTEXT unset: the example reports as a program run by hand (TAP), not to this runner.
+  const p = start('testing.mjs', { NODE_TEST_CONTEXT: undefined, LEASEQ_ADDR: '', LEASEQ_BIN: process.env.LEASEQ_BIN || path.join(REPO, 'target', 'debug', 'leaseq') }, 110000);
+  const code = await p.exit;
+  assert.equal(code, 0, `testing.mjs exited ${code}: ${p.lines.join('\n')}${p.stderr}`);
+  assert.ok(p.lines.includes('# pass 1') && p.lines.includes('# fail 0'), p.lines.join('\n'));
+  assert.ok(p.lines.some((l) => /^ok 1 - a bad address is dead-lettered/.test(l)), p.lines.join('\n'));
+});
+
 test('examples/admin.mjs', { timeout: 30000 }, async () => {
   const q = queueName();
   const { jobId } = await client.enqueue(q, 'x');
@@ -184,6 +193,19 @@ test('examples/admin.mjs', { timeout: 30000 }, async () => {
   assert.ok(lines.includes(`dead ${jobId} (nacked): for the example`), lines.join('\n'));
   assert.ok(lines.includes('requeued 1'));
   assert.equal(lines.at(-1), `watch: ${q}=1`);
+  await admin.purgeQueue(q);
+});
+
+test('examples/schedules.mjs', { timeout: 30000 }, async () => {
+  const [name, q] = [queueName('sched'), queueName()];
+  const lines = await runToEnd('schedules.mjs', { SCHEDULE: name, QUEUE: q });
+  // 02:30 in Paris: 00:30 or 01:30 UTC, by the season.
+  assert.match(lines[0], new RegExp(`^${name}: next run \\d{4}-\\d\\d-\\d\\dT0[01]:30:00\\.000Z$`));
+  const jobId = lines[1].match(/^ran now: job ([0-9a-f-]{36})$/)[1];
+  const job = await admin.getJob(jobId);
+  assert.deepEqual([job.queue, JSON.parse(job.payload).kind, job.headers['leaseq-schedule']], [q, 'daily', name]);
+  assert.ok(lines.includes(`${name} 0 3 * * MON-FRI Europe/Paris (paused)`), lines.join('\n'));
+  await assert.rejects(admin.getSchedule(name), /NOT_FOUND/);
   await admin.purgeQueue(q);
 });
 
