@@ -32,7 +32,10 @@ from leaseq._types import (
 from leaseq.admin import (
     AdminClient,
     AsyncAdminClient,
+    CatchUp,
     JobInfo,
+    JobTemplate,
+    Overlap,
     JobState,
     Page,
     PurgeQueueResult,
@@ -41,6 +44,8 @@ from leaseq.admin import (
     QueuesSnapshot,
     QueueStats,
     RequeueResult,
+    ScheduleInfo,
+    ScheduleRun,
 )
 from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription
 from leaseq.client import Client, Consumer, Subscription
@@ -56,6 +61,7 @@ __all__ = [
     "AsyncClient",
     "AsyncConsumer",
     "AsyncSubscription",
+    "CatchUp",
     "Backoff",
     "Client",
     "Connection",
@@ -68,7 +74,9 @@ __all__ = [
     "JobInfo",
     "Middleware",
     "JobState",
+    "JobTemplate",
     "NewJob",
+    "Overlap",
     "Page",
     "PurgeQueueResult",
     "QueueInfo",
@@ -77,6 +85,8 @@ __all__ = [
     "QueuesSnapshot",
     "RequeueResult",
     "Retry",
+    "ScheduleInfo",
+    "ScheduleRun",
     "RpcError",
     "Seconds",
     "SettleResult",
