@@ -101,8 +101,11 @@ class TestBroker:
         ready = threading.Event()
         threading.Thread(target=self._read_log, args=(self._proc, bound, ready), daemon=True).start()
         try:
-            if not ready.wait(self._timeout) or bound.get("addr") is None:
+            if not ready.wait(self._timeout):
                 raise RuntimeError(self._failure(f"did not start serving within {self._timeout}s"))
+            if bound.get("addr") is None:  # its log ended: it exited
+                self._proc.wait(10)
+                raise RuntimeError(self._failure("exited before serving"))
             self._addr = bound["addr"]
             self._wait_answering()
         except BaseException:
