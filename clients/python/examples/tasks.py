@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 from leaseq import Client, Job, Retry, Task, Worker
 
@@ -32,6 +32,7 @@ with Client(addr) as client:
 
 worker = Worker(addr, max_in_flight=8)
 took: Dict[str, int] = {}
+sent: List[str] = []
 
 
 @worker.use
@@ -52,8 +53,10 @@ def timing(job: Job, next: Callable[[Job], Any]) -> Any:
 
 @worker.task(send_email)
 def send(email: Email) -> None:  # or send(email, job) for the Job too
-    print("sending", email.subject, "to", email.to)
+    sent.append(f"{email.subject} to {email.to}")
 
 
 worker.run(burst=True)
+for line in sorted(sent):
+    print("sent", line)
 print("timed", len(took), "acked", worker.stats.acked, "dead-lettered", worker.stats.dead_lettered)

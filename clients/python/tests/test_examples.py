@@ -144,10 +144,7 @@ def test_readme_python_blocks_are_the_examples():
 def test_tasks_example(addr):
     q = queue_name()
     out = run_example("tasks.py", addr, q)
-    assert sorted(x for x in out if x.startswith("sending")) == [
-        "sending welcome to ada@example.com",
-        "sending welcome to bob@example.com",
-    ]
+    assert out[-3:-1] == ["sent welcome to ada@example.com", "sent welcome to bob@example.com"]
     assert out[-1] == "timed 3 acked 2 dead-lettered 1"
     with AdminClient(addr) as admin:
         (dead,) = admin.list_dead_letters(q).items
