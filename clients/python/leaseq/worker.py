@@ -457,6 +457,9 @@ class Worker:
       :class:`leaseq.DeadLetter` dead-letters it; any other exception nacks it
       with ``str(exception)`` as the error (the job's next ``last_error``),
       and the queue's backoff decides the retry.
+    - **Tasks and middleware**: ``@worker.task(task)`` registers a handler
+      of typed payloads (:class:`leaseq.Task`); ``worker.use(m)`` or
+      ``middleware=[...]`` wraps every handler (:meth:`use`).
     - **Concurrency**: at most ``max_in_flight`` handlers run at once; it is
       also the stream's credit, so the broker never pushes more than that.
       ``async def`` handlers run on ``max_in_flight`` runner tasks made when
