@@ -17,3 +17,15 @@ with AdminClient(addr) as admin:
     admin.requeue_dead_letters(queue, all=True)  # give them another go
     admin.pause_queue(queue)  # enqueues still accepted; nothing delivered
     admin.resume_queue(queue)
+
+    # Schedules: a job to `queue` at 03:00 Paris time every day.
+    nightly = admin.create_schedule(
+        f"{queue}-nightly", "0 3 * * *", time_zone="Europe/Paris",
+        queue=queue, payload=b'{"report": "daily"}', overlap="skip",
+    )  # fmt: skip
+    print("next", nightly.name, nightly.next_run_at)
+    print("ran", admin.run_schedule(nightly.name).job_id)  # once now, whatever the cron
+    admin.update_schedule(nightly.name, cron="0 4 * * *")  # only what is given changes
+    admin.pause_schedule(nightly.name)
+    print("schedules", [s.name for s in admin.list_schedules().items if s.paused])
+    admin.delete_schedule(nightly.name)

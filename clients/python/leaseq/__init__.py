@@ -5,6 +5,10 @@
 - :class:`Worker`: handlers per queue, concurrency = credits, per-job
   timeout, lease extension, outcomes (:class:`Retry`, :class:`DeadLetter`),
   settles on the Consume stream, reconnects, graceful stop on SIGTERM.
+- :class:`Task`: a queue and its payload type, declared once: the producer
+  (``task.enqueue(client, payload)``) and the worker's handler
+  (``@worker.task(task)``). ``worker.use(middleware)`` wraps handlers.
+- ``leaseq.testing``: a throwaway broker (and a pytest fixture), ``drain``.
 - :class:`AdminClient` and :class:`AsyncAdminClient`: the AdminService.
 - :class:`TLS` and ``token=``: TLS, mutual TLS and bearer tokens on every client.
 - ``leaseq.v1``: the stubs generated from proto/ (``generate.sh``).
@@ -28,7 +32,10 @@ from leaseq._types import (
 from leaseq.admin import (
     AdminClient,
     AsyncAdminClient,
+    CatchUp,
     JobInfo,
+    JobTemplate,
+    Overlap,
     JobState,
     Page,
     PurgeQueueResult,
@@ -37,10 +44,13 @@ from leaseq.admin import (
     QueuesSnapshot,
     QueueStats,
     RequeueResult,
+    ScheduleInfo,
+    ScheduleRun,
 )
 from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription
 from leaseq.client import Client, Consumer, Subscription
-from leaseq.worker import FATAL_CODES, Backoff, Handler, Worker, WorkerStats
+from leaseq.task import Task, TaskHandler
+from leaseq.worker import FATAL_CODES, Backoff, Handler, Middleware, Worker, WorkerStats
 
 __version__ = "0.2.0"
 
@@ -51,6 +61,7 @@ __all__ = [
     "AsyncClient",
     "AsyncConsumer",
     "AsyncSubscription",
+    "CatchUp",
     "Backoff",
     "Client",
     "Connection",
@@ -61,8 +72,11 @@ __all__ = [
     "Handler",
     "Job",
     "JobInfo",
+    "Middleware",
     "JobState",
+    "JobTemplate",
     "NewJob",
+    "Overlap",
     "Page",
     "PurgeQueueResult",
     "QueueInfo",
@@ -71,11 +85,15 @@ __all__ = [
     "QueuesSnapshot",
     "RequeueResult",
     "Retry",
+    "ScheduleInfo",
+    "ScheduleRun",
     "RpcError",
     "Seconds",
     "SettleResult",
     "Subscription",
     "TLS",
+    "Task",
+    "TaskHandler",
     "Worker",
     "WorkerStats",
     "duration",

@@ -5,7 +5,7 @@ A broker with ``--auth-file`` needs a token with ``admin`` on ``*``."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     Any,
     AsyncIterator,
@@ -132,6 +132,135 @@ class QueuesSnapshot:
 
     queues: List[QueueInfo]
     sent_at: Optional[dt.datetime]
+
+
+#: A schedule's policy for a tick while its previous job is still live:
+#: "allow" (enqueue anyway) or "skip" (enqueue nothing for that tick).
+Overlap = Literal["allow", "skip"]
+#: Which ticks missed while the broker was down (or the schedule paused)
+#: are enqueued: "none", "one" (the latest) or "all" (the latest
+#: ``catch_up_limit``).
+CatchUp = Literal["none", "one", "all"]
+
+_OVERLAP = {"allow": apb.OVERLAP_POLICY_ALLOW, "skip": apb.OVERLAP_POLICY_SKIP}
+_OVERLAP_NAMES = {v: k for k, v in _OVERLAP.items()}
+_CATCH_UP = {"none": apb.CATCH_UP_POLICY_NONE, "one": apb.CATCH_UP_POLICY_ONE, "all": apb.CATCH_UP_POLICY_ALL}
+_CATCH_UP_NAMES = {v: k for k, v in _CATCH_UP.items()}
+
+
+@dataclass(frozen=True)
+class JobTemplate:
+    """The job a schedule enqueues at each tick."""
+
+    queue: str
+    payload: Union[bytes, str] = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    priority: int = 0
+    #: 0 = the queue's default.
+    max_attempts: int = 0
+    #: None = never expires.
+    ttl: Optional[Seconds] = None
+
+    def _to_pb(self) -> Any:
+        payload = self.payload.encode() if isinstance(self.payload, str) else self.payload
+        t = apb.JobTemplate(
+            queue=self.queue, payload=payload, headers=dict(self.headers), priority=self.priority,
+            max_attempts=self.max_attempts,
+        )  # fmt: skip
+        if self.ttl is not None:
+            t.ttl.CopyFrom(duration(self.ttl))
+        return t
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """A schedule as stored (defaults filled in) and where it stands."""
+
+    name: str
+    cron: str
+    #: IANA name; "" = UTC.
+    time_zone: str
+    #: The template; its ``payload`` is bytes and ``ttl`` a timedelta (None:
+    #: never expires).
+    job: JobTemplate
+    overlap: Overlap
+    catch_up: CatchUp
+    catch_up_limit: int
+    paused: bool
+    #: The next tick (while paused: where it stood).
+    next_run_at: Optional[dt.datetime]
+    #: The last tick that enqueued a job (or run_schedule's), and that job.
+    last_tick_at: Optional[dt.datetime]
+    last_job_id: str
+    created_at: Optional[dt.datetime]
+    updated_at: Optional[dt.datetime]
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """What ``run_schedule`` enqueued."""
+
+    job_id: str
+    #: The time the run is recorded under (its ``leaseq-schedule-tick`` header).
+    tick_at: Optional[dt.datetime]
+
+
+def _schedule_info(i: Any) -> ScheduleInfo:
+    s, j = i.schedule, i.schedule.job
+    template = JobTemplate(j.queue, j.payload, dict(j.headers), j.priority, j.max_attempts, _opt_timedelta(j, "ttl"))
+    return ScheduleInfo(
+        name=s.name, cron=s.cron, time_zone=s.time_zone, job=template,
+        overlap=_OVERLAP_NAMES.get(s.overlap, "allow"),  # type: ignore[arg-type]
+        catch_up=_CATCH_UP_NAMES.get(s.catch_up, "one"),  # type: ignore[arg-type]
+        catch_up_limit=s.catch_up_limit, paused=s.paused,
+        next_run_at=_opt_datetime(i, "next_run_at"), last_tick_at=_opt_datetime(i, "last_tick_at"),
+        last_job_id=i.last_job_id, created_at=_opt_datetime(i, "created_at"),
+        updated_at=_opt_datetime(i, "updated_at"),
+    )  # fmt: skip
+
+
+def _policy(name: str, value: Optional[str], codes: Mapping[str, Any]) -> Any:
+    if value is None:
+        return 0  # unspecified: the default (create), unchanged (update)
+    if value not in codes:
+        raise ValueError(f"{name}: must be one of {sorted(codes)}, not {value!r}")
+    return codes[value]
+
+
+def _create_schedule_request(
+    name: str, cron: str, job: JobTemplate, time_zone: str, overlap: Optional[Overlap],
+    catch_up: Optional[CatchUp], catch_up_limit: int, paused: bool,
+) -> Any:  # fmt: skip
+    return apb.CreateScheduleRequest(
+        schedule=apb.Schedule(
+            name=name, cron=cron, time_zone=time_zone, job=job._to_pb(),
+            overlap=_policy("overlap", overlap, _OVERLAP), catch_up=_policy("catch_up", catch_up, _CATCH_UP),
+            catch_up_limit=catch_up_limit, paused=paused,
+        )
+    )  # fmt: skip
+
+
+def _update_schedule_request(
+    name: str, cron: Optional[str], time_zone: Optional[str], job: Optional[JobTemplate], overlap: Optional[Overlap],
+    catch_up: Optional[CatchUp], catch_up_limit: Optional[int], paused: Optional[bool],
+) -> Any:  # fmt: skip
+    req = apb.UpdateScheduleRequest(
+        name=name, overlap=_policy("overlap", overlap, _OVERLAP), catch_up=_policy("catch_up", catch_up, _CATCH_UP)
+    )
+    if job is not None:
+        req.job.CopyFrom(job._to_pb())
+    for field_name, value in (("cron", cron), ("time_zone", time_zone), ("catch_up_limit", catch_up_limit), ("paused", paused)):
+        if value is not None:
+            setattr(req, field_name, value)
+    return req
+
+
+def _run_result(resp: Any) -> ScheduleRun:
+    return ScheduleRun(resp.job_id, _opt_datetime(resp, "tick_at"))
+
+
+def _schedules_page(resp: Any) -> Page[ScheduleInfo]:
+    return Page([_schedule_info(i) for i in resp.schedules], resp.next_page_token)
 
 
 def _queue_info(q: Any) -> QueueInfo:
@@ -363,6 +492,75 @@ class AdminClient:
         """Deletes dead letters for good; returns how many."""
         return int(self._call(self._stub.PurgeDeadLetters, _selector(queue, ids, all)).purged)
 
+    # --- schedules (docs/design/schedules.md)
+
+    def create_schedule(
+        self,
+        name: str,
+        cron: str,
+        *,
+        queue: str,
+        payload: Union[bytes, str] = b"",
+        headers: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
+        max_attempts: int = 0,
+        ttl: Optional[Seconds] = None,
+        time_zone: str = "",
+        overlap: Optional[Overlap] = None,
+        catch_up: Optional[CatchUp] = None,
+        catch_up_limit: int = 0,
+        paused: bool = False,
+    ) -> ScheduleInfo:
+        """A schedule that enqueues a job to ``queue`` at each tick of
+        ``cron`` (five fields, or six with seconds first; ``@hourly``...) in
+        ``time_zone`` (IANA name; "" = UTC). ``overlap`` (default "allow"),
+        ``catch_up`` (default "one") and ``catch_up_limit`` (with "all"; 0 =
+        10) as :class:`ScheduleInfo`. INVALID_ARGUMENT names the field (a
+        bad cron, time zone or template); ALREADY_EXISTS for a taken name."""
+        job = JobTemplate(queue, payload, headers or {}, priority, max_attempts, ttl)
+        req = _create_schedule_request(name, cron, job, time_zone, overlap, catch_up, catch_up_limit, paused)
+        return _schedule_info(self._call(self._stub.CreateSchedule, req))
+
+    def get_schedule(self, name: str) -> ScheduleInfo:
+        return _schedule_info(self._call(self._stub.GetSchedule, apb.GetScheduleRequest(name=name)))
+
+    def list_schedules(self, *, page_size: int = 0, page_token: str = "") -> Page[ScheduleInfo]:
+        """Schedules in name order."""
+        req = apb.ListSchedulesRequest(page_size=page_size, page_token=page_token)
+        return _schedules_page(self._call(self._stub.ListSchedules, req))
+
+    def update_schedule(
+        self,
+        name: str,
+        *,
+        cron: Optional[str] = None,
+        time_zone: Optional[str] = None,
+        job: Optional[JobTemplate] = None,
+        overlap: Optional[Overlap] = None,
+        catch_up: Optional[CatchUp] = None,
+        catch_up_limit: Optional[int] = None,
+        paused: Optional[bool] = None,
+    ) -> ScheduleInfo:
+        """Changes what is given (None: unchanged); ``job`` replaces the
+        whole template."""
+        req = _update_schedule_request(name, cron, time_zone, job, overlap, catch_up, catch_up_limit, paused)
+        return _schedule_info(self._call(self._stub.UpdateSchedule, req))
+
+    def pause_schedule(self, name: str) -> ScheduleInfo:
+        """A paused schedule fires nothing (``run_schedule`` still enqueues)."""
+        return _schedule_info(self._call(self._stub.PauseSchedule, apb.PauseScheduleRequest(name=name)))
+
+    def resume_schedule(self, name: str) -> ScheduleInfo:
+        return _schedule_info(self._call(self._stub.ResumeSchedule, apb.ResumeScheduleRequest(name=name)))
+
+    def delete_schedule(self, name: str) -> None:
+        """Deletes it (the jobs it enqueued stay); NOT_FOUND if there is none."""
+        self._call(self._stub.DeleteSchedule, apb.DeleteScheduleRequest(name=name))
+
+    def run_schedule(self, name: str) -> ScheduleRun:
+        """Enqueues the schedule's job now, paused or not."""
+        return _run_result(self._call(self._stub.RunSchedule, apb.RunScheduleRequest(name=name)))
+
     def watch_queues(self, queues: Sequence[str] = (), *, interval: Optional[Seconds] = None) -> Iterator[QueuesSnapshot]:
         """Queue statistics at once, then on every change (and at least every
         ``interval``). Closing the generator ends the stream."""
@@ -487,6 +685,75 @@ class AsyncAdminClient:
         self, queue: str = "", *, ids: Optional[Sequence[str]] = None, all: bool = False
     ) -> int:
         return int((await self._call(self._stub.PurgeDeadLetters, _selector(queue, ids, all))).purged)
+
+    # --- schedules (docs/design/schedules.md)
+
+    async def create_schedule(
+        self,
+        name: str,
+        cron: str,
+        *,
+        queue: str,
+        payload: Union[bytes, str] = b"",
+        headers: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
+        max_attempts: int = 0,
+        ttl: Optional[Seconds] = None,
+        time_zone: str = "",
+        overlap: Optional[Overlap] = None,
+        catch_up: Optional[CatchUp] = None,
+        catch_up_limit: int = 0,
+        paused: bool = False,
+    ) -> ScheduleInfo:
+        """A schedule that enqueues a job to ``queue`` at each tick of
+        ``cron`` (five fields, or six with seconds first; ``@hourly``...) in
+        ``time_zone`` (IANA name; "" = UTC). ``overlap`` (default "allow"),
+        ``catch_up`` (default "one") and ``catch_up_limit`` (with "all"; 0 =
+        10) as :class:`ScheduleInfo`. INVALID_ARGUMENT names the field (a
+        bad cron, time zone or template); ALREADY_EXISTS for a taken name."""
+        job = JobTemplate(queue, payload, headers or {}, priority, max_attempts, ttl)
+        req = _create_schedule_request(name, cron, job, time_zone, overlap, catch_up, catch_up_limit, paused)
+        return _schedule_info(await self._call(self._stub.CreateSchedule, req))
+
+    async def get_schedule(self, name: str) -> ScheduleInfo:
+        return _schedule_info(await self._call(self._stub.GetSchedule, apb.GetScheduleRequest(name=name)))
+
+    async def list_schedules(self, *, page_size: int = 0, page_token: str = "") -> Page[ScheduleInfo]:
+        """Schedules in name order."""
+        req = apb.ListSchedulesRequest(page_size=page_size, page_token=page_token)
+        return _schedules_page(await self._call(self._stub.ListSchedules, req))
+
+    async def update_schedule(
+        self,
+        name: str,
+        *,
+        cron: Optional[str] = None,
+        time_zone: Optional[str] = None,
+        job: Optional[JobTemplate] = None,
+        overlap: Optional[Overlap] = None,
+        catch_up: Optional[CatchUp] = None,
+        catch_up_limit: Optional[int] = None,
+        paused: Optional[bool] = None,
+    ) -> ScheduleInfo:
+        """Changes what is given (None: unchanged); ``job`` replaces the
+        whole template."""
+        req = _update_schedule_request(name, cron, time_zone, job, overlap, catch_up, catch_up_limit, paused)
+        return _schedule_info(await self._call(self._stub.UpdateSchedule, req))
+
+    async def pause_schedule(self, name: str) -> ScheduleInfo:
+        """A paused schedule fires nothing (``run_schedule`` still enqueues)."""
+        return _schedule_info(await self._call(self._stub.PauseSchedule, apb.PauseScheduleRequest(name=name)))
+
+    async def resume_schedule(self, name: str) -> ScheduleInfo:
+        return _schedule_info(await self._call(self._stub.ResumeSchedule, apb.ResumeScheduleRequest(name=name)))
+
+    async def delete_schedule(self, name: str) -> None:
+        """Deletes it (the jobs it enqueued stay); NOT_FOUND if there is none."""
+        await self._call(self._stub.DeleteSchedule, apb.DeleteScheduleRequest(name=name))
+
+    async def run_schedule(self, name: str) -> ScheduleRun:
+        """Enqueues the schedule's job now, paused or not."""
+        return _run_result(await self._call(self._stub.RunSchedule, apb.RunScheduleRequest(name=name)))
 
     async def watch_queues(
         self, queues: Sequence[str] = (), *, interval: Optional[Seconds] = None

@@ -30,7 +30,24 @@ import time
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Deque, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Deque,
+    Dict,
+    FrozenSet,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+    overload,
+)
 
 import grpc
 
@@ -41,6 +58,9 @@ from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription, _Stream
 from leaseq.client import Client
 from leaseq.v1 import queue_pb2 as pb
 
+if TYPE_CHECKING:
+    from leaseq.task import P, Task, TaskHandler
+
 log = logging.getLogger("leaseq.worker")
 
 #: What a handler may be: ``async def f(job)`` (runs on the worker's loop) or
@@ -48,6 +68,13 @@ log = logging.getLogger("leaseq.worker")
 #: ignored; raising decides the outcome (see :class:`Worker`).
 Handler = Callable[[Job], Any]
 H = TypeVar("H", bound=Callable[[Job], Any])
+
+#: What a middleware may be: ``async def m(job, next)`` around ``async def``
+#: handlers, ``def m(job, next)`` around plain ones. ``next(job)`` runs the
+#: rest of the chain (the handler last); what it raises decides the outcome
+#: as a handler's exception does, so a middleware that re-raises keeps it.
+Middleware = Callable[[Job, Callable[[Job], Any]], Any]
+M = TypeVar("M", bound=Middleware)
 
 #: Stream failures that retrying cannot fix: bad input or configuration.
 #: Anything else (UNAVAILABLE from a drain or an unreachable database, a
@@ -72,6 +99,19 @@ _SETTLE_TRIES = 5
 # take, by the handler's average: below it, waking another thread costs
 # more than running the jobs one after the other.
 _CHUNK_TIME = 2e-4
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _wrap(m: Middleware, inner: Handler) -> Handler:
+    # The middleware's own call is the one frame added per job: for an async
+    # one, its coroutine is what the runner awaits (no task, no future).
+    def call(job: Job) -> Any:
+        return m(job, inner)
+
+    return call
 
 
 class Backoff:
@@ -119,9 +159,13 @@ class WorkerStats:
 
 @dataclass
 class _Entry:
+    #: What the worker calls: the handler inside the middleware (made when
+    #: the worker starts; the handler itself when there is none).
     fn: Handler
     is_async: bool
     timeout: Optional[float]
+    #: The handler as registered.
+    handler: Handler
     #: A plain handler's average run time (seconds, moving average): how
     #: many of its jobs one thread is handed at a time.
     avg: float = 1e-3
@@ -413,6 +457,9 @@ class Worker:
       :class:`leaseq.DeadLetter` dead-letters it; any other exception nacks it
       with ``str(exception)`` as the error (the job's next ``last_error``),
       and the queue's backoff decides the retry.
+    - **Tasks and middleware**: ``@worker.task(task)`` registers a handler
+      of typed payloads (:class:`leaseq.Task`); ``worker.use(m)`` or
+      ``middleware=[...]`` wraps every handler (:meth:`use`).
     - **Concurrency**: at most ``max_in_flight`` handlers run at once; it is
       also the stream's credit, so the broker never pushes more than that.
       ``async def`` handlers run on ``max_in_flight`` runner tasks made when
@@ -475,6 +522,7 @@ class Worker:
         ack_batch_delay: Seconds = 0.005,
         executor: Optional[Executor] = None,
         batched: bool = True,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         if isinstance(target, (Client, AsyncClient)):
             self._conn = target.connection
@@ -497,6 +545,9 @@ class Worker:
         self._executor = executor
         self._batched = batched
         self._handlers: Dict[str, _Entry] = {}
+        self._middleware: List[Middleware] = []
+        for m in middleware:
+            self.use(m)
         self.stats = WorkerStats()
         self._transport: Optional[str] = None
         self._features: FrozenSet[str] = frozenset()
@@ -544,11 +595,77 @@ class Worker:
         worker's."""
         if queue in self._handlers:
             raise ValueError(f"a handler for queue {queue!r} is already registered")
-        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)
-        )
+        is_async = _is_async(fn)
         t = timeout if timeout is not None else self._timeout
-        self._handlers[queue] = _Entry(fn, is_async, None if t is None else seconds(t))
+        self._handlers[queue] = _Entry(fn, is_async, None if t is None else seconds(t), fn)
+
+    @overload
+    def task(self, task: "Task[P]", *, timeout: Optional[Seconds] = None) -> "Callable[[TaskHandler[P]], Task[P]]": ...
+
+    @overload
+    def task(
+        self, task: str, payload_type: "Type[P]", *, timeout: Optional[Seconds] = None
+    ) -> "Callable[[TaskHandler[P]], Task[P]]": ...
+
+    def task(
+        self, task: "Union[Task[P], str]", payload_type: "Optional[Type[P]]" = None, *, timeout: Optional[Seconds] = None
+    ) -> "Callable[[TaskHandler[P]], Task[P]]":
+        """Decorator: a handler of typed payloads, and the producer bound to
+        it. ``@worker.task("emails", Email)`` (or ``@worker.task(task)`` for
+        a :class:`leaseq.Task` declared elsewhere) registers the function
+        for the task's queue and returns the :class:`leaseq.Task`, whose
+        ``enqueue(client, Email(...))`` sends one. The function takes the
+        payload read into the type (``payload_type(**json)`` for a
+        dataclass, ``model_validate`` for a pydantic model), and the
+        :class:`leaseq.Job` too if it takes two arguments. A payload that
+        does not decode never will: its job is dead-lettered with
+        ``payload is not a valid <type>: <why>``."""
+        from leaseq.task import Task
+
+        if isinstance(task, str):
+            if payload_type is None:
+                raise TypeError("task: a payload type is needed with a queue name, e.g. worker.task('emails', Email)")
+            t: Task[P] = Task(task, payload_type)
+        else:
+            if payload_type is not None:
+                raise TypeError("task: the payload type is the Task's; give one or the other")
+            t = task
+
+        def register(fn: "TaskHandler[P]") -> "Task[P]":
+            self.add_handler(t.queue, t._handler_for(fn), timeout=timeout)
+            t.handler = fn
+            return t
+
+        return register
+
+    def use(self, middleware: M) -> M:
+        """Runs every job through ``middleware`` (also a decorator):
+        logging, metrics, an error policy. It gets the job and ``next``, the
+        rest of the chain; the first one added is the outermost. An ``async
+        def`` middleware wraps ``async def`` handlers (``await next(job)``),
+        a plain one plain handlers (``next(job)``, on the handler's thread);
+        :meth:`run` refuses a worker whose middleware and handlers are of
+        different kinds. What the chain raises decides the outcome as a
+        handler's exception does: a middleware that catches and re-raises
+        keeps it (a :class:`leaseq.Retry` stays a retry); one that returns
+        acks the job."""
+        self._middleware.append(middleware)
+        return middleware
+
+    def _compose(self) -> None:
+        """Puts each handler inside the middleware (outermost first)."""
+        for queue, entry in self._handlers.items():
+            fn = entry.handler
+            for m in reversed(self._middleware):
+                m_async = _is_async(m)
+                if m_async != entry.is_async:
+                    kind = ("plain (def)", "async (async def)")
+                    raise ValueError(
+                        f"middleware {getattr(m, '__qualname__', m)!r} is {kind[m_async]} but the handler of "
+                        f"queue {queue!r} is {kind[entry.is_async]}: a middleware wraps handlers of its own kind"
+                    )
+                fn = _wrap(m, fn)
+            entry.fn = fn
 
     @property
     def queues(self) -> List[str]:
@@ -603,6 +720,7 @@ class Worker:
         """:meth:`run` for code already on an event loop."""
         if not self._handlers:
             raise ValueError("no handlers: register one with @worker.handler(queue)")
+        self._compose()
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stopping = asyncio.Event()

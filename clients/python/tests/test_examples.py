@@ -114,6 +114,12 @@ def test_admin_example(addr):
     q = queue_name()
     out = run_example("admin.py", addr, q)
     assert out[0] == f"{q} 5 0 waiting"
+    assert out[-3].startswith(f"next {q}-nightly ")
+    ran = out[-2].split()[1]
+    assert out[-1] == f"schedules ['{q}-nightly']"
+    with AdminClient(addr) as admin:
+        assert admin.get_job(ran).payload == b'{"report": "daily"}'
+        assert f"{q}-nightly" not in [s.name for s in admin.list_schedules(page_size=1000).items]
 
 
 def test_tracing_example(addr):
@@ -133,3 +139,24 @@ def test_readme_python_blocks_are_the_examples():
     sources = [f.read_text() for f in EXAMPLES.glob("*.py")]
     for block in blocks:
         assert any(block in src for src in sources), f"README block not found in examples/:\n{block}"
+
+
+def test_tasks_example(addr):
+    q = queue_name()
+    out = run_example("tasks.py", addr, q)
+    assert out[-3:-1] == ["sent welcome to ada@example.com", "sent welcome to bob@example.com"]
+    assert out[-1] == "timed 3 acked 2 dead-lettered 1"
+    with AdminClient(addr) as admin:
+        (dead,) = admin.list_dead_letters(q).items
+        assert dead.last_error.startswith("payload is not a valid Email: ") and "subject" in dead.last_error
+
+
+def test_testing_example_as_a_script_and_under_pytest(tmp_path):
+    out = run_example("testing.py", "unused", "unused")
+    assert out[-1] == "ok ['ada@example.com']"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES / "testing.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed" in r.stdout

@@ -81,6 +81,46 @@ class AdminServiceStub(object):
                 request_serializer=leaseq_dot_v1_dot_admin__pb2.WatchQueuesRequest.SerializeToString,
                 response_deserializer=leaseq_dot_v1_dot_admin__pb2.WatchQueuesResponse.FromString,
                 )
+        self.CreateSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/CreateSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+                )
+        self.GetSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/GetSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.GetScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+                )
+        self.ListSchedules = channel.unary_unary(
+                '/leaseq.v1.AdminService/ListSchedules',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ListSchedulesResponse.FromString,
+                )
+        self.UpdateSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/UpdateSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+                )
+        self.PauseSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/PauseSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.PauseScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+                )
+        self.ResumeSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/ResumeSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.ResumeScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+                )
+        self.DeleteSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/DeleteSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.DeleteScheduleResponse.FromString,
+                )
+        self.RunSchedule = channel.unary_unary(
+                '/leaseq.v1.AdminService/RunSchedule',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.RunScheduleRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.RunScheduleResponse.FromString,
+                )
 
 
 class AdminServiceServicer(object):
@@ -184,6 +224,67 @@ class AdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """Schedules (docs/design/schedules.md): a cron expression, read in a time
+        zone, enqueues a job made from a template at each tick. Exactly one job
+        per tick, whatever the number of brokers. A duplicate name is
+        ALREADY_EXISTS; an unknown one NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Schedules in name order, paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSchedule(self, request, context):
+        """Changes a schedule. Only the fields set change; a new cron or time zone
+        counts the next tick from now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """A paused schedule fires nothing (RunSchedule still enqueues). Ticks
+        passed while paused are not caught up: resuming counts the next tick
+        from now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Deletes the schedule. The jobs it enqueued stay.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunSchedule(self, request, context):
+        """Enqueues the schedule's job now, once, whatever its cron, overlap policy
+        or pause; the next tick stays where it was.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +352,46 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.WatchQueues,
                     request_deserializer=leaseq_dot_v1_dot_admin__pb2.WatchQueuesRequest.FromString,
                     response_serializer=leaseq_dot_v1_dot_admin__pb2.WatchQueuesResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.GetScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.PauseScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.ResumeScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'RunSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunSchedule,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.RunScheduleRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.RunScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,5 +623,141 @@ class AdminService(object):
         return grpc.experimental.unary_stream(request, target, '/leaseq.v1.AdminService/WatchQueues',
             leaseq_dot_v1_dot_admin__pb2.WatchQueuesRequest.SerializeToString,
             leaseq_dot_v1_dot_admin__pb2.WatchQueuesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/CreateSchedule',
+            leaseq_dot_v1_dot_admin__pb2.CreateScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/GetSchedule',
+            leaseq_dot_v1_dot_admin__pb2.GetScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/ListSchedules',
+            leaseq_dot_v1_dot_admin__pb2.ListSchedulesRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ListSchedulesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/UpdateSchedule',
+            leaseq_dot_v1_dot_admin__pb2.UpdateScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/PauseSchedule',
+            leaseq_dot_v1_dot_admin__pb2.PauseScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/ResumeSchedule',
+            leaseq_dot_v1_dot_admin__pb2.ResumeScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ScheduleInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/DeleteSchedule',
+            leaseq_dot_v1_dot_admin__pb2.DeleteScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.DeleteScheduleResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RunSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/RunSchedule',
+            leaseq_dot_v1_dot_admin__pb2.RunScheduleRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.RunScheduleResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
