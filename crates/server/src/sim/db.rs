@@ -338,6 +338,12 @@ impl Db {
             .is_some_and(|r| r.state == State::Leased && r.token == Some(token))
     }
 
+    /// CancelJob (admin.rs `cancel_job`): deletes a live job whatever its
+    /// state; returns its row (its lease, if leased).
+    pub fn cancel(&mut self, id: JobId) -> Option<Row> {
+        self.take(id)
+    }
+
     /// ack.sql: completes jobs whose token is current (expired or not).
     pub fn ack(&mut self, reqs: &[AckReq]) -> Vec<Settled> {
         let mut out = Vec::new();

@@ -113,12 +113,21 @@ enum Ev {
     Drain,
     Restart,
     Freeze,
+    /// An operator's CancelJob of a live job.
+    CancelJob,
+}
+
+/// What waits in a stream's channel.
+enum Out {
+    /// A delivery with the instant past which it is not sent.
+    Job(Leased, Ms),
+    /// A held job was cancelled (`Cancelled`).
+    Cancelled(JobId, LeaseToken),
 }
 
 /// The dispatcher's end of a stream: its channel.
 struct Outlet {
-    /// Each delivery with the instant past which it is not sent.
-    chan: VecDeque<(Leased, Ms)>,
+    chan: VecDeque<Out>,
     consumer: usize,
     /// Capacity: the channel a stream gets (credit + 1; Consume: the most
     /// credit + 1).
@@ -255,6 +264,8 @@ struct World {
     ack_ok: BTreeSet<JobId>,
     /// Jobs whose Enqueue was answered OK.
     enq_ok: BTreeSet<JobId>,
+    /// Jobs CancelJob deleted (gone by design, not lost).
+    cancelled: BTreeSet<JobId>,
     /// (consumer, queue) → since when it has free credit and a job waits.
     stall: BTreeMap<(usize, QueueName), Ms>,
     /// The last fault (crash, drain, slow statement, failure): the stall
@@ -376,6 +387,7 @@ impl World {
             print,
             ack_ok: BTreeSet::new(),
             enq_ok: BTreeSet::new(),
+            cancelled: BTreeSet::new(),
             stall: BTreeMap::new(),
             last_fault: 0,
             ending: false,
@@ -388,6 +400,10 @@ impl World {
         }
         w.at(1, Ev::Produce);
         w.at(REAP_MS, Ev::Reaper);
+        if w.rng.random_bool(0.5) {
+            let t = w.rng.random_range(100..1000);
+            w.at(t, Ev::CancelJob);
+        }
         if let Some(t) = w.cfg.crash_at {
             w.at(t, Ev::Crash);
         }
@@ -514,6 +530,7 @@ impl World {
                 self.after(REAP_MS, Ev::Reaper);
             }
             Ev::Crash => self.crash(),
+            Ev::CancelJob => self.cancel_job(),
             Ev::Freeze => {
                 let d = self.cfg.freeze_at.map_or(0, |(_, d)| d);
                 if !self.broker.dead {
@@ -630,7 +647,7 @@ impl World {
                 let send_by = self.ms(send_by);
                 let sent = match self.broker.outlets.get_mut(&sid) {
                     Some(o) if !o.released && o.chan.len() < o.capacity => {
-                        o.chan.push_back((job.clone(), send_by));
+                        o.chan.push_back(Out::Job(job.clone(), send_by));
                         Some(o.consumer)
                     }
                     _ => None,
@@ -654,6 +671,23 @@ impl World {
                             gone.push(sid);
                         }
                     }
+                }
+            }
+            for (sid, id, token) in fx.cancel.drain(..) {
+                // `Push::Cancelled`, after the job's delivery (a full
+                // channel drops it, as `try_send` does).
+                if let Some(o) = self.broker.outlets.get_mut(&sid)
+                    && !o.released
+                    && o.chan.len() < o.capacity
+                {
+                    o.chan.push_back(Out::Cancelled(id, token));
+                    let c = o.consumer;
+                    say!(
+                        self,
+                        format!("push cancel of {} tok {} -> s{sid}", jid(id), tok(token))
+                    );
+                    let d = self.rng.random_range(0..3);
+                    self.after(d, Ev::Read(c));
                 }
             }
             for r in fx.release.drain(..) {
@@ -1452,6 +1486,68 @@ impl World {
     }
 
     /// The consumer reads what waits on its stream.
+    /// An operator cancels a live job (leased or not), as `CancelJob`
+    /// does: the row goes; the stream holding its lease hears of it.
+    fn cancel_job(&mut self) {
+        if self.now < self.cfg.active_ms {
+            let t = self.rng.random_range(200..1500);
+            self.after(t, Ev::CancelJob);
+        }
+        let ids: Vec<JobId> = self.db.jobs.keys().copied().collect();
+        if ids.is_empty() || self.broker.dead {
+            return;
+        }
+        let id = ids[self.rng.random_range(0..ids.len())];
+        let row = self.db.cancel(id).expect("listed");
+        self.cancelled.insert(id);
+        say!(self, format!("CancelJob {} ({:?})", jid(id), row.state));
+        if let (State::Leased, Some(token)) = (row.state, row.token)
+            && row.broker.is_none_or(|b| b == self.broker.id)
+        {
+            self.input(Input::Cancelled(vec![(id, token)]));
+        }
+    }
+
+    /// Consumer `c` reads a `Cancelled` on stream `sid`: its handler stops
+    /// and nothing is settled. It must name a lease the consumer holds (or
+    /// held: it may have been settled meanwhile), of a job cancelled.
+    fn told_cancelled(&mut self, c: usize, sid: StreamId, id: JobId, token: LeaseToken) {
+        say!(
+            self,
+            format!(
+                "c{c} told {} tok {} was cancelled on s{sid}",
+                jid(id),
+                tok(token)
+            )
+        );
+        if !self.cancelled.contains(&id) {
+            self.anomaly(format!(
+                "{} announced cancelled on s{sid}, never cancelled",
+                jid(id)
+            ));
+        }
+        let seen = self.consumers[c]
+            .seen
+            .get(&id)
+            .is_some_and(|ts| ts.contains(&token));
+        if !seen {
+            self.anomaly(format!(
+                "{} tok {} announced cancelled to c{c}, which never got that lease",
+                jid(id),
+                tok(token)
+            ));
+        }
+        if let Some(s) = self.consumers[c].stream.as_mut() {
+            if s.holding.get(&id).is_some_and(|h| h.token == token) {
+                s.holding.remove(&id);
+            }
+            // `ConsumeStream`: a cancel counts as the job's settle.
+            if let Some(held) = &s.held {
+                held.cancelled();
+            }
+        }
+    }
+
     fn read(&mut self, c: usize) {
         let life = self.broker.life;
         let Some(sid) = self.consumers[c]
@@ -1468,11 +1564,47 @@ impl World {
             self.at(t, Ev::Read(c));
             return;
         }
-        let jobs: Vec<(Leased, Ms)> = match self.broker.outlets.get_mut(&sid) {
+        let items: Vec<Out> = match self.broker.outlets.get_mut(&sid) {
             Some(o) => o.chan.drain(..).collect(),
             None => return,
         };
-        for (job, send_by) in jobs {
+        // Cancels read with their deliveries: those deliveries went out
+        // before the cancel, as the channel keeps their order.
+        let told: Vec<(JobId, LeaseToken)> = items
+            .iter()
+            .filter_map(|i| match i {
+                Out::Cancelled(id, token) => Some((*id, *token)),
+                Out::Job(..) => None,
+            })
+            .collect();
+        for item in items {
+            let (job, send_by) = match item {
+                Out::Job(job, send_by) => (job, send_by),
+                Out::Cancelled(id, token) => {
+                    self.told_cancelled(c, sid, id, token);
+                    continue;
+                }
+            };
+            if told.contains(&(job.id, job.token)) {
+                // The handler never starts: its cancel is right behind.
+                say!(
+                    self,
+                    format!("c{c} gets {} and its cancel together", jid(job.id))
+                );
+                self.consumers[c]
+                    .seen
+                    .entry(job.id)
+                    .or_default()
+                    .push(job.token);
+                if let Some(held) = self.consumers[c]
+                    .stream
+                    .as_ref()
+                    .and_then(|s| s.held.clone())
+                {
+                    held.delivered(1);
+                }
+                continue;
+            }
             if self.now >= send_by {
                 // `DeliveryStream`: too late to be of use, not sent.
                 say!(self, format!("s{sid}: {} not sent (too late)", jid(job.id)));
@@ -1773,10 +1905,12 @@ impl World {
             self.out.acked += 1;
         }
         // A valid settle refused: the lease was current when sent, had
-        // not run out by now, and nothing the client did let it go.
+        // not run out by now, and nothing the client did let it go (nor
+        // an operator: a job cancelled meanwhile is gone).
         let still_open = self.stream_of(origin).is_some();
         if !ok
             && op != "extend"
+            && !self.cancelled.contains(&id)
             && origin.valid
             && origin.expires > self.now
             && still_open
@@ -1981,7 +2115,11 @@ impl World {
         let lost: Vec<String> = self
             .enq_ok
             .iter()
-            .filter(|id| !self.db.done.contains(id) && !self.db.dead.contains_key(id))
+            .filter(|id| {
+                !self.db.done.contains(id)
+                    && !self.db.dead.contains_key(id)
+                    && !self.cancelled.contains(id)
+            })
             .map(|id| jid(*id))
             .collect();
         if !lost.is_empty() {
