@@ -1376,4 +1376,48 @@ mod tests {
         assert_eq!(insert.join("\n"), one.trim_end());
         assert!(over.contains("pg_notify("), "{over}");
     }
+
+    /// The body of SQL function `name` in the last migration that creates
+    /// (or replaces) it: the text between its dollar-quote tags.
+    fn function_body(name: &str) -> String {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+            .collect();
+        files.sort();
+        let tag = format!("${}$", name.trim_start_matches("leaseq."));
+        for path in files.iter().rev() {
+            let sql = std::fs::read_to_string(path).unwrap();
+            let Some(at) = sql.find(&format!("function {name}(")) else {
+                continue;
+            };
+            let rest = &sql[at..];
+            let start = rest.find(&format!("as {tag}\n")).expect("the body's opening tag")
+                + tag.len()
+                + 4;
+            let end = rest[start..].find(&tag).expect("the body's closing tag");
+            return rest[start..start + end].to_owned();
+        }
+        panic!("no migration creates {name}");
+    }
+
+    /// leaseq.ack() and leaseq.nack() (SQL, in the user's transaction)
+    /// settle with the broker's own statements: the functions they call are
+    /// ack.sql and fail.sql verbatim. A change to either file needs a
+    /// migration that replaces its function with the new text.
+    #[test]
+    fn the_sql_settle_functions_are_the_broker_statements() {
+        assert_eq!(
+            function_body("leaseq.settle_ack").trim_end(),
+            include_str!("sql/ack.sql").trim_end(),
+            "leaseq.settle_ack is not ack.sql: add a migration replacing it"
+        );
+        assert_eq!(
+            function_body("leaseq.settle_fail").trim_end(),
+            include_str!("sql/fail.sql").trim_end(),
+            "leaseq.settle_fail is not fail.sql: add a migration replacing it"
+        );
+    }
 }
