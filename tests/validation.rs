@@ -319,6 +319,7 @@ impl Fixture {
             .ack(pb::AckRequest {
                 job_id: self.held_id.clone(),
                 lease_token: self.held_token.clone(),
+                enqueue: Vec::new(),
             })
             .await
             .expect("acking the held job with its own token after the table");
@@ -1032,6 +1033,7 @@ async fn ack_bad_input_table() {
                     r.map(|(job_id, lease_token)| pb::AckRequest {
                         job_id,
                         lease_token,
+                        enqueue: Vec::new(),
                     })
                 })
                 .collect()
@@ -1695,6 +1697,7 @@ fn consume_opening_rows((h, t): &Held) -> Vec<Row<Vec<pb::ConsumeRequest>>> {
     let held_ack = pb::AckRequest {
         job_id: h.clone(),
         lease_token: t.clone(),
+        enqueue: Vec::new(),
     };
     let mut out: Vec<Row<Vec<pb::ConsumeRequest>>> = subscribe_rows()
         .into_iter()
@@ -1801,6 +1804,7 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
     let ack = |(job_id, lease_token): Held| pb::AckRequest {
         job_id,
         lease_token,
+        enqueue: Vec::new(),
     };
     let mut out: Vec<Row<pb::ConsumeRequest>> = Vec::new();
     for r in id_token_rows(held) {
@@ -1858,6 +1862,7 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
                 pb::AckRequest {
                     job_id: "nope".into(),
                     lease_token: held.1.clone(),
+                    enqueue: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -2049,6 +2054,7 @@ fn consume_stream_rows((h, t): &Held) -> Vec<Row<(pb::ConsumeRequest, pb::Consum
     let held_ack = pb::AckRequest {
         job_id: h.clone(),
         lease_token: t.clone(),
+        enqueue: Vec::new(),
     };
     let held_dead = pb::NackRequest {
         job_id: h.clone(),

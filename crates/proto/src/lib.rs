@@ -55,7 +55,11 @@ pub mod limits {
 pub mod features {
     /// Several deliveries in one `Deliveries` response.
     pub const DELIVERIES: &str = "deliveries";
+    /// `AckRequest.enqueue`: an ack may carry follow-up jobs, inserted in
+    /// the ack's transaction (a broker feature; clients send nothing for it
+    /// in `accept`).
+    pub const ACK_ENQUEUE: &str = "ack.enqueue";
     /// Every feature this version of the contract defines, as a broker of
     /// this version announces them.
-    pub const ALL: &[&str] = &[DELIVERIES];
+    pub const ALL: &[&str] = &[DELIVERIES, ACK_ENQUEUE];
 }

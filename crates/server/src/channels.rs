@@ -536,7 +536,10 @@ mod tests {
         let b = Uuid::new_v4();
         assert_eq!(
             settle(b),
-            format!("{SETTLE_PREFIX}{}", b.hyphenated().to_string().replace('-', ""))
+            format!(
+                "{SETTLE_PREFIX}{}",
+                b.hyphenated().to_string().replace('-', "")
+            )
         );
         for f in ["ack", "nack"] {
             assert!(

@@ -35,11 +35,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
+use crate::auth::Identity;
 use crate::broker::Broker;
 use crate::config::RequestLimits;
 use crate::conn_limit::RequestCharge;
 use crate::dispatch::{DeliveryStream, Event, Input, StreamId};
-use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, Subscription};
+use crate::domain::{
+    AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, NewJob, Subscription,
+};
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
@@ -199,10 +202,12 @@ impl Opening {
 }
 
 /// Starts the stream: the reader task, and the response it feeds.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start(
     broker: Arc<Broker>,
     limits: RequestLimits,
     traces: Traces,
+    who: Identity,
     id: StreamId,
     deliveries: DeliveryStream,
     opening: Opening,
@@ -219,6 +224,7 @@ pub(super) fn start(
         broker,
         limits,
         traces,
+        who,
         id,
         confirm: opening.confirm,
         credit: opening.sub.max_in_flight,
@@ -244,6 +250,9 @@ struct Reader {
     limits: RequestLimits,
     /// Spans of the settles (off by default).
     traces: Traces,
+    /// The caller: follow-up jobs need the enqueue permission on their
+    /// queues.
+    who: Identity,
     id: StreamId,
     confirm: bool,
     /// The stream's max_in_flight, as last set.
@@ -386,9 +395,15 @@ impl Reader {
         let mut results = Vec::new();
         // (job id, lease token) as sent, and the parsed request.
         let mut valid: Vec<((String, String), AckReq)> = Vec::new();
+        // Acks with follow-up jobs: each a transaction of its own.
+        let mut with_jobs: Vec<((String, String), AckReq, Vec<NewJob>)> = Vec::new();
         for (i, a) in acks.into_iter().enumerate() {
-            match AckReq::parse(&a) {
-                Ok(r) => valid.push(((a.job_id, a.lease_token), r)),
+            let parsed = AckReq::parse(&a).and_then(|r| {
+                super::queue::follow_ups(a.enqueue, &self.limits, &self.who).map(|j| (r, j))
+            });
+            match parsed {
+                Ok((r, jobs)) if jobs.is_empty() => valid.push(((a.job_id, a.lease_token), r)),
+                Ok((r, jobs)) => with_jobs.push(((a.job_id, a.lease_token), r, jobs)),
                 Err(e) => results.push(failure(
                     (&a.job_id, &a.lease_token),
                     SettleOp::Ack,
@@ -396,10 +411,15 @@ impl Reader {
                 )),
             }
         }
-        let n = valid.len() as u64;
+        let n = (valid.len() + with_jobs.len()) as u64;
         let plan = self.held.acks_arrive(
             self.credit,
-            valid.iter().map(|(_, r)| (r.job_id, r.token)).collect(),
+            valid
+                .iter()
+                .map(|(_, r)| r)
+                .chain(with_jobs.iter().map(|(_, r, _)| r))
+                .map(|r| (r.job_id, r.token))
+                .collect(),
         );
         let linger = plan.linger;
         if let Some(input) = plan.tell {
@@ -413,15 +433,38 @@ impl Reader {
             Settle::Ack,
             valid.iter().map(|((id, _), _)| id.as_str()),
         );
+        let traces = self.traces.clone();
         self.settles.spawn(async move {
-            if !valid.is_empty() {
+            // Acks with follow-ups, at once beside the others'.
+            let follow = futures_util::future::join_all(with_jobs.into_iter().map(
+                |((id, token), req, jobs)| {
+                    let (broker, traces) = (&broker, &traces);
+                    async move {
+                        let span = traces.settle("Consume", Settle::Ack, &id);
+                        let r = broker.ack_enqueue(req, jobs).await;
+                        span.settled(r.as_ref().err());
+                        match r {
+                            Ok(ids) if confirm => Some(pb::SettleResult {
+                                enqueued: ids.iter().map(|e| e.job_id.to_string()).collect(),
+                                ..success((&id, &token), SettleOp::Ack)
+                            }),
+                            Ok(_) => None,
+                            Err(e) => Some(failure((&id, &token), SettleOp::Ack, e)),
+                        }
+                    }
+                },
+            ));
+            let plain = async {
+                let mut results = Vec::new();
+                if valid.is_empty() {
+                    return results;
+                }
                 let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
                 let outcomes = if linger {
                     broker.ack_streamed(reqs).await
                 } else {
                     broker.ack_many(reqs).await
                 };
-                held.acks_answered(n);
                 match &outcomes {
                     Ok(r) => spans
                         .into_iter()
@@ -446,7 +489,12 @@ impl Reader {
                             .map(|(id, token)| failure((id, token), SettleOp::Ack, e.clone())),
                     ),
                 }
-            }
+                results
+            };
+            let (plain, follow) = futures_util::join!(plain, follow);
+            held.acks_answered(n);
+            results.extend(plain);
+            results.extend(follow.into_iter().flatten());
             send(&tx, results, charge).await;
         });
     }

@@ -890,6 +890,53 @@ impl Store {
             .collect())
     }
 
+    /// Completes one job whose token is current and inserts `jobs` (its
+    /// follow-ups) in the same transaction: ack.sql, then the enqueue
+    /// statement, then COMMIT. A stale token matches no row: the
+    /// transaction is rolled back before anything is inserted, and None is
+    /// returned. Follow-ups are inserted available (never handed off), with
+    /// duplicates resolved as [`Store::enqueue`] does; `new_queues` are
+    /// their queues, `moving` as for [`Store::enqueue`].
+    pub(crate) async fn ack_enqueue(
+        &self,
+        ack: AckReq,
+        jobs: &[NewJob],
+        new_queues: &[QueueName],
+        moving: &[(Store, Vec<usize>)],
+    ) -> Result<Option<(Settled, EnqueueOutcome)>> {
+        let mut c = self.conns.acquire().await?;
+        let out = c
+            .bounded(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                let (ids, tokens) = (vec![ack.job_id.0], vec![ack.token.0]);
+                let row = sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(r) = row else {
+                    tx.rollback().await?;
+                    return Ok::<_, Error>(None);
+                };
+                let claims = vec![None; jobs.len()];
+                let mut out = self.enqueue_in(&mut tx, jobs, &claims, new_queues).await?;
+                for (source, idxs) in moving {
+                    self.dedup_elsewhere(&mut tx, source, jobs, idxs, &mut out)
+                        .await?;
+                }
+                tx.commit().await?;
+                let acked = Settled {
+                    id: JobId(r.id),
+                    token: LeaseToken(r.lease_token, self.cluster),
+                    broker: r.lease_broker,
+                    slot_freed: r.slot_freed.and_then(|q| QueueName::parse(&q)),
+                    queue: r.queue,
+                };
+                Ok(Some((acked, out)))
+            })
+            .await?;
+        c.done();
+        Ok(out)
+    }
+
     /// Ends leases unsuccessfully (see fail.sql). Returns the ones matched.
     pub(crate) async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
         // In id order: fail.sql locks the rows in the order given.
@@ -1394,7 +1441,9 @@ mod tests {
                 continue;
             };
             let rest = &sql[at..];
-            let start = rest.find(&format!("as {tag}\n")).expect("the body's opening tag")
+            let start = rest
+                .find(&format!("as {tag}\n"))
+                .expect("the body's opening tag")
                 + tag.len()
                 + 4;
             let end = rest[start..].find(&tag).expect("the body's closing tag");
