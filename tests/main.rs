@@ -40,6 +40,7 @@ mod schedules;
 mod scripts;
 mod security;
 mod semantics;
+mod sql_ack;
 mod sql_enqueue;
 mod traces;
 mod validation;

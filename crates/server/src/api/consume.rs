@@ -436,61 +436,11 @@ impl Reader {
         let traces = self.traces.clone();
         self.settles.spawn(async move {
             // Acks with follow-ups, at once beside the others'.
-            let follow = futures_util::future::join_all(with_jobs.into_iter().map(
-                |((id, token), req, jobs)| {
-                    let (broker, traces) = (&broker, &traces);
-                    async move {
-                        let span = traces.settle("Consume", Settle::Ack, &id);
-                        let r = broker.ack_enqueue(req, jobs).await;
-                        span.settled(r.as_ref().err());
-                        match r {
-                            Ok(ids) if confirm => Some(pb::SettleResult {
-                                enqueued: ids.iter().map(|e| e.job_id.to_string()).collect(),
-                                ..success((&id, &token), SettleOp::Ack)
-                            }),
-                            Ok(_) => None,
-                            Err(e) => Some(failure((&id, &token), SettleOp::Ack, e)),
-                        }
-                    }
-                },
-            ));
-            let plain = async {
-                let mut results = Vec::new();
-                if valid.is_empty() {
-                    return results;
-                }
-                let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
-                let outcomes = if linger {
-                    broker.ack_streamed(reqs).await
-                } else {
-                    broker.ack_many(reqs).await
-                };
-                match &outcomes {
-                    Ok(r) => spans
-                        .into_iter()
-                        .zip(r)
-                        .for_each(|(s, r)| s.settled(r.as_ref().err())),
-                    Err(e) => spans.into_iter().for_each(|s| s.settled(Some(e))),
-                }
-                match outcomes {
-                    Ok(outcomes) => {
-                        for ((id, token), r) in keys.iter().zip(outcomes) {
-                            match r {
-                                Ok(()) if confirm => {
-                                    results.push(success((id, token), SettleOp::Ack))
-                                }
-                                Ok(()) => {}
-                                Err(e) => results.push(failure((id, token), SettleOp::Ack, e)),
-                            }
-                        }
-                    }
-                    Err(e) => results.extend(
-                        keys.iter()
-                            .map(|(id, token)| failure((id, token), SettleOp::Ack, e.clone())),
-                    ),
-                }
-                results
-            };
+            let follow =
+                futures_util::future::join_all(with_jobs.into_iter().map(|(sent, req, jobs)| {
+                    ack_enqueue(&broker, &traces, confirm, sent, req, jobs)
+                }));
+            let plain = ack_plain(&broker, linger, confirm, valid, spans);
             let (plain, follow) = futures_util::join!(plain, follow);
             held.acks_answered(n);
             results.extend(plain);
@@ -566,6 +516,74 @@ impl Reader {
                 send(&tx, result.into_iter().collect(), charge).await;
             });
         }
+    }
+}
+
+/// The stream's acks without follow-ups, through the ack batcher (one
+/// group-commit unit): the results to send (failures, and successes when
+/// confirmed).
+async fn ack_plain(
+    broker: &Broker,
+    linger: bool,
+    confirm: bool,
+    valid: Vec<((String, String), AckReq)>,
+    spans: Vec<crate::telemetry::JobSpan>,
+) -> Vec<pb::SettleResult> {
+    let mut results = Vec::new();
+    if valid.is_empty() {
+        return results;
+    }
+    let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
+    let outcomes = if linger {
+        broker.ack_streamed(reqs).await
+    } else {
+        broker.ack_many(reqs).await
+    };
+    match &outcomes {
+        Ok(r) => spans
+            .into_iter()
+            .zip(r)
+            .for_each(|(s, r)| s.settled(r.as_ref().err())),
+        Err(e) => spans.into_iter().for_each(|s| s.settled(Some(e))),
+    }
+    match outcomes {
+        Ok(outcomes) => {
+            for ((id, token), r) in keys.iter().zip(outcomes) {
+                match r {
+                    Ok(()) if confirm => results.push(success((id, token), SettleOp::Ack)),
+                    Ok(()) => {}
+                    Err(e) => results.push(failure((id, token), SettleOp::Ack, e)),
+                }
+            }
+        }
+        Err(e) => results.extend(
+            keys.iter()
+                .map(|(id, token)| failure((id, token), SettleOp::Ack, e.clone())),
+        ),
+    }
+    results
+}
+
+/// An ack with follow-up jobs on the stream, in its span: its result
+/// (with the follow-ups' ids when confirmed), if one is to be sent.
+async fn ack_enqueue(
+    broker: &Broker,
+    traces: &Traces,
+    confirm: bool,
+    (id, token): (String, String),
+    req: AckReq,
+    jobs: Vec<NewJob>,
+) -> Option<pb::SettleResult> {
+    let span = traces.settle("Consume", Settle::Ack, &id);
+    let r = broker.ack_enqueue(req, jobs).await;
+    span.settled(r.as_ref().err());
+    match r {
+        Ok(ids) if confirm => Some(pb::SettleResult {
+            enqueued: ids.iter().map(|e| e.job_id.to_string()).collect(),
+            ..success((&id, &token), SettleOp::Ack)
+        }),
+        Ok(_) => None,
+        Err(e) => Some(failure((&id, &token), SettleOp::Ack, e)),
     }
 }
 
