@@ -10,6 +10,7 @@
 
 mod common;
 
+mod ack_enqueue;
 mod admin;
 mod admin_cli;
 mod alerts;

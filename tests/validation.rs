@@ -1043,6 +1043,93 @@ async fn ack_bad_input_table() {
     .await;
 }
 
+/// Follow-up jobs of an ack (`AckRequest.enqueue`) aimed at the held job
+/// with its current token: every single-job rule at some index k of three
+/// follow-ups, the count past the batch limit, and a stale token with good
+/// follow-ups. Each is refused and changes nothing (the held job is not
+/// acked, no follow-up is inserted). `prefix` is where the list sits
+/// (`enqueue`, or `acks[0].enqueue` on a stream).
+fn follow_up_rows((h, t): &Held, prefix: &str) -> Vec<Row<pb::AckRequest>> {
+    let ack = |enqueue: Vec<pb::EnqueueRequest>| pb::AckRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+        enqueue,
+    };
+    let good = |n: usize| -> Vec<pb::EnqueueRequest> {
+        (0..n).map(|i| job("follow", &format!("f{i}"))).collect()
+    };
+    let mut out = Vec::new();
+    for (i, single) in enqueue_rows("follow", "unused").into_iter().enumerate() {
+        let Want::Err(code, text) = single.want else {
+            continue;
+        };
+        let k = i % 3;
+        let mut jobs = good(3);
+        jobs[k] = single.req;
+        out.push(row(
+            format!("{prefix}[{k}]: {}", single.name),
+            ack(jobs),
+            bad(code, format!("{prefix}[{k}].{text}")),
+        ));
+    }
+    out.push(row(
+        "1001 follow-ups",
+        ack(good(1001)),
+        bad(TOO_BIG, format!("{prefix}: 1001")),
+    ));
+    let (u, r) = Fixture::unknown();
+    out.push(row(
+        "good follow-ups, held job with a wrong token",
+        pb::AckRequest {
+            lease_token: r,
+            ..ack(good(2))
+        },
+        bad(STALE, "lease_token"),
+    ));
+    out.push(row(
+        "good follow-ups, unknown job",
+        pb::AckRequest {
+            job_id: u,
+            ..ack(good(2))
+        },
+        bad(STALE, "lease_token"),
+    ));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_follow_ups_bad_input_table() {
+    check_table(
+        "Ack (follow-ups)",
+        |held| follow_up_rows(held, "enqueue"),
+        |mut c, r| async move { c.ack(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_batch_refuses_follow_ups() {
+    check_table(
+        "AckBatch (follow-ups)",
+        |(h, t)| {
+            let entry = |enqueue: Vec<pb::EnqueueRequest>| pb::AckRequest {
+                job_id: h.clone(),
+                lease_token: t.clone(),
+                enqueue,
+            };
+            vec![row(
+                "an entry with a follow-up",
+                pb::AckBatchRequest {
+                    acks: vec![entry(vec![]), entry(vec![job("follow", "f")])],
+                },
+                bad(INVALID, "acks[1].enqueue: "),
+            )]
+        },
+        |mut c, r| async move { c.ack_batch(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
 fn nack_rows(held: &Held) -> Vec<Row<pb::NackRequest>> {
     let nack = |(job_id, lease_token): Held| pb::NackRequest {
         job_id,
@@ -1807,6 +1894,16 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
         enqueue: Vec::new(),
     };
     let mut out: Vec<Row<pb::ConsumeRequest>> = Vec::new();
+    for r in follow_up_rows(held, "acks[0].enqueue") {
+        out.push(row(
+            format!("acks[0] {}", r.name),
+            pb::ConsumeRequest {
+                acks: vec![r.req],
+                ..Default::default()
+            },
+            r.want,
+        ));
+    }
     for r in id_token_rows(held) {
         let want = placed(r.want, "acks[0]");
         out.push(row(
