@@ -281,6 +281,7 @@ async fn each_limit_is_resource_exhausted_naming_it_and_changes_nothing() {
         .map(|_| pb::AckRequest {
             job_id: big(10 * KIB),
             lease_token: "t".into(),
+            enqueue: Vec::new(),
         })
         .collect();
     let r = c.ack_batch(pb::AckBatchRequest { acks }).await.map(|_| ());
@@ -766,6 +767,7 @@ async fn hostile(addr: SocketAddr, s: &Settings, queue: &str) -> Option<Hostile>
             .map(|_| pb::AckRequest {
                 job_id: "g".repeat(100 * KIB),
                 lease_token: "t".into(),
+                enqueue: Vec::new(),
             })
             .collect(),
         ..Default::default()

@@ -645,6 +645,7 @@ async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
     c.ack(pb::AckRequest {
         job_id: id_of(d),
         lease_token: d.lease_token.clone(),
+        enqueue: Vec::new(),
     })
     .await
     .expect("ack");

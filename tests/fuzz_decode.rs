@@ -91,6 +91,7 @@ fn seeds() -> Vec<Vec<u8>> {
             pb::AckRequest {
                 job_id: id.clone(),
                 lease_token: token.clone(),
+                enqueue: Vec::new(),
             }
             .encode_to_vec(),
         ),

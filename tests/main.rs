@@ -10,6 +10,7 @@
 
 mod common;
 
+mod ack_enqueue;
 mod admin;
 mod admin_cli;
 mod alerts;
@@ -40,6 +41,7 @@ mod schedules;
 mod scripts;
 mod security;
 mod semantics;
+mod sql_ack;
 mod sql_enqueue;
 mod traces;
 mod validation;

@@ -184,6 +184,7 @@ async fn overlap_skip_waits_for_the_last_runs_job() {
         .ack(pb::AckRequest {
             job_id: job_of(&d).id.clone(),
             lease_token: d.lease_token.clone(),
+            enqueue: Vec::new(),
         })
         .await
         .unwrap();

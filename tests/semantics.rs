@@ -1716,6 +1716,7 @@ fn ack_of(d: &pb::Delivery) -> pb::AckRequest {
     pb::AckRequest {
         job_id: id_of(d),
         lease_token: d.lease_token.clone(),
+        enqueue: Vec::new(),
     }
 }
 

@@ -319,6 +319,7 @@ impl Fixture {
             .ack(pb::AckRequest {
                 job_id: self.held_id.clone(),
                 lease_token: self.held_token.clone(),
+                enqueue: Vec::new(),
             })
             .await
             .expect("acking the held job with its own token after the table");
@@ -1032,11 +1033,99 @@ async fn ack_bad_input_table() {
                     r.map(|(job_id, lease_token)| pb::AckRequest {
                         job_id,
                         lease_token,
+                        enqueue: Vec::new(),
                     })
                 })
                 .collect()
         },
         |mut c, r| async move { c.ack(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
+/// Follow-up jobs of an ack (`AckRequest.enqueue`) aimed at the held job
+/// with its current token: every single-job rule at some index k of three
+/// follow-ups, the count past the batch limit, and a stale token with good
+/// follow-ups. Each is refused and changes nothing (the held job is not
+/// acked, no follow-up is inserted). `prefix` is where the list sits
+/// (`enqueue`, or `acks[0].enqueue` on a stream).
+fn follow_up_rows((h, t): &Held, prefix: &str) -> Vec<Row<pb::AckRequest>> {
+    let ack = |enqueue: Vec<pb::EnqueueRequest>| pb::AckRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+        enqueue,
+    };
+    let good = |n: usize| -> Vec<pb::EnqueueRequest> {
+        (0..n).map(|i| job("follow", &format!("f{i}"))).collect()
+    };
+    let mut out = Vec::new();
+    for (i, single) in enqueue_rows("follow", "unused").into_iter().enumerate() {
+        let Want::Err(code, text) = single.want else {
+            continue;
+        };
+        let k = i % 3;
+        let mut jobs = good(3);
+        jobs[k] = single.req;
+        out.push(row(
+            format!("{prefix}[{k}]: {}", single.name),
+            ack(jobs),
+            bad(code, format!("{prefix}[{k}].{text}")),
+        ));
+    }
+    out.push(row(
+        "1001 follow-ups",
+        ack(good(1001)),
+        bad(TOO_BIG, format!("{prefix}: 1001")),
+    ));
+    let (u, r) = Fixture::unknown();
+    out.push(row(
+        "good follow-ups, held job with a wrong token",
+        pb::AckRequest {
+            lease_token: r,
+            ..ack(good(2))
+        },
+        bad(STALE, "lease_token"),
+    ));
+    out.push(row(
+        "good follow-ups, unknown job",
+        pb::AckRequest {
+            job_id: u,
+            ..ack(good(2))
+        },
+        bad(STALE, "lease_token"),
+    ));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_follow_ups_bad_input_table() {
+    check_table(
+        "Ack (follow-ups)",
+        |held| follow_up_rows(held, "enqueue"),
+        |mut c, r| async move { c.ack(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_batch_refuses_follow_ups() {
+    check_table(
+        "AckBatch (follow-ups)",
+        |(h, t)| {
+            let entry = |enqueue: Vec<pb::EnqueueRequest>| pb::AckRequest {
+                job_id: h.clone(),
+                lease_token: t.clone(),
+                enqueue,
+            };
+            vec![row(
+                "an entry with a follow-up",
+                pb::AckBatchRequest {
+                    acks: vec![entry(vec![]), entry(vec![job("follow", "f")])],
+                },
+                bad(INVALID, "acks[1].enqueue: "),
+            )]
+        },
+        |mut c, r| async move { c.ack_batch(r).await.map(|_| ()) },
     )
     .await;
 }
@@ -1695,6 +1784,7 @@ fn consume_opening_rows((h, t): &Held) -> Vec<Row<Vec<pb::ConsumeRequest>>> {
     let held_ack = pb::AckRequest {
         job_id: h.clone(),
         lease_token: t.clone(),
+        enqueue: Vec::new(),
     };
     let mut out: Vec<Row<Vec<pb::ConsumeRequest>>> = subscribe_rows()
         .into_iter()
@@ -1801,8 +1891,19 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
     let ack = |(job_id, lease_token): Held| pb::AckRequest {
         job_id,
         lease_token,
+        enqueue: Vec::new(),
     };
     let mut out: Vec<Row<pb::ConsumeRequest>> = Vec::new();
+    for r in follow_up_rows(held, "acks[0].enqueue") {
+        out.push(row(
+            format!("acks[0] {}", r.name),
+            pb::ConsumeRequest {
+                acks: vec![r.req],
+                ..Default::default()
+            },
+            r.want,
+        ));
+    }
     for r in id_token_rows(held) {
         let want = placed(r.want, "acks[0]");
         out.push(row(
@@ -1858,6 +1959,7 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
                 pb::AckRequest {
                     job_id: "nope".into(),
                     lease_token: held.1.clone(),
+                    enqueue: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -2049,6 +2151,7 @@ fn consume_stream_rows((h, t): &Held) -> Vec<Row<(pb::ConsumeRequest, pb::Consum
     let held_ack = pb::AckRequest {
         job_id: h.clone(),
         lease_token: t.clone(),
+        enqueue: Vec::new(),
     };
     let held_dead = pb::NackRequest {
         job_id: h.clone(),

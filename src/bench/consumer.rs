@@ -127,6 +127,7 @@ async fn consume(
                 let _ = acks.send(pb::AckRequest {
                     job_id: job.id,
                     lease_token: d.lease_token,
+                    enqueue: Vec::new(),
                 });
             }
         }
@@ -199,6 +200,7 @@ async fn subscribe(
             let ack = pb::AckRequest {
                 job_id: job.id,
                 lease_token: d.lease_token,
+                enqueue: Vec::new(),
             };
             if let Some(batches) = &batches {
                 let _ = batches.send(ack);

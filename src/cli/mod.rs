@@ -263,6 +263,7 @@ fn answer(
         req.acks.push(pb::AckRequest {
             job_id: d.job.map(|j| j.id).unwrap_or_default(),
             lease_token: d.lease_token,
+            enqueue: Vec::new(),
         });
     }
     let remaining = args.count.map(|n| n.saturating_sub(seen));
@@ -322,6 +323,7 @@ async fn tail_subscribe(
                 .ack(pb::AckRequest {
                     job_id: d.job.map(|j| j.id).unwrap_or_default(),
                     lease_token: d.lease_token,
+                    enqueue: Vec::new(),
                 })
                 .await?;
         }

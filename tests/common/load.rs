@@ -485,6 +485,7 @@ pub async fn consume_consumer(
                 req.acks.push(pb::AckRequest {
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
+                    enqueue: Vec::new(),
                 });
                 pb::SettleOp::Ack
             };
@@ -659,6 +660,7 @@ pub async fn ack(client: &mut Client, id: &str, token: &str) -> Result<(), tonic
         client.ack(pb::AckRequest {
             job_id: id.to_owned(),
             lease_token: token.to_owned(),
+            enqueue: Vec::new(),
         }),
     )
     .await

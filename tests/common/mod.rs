@@ -671,6 +671,7 @@ pub async fn ack(client: &mut Client, d: &pb::Delivery) -> Result<(), tonic::Sta
         .ack(pb::AckRequest {
             job_id: d.job.as_ref().unwrap().id.clone(),
             lease_token: d.lease_token.clone(),
+            enqueue: Vec::new(),
         })
         .await
         .map(|_| ())

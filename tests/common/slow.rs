@@ -101,6 +101,7 @@ impl Settler {
                     acks: vec![pb::AckRequest {
                         job_id: rec.id.clone(),
                         lease_token: rec.token.clone(),
+                        enqueue: Vec::new(),
                     }],
                     ..Default::default()
                 };

@@ -196,6 +196,7 @@ async fn settle(
                 .run(c.ack(cut.request(pb::AckRequest {
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
+                    enqueue: Vec::new(),
                 })))
                 .await
                 .map(|_| ());
@@ -367,6 +368,7 @@ async fn impatient_consumer(
                         acks: vec![pb::AckRequest {
                             job_id: rec.id.clone(),
                             lease_token: rec.token.clone(),
+                            enqueue: Vec::new(),
                         }],
                         ..Default::default()
                     };

@@ -219,6 +219,7 @@ impl Client {
             .ack(pb::AckRequest {
                 job_id: job_id.to_owned(),
                 lease_token: lease_token.to_owned(),
+                enqueue: Vec::new(),
             })
             .await?;
         Ok(())
@@ -241,6 +242,7 @@ impl Client {
                     .map(|(job_id, lease_token)| pb::AckRequest {
                         job_id: job_id.clone(),
                         lease_token: lease_token.clone(),
+                        enqueue: Vec::new(),
                     })
                     .collect(),
             })

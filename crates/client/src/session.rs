@@ -335,6 +335,7 @@ impl Settler {
         let msg = Outgoing::Ack(pb::AckRequest {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
+            enqueue: Vec::new(),
         });
         if let Some(r) = self.on_stream(pb::SettleOp::Ack, job, msg).await {
             return r.map(drop);

@@ -57,7 +57,11 @@ pub mod features {
     pub const DELIVERIES: &str = "deliveries";
     /// `Cancelled` responses when a held job is cancelled.
     pub const CANCEL: &str = "cancel";
+    /// `AckRequest.enqueue`: an ack may carry follow-up jobs, inserted in
+    /// the ack's transaction (a broker feature; clients send nothing for it
+    /// in `accept`).
+    pub const ACK_ENQUEUE: &str = "ack.enqueue";
     /// Every feature this version of the contract defines, as a broker of
     /// this version announces them.
-    pub const ALL: &[&str] = &[DELIVERIES, CANCEL];
+    pub const ALL: &[&str] = &[DELIVERIES, CANCEL, ACK_ENQUEUE];
 }

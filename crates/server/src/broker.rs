@@ -320,6 +320,57 @@ impl Broker {
             .collect())
     }
 
+    /// Acks a job and inserts its follow-up jobs in one transaction on the
+    /// job's cluster (`AckRequest.enqueue`): the follow-ups exist if and
+    /// only if the ack committed. Returns their results, in order. Not
+    /// through the ack batcher: each such ack is a transaction of its own
+    /// (BEGIN, ack.sql, the insert, COMMIT), so that acks without
+    /// follow-ups keep their one-statement path. Follow-ups whose queue is
+    /// on another cluster than the job are refused with INVALID_ARGUMENT
+    /// naming the first (`enqueue[2].queue`): one transaction cannot span
+    /// clusters. A stale token is FAILED_PRECONDITION, and nothing is
+    /// inserted.
+    pub async fn ack_enqueue(&self, req: AckReq, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
+        let cluster = req.token.1;
+        let Some(store) = self.clusters.get(cluster) else {
+            return Err(Error::StaleLease(req.job_id.0));
+        };
+        if !self.clusters.is_single() {
+            let map = self.clusters.map();
+            if let Some(j) = jobs
+                .iter()
+                .position(|j| map.cluster_of(j.queue.as_str()) != cluster)
+            {
+                return Err(Error::invalid(
+                    format!("enqueue[{j}].queue"),
+                    format!(
+                        "queue {:?} is on another PostgreSQL cluster than the acked job; the ack and its follow-ups are one transaction on one cluster (pin the queues together, or enqueue it apart)",
+                        jobs[j].queue.as_str()
+                    ),
+                ));
+            }
+        }
+        let mut queues: Vec<QueueName> = jobs.iter().map(|j| j.queue.clone()).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let moving = moving_dedup(&self.clusters, cluster, &jobs);
+        let r = store.ack_enqueue(req, &jobs, &queues, &moving).await;
+        let settle = self.settle();
+        match self.named(cluster, r)? {
+            None => {
+                settle.acked(cluster, 1, &[]);
+                Err(Error::StaleLease(req.job_id.0))
+            }
+            Some((acked, out)) => {
+                settle.acked(cluster, 1, std::slice::from_ref(&acked));
+                store.metrics().on_enqueued(&jobs, &out.results);
+                (store.metrics().clusters).on_enqueued(store.cluster_name(), out.results.len());
+                settle.wake(out.wakes);
+                Ok(out.results)
+            }
+        }
+    }
+
     /// Returns whether the job was dead-lettered.
     pub async fn nack(&self, req: NackReq) -> Result<bool> {
         let c = req.token.1;

@@ -6,14 +6,16 @@
 //! | channel                  | payload                                  | sent by                             |
 //! |--------------------------|------------------------------------------|-------------------------------------|
 //! | [`WAKE`]                 | `<sender>:<delay ms>:<queue>` ([`wake`]) | settle, bucket moves, SQL enqueue    |
-//! | [`settle`]`(broker)`     | `job:token,...` ([`settled`])            | settle, to the broker that leased    |
+//! | [`settle`]`(broker)`     | `job:token,...` ([`settled`])            | settle, to the broker that leased; SQL ack/nack |
 //! | [`OFFERS`]               | JSON ([`OfferNote`])                     | the dispatcher's idle streams        |
 //! | [`handed`]`(broker)`     | JSON ([`HandedNote`])                    | enqueue (a job leased to its stream) |
 //!
-//! Three senders are SQL, which cannot import these constants:
+//! Four senders are SQL, which cannot import these constants:
 //! `store/sql/enqueue_handover.sql` (a [`HandedNote`] on [`handed`]),
 //! the migration `20261123000001_sql_enqueue.sql` (`leaseq.enqueue()`: a
-//! wake-up from sender `sql`), and the bucket moves' wake-up (sender
+//! wake-up from sender `sql`), the migration `20261202000001_sql_ack.sql`
+//! (`leaseq.ack()` and `leaseq.nack()`: one `job:token` on the leasing
+//! broker's [`settle`] channel, wake-ups from sender `sql`), and the bucket moves' wake-up (sender
 //! `placement`, its payload written in SQL, the channel bound from
 //! [`WAKE`]). The tests below read those files, and every `pg_notify` in
 //! `src/` and `migrations/`, and fail if they disagree with this module.
@@ -538,7 +540,51 @@ mod tests {
         found.sort();
         assert_eq!(
             found,
-            ["20261123000001_sql_enqueue.sql", "enqueue_handover.sql"]
+            [
+                "20261123000001_sql_enqueue.sql",
+                "20261202000001_sql_ack.sql",
+                "enqueue_handover.sql"
+            ]
         );
+    }
+
+    const SQL_ACK_MIGRATION: &str = include_str!("../../../migrations/20261202000001_sql_ack.sql");
+
+    #[test]
+    fn the_sql_ack_functions_use_these_channels_and_formats() {
+        // Migrations are never edited: if this fails, the Rust side moved.
+        // A settle notice and a wake-up each: ack's for a freed slot,
+        // nack's for the retry or a freed slot.
+        let channels = notify_channels(SQL_ACK_MIGRATION);
+        assert_eq!(
+            channels,
+            [SETTLE_PREFIX, WAKE, SETTLE_PREFIX, WAKE],
+            "leaseq.ack()/nack() notify other channels than channels.rs names"
+        );
+        // The settle channel: the prefix and the broker's id without dashes.
+        let b = Uuid::new_v4();
+        assert_eq!(
+            settle(b),
+            format!(
+                "{SETTLE_PREFIX}{}",
+                b.hyphenated().to_string().replace('-', "")
+            )
+        );
+        for f in ["ack", "nack"] {
+            assert!(
+                SQL_ACK_MIGRATION.contains(&format!(
+                    "pg_notify('{SETTLE_PREFIX}' || replace(r.lease_broker::text, '-', ''), {f}.job_id::text || ':' || token::text)"
+                )),
+                "leaseq.{f}()'s settle notice is not `job:token` on channels::settle"
+            );
+        }
+        // The payload `job:token` (hyphenated UUIDs, as uuid::text) reads back.
+        let (job, token) = (Uuid::now_v7(), Uuid::new_v4());
+        assert_eq!(
+            parse_settled(&format!("{job}:{token}"), ClusterId::HOME),
+            [(JobId(job), LeaseToken(token, ClusterId::HOME), false)]
+        );
+        assert!(SQL_ACK_MIGRATION.contains("'sql:0:' || r.slot_freed"));
+        assert!(SQL_ACK_MIGRATION.contains("'sql:' || delay_ms || ':' || r.queue"));
     }
 }

@@ -484,6 +484,7 @@ mod tests {
         let ack = pb::AckRequest {
             job_id: uuid::Uuid::now_v7().to_string(),
             lease_token: uuid::Uuid::new_v4().to_string(),
+            enqueue: Vec::new(),
         };
         let acks = pb::AckBatchRequest {
             acks: vec![ack; 1000],

@@ -106,17 +106,25 @@ impl Settle {
     }
 
     async fn ack_on(&self, cluster: ClusterId, reqs: &[AckReq]) -> Result<Vec<Settled>> {
-        let m = &self.store().metrics();
         // A token naming a cluster this broker does not have is stale.
         let done = match self.clusters.get(cluster) {
-            Some(store) => {
-                let done = store.ack(reqs).await?;
-                m.clusters.on_acked(store.cluster_name(), done.len());
-                done
-            }
+            Some(store) => store.ack(reqs).await?,
             None => Vec::new(),
         };
-        m.on_acked(reqs.len(), &done);
+        self.acked(cluster, reqs.len(), &done);
+        Ok(done)
+    }
+
+    /// What follows `asked` acks on `cluster` of which `done` committed
+    /// (however they were run: the ack batcher's statement, or an ack with
+    /// follow-up jobs in a transaction of its own): the metrics, the credit
+    /// back, and a wake-up for the queues whose concurrency slot freed.
+    pub fn acked(&self, cluster: ClusterId, asked: usize, done: &[Settled]) {
+        let m = &self.store().metrics();
+        if let Some(store) = self.clusters.get(cluster) {
+            m.clusters.on_acked(store.cluster_name(), done.len());
+        }
+        m.on_acked(asked, done);
         self.return_credit(done.iter().map(|s| (s.broker, s.id, s.token)));
         // Queues with a concurrency limit have a free slot: wake their
         // consumers on every replica.
@@ -133,7 +141,6 @@ impl Settle {
                 })
                 .collect(),
         );
-        Ok(done)
     }
 
     /// Ends leases unsuccessfully (fail.sql): the jobs are retried or

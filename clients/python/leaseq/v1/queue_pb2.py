@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15leaseq/v1/queue.proto\x12\tleaseq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x02\n\x0e\x45nqueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x37\n\x07headers\x18\x03 \x03(\x0b\x32&.leaseq.v1.EnqueueRequest.HeadersEntry\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12(\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x06run_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tdedup_key\x18\x07 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0f\x45nqueueResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\">\n\x13\x45nqueueBatchRequest\x12\'\n\x04jobs\x18\x01 \x03(\x0b\x32\x19.leaseq.v1.EnqueueRequest\"C\n\x14\x45nqueueBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.leaseq.v1.EnqueueResponse\"\x85\x01\n\x10SubscribeRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x15\n\rmax_in_flight\x18\x03 \x01(\r\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06\x61\x63\x63\x65pt\x18\x05 \x03(\t\"\xc7\x01\n\x11SubscribeResponse\x12\'\n\x08\x64\x65livery\x18\x01 \x01(\x0b\x32\x13.leaseq.v1.DeliveryH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.leaseq.v1.HeartbeatH\x00\x12+\n\ndeliveries\x18\x03 \x01(\x0b\x32\x15.leaseq.v1.DeliveriesH\x00\x12)\n\tcancelled\x18\x04 \x01(\x0b\x32\x14.leaseq.v1.CancelledH\x00\x42\x06\n\x04kind\"J\n\tHeartbeat\x12+\n\x07sent_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\t\"0\n\tCancelled\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"5\n\nDeliveries\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.leaseq.v1.Delivery\"r\n\x08\x44\x65livery\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.leaseq.v1.Job\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf7\x01\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12,\n\x07headers\x18\x04 \x03(\x0b\x32\x1b.leaseq.v1.Job.HeadersEntry\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12/\n\x0b\x65nqueued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nlast_error\x18\x08 \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\nAckRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"\r\n\x0b\x41\x63kResponse\"6\n\x0f\x41\x63kBatchRequest\x12#\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x15.leaseq.v1.AckRequest\"9\n\x10\x41\x63kBatchResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.leaseq.v1.AckResult\":\n\tAckResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x86\x01\n\x0bNackRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65\x61\x64_letter\x18\x05 \x01(\x08\"%\n\x0cNackResponse\x12\x15\n\rdead_lettered\x18\x01 \x01(\x08\"c\n\x12\x45xtendLeaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12(\n\x05lease\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x45xtendLeaseResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xec\x01\n\x0e\x43onsumeRequest\x12.\n\tsubscribe\x18\x01 \x01(\x0b\x32\x1b.leaseq.v1.SubscribeRequest\x12#\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x15.leaseq.v1.AckRequest\x12%\n\x05nacks\x18\x03 \x03(\x0b\x32\x16.leaseq.v1.NackRequest\x12.\n\x07\x65xtends\x18\x04 \x03(\x0b\x32\x1d.leaseq.v1.ExtendLeaseRequest\x12\x15\n\rmax_in_flight\x18\x05 \x01(\r\x12\x17\n\x0f\x63onfirm_settles\x18\x06 \x01(\x08\"\xf2\x01\n\x0f\x43onsumeResponse\x12\'\n\x08\x64\x65livery\x18\x01 \x01(\x0b\x32\x13.leaseq.v1.DeliveryH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.leaseq.v1.HeartbeatH\x00\x12+\n\x07settled\x18\x03 \x01(\x0b\x32\x18.leaseq.v1.SettleResultsH\x00\x12+\n\ndeliveries\x18\x04 \x01(\x0b\x32\x15.leaseq.v1.DeliveriesH\x00\x12)\n\tcancelled\x18\x05 \x01(\x0b\x32\x14.leaseq.v1.CancelledH\x00\x42\x06\n\x04kind\"9\n\rSettleResults\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.leaseq.v1.SettleResult\"\xc0\x01\n\x0cSettleResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.leaseq.v1.SettleOp\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x15\n\rdead_lettered\x18\x05 \x01(\x08\x12\x34\n\x10lease_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_token\x18\x07 \x01(\t*b\n\x08SettleOp\x12\x19\n\x15SETTLE_OP_UNSPECIFIED\x10\x00\x12\x11\n\rSETTLE_OP_ACK\x10\x01\x12\x12\n\x0eSETTLE_OP_NACK\x10\x02\x12\x14\n\x10SETTLE_OP_EXTEND\x10\x03\x32\xb3\x04\n\x0cQueueService\x12@\n\x07\x45nqueue\x12\x19.leaseq.v1.EnqueueRequest\x1a\x1a.leaseq.v1.EnqueueResponse\x12O\n\x0c\x45nqueueBatch\x12\x1e.leaseq.v1.EnqueueBatchRequest\x1a\x1f.leaseq.v1.EnqueueBatchResponse\x12H\n\tSubscribe\x12\x1b.leaseq.v1.SubscribeRequest\x1a\x1c.leaseq.v1.SubscribeResponse0\x01\x12\x34\n\x03\x41\x63k\x12\x15.leaseq.v1.AckRequest\x1a\x16.leaseq.v1.AckResponse\x12\x43\n\x08\x41\x63kBatch\x12\x1a.leaseq.v1.AckBatchRequest\x1a\x1b.leaseq.v1.AckBatchResponse\x12\x37\n\x04Nack\x12\x16.leaseq.v1.NackRequest\x1a\x17.leaseq.v1.NackResponse\x12L\n\x0b\x45xtendLease\x12\x1d.leaseq.v1.ExtendLeaseRequest\x1a\x1e.leaseq.v1.ExtendLeaseResponse\x12\x44\n\x07\x43onsume\x12\x19.leaseq.v1.ConsumeRequest\x1a\x1a.leaseq.v1.ConsumeResponse(\x01\x30\x01\x42\x7f\n\x0cio.leaseq.v1B\nQueueProtoP\x01Z6github.com/leaseq/leaseq/clients/go/leaseq/v1;leaseqv1\xa2\x02\x03LQX\xaa\x02\tLeaseq.V1\xca\x02\tLeaseq\\V1\xea\x02\nLeaseq::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15leaseq/v1/queue.proto\x12\tleaseq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x02\n\x0e\x45nqueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x37\n\x07headers\x18\x03 \x03(\x0b\x32&.leaseq.v1.EnqueueRequest.HeadersEntry\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12(\n\x05\x64\x65lay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x06run_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tdedup_key\x18\x07 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12&\n\x03ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0f\x45nqueueResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\">\n\x13\x45nqueueBatchRequest\x12\'\n\x04jobs\x18\x01 \x03(\x0b\x32\x19.leaseq.v1.EnqueueRequest\"C\n\x14\x45nqueueBatchResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.leaseq.v1.EnqueueResponse\"\x85\x01\n\x10SubscribeRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x15\n\rmax_in_flight\x18\x03 \x01(\r\x12(\n\x05lease\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06\x61\x63\x63\x65pt\x18\x05 \x03(\t\"\xc7\x01\n\x11SubscribeResponse\x12\'\n\x08\x64\x65livery\x18\x01 \x01(\x0b\x32\x13.leaseq.v1.DeliveryH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.leaseq.v1.HeartbeatH\x00\x12+\n\ndeliveries\x18\x03 \x01(\x0b\x32\x15.leaseq.v1.DeliveriesH\x00\x12)\n\tcancelled\x18\x04 \x01(\x0b\x32\x14.leaseq.v1.CancelledH\x00\x42\x06\n\x04kind\"J\n\tHeartbeat\x12+\n\x07sent_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\t\"0\n\tCancelled\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"5\n\nDeliveries\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.leaseq.v1.Delivery\"r\n\x08\x44\x65livery\x12\x1b\n\x03job\x18\x01 \x01(\x0b\x32\x0e.leaseq.v1.Job\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf7\x01\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12,\n\x07headers\x18\x04 \x03(\x0b\x32\x1b.leaseq.v1.Job.HeadersEntry\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12/\n\x0b\x65nqueued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nlast_error\x18\x08 \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"]\n\nAckRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12*\n\x07\x65nqueue\x18\x03 \x03(\x0b\x32\x19.leaseq.v1.EnqueueRequest\"\x1f\n\x0b\x41\x63kResponse\x12\x10\n\x08\x65nqueued\x18\x01 \x03(\t\"6\n\x0f\x41\x63kBatchRequest\x12#\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x15.leaseq.v1.AckRequest\"9\n\x10\x41\x63kBatchResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.leaseq.v1.AckResult\":\n\tAckResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x86\x01\n\x0bNackRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64\x65\x61\x64_letter\x18\x05 \x01(\x08\"%\n\x0cNackResponse\x12\x15\n\rdead_lettered\x18\x01 \x01(\x08\"c\n\x12\x45xtendLeaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12(\n\x05lease\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x45xtendLeaseResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xec\x01\n\x0e\x43onsumeRequest\x12.\n\tsubscribe\x18\x01 \x01(\x0b\x32\x1b.leaseq.v1.SubscribeRequest\x12#\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x15.leaseq.v1.AckRequest\x12%\n\x05nacks\x18\x03 \x03(\x0b\x32\x16.leaseq.v1.NackRequest\x12.\n\x07\x65xtends\x18\x04 \x03(\x0b\x32\x1d.leaseq.v1.ExtendLeaseRequest\x12\x15\n\rmax_in_flight\x18\x05 \x01(\r\x12\x17\n\x0f\x63onfirm_settles\x18\x06 \x01(\x08\"\xf2\x01\n\x0f\x43onsumeResponse\x12\'\n\x08\x64\x65livery\x18\x01 \x01(\x0b\x32\x13.leaseq.v1.DeliveryH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.leaseq.v1.HeartbeatH\x00\x12+\n\x07settled\x18\x03 \x01(\x0b\x32\x18.leaseq.v1.SettleResultsH\x00\x12+\n\ndeliveries\x18\x04 \x01(\x0b\x32\x15.leaseq.v1.DeliveriesH\x00\x12)\n\tcancelled\x18\x05 \x01(\x0b\x32\x14.leaseq.v1.CancelledH\x00\x42\x06\n\x04kind\"9\n\rSettleResults\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.leaseq.v1.SettleResult\"\xd2\x01\n\x0cSettleResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.leaseq.v1.SettleOp\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x15\n\rdead_lettered\x18\x05 \x01(\x08\x12\x34\n\x10lease_expires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_token\x18\x07 \x01(\t\x12\x10\n\x08\x65nqueued\x18\x08 \x03(\t*b\n\x08SettleOp\x12\x19\n\x15SETTLE_OP_UNSPECIFIED\x10\x00\x12\x11\n\rSETTLE_OP_ACK\x10\x01\x12\x12\n\x0eSETTLE_OP_NACK\x10\x02\x12\x14\n\x10SETTLE_OP_EXTEND\x10\x03\x32\xb3\x04\n\x0cQueueService\x12@\n\x07\x45nqueue\x12\x19.leaseq.v1.EnqueueRequest\x1a\x1a.leaseq.v1.EnqueueResponse\x12O\n\x0c\x45nqueueBatch\x12\x1e.leaseq.v1.EnqueueBatchRequest\x1a\x1f.leaseq.v1.EnqueueBatchResponse\x12H\n\tSubscribe\x12\x1b.leaseq.v1.SubscribeRequest\x1a\x1c.leaseq.v1.SubscribeResponse0\x01\x12\x34\n\x03\x41\x63k\x12\x15.leaseq.v1.AckRequest\x1a\x16.leaseq.v1.AckResponse\x12\x43\n\x08\x41\x63kBatch\x12\x1a.leaseq.v1.AckBatchRequest\x1a\x1b.leaseq.v1.AckBatchResponse\x12\x37\n\x04Nack\x12\x16.leaseq.v1.NackRequest\x1a\x17.leaseq.v1.NackResponse\x12L\n\x0b\x45xtendLease\x12\x1d.leaseq.v1.ExtendLeaseRequest\x1a\x1e.leaseq.v1.ExtendLeaseResponse\x12\x44\n\x07\x43onsume\x12\x19.leaseq.v1.ConsumeRequest\x1a\x1a.leaseq.v1.ConsumeResponse(\x01\x30\x01\x42\x7f\n\x0cio.leaseq.v1B\nQueueProtoP\x01Z6github.com/leaseq/leaseq/clients/go/leaseq/v1;leaseqv1\xa2\x02\x03LQX\xaa\x02\tLeaseq.V1\xca\x02\tLeaseq\\V1\xea\x02\nLeaseq::V1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'leaseq.v1.queue_pb2', globals())
@@ -27,8 +27,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _ENQUEUEREQUEST_HEADERSENTRY._serialized_options = b'8\001'
   _JOB_HEADERSENTRY._options = None
   _JOB_HEADERSENTRY._serialized_options = b'8\001'
-  _SETTLEOP._serialized_start=2847
-  _SETTLEOP._serialized_end=2945
+  _SETTLEOP._serialized_start=2927
+  _SETTLEOP._serialized_end=3025
   _ENQUEUEREQUEST._serialized_start=102
   _ENQUEUEREQUEST._serialized_end=440
   _ENQUEUEREQUEST_HEADERSENTRY._serialized_start=394
@@ -56,31 +56,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _JOB_HEADERSENTRY._serialized_start=394
   _JOB_HEADERSENTRY._serialized_end=440
   _ACKREQUEST._serialized_start=1514
-  _ACKREQUEST._serialized_end=1563
-  _ACKRESPONSE._serialized_start=1565
-  _ACKRESPONSE._serialized_end=1578
-  _ACKBATCHREQUEST._serialized_start=1580
-  _ACKBATCHREQUEST._serialized_end=1634
-  _ACKBATCHRESPONSE._serialized_start=1636
-  _ACKBATCHRESPONSE._serialized_end=1693
-  _ACKRESULT._serialized_start=1695
-  _ACKRESULT._serialized_end=1753
-  _NACKREQUEST._serialized_start=1756
-  _NACKREQUEST._serialized_end=1890
-  _NACKRESPONSE._serialized_start=1892
-  _NACKRESPONSE._serialized_end=1929
-  _EXTENDLEASEREQUEST._serialized_start=1931
-  _EXTENDLEASEREQUEST._serialized_end=2030
-  _EXTENDLEASERESPONSE._serialized_start=2032
-  _EXTENDLEASERESPONSE._serialized_end=2107
-  _CONSUMEREQUEST._serialized_start=2110
-  _CONSUMEREQUEST._serialized_end=2346
-  _CONSUMERESPONSE._serialized_start=2349
-  _CONSUMERESPONSE._serialized_end=2591
-  _SETTLERESULTS._serialized_start=2593
-  _SETTLERESULTS._serialized_end=2650
-  _SETTLERESULT._serialized_start=2653
-  _SETTLERESULT._serialized_end=2845
-  _QUEUESERVICE._serialized_start=2948
-  _QUEUESERVICE._serialized_end=3511
+  _ACKREQUEST._serialized_end=1607
+  _ACKRESPONSE._serialized_start=1609
+  _ACKRESPONSE._serialized_end=1640
+  _ACKBATCHREQUEST._serialized_start=1642
+  _ACKBATCHREQUEST._serialized_end=1696
+  _ACKBATCHRESPONSE._serialized_start=1698
+  _ACKBATCHRESPONSE._serialized_end=1755
+  _ACKRESULT._serialized_start=1757
+  _ACKRESULT._serialized_end=1815
+  _NACKREQUEST._serialized_start=1818
+  _NACKREQUEST._serialized_end=1952
+  _NACKRESPONSE._serialized_start=1954
+  _NACKRESPONSE._serialized_end=1991
+  _EXTENDLEASEREQUEST._serialized_start=1993
+  _EXTENDLEASEREQUEST._serialized_end=2092
+  _EXTENDLEASERESPONSE._serialized_start=2094
+  _EXTENDLEASERESPONSE._serialized_end=2169
+  _CONSUMEREQUEST._serialized_start=2172
+  _CONSUMEREQUEST._serialized_end=2408
+  _CONSUMERESPONSE._serialized_start=2411
+  _CONSUMERESPONSE._serialized_end=2653
+  _SETTLERESULTS._serialized_start=2655
+  _SETTLERESULTS._serialized_end=2712
+  _SETTLERESULT._serialized_start=2715
+  _SETTLERESULT._serialized_end=2925
+  _QUEUESERVICE._serialized_start=3028
+  _QUEUESERVICE._serialized_end=3591
 # @@protoc_insertion_point(module_scope)

@@ -25,16 +25,20 @@ class AckBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ["job_id", "lease_token"]
+    __slots__ = ["enqueue", "job_id", "lease_token"]
+    ENQUEUE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    enqueue: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
     job_id: str
     lease_token: str
-    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., enqueue: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
 
 class AckResponse(_message.Message):
-    __slots__ = []
-    def __init__(self) -> None: ...
+    __slots__ = ["enqueued"]
+    ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    enqueued: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, enqueued: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AckResult(_message.Message):
     __slots__ = ["code", "job_id", "message"]
@@ -221,9 +225,10 @@ class NackResponse(_message.Message):
     def __init__(self, dead_lettered: bool = ...) -> None: ...
 
 class SettleResult(_message.Message):
-    __slots__ = ["code", "dead_lettered", "job_id", "lease_expires_at", "lease_token", "message", "op"]
+    __slots__ = ["code", "dead_lettered", "enqueued", "job_id", "lease_expires_at", "lease_token", "message", "op"]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -231,12 +236,13 @@ class SettleResult(_message.Message):
     OP_FIELD_NUMBER: _ClassVar[int]
     code: int
     dead_lettered: bool
+    enqueued: _containers.RepeatedScalarFieldContainer[str]
     job_id: str
     lease_expires_at: _timestamp_pb2.Timestamp
     lease_token: str
     message: str
     op: SettleOp
-    def __init__(self, job_id: _Optional[str] = ..., op: _Optional[_Union[SettleOp, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., dead_lettered: bool = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., op: _Optional[_Union[SettleOp, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., dead_lettered: bool = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ..., enqueued: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SettleResults(_message.Message):
     __slots__ = ["results"]

@@ -35,11 +35,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
+use crate::auth::Identity;
 use crate::broker::Broker;
 use crate::config::RequestLimits;
 use crate::conn_limit::RequestCharge;
 use crate::dispatch::{DeliveryStream, Event, Input, StreamId};
-use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, Subscription};
+use crate::domain::{
+    AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, NewJob, Subscription,
+};
 use crate::error::{Error, Result};
 use crate::pb;
 use crate::pb::SettleOp;
@@ -204,10 +207,12 @@ impl Opening {
 }
 
 /// Starts the stream: the reader task, and the response it feeds.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start(
     broker: Arc<Broker>,
     limits: RequestLimits,
     traces: Traces,
+    who: Identity,
     id: StreamId,
     deliveries: DeliveryStream,
     opening: Opening,
@@ -224,6 +229,7 @@ pub(super) fn start(
         broker,
         limits,
         traces,
+        who,
         id,
         confirm: opening.confirm,
         credit: opening.sub.max_in_flight,
@@ -249,6 +255,9 @@ struct Reader {
     limits: RequestLimits,
     /// Spans of the settles (off by default).
     traces: Traces,
+    /// The caller: follow-up jobs need the enqueue permission on their
+    /// queues.
+    who: Identity,
     id: StreamId,
     confirm: bool,
     /// The stream's max_in_flight, as last set.
@@ -391,9 +400,15 @@ impl Reader {
         let mut results = Vec::new();
         // (job id, lease token) as sent, and the parsed request.
         let mut valid: Vec<((String, String), AckReq)> = Vec::new();
+        // Acks with follow-up jobs: each a transaction of its own.
+        let mut with_jobs: Vec<((String, String), AckReq, Vec<NewJob>)> = Vec::new();
         for (i, a) in acks.into_iter().enumerate() {
-            match AckReq::parse(&a) {
-                Ok(r) => valid.push(((a.job_id, a.lease_token), r)),
+            let parsed = AckReq::parse(&a).and_then(|r| {
+                super::queue::follow_ups(a.enqueue, &self.limits, &self.who).map(|j| (r, j))
+            });
+            match parsed {
+                Ok((r, jobs)) if jobs.is_empty() => valid.push(((a.job_id, a.lease_token), r)),
+                Ok((r, jobs)) => with_jobs.push(((a.job_id, a.lease_token), r, jobs)),
                 Err(e) => results.push(failure(
                     (&a.job_id, &a.lease_token),
                     SettleOp::Ack,
@@ -401,10 +416,15 @@ impl Reader {
                 )),
             }
         }
-        let n = valid.len() as u64;
+        let n = (valid.len() + with_jobs.len()) as u64;
         let plan = self.held.acks_arrive(
             self.credit,
-            valid.iter().map(|(_, r)| (r.job_id, r.token)).collect(),
+            valid
+                .iter()
+                .map(|(_, r)| r)
+                .chain(with_jobs.iter().map(|(_, r, _)| r))
+                .map(|r| (r.job_id, r.token))
+                .collect(),
         );
         let linger = plan.linger;
         if let Some(input) = plan.tell {
@@ -418,40 +438,18 @@ impl Reader {
             Settle::Ack,
             valid.iter().map(|((id, _), _)| id.as_str()),
         );
+        let traces = self.traces.clone();
         self.settles.spawn(async move {
-            if !valid.is_empty() {
-                let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
-                let outcomes = if linger {
-                    broker.ack_streamed(reqs).await
-                } else {
-                    broker.ack_many(reqs).await
-                };
-                held.acks_answered(n);
-                match &outcomes {
-                    Ok(r) => spans
-                        .into_iter()
-                        .zip(r)
-                        .for_each(|(s, r)| s.settled(r.as_ref().err())),
-                    Err(e) => spans.into_iter().for_each(|s| s.settled(Some(e))),
-                }
-                match outcomes {
-                    Ok(outcomes) => {
-                        for ((id, token), r) in keys.iter().zip(outcomes) {
-                            match r {
-                                Ok(()) if confirm => {
-                                    results.push(success((id, token), SettleOp::Ack))
-                                }
-                                Ok(()) => {}
-                                Err(e) => results.push(failure((id, token), SettleOp::Ack, e)),
-                            }
-                        }
-                    }
-                    Err(e) => results.extend(
-                        keys.iter()
-                            .map(|(id, token)| failure((id, token), SettleOp::Ack, e.clone())),
-                    ),
-                }
-            }
+            // Acks with follow-ups, at once beside the others'.
+            let follow =
+                futures_util::future::join_all(with_jobs.into_iter().map(|(sent, req, jobs)| {
+                    ack_enqueue(&broker, &traces, confirm, sent, req, jobs)
+                }));
+            let plain = ack_plain(&broker, linger, confirm, valid, spans);
+            let (plain, follow) = futures_util::join!(plain, follow);
+            held.acks_answered(n);
+            results.extend(plain);
+            results.extend(follow.into_iter().flatten());
             send(&tx, results, charge).await;
         });
     }
@@ -523,6 +521,74 @@ impl Reader {
                 send(&tx, result.into_iter().collect(), charge).await;
             });
         }
+    }
+}
+
+/// The stream's acks without follow-ups, through the ack batcher (one
+/// group-commit unit): the results to send (failures, and successes when
+/// confirmed).
+async fn ack_plain(
+    broker: &Broker,
+    linger: bool,
+    confirm: bool,
+    valid: Vec<((String, String), AckReq)>,
+    spans: Vec<crate::telemetry::JobSpan>,
+) -> Vec<pb::SettleResult> {
+    let mut results = Vec::new();
+    if valid.is_empty() {
+        return results;
+    }
+    let (keys, reqs): (Vec<(String, String)>, Vec<AckReq>) = valid.into_iter().unzip();
+    let outcomes = if linger {
+        broker.ack_streamed(reqs).await
+    } else {
+        broker.ack_many(reqs).await
+    };
+    match &outcomes {
+        Ok(r) => spans
+            .into_iter()
+            .zip(r)
+            .for_each(|(s, r)| s.settled(r.as_ref().err())),
+        Err(e) => spans.into_iter().for_each(|s| s.settled(Some(e))),
+    }
+    match outcomes {
+        Ok(outcomes) => {
+            for ((id, token), r) in keys.iter().zip(outcomes) {
+                match r {
+                    Ok(()) if confirm => results.push(success((id, token), SettleOp::Ack)),
+                    Ok(()) => {}
+                    Err(e) => results.push(failure((id, token), SettleOp::Ack, e)),
+                }
+            }
+        }
+        Err(e) => results.extend(
+            keys.iter()
+                .map(|(id, token)| failure((id, token), SettleOp::Ack, e.clone())),
+        ),
+    }
+    results
+}
+
+/// An ack with follow-up jobs on the stream, in its span: its result
+/// (with the follow-ups' ids when confirmed), if one is to be sent.
+async fn ack_enqueue(
+    broker: &Broker,
+    traces: &Traces,
+    confirm: bool,
+    (id, token): (String, String),
+    req: AckReq,
+    jobs: Vec<NewJob>,
+) -> Option<pb::SettleResult> {
+    let span = traces.settle("Consume", Settle::Ack, &id);
+    let r = broker.ack_enqueue(req, jobs).await;
+    span.settled(r.as_ref().err());
+    match r {
+        Ok(ids) if confirm => Some(pb::SettleResult {
+            enqueued: ids.iter().map(|e| e.job_id.to_string()).collect(),
+            ..success((&id, &token), SettleOp::Ack)
+        }),
+        Ok(_) => None,
+        Err(e) => Some(failure((&id, &token), SettleOp::Ack, e)),
     }
 }
 

@@ -98,6 +98,24 @@ fn parse_batch<T, U>(
         .collect()
 }
 
+/// An ack's follow-up jobs (`AckRequest.enqueue`), validated as an
+/// EnqueueBatch's (errors name `enqueue[2].queue`; at most the batch limit)
+/// and authorised for enqueue on their queues. Empty when it has none.
+pub(super) fn follow_ups(
+    jobs: Vec<pb::EnqueueRequest>,
+    limits: &RequestLimits,
+    who: &Identity,
+) -> Result<Vec<NewJob>, Error> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let jobs = parse_batch("enqueue", "job", jobs, limits.max_batch_jobs, |j| {
+        NewJob::parse(j, limits)
+    })?;
+    who.require(Action::Enqueue, jobs.iter().map(|j| &j.queue))?;
+    Ok(jobs)
+}
+
 fn enqueued(e: crate::domain::Enqueued) -> pb::EnqueueResponse {
     pb::EnqueueResponse {
         job_id: e.job_id.to_string(),
@@ -179,14 +197,23 @@ impl QueueService for QueueApi {
     ) -> Result<Response<pb::AckResponse>, Status> {
         let req = AckReq::parse(request.get_ref())?;
         // The lease token is the capability for its job (docs/SECURITY.md).
-        Identity::of(&request)?.require_somewhere(Action::Consume)?;
+        let who = Identity::of(&request)?;
+        who.require_somewhere(Action::Consume)?;
         let span = self
             .traces
             .settle("Ack", Settle::Ack, &request.get_ref().job_id);
-        let result = self.broker.ack(req).await;
+        let jobs = follow_ups(request.into_inner().enqueue, &self.limits, &who)?;
+        if jobs.is_empty() {
+            let result = self.broker.ack(req).await;
+            span.settled(result.as_ref().err());
+            result?;
+            return Ok(Response::new(pb::AckResponse::default()));
+        }
+        let result = self.broker.ack_enqueue(req, jobs).await;
         span.settled(result.as_ref().err());
-        result?;
-        Ok(Response::new(pb::AckResponse {}))
+        Ok(Response::new(pb::AckResponse {
+            enqueued: result?.iter().map(|e| e.job_id.to_string()).collect(),
+        }))
     }
 
     #[instrument(level = "debug", skip_all, fields(acks = request.get_ref().acks.len()))]
@@ -198,6 +225,15 @@ impl QueueService for QueueApi {
         let req = request.into_inner();
         let ids: Vec<String> = req.acks.iter().map(|a| a.job_id.clone()).collect();
         let acks = parse_batch("acks", "ack", req.acks, self.limits.max_batch_jobs, |a| {
+            if !a.enqueue.is_empty() {
+                // One statement acks the batch; follow-ups need a
+                // transaction per ack, and AckResult has no place for their
+                // ids.
+                return Err(Error::invalid(
+                    "enqueue",
+                    "follow-up jobs are not accepted by AckBatch; send that ack with Ack or on a Consume stream",
+                ));
+            }
             AckReq::parse(&a)
         })?;
         // As for Ack: each lease token is the capability for its job.
@@ -293,6 +329,7 @@ impl QueueService for QueueApi {
             self.broker.clone(),
             self.limits,
             self.traces.clone(),
+            who,
             id,
             deliveries,
             opening,

@@ -326,7 +326,7 @@ mod tests {
             .batched(batched);
         match poll(&mut s) {
             Poll::Ready(Some(Ok(Event::Heartbeat(h)))) => {
-                assert_eq!(h.features, ["deliveries", "cancel"], "{h:?}");
+                assert_eq!(h.features, leaseq_proto::features::ALL, "{h:?}");
             }
             other => panic!("first event: {other:?}"),
         }

@@ -890,6 +890,53 @@ impl Store {
             .collect())
     }
 
+    /// Completes one job whose token is current and inserts `jobs` (its
+    /// follow-ups) in the same transaction: ack.sql, then the enqueue
+    /// statement, then COMMIT. A stale token matches no row: the
+    /// transaction is rolled back before anything is inserted, and None is
+    /// returned. Follow-ups are inserted available (never handed off), with
+    /// duplicates resolved as [`Store::enqueue`] does; `new_queues` are
+    /// their queues, `moving` as for [`Store::enqueue`].
+    pub(crate) async fn ack_enqueue(
+        &self,
+        ack: AckReq,
+        jobs: &[NewJob],
+        new_queues: &[QueueName],
+        moving: &[(Store, Vec<usize>)],
+    ) -> Result<Option<(Settled, EnqueueOutcome)>> {
+        let mut c = self.conns.acquire().await?;
+        let out = c
+            .bounded(|c| async move {
+                let mut tx = sqlx::Connection::begin(c).await?;
+                let (ids, tokens) = (vec![ack.job_id.0], vec![ack.token.0]);
+                let row = sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(r) = row else {
+                    tx.rollback().await?;
+                    return Ok::<_, Error>(None);
+                };
+                let claims = vec![None; jobs.len()];
+                let mut out = self.enqueue_in(&mut tx, jobs, &claims, new_queues).await?;
+                for (source, idxs) in moving {
+                    self.dedup_elsewhere(&mut tx, source, jobs, idxs, &mut out)
+                        .await?;
+                }
+                tx.commit().await?;
+                let acked = Settled {
+                    id: JobId(r.id),
+                    token: LeaseToken(r.lease_token, self.cluster),
+                    broker: r.lease_broker,
+                    slot_freed: r.slot_freed.and_then(|q| QueueName::parse(&q)),
+                    queue: r.queue,
+                };
+                Ok(Some((acked, out)))
+            })
+            .await?;
+        c.done();
+        Ok(out)
+    }
+
     /// Ends leases unsuccessfully (see fail.sql). Returns the ones matched.
     pub(crate) async fn fail(&self, reqs: &[FailReq]) -> Result<Vec<Failed>> {
         // In id order: fail.sql locks the rows in the order given.
@@ -1375,5 +1422,51 @@ mod tests {
         let one = one.replace(",\n    null::text as notified", "");
         assert_eq!(insert.join("\n"), one.trim_end());
         assert!(over.contains("pg_notify("), "{over}");
+    }
+
+    /// The body of SQL function `name` in the last migration that creates
+    /// (or replaces) it: the text between its dollar-quote tags.
+    fn function_body(name: &str) -> String {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+            .collect();
+        files.sort();
+        let tag = format!("${}$", name.trim_start_matches("leaseq."));
+        for path in files.iter().rev() {
+            let sql = std::fs::read_to_string(path).unwrap();
+            let Some(at) = sql.find(&format!("function {name}(")) else {
+                continue;
+            };
+            let rest = &sql[at..];
+            let start = rest
+                .find(&format!("as {tag}\n"))
+                .expect("the body's opening tag")
+                + tag.len()
+                + 4;
+            let end = rest[start..].find(&tag).expect("the body's closing tag");
+            return rest[start..start + end].to_owned();
+        }
+        panic!("no migration creates {name}");
+    }
+
+    /// leaseq.ack() and leaseq.nack() (SQL, in the user's transaction)
+    /// settle with the broker's own statements: the functions they call are
+    /// ack.sql and fail.sql verbatim. A change to either file needs a
+    /// migration that replaces its function with the new text.
+    #[test]
+    fn the_sql_settle_functions_are_the_broker_statements() {
+        assert_eq!(
+            function_body("leaseq.settle_ack").trim_end(),
+            include_str!("sql/ack.sql").trim_end(),
+            "leaseq.settle_ack is not ack.sql: add a migration replacing it"
+        );
+        assert_eq!(
+            function_body("leaseq.settle_fail").trim_end(),
+            include_str!("sql/fail.sql").trim_end(),
+            "leaseq.settle_fail is not fail.sql: add a migration replacing it"
+        );
     }
 }
