@@ -270,7 +270,7 @@ function callCounter() {
  * kind, and the deliveries they carry.
  */
 function streamCounter() {
-  const c = { writes: 0, acks: 0, kinds: {}, delivered: 0, opening: [] };
+  const c = { writes: 0, acks: 0, nacks: 0, kinds: {}, delivered: 0, opening: [] };
   c.interceptor = (options, nextCall) => {
     if (!options.method_definition.path.endsWith('/Consume')) return new grpc.InterceptingCall(nextCall(options));
     return new grpc.InterceptingCall(nextCall(options), {
@@ -279,6 +279,7 @@ function streamCounter() {
         else {
           c.writes += 1;
           c.acks += message.acks?.length ?? 0;
+          c.nacks += message.nacks?.length ?? 0;
         }
         next(message);
       },
@@ -295,6 +296,33 @@ function streamCounter() {
     });
   };
   return c;
+}
+
+/**
+ * A grpc-js interceptor that hides Cancelled messages on Consume and
+ * Subscribe streams (each read as a heartbeat instead, so the stream reads
+ * on): a job cancelled through it loses its lease untold, as when its lease
+ * expired and another consumer took it, or behind a broker that does not
+ * send Cancelled. Counts what it hid in `hidden`.
+ */
+function untold() {
+  const u = { hidden: 0 };
+  u.interceptor = (options, nextCall) => {
+    const path = options.method_definition.path;
+    if (!path.endsWith('/Consume') && !path.endsWith('/Subscribe')) return new grpc.InterceptingCall(nextCall(options));
+    return new grpc.InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        next(metadata, {
+          onReceiveMessage(msg, nextMsg) {
+            if (msg.kind !== 'cancelled') return nextMsg(msg);
+            u.hidden += 1;
+            nextMsg({ kind: 'heartbeat', heartbeat: { sentAt: null, features: [] } });
+          },
+        });
+      },
+    });
+  };
+  return u;
 }
 
 /** Warnings kept out of the test output but available to assertions. */
@@ -336,6 +364,6 @@ const NO_CONSUME =
   'acks on the stream need a broker built with the Consume server side (LEASEQ_BIN)';
 
 module.exports = {
-  callCounter, streamCounter, quietLog, jobGone, NO_CONSUME,
+  callCounter, streamCounter, untold, quietLog, jobGone, NO_CONSUME,
   Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, health, retryUnavailable, eventually, jobFromDelivery, REPO,
 };

@@ -160,7 +160,9 @@ export class Client {
 
   /**
    * The raw Subscribe stream (grpc-js ClientReadableStream of
-   * SubscribeResponse, camelCase fields, `kind` 'delivery' or 'heartbeat').
+   * SubscribeResponse, camelCase fields, `kind` 'delivery', 'deliveries',
+   * 'heartbeat' or 'cancelled': `{ jobId, leaseToken }` of a job this
+   * stream holds that AdminService.CancelJob deleted; settle nothing).
    * Most programs want consume() or Worker. call.cancel() closes the stream,
    * which releases its unsettled jobs.
    */

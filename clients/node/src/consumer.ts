@@ -2,10 +2,11 @@
 // falls back from Consume to Subscribe on a broker without it; and the async
 // iterator built on it.
 
+import { EventEmitter } from 'node:events';
 import * as grpc from '@grpc/grpc-js';
 import { LeaseKeeper, type Job } from './job';
 import { Backoff, type Rpc } from './rpc';
-import { Session, type Protocol } from './session';
+import { Session, type Cancelled, type Protocol } from './session';
 
 const { status } = grpc;
 
@@ -88,13 +89,14 @@ export class Consumer {
   #log: Required<Logger>;
   #backoff: Backoff;
   #onDelivery: (job: Job) => void;
+  #onCancelled: (c: Cancelled) => void;
   #stopped = false;
   #session: Session | null = null;
   #wake: (() => void) | null = null;
   #protocol: Protocol | null = null;
   #features: readonly string[] | null = null;
 
-  constructor(rpc: Rpc, params: ConsumerParams, onDelivery: (job: Job) => void) {
+  constructor(rpc: Rpc, params: ConsumerParams, onDelivery: (job: Job) => void, onCancelled: (c: Cancelled) => void = () => {}) {
     if (!Array.isArray(params.queues) || params.queues.length === 0) throw new TypeError('queues: expected at least one queue name');
     if (!(Number.isInteger(params.maxInFlight) && params.maxInFlight >= 1)) {
       throw new RangeError(`maxInFlight: must be an integer of at least 1, not ${params.maxInFlight}`);
@@ -105,6 +107,7 @@ export class Consumer {
     this.#log = loggerOf(params.log);
     this.#backoff = new Backoff(params.backoffInitialMs ?? 100, params.backoffMaxMs ?? 10000);
     this.#onDelivery = onDelivery;
+    this.#onCancelled = onCancelled;
   }
 
   /** The protocol of the current (or last) stream. */
@@ -146,6 +149,8 @@ export class Consumer {
             // After stop() deliveries are left alone: the close releases them.
             if (!this.#stopped) this.#onDelivery(job);
           },
+          // Also after stop(): handlers still running must hear of it.
+          cancelled: (c) => this.#onCancelled(c),
           // The broker's first message is a heartbeat sent once the stream
           // is registered: the stream is up.
           message: () => this.#backoff.reset(),
@@ -207,6 +212,19 @@ export class Consumer {
   }
 }
 
+/** What JobStream's 'cancelled' event carries. */
+export interface JobCancelled extends Cancelled {
+  /** The Job, if the stream still held it (unsettled, its lease kept, or buffered); else null. */
+  job: Job | null;
+}
+
+export interface JobStream {
+  on(event: 'cancelled', listener: (c: JobCancelled) => void): this;
+  once(event: 'cancelled', listener: (c: JobCancelled) => void): this;
+  off(event: 'cancelled', listener: (c: JobCancelled) => void): this;
+  emit(event: 'cancelled', c: JobCancelled): boolean;
+}
+
 /** Client.consume()'s options. */
 export interface ConsumeOptions extends StreamOptions {
   /** One or more queue names, served fairly. */
@@ -232,8 +250,14 @@ export interface ConsumeOptions extends StreamOptions {
  * made are confirmed, and jobs not settled are released to other consumers.
  * The stream reconnects by itself; the loop throws only for errors retrying
  * cannot fix (FATAL_CODES).
+ *
+ * Emits 'cancelled' (JobCancelled) when the broker says a job this stream
+ * holds was cancelled (AdminService.CancelJob): the job is gone, its credit
+ * is back, and a settle of it is refused (LeaseLostError). Its Job's
+ * `cancelled` turns true and its lease is no longer extended; a job still
+ * buffered (not yet taken by the loop) never reaches the loop.
  */
-export class JobStream implements AsyncIterableIterator<Job> {
+export class JobStream extends EventEmitter implements AsyncIterableIterator<Job> {
   #consumer: Consumer;
   #keeper: LeaseKeeper | null;
   #buffer: Job[] = [];
@@ -245,8 +269,9 @@ export class JobStream implements AsyncIterableIterator<Job> {
 
   /** @internal */
   constructor(rpc: Rpc, opts: ConsumeOptions) {
+    super();
     const { maxInFlight = 16, autoExtend = true, signal, ...rest } = opts ?? ({} as ConsumeOptions);
-    this.#consumer = new Consumer(rpc, { ...rest, maxInFlight }, (job) => this.#push(job));
+    this.#consumer = new Consumer(rpc, { ...rest, maxInFlight }, (job) => this.#push(job), (c) => this.#cancelled(c));
     const log = loggerOf(opts.log);
     // One timer extends every unsettled job's lease (a settle stops it).
     this.#keeper = autoExtend ? new LeaseKeeper(this.#consumer.leaseMs, () => {}, (m) => log.warn(m)) : null;
@@ -271,6 +296,15 @@ export class JobStream implements AsyncIterableIterator<Job> {
     const w = this.#waiters.shift();
     if (w) w.resolve({ value: job, done: false });
     else this.#buffer.push(job);
+  }
+
+  #cancelled(c: Cancelled): void {
+    const match = (j: Job) => j.id === c.jobId && j.leaseToken === c.leaseToken;
+    let job = this.#keeper?.find(c.jobId, c.leaseToken);
+    const at = this.#buffer.findIndex(match);
+    if (at >= 0) job = this.#buffer.splice(at, 1)[0];
+    job?._cancel();
+    this.emit('cancelled', { jobId: c.jobId, leaseToken: c.leaseToken, job: job ?? null } satisfies JobCancelled);
   }
 
   #start(): void {

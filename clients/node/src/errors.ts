@@ -42,6 +42,22 @@ export class JobTimeoutError extends Error {
   }
 }
 
+/**
+ * The reason a job's AbortSignal aborts when the broker says the job was
+ * cancelled (AdminService.CancelJob): the job is gone, and nothing the
+ * handler returns afterwards is settled.
+ */
+export class JobCancelledError extends Error {
+  readonly jobId: string;
+  readonly reason = 'cancelled';
+
+  constructor(jobId: string) {
+    super(`cancelled: job ${jobId} was cancelled (CancelJob)`);
+    this.name = 'JobCancelledError';
+    this.jobId = jobId;
+  }
+}
+
 const OUTCOME = Symbol.for('leaseq.outcome');
 
 /**

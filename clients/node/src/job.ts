@@ -87,6 +87,11 @@ export class LeaseKeeper {
     this.#due.delete(job);
   }
 
+  /** The kept job of this delivery, if any (a scan: cancels are rare). */
+  find(jobId: string, leaseToken: string): Job | undefined {
+    return this.#due.find((j) => j.id === jobId && j.leaseToken === leaseToken);
+  }
+
   /** Stops keeping every job (the stream or worker ended). */
   clear(): void {
     this.#due.clear();
@@ -146,6 +151,7 @@ export class Job<T = unknown> {
   readonly leaseToken: string;
   #settler: Settler;
   #settled = false;
+  #cancelled = false;
   // The two times as decoded, made Dates when first read: most handlers
   // read neither.
   #enqueuedAt: PbTime | null | Date;
@@ -188,6 +194,22 @@ export class Job<T = unknown> {
   /** Whether ack/nack/retry/deadLetter was called. */
   get settled(): boolean {
     return this.#settled;
+  }
+
+  /**
+   * Whether the broker said this job was cancelled (AdminService.CancelJob)
+   * while its lease was current: it is gone, and a settle of it is refused
+   * (LeaseLostError). Set by the stream that delivered it, when it keeps the
+   * job's lease (consume()'s autoExtend, or a Worker).
+   */
+  get cancelled(): boolean {
+    return this.#cancelled;
+  }
+
+  /** @internal The broker cancelled it: no more lease extensions. */
+  _cancel(): void {
+    this.#cancelled = true;
+    this._stopKeeping();
   }
 
   /** The payload as UTF-8 text. */

@@ -35,12 +35,24 @@ interface PbSettleResult {
   leaseToken?: string;
 }
 
+/**
+ * A job this stream holds was cancelled (AdminService.CancelJob): it is
+ * gone, the stream's credit for it is back, and a settle of it is refused
+ * (FAILED_PRECONDITION). Sent after the job's delivery, at most once per
+ * lease, by a broker whose first heartbeat lists "cancel".
+ */
+export interface Cancelled {
+  jobId: string;
+  leaseToken: string;
+}
+
 interface StreamMessage {
-  kind: 'delivery' | 'deliveries' | 'heartbeat' | 'settled';
+  kind: 'delivery' | 'deliveries' | 'heartbeat' | 'settled' | 'cancelled';
   delivery?: PbDelivery;
   deliveries?: { deliveries: PbDelivery[] };
   heartbeat?: { features?: string[] };
   settled?: { results: PbSettleResult[] };
+  cancelled?: Cancelled;
 }
 
 type Op = 'ack' | 'nack' | 'extend';
@@ -69,6 +81,8 @@ interface Pending {
 export interface SessionEvents {
   /** A job arrived. */
   delivery(job: Job): void;
+  /** The broker cancelled a job this stream holds. */
+  cancelled(c: Cancelled): void;
   /** Any message arrived (the first one means the stream is up). */
   message(): void;
   warn(msg: string): void;
@@ -185,6 +199,9 @@ export class Session implements Settler {
         for (let i = 0; i < results.length; i++) this.#onResult(results[i]);
         break;
       }
+      case 'cancelled':
+        if (msg.cancelled) this.#events.cancelled({ jobId: msg.cancelled.jobId, leaseToken: msg.cancelled.leaseToken });
+        break;
     }
   }
 

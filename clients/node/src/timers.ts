@@ -24,6 +24,12 @@ export class DueSet<T> {
     return this.#items.size;
   }
 
+  /** The first item (oldest first) for which `pred` holds: a scan, for rare look-ups. */
+  find(pred: (item: T) => boolean): T | undefined {
+    for (const item of this.#items.keys()) if (pred(item)) return item;
+    return undefined;
+  }
+
   has(item: T): boolean {
     return this.#items.has(item);
   }

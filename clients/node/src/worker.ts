@@ -6,9 +6,9 @@ import { EventEmitter } from 'node:events';
 import { status } from '@grpc/grpc-js';
 import type { Client } from './client';
 import { Consumer, loggerOf, type Logger, type StreamOptions } from './consumer';
-import { asLeaseqError, errorText, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
+import { asLeaseqError, errorText, JobCancelledError, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
 import { LeaseKeeper, type Job, type NackOptions, type SettleWaiter } from './job';
-import type { Protocol } from './session';
+import type { Cancelled, Protocol } from './session';
 import type { Task } from './task';
 import { DueSet } from './timers';
 import { NOOP_SPAN, startJobSpan, type JobSpan } from './tracing';
@@ -17,9 +17,11 @@ import { NOOP_SPAN, startJobSpan, type JobSpan } from './tracing';
 export interface HandlerContext {
   /**
    * Aborts when the job's timeout runs out (reason: JobTimeoutError; the job
-   * is nacked at that moment), when its lease is lost (LeaseLostError), or
-   * when the worker's stop grace runs out. A handler should stop then:
-   * JavaScript cannot cancel it, and its result no longer counts.
+   * is nacked at that moment), when its lease is lost (LeaseLostError),
+   * when the broker says the job was cancelled (JobCancelledError: the job
+   * is gone, nothing is settled), or when the worker's stop grace runs out.
+   * A handler should stop then: JavaScript cannot cancel it, and its result
+   * no longer counts.
    */
   signal: AbortSignal;
 }
@@ -76,6 +78,7 @@ export type JobOutcome =
   | 'dead-letter' // DeadLetter outcome
   | 'timeout' // the timeout ran out: nacked
   | 'lease-lost' // the lease was lost: not settled by this worker
+  | 'cancelled' // the job was cancelled (CancelJob): its handler aborted or never started, nothing settled
   | 'abandoned'; // stopped before it ran or before it finished: released when the stream closed
 
 export interface JobEvent {
@@ -89,6 +92,32 @@ export interface JobEvent {
   settleError?: LeaseqError;
   /** From the start of the handler (0 if it never ran). */
   durationMs: number;
+}
+
+/**
+ * Counts of a worker's jobs since it was built (Worker.stats, a snapshot).
+ * Each job counts once by how it ended, as its 'job' event reports it
+ * (acked ... settleFailed); timedOut and deadLettered count beside that.
+ */
+export interface WorkerStats {
+  /** Jobs delivered to this worker (started or not). */
+  delivered: number;
+  /** Acks the broker confirmed. */
+  acked: number;
+  /** Nacks the broker confirmed: handler errors, Retry, DeadLetter, timeouts. */
+  nacked: number;
+  /** Of those, the jobs moved to the dead letters. */
+  deadLettered: number;
+  /** Handlers whose timeout ran out (their jobs nacked). */
+  timedOut: number;
+  /** Jobs whose lease was lost (an extension or a settle refused). */
+  leaseLost: number;
+  /** Jobs the broker said were cancelled (CancelJob): aborted or never started, not settled. */
+  cancelled: number;
+  /** Jobs left unsettled by a stop (released when the stream closed). */
+  abandoned: number;
+  /** Settles that failed other than by a lost lease. */
+  settleFailed: number;
 }
 
 interface Route {
@@ -157,6 +186,9 @@ export class Worker extends EventEmitter {
   #middleware: Middleware[] = [];
   #burstIdleMs: number | null;
   #lastWorkAt = 0;
+  // Cancels that found no waiting or running job (see #cancelled).
+  #cancelledKeys = new Set<string>();
+  #stats: WorkerStats = { delivered: 0, acked: 0, nacked: 0, deadLettered: 0, timedOut: 0, leaseLost: 0, cancelled: 0, abandoned: 0, settleFailed: 0 };
 
   constructor(client: Client, opts?: WorkerOptions);
   /** One handler for every queue of `queues`. */
@@ -231,6 +263,11 @@ export class Worker extends EventEmitter {
     return this.#consumer?.features ?? null;
   }
 
+  /** A snapshot of the worker's counters (see WorkerStats). */
+  get stats(): WorkerStats {
+    return { ...this.#stats };
+  }
+
   /** Handlers running now. */
   get running(): number {
     return this.#running.size;
@@ -253,6 +290,7 @@ export class Worker extends EventEmitter {
       this.#client._rpc,
       { ...this.#streamOpts, queues: [...this.#routes.keys()], maxInFlight: this.concurrency },
       (job) => this.#take(job),
+      (c) => this.#cancelled(c),
     );
     this.#consumer = consumer;
     this.#run = (async () => {
@@ -354,6 +392,31 @@ export class Worker extends EventEmitter {
   }
 
   #emit(e: JobEvent): void {
+    const st = this.#stats;
+    if (e.settleError) st.settleFailed += 1;
+    else {
+      switch (e.outcome) {
+        case 'ack':
+          st.acked += 1;
+          break;
+        case 'nack':
+        case 'retry':
+        case 'dead-letter':
+        case 'timeout':
+          st.nacked += 1;
+          break;
+        case 'lease-lost':
+          st.leaseLost += 1;
+          break;
+        case 'cancelled':
+          st.cancelled += 1;
+          break;
+        case 'abandoned':
+          st.abandoned += 1;
+          break;
+      }
+      if (e.deadLettered) st.deadLettered += 1;
+    }
     try {
       this.emit('job', e);
     } catch (err) {
@@ -368,6 +431,7 @@ export class Worker extends EventEmitter {
   // A delivery: run it now, or when a handler finishes.
   #take(job: Job): void {
     const run = new JobRun(this, job, this.#routes.get(job.queue) ?? null);
+    this.#stats.delivered += 1;
     this.#live += 1;
     this.#keeper.add(job);
     this.#waiting.push(run);
@@ -475,17 +539,50 @@ export class Worker extends EventEmitter {
     this.#release(run);
     run.abort(reason);
     if (reason instanceof JobTimeoutError) {
+      this.#stats.timedOut += 1;
       this.#settle(run, 'timeout', reason.message, NO_OPTS);
       return;
     }
-    // Lease lost, or the stop grace ran out: not ours to settle.
+    // Cancelled, lease lost, or the stop grace ran out: not ours to settle.
     run.job._stopKeeping();
-    const lost = asLeaseqError(reason).code === status.FAILED_PRECONDITION;
+    const outcome: JobOutcome =
+      reason instanceof JobCancelledError ? 'cancelled' : asLeaseqError(reason).code === status.FAILED_PRECONDITION ? 'lease-lost' : 'abandoned';
     const span = run.span as JobSpan;
     span.fail(errorText(reason));
-    span.end(lost ? 'lease-lost' : 'abandoned');
-    this.#emit({ job: run.job, outcome: lost ? 'lease-lost' : 'abandoned', durationMs: Date.now() - run.started });
+    span.end(outcome);
+    this.#emit({ job: run.job, outcome, durationMs: Date.now() - run.started });
     this.#finished();
+  }
+
+  // The broker cancelled a job of ours (CancelJob): it is gone and its
+  // credit is back. Waiting: it never runs. Running: its signal aborts, its
+  // slot goes to the next job, and what the handler returns is dropped.
+  // Settling: the settle's refusal is reported as 'cancelled'. Cancels are
+  // rare and these lists at most about `concurrency` long: a scan.
+  #cancelled(c: Cancelled): void {
+    const match = (r: JobRun) => r.job.id === c.jobId && r.job.leaseToken === c.leaseToken;
+    const at = this.#waiting.findIndex(match);
+    if (at >= 0) {
+      const [run] = this.#waiting.splice(at, 1);
+      run.job._cancel();
+      run.state = DONE;
+      this.#log.debug(`leaseq worker: job ${c.jobId}: cancelled before its handler started; dropped`);
+      this.#emit({ job: run.job, outcome: 'cancelled', durationMs: 0 });
+      this.#finished();
+      return;
+    }
+    for (const run of this.#running) {
+      if (match(run)) {
+        run.job._cancel();
+        this.#log.debug(`leaseq worker: job ${c.jobId}: cancelled; its handler's signal aborts, nothing is settled`);
+        this.#abort(run, new JobCancelledError(c.jobId));
+        return;
+      }
+    }
+    // Settling: its answer, a refusal, may still be on its way; remembered
+    // (a few, only on this rare path) so that it reads as 'cancelled'.
+    this.#cancelledKeys.add(`${c.jobId}\n${c.leaseToken}`);
+    if (this.#cancelledKeys.size > 1024) this.#cancelledKeys.delete(this.#cancelledKeys.values().next().value as string);
   }
 
   // The keeper's extension was refused: the lease is gone.
@@ -529,7 +626,13 @@ export class Worker extends EventEmitter {
       if (!err) event.deadLettered = deadLettered;
     }
     if (err) {
-      if (err.code === status.FAILED_PRECONDITION) {
+      if (err.code === status.FAILED_PRECONDITION && this.#cancelledKeys.delete(`${run.job.id}\n${run.job.leaseToken}`)) {
+        // The broker cancelled the job while its settle was on the way.
+        this.#log.debug(`leaseq worker: job ${run.job.id}: cancelled before its ${run.outcome} was settled`);
+        event.outcome = 'cancelled';
+        delete event.error;
+        delete event.deadLettered;
+      } else if (err.code === status.FAILED_PRECONDITION) {
         // The lease was lost (expired, cancelled, or the stream closed): the
         // job is or will be redelivered. Nothing to report.
         this.#log.debug(`leaseq worker: job ${run.job.id}: lease lost before its ${run.outcome} was settled`);

@@ -209,6 +209,21 @@ test('examples/schedules.mjs', { timeout: 30000 }, async () => {
   await admin.purgeQueue(q);
 });
 
+test('examples/cancel.mjs: the cancel aborts the handler, nothing is settled', { timeout: 30000 }, async () => {
+  const q = queueName('reports');
+  const lines = await runToEnd('cancel.mjs', { QUEUE: q });
+  const jobId = lines.find((l) => l.startsWith('cancelled ')).split(' ')[1];
+  assert.deepEqual([...lines].sort(), [
+    `${jobId}: cancelled`,
+    `cancelled ${jobId} (leased: true)`,
+    `handler stopped: cancelled: job ${jobId} was cancelled (CancelJob)`,
+    'stats: 1 cancelled, 0 acked',
+  ].sort());
+  assert.ok(await jobGone(admin, jobId));
+  const { stats } = await admin.getQueue(q);
+  assert.deepEqual([stats.available, stats.leased, stats.dead], [0, 0, 0]);
+});
+
 test('examples/require.cjs', { timeout: 30000 }, async () => {
   assert.deepEqual(await runToEnd('require.cjs', { QUEUE: queueName() }), ['round trip: from CommonJS']);
 });

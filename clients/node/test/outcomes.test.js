@@ -6,7 +6,7 @@ const { after, before, test } = require('node:test');
 const {
   AdminClient, Client, DeadLetter, JobTimeoutError, LeaseLostError, Retry, Worker,
 } = require('@leaseq/client');
-const { suiteBroker, queueName, deferred, Inbox, quietLog, jobGone, eventually } = require('../harness/helpers');
+const { suiteBroker, queueName, deferred, Inbox, quietLog, jobGone, eventually, untold } = require('../harness/helpers');
 
 let broker;
 let client;
@@ -184,7 +184,11 @@ test('lost lease at settle: the ack is dropped quietly', { timeout: 30000 }, asy
   const started = deferred();
   const proceed = deferred();
   const log = quietLog();
-  const w = new Worker(client, { leaseMs: 30000, log }).handle(q, async () => {
+  // The cancel is hidden from the stream: the lease is lost untold, and
+  // only the ack's refusal says so (a told cancel: test/cancel.test.js).
+  const hide = untold();
+  const c = new Client(broker.addr, { interceptors: [hide.interceptor] });
+  const w = new Worker(c, { leaseMs: 30000, log }).handle(q, async () => {
     started.resolve();
     await proceed.promise;
   });
@@ -196,6 +200,8 @@ test('lost lease at settle: the ack is dropped quietly', { timeout: 30000 }, asy
     proceed.resolve();
     await done.promise;
   })());
+  c.close();
+  assert.equal(hide.hidden, 1);
   assert.deepEqual(events.map((e) => [e.outcome, e.settleError]), [['lease-lost', undefined]]);
   assert.deepEqual(log.lines, [], 'no warning for a lost lease');
 });
@@ -206,7 +212,10 @@ test('lost lease while running: the extension fails and the signal aborts', { ti
   const started = deferred();
   const reason = deferred();
   const log = quietLog();
-  const w = new Worker(client, { leaseMs: 1000, log }).handle(q, async (job, { signal }) => {
+  // Untold (see above): only the refused extension says the lease is gone.
+  const hide = untold();
+  const c = new Client(broker.addr, { interceptors: [hide.interceptor] });
+  const w = new Worker(c, { leaseMs: 1000, log }).handle(q, async (job, { signal }) => {
     started.resolve();
     await new Promise((resolve) => signal.addEventListener('abort', resolve));
     reason.resolve(signal.reason);
@@ -218,6 +227,8 @@ test('lost lease while running: the extension fails and the signal aborts', { ti
     await admin.cancelJob(jobId);
     await done.promise;
   })());
+  c.close();
+  assert.equal(hide.hidden, 1);
   const r = await reason.promise;
   assert.ok(r instanceof LeaseLostError, `abort reason ${r}`);
   assert.deepEqual(events.map((e) => e.outcome), ['lease-lost']);
