@@ -17,6 +17,7 @@
 from leaseq._connection import TLS, Connection
 from leaseq._types import (
     AckResult,
+    Cancelled,
     DeadLetter,
     EnqueueResult,
     Job,
@@ -62,6 +63,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncSubscription",
     "CatchUp",
+    "Cancelled",
     "Backoff",
     "Client",
     "Connection",

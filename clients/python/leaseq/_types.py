@@ -8,7 +8,21 @@ import datetime as dt
 import json as _json
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+    overload,
+)
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -178,10 +192,19 @@ class Job:
     lease_token: str
     #: By the broker's (database's) clock.
     lease_expires_at: dt.datetime
-    #: Set by a Worker when it gives up on this job (timeout, stop grace): a
-    #: plain (thread) handler cannot be interrupted, so long-running ones
-    #: should check ``job.cancelled.is_set()`` and return.
+    #: Set by a Worker when the job is no longer its handler's to finish:
+    #: the broker cancelled it (``AdminService.CancelJob``), the handler
+    #: timed out, or the stop's grace ran out. A plain (thread) handler
+    #: cannot be interrupted, so long-running ones should check
+    #: ``job.cancelled.is_set()`` (or :meth:`is_cancelled`) and return;
+    #: whatever they return then is not settled (a timeout is nacked).
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def is_cancelled(self) -> bool:
+        """``job.cancelled.is_set()``, without making the Event of a job
+        whose handler was never cancelled."""
+        ev = self.__dict__.get("cancelled")
+        return ev is not None and bool(ev.is_set())
 
     @property
     def text(self) -> str:
@@ -361,6 +384,31 @@ class SettleResult:
             dead_lettered=r.dead_lettered,
             lease_expires_at=_opt_datetime(r, "lease_expires_at"),
         )
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A stream's notice that a job it delivered was cancelled
+    (``AdminService.CancelJob``) while this lease was current: the job is
+    gone, the stream's credit for it is back, and an ack of it would be
+    refused FAILED_PRECONDITION. Stop its handler and settle nothing. The
+    raw streams hand it to their ``on_cancel`` callback; a
+    :class:`leaseq.Worker` acts on it by itself."""
+
+    job_id: str
+    lease_token: str
+
+    def matches(self, job: "Job") -> bool:
+        """Whether this notice is about ``job`` (this delivery of it)."""
+        return job.id == self.job_id and job.lease_token == self.lease_token
+
+    @classmethod
+    def from_pb(cls, c: pb.Cancelled) -> "Cancelled":
+        return cls(c.job_id, c.lease_token)
+
+
+#: The callback of a raw stream's :class:`Cancelled` notices.
+CancelCallback = Callable[[Cancelled], None]
 
 
 _OPS = {pb.SETTLE_OP_ACK: "ack", pb.SETTLE_OP_NACK: "nack", pb.SETTLE_OP_EXTEND: "extend"}

@@ -30,6 +30,8 @@ from leaseq._connection import TLS, Connection
 from leaseq._types import (
     AckItem,
     AckResult,
+    CancelCallback,
+    Cancelled,
     EnqueueResult,
     Job,
     NewJob,
@@ -173,15 +175,21 @@ class AsyncClient:
         lease: Optional[Seconds] = None,
         idle_timeout: Optional[float] = None,
         batched: bool = True,
+        on_cancel: Optional[CancelCallback] = None,
     ) -> "AsyncSubscription":
         """A Subscribe stream: ``async for job in sub`` yields deliveries;
         settle them with :meth:`ack`/:meth:`nack`. Closing it (``close()``, or
         leaving ``async with``) releases its unsettled jobs. Most programs
         want :class:`leaseq.Worker`. ``batched``: let the broker send
         several deliveries in one message (``accept: ["deliveries"]``; a
-        broker that predates it sends one a message either way)."""
+        broker that predates it sends one a message either way).
+        ``on_cancel``: called on the event loop with a
+        :class:`leaseq.Cancelled` when the broker says a job this stream
+        delivered was cancelled (``CancelJob``): stop its work, settle
+        nothing (a broker whose :attr:`features` lack ``"cancel"`` never
+        says so)."""
         req = subscribe_request(queues, consumer, max_in_flight, lease, batched)
-        return AsyncSubscription(self._stub.Subscribe(req, metadata=self._conn.metadata), idle_timeout)
+        return AsyncSubscription(self._stub.Subscribe(req, metadata=self._conn.metadata), idle_timeout, on_cancel)
 
     def consume(
         self,
@@ -192,15 +200,17 @@ class AsyncClient:
         lease: Optional[Seconds] = None,
         idle_timeout: Optional[float] = None,
         batched: bool = True,
+        on_cancel: Optional[CancelCallback] = None,
     ) -> "AsyncConsumer":
         """A Consume stream: deliveries as :meth:`subscribe`, and settles sent
         on the same stream (``await stream.ack(job)``); settles made in one
         event-loop turn go in one message. A broker without Consume fails it
-        with UNIMPLEMENTED (see :meth:`AsyncConsumer.opened`)."""
+        with UNIMPLEMENTED (see :meth:`AsyncConsumer.opened`).
+        ``on_cancel``: as :meth:`subscribe`."""
         req = pb.ConsumeRequest(
             subscribe=subscribe_request(queues, consumer, max_in_flight, lease, batched), confirm_settles=True
         )
-        return AsyncConsumer(lambda: self._stub.Consume(metadata=self._conn.metadata), req, idle_timeout)
+        return AsyncConsumer(lambda: self._stub.Consume(metadata=self._conn.metadata), req, idle_timeout, on_cancel)
 
 
 #: Called with a settle's result from the broker, or with the error that
@@ -215,7 +225,7 @@ class _Stream:
     recorded for iterators. One ``read()`` a message and nothing more per
     message: the idle watch is one timer that checks a timestamp."""
 
-    def __init__(self, call: Any, idle_timeout: Optional[float]) -> None:
+    def __init__(self, call: Any, idle_timeout: Optional[float], on_cancel: Optional[CancelCallback] = None) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._call = call
@@ -224,6 +234,8 @@ class _Stream:
         # A Worker sets this before its first await: then every message's
         # deliveries go to it as one list instead of into the queue.
         self._sink: Optional[Callable[[List[Job]], None]] = None
+        # Called with each Cancelled notice (the user's, or a Worker's).
+        self._on_cancel = on_cancel
         self._opened: "asyncio.Future[None]" = loop.create_future()
         self._error: Optional[RpcError] = None
         self._closing = False
@@ -273,6 +285,8 @@ class _Stream:
                     self._on_settled(msg.settled)
                 elif kind == "heartbeat" and not self._opened.done():
                     self._features = frozenset(msg.heartbeat.features)
+                elif kind == "cancelled":
+                    self._cancelled(msg.cancelled)
                 if not self._opened.done():
                     # The broker's first message is a heartbeat sent once
                     # the subscription is registered: the stream is up.
@@ -304,6 +318,17 @@ class _Stream:
             return
         for job in jobs:
             self._jobs.put_nowait(job)
+
+    def _cancelled(self, c: pb.Cancelled) -> None:
+        callback = self._on_cancel
+        if callback is None:
+            log.debug("job %s was cancelled (no on_cancel callback)", c.job_id)
+            return
+        try:
+            callback(Cancelled.from_pb(c))
+        except Exception:
+            # The stream goes on: a failing callback must not end it.
+            log.exception("on_cancel callback failed for job %s", c.job_id)
 
     def _on_settled(self, settled: Any) -> None:  # overridden by AsyncConsumer
         pass
@@ -409,7 +434,13 @@ class AsyncConsumer(_Stream):
     _OPEN_ATTEMPTS = 5
     _CORE_WRITE_FAILED = "Internal error from Core"
 
-    def __init__(self, open_call: Any, first: pb.ConsumeRequest, idle_timeout: Optional[float]) -> None:
+    def __init__(
+        self,
+        open_call: Any,
+        first: pb.ConsumeRequest,
+        idle_timeout: Optional[float],
+        on_cancel: Optional[CancelCallback] = None,
+    ) -> None:
         # Settles waiting for their SettleResult, by (op, job id, lease
         # token): the broker answers two settles of one job in no set order
         # and echoes the token to tell them apart. A callback each, no
@@ -429,7 +460,7 @@ class AsyncConsumer(_Stream):
         #: Requests written after the opening one (each carries every settle
         #: that was waiting): the Worker's and the tests' count.
         self.writes = 0
-        super().__init__(open_call(), idle_timeout)
+        super().__init__(open_call(), idle_timeout, on_cancel)
         self._outbox_first = first
         self._writer = asyncio.ensure_future(self._write())
 

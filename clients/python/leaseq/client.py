@@ -31,6 +31,8 @@ from leaseq._connection import TLS, Connection
 from leaseq._types import (
     AckItem,
     AckResult,
+    CancelCallback,
+    Cancelled,
     EnqueueResult,
     Job,
     NewJob,
@@ -174,13 +176,19 @@ class Client:
         max_in_flight: int = 0,
         lease: Optional[Seconds] = None,
         batched: bool = True,
+        on_cancel: Optional[CancelCallback] = None,
     ) -> "Subscription":
         """A Subscribe stream: ``for job in sub`` yields deliveries; settle
         them with :meth:`ack`/:meth:`nack`. Closing it (``close()``, or
         leaving ``with``) releases its unsettled jobs. Most programs want
-        :class:`leaseq.Worker`. ``batched``: as :meth:`AsyncClient.subscribe`."""
+        :class:`leaseq.Worker`. ``batched``: as :meth:`AsyncClient.subscribe`.
+        ``on_cancel``: called with a :class:`leaseq.Cancelled` when the
+        broker says a job this stream delivered was cancelled; on the
+        iterating thread, as the iterator reads the stream (so not while
+        the loop's body runs: a consumer that must notice a cancel while it
+        works wants :meth:`consume`, or :class:`leaseq.Worker`)."""
         req = subscribe_request(queues, consumer, max_in_flight, lease, batched)
-        return Subscription(self._stub.Subscribe(req, metadata=self._conn.metadata))
+        return Subscription(self._stub.Subscribe(req, metadata=self._conn.metadata), on_cancel)
 
     def consume(
         self,
@@ -191,10 +199,13 @@ class Client:
         lease: Optional[Seconds] = None,
         idle_timeout: Optional[float] = None,
         batched: bool = True,
+        on_cancel: Optional[CancelCallback] = None,
     ) -> "Consumer":
         """A Consume stream: deliveries as :meth:`subscribe`, and settles sent
         on the same stream (``stream.ack(job)``). It runs on a background
-        event loop of this client."""
+        event loop of this client. ``on_cancel``: as
+        :meth:`AsyncClient.consume`, called on that loop's thread as soon as
+        the notice arrives (keep it short: e.g. set an Event)."""
         loop, aio = self._background()
 
         async def open_stream() -> AsyncConsumer:
@@ -205,6 +216,7 @@ class Client:
                 lease=lease,
                 idle_timeout=idle_timeout,
                 batched=batched,
+                on_cancel=on_cancel,
             )
 
         return Consumer(loop, loop.run(open_stream()))
@@ -227,9 +239,10 @@ class Subscription:
     """A Subscribe stream (see :meth:`Client.subscribe`): an iterator of
     :class:`Job`; ``close()`` ends it."""
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, on_cancel: Optional[CancelCallback] = None) -> None:
         self._call = call
         self._closed = False
+        self._on_cancel = on_cancel
 
     def __iter__(self) -> Iterator[Job]:
         try:
@@ -240,6 +253,8 @@ class Subscription:
                         yield Job.from_delivery(d)
                 elif kind == "delivery":
                     yield Job.from_delivery(msg.delivery)
+                elif kind == "cancelled" and self._on_cancel is not None:
+                    self._on_cancel(Cancelled.from_pb(msg.cancelled))
         except grpc.RpcError as e:
             if self._closed and e.code() == grpc.StatusCode.CANCELLED:
                 return

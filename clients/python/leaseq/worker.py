@@ -53,7 +53,7 @@ import grpc
 
 from leaseq import _tracing
 from leaseq._connection import TLS, Connection
-from leaseq._types import DeadLetter, Job, Retry, RpcError, Seconds, _has_header, _status_of, extend_request, nack_request, seconds
+from leaseq._types import Cancelled, DeadLetter, Job, Retry, RpcError, Seconds, _has_header, _status_of, extend_request, nack_request, seconds
 from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription, _Stream
 from leaseq.client import Client
 from leaseq.v1 import queue_pb2 as pb
@@ -143,6 +143,9 @@ class WorkerStats:
     timed_out: int = 0
     #: Settles the broker refused with FAILED_PRECONDITION (lease lost).
     lease_lost: int = 0
+    #: Jobs the broker cancelled (``CancelJob``) while this worker held
+    #: them: their handlers were stopped (or never started); not settled.
+    cancelled: int = 0
     #: Settles (acks and nacks) sent on a Consume stream...
     settled_on_stream: int = 0
     #: ... in AckBatch calls (Subscribe fallback) ...
@@ -256,9 +259,10 @@ class _Run:
         self.extend_at = extend_at
         #: The handler's timeout, when it has one.
         self.timer: Optional[asyncio.TimerHandle] = None
-        #: Why the worker gave up on the handler: "timeout" (nacked) or
+        #: Why the worker gave up on the handler: "timeout" (nacked),
         #: "abandon" (stop grace, second signal: not settled; released with
-        #: the stream). None while it is the handler that decides.
+        #: the stream) or "cancel" (the broker cancelled the job: not
+        #: settled, it is gone). None while it is the handler that decides.
         self.stop: Optional[str] = None
         self.outcome: _Outcome = _ACK
         #: The runner task awaiting an async handler (to cancel it).
@@ -466,6 +470,14 @@ class Worker:
       the worker starts (a handler is awaited by its runner, so handlers of
       one runner share its ``contextvars`` context); plain ones on up to
       ``max_in_flight`` threads of the worker's (or on ``executor``).
+    - **Cancel**: when the broker says a job this worker holds was
+      cancelled (``AdminService.CancelJob``; brokers whose first heartbeat
+      lists ``"cancel"``), an async handler is cancelled (``CancelledError``
+      at its next ``await``), a plain one has its job's ``cancelled`` event
+      set (and what it returns is ignored; its thread keeps the slot until
+      it returns), and a job whose handler has not started is dropped.
+      Nothing is settled: the job is gone. Counted in ``stats.cancelled``,
+      logged at INFO.
     - **Timeout** (``timeout``, or per handler): an async handler is
       cancelled; a plain one cannot be (it runs in a thread): its job's
       ``cancelled`` event is set, its result is ignored, and its thread keeps
@@ -828,6 +840,7 @@ class Worker:
             session: _Session = _ConsumeSession(self, client, stream)
             # Before the first await: the reader has not run yet.
             stream._sink = self._sink_for(session)
+            stream._on_cancel = self._cancelled
             try:
                 if not await self._until_stopped(stream.opened()):
                     stream.cancel()
@@ -846,6 +859,7 @@ class Worker:
         sub = client.subscribe(queues, **opts)
         session = _SubscribeSession(self, client, sub, batcher)
         sub._sink = self._sink_for(session)
+        sub._on_cancel = self._cancelled
         try:
             if not await self._until_stopped(sub.opened()):
                 sub.cancel()
@@ -1037,6 +1051,9 @@ class Worker:
         is the worker's, not the handler's: uncancel its runner)."""
         if run.runner is not None and sys.version_info >= (3, 11):
             run.runner.uncancel()
+        if run.stop == "cancel":
+            self._count_cancelled(run, "handler stopped")
+            _tracing.set_attribute(span, "leaseq.outcome", "cancelled")
         if run.stop != "timeout":
             return None
         assert run.entry is not None and run.entry.timeout is not None
@@ -1070,6 +1087,49 @@ class Worker:
         self._job_done()
         if outcome is not None:
             self._settle(run, outcome)
+
+    def _cancelled(self, c: Cancelled) -> None:
+        """The broker cancelled a job of this worker's (``CancelJob``): its
+        async handler is cancelled at its next await, a plain one flagged
+        (``job.cancelled``) and its result ignored, a job not started yet
+        dropped. Nothing is settled: the job is gone (an ack would be
+        refused) and the stream's credit for it is back. A scan of the jobs
+        held (at most ``max_in_flight`` plus those waiting), so that the
+        per-job path pays nothing for cancels."""
+        for run in self._running:
+            if run.job.id == c.job_id and run.job.lease_token == c.lease_token:
+                break
+        else:
+            for run in self._ready:
+                if run.job.id == c.job_id and run.job.lease_token == c.lease_token:
+                    self._ready.remove(run)
+                    run.stop = "cancel"
+                    run.job.cancelled.set()
+                    self._count_cancelled(run, "dropped before its handler started")
+                    return
+            # Settled already (the settle is refused), or not this worker's.
+            log.debug("job %s: cancelled by the broker, no handler of it running", c.job_id)
+            return
+        if run.stop is not None:
+            return  # given up on already (a timeout's nack will be refused)
+        run.stop = "cancel"
+        run.job.cancelled.set()
+        if run.timer is not None:
+            run.timer.cancel()
+            run.timer = None
+        if run.runner is not None:
+            run.runner.cancel()  # counted by the runner once the handler unwinds
+            return
+        # A plain handler (or one waiting for a thread, which then never
+        # starts): its thread keeps going until it returns; its result is
+        # ignored (_threads_done skips stopped runs).
+        self._running.discard(run)
+        self._count_cancelled(run, "handler flagged (job.cancelled)")
+        self._job_done()
+
+    def _count_cancelled(self, run: _Run, what: str) -> None:
+        self.stats.cancelled += 1
+        log.info("job %s: cancelled by the broker (CancelJob); %s, nothing settled", run.job.id, what)
 
     def _start_in_threads(self, runs: List[_Run]) -> None:
         """Hands plain handlers' jobs to the threads: in chunks that one
@@ -1128,7 +1188,8 @@ class Worker:
                     outcome = self._failed(job, exc, span)
                 if run.stop == "timeout":
                     _tracing.mark_failed(span, "timeout")
-                _tracing.set_attribute(span, "leaseq.outcome", "timeout" if run.stop else outcome.kind)
+                kind = "cancelled" if run.stop == "cancel" else "timeout" if run.stop else outcome.kind
+                _tracing.set_attribute(span, "leaseq.outcome", kind)
         else:
             try:
                 entry.fn(job)

@@ -105,6 +105,16 @@ def test_async_example(addr):
     assert out[-1] == "acked 2"
 
 
+def test_cancel_example_stops_both_handlers_and_settles_nothing(addr):
+    q = queue_name()
+    out = run_example("cancel.py", addr, q)
+    assert out == ["render stopped: film", "export stopped: archive", "cancelled 2 acked 0"]
+    with AdminClient(addr) as admin:
+        for name in (q, f"{q}-export"):
+            stats = admin.get_queue(name).stats
+            assert (stats.available, stats.leased) == (0, 0)  # gone, not released
+
+
 def test_burst_example_works_what_waits_then_exits(addr):
     out = run_example("burst.py", addr, queue_name())
     assert out[-1] == "sent 3 acked 3"

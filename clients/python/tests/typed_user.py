@@ -15,6 +15,7 @@ from leaseq import (
     AdminClient,
     AsyncAdminClient,
     AsyncClient,
+    Cancelled,
     Client,
     DeadLetter,
     EnqueueResult,
@@ -46,8 +47,11 @@ def consume_sync(client: Client) -> int:
                 if not e.lease_lost:
                     raise
             n += 1
-    with client.consume("emails") as stream:
+    cancels: List[Cancelled] = []
+    with client.consume("emails", on_cancel=cancels.append) as stream:
         for job in stream:
+            if any(c.matches(job) for c in cancels):
+                continue
             stream.ack(job)
             dead: bool = stream.nack(job, "no", retry_after=1.5)
             assert not dead
@@ -57,7 +61,10 @@ def consume_sync(client: Client) -> int:
 
 async def consume_async(client: AsyncClient) -> Optional[Job]:
     await client.enqueue("emails", "hello", run_at=dt.datetime.now(dt.timezone.utc))
-    async with client.subscribe("emails") as sub:
+    def on_cancel(c: Cancelled) -> None:
+        print(c.job_id, c.lease_token)
+
+    async with client.subscribe("emails", on_cancel=on_cancel) as sub:
         async for job in sub:
             await client.nack(job.id, job.lease_token, "later", retry_after=10)
             return job
@@ -76,7 +83,7 @@ def make_worker() -> Worker:
 
     @worker.handler("emails", timeout=dt.timedelta(seconds=10))
     def send(job: Job) -> None:
-        if job.cancelled.is_set():
+        if job.cancelled.is_set() or job.is_cancelled():
             return
         if not job.payload:
             raise DeadLetter("empty")
@@ -94,7 +101,7 @@ def make_worker() -> Worker:
 
 def run_worker(worker: Worker) -> int:
     worker.run()
-    return worker.stats.acked + worker.stats.nacked
+    return worker.stats.acked + worker.stats.nacked + worker.stats.cancelled
 
 
 def admin_sync(addr: str) -> List[JobInfo]:
