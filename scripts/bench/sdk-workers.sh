@@ -56,7 +56,8 @@ PY=$BENCH_REPO/clients/python/.venv/bin/python
 RUST_WORKER=${RUST_WORKER:-$BENCH_REPO/target/release/examples/noop_worker}
 PYSPY=${PYSPY:-$(command -v py-spy || true)}
 [ -x "$PY" ] || { echo "no $PY: clients/setup.sh python" >&2; exit 2; }
-[ -f "$BENCH_REPO/clients/node/dist/esm/index.mjs" ] || { echo "no clients/node/dist: clients/setup.sh node" >&2; exit 2; }
+[[ " $SDKS " != *" node "* ]] || [ -f "$BENCH_REPO/clients/node/dist/esm/index.mjs" ] ||
+    { echo "no clients/node/dist: clients/setup.sh node" >&2; exit 2; }
 [[ " $SDKS " != *" rust "* ]] || [ -x "$RUST_WORKER" ] ||
     { echo "no $RUST_WORKER: cargo build --release -p leaseq-client --example noop_worker" >&2; exit 2; }
 : >"$RESULTS"
