@@ -2759,3 +2759,64 @@ async fn schedules_through_the_rust_admin_client() {
     );
     broker.stop().await;
 }
+
+#[tokio::test]
+async fn prefetch_holds_jobs_ahead_of_the_handlers_and_bounds_them_apart() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    // Refused before anything is opened: less prefetch than handlers.
+    let bad = Worker::new(client.clone(), ["ahead"])
+        .concurrency(4)
+        .prefetch(2)
+        .run(
+            |_j: Delivery| async { Ok::<(), anyhow::Error>(()) },
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().starts_with("prefetch:"), "{}", bad.message());
+
+    client
+        .enqueue_batch((0..20).map(|i| Job::new("ahead", format!("{i}"))))
+        .await
+        .unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (release_tx, release_rx) = watch::channel(false);
+    let worker = {
+        let (running, most) = (running.clone(), most.clone());
+        Running::spawn(
+            Worker::new(client.clone(), ["ahead"])
+                .concurrency(2)
+                .prefetch(8),
+            move |_d| {
+                let (running, most) = (running.clone(), most.clone());
+                let mut release = release_rx.clone();
+                async move {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let _ = release.wait_for(|r| *r).await;
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
+    };
+    // Eight leased (the credit), two running (the concurrency).
+    until(
+        &db,
+        "select count(*) = 8 from leaseq.jobs where state = 'leased'",
+        S10,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(running.load(Ordering::SeqCst), 2);
+    release_tx.send(true).unwrap();
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    assert_eq!(most.load(Ordering::SeqCst), 2);
+    worker.stop(S10).await.expect("clean stop");
+    broker.stop().await;
+}

@@ -32,8 +32,9 @@
 # 3. A real handler. JOBS pre-filled jobs, a handler that sleeps SLEEP_MS
 #    (asyncio.sleep; time.sleep in the sync Worker's thread pool;
 #    setTimeout; tokio::time::sleep in sdk-profile/leaseq-rust/ worker),
-#    concurrency SLEEP_CONCURRENCY (in every SDK also the stream's credit:
-#    they tie the two), timed as in part 1; the fraction of the ideal,
+#    concurrency SLEEP_CONCURRENCY and credit (prefetch) SLEEP_CREDIT
+#    (`--concurrency` / `--credit`; Rust `Worker::prefetch`), timed as in
+#    part 1; the fraction of the ideal,
 #    SLEEP_CONCURRENCY / SLEEP_MS (64,000 jobs/s at 64 and 1 ms). leaseq's
 #    SDKs only: the issue's target is a fraction of the ideal.
 #
@@ -69,7 +70,8 @@
 #          stop the node it leaves running first: rabbitmqctl stop),
 #          clients/setup.sh python node, cargo, python3-venv, npm
 #   env:   JOBS=30000, CREDIT=256, REPS=2, PRODUCE_N=20000,
-#          PRODUCE_SECS=10, SLEEP_MS=1, SLEEP_CONCURRENCY=64, LIMIT=600
+#          PRODUCE_SECS=10, SLEEP_MS=1, SLEEP_CONCURRENCY=64, SLEEP_CREDIT=256,
+#          LIMIT=600
 #          (seconds, each program), WORKERS="python-async python-sync pika
 #          node amqplib rust lapin", PRODUCERS="python-sync python-async
 #          pika node amqplib rust lapin", SLEEPERS="python-async
@@ -95,6 +97,9 @@ fi
 CREDIT=${CREDIT:-256}
 SLEEP_MS=${SLEEP_MS:-1}
 SLEEP_CONCURRENCY=${SLEEP_CONCURRENCY:-64}
+# The sleeping workers' credit (prefetch): the issue's "concurrency 64
+# (credit 256 ...)"; SLEEP_CREDIT=$SLEEP_CONCURRENCY ties them as before.
+SLEEP_CREDIT=${SLEEP_CREDIT:-256}
 LIMIT=${LIMIT:-600}
 WORKERS=${WORKERS-python-async python-sync pika node amqplib rust lapin}
 PRODUCERS=${PRODUCERS-python-sync python-async pika node amqplib rust lapin}
@@ -279,9 +284,9 @@ sleeper() {
     sleep "$GAP"
     case $sdk in
         python-async | python-sync)
-            measure "sleep-$sdk-$rep" sleep "$sdk" "$JOBS" "$PY" "$PROF/py_worker.py" "${sdk#python-}" "$A_ADDR" "$q" "$JOBS" --credit "$c" --sleep-ms "$SLEEP_MS" ;;
-        node) measure "sleep-$sdk-$rep" sleep "$sdk" "$JOBS" node "$PROF/node_worker.mjs" "$A_ADDR" "$q" "$JOBS" --credit "$c" --sleep-ms "$SLEEP_MS" ;;
-        rust) measure "sleep-$sdk-$rep" sleep "$sdk" "$JOBS" "$LEASEQ_RUST" worker "$A_ADDR" "$q" "$JOBS" "$c" "$SLEEP_MS" ;;
+            measure "sleep-$sdk-$rep" sleep "$sdk" "$JOBS" "$PY" "$PROF/py_worker.py" "${sdk#python-}" "$A_ADDR" "$q" "$JOBS" --credit "$SLEEP_CREDIT" --concurrency "$c" --sleep-ms "$SLEEP_MS" ;;
+        node) measure "sleep-$sdk-$rep" sleep "$sdk" "$JOBS" node "$PROF/node_worker.mjs" "$A_ADDR" "$q" "$JOBS" --credit "$SLEEP_CREDIT" --concurrency "$c" --sleep-ms "$SLEEP_MS" ;;
+        rust) measure "sleep-$sdk-$rep" sleep "$sdk" "$JOBS" "$LEASEQ_RUST" worker "$A_ADDR" "$q" "$JOBS" "$c" "$SLEEP_MS" "$SLEEP_CREDIT" ;;
         *) log "no sleeping worker for $sdk: skipped"; return 0 ;;
     esac
     # The fraction of the ideal, added to the line just written.
@@ -307,6 +312,6 @@ done
 
 stop_all
 rabbit_stop
-ENV_LINE="JOBS=$JOBS CREDIT=$CREDIT REPS=$REPS PRODUCE_N=$PRODUCE_N PRODUCE_SECS=$PRODUCE_SECS SLEEP_MS=$SLEEP_MS SLEEP_CONCURRENCY=$SLEEP_CONCURRENCY${QUICK:+ QUICK=1}" \
+ENV_LINE="JOBS=$JOBS CREDIT=$CREDIT REPS=$REPS PRODUCE_N=$PRODUCE_N PRODUCE_SECS=$PRODUCE_SECS SLEEP_MS=$SLEEP_MS SLEEP_CONCURRENCY=$SLEEP_CONCURRENCY SLEEP_CREDIT=$SLEEP_CREDIT${QUICK:+ QUICK=1}" \
     RABBIT_VERSION=$RABBIT_VERSION BROKER="$BIN ($("$BIN" --version 2>/dev/null))" WORKERS=${ASKED[0]} PRODUCERS=${ASKED[1]} SLEEPERS=${ASKED[2]} \
     python3 "$PROF/rabbit_table.py" "$RESULTS" | tee "$OUT/table.md"

@@ -156,6 +156,8 @@ pub struct Worker {
     timeouts: HashMap<String, Duration>,
     consumer: String,
     concurrency: u32,
+    /// The stream's credit, when more than `concurrency` ([`Worker::prefetch`]).
+    prefetch: Option<u32>,
     lease: Duration,
     grace: Duration,
     reconnect_min: Duration,
@@ -191,6 +193,7 @@ impl Worker {
             timeouts: HashMap::new(),
             consumer: default_consumer(),
             concurrency: DEFAULT_CONCURRENCY,
+            prefetch: None,
             lease: Duration::from_secs(30),
             grace: Duration::from_secs(30),
             reconnect_min: Duration::from_millis(100),
@@ -325,6 +328,20 @@ impl Worker {
     /// default [`DEFAULT_CONCURRENCY`], 16).
     pub fn concurrency(mut self, n: u32) -> Worker {
         self.concurrency = n;
+        self
+    }
+
+    /// The stream's credit: how many jobs the broker may deliver ahead of
+    /// the handlers, delivered and not settled (at least
+    /// [`concurrency`](Worker::concurrency), at most 10,000; default: the
+    /// concurrency). Jobs beyond the running ones wait in the worker, their
+    /// leases extended as a running job's: a handler that ends finds the
+    /// next job here instead of waiting for the ack, the broker and a lease
+    /// round (a few milliseconds) to bring one, as RabbitMQ's prefetch
+    /// above a consumer's concurrency. For short handlers, e.g.
+    /// `concurrency(64).prefetch(256)`.
+    pub fn prefetch(mut self, n: u32) -> Worker {
+        self.prefetch = Some(n);
         self
     }
 
@@ -463,6 +480,14 @@ impl Worker {
                 "concurrency: must be 1 to {MAX_IN_FLIGHT}"
             )));
         }
+        if let Some(n) = self.prefetch
+            && !(self.concurrency..=MAX_IN_FLIGHT).contains(&n)
+        {
+            return Err(Status::invalid_argument(format!(
+                "prefetch: must be the concurrency ({}) to {MAX_IN_FLIGHT}",
+                self.concurrency
+            )));
+        }
         if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
             return Err(Status::invalid_argument(
                 "lease: must be between 1s and 12h",
@@ -494,7 +519,7 @@ impl Worker {
         let sub = pb::SubscribeRequest {
             queues,
             consumer: self.consumer.clone(),
-            max_in_flight: self.concurrency,
+            max_in_flight: self.prefetch.unwrap_or(self.concurrency),
             lease: Some(pb_duration(self.lease)),
             accept: vec![leaseq_proto::features::DELIVERIES.to_owned()],
         };

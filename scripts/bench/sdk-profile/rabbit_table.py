@@ -104,8 +104,9 @@ sleeps = [r for r in rows if r.get("part") == "sleep" and r.get("rate")]
 if sleeps:
     s0 = sleeps[0]
     print(
-        f"\nA real handler: {s0.get('sleep_ms'):g} ms of sleep, concurrency {s0.get('credit')} "
-        f"(the stream's credit too); the ideal is {s0['ideal']:,} jobs/s.\n"
+        f"\nA real handler: {s0.get('sleep_ms'):g} ms of sleep, concurrency "
+        f"{s0.get('concurrency', s0.get('credit'))}, credit (prefetch) {s0.get('credit')}; "
+        f"the ideal is {s0['ideal']:,} jobs/s.\n"
     )
     print("| SDK worker | jobs/s | of the ideal | worker CPU per job |")
     print("|---|---|---|---|")

@@ -7,8 +7,9 @@
 //!       batching) of BYTES-byte jobs until N are enqueued or SECS have
 //!       passed: the rate and the process's CPU per job (one enqueue
 //!       before the measured window: the connection's setup)
-//!   leaseq-rust-bench worker ADDR QUEUE N CONCURRENCY SLEEP_MS
-//!       one Worker (concurrency = its stream's credit) whose handler
+//!   leaseq-rust-bench worker ADDR QUEUE N CONCURRENCY SLEEP_MS [CREDIT]
+//!       one Worker (CONCURRENCY handlers at once, CREDIT its stream's
+//!       credit, `Worker::prefetch`; default the concurrency) whose handler
 //!       sleeps SLEEP_MS (`tokio::time::sleep`) works N jobs: the rate from
 //!       the first handler call to the last handler completion, and the
 //!       process's CPU over that window (as noop_worker.rs measures)
@@ -80,6 +81,7 @@ async fn worker(
     n: u64,
     concurrency: u32,
     sleep_ms: f64,
+    credit: u32,
 ) -> Result<String, BoxErr> {
     let client = Client::connect(addr).await?;
     let pause = Duration::from_secs_f64(sleep_ms / 1000.0);
@@ -106,13 +108,14 @@ async fn worker(
     };
     Worker::new(client, [queue.to_string()])
         .concurrency(concurrency)
+        .prefetch(credit)
         .lease(Duration::from_secs(60))
         .run(handler, async move { finished.notified().await })
         .await?;
     let w = window.lock().unwrap();
     let jobs = done.load(Ordering::SeqCst);
     let mut out = format!(
-        r#"{{"sdk": "rust", "jobs": {jobs}, "credit": {concurrency}, "concurrency": {concurrency}, "sleep_ms": {sleep_ms}"#
+        r#"{{"sdk": "rust", "jobs": {jobs}, "credit": {credit}, "concurrency": {concurrency}, "sleep_ms": {sleep_ms}"#
     );
     if let (Some((t0, c0)), Some((t1, c1))) = (w.first, w.last) {
         out += ", ";
@@ -125,7 +128,7 @@ async fn worker(
 #[tokio::main]
 async fn main() -> Result<(), BoxErr> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: leaseq-rust-bench producer ADDR QUEUE N SECS [BYTES] | worker ADDR QUEUE N CONCURRENCY SLEEP_MS";
+    let usage = "usage: leaseq-rust-bench producer ADDR QUEUE N SECS [BYTES] | worker ADDR QUEUE N CONCURRENCY SLEEP_MS [CREDIT]";
     if args.len() < 6 {
         return Err(usage.into());
     }
@@ -137,7 +140,9 @@ async fn main() -> Result<(), BoxErr> {
             producer(addr, queue, n, args[5].parse()?, bytes).await?
         }
         "worker" if args.len() > 6 => {
-            worker(addr, queue, n, args[5].parse()?, args[6].parse()?).await?
+            let concurrency: u32 = args[5].parse()?;
+            let credit = args.get(7).map(|c| c.parse()).transpose()?.unwrap_or(concurrency);
+            worker(addr, queue, n, concurrency, args[6].parse()?, credit).await?
         }
         _ => return Err(usage.into()),
     };
