@@ -141,7 +141,11 @@ async fn main() -> Result<(), BoxErr> {
         }
         "worker" if args.len() > 6 => {
             let concurrency: u32 = args[5].parse()?;
-            let credit = args.get(7).map(|c| c.parse()).transpose()?.unwrap_or(concurrency);
+            let credit = args
+                .get(7)
+                .map(|c| c.parse())
+                .transpose()?
+                .unwrap_or(concurrency);
             worker(addr, queue, n, concurrency, args[6].parse()?, credit).await?
         }
         _ => return Err(usage.into()),
