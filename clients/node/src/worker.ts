@@ -1,6 +1,7 @@
-// The worker: handlers per queue, concurrency = the stream's credit, a
-// timeout per job, leases kept while handlers run, outcomes settled on the
-// stream, graceful stop.
+// The worker: handlers per queue, `concurrency` of them at once on a
+// stream whose credit is `prefetch` (at least that), a timeout per job,
+// leases kept while jobs wait or run, outcomes settled on the stream,
+// graceful stop.
 
 import { EventEmitter } from 'node:events';
 import { status } from '@grpc/grpc-js';
@@ -48,13 +49,20 @@ export interface HandlerOptions {
 }
 
 export interface WorkerOptions extends StreamOptions {
-  /**
-   * Handlers running at once, at most; it is also the stream's credit, so
-   * the broker never pushes more unsettled jobs than that. Default 16.
-   */
+  /** Handlers running at once, at most. Default 16 (DEFAULT_CONCURRENCY). */
   concurrency?: number;
-  /** Alias of concurrency. */
+  /** Alias of concurrency, from before `prefetch` (concurrency wins when both are given). */
   maxInFlight?: number;
+  /**
+   * The stream's credit: jobs delivered and not yet settled, at most; an
+   * integer of at least `concurrency`. Default: `concurrency`. Jobs
+   * delivered beyond the running handlers wait in the worker for a slot,
+   * their leases kept; a larger prefetch hides the round trip between a
+   * handler's ack and the next delivery (RabbitMQ's prefetch beside a
+   * consumer's concurrency). The broker refuses more than its limit
+   * (10000) per stream.
+   */
+  prefetch?: number;
   /** On stop, how long running handlers get to finish. Default 30000. */
   graceMs?: number;
   /** Timeout per job in ms, for every queue without its own; default none. */
@@ -133,11 +141,12 @@ export interface Worker {
 }
 
 /**
- * Handlers at once, and the stream's credit, unless `concurrency` says
- * otherwise: 16 in every leaseq SDK (Rust, Python, Go too). It is the
- * credit a bare Subscribe gets by default, and handlers mostly wait on
- * I/O, where one at a time leaves the worker idle at every round trip. A
- * handler that must not run beside itself asks for `concurrency: 1`.
+ * Handlers at once, and the stream's credit, unless `concurrency` (and
+ * `prefetch`) say otherwise: 16 in every leaseq SDK (Rust, Python, Go
+ * too). It is the credit a bare Subscribe gets by default, and handlers
+ * mostly wait on I/O, where one at a time leaves the worker idle at every
+ * round trip. A handler that must not run beside itself asks for
+ * `concurrency: 1`.
  */
 export const DEFAULT_CONCURRENCY = 16;
 
@@ -153,6 +162,8 @@ export const DEFAULT_CONCURRENCY = 16;
  */
 export class Worker extends EventEmitter {
   readonly concurrency: number;
+  /** The stream's credit: at least `concurrency`. */
+  readonly prefetch: number;
   readonly graceMs: number;
   readonly leaseMs: number;
   #client: Client;
@@ -162,9 +173,10 @@ export class Worker extends EventEmitter {
   #log: Required<Logger>;
   #consumer: Consumer | null = null;
   // Handlers at once, at most `concurrency`. Credit alone would not bound
-  // them: after a reconnect the new stream has full credit while handlers
-  // of the old stream (whose jobs the broker already released) may still
-  // be running. Deliveries wait in #waiting, their leases kept meanwhile.
+  // them: it is `prefetch`, which may be larger, and after a reconnect the
+  // new stream has full credit while handlers of the old stream (whose
+  // jobs the broker already released) may still be running. Deliveries
+  // wait in #waiting, their leases kept meanwhile.
   #free: number;
   #waiting: JobRun[] = [];
   #pumping = false;
@@ -196,11 +208,17 @@ export class Worker extends EventEmitter {
   constructor(client: Client, a?: WorkerOptions | string[], b?: Handler, c?: WorkerOptions) {
     super();
     const opts: WorkerOptions = (Array.isArray(a) ? c : a) ?? {};
-    const { concurrency, maxInFlight, graceMs = 30000, timeoutMs = null, handlers, burst = false, burstIdleMs = 500, ...streamOpts } = opts;
+    const { concurrency, maxInFlight, prefetch, graceMs = 30000, timeoutMs = null, handlers, burst = false, burstIdleMs = 500, ...streamOpts } = opts;
     const n = concurrency ?? maxInFlight ?? DEFAULT_CONCURRENCY;
-    if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`concurrency: must be an integer of at least 1, not ${n}`);
+    const nName = concurrency === undefined && maxInFlight !== undefined ? 'maxInFlight' : 'concurrency';
+    if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`${nName}: must be an integer of at least 1, not ${n}`);
+    const credit = prefetch ?? n;
+    if (!(Number.isInteger(credit) && credit >= n)) {
+      throw new RangeError(`prefetch: must be an integer of at least ${nName} (${n}), not ${credit}`);
+    }
     this.#client = client;
     this.concurrency = n;
+    this.prefetch = credit;
     this.graceMs = graceMs;
     this.leaseMs = streamOpts.leaseMs ?? 30000;
     this.#defaultTimeoutMs = timeoutMs;
@@ -288,7 +306,7 @@ export class Worker extends EventEmitter {
     }
     const consumer = new Consumer(
       this.#client._rpc,
-      { ...this.#streamOpts, queues: [...this.#routes.keys()], maxInFlight: this.concurrency },
+      { ...this.#streamOpts, queues: [...this.#routes.keys()], maxInFlight: this.prefetch },
       (job) => this.#take(job),
       (c) => this.#cancelled(c),
     );
@@ -558,7 +576,7 @@ export class Worker extends EventEmitter {
   // credit is back. Waiting: it never runs. Running: its signal aborts, its
   // slot goes to the next job, and what the handler returns is dropped.
   // Settling: the settle's refusal is reported as 'cancelled'. Cancels are
-  // rare and these lists at most about `concurrency` long: a scan.
+  // rare and these lists at most about `prefetch` long: a scan.
   #cancelled(c: Cancelled): void {
     const match = (r: JobRun) => r.job.id === c.jobId && r.job.leaseToken === c.leaseToken;
     const at = this.#waiting.findIndex(match);

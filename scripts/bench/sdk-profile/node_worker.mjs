@@ -3,17 +3,18 @@
 // handler call) to the last handler completion, and the process's CPU over
 // that window from /proc/self/stat (every thread: the main one, libuv's).
 //
-//     node [--cpu-prof --cpu-prof-dir DIR] node_worker.mjs ADDR QUEUE N [--credit 256] [--sleep-ms MS] [--count]
+//     node [--cpu-prof --cpu-prof-dir DIR] node_worker.mjs ADDR QUEUE N [--credit 256] [--concurrency C] [--sleep-ms MS] [--count]
 //
 // The SDK is the repository's (clients/node/dist, built by
-// `clients/setup.sh node`). --credit: the Worker's concurrency (its
-// stream's credit, and its handlers at once). --sleep-ms MS: the handler
+// `clients/setup.sh node`). --credit: the Worker's prefetch (its stream's
+// credit). --concurrency C: its handlers at once, at most --credit;
+// default --credit (handlers at once = credit). --sleep-ms MS: the handler
 // awaits a setTimeout of MS milliseconds instead of returning at once
-// (scripts/bench/sdk-rabbitmq.sh's real handler). --count: counts, from outside the SDK, writes on
-// the stream and the acks they carry, messages read by kind, and the
-// promises and timers created (an async_hooks hook and wrappers around
-// grpc-js's duplex call, installed here; nothing in the SDK changed).
-// Counting slows the run: its rate is not a figure.
+// (scripts/bench/sdk-rabbitmq.sh's real handler). --count: counts, from
+// outside the SDK, writes on the stream and the acks they carry, messages
+// read by kind, and the promises and timers created (an async_hooks hook
+// and wrappers around grpc-js's duplex call, installed here; nothing in
+// the SDK changed). Counting slows the run: its rate is not a figure.
 // scripts/bench/sdk-workers.sh and sdk-rabbitmq.sh run it.
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -35,6 +36,7 @@ const flag = (name, dflt) => {
 const count = argv.includes('--count');
 if (count) argv.splice(argv.indexOf('--count'), 1);
 const credit = Number(flag('--credit', '256'));
+const concurrency = Number(flag('--concurrency', String(credit)));
 const sleepMs = Number(flag('--sleep-ms', '0'));
 const { setTimeout: sleep } = await import('node:timers/promises');
 const [addr, queue, nArg] = argv;
@@ -77,7 +79,7 @@ if (count) {
 }
 
 const client = new Client(addr);
-const worker = new Worker(client, { concurrency: credit, leaseMs: 60_000 });
+const worker = new Worker(client, { concurrency, prefetch: credit, leaseMs: 60_000 });
 let done = 0;
 let t0 = null;
 let c0 = null;
@@ -99,7 +101,7 @@ worker.handle(queue, async () => {
 await worker.run();
 client.close();
 
-const out = { sdk: 'node', jobs: done, credit };
+const out = { sdk: 'node', jobs: done, credit, concurrency };
 if (sleepMs > 0) out.sleep_ms = sleepMs;
 if (t1 !== null) {
   const secs = (t1 - t0) / 1000;
