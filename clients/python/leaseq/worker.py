@@ -1,18 +1,20 @@
-"""The Worker: handlers per queue, credits = concurrency, per-job timeout,
+"""The Worker: handlers per queue, credit (``max_in_flight``) and handlers
+at once (``concurrency``, at most the credit), per-job timeout,
 leases kept while handlers run, outcomes from exceptions, settles on the
 Consume stream (or Subscribe + batched AckBatch on a broker without it),
 reconnect with backoff, graceful stop on SIGTERM.
 
 Everything runs on one asyncio event loop. The per-job path is lean (issue
 36): the stream's reader hands each message's deliveries to the worker as
-one list; ``max_in_flight`` runner tasks, made once, take them from a deque
+one list; ``concurrency`` runner tasks, made once, take them from a deque
 and await ``async def`` handlers directly (no task, future or timer per
 job; a runner is woken only when the others are busy); settles go into the
 stream's next write (one write carries every settle of an event-loop turn)
 and their results come back to a callback, no future. One timer keeps the
-leases of all running jobs. Plain (non-async) handlers run on the worker's
-threads: a job a queue item, and the finished ones handed back to the loop
-in batches (one wake-up of the loop for all that finished meanwhile).
+leases of all jobs held, running or waiting for a runner. Plain (non-async)
+handlers run on the worker's ``concurrency`` threads: a job a queue item,
+and the finished ones handed back to the loop in batches (one wake-up of
+the loop for all that finished meanwhile).
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ class _Run:
     what the worker knows of it. Also the callback of its settle's result
     (``run(result, error)``), so a settle costs no closure or future."""
 
-    __slots__ = ("worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner")
+    __slots__ = ("worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner", "started")
 
     def __init__(self, worker: "Worker", job: Job, session: "_Session", entry: Optional[_Entry], extend_at: float):
         self.worker = worker
@@ -267,6 +269,9 @@ class _Run:
         self.outcome: _Outcome = _ACK
         #: The runner task awaiting an async handler (to cancel it).
         self.runner: "Optional[asyncio.Task[None]]" = None
+        #: When a plain handler's thread started it (``time.monotonic()``);
+        #: None while it waits for a thread (its timeout counts from here).
+        self.started: Optional[float] = None
 
     def __call__(self, result: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
         self.worker._answered(self, result, error)
@@ -464,12 +469,21 @@ class Worker:
     - **Tasks and middleware**: ``@worker.task(task)`` registers a handler
       of typed payloads (:class:`leaseq.Task`); ``worker.use(m)`` or
       ``middleware=[...]`` wraps every handler (:meth:`use`).
-    - **Concurrency**: at most ``max_in_flight`` handlers run at once; it is
-      also the stream's credit, so the broker never pushes more than that.
-      ``async def`` handlers run on ``max_in_flight`` runner tasks made when
-      the worker starts (a handler is awaited by its runner, so handlers of
-      one runner share its ``contextvars`` context); plain ones on up to
-      ``max_in_flight`` threads of the worker's (or on ``executor``).
+    - **Credit and concurrency**: ``max_in_flight`` is the stream's credit
+      (the prefetch): the broker never has more than that many of this
+      worker's jobs delivered and unsettled, those waiting for a handler
+      included. ``concurrency`` (default: ``max_in_flight``; from 1 to
+      ``max_in_flight``) is how many handlers run at once. A credit above
+      the concurrency keeps jobs waiting in the worker, so a handler that
+      finishes takes the next one at once instead of waiting for its ack to
+      reach the broker and a delivery to come back (RabbitMQ's prefetch
+      against a consumer's threads). ``async def`` handlers run on
+      ``concurrency`` runner tasks made when the worker starts (a handler is
+      awaited by its runner, so handlers of one runner share its
+      ``contextvars`` context); plain ones on up to ``concurrency`` threads
+      of the worker's (with ``executor``, its own workers bound them
+      instead). A worker with handlers of both kinds runs up to
+      ``concurrency`` of each (and never more than ``max_in_flight``).
     - **Cancel**: when the broker says a job this worker holds was
       cancelled (``AdminService.CancelJob``; brokers whose first heartbeat
       lists ``"cancel"``), an async handler is cancelled (``CancelledError``
@@ -478,14 +492,16 @@ class Worker:
       it returns), and a job whose handler has not started is dropped.
       Nothing is settled: the job is gone. Counted in ``stats.cancelled``,
       logged at INFO.
-    - **Timeout** (``timeout``, or per handler): an async handler is
+    - **Timeout** (``timeout``, or per handler), counted from the
+      handler's start (not from the delivery): an async handler is
       cancelled; a plain one cannot be (it runs in a thread): its job's
       ``cancelled`` event is set, its result is ignored, and its thread keeps
       the slot until it returns. Either way the job is nacked with a
       ``timeout`` error at once.
     - **Leases**: the stream asks for ``lease``; every delivery's lease is
       extended by ``lease`` about every ``lease / 2`` (one timer for all
-      running jobs, ticking every ``lease / 8``) while its handler runs.
+      jobs held, ticking every ``lease / 8``) while its handler runs or it
+      waits for one.
     - **Settles** go on the Consume stream, all those made in one event-loop
       turn in one message; on a broker that answers UNIMPLEMENTED to
       Consume (or with ``stream_acks=False``) the worker uses Subscribe,
@@ -502,9 +518,10 @@ class Worker:
       :class:`leaseq.RpcError` instead. A stream with no message for
       ``idle_timeout`` seconds (it must exceed the broker's heartbeat
       interval) is taken for dead and reopened.
-    - **Stop**: take no new jobs; running handlers get ``grace`` seconds to
-      finish and settle, the rest are cancelled; then the stream is
-      half-closed (the broker releases what was not settled). A second signal
+    - **Stop**: take no new jobs, and start none of those waiting for a
+      handler; running handlers get ``grace`` seconds to finish and settle,
+      the rest are cancelled; then the stream is half-closed (the broker
+      releases what was not settled, the waiting jobs with it). A second signal
       cancels the handlers at once.
     - **Tracing**: with OpenTelemetry installed, each handler runs in a
       CONSUMER span, the child of the job's ``traceparent``; when no tracer
@@ -522,6 +539,7 @@ class Worker:
         tls: Union[TLS, bool, None] = None,
         options: Sequence[Tuple[str, Any]] = (),
         max_in_flight: int = 16,
+        concurrency: Optional[int] = None,
         lease: Seconds = 30.0,
         timeout: Optional[Seconds] = None,
         consumer: str = "",
@@ -544,7 +562,17 @@ class Worker:
             self._conn = Connection(target, token=token, tls=tls, options=options)
         if max_in_flight < 1:
             raise ValueError("max_in_flight: must be at least 1")
+        if concurrency is None:
+            concurrency = max_in_flight
+        elif concurrency < 1:
+            raise ValueError("concurrency: must be at least 1")
+        elif concurrency > max_in_flight:
+            raise ValueError(
+                f"concurrency: must be at most max_in_flight ({max_in_flight}): "
+                "handlers run only on jobs delivered, and the credit bounds those"
+            )
         self._max_in_flight = max_in_flight
+        self._concurrency = concurrency
         self._lease = seconds(lease)
         self._timeout = None if timeout is None else seconds(timeout)
         self._consumer = consumer
@@ -579,6 +607,7 @@ class Worker:
         self._traced = False
         self._threads: Optional[_Threads] = None
         self._done_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._done: List[_Run] = []
         self._ticker: Optional[asyncio.TimerHandle] = None
         self._burst_mode = False
@@ -740,9 +769,9 @@ class Worker:
             self._stopping.set()
         self._ready, self._idle, self._running, self._busy = deque(), deque(), set(), 0
         if any(e.is_async for e in self._handlers.values()):
-            self._runners = [asyncio.ensure_future(self._runner()) for _ in range(self._max_in_flight)]
+            self._runners = [asyncio.ensure_future(self._runner()) for _ in range(self._concurrency)]
         if self._executor is None and not all(e.is_async for e in self._handlers.values()):
-            self._threads = _Threads(self._max_in_flight, self._in_thread)
+            self._threads = _Threads(self._concurrency, self._in_thread)
         self._burst_mode, self._last_delivery = burst, None
         self._ticker = loop.call_later(min(self._lease / 8, self.BURST_IDLE / 4) if burst else self._lease / 8, self._tick)
         client = AsyncClient.from_connection(self._conn)
@@ -985,7 +1014,7 @@ class Worker:
         self._loop.call_soon(self._kick)
 
     async def _runner(self) -> None:
-        """One of ``max_in_flight``: takes deliveries and awaits their
+        """One of ``concurrency``: takes deliveries and awaits their
         (async) handlers, one at a time."""
         loop = asyncio.get_running_loop()
         me = asyncio.current_task()
@@ -1075,6 +1104,15 @@ class Worker:
 
     def _time_out(self, run: _Run) -> None:
         run.timer = None
+        if run.runner is None:
+            # A plain handler: its clock starts when a thread takes it (the
+            # timer was armed when it was handed to the threads).
+            assert self._loop is not None and run.entry is not None and run.entry.timeout is not None
+            started = run.started
+            left = run.entry.timeout if started is None else started + run.entry.timeout - time.monotonic()
+            if left > 0:
+                run.timer = self._loop.call_later(left, self._time_out, run)
+                return
         run.stop = "timeout"
         run.job.cancelled.set()
         if run.runner is not None:
@@ -1094,7 +1132,7 @@ class Worker:
         (``job.cancelled``) and its result ignored, a job not started yet
         dropped. Nothing is settled: the job is gone (an ack would be
         refused) and the stream's credit for it is back. A scan of the jobs
-        held (at most ``max_in_flight`` plus those waiting), so that the
+        held (at most ``max_in_flight``, running or waiting), so that the
         per-job path pays nothing for cancels."""
         for run in self._running:
             if run.job.id == c.job_id and run.job.lease_token == c.lease_token:
@@ -1176,8 +1214,10 @@ class Worker:
     def _run_plain(self, run: _Run) -> None:
         job, entry = run.job, run.entry
         assert entry is not None
-        if run.stop is not None:
-            return  # timed out or abandoned while it waited
+        with self._start_lock:  # against _drop_waiting: started, or dropped
+            if run.stop is not None:
+                return  # cancelled or dropped (stop) while it waited
+            run.started = time.monotonic()
         t0 = time.perf_counter()
         if self._traced or _has_header(job, "traceparent"):
             with _tracing.handler_span(job.queue, job.id, job.attempt, job.headers) as span:
@@ -1253,9 +1293,25 @@ class Worker:
                 self._busy -= 1
         self._check_quiet()
 
+    def _drop_waiting(self) -> None:
+        """Drops the jobs whose handlers have not started (waiting for a
+        runner or a thread): not settled, released when the stream closes."""
+        self._ready.clear()
+        with self._start_lock:
+            for run in list(self._running):
+                if run.runner is None and run.started is None and run.stop is None:
+                    run.stop = "abandon"
+                    run.job.cancelled.set()
+                    if run.timer is not None:
+                        run.timer.cancel()
+                        run.timer = None
+                    self._running.discard(run)
+                    self._busy -= 1
+        self._check_quiet()
+
     async def _finish_jobs(self) -> None:
         """Waits up to the grace for running handlers, then cancels the rest."""
-        self._ready.clear()  # not started: released when the stream closes
+        self._drop_waiting()
         if await self._until_quiet(self._grace):
             return
         log.warning("%d handler(s) still running after the grace; cancelled", self._busy)
@@ -1339,8 +1395,12 @@ class Worker:
         assert self._loop is not None
         now = self._loop.time()
         half = self._lease / 2
-        for run in self._running:
+        for run in self._running:  # plain handlers' jobs waiting for a thread too
             if run.extend_at <= now and run.stop is None:
+                run.extend_at = now + half
+                run.session.extend(run, self._lease)
+        for run in self._ready:  # async handlers' jobs waiting for a runner
+            if run.extend_at <= now and not run.session.ended:
                 run.extend_at = now + half
                 run.session.extend(run, self._lease)
         tick = self._lease / 8

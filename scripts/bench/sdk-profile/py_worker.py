@@ -4,11 +4,13 @@ handler call) to the last handler completion, and the process's CPU over
 that window from /proc/self/stat (every thread: the event loop, gRPC's and
 the handler pool's).
 
-    py_worker.py MODE ADDR QUEUE N [--credit 256] [--sleep-ms MS] [--cprofile FILE] [--count] [--single]
+    py_worker.py MODE ADDR QUEUE N [--credit 256] [--concurrency C] [--sleep-ms MS] [--cprofile FILE] [--count] [--single]
 
 MODE: "async" (an `async def` handler: the async Worker's path) or "sync"
 (a plain function: run in the Worker's thread pool). --credit is the
-Worker's max_in_flight (its stream's credit, and its handlers at once).
+Worker's max_in_flight (its stream's credit: jobs delivered and unsettled);
+--concurrency C its handlers at once (runner tasks in async mode, threads in
+sync mode; default: the credit).
 --sleep-ms MS: the handler sleeps MS milliseconds (`await asyncio.sleep`
 in async mode, `time.sleep` in the Worker's thread pool in sync mode)
 instead of returning at once (scripts/bench/sdk-rabbitmq.sh's real
@@ -48,6 +50,7 @@ p.add_argument("addr")
 p.add_argument("queue")
 p.add_argument("n", type=int)
 p.add_argument("--credit", type=int, default=256)
+p.add_argument("--concurrency", type=int)
 p.add_argument("--sleep-ms", type=float, default=0.0)
 p.add_argument("--cprofile")
 p.add_argument("--count", action="store_true")
@@ -55,7 +58,7 @@ p.add_argument("--single", action="store_true")
 args = p.parse_args()
 
 opts = {"batched": False} if args.single else {}
-worker = Worker(args.addr, max_in_flight=args.credit, lease=60, **opts)
+worker = Worker(args.addr, max_in_flight=args.credit, concurrency=args.concurrency, lease=60, **opts)
 lock = threading.Lock()
 seen = {"n": 0, "t0": None, "c0": None, "t1": None, "c1": None}
 counts: dict = {}
@@ -179,6 +182,7 @@ if prof is not None:
     prof.dump_stats(args.cprofile)
 
 out = {"sdk": "python-" + args.mode, "jobs": seen["n"], "credit": args.credit}
+out["concurrency"] = args.concurrency or args.credit
 if pause:
     out["sleep_ms"] = args.sleep_ms
 if seen["t1"] is not None:
