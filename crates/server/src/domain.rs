@@ -69,8 +69,14 @@ impl fmt::Debug for QueueName {
 /// per job, and std's SipHash was the broker's hottest Rust function flat
 /// out (3.2 % of its samples, docs/BENCHMARKS.md). foldhash is seeded per
 /// process, so keys a client chooses (queue names) cannot be aimed at one
-/// bucket any more than with SipHash's random keys.
+/// bucket any more than with SipHash's random keys. Fixed in the crate's
+/// own tests: the simulation then iterates maps in the same order in every
+/// process, and a failing seed replays exactly (a seed that failed in one
+/// process once passed in the next: seed 576 of `sim::tests::seeds_2`).
+#[cfg(not(test))]
 pub type FastHasher = foldhash::fast::RandomState;
+#[cfg(test)]
+pub type FastHasher = foldhash::fast::FixedState;
 pub type FastMap<K, V> = std::collections::HashMap<K, V, FastHasher>;
 pub type FastSet<K> = std::collections::HashSet<K, FastHasher>;
 

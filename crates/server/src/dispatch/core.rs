@@ -12,7 +12,7 @@
 //! enqueue path has taken but not yet reported).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,7 +180,7 @@ pub(crate) struct Round {
     /// Wanted queues known to have limits (leased through the other path).
     pub limited: Vec<QueueName>,
     /// Each queue's `seq` when the round was planned.
-    seqs: HashMap<QueueName, u64>,
+    seqs: FastMap<QueueName, u64>,
     /// When it was planned: its statement, and so its leases, began later.
     pub started: Instant,
 }
@@ -630,7 +630,7 @@ impl Core {
         alive: Vec<(JobId, i64)>,
         now: Instant,
     ) {
-        let alive: HashMap<JobId, i64> = alive.into_iter().collect();
+        let alive: FastMap<JobId, i64> = alive.into_iter().collect();
         for (id, token) in checked {
             match alive.get(&id) {
                 Some(ms) => {
@@ -940,7 +940,7 @@ impl Core {
 
     /// One lease statement's round: its asks reserved, in flight.
     fn round(&mut self, wants: Vec<Want>, slots: Vec<StreamId>, now: Instant) -> Round {
-        let mut seqs = HashMap::new();
+        let mut seqs = FastMap::default();
         let mut limited = Vec::new();
         for w in &wants {
             if let Some(stream) = self.streams.get_mut(&slots[w.slot as usize]) {
@@ -1030,11 +1030,11 @@ impl Core {
                 qs.limit_due = Some(qs.limit_due.map_or(at, |d| d.min(at)));
             }
         }
-        let mut asked: HashMap<&QueueName, i32> = HashMap::new();
+        let mut asked: FastMap<&QueueName, i32> = FastMap::default();
         for w in &round.wants {
             *asked.entry(&w.queue).or_default() += w.n;
         }
-        let mut got: HashMap<&str, i32> = HashMap::new();
+        let mut got: FastMap<&str, i32> = FastMap::default();
         for job in &leased {
             *got.entry(job.queue.as_str()).or_default() += 1;
         }
@@ -1402,6 +1402,8 @@ fn publish_now(stream: &mut StreamState, target: i32, now: Instant) -> Option<i3
 #[cfg(test)]
 mod tests {
     use chrono::Utc;
+
+    use std::collections::HashMap;
 
     use super::*;
     use crate::domain::Cap;

@@ -23,7 +23,7 @@
 //! here by each claim and replaced whenever their broker publishes again;
 //! they are forgotten after [`OFFER_TTL`](super::remote::OFFER_TTL).
 
-use std::collections::{HashMap, HashSet};
+use crate::domain::{FastMap as HashMap, FastSet as HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -435,7 +435,7 @@ mod tests {
         o.open(2, &[q("a")], None, "c2".into());
         o.set(1, 10);
         o.set(2, 10);
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for _ in 0..4 {
             seen.insert(o.claim(&q("a"), false).unwrap().stream);
         }

@@ -1660,7 +1660,13 @@ impl World {
             ));
         }
         if half_closed {
-            // Sent before the half-close was read: the client ignores it.
+            // Sent before the half-close was read: the client ignores it
+            // (but got it: a cancel of it may follow, seed 576 of seeds_2).
+            self.consumers[c]
+                .seen
+                .entry(job.id)
+                .or_default()
+                .push(job.token);
             return;
         }
         // One current lease per job.
