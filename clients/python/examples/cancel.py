@@ -13,6 +13,7 @@ queue = os.environ.get("LEASEQ_QUEUE", "renders")
 async def main() -> None:
     worker = Worker(addr, max_in_flight=4, lease=600)
     render_started, export_started = asyncio.Event(), threading.Event()
+    export_stopped = threading.Event()
 
     @worker.handler(queue)
     async def render(job: Job) -> None:
@@ -29,6 +30,7 @@ async def main() -> None:
         while not job.cancelled.wait(0.05):
             pass  # a step of the work
         print("export stopped:", job.payload.decode())  # what it returns is ignored
+        export_stopped.set()
 
     running = asyncio.ensure_future(worker.run_async())
     async with AsyncClient(addr) as client, AsyncAdminClient(addr) as admin:
@@ -41,6 +43,8 @@ async def main() -> None:
         await admin.cancel_job(job.job_id)
         while worker.stats.cancelled < 2:
             await asyncio.sleep(0.01)
+        # The thread sees its flag at its next check: let it finish first.
+        await asyncio.get_running_loop().run_in_executor(None, export_stopped.wait)
     worker.stop()
     await running
     print("cancelled", worker.stats.cancelled, "acked", worker.stats.acked)
