@@ -526,7 +526,11 @@ impl Core {
     /// round's ([`Core::in_order`]) was never delivered: it is dropped
     /// there (once its lease is forgotten), and its client is told
     /// nothing (found by the simulation, seed 516 of `seeds_2`: a
-    /// `Cancelled` went out before its delivery).
+    /// `Cancelled` went out before its delivery). A cancel heard while the
+    /// round that leased the job is still under way finds no lease here:
+    /// that round then delivers the deleted job with no `Cancelled` after
+    /// it; its ack is refused and its credit comes back at the lease check
+    /// (a wasted run of the handler, not two leases: left as is).
     pub fn cancelled(
         &mut self,
         leases: impl IntoIterator<Item = (JobId, LeaseToken)>,
