@@ -84,9 +84,13 @@ def test_concurrency_bounds_the_handlers_and_the_credit_the_deliveries(addr, kin
             w.stop()
             await task
             # Both bounds reached, neither passed: 2 handlers at once, 8 jobs
-            # held by the broker for the worker (6 of them waiting).
+            # held by the broker for the worker (6 of them waiting). The
+            # broker's leased count also has the jobs whose acks are on
+            # their way (an ack's credit comes back as it arrives, before it
+            # commits: README, "Flow control"): at most one a handler, so
+            # 8 + 2 (a clean-checkout CI run saw 10).
             assert gauge.peak == 2
-            assert max(leased) == 8
+            assert 8 <= max(leased) <= 8 + 2, leased
             assert (w.stats.delivered, w.stats.acked, w.stats.lease_lost) == (total, total, 0)
 
     run(body())
