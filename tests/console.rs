@@ -1195,9 +1195,11 @@ async fn a_login_on_one_replica_works_on_the_other() {
         if positive(&shown) && positive(&enq) {
             break;
         }
+        // 30 s: a full suite's first minute on two cores once took more
+        // than 15 (the test failed there once; alone it takes 3-6 s).
         assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "A's console shows B's acks within 15s (enqueued {enq:?}, acked {shown:?})"
+            started.elapsed() < Duration::from_secs(30),
+            "A's console shows B's acks within 30s (enqueued {enq:?}, acked {shown:?})"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
