@@ -537,13 +537,21 @@ impl Core {
     ) -> Vec<(StreamId, JobId, LeaseToken)> {
         let mut tell = Vec::new();
         for (id, token) in leases {
-            let undelivered = self
+            // Nothing to tell a client that never got the job, nor one
+            // whose ack of it already arrived (it is done with the job; the
+            // ack is refused when its statement runs).
+            let quiet = self
                 .owner
                 .get(&id)
                 .and_then(|sid| self.streams.get(sid))
-                .is_some_and(|s| s.held.iter().any(|j| j.id == id && j.token == token));
+                .is_some_and(|s| {
+                    s.held.iter().any(|j| j.id == id && j.token == token)
+                        || s.inflight
+                            .get(&id)
+                            .is_some_and(|f| f.token == token && f.acking)
+                });
             if let Some(sid) = self.forget(id, token)
-                && !undelivered
+                && !quiet
             {
                 tell.push((sid, id, token));
             }
@@ -1906,6 +1914,27 @@ mod tests {
         // commits: b is left to its ack, not released.
         c.acking([(b.id, b.token)]);
         assert_eq!(c.close(1), vec![]);
+    }
+
+    /// A cancel of a lease is told to its stream, unless the stream's ack
+    /// of it already arrived (its client is done with the job): once, and
+    /// the credit comes back either way.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_is_told_to_the_holder_unless_its_ack_already_arrived() {
+        let (mut c, offers) = publishing(2);
+        c.reconcile_offers(Instant::now());
+        let (a, b) = (job(0, "a"), job(0, "a"));
+        c.remote_handed(vec![(1, a.clone()), (1, b.clone())], Instant::now());
+        c.acking([(b.id, b.token)]);
+        assert_eq!(
+            c.cancelled([(a.id, a.token), (b.id, b.token)]),
+            vec![(1, a.id, a.token)]
+        );
+        assert_eq!(c.cancelled([(a.id, a.token)]), vec![], "once");
+        c.reconcile_offers(Instant::now());
+        assert!(offers.claim(&q("a"), false).is_some());
+        assert!(offers.claim(&q("a"), false).is_some(), "both credits back");
+        assert_eq!(offers.claim(&q("a"), false), None, "and no more");
     }
 
     #[tokio::test(start_paused = true)]
