@@ -1,6 +1,6 @@
 //! [`Consumer`]: the Consume stream as a Rust stream of [`Delivery`], for
-//! code that wants to drive its own loop instead of a [`Worker`]
-//! (crate::Worker)'s handlers. Settles travel on the same stream.
+//! code that wants to drive its own loop instead of a
+//! [`Worker`](crate::Worker)'s handlers. Settles travel on the same stream.
 
 use std::sync::Arc;
 use std::time::Duration;
