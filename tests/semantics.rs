@@ -1447,6 +1447,55 @@ async fn delivery_is_woken_again_after_the_listen_connection_is_killed() {
     );
 }
 
+/// A lost LISTEN connection is followed by a look at every queue, after
+/// the new LISTEN is in place, however slow the reconnect and whatever
+/// interrupts it. It used not to be: sqlx's listener reconnected inside
+/// `try_recv`, and when the connection check (every 2 s) came during that
+/// reconnect it dropped it and its ping opened the connection again and
+/// LISTENed unseen: no look, and a job enqueued on another replica while
+/// nobody listened waited for the fallback poll (CI, 2026-11-28: "no
+/// delivery within 4s" in the test above, on a loaded machine where a
+/// connection took long enough to meet a check).
+///
+/// A reaches PostgreSQL through a proxy that holds new connections (open
+/// ones go on): its LISTEN connection is killed, the new one waits 2 s
+/// (past a check), and B enqueues a job 1 s into that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_sent_while_listen_slowly_reconnects_is_not_lost() {
+    let db = TestDb::new().await;
+    let proxy = pgproxy::PgProxy::start(&db.url).await;
+    let a = TestBroker::on_url(&proxy.url(&db.url))
+        .config(no_poll)
+        .start()
+        .await;
+    let a_listen = listen_backends(&db.pool).await;
+    assert_eq!(a_listen.len(), 1, "{a_listen:?}");
+    let a_pid = a_listen[0].0;
+    let b = TestBroker::on(&db).config(no_poll).start().await;
+    let mut ca = a.client().await;
+    let mut cb = b.client().await;
+    let mut s = subscribe(&mut ca, &["slowlisten"], 4, Some(secs(60))).await;
+    // A lease round on A now, so its pool has a connection open for the
+    // look after the reconnect (only new connections are held).
+    enqueue(&mut cb, "slowlisten", "before").await;
+    let d = next_delivery(&mut s, S5).await;
+    ack(&mut ca, &d).await.unwrap();
+
+    proxy.hold_new(true);
+    let killed: bool = sqlx::query_scalar("select pg_terminate_backend($1)")
+        .bind(a_pid)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    tokio::time::sleep(secs(1)).await;
+    enqueue(&mut cb, "slowlisten", "during").await;
+    tokio::time::sleep(secs(1)).await;
+    proxy.hold_new(false);
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "during");
+}
+
 /// A job whose wake-up never came (here: inserted by hand, no NOTIFY) is
 /// found by the fallback poll, which asks whether a job is ready before it
 /// leases; and a queue the poll found drained still hands new jobs to its

@@ -78,6 +78,9 @@ struct Inner {
     /// While true nothing is forwarded and new connections wait before
     /// reaching the server.
     blackholed: watch::Sender<bool>,
+    /// While true new connections wait before reaching the server; open
+    /// ones are untouched (a server slow to take connections).
+    holding_new: watch::Sender<bool>,
     /// Added to every chunk's delivery time.
     delay: watch::Sender<Duration>,
     conns: Mutex<HashMap<u64, Conn>>,
@@ -108,6 +111,7 @@ impl PgProxy {
         let inner = Arc::new(Inner {
             upstream,
             blackholed: watch::channel(false).0,
+            holding_new: watch::channel(false).0,
             delay: watch::channel(Duration::ZERO).0,
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -157,6 +161,13 @@ impl PgProxy {
     pub fn heal(&self) {
         self.inner.delay.send_replace(Duration::ZERO);
         self.inner.blackholed.send_replace(false);
+    }
+
+    /// New connections are accepted but wait before reaching the server
+    /// (`true`) until this is called with `false`; open connections go on
+    /// as they were.
+    pub fn hold_new(&self, hold: bool) {
+        self.inner.holding_new.send_replace(hold);
     }
 
     /// Adds `d` to the delivery of every chunk from now on, each way (a
@@ -247,9 +258,13 @@ async fn serve(mut client: TcpStream, inner: &Inner, conn: Conn) {
     } = conn;
     // A connection opened during a blackhole reaches nothing until it heals.
     let mut blackholed = inner.blackholed.subscribe();
+    let mut holding = inner.holding_new.subscribe();
     let upstream = tokio::select! {
         _ = kill.cancelled() => None,
-        _ = async { drop(blackholed.wait_for(|b| !b).await) } => {
+        _ = async {
+            drop(holding.wait_for(|h| !h).await);
+            drop(blackholed.wait_for(|b| !b).await)
+        } => {
             inner.upstream.connect().await.ok()
         }
     };

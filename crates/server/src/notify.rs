@@ -9,9 +9,13 @@
 //! Notifications sent by this process itself are skipped: it woke its own
 //! dispatcher in-process already.
 //!
-//! If the connection drops, sqlx's `PgListener` reconnects and re-LISTENs;
-//! anything sent meanwhile is lost, so after a reconnect every queue is looked
-//! at once (`wake_all`). The dispatcher's slow fallback poll covers the rest.
+//! If the connection drops, a new one is opened and LISTENs ([`Relisten`]);
+//! anything sent meanwhile is lost, so once the new LISTEN is in place (not
+//! before: a wake-up sent between the look and the LISTEN would be lost
+//! too) every queue is looked at (`wake_all`). A lost settle note keeps a
+//! stream's credit until that lease's local deadline, a lost hand-over note
+//! leaves its job leased until its lease ends; the dispatcher's slow
+//! fallback poll covers the rest.
 //!
 //! A connection can also go silent without dropping: its server frozen, a
 //! network path gone without a FIN. TCP keepalive ends it in about 30 s
@@ -78,8 +82,10 @@ impl Relisten {
 
 /// Whether the listener's connection answers a ping (a protocol Sync, no
 /// statement: `pg_stat_activity` still shows its LISTEN) within
-/// [`PING_TIMEOUT`]. A dropped connection is opened again first, as
-/// `try_recv` would; notifications that arrive meanwhile are kept for it.
+/// [`PING_TIMEOUT`]; notifications that arrive meanwhile are kept for
+/// `try_recv`. (A listener whose connection is gone would open one here
+/// and LISTEN again unseen; `run` never pings one: `try_recv` said so
+/// first and `run` replaced it.)
 async fn answers(listener: &mut PgListener) -> bool {
     let ping = async {
         let conn = sqlx::Acquire::acquire(&mut *listener).await?;
@@ -94,6 +100,11 @@ pub async fn listen(store: &Store, own_pool: &sqlx::PgPool) -> Result<PgListener
     // Its own one-connection pool: the listener holds that connection for the
     // life of the process, and must not take one of the working pool's.
     let mut listener = PgListener::connect_with(own_pool).await?;
+    // Never reconnect behind our back: sqlx would LISTEN again without a
+    // word, and the look at every queue that must follow ([`run`]) would
+    // not happen. Losing the connection makes `try_recv` answer None at
+    // once, and `run` opens another.
+    listener.eager_reconnect(false);
     let settle = channels::settle(store.broker_id());
     let handed = channels::handed(store.broker_id());
     let all = [
@@ -179,38 +190,23 @@ pub async fn run(
                 }
             }
             _ if shutdown.is_cancelled() => return,
-            Ok(None) => {
-                // Connection lost; the next call reconnects and re-LISTENs.
-                warn!("LISTEN connection lost; reconnecting");
-                reconnected(&mut listener, &shutdown).await;
+            Ok(None) | Err(_) => {
+                // Connection lost. sqlx's next `try_recv` would reconnect,
+                // but nothing says when its LISTEN is in place: the look at
+                // every queue must come after that, or a wake-up sent
+                // between the look and the LISTEN is lost until the
+                // fallback poll. So a new listener, LISTENing, then the look.
+                match &next {
+                    Err(e) => warn!(error = %e, "LISTEN connection failed; opening another"),
+                    _ => warn!("LISTEN connection lost; opening another"),
+                }
+                match relisten.open(&store, &shutdown).await {
+                    Some(l) => listener = l,
+                    None => return,
+                }
                 info!("LISTEN connection re-established");
                 dispatcher.wake_all();
-            }
-            Err(e) => {
-                warn!(error = %e, "LISTEN connection failed; retrying");
-                reconnected(&mut listener, &shutdown).await;
-                dispatcher.wake_all();
-            }
-        }
-    }
-}
-
-/// Waits until the listener has a live connection again (or shutdown).
-async fn reconnected(listener: &mut PgListener, shutdown: &CancellationToken) {
-    let mut delay = Duration::from_millis(100);
-    loop {
-        // `try_recv` reconnects when needed; a short timeout turns "connected
-        // and idle" into success.
-        let r = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = tokio::time::timeout(Duration::from_millis(50), listener.try_recv()) => r,
-        };
-        match r {
-            Err(_elapsed) => return,
-            Ok(Ok(Some(_))) => return,
-            Ok(Ok(None)) | Ok(Err(_)) => {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                check.reset();
             }
         }
     }
