@@ -118,7 +118,7 @@ pub async fn listen(store: &Store, own_pool: &sqlx::PgPool) -> Result<PgListener
 }
 
 /// Receives notifications until `shutdown`; checks the connection every
-/// `relisten.check` and replaces one that does not answer.
+/// `relisten.check` and replaces one that does not answer or was lost.
 pub async fn run(
     store: Store,
     mut listener: PgListener,
@@ -139,75 +139,82 @@ pub async fn run(
                     continue;
                 }
                 warn!("LISTEN connection does not answer; opening another");
-                match relisten.open(&store, &shutdown).await {
-                    Some(l) => listener = l,
-                    None => return,
-                }
-                info!("LISTEN connection re-established");
-                dispatcher.wake_all();
-                check.reset();
-                continue;
+                None
             }
-            n = listener.try_recv() => n,
+            n = listener.try_recv() => match n {
+                Ok(Some(n)) => Some(n),
+                _ if shutdown.is_cancelled() => return,
+                Ok(None) => {
+                    warn!("LISTEN connection lost; opening another");
+                    None
+                }
+                Err(e) => {
+                    warn!(error = %e, "LISTEN connection failed; opening another");
+                    None
+                }
+            },
         };
-        match next {
-            Ok(Some(n)) => {
-                if n.channel() == channels::WAKE {
-                    if let Some(w) = channels::parse_wake(n.payload(), &me) {
-                        trace!(queue = %w.queue, "woken by another replica");
-                        dispatcher.wake(vec![w]);
-                    }
-                } else if n.channel() == channels::OFFERS {
-                    match OfferNote::parse(n.payload()) {
-                        Some(o) if o.broker != store.broker_id() => {
-                            trace!(broker = %o.broker, stream = o.stream, credit = o.credit, "offer heard");
-                            dispatcher.offers().heard(o, tokio::time::Instant::now());
-                        }
-                        Some(_) => {}
-                        None => warn!(payload = n.payload(), "unreadable offer notification"),
-                    }
-                } else if n.channel() == handed {
-                    match HandedNote::parse(n.payload(), store.cluster()) {
-                        Some(h) => {
-                            trace!(job = %h.job.id, stream = h.stream, "job handed over");
-                            dispatcher.remote_handed(h.stream, h.job);
-                        }
-                        None => warn!("unreadable hand-over notification"),
-                    }
-                } else {
-                    let (cancelled, settled): (Vec<_>, Vec<_>) =
-                        channels::parse_settled(n.payload(), store.cluster())
-                            .into_iter()
-                            .partition(|(_, _, cancel)| *cancel);
-                    debug!(
-                        jobs = settled.len(),
-                        cancelled = cancelled.len(),
-                        "settled on another replica"
-                    );
-                    let lease = |(id, token, _)| (id, token);
-                    dispatcher.settled(settled.into_iter().map(lease).collect());
-                    dispatcher.cancelled(cancelled.into_iter().map(lease).collect());
-                }
-            }
-            _ if shutdown.is_cancelled() => return,
-            Ok(None) | Err(_) => {
-                // Connection lost. sqlx's next `try_recv` would reconnect,
-                // but nothing says when its LISTEN is in place: the look at
-                // every queue must come after that, or a wake-up sent
-                // between the look and the LISTEN is lost until the
-                // fallback poll. So a new listener, LISTENing, then the look.
-                match &next {
-                    Err(e) => warn!(error = %e, "LISTEN connection failed; opening another"),
-                    _ => warn!("LISTEN connection lost; opening another"),
-                }
-                match relisten.open(&store, &shutdown).await {
-                    Some(l) => listener = l,
-                    None => return,
-                }
-                info!("LISTEN connection re-established");
-                dispatcher.wake_all();
-                check.reset();
-            }
+        if let Some(n) = next {
+            heard(&n, &store, &me, &handed, &dispatcher);
+            continue;
         }
+        // sqlx's next `try_recv` would reconnect, but nothing would say
+        // when its LISTEN is in place: the look at every queue must come
+        // after that, or a wake-up sent between the look and the LISTEN is
+        // lost until the fallback poll. So a new listener, LISTENing, then
+        // the look.
+        match relisten.open(&store, &shutdown).await {
+            Some(l) => listener = l,
+            None => return,
+        }
+        info!("LISTEN connection re-established");
+        dispatcher.wake_all();
+        check.reset();
+    }
+}
+
+/// One notification, to the dispatcher.
+fn heard(
+    n: &sqlx::postgres::PgNotification,
+    store: &Store,
+    me: &str,
+    handed: &str,
+    dispatcher: &Dispatcher,
+) {
+    if n.channel() == channels::WAKE {
+        if let Some(w) = channels::parse_wake(n.payload(), me) {
+            trace!(queue = %w.queue, "woken by another replica");
+            dispatcher.wake(vec![w]);
+        }
+    } else if n.channel() == channels::OFFERS {
+        match OfferNote::parse(n.payload()) {
+            Some(o) if o.broker != store.broker_id() => {
+                trace!(broker = %o.broker, stream = o.stream, credit = o.credit, "offer heard");
+                dispatcher.offers().heard(o, tokio::time::Instant::now());
+            }
+            Some(_) => {}
+            None => warn!(payload = n.payload(), "unreadable offer notification"),
+        }
+    } else if n.channel() == handed {
+        match HandedNote::parse(n.payload(), store.cluster()) {
+            Some(h) => {
+                trace!(job = %h.job.id, stream = h.stream, "job handed over");
+                dispatcher.remote_handed(h.stream, h.job);
+            }
+            None => warn!("unreadable hand-over notification"),
+        }
+    } else {
+        let (cancelled, settled): (Vec<_>, Vec<_>) =
+            channels::parse_settled(n.payload(), store.cluster())
+                .into_iter()
+                .partition(|(_, _, cancel)| *cancel);
+        debug!(
+            jobs = settled.len(),
+            cancelled = cancelled.len(),
+            "settled on another replica"
+        );
+        let lease = |(id, token, _)| (id, token);
+        dispatcher.settled(settled.into_iter().map(lease).collect());
+        dispatcher.cancelled(cancelled.into_iter().map(lease).collect());
     }
 }
