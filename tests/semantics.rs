@@ -945,6 +945,40 @@ async fn higher_priority_first_then_enqueue_order() {
     assert_eq!(order, ["p5a", "p5b", "p1", "p0", "pm1"]);
 }
 
+/// Enqueue order holds for a stream that opens as the jobs come: the
+/// second job, enqueued after the first was answered, is never handed off
+/// past it. It was: the stream's first lease round began before the first
+/// job's insert and found the queue drained, so the stream offered its
+/// credit for hand-off; the first job's wake-up was still on its way to the
+/// dispatcher when the second enqueue took that offer (the Node client's
+/// cancel test, CI 2026-11-28). Each round: a new stream of credit 1 on a
+/// queue of its own, two jobs at once, the first delivery must be the
+/// first job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_enqueued_as_a_stream_opens_is_not_overtaken_by_the_next() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut wrong = Vec::new();
+    for i in 0..60 {
+        let q = format!("opening{i}");
+        let mut s = subscribe(&mut c, &[q.as_str()], 1, Some(secs(30))).await;
+        enqueue(&mut c, &q, "first").await;
+        enqueue(&mut c, &q, "second").await;
+        let d = next_delivery(&mut s, S5).await;
+        if payload_of(&d) != "first" {
+            wrong.push(i);
+        }
+        ack(&mut c, &d).await.unwrap();
+        let d = next_delivery(&mut s, S5).await;
+        ack(&mut c, &d).await.unwrap();
+    }
+    assert!(
+        wrong.is_empty(),
+        "the second job went first in rounds {wrong:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn among_equal_priorities_an_earlier_run_at_goes_first() {
     let db = TestDb::new().await;

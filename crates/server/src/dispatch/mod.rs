@@ -88,6 +88,9 @@ pub(crate) enum Msg {
     Finish(StreamId, oneshot::Sender<()>),
     Credit(StreamId, u32),
     Drain(oneshot::Sender<()>),
+    /// Jobs made available by this process (`Inbox::wake`): once taken
+    /// in, the hand-off book hears it ([`Offers::woken`]).
+    LocalWake(Vec<Wake>),
     In(Input),
 }
 
@@ -106,19 +109,23 @@ pub struct Dispatcher {
 /// The settle path's way into the dispatcher (see [`crate::settle::Local`]).
 /// Weak, like the task's own sender: the task ends once every
 /// [`Dispatcher`] handle and stream is gone.
-struct Inbox(mpsc::WeakUnboundedSender<Msg>);
+struct Inbox(mpsc::WeakUnboundedSender<Msg>, Offers);
 
 impl Inbox {
-    fn send(&self, msg: Msg) {
-        if let Some(tx) = self.0.upgrade() {
-            let _ = tx.send(msg);
-        }
+    fn send(&self, msg: Msg) -> bool {
+        self.0.upgrade().is_some_and(|tx| tx.send(msg).is_ok())
     }
 }
 
 impl Local for Inbox {
+    /// No hand-off on these queues until the task took the wake-ups in
+    /// ([`Offers::waking`]).
     fn wake(&self, wakes: Vec<Wake>) {
-        self.send(Msg::In(Input::Wake(wakes)));
+        self.1.waking(&wakes);
+        let sent = wakes.clone();
+        if !self.send(Msg::LocalWake(wakes)) {
+            self.1.woken(&sent);
+        }
     }
 
     fn settled(&self, leases: Vec<(JobId, LeaseToken)>) {
@@ -135,9 +142,13 @@ impl Dispatcher {
     /// stream it feeds) is dropped.
     pub fn spawn(clusters: Clusters, notifiers: Notifiers, cfg: DispatchConfig) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        let settle = Settle::new(clusters.clone(), Arc::new(Inbox(tx.downgrade())), notifiers);
-        let store = clusters.home().clone();
         let offers = Offers::default();
+        let settle = Settle::new(
+            clusters.clone(),
+            Arc::new(Inbox(tx.downgrade(), offers.clone())),
+            notifiers,
+        );
+        let store = clusters.home().clone();
         let mut core = Core::new(cfg.poll_interval, offers.clone(), Instant::now());
         if clusters.is_single() {
             // Hand-off across replicas (remote.rs): over several clusters a
@@ -154,7 +165,9 @@ impl Dispatcher {
             store,
             clusters,
             settle: settle.clone(),
-            me: Arc::new(Inbox(tx.downgrade())),
+            me: Arc::new(Inbox(tx.downgrade(), offers.clone())),
+            offers: offers.clone(),
+            woken: Vec::new(),
             txs: FastMap::default(),
             drained: None,
         };
@@ -318,6 +331,10 @@ struct Task {
     /// Our own inbox, for background tasks to report back. Weak: the task
     /// ends when every handle and stream is dropped.
     me: Arc<Inbox>,
+    /// The hand-off book, and the local wake-ups taken in since the last
+    /// step (the book hears of them after it: [`Offers::woken`]).
+    offers: Offers,
+    woken: Vec<Wake>,
     /// Where each stream's deliveries go.
     txs: FastMap<StreamId, Outlet>,
     /// Clients that half-closed their streams, waiting for the release.
@@ -343,6 +360,9 @@ impl Task {
             }
             let mut fx = Effects::default();
             self.machine.step(Instant::now(), &mut fx);
+            // The step withdrew the offers on queues just woken: hand-off
+            // may look at them again (it finds none until they drain).
+            self.offers.woken(&std::mem::take(&mut self.woken));
             if let Some(drained) = self.apply(fx) {
                 self.finish_drain(drained).await;
                 if let Some(done) = self.drained.take() {
@@ -376,6 +396,11 @@ impl Task {
             Msg::Drain(done) => {
                 self.drained = Some(done);
                 Input::Drain
+            }
+            Msg::LocalWake(wakes) => {
+                // Heard by the book after the step that withdraws offers.
+                self.woken.extend(wakes.iter().cloned());
+                Input::Wake(wakes)
             }
             Msg::In(input) => input,
         };
@@ -679,4 +704,52 @@ async fn check_leases(
         }
     }
     me.send(Msg::In(Input::LeaseChecked { checked, alive }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A local wake-up not yet taken in by the dispatcher task keeps its
+    /// queue's jobs from being handed off: the offer there was made when
+    /// the queue looked drained, and a job enqueued now would overtake the
+    /// one just made available (CI, 2026-11-28: the Node client's cancel
+    /// test saw the second of two jobs first, credit 1). Here the task
+    /// never runs, so the wake-up stays on its way.
+    #[test]
+    fn no_hand_off_on_a_queue_whose_wake_up_is_on_its_way() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let offers = Offers::default();
+        let inbox = Inbox(tx.downgrade(), offers.clone());
+        let q = |s: &str| crate::domain::QueueName::parse(s).unwrap();
+        offers.open(1, &[q("a"), q("b")], None, "c".into());
+        offers.adjust(1, |_| 2);
+        let wake = |name: &str, delay_ms| Wake {
+            queue: q(name),
+            delay_ms,
+        };
+        inbox.wake(vec![wake("a", 0), wake("b", 5_000)]);
+        assert_eq!(
+            offers.claim(&q("a"), false),
+            None,
+            "a's wake-up is on its way"
+        );
+        assert!(
+            offers.claim(&q("b"), false).is_some(),
+            "b's job is not due: hand-off may go on"
+        );
+        // The task takes it in (and its step withdraws the offer): a's
+        // claims are the offers' business again.
+        let Some(Msg::LocalWake(w)) = rx.try_recv().ok() else {
+            panic!("the wake-up went to the task");
+        };
+        offers.woken(&w);
+        assert!(offers.claim(&q("a"), false).is_some());
+        // Sent to a task that is gone: nothing waits for it.
+        drop(rx);
+        drop(tx);
+        inbox.wake(vec![wake("a", 0)]);
+        offers.adjust(1, |_| 1);
+        assert!(offers.claim(&q("a"), false).is_some());
+    }
 }

@@ -101,6 +101,9 @@ struct Book {
     /// Queues whose jobs must not be handed off (they have concurrency or
     /// rate limits, which only the lease path enforces).
     limited: HashSet<QueueName>,
+    /// Wake-ups sent to the dispatcher for jobs due now in each queue,
+    /// not yet taken in (see [`Offers::waking`]): no hand-off on these.
+    waking: HashMap<QueueName, u32>,
     /// Rotates the first stream tried, so idle streams share the jobs.
     cursor: usize,
     /// Other replicas' offers, by (broker, stream).
@@ -152,7 +155,7 @@ impl Offers {
     pub fn claim(&self, queue: &QueueName, remote: bool) -> Option<Claim> {
         let mut book = self.0.lock().expect("poisoned");
         let book = &mut *book;
-        if book.limited.contains(queue) {
+        if book.limited.contains(queue) || book.waking.contains_key(queue) {
             return None;
         }
         book.cursor = book.cursor.wrapping_add(1);
@@ -316,6 +319,35 @@ impl Offers {
     #[cfg(test)]
     fn set(&self, id: StreamId, credit: i32) -> i32 {
         self.adjust(id, |_| credit).0
+    }
+
+    /// Jobs due now were made available in these queues here (inserted
+    /// without a hand-off, nacked, freed by a limit) and the dispatcher is
+    /// about to hear it. Until it has ([`Offers::woken`]) no job is handed
+    /// off on them: the dispatcher withdraws offers when it hears a queue
+    /// has jobs, and a job enqueued between could take an offer made when
+    /// the queue looked drained and overtake the waiting one (CI,
+    /// 2026-11-28: with credit 1, a job enqueued after another was answered
+    /// went out first).
+    pub(super) fn waking(&self, wakes: &[crate::domain::Wake]) {
+        let mut book = self.0.lock().expect("poisoned");
+        for w in wakes.iter().filter(|w| w.delay_ms <= 0) {
+            *book.waking.entry(w.queue.clone()).or_default() += 1;
+        }
+    }
+
+    /// The dispatcher took these in (its offers on their queues are
+    /// withdrawn): see [`Offers::waking`].
+    pub(super) fn woken(&self, wakes: &[crate::domain::Wake]) {
+        let mut book = self.0.lock().expect("poisoned");
+        for w in wakes.iter().filter(|w| w.delay_ms <= 0) {
+            if let Some(n) = book.waking.get_mut(&w.queue) {
+                *n -= 1;
+                if *n == 0 {
+                    book.waking.remove(&w.queue);
+                }
+            }
+        }
     }
 
     /// Whether a queue's jobs may be handed off.
