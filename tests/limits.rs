@@ -269,3 +269,40 @@ async fn a_limited_round_that_waited_for_the_queue_lock_leases_from_when_it_got_
         (released - began) * 1000.0
     );
 }
+
+/// A job nacked with a retry_after in a queue with a concurrency limit is
+/// delivered at its retry time, not at the next fallback poll: the nack's
+/// wake-ups were one per queue, and a limited queue's (at once, for the
+/// freed slot) replaced the retry's (found with ordered keys, issue 33).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_a_limited_queue_comes_at_its_time() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::on(&db).config(no_poll).start().await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    update(&mut a, |r| {
+        r.queue = "limretry".into();
+        r.concurrency_limit = Some(2);
+    })
+    .await;
+    enqueue(&mut c, "limretry", "r").await;
+    let mut s = subscribe(&mut c, &["limretry"], 4, Some(Duration::from_secs(30))).await;
+    let d = next_delivery(&mut s, S5).await;
+    c.nack(pb::NackRequest {
+        job_id: id_of(&d),
+        lease_token: d.lease_token.clone(),
+        error: "later".into(),
+        retry_after: Some(dur(Duration::from_millis(800))),
+        dead_letter: false,
+    })
+    .await
+    .unwrap();
+    let t = std::time::Instant::now();
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(job_of(&d).attempt, 2);
+    assert!(
+        t.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        t.elapsed()
+    );
+}

@@ -409,28 +409,39 @@ impl Notifiers {
     }
 }
 
-/// One wake per queue that got a job back (the earliest), and an immediate
-/// one per queue with a concurrency limit (a slot freed, whatever became of
-/// the job).
+/// One wake per queue that got a job back (at the earliest retry), and an
+/// immediate one per queue with a concurrency limit or ordered by key (a
+/// slot, or a dead-lettered job's key, freed). Both when both: the
+/// immediate one alone would leave the retry to the fallback poll (found
+/// by keys::a_retry_and_an_expired_lease_keep_their_place_at_the_head).
 pub(crate) fn wakes_for(done: &[Failed]) -> Vec<Wake> {
-    let mut min: HashMap<&QueueName, i64> = HashMap::new();
+    let mut retry: HashMap<&QueueName, i64> = HashMap::new();
+    let mut freed: Vec<&QueueName> = Vec::new();
     for f in done {
-        let ms = if f.slot_freed {
-            0
-        } else if f.death.is_none() {
-            f.retry_ms
-        } else {
-            continue;
-        };
-        let e = min.entry(&f.queue).or_insert(ms);
-        *e = (*e).min(ms);
+        if f.slot_freed && !freed.contains(&&f.queue) {
+            freed.push(&f.queue);
+        }
+        if f.death.is_none() {
+            let e = retry.entry(&f.queue).or_insert(f.retry_ms);
+            *e = (*e).min(f.retry_ms);
+        }
     }
-    min.into_iter()
-        .map(|(q, ms)| Wake {
-            queue: q.clone(),
-            delay_ms: ms,
+    let mut out: Vec<Wake> = freed
+        .iter()
+        .map(|q| Wake {
+            queue: (*q).clone(),
+            delay_ms: 0,
         })
-        .collect()
+        .collect();
+    for (q, ms) in retry {
+        if ms > 0 || !freed.contains(&q) {
+            out.push(Wake {
+                queue: q.clone(),
+                delay_ms: ms,
+            });
+        }
+    }
+    out
 }
 
 enum Note {
