@@ -48,6 +48,7 @@ fn seeds() -> Vec<Vec<u8>> {
         dedup_key: "k-1".into(),
         max_attempts: 7,
         ttl: dur(3600, 0),
+        key: "customer-42".into(),
     };
     let tagged = |kind: u8, body: Vec<u8>| {
         let mut v = vec![kind];

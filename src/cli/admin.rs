@@ -250,6 +250,14 @@ pub struct QueueUpdateArgs {
     /// max(1, ceil(rate))).
     #[arg(long)]
     pub rate_burst: Option<i32>,
+    /// Deliver the jobs of one key (`enqueue --key`) in enqueue order
+    /// (`true`), or in the queue's plain order (`false`).
+    #[arg(long)]
+    pub ordered_by_key: Option<bool>,
+    /// With --ordered-by-key: most jobs of one key leased at once (default
+    /// 1; 0 back to the default).
+    #[arg(long)]
+    pub key_concurrency: Option<i32>,
     /// Create the queue if it does not exist.
     #[arg(long)]
     pub create: bool,
@@ -545,6 +553,8 @@ async fn queue_update(a: QueueUpdateArgs) -> Result<(), CliError> {
             concurrency_limit: a.concurrency_limit,
             rate_limit: a.rate_limit,
             rate_burst: a.rate_burst,
+            ordered_by_key: a.ordered_by_key,
+            key_concurrency: a.key_concurrency,
         })
         .await?
         .into_inner();
@@ -869,6 +879,9 @@ fn limits(s: &pb::QueueSettings) -> String {
     if s.rate_limit > 0.0 {
         parts.push(format!("{}/s burst {}", s.rate_limit, s.rate_burst));
     }
+    if s.ordered_by_key {
+        parts.push(format!("ordered by key, {} a key", s.key_concurrency));
+    }
     if parts.is_empty() {
         "-".into()
     } else {
@@ -897,6 +910,8 @@ fn queue_json(q: &pb::QueueInfo) -> Value {
         "concurrency_limit": (s.concurrency_limit > 0).then_some(s.concurrency_limit),
         "rate_limit": (s.rate_limit > 0.0).then_some(s.rate_limit),
         "rate_burst": (s.rate_burst > 0).then_some(s.rate_burst),
+        "ordered_by_key": s.ordered_by_key,
+        "key_concurrency": (s.key_concurrency > 0).then_some(s.key_concurrency),
         "created_at": opt_ts(q.created_at.as_ref()),
     })
 }
@@ -910,6 +925,7 @@ fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
         "attempt": j.attempt,
         "max_attempts": if j.max_attempts == 0 { Value::Null } else { json!(j.max_attempts) },
         "dedup_key": none_if_empty(&j.dedup_key),
+        "key": none_if_empty(&j.key),
         "headers": j.headers,
         "enqueued_at": opt_ts(j.enqueued_at.as_ref()),
         "run_at": opt_ts(j.run_at.as_ref()),

@@ -71,6 +71,10 @@ pub struct EnqueueArgs {
     /// enqueue adds nothing and returns that job's id as a duplicate.
     #[arg(long)]
     pub dedup_key: Option<String>,
+    /// The job's key inside its queue (a customer, an account): in a queue
+    /// ordered by key, its jobs go out in enqueue order.
+    #[arg(long)]
+    pub key: Option<String>,
     /// Header as KEY=VALUE (repeatable).
     #[arg(long = "header", short = 'H', value_name = "KEY=VALUE", value_parser = parse_header)]
     pub headers: Vec<(String, String)>,
@@ -144,6 +148,9 @@ pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
     }
     if let Some(key) = args.dedup_key {
         job = job.dedup_key(key);
+    }
+    if let Some(key) = args.key {
+        job = job.key(key);
     }
     let mut client = QueueServiceClient::new(args.connect.connect().await?);
     let resp = client

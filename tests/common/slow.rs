@@ -216,6 +216,7 @@ enum Conn {
     Consume(tonic::Streaming<pb::ConsumeResponse>),
 }
 
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     Delivery(pb::Delivery),
     Settled(Vec<pb::SettleResult>),

@@ -391,6 +391,15 @@ impl Job {
         self
     }
 
+    /// The job's key inside its queue (a customer, an account, a
+    /// document; at most 256 bytes). In a queue with `ordered_by_key`, the
+    /// jobs of one key are delivered in enqueue order, at most the queue's
+    /// `key_concurrency` of them at once.
+    pub fn key(mut self, key: impl Into<String>) -> Job {
+        self.req.key = key.into();
+        self
+    }
+
     /// Deliveries before the job is dead-lettered (default: the queue's).
     pub fn max_attempts(mut self, n: i32) -> Job {
         self.req.max_attempts = n;

@@ -23,6 +23,10 @@ pub mod limits {
     pub const MAX_HEADER_KEY_LEN: usize = 256;
     pub const MAX_HEADER_VALUE_LEN: usize = 16 * 1024;
     pub const MAX_DEDUP_KEY_LEN: usize = 512;
+    /// A job's key inside its queue (`EnqueueRequest.key`), in bytes.
+    pub const MAX_KEY_LEN: usize = 256;
+    /// Most jobs of one key leased at once in an ordered queue.
+    pub const MAX_KEY_CONCURRENCY: i32 = 1000;
     pub const MAX_CONSUMER_LEN: usize = 256;
     /// A Nack's `error`, in bytes.
     pub const MAX_ERROR_LEN: usize = 64 * 1024;

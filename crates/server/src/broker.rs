@@ -480,8 +480,12 @@ async fn enqueue(
         .iter()
         .map(|j| match j.schedule {
             // A batch checked on two clusters is not handed off: simpler,
-            // and moves are rare.
-            Schedule::Now if moving.is_empty() => offers.claim(&j.queue, crate::channels::fits(j)),
+            // and moves are rare. A keyed job is not either: its queue may
+            // hold it back behind its key (lease.sql decides), and a
+            // hand-off note carries no key.
+            Schedule::Now if moving.is_empty() && j.key.is_none() => {
+                offers.claim(&j.queue, crate::channels::fits(j))
+            }
             _ => None,
         })
         .collect();

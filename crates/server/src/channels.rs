@@ -236,6 +236,8 @@ impl HandedNote {
                 last_error: None,
                 token: LeaseToken(w.t, cluster),
                 lease_expires_at: DateTime::from_timestamp_micros(w.x)?,
+                // Keyed jobs are never handed over (broker.rs).
+                key: None,
             },
         })
     }
@@ -318,6 +320,7 @@ mod tests {
             last_error: None,
             token: LeaseToken(Uuid::new_v4(), ClusterId::HOME),
             lease_expires_at: now + chrono::Duration::seconds(30),
+            key: None,
         };
         let p = HandedNote::encode(9, &job).unwrap();
         let got = HandedNote::parse(&p, ClusterId::HOME).unwrap();
@@ -355,6 +358,7 @@ mod tests {
             last_error: None,
             token: LeaseToken(Uuid::new_v4(), ClusterId::HOME),
             lease_expires_at: Utc::now(),
+            key: None,
         };
         let p = HandedNote::encode(u64::MAX, &job).expect("fits");
         assert!(p.len() < 8000, "{}", p.len());
@@ -445,6 +449,7 @@ mod tests {
             last_error: None,
             token: LeaseToken(Uuid::new_v4(), ClusterId::HOME),
             lease_expires_at: Utc::now(),
+            key: None,
         };
         let ours: serde_json::Value =
             serde_json::from_str(&HandedNote::encode(1, &job).unwrap()).unwrap();
@@ -543,6 +548,7 @@ mod tests {
             [
                 "20261123000001_sql_enqueue.sql",
                 "20261202000001_sql_ack.sql",
+                "20261204000001_keys.sql",
                 "enqueue_handover.sql"
             ]
         );

@@ -20,8 +20,8 @@ use crate::pb;
 use leaseq_proto::features;
 pub use leaseq_proto::limits::{
     DEFAULT_MAX_IN_FLIGHT, MAX_ATTEMPTS, MAX_CONSUMER_LEN, MAX_DEDUP_KEY_LEN, MAX_DELAY,
-    MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_IN_FLIGHT, MAX_LEASE,
-    MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MIN_LEASE,
+    MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_IN_FLIGHT,
+    MAX_KEY_LEN, MAX_LEASE, MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MIN_LEASE,
 };
 use leaseq_proto::limits::{MAX_ACCEPT, MAX_ACCEPT_LEN};
 
@@ -264,6 +264,8 @@ pub struct NewJob {
     pub dedup_key: Option<String>,
     pub max_attempts: Option<i32>,
     pub ttl_ms: Option<i64>,
+    /// The job's key inside its queue (`EnqueueRequest.key`).
+    pub key: Option<String>,
 }
 
 impl NewJob {
@@ -309,6 +311,12 @@ impl NewJob {
             check_text(&r.dedup_key, "dedup_key", MAX_DEDUP_KEY_LEN)?;
             Some(r.dedup_key)
         };
+        let key = if r.key.is_empty() {
+            None
+        } else {
+            check_text(&r.key, "key", MAX_KEY_LEN)?;
+            Some(r.key)
+        };
         let max_attempts = match r.max_attempts {
             0 => None,
             n if (1..=MAX_ATTEMPTS).contains(&n) => Some(n),
@@ -340,6 +348,7 @@ impl NewJob {
             dedup_key,
             max_attempts,
             ttl_ms,
+            key,
         })
     }
 }
@@ -505,6 +514,10 @@ pub struct Leased {
     pub last_error: Option<String>,
     pub token: LeaseToken,
     pub lease_expires_at: DateTime<Utc>,
+    /// Its key inside the queue. Keyed jobs are never handed off (their
+    /// queue may hold them back: lease.sql decides), so a hand-off carries
+    /// none.
+    pub key: Option<String>,
 }
 
 /// A queue's settings and live statistics.
@@ -521,6 +534,8 @@ pub struct QueueRow {
     pub rate_limit: Option<f64>,
     /// The effective bucket size when there is a rate limit.
     pub rate_burst: Option<i32>,
+    pub ordered_by_key: bool,
+    pub key_concurrency: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub available: i64,
     pub scheduled: i64,

@@ -45,6 +45,13 @@ async fn pass(settle: &Settle, store: &Store) -> Result<()> {
     loop {
         let dead = store.expire_ttl(BATCH).await?;
         store.metrics().on_ttl_expired(&dead);
+        // A job gone from a queue ordered by key lets the key's next go.
+        settle.wake(
+            dead.iter()
+                .filter_map(|(q, _)| crate::domain::QueueName::parse(q))
+                .map(|queue| crate::domain::Wake { queue, delay_ms: 0 })
+                .collect(),
+        );
         let n: u64 = dead.iter().map(|(_, n)| n).sum();
         if n > 0 {
             debug!(expired = n, "jobs past their ttl dead-lettered");

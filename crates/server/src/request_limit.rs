@@ -438,6 +438,7 @@ mod tests {
             dedup_key: "d".repeat(MAX_DEDUP_KEY_LEN),
             max_attempts: i32::MIN,
             ttl: Some(big),
+            key: "k".repeat(leaseq_proto::limits::MAX_KEY_LEN),
         }
     }
 
@@ -466,6 +467,7 @@ mod tests {
                         nanos: i32::MIN,
                     }),
                     last_error: "e".repeat(MAX_ERROR_LEN),
+                    key: "k".repeat(leaseq_proto::limits::MAX_KEY_LEN),
                 }),
                 lease_token: uuid::Uuid::new_v4().to_string(),
                 lease_expires_at: Some(prost_types::Timestamp {

@@ -27,6 +27,7 @@ use crate::pb::admin_service_server::AdminService;
 use crate::placement::Clusters;
 use crate::schedule::run::Scheduler;
 use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
+use leaseq_proto::limits::MAX_KEY_CONCURRENCY;
 
 /// Page size when the request says 0, and the most a page may hold.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
@@ -243,6 +244,12 @@ pub fn queue_info(q: QueueRow) -> pb::QueueInfo {
             concurrency_limit: q.concurrency_limit.unwrap_or(0),
             rate_limit: q.rate_limit.unwrap_or(0.0),
             rate_burst: q.rate_burst.unwrap_or(0),
+            ordered_by_key: q.ordered_by_key,
+            key_concurrency: if q.ordered_by_key {
+                q.key_concurrency.unwrap_or(1)
+            } else {
+                q.key_concurrency.unwrap_or(0)
+            },
         }),
         stats: Some(pb::QueueStats {
             available: q.available,
@@ -275,6 +282,7 @@ pub fn job_info(j: JobRow) -> pb::JobInfo {
         attempt: j.attempt,
         max_attempts: j.max_attempts.unwrap_or(0),
         dedup_key: j.dedup_key.unwrap_or_default(),
+        key: j.key.unwrap_or_default(),
         enqueued_at: Some(ts(j.enqueued_at)),
         run_at: j.run_at.map(ts),
         expires_at: j.expires_at.map(ts),
@@ -410,6 +418,18 @@ fn queue_update(r: &pb::UpdateQueueRequest) -> Result<QueueUpdate> {
             .rate_burst
             .map(|n| limit_field(n, "rate_burst"))
             .transpose()?,
+        ordered_by_key: r.ordered_by_key,
+        key_concurrency: r
+            .key_concurrency
+            .map(|n| match n {
+                0 => Ok(None),
+                1..=MAX_KEY_CONCURRENCY => Ok(Some(n)),
+                _ => Err(Error::invalid(
+                    "key_concurrency",
+                    format!("must be 1 to {MAX_KEY_CONCURRENCY}, or 0 for none"),
+                )),
+            })
+            .transpose()?,
     };
     Ok(update)
 }
@@ -471,6 +491,8 @@ impl AdminService for AdminApi {
         } else if update.concurrency_limit.is_some()
             || update.rate_limit.is_some()
             || update.rate_burst.is_some()
+            || update.ordered_by_key.is_some()
+            || update.key_concurrency.is_some()
         {
             // A raised or removed limit lets waiting jobs go at once, on
             // every replica.
@@ -616,6 +638,10 @@ impl AdminService for AdminApi {
         // tells its client (a `Cancelled`: the handler stops).
         if let Some((broker, token)) = done.lease {
             self.broker.settle().cancelled(broker, id, token);
+        }
+        // In a queue ordered by key, the key's next job may go now.
+        if let Some(q) = QueueName::parse(&done.queue) {
+            self.wake([q]).await?;
         }
         Ok(Response::new(pb::CancelJobResponse { was_leased }))
     }

@@ -242,6 +242,8 @@ pub(super) async fn update_queue(
         paused: v.get("paused").and_then(Value::as_bool),
         create: false,
         concurrency_limit: int(&v, "concurrency_limit")?,
+        ordered_by_key: v.get("ordered_by_key").and_then(Value::as_bool),
+        key_concurrency: int(&v, "key_concurrency")?,
         rate_limit,
         rate_burst: int(&v, "rate_burst")?,
     };

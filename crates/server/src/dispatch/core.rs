@@ -1449,6 +1449,7 @@ mod tests {
             last_error: None,
             token: LeaseToken(uuid::Uuid::new_v4(), crate::domain::ClusterId::HOME),
             lease_expires_at: Utc::now(),
+            key: None,
         }
     }
 
@@ -1682,6 +1683,7 @@ mod tests {
         let lease = |began: chrono::DateTime<Utc>| Leased {
             lease_ms: 2_000,
             lease_expires_at: began + chrono::Duration::milliseconds(2_000),
+            key: None,
             ..job(0, "a")
         };
         // A lease of our own began at `base`, as its answer was read.

@@ -667,6 +667,7 @@ pub(crate) fn delivery(job: Leased) -> pb::Delivery {
             attempt: job.attempt,
             enqueued_at: Some(std::time::SystemTime::from(job.enqueued_at).into()),
             last_error: job.last_error.unwrap_or_default(),
+            key: job.key.unwrap_or_default(),
         }),
         lease_token: job.token.to_string(),
         lease_expires_at: Some(std::time::SystemTime::from(job.lease_expires_at).into()),

@@ -325,6 +325,7 @@ impl Template {
             dedup_key: None,
             max_attempts: self.max_attempts,
             ttl_ms: self.ttl_ms,
+            key: None,
         }
     }
 }

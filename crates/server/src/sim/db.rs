@@ -185,6 +185,7 @@ impl Db {
             last_error: None,
             token: r.token.expect("leased"),
             lease_expires_at: ts(r.expires),
+            key: None,
         }
     }
 

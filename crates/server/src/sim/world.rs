@@ -118,6 +118,7 @@ enum Ev {
 }
 
 /// What waits in a stream's channel.
+#[allow(clippy::large_enum_variant)]
 enum Out {
     /// A delivery with the instant past which it is not sent.
     Job(Leased, Ms),

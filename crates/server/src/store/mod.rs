@@ -269,6 +269,8 @@ impl Wakes {
     }
 }
 
+// A lease row is a job nearly always: boxing it would allocate once per job.
+#[allow(clippy::large_enum_variant)]
 enum LeaseRow {
     Job(Leased),
     Limited(QueueName),
@@ -661,6 +663,7 @@ impl Store {
             &c.consumer as &Vec<Option<&str>>,
             &c.broker as &Vec<Option<Uuid>>,
             &c.token as &Vec<Option<Uuid>>,
+            &c.key as &Vec<Option<String>>,
         )
         .fetch_all(conn)
         .await?)
@@ -699,6 +702,8 @@ impl Store {
                 &*c.consumer,
                 broker,
                 Uuid::new_v4(),
+                // Keyed jobs are never handed off (broker.rs).
+                job.key.as_deref(),
                 c.stream as i64,
             )
             .fetch_all(conn)
@@ -722,6 +727,7 @@ impl Store {
             claim.map(|c| &*c.consumer),
             claim.map(|c| c.broker.unwrap_or(self.broker_id)),
             claim.map(|_| Uuid::new_v4()),
+            job.key.as_deref(),
         )
         .fetch_all(conn)
         .await?)
@@ -860,6 +866,7 @@ impl Store {
                     last_error: r.last_error,
                     token: LeaseToken(col(r.lease_token)?, self.cluster),
                     lease_expires_at: col(r.lease_expires_at)?,
+                    key: r.key,
                 }))
             })
             .collect()
@@ -1287,6 +1294,7 @@ impl InsertedRow {
             last_error: None,
             token: LeaseToken(token, cluster),
             lease_expires_at: expires,
+            key: None,
         });
     }
 }
@@ -1318,6 +1326,7 @@ struct JobColumns<'a> {
     broker: Vec<Option<Uuid>>,
     /// The lease token of a job handed off (enqueue.sql).
     token: Vec<Option<Uuid>>,
+    key: Vec<Option<String>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -1346,6 +1355,7 @@ impl<'a> JobColumns<'a> {
         let mut max_attempts = Vec::with_capacity(n);
         let mut dedup: Vec<Option<String>> = Vec::with_capacity(n);
         let mut ttl = Vec::with_capacity(n);
+        let mut key = Vec::with_capacity(n);
         for j in jobs {
             id.push(j.id.0);
             queue.push(j.queue.as_str().to_owned());
@@ -1358,6 +1368,7 @@ impl<'a> JobColumns<'a> {
             max_attempts.push(j.max_attempts);
             dedup.push(j.dedup_key.clone());
             ttl.push(j.ttl_ms);
+            key.push(j.key.clone());
         }
         JobColumns {
             id,
@@ -1375,6 +1386,7 @@ impl<'a> JobColumns<'a> {
             consumer,
             broker,
             token,
+            key,
         }
     }
 }

@@ -21,11 +21,13 @@
 -- retains) and an insert of no rows: their payloads and headers are not
 -- carried past the lock (the CASEs below).
 --
--- `slot_freed` names the job's queue when it has a concurrency limit: its
--- waiting consumers (on any replica) are woken, since a slot just freed.
+-- `slot_freed` names the job's queue when it has a concurrency limit or is
+-- ordered by key: its waiting consumers (on any replica) are woken, since a
+-- slot, or the next job of the key, just freed.
 with retaining as (
     select array(select q.name from leaseq.queues q where q.completed_retention_ms > 0) as queues,
-        array(select q.name from leaseq.queues q where q.concurrency_limit is not null) as limited
+        array(select q.name from leaseq.queues q
+            where q.concurrency_limit is not null or q.ordered_by_key) as limited
 ),
 target as (
     select j.*
@@ -36,7 +38,7 @@ target as (
             case when k.keep then j.payload end as payload,
             case when k.keep then j.headers end as headers,
             j.queue, j.priority, j.attempt, j.max_attempts, j.dedup_key, j.enqueued_at,
-            j.last_error, j.leased_by, j.lease_token, j.lease_broker,
+            j.key, j.last_error, j.leased_by, j.lease_token, j.lease_broker,
             case when j.queue = any(r.limited) then j.queue end as slot_freed
         from leaseq.jobs j
         cross join lateral (select j.queue = any(r.queues) as keep) k
@@ -50,9 +52,9 @@ kept as (
     -- anyway, the ack still succeeds.
     insert into leaseq.completed_jobs
         (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at,
-         last_error, completed_by)
+         last_error, completed_by, key)
     select t.id, t.queue, t.priority, t.payload, t.headers, t.attempt, t.max_attempts, t.dedup_key,
-        t.enqueued_at, t.last_error, t.leased_by
+        t.enqueued_at, t.last_error, t.leased_by, t.key
     from target t
     where t.keep
     on conflict (id) do nothing

@@ -31,7 +31,7 @@ dead as (
 )
 select p.name, p.default_lease_ms, p.max_attempts, p.backoff_base_ms, p.backoff_cap_ms,
     p.completed_retention_ms, p.paused, p.created_at,
-    p.concurrency_limit, p.rate_limit,
+    p.concurrency_limit, p.rate_limit, p.ordered_by_key, p.key_concurrency,
     case when p.rate_limit is not null
         then coalesce(p.rate_burst, greatest(1, ceil(p.rate_limit))::int4) end as rate_burst,
     coalesce(l.available, 0) as "available!",

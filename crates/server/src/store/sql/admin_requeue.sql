@@ -27,8 +27,8 @@ moved as (
 ),
 ins as (
     insert into leaseq.jobs
-        (id, queue, state, priority, run_at, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error)
-    select id, queue, 'available', priority, now(), payload, headers, 0, max_attempts, dedup_key, now(), last_error
+        (id, queue, state, priority, run_at, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, key)
+    select id, queue, 'available', priority, now(), payload, headers, 0, max_attempts, dedup_key, now(), last_error, key
     from moved
     returning queue
 )

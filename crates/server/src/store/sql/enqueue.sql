@@ -9,12 +9,13 @@
 -- comes from the broker (`token`; enqueue_one.sql says why).
 insert into leaseq.jobs
     (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
-     state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
+     key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
 select
     i.id, i.queue, i.priority,
     coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
     i.payload, i.headers::jsonb, i.max_attempts, i.dedup_key,
     now() + i.ttl_ms * interval '1 millisecond',
+    i.key,
     case when h.lease_ms is null then 'available' else 'leased' end,
     case when h.lease_ms is null then 0 else 1 end,
     case when h.lease_ms is not null then i.token end,
@@ -23,9 +24,9 @@ select
     case when h.lease_ms is not null then i.consumer end
 from unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::int8[],
             $6::bytea[], $7::text[], $8::int4[], $9::text[], $10::int8[],
-            $11::bool[], $12::int8[], $13::text[], $14::uuid[], $15::uuid[])
+            $11::bool[], $12::int8[], $13::text[], $14::uuid[], $15::uuid[], $16::text[])
     as i(id, queue, priority, run_at, delay_ms, payload, headers, max_attempts, dedup_key,
-         ttl_ms, handoff, lease_ms, consumer, broker, token)
+         ttl_ms, handoff, lease_ms, consumer, broker, token, key)
 left join lateral (
     select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
     from leaseq.queues q

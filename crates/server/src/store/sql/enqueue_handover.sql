@@ -1,6 +1,6 @@
 -- enqueue_one.sql for a job claimed by a stream of another replica
 -- (dispatch/remote.rs): the same insert, and in the same statement the
--- hand-over NOTIFY to that broker ($14) for its stream ($16), sent by
+-- hand-over NOTIFY to that broker ($14) for its stream ($17), sent by
 -- PostgreSQL at the commit. Sending it after the commit, from the Notifier,
 -- costs a statement and a transaction more per job and puts a round trip
 -- between the commit and the other broker's push (docs/BENCHMARKS.md,
@@ -12,12 +12,13 @@
 with j as (
     insert into leaseq.jobs
         (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
-         state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
+         key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
     select
         i.id, i.queue, i.priority,
         coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
         i.payload, i.headers::jsonb, i.max_attempts, i.dedup_key,
         now() + i.ttl_ms * interval '1 millisecond',
+        i.key,
         case when h.lease_ms is null then 'available' else 'leased' end,
         case when h.lease_ms is null then 0 else 1 end,
         case when h.lease_ms is not null then i.token end,
@@ -28,7 +29,8 @@ with j as (
                  $4::timestamptz as run_at, $5::int8 as delay_ms, $6::bytea as payload,
                  $7::text as headers, $8::int4 as max_attempts, $9::text as dedup_key,
                  $10::int8 as ttl_ms, $11::bool as handoff, $12::int8 as lease_ms,
-                 $13::text as consumer, $14::uuid as broker, $15::uuid as token) as i
+                 $13::text as consumer, $14::uuid as broker, $15::uuid as token,
+                 $16::text as key) as i
     left join lateral (
         select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
         from leaseq.queues q
@@ -47,7 +49,7 @@ select j.id, j.queue, j."delay_ms!", j.lease_token, j.lease_expires_at, j.enqueu
     case when j.lease_token is not null then pg_notify(
         'leaseq_handed_' || replace($14::uuid::text, '-', ''),
         json_build_object(
-            's', $16::int8, 'id', j.id, 't', j.lease_token, 'q', j.queue, 'l', j.lease_ms,
+            's', $17::int8, 'id', j.id, 't', j.lease_token, 'q', j.queue, 'l', j.lease_ms,
             'x', (extract(epoch from j.lease_expires_at) * 1000000)::int8,
             'e', (extract(epoch from j.enqueued_at) * 1000000)::int8,
             'pr', $3::int4,

@@ -9,12 +9,13 @@
 -- "PostgreSQL's share of the Enqueue call at 100/s").
 insert into leaseq.jobs
     (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
-     state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
+     key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
 select
     i.id, i.queue, i.priority,
     coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
     i.payload, i.headers::jsonb, i.max_attempts, i.dedup_key,
     now() + i.ttl_ms * interval '1 millisecond',
+    i.key,
     case when h.lease_ms is null then 'available' else 'leased' end,
     case when h.lease_ms is null then 0 else 1 end,
     case when h.lease_ms is not null then i.token end,
@@ -25,7 +26,8 @@ from (select $1::uuid as id, $2::text as queue, $3::int4 as priority,
              $4::timestamptz as run_at, $5::int8 as delay_ms, $6::bytea as payload,
              $7::text as headers, $8::int4 as max_attempts, $9::text as dedup_key,
              $10::int8 as ttl_ms, $11::bool as handoff, $12::int8 as lease_ms,
-             $13::text as consumer, $14::uuid as broker, $15::uuid as token) as i
+             $13::text as consumer, $14::uuid as broker, $15::uuid as token,
+             $16::text as key) as i
 left join lateral (
     select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
     from leaseq.queues q

@@ -13,13 +13,13 @@ with gone as (
         limit $1
         for update skip locked
     ))
-    returning id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error
+    returning id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, key
 )
 -- Returns how many per queue (for the per-queue metrics).
 , dead as (
     insert into leaseq.dead_jobs
-        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason)
-    select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, 'expired'
+        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason, key)
+    select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, 'expired', key
     from gone
     on conflict (id) do nothing
     returning queue

@@ -7,8 +7,9 @@
 -- is made available again after `retry_ms` (null = the queue's exponential
 -- backoff with jitter). `refund` gives the attempt back (the broker, not the
 -- consumer, ended the lease) and never dead-letters for attempts.
--- `slot_freed`: the queue has a concurrency limit, so its waiting consumers
--- are woken at once whatever happens to the job.
+-- `slot_freed`: the queue has a concurrency limit or is ordered by key, so
+-- its waiting consumers are woken at once whatever happens to the job (a
+-- slot, or a dead-lettered job's key, freed).
 --
 -- As in ack.sql: each id is locked in a lateral subquery of its own (a
 -- primary-key probe whatever the statistics say), in the order the broker
@@ -19,7 +20,7 @@ with input as (
 ),
 cur as (
     select j.id, i.token, j.queue, j.lease_broker, i.error, i.refund,
-        q.concurrency_limit is not null as slot_freed,
+        (q.concurrency_limit is not null or q.ordered_by_key) as slot_freed,
         case
             when i.dead then 'nacked'
             when j.expires_at is not null and j.expires_at <= now() then 'expired'
@@ -47,12 +48,14 @@ buried as (
     where j.id = c.id and c.death is not null
         and j.id = any(array(select d.id from cur d where d.death is not null))
     returning j.id, j.queue, j.priority, j.payload, j.headers, j.attempt, j.max_attempts,
-        j.dedup_key, j.enqueued_at, c.error, c.death
+        j.dedup_key, j.enqueued_at, c.error, c.death, j.key
 ),
 dead as (
     insert into leaseq.dead_jobs
-        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason)
-    select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, error, death
+        (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, last_error, reason,
+         key)
+    select id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at, error, death,
+        key
     from buried
     on conflict (id) do nothing
 ),

@@ -6,6 +6,17 @@
 -- take the same job, and each leased job gets a fresh fencing token.
 -- Paused queues and jobs past their ttl are never leased.
 --
+-- In a queue with `ordered_by_key`, a keyed job is leased only while fewer
+-- than the queue's key_concurrency (default 1) jobs of its key enqueued
+-- before it are still in leaseq.jobs (waiting, delayed for a retry, or
+-- leased): so a key's jobs go out in enqueue order, a retry keeps its
+-- place at the head, and a dead-lettered, acked or cancelled job (deleted
+-- from jobs) lets the next go. The probe is an index range on jobs_key
+-- for each candidate the scan meets; a key held back is passed over, so
+-- one slow key holds back only itself. Concurrent statements cannot both
+-- lease two jobs of a key past the limit: the later job sees the earlier
+-- in its snapshot as long as it is unsettled, whatever its state.
+--
 -- Queues with a concurrency or rate limit are leased only when $8 is true:
 -- the caller (store/limits.rs) has then locked their queue rows and trimmed
 -- the asks to what the limits allow. Otherwise such a queue is skipped and
@@ -22,23 +33,31 @@ with want as (
         as w(queue, lo, hi, lease_ms, slot, consumer)
 ),
 per_queue as (
-    select w.queue, max(w.hi) as n, q.default_lease_ms
+    select w.queue, max(w.hi) as n, q.default_lease_ms,
+        case when q.ordered_by_key then coalesce(q.key_concurrency, 1) end as key_n
     from want w join leaseq.queues q on q.name = w.queue and not q.paused
         and ($8 or (q.concurrency_limit is null and q.rate_limit is null))
-    group by w.queue, q.default_lease_ms
+    group by w.queue, q.default_lease_ms, q.ordered_by_key, q.key_concurrency
 ),
 picked as (
     select j.ctid, j.id, j.queue, pq.default_lease_ms,
         row_number() over (partition by j.queue order by j.priority desc, j.run_at, j.id) as rn
     from per_queue pq
     cross join lateral (
-        select ctid, id, queue, priority, run_at
-        from leaseq.jobs
-        where queue = pq.queue
-          and state = 'available'
-          and run_at <= statement_timestamp()
-          and (expires_at is null or expires_at > statement_timestamp())
-        order by priority desc, run_at, id
+        select c.ctid, c.id, c.queue, c.priority, c.run_at
+        from leaseq.jobs c
+        where c.queue = pq.queue
+          and c.state = 'available'
+          and c.run_at <= statement_timestamp()
+          and (c.expires_at is null or c.expires_at > statement_timestamp())
+          and (pq.key_n is null or c.key is null or (
+              select count(*) from (
+                  select from leaseq.jobs e
+                  where e.queue = c.queue and e.key = c.key and e.id < c.id
+                  limit pq.key_n
+              ) ahead
+          ) < pq.key_n)
+        order by c.priority desc, c.run_at, c.id
         limit pq.n
         for update skip locked
     ) j
@@ -63,11 +82,12 @@ leased as (
     -- primary key with an id array per row, which cost half the statement.
     where j.ctid = a.ctid
     returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
-        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at, a.rn, j.run_at
+        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at, a.rn, j.run_at,
+        j.key
 )
 select * from leased
 union all
-select -1, null, null, q.name, null, null, null, null, null, null, null, null, null, null
+select -1, null, null, q.name, null, null, null, null, null, null, null, null, null, null, null
 from leaseq.queues q
 where not $8
   and q.name in (select queue from want)

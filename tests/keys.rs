@@ -1,0 +1,381 @@
+//! Keys inside a queue (issue 33): `EnqueueRequest.key` on every job, and
+//! queues with `ordered_by_key`, whose jobs of one key are delivered in
+//! enqueue order, at most `key_concurrency` of a key leased at once, a
+//! retry keeping its place at the head of its key, a dead letter (or a
+//! cancel) letting the key go on, and no key holding back another. Against
+//! a real broker and PostgreSQL; the kill -9 case against the binary.
+
+use std::time::Duration;
+
+use crate::common::*;
+use leaseq::pb;
+use tonic::Code;
+
+fn keyed(queue: &str, key: &str, payload: &str) -> pb::EnqueueRequest {
+    let mut r = job(queue, payload);
+    r.key = key.into();
+    r
+}
+
+async fn enqueue_keyed(c: &mut Client, queue: &str, key: &str, payload: &str) -> String {
+    c.enqueue(keyed(queue, key, payload))
+        .await
+        .expect("enqueue")
+        .into_inner()
+        .job_id
+}
+
+async fn ordered(a: &mut Admin, queue: &str, n: i32) -> pb::QueueSettings {
+    update(a, |r| {
+        r.queue = queue.into();
+        r.ordered_by_key = Some(true);
+        r.key_concurrency = Some(n);
+    })
+    .await
+}
+
+async fn nack_after(c: &mut Client, d: &pb::Delivery, after: Duration) {
+    c.nack(pb::NackRequest {
+        job_id: id_of(d),
+        lease_token: d.lease_token.clone(),
+        error: "again".into(),
+        retry_after: Some(dur(after)),
+        dead_letter: false,
+    })
+    .await
+    .expect("nack");
+}
+
+const S5: Duration = Duration::from_secs(5);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+async fn connect_admin(addr: std::net::SocketAddr) -> Admin {
+    leaseq::pb::admin_service_client::AdminServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("admin connect")
+}
+const QUIET: Duration = Duration::from_millis(600);
+
+/// One key at a time, in enqueue order, and the key's next job goes when
+/// the one before is acked; a job without a key and another key's job are
+/// not held back; the delivery names its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_jobs_go_one_at_a_time_in_enqueue_order() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let s = ordered(&mut a, "ord", 1).await;
+    assert!(s.ordered_by_key);
+    assert_eq!(s.key_concurrency, 1);
+    for i in 1..=3 {
+        enqueue_keyed(&mut c, "ord", "alice", &format!("a{i}")).await;
+    }
+    enqueue_keyed(&mut c, "ord", "bob", "b1").await;
+    enqueue(&mut c, "ord", "nokey").await;
+    let mut s = subscribe(&mut c, &["ord"], 10, Some(secs(30))).await;
+    let first = take(&mut s, 3, S5).await;
+    let mut got: Vec<String> = first.iter().map(payload_of).collect();
+    got.sort();
+    assert_eq!(got, ["a1", "b1", "nokey"]);
+    let a1 = first.iter().find(|d| payload_of(d) == "a1").unwrap();
+    assert_eq!(job_of(a1).key, "alice");
+    assert_quiet(&mut s, QUIET, "a2 waits for a1").await;
+    ack(&mut c, a1).await.unwrap();
+    let a2 = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&a2), "a2");
+    assert_quiet(&mut s, QUIET, "a3 waits for a2").await;
+    ack(&mut c, &a2).await.unwrap();
+    let a3 = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&a3), "a3");
+}
+
+/// A nacked job keeps its place at the head of its key: the next job of
+/// the key waits through the retry's backoff, and the retry goes first.
+/// So does a job whose lease expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_and_an_expired_lease_keep_their_place_at_the_head() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "retry", 1).await;
+    enqueue_keyed(&mut c, "retry", "k", "k1").await;
+    enqueue_keyed(&mut c, "retry", "k", "k2").await;
+    let mut s = subscribe(&mut c, &["retry"], 10, Some(secs(30))).await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "k1");
+    nack_after(&mut c, &d, ms(1500)).await;
+    assert_quiet(&mut s, ms(1000), "k2 waits behind k1's retry").await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!((payload_of(&d).as_str(), job_of(&d).attempt), ("k1", 2));
+    ack(&mut c, &d).await.unwrap();
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "k2");
+    ack(&mut c, &d).await.unwrap();
+
+    // A lease that runs out: the job comes back first.
+    drop(s);
+    enqueue_keyed(&mut c, "retry", "k", "k3").await;
+    enqueue_keyed(&mut c, "retry", "k", "k4").await;
+    let mut short = subscribe(&mut c, &["retry"], 10, Some(secs(1))).await;
+    let d = next_delivery(&mut short, S5).await;
+    assert_eq!(payload_of(&d), "k3");
+    // Not acked: after its 1 s lease, k3 again (attempt 2), and only then k4.
+    let d = next_delivery(&mut short, secs(10)).await;
+    assert_eq!((payload_of(&d).as_str(), job_of(&d).attempt), ("k3", 2));
+    ack(&mut c, &d).await.unwrap();
+    let d = next_delivery(&mut short, S5).await;
+    assert_eq!(payload_of(&d), "k4");
+}
+
+/// A dead-lettered job and a cancelled one let their key go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_or_a_cancel_lets_the_key_go_on() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "dl", 1).await;
+    for p in ["d1", "d2", "d3"] {
+        enqueue_keyed(&mut c, "dl", "k", p).await;
+    }
+    let mut s = subscribe(&mut c, &["dl"], 10, Some(secs(30))).await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "d1");
+    nack_dead(&mut c, &d, "poison").await;
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "d2");
+    // Cancelled while leased: d3 goes at once (not at d2's lease end).
+    a.cancel_job(pb::CancelJobRequest { job_id: id_of(&d) })
+        .await
+        .expect("cancel");
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "d3");
+    // The dead letter kept its key.
+    let dead = a
+        .list_dead_letters(pb::ListDeadLettersRequest {
+            queue: "dl".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(dead.jobs.len(), 1);
+    assert_eq!(dead.jobs[0].key, "k");
+}
+
+/// One key whose head is stuck (leased, never settled) holds back only
+/// itself: a hundred other keys' jobs all go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_key_holds_back_only_itself() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "hol", 1).await;
+    for i in 0..50 {
+        enqueue_keyed(&mut c, "hol", "stuck", &format!("stuck{i}")).await;
+    }
+    let reqs: Vec<pb::EnqueueRequest> = (0..100)
+        .map(|i| keyed("hol", &format!("key{i}"), &format!("other{i}")))
+        .collect();
+    c.enqueue_batch(pb::EnqueueBatchRequest { jobs: reqs })
+        .await
+        .unwrap();
+    let mut s = subscribe(&mut c, &["hol"], 200, Some(secs(60))).await;
+    let got = take(&mut s, 101, S5).await;
+    let stuck: Vec<String> = got
+        .iter()
+        .map(payload_of)
+        .filter(|p| p.starts_with("stuck"))
+        .collect();
+    assert_eq!(stuck, ["stuck0"]);
+    assert_quiet(&mut s, QUIET, "the stuck key's second job").await;
+}
+
+/// key_concurrency 2: two of a key at once, the third when one settles;
+/// the limit holds across two replicas, and an ack on one lets the key's
+/// next job go to a stream of the other at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_concurrency_holds_across_replicas() {
+    let db = TestDb::new().await;
+    let b1 = TestBroker::start(&db).await;
+    let b2 = TestBroker::start(&db).await;
+    let mut c1 = b1.client().await;
+    let mut c2 = b2.client().await;
+    let mut a = admin(&b1).await;
+    let s = ordered(&mut a, "two", 2).await;
+    assert_eq!(s.key_concurrency, 2);
+    for i in 1..=5 {
+        enqueue_keyed(&mut c1, "two", "k", &format!("j{i}")).await;
+    }
+    let mut s1 = subscribe(&mut c1, &["two"], 10, Some(secs(30))).await;
+    let mut s2 = subscribe(&mut c2, &["two"], 10, Some(secs(30))).await;
+    // Two in all, over both streams.
+    let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + S5;
+    while held.len() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::select! {
+            Some(d) = async { try_next_delivery(&mut s1, ms(200)).await } => held.push((1, d)),
+            Some(d) = async { try_next_delivery(&mut s2, ms(200)).await } => held.push((2, d)),
+            else => {}
+        }
+    }
+    let mut names: Vec<String> = held.iter().map(|(_, d)| payload_of(d)).collect();
+    names.sort();
+    assert_eq!(names, ["j1", "j2"]);
+    assert_quiet(&mut s1, QUIET, "a third of the key on replica 1").await;
+    assert_quiet(&mut s2, ms(100), "a third of the key on replica 2").await;
+    // Acked through replica 2 (whichever stream has it): j3 goes next.
+    let (_, first) = held.remove(0);
+    ack(&mut c2, &first).await.unwrap();
+    let next = tokio::select! {
+        Some(d) = async { try_next_delivery(&mut s1, S5).await } => d,
+        Some(d) = async { try_next_delivery(&mut s2, S5).await } => d,
+    };
+    assert_eq!(payload_of(&next), "j3");
+}
+
+/// A queue not ordered by key carries the key and holds nothing back;
+/// turning ordering off clears key_concurrency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unordered_queue_carries_keys_and_holds_nothing_back() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    for i in 0..3 {
+        enqueue_keyed(&mut c, "plain", "k", &format!("p{i}")).await;
+    }
+    let mut s = subscribe(&mut c, &["plain"], 10, Some(secs(30))).await;
+    let got = take(&mut s, 3, S5).await;
+    assert!(got.iter().all(|d| job_of(d).key == "k"));
+    let info = a
+        .get_job(pb::GetJobRequest {
+            job_id: id_of(&got[0]),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.key, "k");
+    ordered(&mut a, "plain", 3).await;
+    let s = update(&mut a, |r| {
+        r.queue = "plain".into();
+        r.ordered_by_key = Some(false);
+    })
+    .await;
+    assert_eq!((s.ordered_by_key, s.key_concurrency), (false, 0));
+}
+
+/// Every bad input is INVALID_ARGUMENT naming its field, and changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_key_settings_are_validated() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    let e = c
+        .enqueue(keyed("v", &"k".repeat(257), "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("key:"), "{}", e.message());
+    enqueue_keyed(&mut c, "v", &"k".repeat(256), "fits").await;
+    for (n, ordered_by_key, field) in [
+        (1001, Some(true), "key_concurrency"),
+        (-1, Some(true), "key_concurrency"),
+        (2, None, "key_concurrency"),
+    ] {
+        let e = a
+            .update_queue(pb::UpdateQueueRequest {
+                queue: "v".into(),
+                ordered_by_key,
+                key_concurrency: Some(n),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{n}: {e:?}");
+        assert!(e.message().starts_with(field), "{}", e.message());
+    }
+    let q = a
+        .get_queue(pb::GetQueueRequest { queue: "v".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = q.settings.unwrap();
+    assert_eq!((s.ordered_by_key, s.key_concurrency), (false, 0));
+}
+
+/// `leaseq.enqueue(..., key => ...)` in SQL stores the key, and checks it
+/// as the gRPC API does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_enqueue_takes_a_key() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "sqlkey", 1).await;
+    for p in ["s1", "s2"] {
+        sqlx::query("select leaseq.enqueue('sqlkey', $1::bytea, key => 'acct-7')")
+            .bind(p.as_bytes())
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let e = sqlx::query("select leaseq.enqueue('sqlkey', 'x'::bytea, key => repeat('k', 257))")
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("key: must be at most 256 bytes"),
+        "{e}"
+    );
+    // The old arity still works.
+    sqlx::query("select leaseq.enqueue('sqlkey', 'nokey'::bytea)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut s = subscribe(&mut c, &["sqlkey"], 10, Some(secs(30))).await;
+    let got = take(&mut s, 2, S5).await;
+    let mut names: Vec<String> = got.iter().map(payload_of).collect();
+    names.sort();
+    assert_eq!(names, ["nokey", "s1"]);
+    assert_quiet(&mut s, QUIET, "s2 waits for s1").await;
+}
+
+/// Order survives a kill -9 of the broker holding the key's head: the
+/// head comes back (its lease runs out) before the next job of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_survives_a_broker_killed_holding_the_head() {
+    let db = TestDb::new().await;
+    let mut b1 = BinaryBroker::start(&db, &[]).await;
+    let mut c1 = b1.client().await;
+    let mut a = connect_admin(b1.addr).await;
+    ordered(&mut a, "kill", 1).await;
+    for p in ["h1", "h2", "h3"] {
+        enqueue_keyed(&mut c1, "kill", "k", p).await;
+    }
+    let mut s1 = subscribe(&mut c1, &["kill"], 10, Some(secs(2))).await;
+    let d = next_delivery(&mut s1, S5).await;
+    assert_eq!(payload_of(&d), "h1");
+    b1.signal(libc::SIGKILL);
+    b1.wait(S5).await;
+    let b2 = BinaryBroker::start(&db, &[]).await;
+    let mut c2 = b2.client().await;
+    let mut s2 = subscribe(&mut c2, &["kill"], 10, Some(secs(30))).await;
+    let d = next_delivery(&mut s2, secs(15)).await;
+    assert_eq!((payload_of(&d).as_str(), job_of(&d).attempt), ("h1", 2));
+    assert_quiet(&mut s2, QUIET, "h2 waits for h1").await;
+    ack(&mut c2, &d).await.unwrap();
+    assert_eq!(payload_of(&next_delivery(&mut s2, S5).await), "h2");
+}
