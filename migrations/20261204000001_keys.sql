@@ -10,6 +10,11 @@ alter table leaseq.jobs add column key text;
 alter table leaseq.dead_jobs add column key text;
 alter table leaseq.completed_jobs add column key text;
 create index jobs_key on leaseq.jobs (queue, key, id) where key is not null;
+-- jobs_key_leased: a key's leased jobs, for the same statement's "and not
+-- already key_concurrency of them leased" probe, which must not walk a
+-- key's whole backlog.
+create index jobs_key_leased on leaseq.jobs (queue, key, id)
+    where key is not null and state = 'leased';
 
 -- ordered_by_key: the jobs of one key are delivered in enqueue order; a
 -- retry keeps its place at the head of its key; a dead-lettered job lets

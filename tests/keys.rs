@@ -170,6 +170,25 @@ async fn a_dead_letter_or_a_cancel_lets_the_key_go_on() {
         .into_inner();
     assert_eq!(dead.jobs.len(), 1);
     assert_eq!(dead.jobs[0].key, "k");
+
+    // Requeued while d3 is leased, d1 (its old id, ahead of d3) waits for
+    // d3: never two of the key leased at once.
+    enqueue_keyed(&mut c, "dl", "k", "d4").await;
+    let r = a
+        .requeue_dead_letters(pb::DeadLettersSelector {
+            queue: "dl".into(),
+            all: true,
+            ..Default::default()
+        })
+        .await
+        .expect("requeue")
+        .into_inner();
+    assert_eq!(r.requeued, 1);
+    assert_quiet(&mut s, QUIET, "the requeued d1 waits for d3").await;
+    ack(&mut c, &d).await.unwrap();
+    let d = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&d), "d1");
+    assert_quiet(&mut s, QUIET, "d4 waits for d1").await;
 }
 
 /// One key whose head is stuck (leased, never settled) holds back only

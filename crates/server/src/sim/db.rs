@@ -26,6 +26,8 @@ pub struct QueueConf {
     pub max_attempts: i32,
     /// Nack without retry_after: retried after this long.
     pub backoff_ms: i64,
+    /// `ordered_by_key` with this `key_concurrency` (lease.sql).
+    pub key_n: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +48,7 @@ pub struct Row {
     pub expires: Ms,
     /// Which incarnation of the broker leased it (`lease_broker`).
     pub broker: Option<Uuid>,
+    pub key: Option<u32>,
 }
 
 /// A job to insert (what `NewJob` carries that matters here).
@@ -55,6 +58,7 @@ pub struct Insert {
     pub queue: QueueName,
     pub priority: i32,
     pub delay_ms: Ms,
+    pub key: Option<u32>,
 }
 
 #[derive(Default)]
@@ -69,6 +73,10 @@ pub struct Db {
     due_idx: BTreeMap<QueueName, BTreeSet<(Ms, JobId)>>,
     /// Leased jobs.
     leased_idx: BTreeSet<JobId>,
+    /// Live keyed jobs per (queue, key), in id order (`jobs_key`).
+    key_idx: BTreeMap<(QueueName, u32), BTreeSet<JobId>>,
+    /// Live unkeyed jobs of queues ordered by key.
+    unkeyed: BTreeMap<QueueName, BTreeSet<JobId>>,
     pub dead: BTreeMap<JobId, String>,
     pub done: BTreeSet<JobId>,
     pub queues: BTreeMap<QueueName, QueueConf>,
@@ -115,13 +123,36 @@ impl Db {
 
     fn put(&mut self, id: JobId, row: Row) {
         self.unindex(id);
+        if let Some(k) = row.key {
+            self.key_idx
+                .entry((row.queue.clone(), k))
+                .or_default()
+                .insert(id);
+        } else if self.conf(&row.queue).key_n.is_some() {
+            self.unkeyed
+                .entry(row.queue.clone())
+                .or_default()
+                .insert(id);
+        }
         self.jobs.insert(id, row);
         self.index(id);
     }
 
     fn take(&mut self, id: JobId) -> Option<Row> {
         self.unindex(id);
-        self.jobs.remove(&id)
+        let row = self.jobs.remove(&id)?;
+        if let Some(k) = row.key {
+            let slot = (row.queue.clone(), k);
+            if let Some(s) = self.key_idx.get_mut(&slot) {
+                s.remove(&id);
+                if s.is_empty() {
+                    self.key_idx.remove(&slot);
+                }
+            }
+        } else if let Some(s) = self.unkeyed.get_mut(&row.queue) {
+            s.remove(&id);
+        }
+        Some(row)
     }
 
     /// Changes a row in place, keeping the indexes.
@@ -133,12 +164,75 @@ impl Db {
         self.index(id);
     }
 
-    /// Whether `queue` has a job deliverable now.
+    /// Whether `queue` has a job deliverable now (in a queue ordered by
+    /// key: one its key does not hold back).
     pub fn has_ready(&self, queue: &QueueName) -> bool {
-        self.due_idx
-            .get(queue)
-            .and_then(|s| s.first())
-            .is_some_and(|(at, _)| *at <= self.now)
+        if self.conf(queue).key_n.is_none() {
+            return self
+                .due_idx
+                .get(queue)
+                .and_then(|s| s.first())
+                .is_some_and(|(at, _)| *at <= self.now);
+        }
+        self.candidates(queue)
+            .into_iter()
+            .any(|id| self.key_allows(id))
+    }
+
+    /// lease.sql's key rule: a keyed job of a queue ordered by key may be
+    /// leased only while fewer than `key_n` jobs of its key are live and
+    /// enqueued before it (a smaller id, whatever their state) or leased.
+    pub fn key_allows(&self, id: JobId) -> bool {
+        let Some(r) = self.jobs.get(&id) else {
+            return false;
+        };
+        let (Some(n), Some(key)) = (self.conf(&r.queue).key_n, r.key) else {
+            return true;
+        };
+        let Some(ids) = self.key_idx.get(&(r.queue.clone(), key)) else {
+            return true;
+        };
+        let ahead = ids.range(..id).take(n as usize).count() as i64;
+        let leased_after = ids
+            .range(id..)
+            .filter(|e| **e != id && self.jobs[e].state == State::Leased)
+            .take(n as usize)
+            .count() as i64;
+        ahead + leased_after < n
+    }
+
+    /// Jobs of `key` in `queue` around `id`: those enqueued before it
+    /// (smaller id) and inserted by `began`, live; and the others leased.
+    pub fn keys_around(&self, id: JobId, queue: &QueueName, key: u32, began: Ms) -> (i64, i64) {
+        let ids = self.key_idx.get(&(queue.clone(), key));
+        let mine = ids
+            .into_iter()
+            .flatten()
+            .filter(|e| **e != id)
+            .map(|e| (e, &self.jobs[e]));
+        let (mut ahead, mut leased) = (0, 0);
+        for (e_id, e) in mine {
+            if *e_id < id && e.enqueued <= began {
+                ahead += 1;
+            }
+            if e.state == State::Leased {
+                leased += 1;
+            }
+        }
+        (ahead, leased)
+    }
+
+    /// Leased on the locked path (store/limits.rs): limited or ordered.
+    fn locked_path(&self, q: &QueueName) -> bool {
+        let c = self.conf(q);
+        c.concurrency_limit.is_some() || c.key_n.is_some()
+    }
+
+    /// Whether a settle of a job of `queue` wakes its consumers at once
+    /// (ack.sql / fail.sql's `slot_freed`).
+    fn wakes_on_settle(&self, q: &QueueName) -> bool {
+        let c = self.conf(q);
+        c.concurrency_limit.is_some() || c.key_n.is_some()
     }
 
     pub fn new(queues: BTreeMap<QueueName, QueueConf>) -> Db {
@@ -153,6 +247,7 @@ impl Db {
             concurrency_limit: None,
             max_attempts: 5,
             backoff_ms: 200,
+            key_n: None,
         })
     }
 
@@ -215,6 +310,7 @@ impl Db {
                 token: None,
                 expires: 0,
                 broker: None,
+                key: j.key,
             };
             match claim {
                 Some(c) => {
@@ -243,14 +339,49 @@ impl Db {
 
     /// Up to `n` jobs of `queue` deliverable now, in delivery order.
     fn ready(&self, queue: &QueueName, n: usize) -> Vec<JobId> {
-        self.ready_idx
-            .get(queue)
+        if self.conf(queue).key_n.is_none() {
+            return self
+                .ready_idx
+                .get(queue)
+                .into_iter()
+                .flatten()
+                .filter(|(_, at, _)| *at <= self.now)
+                .take(n)
+                .map(|(_, _, id)| *id)
+                .collect();
+        }
+        // Ordered by key: the same answer as filtering the whole line by
+        // `key_allows`, from the candidates only (the unkeyed jobs and the
+        // first key_n of each key), so a held-back backlog costs nothing.
+        let mut line: Vec<(i32, Ms, JobId)> = self
+            .candidates(queue)
             .into_iter()
-            .flatten()
-            .filter(|(_, at, _)| *at <= self.now)
-            .take(n)
-            .map(|(_, _, id)| *id)
-            .collect()
+            .filter(|id| self.key_allows(*id))
+            .map(|id| {
+                let r = &self.jobs[&id];
+                (-r.priority, r.run_at, id)
+            })
+            .collect();
+        line.sort_unstable();
+        line.into_iter().take(n).map(|(_, _, id)| id).collect()
+    }
+
+    /// An ordered queue's jobs that may be leasable now: available and
+    /// due, unkeyed or among the first key_n of their key.
+    fn candidates(&self, queue: &QueueName) -> Vec<JobId> {
+        let n = self.conf(queue).key_n.unwrap_or(1) as usize;
+        let due = |id: &&JobId| {
+            self.jobs
+                .get(id)
+                .is_some_and(|r| r.state == State::Available && r.run_at <= self.now)
+        };
+        let keyed = self
+            .key_idx
+            .range((queue.clone(), 0)..=(queue.clone(), u32::MAX))
+            .flat_map(|(_, ids)| ids.iter().take(n))
+            .filter(due);
+        let unkeyed = self.unkeyed.get(queue).into_iter().flatten().filter(due);
+        keyed.chain(unkeyed).copied().collect()
     }
 
     /// lease.sql (`limited`: through store/limits.rs, whose concurrency
@@ -269,7 +400,7 @@ impl Db {
         let mut allowed: BTreeMap<QueueName, i64> = BTreeMap::new();
         for w in wants {
             let conf = self.conf(&w.queue);
-            if conf.concurrency_limit.is_some() && !limited {
+            if self.locked_path(&w.queue) && !limited {
                 if !out.limited.contains(&w.queue) {
                     out.limited.push(w.queue.clone());
                 }
@@ -324,7 +455,7 @@ impl Db {
                 .into_iter()
                 .map(|q| Cap {
                     queue: q.clone(),
-                    unlimited: !self.limited(q),
+                    unlimited: !self.locked_path(q),
                     retry_ms: None,
                 })
                 .collect();
@@ -358,7 +489,7 @@ impl Db {
                 id: r.job_id,
                 token: r.token,
                 broker: row.broker,
-                slot_freed: self.limited(&row.queue).then(|| row.queue.clone()),
+                slot_freed: self.wakes_on_settle(&row.queue).then(|| row.queue.clone()),
                 queue: row.queue.as_str().to_owned(),
             });
         }
@@ -408,7 +539,7 @@ impl Db {
             out.push(Failed {
                 id: r.id,
                 token: r.token,
-                slot_freed: conf.concurrency_limit.is_some(),
+                slot_freed: conf.concurrency_limit.is_some() || conf.key_n.is_some(),
                 queue,
                 broker,
                 death: death.map(str::to_owned),

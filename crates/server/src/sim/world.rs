@@ -246,6 +246,8 @@ struct Op {
 struct World {
     cfg: Cfg,
     rng: ChaCha8Rng,
+    /// Draws for keys only (see `World::new`).
+    krng: ChaCha8Rng,
     db: Db,
     now: Ms,
     epoch: Instant,
@@ -292,6 +294,7 @@ impl World {
                     concurrency_limit: None,
                     max_attempts: 5,
                     backoff_ms: 100,
+                    key_n: None,
                 },
             );
         }
@@ -303,6 +306,7 @@ impl World {
                     concurrency_limit: Some(2),
                     max_attempts: 5,
                     backoff_ms: 100,
+                    key_n: None,
                 },
             );
         }
@@ -327,6 +331,28 @@ impl World {
                 }
             })
             .collect();
+        // A queue ordered by key (issue 33) in some runs, its jobs spread
+        // over a few keys. Drawn from an RNG of its own, so that runs
+        // without it go exactly as before it existed.
+        let mut krng = ChaCha8Rng::seed_from_u64(seed ^ 0x6b65_7973);
+        let mut consumers = consumers;
+        if krng.random_bool(0.4) {
+            queues.push(q("ord"));
+            confs.insert(
+                q("ord"),
+                QueueConf {
+                    concurrency_limit: None,
+                    max_attempts: 5,
+                    backoff_ms: 100,
+                    key_n: Some(krng.random_range(1..=2)),
+                },
+            );
+            for c in &mut consumers {
+                if krng.random_bool(0.6) {
+                    c.queues.push(q("ord"));
+                }
+            }
+        }
         // Jobs go only to queues someone consumes.
         queues.retain(|name| {
             consumers
@@ -372,6 +398,7 @@ impl World {
             .collect();
         let mut w = World {
             rng,
+            krng,
             db: Db::new(confs),
             now: 0,
             epoch,
@@ -1279,8 +1306,10 @@ impl World {
                 if queue.as_str() == "lim" && self.rng.random_bool(0.8) {
                     continue;
                 }
+                let key = (queue.as_str() == "ord").then(|| self.krng.random_range(0..5));
                 jobs.push(Insert {
                     id: JobId(Uuid::from_u128((1u128 << 100) | self.next_job)),
+                    key,
                     queue,
                     priority: self.rng.random_range(0..3),
                     delay_ms: if self.rng.random_bool(0.2) {
@@ -1305,7 +1334,8 @@ impl World {
         let claims: Vec<Option<crate::dispatch::Claim>> = jobs
             .iter()
             .map(|j| {
-                (j.delay_ms == 0)
+                // broker::enqueue: a keyed job is never handed off.
+                (j.delay_ms == 0 && j.key.is_none())
                     .then(|| offers.claim(&j.queue, false))
                     .flatten()
             })
@@ -1502,11 +1532,15 @@ impl World {
         let row = self.db.cancel(id).expect("listed");
         self.cancelled.insert(id);
         say!(self, format!("CancelJob {} ({:?})", jid(id), row.state));
+        let queue = row.queue.clone();
         if let (State::Leased, Some(token)) = (row.state, row.token)
             && row.broker.is_none_or(|b| b == self.broker.id)
         {
             self.input(Input::Cancelled(vec![(id, token)]));
         }
+        // AdminApi::cancel_job then wakes the queue (a key's next job may
+        // go).
+        self.wake(vec![Wake { queue, delay_ms: 0 }]);
     }
 
     /// Consumer `c` reads a `Cancelled` on stream `sid`: its handler stops
@@ -1632,6 +1666,27 @@ impl World {
                 tok(job.token)
             )
         );
+        // Keys: at most key_n of a key leased, and none leased while
+        // key_n jobs of its key enqueued before it (a smaller id, inserted
+        // before this lease began) were live: such a job is live still
+        // (nothing brings a job back), so it is counted now.
+        if let Some(row) = self.db.jobs.get(&job.id)
+            && row.token == Some(job.token)
+            && let (Some(n), Some(key)) = (
+                self.db.queues.get(&row.queue).and_then(|c| c.key_n),
+                row.key,
+            )
+        {
+            let began = expires.saturating_sub(job.lease_ms as Ms);
+            let (ahead, leased) = self.db.keys_around(job.id, &row.queue, key, began);
+            if ahead >= n || leased + 1 > n {
+                self.anomaly(format!(
+                    "{} of key {key} delivered with {ahead} earlier jobs of its key live \
+                     and {leased} more leased (key_concurrency {n})",
+                    jid(job.id)
+                ));
+            }
+        }
         if self.ack_ok.contains(&job.id) {
             self.anomaly(format!(
                 "{} delivered (attempt {}) after its ack was answered OK",
@@ -1646,7 +1701,11 @@ impl World {
             .is_some_and(|r| r.state == State::Leased && r.token == Some(job.token));
         let s = self.consumers[c].stream.as_ref().expect("reading it");
         let (revocable, half_closed) = (s.revocable, s.half_closed);
-        if !current && expires > self.now && !revocable {
+        // A job cancelled after its push: its `Cancelled` follows on the
+        // stream (the dispatcher has not taken the cancel in yet), as it
+        // would on a real one where the client reads the delivery first.
+        let cancel_behind = !current && self.cancelled.contains(&job.id);
+        if !current && expires > self.now && !revocable && !cancel_behind {
             self.anomaly(format!(
                 "{} received on s{sid} after its lease {} was released (not expired)",
                 jid(job.id),
@@ -2104,7 +2163,7 @@ impl World {
                 self.db
                     .queues
                     .get(q)
-                    .is_some_and(|c| c.concurrency_limit.is_some())
+                    .is_some_and(|c| c.concurrency_limit.is_some() || c.key_n.is_some())
             });
             let offer = if limited { 0 } else { max };
             if view != Some((max, 0, 0, 0, offer)) || unclaimed != offer {

@@ -19,6 +19,12 @@
 //! round leases nothing for those queues and the dispatcher comes back to
 //! them a wait later.
 //!
+//! A queue ordered by key comes here too, with or without limits: its key
+//! rule (lease.sql) reads which jobs of a key are live, and two rounds
+//! with snapshots taken apart could each lease a job of one key (a job
+//! enqueued with a smaller id committing between them). Under the queue's
+//! lock each round sees the previous one's leases.
+//!
 //! A concurrency limit counts unexpired leases, so at no moment do more than
 //! `concurrency_limit` consumers hold a job of the queue. A slot that frees
 //! (ack, nack, dead letter, reaped lease) wakes every replica's streams on
@@ -41,6 +47,9 @@ struct Allowance {
     tokens: Option<f64>,
     at: DateTime<Utc>,
     paused: bool,
+    /// Ordered by key: leased here, under the queue's lock, with no limit
+    /// of its own (lease.sql's key rule).
+    ordered: bool,
 }
 
 /// Longest wait for the limited queues' rows (see the module docs).
@@ -157,6 +166,7 @@ async fn allowances(
                 tokens,
                 at: r.at,
                 paused: r.paused,
+                ordered: r.ordered_by_key,
             },
         );
     }
@@ -252,7 +262,7 @@ fn caps(
             _ => None,
         };
         caps.push(Cap {
-            unlimited: a.n.is_none() && a.rate.is_none(),
+            unlimited: a.n.is_none() && a.rate.is_none() && !a.ordered,
             queue,
             retry_ms,
         });

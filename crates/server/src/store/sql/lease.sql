@@ -7,17 +7,21 @@
 -- Paused queues and jobs past their ttl are never leased.
 --
 -- In a queue with `ordered_by_key`, a keyed job is leased only while fewer
--- than the queue's key_concurrency (default 1) jobs of its key enqueued
--- before it are still in leaseq.jobs (waiting, delayed for a retry, or
--- leased): so a key's jobs go out in enqueue order, a retry keeps its
--- place at the head, and a dead-lettered, acked or cancelled job (deleted
--- from jobs) lets the next go. The probe is an index range on jobs_key
--- for each candidate the scan meets; a key held back is passed over, so
--- one slow key holds back only itself. Concurrent statements cannot both
--- lease two jobs of a key past the limit: the later job sees the earlier
--- in its snapshot as long as it is unsettled, whatever its state.
+-- than the queue's key_concurrency (default 1) jobs of its key are either
+-- enqueued before it and still in leaseq.jobs (waiting, delayed for a
+-- retry, or leased) or leased: so a key's jobs go out in enqueue order, a
+-- retry keeps its place at the head, a dead-lettered, acked or cancelled
+-- job (deleted from jobs) lets the next go, and never more than
+-- key_concurrency of a key are leased, even when a job enqueued
+-- concurrently with a smaller id commits after a later one was leased.
+-- The probes are index ranges on jobs_key and jobs_key_leased for each
+-- candidate the scan meets; a key held back is passed over, so one slow key holds back only
+-- itself. Ordered queues are leased only with $8 (store/limits.rs), under
+-- their queue row's lock: each round's snapshot sees the previous round's
+-- leases, so two rounds cannot each lease a job of one key.
 --
--- Queues with a concurrency or rate limit are leased only when $8 is true:
+-- Queues with a concurrency or rate limit, or ordered by key, are leased
+-- only when $8 is true:
 -- the caller (store/limits.rs) has then locked their queue rows and trimmed
 -- the asks to what the limits allow. Otherwise such a queue is skipped and
 -- reported by a marker row (slot -1) so the dispatcher sends it there.
@@ -36,7 +40,7 @@ per_queue as (
     select w.queue, max(w.hi) as n, q.default_lease_ms,
         case when q.ordered_by_key then coalesce(q.key_concurrency, 1) end as key_n
     from want w join leaseq.queues q on q.name = w.queue and not q.paused
-        and ($8 or (q.concurrency_limit is null and q.rate_limit is null))
+        and ($8 or (q.concurrency_limit is null and q.rate_limit is null and not q.ordered_by_key))
     group by w.queue, q.default_lease_ms, q.ordered_by_key, q.key_concurrency
 ),
 picked as (
@@ -56,6 +60,13 @@ picked as (
                   where e.queue = c.queue and e.key = c.key and e.id < c.id
                   limit pq.key_n
               ) ahead
+          ) + (
+              select count(*) from (
+                  select from leaseq.jobs e
+                  where e.queue = c.queue and e.key = c.key and e.state = 'leased'
+                    and e.id > c.id
+                  limit pq.key_n
+              ) leased_after
           ) < pq.key_n)
         order by c.priority desc, c.run_at, c.id
         limit pq.n
@@ -91,7 +102,7 @@ select -1, null, null, q.name, null, null, null, null, null, null, null, null, n
 from leaseq.queues q
 where not $8
   and q.name in (select queue from want)
-  and (q.concurrency_limit is not null or q.rate_limit is not null)
+  and (q.concurrency_limit is not null or q.rate_limit is not null or q.ordered_by_key)
 -- Each stream gets its jobs in delivery order (the update returns them in
 -- whatever order it met them).
 order by 1, 13

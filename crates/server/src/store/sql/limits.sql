@@ -6,7 +6,7 @@
 -- slots: concurrency limit minus the queue's unexpired leases (null = no
 -- concurrency limit). tokens: the rate bucket refilled up to now (null = no
 -- rate limit); a bucket never set (or just changed) starts full.
-select q.name, q.paused,
+select q.name, q.paused, q.ordered_by_key,
     case when q.concurrency_limit is not null then
         q.concurrency_limit - (
             select count(*) from leaseq.jobs j
