@@ -2318,6 +2318,144 @@ async fn the_admin_client_covers_the_admin_service() {
     broker.stop().await;
 }
 
+/// Keys (issue 33) through the crate: `QueueUpdate::ordered_by_key` and
+/// `key_concurrency` round-trip and are validated; in an ordered queue a
+/// `Worker` gets a key's second job only once its first is acked, while a
+/// job without a key is not held back; `Delivery::key` names the key; a key
+/// over 256 bytes is INVALID_ARGUMENT.
+#[tokio::test]
+async fn keys_and_ordered_queues_through_the_rust_client() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let admin = client.admin();
+    let settings = |info: pb::QueueInfo| {
+        let s = info.settings.unwrap();
+        (s.ordered_by_key, s.key_concurrency)
+    };
+
+    let set = |u: QueueUpdate| admin.update_queue("keys.o", u);
+    assert_eq!(
+        settings(
+            set(QueueUpdate::new().create().ordered_by_key(true))
+                .await
+                .unwrap()
+        ),
+        (true, 1),
+        "1 when not given"
+    );
+    assert_eq!(
+        settings(set(QueueUpdate::new().key_concurrency(3)).await.unwrap()),
+        (true, 3)
+    );
+    assert_eq!(
+        settings(set(QueueUpdate::new().ordered_by_key(false)).await.unwrap()),
+        (false, 0),
+        "turning ordering off clears key_concurrency"
+    );
+    for u in [
+        QueueUpdate::new().key_concurrency(2), // without ordering: not built
+        QueueUpdate::new()
+            .ordered_by_key(true)
+            .key_concurrency(1001),
+    ] {
+        let err = set(u).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(
+            err.message().starts_with("key_concurrency"),
+            "{}",
+            err.message()
+        );
+    }
+    assert_eq!(
+        settings(admin.get_queue("keys.o").await.unwrap()),
+        (false, 0)
+    );
+    set(QueueUpdate::new().ordered_by_key(true).key_concurrency(1))
+        .await
+        .unwrap();
+
+    let too_long = client
+        .enqueue(Job::new("keys.o", "x").key("k".repeat(257)))
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), Code::InvalidArgument);
+    assert!(
+        too_long.message().starts_with("key:"),
+        "{}",
+        too_long.message()
+    );
+
+    let first = client
+        .enqueue(Job::new("keys.o", "k1").key("acct-7"))
+        .await
+        .unwrap();
+    client
+        .enqueue_batch([
+            Job::new("keys.o", "k2").key("acct-7"),
+            Job::new("keys.o", "free"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        admin.get_job(&first.job_id).await.unwrap().key,
+        "acct-7",
+        "JobInfo.key"
+    );
+    // The handler of k1 holds it until told; the others return at once.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (release, released) = watch::channel(false);
+    let worker = Running::spawn(
+        Worker::new(client.clone(), ["keys.o"]).concurrency(4),
+        move |d| {
+            let tx = tx.clone();
+            let mut released = released.clone();
+            async move {
+                tx.send((payload(&d), d.key.clone())).unwrap();
+                if payload(&d) == "k1" {
+                    released.wait_for(|r| *r).await?;
+                }
+                Ok(())
+            }
+        },
+    );
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(
+            tokio::time::timeout(S10, rx.recv())
+                .await
+                .expect("two jobs handled")
+                .unwrap(),
+        );
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("free".to_owned(), None),
+            ("k1".to_owned(), Some("acct-7".to_owned()))
+        ]
+    );
+    // k2 waits for k1, which its handler still holds (the worker has room
+    // for three more).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(600), rx.recv())
+            .await
+            .is_err(),
+        "k2 was delivered while k1 was unsettled"
+    );
+    release.send(true).unwrap();
+    let next = tokio::time::timeout(S10, rx.recv())
+        .await
+        .expect("k2 after k1's ack")
+        .unwrap();
+    assert_eq!(next, ("k2".to_owned(), Some("acct-7".to_owned())));
+    worker.stop(S10).await.expect("clean stop");
+    assert_eq!(db.live_jobs().await, 0);
+    broker.stop().await;
+}
+
 // ---- the crate's examples --------------------------------------------------
 
 /// The worker example's samples are settled for good: none left, two

@@ -8,6 +8,7 @@ const { jobId, duplicate } = await client.enqueue(queue, JSON.stringify({ to: 'a
   headers: { 'content-type': 'application/json' },
   priority: 5, // higher first
   dedupKey: 'welcome-ada', // while this job is live, the same key returns it
+  key: 'customer-ada', // in a queue ordered by key, a key's jobs go out in enqueue order
   maxAttempts: 5,
 });
 console.log(`enqueued ${jobId} duplicate=${duplicate}`);

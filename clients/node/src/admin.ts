@@ -20,6 +20,14 @@ export interface QueueSettings {
   /** Jobs per second; 0 = no limit. */
   rateLimit: number;
   rateBurst: number;
+  /**
+   * The jobs of one key are delivered in enqueue order, at most
+   * keyConcurrency of a key leased at once; a retry keeps its place at the
+   * head of its key, a dead letter or a cancel lets the key go on.
+   */
+  orderedByKey: boolean;
+  /** With orderedByKey: most jobs of one key leased at once; 0 = off. */
+  keyConcurrency: number;
 }
 
 export interface QueueStats {
@@ -57,6 +65,10 @@ export interface QueueUpdate {
   /** 0 removes the limit. */
   rateLimit?: number;
   rateBurst?: number;
+  /** Order the jobs of each key (see QueueSettings); true sets keyConcurrency to 1 unless given, false clears it. */
+  orderedByKey?: boolean;
+  /** 1 to 1000, with orderedByKey (INVALID_ARGUMENT without it); 0 clears it. */
+  keyConcurrency?: number;
 }
 
 export type JobState = 'available' | 'scheduled' | 'leased' | 'dead' | 'completed' | 'unspecified';
@@ -74,6 +86,8 @@ export interface JobInfo {
   /** 0 = the queue's default. */
   maxAttempts: number;
   dedupKey: string;
+  /** The job's key inside its queue; '' if none. */
+  key: string;
   enqueuedAt: Date | null;
   runAt: Date | null;
   expiresAt: Date | null;
@@ -188,6 +202,8 @@ function queueInfo(q: PbQueueInfo): QueueInfo {
       concurrencyLimit: Number(s.concurrencyLimit ?? 0),
       rateLimit: Number(s.rateLimit ?? 0),
       rateBurst: Number(s.rateBurst ?? 0),
+      orderedByKey: !!s.orderedByKey,
+      keyConcurrency: Number(s.keyConcurrency ?? 0),
     },
     stats: {
       available: Number(t.available ?? 0),
@@ -218,6 +234,7 @@ function jobInfo(j: Record<string, any>): JobInfo {
     attempt: j.attempt,
     maxAttempts: j.maxAttempts,
     dedupKey: j.dedupKey,
+    key: j.key ?? '',
     enqueuedAt: toDate(j.enqueuedAt),
     runAt: toDate(j.runAt),
     expiresAt: toDate(j.expiresAt),
@@ -354,7 +371,7 @@ export class AdminClient {
     if (update.backoffBaseMs != null) req.backoffBase = duration(update.backoffBaseMs);
     if (update.backoffCapMs != null) req.backoffCap = duration(update.backoffCapMs);
     if (update.completedRetentionMs != null) req.completedRetention = duration(update.completedRetentionMs);
-    for (const k of ['maxAttempts', 'paused', 'concurrencyLimit', 'rateLimit', 'rateBurst'] as const) {
+    for (const k of ['maxAttempts', 'paused', 'concurrencyLimit', 'rateLimit', 'rateBurst', 'orderedByKey', 'keyConcurrency'] as const) {
       if (update[k] != null) req[k] = update[k];
     }
     return queueInfo(await this.#unary<PbQueueInfo>('UpdateQueue', req));

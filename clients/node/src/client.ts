@@ -24,6 +24,12 @@ export interface EnqueueOptions {
   maxAttempts?: number;
   /** Dead-lettered (reason `expired`) if not done this many ms after the enqueue. */
   ttlMs?: number;
+  /**
+   * The job's key inside its queue (a customer, an account; at most 256
+   * bytes). In a queue with `orderedByKey` the jobs of one key are delivered
+   * in enqueue order, at most the queue's `keyConcurrency` at once.
+   */
+  key?: string;
 }
 
 /** A job for enqueueBatch. */
@@ -70,6 +76,7 @@ function enqueueRequest(job: EnqueueJob, propagate: boolean): Record<string, unk
     priority: job.priority ?? 0,
     dedupKey: job.dedupKey ?? '',
     maxAttempts: job.maxAttempts ?? 0,
+    key: job.key ?? '',
   };
   // Optional messages only when given: absent and zero differ to the broker.
   if (job.delayMs != null) req.delay = duration(job.delayMs);

@@ -125,6 +125,7 @@ export interface PbDelivery {
     attempt: number;
     enqueuedAt: PbTime | null;
     lastError: string;
+    key: string;
   };
   leaseToken: string;
   leaseExpiresAt: PbTime | null;
@@ -147,6 +148,8 @@ export class Job<T = unknown> {
   readonly attempt: number;
   /** The previous failed attempt's error; '' if none. */
   readonly lastError: string;
+  /** The job's key inside its queue (EnqueueOptions.key); '' if none. */
+  readonly key: string;
   /** Opaque; proves this delivery's lease to Ack / Nack / ExtendLease. */
   readonly leaseToken: string;
   #settler: Settler;
@@ -171,6 +174,8 @@ export class Job<T = unknown> {
     this.attempt = j.attempt;
     this.#enqueuedAt = j.enqueuedAt;
     this.lastError = j.lastError;
+    // '' from a broker that predates keys (proto-loader's defaults).
+    this.key = j.key ?? '';
     this.leaseToken = d.leaseToken;
     this.#leaseExpiresAt = d.leaseExpiresAt;
     this.#settler = settler;

@@ -90,6 +90,7 @@ test('examples/produce.mjs', { timeout: 30000 }, async () => {
   assert.equal(lines[1], 'enqueued 2 more');
   const { jobs } = await admin.listJobs({ queue: q, includePayload: true });
   assert.deepEqual(jobs.map((j) => JSON.parse(j.payload).to).sort(), ['ada@example.com', 'bob@example.com', 'eve@example.com']);
+  assert.deepEqual(jobs.map((j) => j.key).sort(), ['', '', 'customer-ada']);
   await admin.purgeQueue(q);
 });
 

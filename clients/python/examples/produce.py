@@ -19,6 +19,9 @@ first = client.enqueue(queue, "welcome", dedup_key="welcome:42")
 again = client.enqueue(queue, "welcome", dedup_key="welcome:42")
 assert again.duplicate and again.job_id == first.job_id
 
+# A job of a key (a customer): in a queue ordered by key, a key's jobs go out in enqueue order.
+client.enqueue(queue, "invoice 1", key="customer-42")
+
 # Many jobs in one atomic call.
 results = client.enqueue_batch([NewJob(queue, f"bulk {i}", priority=i) for i in range(3)])
 print("batch", [x.job_id for x in results])

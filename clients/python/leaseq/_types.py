@@ -192,6 +192,8 @@ class Job:
     lease_token: str
     #: By the broker's (database's) clock.
     lease_expires_at: dt.datetime
+    #: The job's key inside its queue (``enqueue(key=...)``), "" if none.
+    key: str = ""
     #: Set by a Worker when the job is no longer its handler's to finish:
     #: the broker cancelled it (``AdminService.CancelJob``), the handler
     #: timed out, or the stop's grace ran out. A plain (thread) handler
@@ -242,6 +244,7 @@ class Job:
             priority=j.priority,
             attempt=j.attempt,
             last_error=j.last_error,
+            key=j.key,
             lease_token=d.lease_token,
             _delivery=d,
         )
@@ -323,6 +326,10 @@ class NewJob:
     dedup_key: str = ""
     max_attempts: int = 0
     ttl: Optional[Seconds] = None
+    #: The job's key inside its queue (at most 256 bytes; "" = none): in a
+    #: queue with ``ordered_by_key`` the jobs of one key are delivered in
+    #: enqueue order, at most the queue's ``key_concurrency`` at once.
+    key: str = ""
 
     def to_request(self, extra_headers: Optional[Mapping[str, str]] = None) -> pb.EnqueueRequest:
         payload = self.payload.encode() if isinstance(self.payload, str) else self.payload
@@ -335,6 +342,7 @@ class NewJob:
             priority=self.priority,
             dedup_key=self.dedup_key,
             max_attempts=self.max_attempts,
+            key=self.key,
         )
         # Optional messages are set only when given: an absent `delay` and a
         # zero one are different requests to the broker.

@@ -59,6 +59,12 @@ class QueueSettings:
     #: Jobs per second; 0 = no limit.
     rate_limit: float
     rate_burst: int
+    #: The jobs of one key are delivered in enqueue order, at most
+    #: ``key_concurrency`` of a key leased at once; a retry keeps its place
+    #: at the head of its key, a dead letter or a cancel lets the key go on.
+    ordered_by_key: bool = False
+    #: With ``ordered_by_key``: most jobs of one key leased at once; 0 = off.
+    key_concurrency: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ class JobInfo:
     died_at: Optional[dt.datetime]
     completed_at: Optional[dt.datetime]
     completed_by: str
+    #: The job's key inside its queue; "" if none.
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -277,6 +285,8 @@ def _queue_info(q: Any) -> QueueInfo:
             concurrency_limit=s.concurrency_limit,
             rate_limit=s.rate_limit,
             rate_burst=s.rate_burst,
+            ordered_by_key=s.ordered_by_key,
+            key_concurrency=s.key_concurrency,
         ),
         stats=QueueStats(
             available=st.available,
@@ -312,6 +322,7 @@ def _job_info(j: Any) -> JobInfo:
         died_at=_opt_datetime(j, "died_at"),
         completed_at=_opt_datetime(j, "completed_at"),
         completed_by=j.completed_by,
+        key=j.key,
     )
 
 
@@ -335,6 +346,8 @@ def _update_request(
     concurrency_limit: Optional[int],
     rate_limit: Optional[float],
     rate_burst: Optional[int],
+    ordered_by_key: Optional[bool] = None,
+    key_concurrency: Optional[int] = None,
 ) -> Any:
     req = apb.UpdateQueueRequest(queue=queue, create=create)
     for name, value in (
@@ -351,6 +364,8 @@ def _update_request(
         ("concurrency_limit", concurrency_limit),
         ("rate_limit", rate_limit),
         ("rate_burst", rate_burst),
+        ("ordered_by_key", ordered_by_key),
+        ("key_concurrency", key_concurrency),
     ):
         if scalar is not None:
             setattr(req, name, scalar)
@@ -431,12 +446,16 @@ class AdminClient:
         concurrency_limit: Optional[int] = None,
         rate_limit: Optional[float] = None,
         rate_burst: Optional[int] = None,
+        ordered_by_key: Optional[bool] = None,
+        key_concurrency: Optional[int] = None,
     ) -> QueueInfo:
         """Changes the settings given (None: unchanged). ``create`` makes the
-        queue if it does not exist instead of NOT_FOUND."""
+        queue if it does not exist instead of NOT_FOUND. ``ordered_by_key``
+        True sets ``key_concurrency`` to 1 unless it is given (1 to 1000;
+        it needs ``ordered_by_key``, 0 clears it)."""
         req = _update_request(
             queue, default_lease, max_attempts, backoff_base, backoff_cap, completed_retention,
-            paused, create, concurrency_limit, rate_limit, rate_burst,
+            paused, create, concurrency_limit, rate_limit, rate_burst, ordered_by_key, key_concurrency,
         )  # fmt: skip
         return _queue_info(self._call(self._stub.UpdateQueue, req))
 
@@ -631,10 +650,12 @@ class AsyncAdminClient:
         concurrency_limit: Optional[int] = None,
         rate_limit: Optional[float] = None,
         rate_burst: Optional[int] = None,
+        ordered_by_key: Optional[bool] = None,
+        key_concurrency: Optional[int] = None,
     ) -> QueueInfo:
         req = _update_request(
             queue, default_lease, max_attempts, backoff_base, backoff_cap, completed_retention,
-            paused, create, concurrency_limit, rate_limit, rate_burst,
+            paused, create, concurrency_limit, rate_limit, rate_burst, ordered_by_key, key_concurrency,
         )  # fmt: skip
         return _queue_info(await self._call(self._stub.UpdateQueue, req))
 

@@ -125,11 +125,14 @@ class Client:
         dedup_key: str = "",
         max_attempts: int = 0,
         ttl: Optional[Seconds] = None,
+        key: str = "",
     ) -> EnqueueResult:
         """Adds one job; returns once it is committed. With OpenTelemetry
         installed and a span active, the job's headers carry its
-        ``traceparent``/``tracestate``."""
-        job = NewJob(queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl)
+        ``traceparent``/``tracestate``. ``key``: the job's key inside its
+        queue (at most 256 bytes), which orders the jobs of one key in a
+        queue with ``ordered_by_key`` (see :attr:`NewJob.key`)."""
+        job = NewJob(queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl, key)
         resp = self._unary(self._stub.Enqueue, job.to_request(_tracing.inject()))
         return EnqueueResult(resp.job_id, resp.duplicate)
 

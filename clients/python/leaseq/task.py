@@ -57,6 +57,7 @@ class Task(Generic[P]):
         dedup_key: str = "",
         max_attempts: int = 0,
         ttl: Optional[Seconds] = None,
+        key: str = "",
     ) -> NewJob:
         """The job for ``payload`` (for ``enqueue_batch``). Raises
         ``TypeError`` for a payload that is not a ``payload_type`` (when
@@ -64,7 +65,7 @@ class Task(Generic[P]):
         t = self.payload_type
         if isinstance(t, type) and not isinstance(payload, t):
             raise TypeError(f"payload: a {_type_name(t)} is needed for task {self.queue!r}, not {type(payload).__name__}")
-        return NewJob(self.queue, to_json(payload), headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl)
+        return NewJob(self.queue, to_json(payload), headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl, key)
 
     def enqueue(
         self,
@@ -78,16 +79,17 @@ class Task(Generic[P]):
         dedup_key: str = "",
         max_attempts: int = 0,
         ttl: Optional[Seconds] = None,
+        key: str = "",
     ) -> EnqueueResult:
         """Enqueues ``payload`` with a :class:`leaseq.Client`; the options
         as :meth:`Client.enqueue`."""
         j = self.job(payload,
             headers=headers, priority=priority, delay=delay, run_at=run_at,
-            dedup_key=dedup_key, max_attempts=max_attempts, ttl=ttl,
+            dedup_key=dedup_key, max_attempts=max_attempts, ttl=ttl, key=key,
         )  # fmt: skip
         return client.enqueue(
             j.queue, j.payload, headers=j.headers, priority=j.priority, delay=j.delay, run_at=j.run_at,
-            dedup_key=j.dedup_key, max_attempts=j.max_attempts, ttl=j.ttl,
+            dedup_key=j.dedup_key, max_attempts=j.max_attempts, ttl=j.ttl, key=j.key,
         )  # fmt: skip
 
     async def enqueue_async(
@@ -102,15 +104,16 @@ class Task(Generic[P]):
         dedup_key: str = "",
         max_attempts: int = 0,
         ttl: Optional[Seconds] = None,
+        key: str = "",
     ) -> EnqueueResult:
         """:meth:`enqueue` with a :class:`leaseq.AsyncClient`."""
         j = self.job(payload,
             headers=headers, priority=priority, delay=delay, run_at=run_at,
-            dedup_key=dedup_key, max_attempts=max_attempts, ttl=ttl,
+            dedup_key=dedup_key, max_attempts=max_attempts, ttl=ttl, key=key,
         )  # fmt: skip
         return await client.enqueue(
             j.queue, j.payload, headers=j.headers, priority=j.priority, delay=j.delay, run_at=j.run_at,
-            dedup_key=j.dedup_key, max_attempts=j.max_attempts, ttl=j.ttl,
+            dedup_key=j.dedup_key, max_attempts=j.max_attempts, ttl=j.ttl, key=j.key,
         )  # fmt: skip
 
     def decode(self, job: Job) -> P:

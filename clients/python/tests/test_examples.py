@@ -76,7 +76,8 @@ def test_produce_example(addr):
     assert out[0].startswith("enqueued ")
     with AdminClient(addr) as admin:
         stats = admin.get_queue(q).stats
-        assert (stats.available, stats.scheduled) == (5, 1)
+        assert (stats.available, stats.scheduled) == (6, 1)
+        assert [j.key for j in admin.list_jobs(q).items if j.key] == ["customer-42"]
 
 
 def test_worker_example_outcomes_and_graceful_stop_on_sigterm(addr):

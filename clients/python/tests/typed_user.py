@@ -31,7 +31,8 @@ from leaseq import (
 
 def produce(client: Client) -> List[str]:
     r: EnqueueResult = client.enqueue("emails", b"x", headers={"k": "v"}, delay=dt.timedelta(seconds=5))
-    batch = client.enqueue_batch([NewJob("emails", "y", priority=1, ttl=60)])
+    batch = client.enqueue_batch([NewJob("emails", "y", priority=1, ttl=60, key="customer-7")])
+    client.enqueue("emails", b"z", key="customer-7", dedup_key="z")
     return [r.job_id] + [b.job_id for b in batch]
 
 
@@ -89,7 +90,8 @@ def make_worker() -> Worker:
             raise DeadLetter("empty")
         if job.attempt < 3:
             raise Retry("busy", after=5)
-        print(job.text, job.headers.get("traceparent"))
+        key: str = job.key
+        print(job.text, job.headers.get("traceparent"), key)
 
     @worker.handler("reports")
     async def build(job: Job) -> None:
@@ -107,8 +109,12 @@ def run_worker(worker: Worker) -> int:
 def admin_sync(addr: str) -> List[JobInfo]:
     with AdminClient(addr, token="ops") as admin:
         q: QueueInfo = admin.update_queue("emails", create=True, max_attempts=3, paused=False)
+        admin.update_queue("emails", ordered_by_key=True, key_concurrency=2)
+        ordered: bool = q.settings.ordered_by_key and q.settings.key_concurrency > 0
+        assert ordered or q.settings.key_concurrency == 0
         assert q.settings.default_lease is None or q.settings.default_lease.total_seconds() > 0
         page = admin.list_jobs("emails", state="dead", include_payload=True)
+        print([j.key for j in page.items])
         admin.requeue_dead_letters("emails", ids=[j.id for j in page.items])
         for snapshot in admin.watch_queues(["emails"], interval=5):
             print([i.stats.available for i in snapshot.queues])

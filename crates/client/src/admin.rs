@@ -312,6 +312,25 @@ impl QueueUpdate {
         self.req.rate_burst = Some(n);
         self
     }
+
+    /// Deliver the jobs of one key ([`Job::key`](crate::Job::key)) in
+    /// enqueue order, at most `key_concurrency` of a key leased at once; a
+    /// retry keeps its place at the head of its key, a dead letter or a
+    /// cancel lets the key go on; jobs without a key are not held back.
+    /// Turning it on sets `key_concurrency` to 1 unless it is given;
+    /// turning it off clears `key_concurrency`.
+    pub fn ordered_by_key(mut self, on: bool) -> QueueUpdate {
+        self.req.ordered_by_key = Some(on);
+        self
+    }
+
+    /// With `ordered_by_key`: most jobs of one key leased at once (1 to
+    /// 1000; 0 clears it). Without ordering it is INVALID_ARGUMENT: per-key
+    /// limits without order are not built yet.
+    pub fn key_concurrency(mut self, n: i32) -> QueueUpdate {
+        self.req.key_concurrency = Some(n);
+        self
+    }
 }
 
 impl From<QueueUpdate> for pb::UpdateQueueRequest {

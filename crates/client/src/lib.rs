@@ -464,6 +464,8 @@ pub struct Delivery {
     pub enqueued_at: Option<DateTime<Utc>>,
     /// The error of the previous failed attempt, if any.
     pub last_error: Option<String>,
+    /// The job's key inside its queue ([`Job::key`]), if it has one.
+    pub key: Option<String>,
     /// Required to settle or extend this delivery; the worker does both.
     pub lease_token: String,
     /// When the lease was first due to expire (broker clock). The worker
@@ -499,6 +501,7 @@ impl Delivery {
             attempt: job.attempt,
             enqueued_at: job.enqueued_at.and_then(timestamp),
             last_error: Some(job.last_error).filter(|e| !e.is_empty()),
+            key: Some(job.key).filter(|k| !k.is_empty()),
             lease_token: d.lease_token,
             lease_expires_at: d.lease_expires_at.and_then(timestamp),
         })

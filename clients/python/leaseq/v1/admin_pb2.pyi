@@ -78,7 +78,7 @@ class GetScheduleRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ["attempt", "completed_at", "completed_by", "dead_reason", "dedup_key", "died_at", "enqueued_at", "expires_at", "headers", "id", "last_error", "lease_expires_at", "leased_by", "max_attempts", "payload", "priority", "queue", "run_at", "state"]
+    __slots__ = ["attempt", "completed_at", "completed_by", "dead_reason", "dedup_key", "died_at", "enqueued_at", "expires_at", "headers", "id", "key", "last_error", "lease_expires_at", "leased_by", "max_attempts", "payload", "priority", "queue", "run_at", "state"]
     class HeadersEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class JobInfo(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     LEASED_BY_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +116,7 @@ class JobInfo(_message.Message):
     expires_at: _timestamp_pb2.Timestamp
     headers: _containers.ScalarMap[str, str]
     id: str
+    key: str
     last_error: str
     lease_expires_at: _timestamp_pb2.Timestamp
     leased_by: str
@@ -124,7 +126,7 @@ class JobInfo(_message.Message):
     queue: str
     run_at: _timestamp_pb2.Timestamp
     state: JobState
-    def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., dedup_key: _Optional[str] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., leased_by: _Optional[str] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dead_reason: _Optional[str] = ..., died_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_by: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., dedup_key: _Optional[str] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., leased_by: _Optional[str] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dead_reason: _Optional[str] = ..., died_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_by: _Optional[str] = ...) -> None: ...
 
 class JobTemplate(_message.Message):
     __slots__ = ["headers", "max_attempts", "payload", "priority", "queue", "ttl"]
@@ -264,13 +266,15 @@ class QueueInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[QueueSettings, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class QueueSettings(_message.Message):
-    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "default_lease", "max_attempts", "paused", "rate_burst", "rate_limit"]
+    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "default_lease", "key_concurrency", "max_attempts", "ordered_by_key", "paused", "rate_burst", "rate_limit"]
     BACKOFF_BASE_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_CAP_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_RETENTION_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    KEY_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     RATE_BURST_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -279,11 +283,13 @@ class QueueSettings(_message.Message):
     completed_retention: _duration_pb2.Duration
     concurrency_limit: int
     default_lease: _duration_pb2.Duration
+    key_concurrency: int
     max_attempts: int
+    ordered_by_key: bool
     paused: bool
     rate_burst: int
     rate_limit: float
-    def __init__(self, default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ...) -> None: ...
+    def __init__(self, default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ["available", "consumers", "dead", "leased", "oldest_available_age", "scheduled", "streams"]
@@ -374,14 +380,16 @@ class ScheduleInfo(_message.Message):
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., next_run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_tick_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_job_id: _Optional[str] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class UpdateQueueRequest(_message.Message):
-    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "create", "default_lease", "max_attempts", "paused", "queue", "rate_burst", "rate_limit"]
+    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "create", "default_lease", "key_concurrency", "max_attempts", "ordered_by_key", "paused", "queue", "rate_burst", "rate_limit"]
     BACKOFF_BASE_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_CAP_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_RETENTION_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    KEY_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     RATE_BURST_FIELD_NUMBER: _ClassVar[int]
@@ -392,12 +400,14 @@ class UpdateQueueRequest(_message.Message):
     concurrency_limit: int
     create: bool
     default_lease: _duration_pb2.Duration
+    key_concurrency: int
     max_attempts: int
+    ordered_by_key: bool
     paused: bool
     queue: str
     rate_burst: int
     rate_limit: float
-    def __init__(self, queue: _Optional[str] = ..., default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., create: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ...) -> None: ...
+    def __init__(self, queue: _Optional[str] = ..., default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., create: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ...) -> None: ...
 
 class UpdateScheduleRequest(_message.Message):
     __slots__ = ["catch_up", "catch_up_limit", "cron", "job", "name", "overlap", "paused", "time_zone"]

@@ -117,7 +117,7 @@ class EnqueueBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EnqueueResponse, _Mapping]]] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ["dedup_key", "delay", "headers", "max_attempts", "payload", "priority", "queue", "run_at", "ttl"]
+    __slots__ = ["dedup_key", "delay", "headers", "key", "max_attempts", "payload", "priority", "queue", "run_at", "ttl"]
     class HeadersEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class EnqueueRequest(_message.Message):
     DEDUP_KEY_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -137,13 +138,14 @@ class EnqueueRequest(_message.Message):
     dedup_key: str
     delay: _duration_pb2.Duration
     headers: _containers.ScalarMap[str, str]
+    key: str
     max_attempts: int
     payload: bytes
     priority: int
     queue: str
     run_at: _timestamp_pb2.Timestamp
     ttl: _duration_pb2.Duration
-    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dedup_key: _Optional[str] = ..., max_attempts: _Optional[int] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dedup_key: _Optional[str] = ..., max_attempts: _Optional[int] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
     __slots__ = ["duplicate", "job_id"]
@@ -178,7 +180,7 @@ class Heartbeat(_message.Message):
     def __init__(self, sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ["attempt", "enqueued_at", "headers", "id", "last_error", "payload", "priority", "queue"]
+    __slots__ = ["attempt", "enqueued_at", "headers", "id", "key", "last_error", "payload", "priority", "queue"]
     class HeadersEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +192,7 @@ class Job(_message.Message):
     ENQUEUED_AT_FIELD_NUMBER: _ClassVar[int]
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -198,11 +201,12 @@ class Job(_message.Message):
     enqueued_at: _timestamp_pb2.Timestamp
     headers: _containers.ScalarMap[str, str]
     id: str
+    key: str
     last_error: str
     payload: bytes
     priority: int
     queue: str
-    def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class NackRequest(_message.Message):
     __slots__ = ["dead_letter", "error", "job_id", "lease_token", "retry_after"]
