@@ -78,6 +78,9 @@ pub struct Shared {
     /// The run's queues (one unless `--queues`), used in turn.
     pub queues: Vec<String>,
     next_queue: AtomicU64,
+    /// `--keys`: jobs get keys k0..k<N-1> in turn (0: none).
+    keys: u64,
+    next_key: AtomicU64,
     pub payload_bytes: usize,
     /// `--max-backlog` (0: none).
     pub max_backlog: u64,
@@ -108,6 +111,8 @@ impl Shared {
         Shared {
             queues,
             next_queue: AtomicU64::new(0),
+            keys: 0,
+            next_key: AtomicU64::new(0),
             payload_bytes,
             max_backlog,
             counters: Counters::default(),
@@ -189,7 +194,12 @@ impl Shared {
     /// A job for the next queue in turn.
     pub fn new_job(&self, payload: Vec<u8>) -> pb::EnqueueRequest {
         let queue = self.next_queue().to_owned();
-        Self::job_on(queue, payload)
+        let mut job = Self::job_on(queue, payload);
+        if self.keys > 0 {
+            let k = self.next_key.fetch_add(1, Ordering::Relaxed) % self.keys;
+            job.key = format!("k{k}");
+        }
+        job
     }
 
     pub fn job_on(queue: String, payload: Vec<u8>) -> pb::EnqueueRequest {
@@ -259,7 +269,23 @@ impl Bench {
             .clone()
             .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
         let queues = spread_queues(&queue, args.queues as usize);
+        if args.ordered_by_key {
+            let mut admin = crate::pb::admin_service_client::AdminServiceClient::new(
+                producers[0].clone(),
+            );
+            for q in &queues {
+                admin
+                    .update_queue(pb::UpdateQueueRequest {
+                        queue: q.clone(),
+                        create: true,
+                        ordered_by_key: Some(true),
+                        ..Default::default()
+                    })
+                    .await?;
+            }
+        }
         let mut shared = Shared::new(queues, args.payload_bytes, args.max_backlog);
+        shared.keys = args.keys;
         if args.latency_log.is_some() {
             shared.latency_log = Some(Mutex::new(Vec::new()));
         }

@@ -196,6 +196,15 @@ pub struct BenchArgs {
     /// Queue name (a fresh one per run by default).
     #[arg(long)]
     pub queue: Option<String>,
+    /// Give the jobs keys (`EnqueueRequest.key`): `k0` ... `k<N-1>`, in
+    /// turn. 0: no keys.
+    #[arg(long, default_value_t = 0)]
+    pub keys: u64,
+    /// Make the run's queues ordered by key (UpdateQueue `ordered_by_key`,
+    /// key_concurrency 1) before producing: with --keys, a key's jobs go
+    /// one at a time, in order.
+    #[arg(long)]
+    pub ordered_by_key: bool,
     /// Spread the jobs over this many queues (`QUEUE-0` ...), in turn: one
     /// EnqueueBatch per queue, every consumer stream on all of them. Queue
     /// i's bucket (docs/SCALING.md) is i modulo N, so under the first map of
