@@ -63,7 +63,9 @@ async fn start_replicas(url: &str, n: usize, extra: &[&str], test: &str) -> Vec<
 
 /// 1. kill -9 of one of three replicas every ~2 s under load, restarted at
 ///    once on the same address. The dead broker's leases expire (2 s) and
-///    its jobs come back; nothing else may.
+///    its jobs come back; nothing else may. The queue is ordered by key
+///    (one of a key at a time) and half the jobs have one of 16 keys: a
+///    key whose job the killed broker held waits for its lease to run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_replicas_under_load() {
     let db = TestDb::new().await;
@@ -71,7 +73,8 @@ async fn kill_9_replicas_under_load() {
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
     const CONSUMERS: usize = 6;
-    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
+    order_by_key(&h, addrs[0], "k9", 1).await;
+    let mut load = Load::start_keyed(&h, &addrs, "k9", CONSUMERS, mixed(), (150, 16));
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -93,6 +96,13 @@ async fn kill_9_replicas_under_load() {
     assert!(report.faults >= 1);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert!(report.handed_across > 0, "no job handed across replicas");
+    // Keyed jobs were checked, and some had to wait behind their key.
+    assert!(
+        report.keyed > 0 && report.key_behind > 0,
+        "keys not exercised: {} keyed deliveries, {} jobs enqueued behind their key",
+        report.keyed,
+        report.key_behind
+    );
     // A kill costs at most an attempt per job: nothing reaches max_attempts.
     assert_eq!(report.dead, 0, "jobs dead-lettered by kills");
     // Each consumer acks one job at a time, so a kill leaves at most one Ack
@@ -124,14 +134,17 @@ async fn kill_9_replicas_under_load() {
 
 /// 2. SIGTERM of one of two replicas every ~2 s under load: it drains
 ///    within its grace (5 s), exits 0, ends its streams with UNAVAILABLE
-///    after releasing their jobs; it is restarted on the same address.
+///    after releasing their jobs; it is restarted on the same address. The
+///    queue is ordered by key, two of a key at a time, and half the jobs
+///    have one of 8 keys: a job the drain released keeps its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_under_load() {
     let db = TestDb::new().await;
     let mut reps = start_replicas(&db.url, 2, &[], "sigterm").await;
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
-    let mut load = Load::start(&h, &addrs, "term", 4, mixed(), 150);
+    order_by_key(&h, addrs[0], "term", 2).await;
+    let mut load = Load::start_keyed(&h, &addrs, "term", 4, mixed(), (150, 8));
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -176,6 +189,15 @@ async fn sigterm_drains_under_load() {
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert!(report.handed_across > 0, "no job handed across replicas");
+    // Keyed jobs were checked; some waited behind their key, and some key
+    // had its two at once.
+    assert!(
+        report.keyed > 0 && report.key_behind > 0 && report.key_peak == 2,
+        "keys not exercised: {} keyed deliveries, {} behind their key, peak {}",
+        report.keyed,
+        report.key_behind,
+        report.key_peak
+    );
     // UNAVAILABLE, except that a call racing the connection's close at the
     // end of the drain fails in the client as CANCELLED, or rarely INTERNAL
     // (an HTTP/2 reset: the broker logs no error for it). Both are unknown

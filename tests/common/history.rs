@@ -10,6 +10,16 @@
 //! the faults the test injected. [`History::check`] then lists the
 //! anomalies (docs/RELIABILITY.md has the table).
 //!
+//! Job keys (`EnqueueRequest.key`, issue 33): a producer records the key
+//! of each Enqueue it sends ([`History::job_key`]), the test the queues it
+//! ordered by key ([`History::ordered_by_key`]), and each delivery keeps
+//! the key it names. The checker holds the keyed jobs of those queues to
+//! the invariant of docs/design/stream-messages.md ("Issue 33: keys"): no
+//! job of a key delivered while `key_concurrency` jobs of that key before
+//! it (smaller id) were live, neither acked nor dead-lettered, and never
+//! more than `key_concurrency` of a key leased at once (see
+//! [`History::check`]).
+//!
 //! Two clocks appear:
 //! - database time (`lease_expires_at`, and the lease start derived from it,
 //!   `lease_expires_at - lease`): orders the leases of one job, since every
@@ -43,6 +53,8 @@ pub struct Delivered {
     pub id: String,
     pub payload: String,
     pub attempt: i32,
+    /// The job's key (`Job.key`; empty: none).
+    pub key: String,
     pub token: String,
     /// Database time, microseconds since the epoch.
     pub expires_us: i64,
@@ -176,6 +188,11 @@ struct Inner {
     enq_broker: HashMap<String, usize>,
     enq_err: HashMap<String, Code>,
     keyed: Vec<Keyed>,
+    /// payload -> (queue, job key) of each Enqueue sent with a job key
+    /// (`EnqueueRequest.key`), whatever its outcome.
+    job_keys: HashMap<String, (String, String)>,
+    /// Queues ordered by key, and their key_concurrency.
+    ordered: HashMap<String, usize>,
     deliveries: Vec<Delivered>,
     settles: Vec<Settle>,
     streams: HashMap<u64, StreamRec>,
@@ -378,6 +395,23 @@ impl History {
         });
     }
 
+    /// `queue` is ordered by key (`UpdateQueueRequest.ordered_by_key`), at
+    /// most `key_concurrency` jobs of a key leased at once: the checker
+    /// holds its keyed jobs to per-key order.
+    pub fn ordered_by_key(&self, queue: &str, key_concurrency: usize) {
+        self.with(|h| h.ordered.insert(queue.to_owned(), key_concurrency));
+    }
+
+    /// The Enqueue of `payload` into `queue` carries the job key `key`
+    /// (`EnqueueRequest.key`): recorded before it is sent, its outcome as
+    /// any Enqueue's ([`History::enqueue_ok`] or [`History::enqueue_err`]).
+    pub fn job_key(&self, payload: &str, queue: &str, key: &str) {
+        self.with(|h| {
+            h.job_keys
+                .insert(payload.to_owned(), (queue.to_owned(), key.to_owned()))
+        });
+    }
+
     /// A stream the checker does not hold to the stall bound (its credit is
     /// not known to it).
     pub fn stream_opened(&self, broker: usize) -> u64 {
@@ -449,6 +483,7 @@ impl History {
             id: job.id.clone(),
             payload: String::from_utf8_lossy(&job.payload).into_owned(),
             attempt: job.attempt,
+            key: job.key.clone(),
             token: d.lease_token.clone(),
             expires_us,
             start_us: expires_us - micros(lease),
@@ -1023,11 +1058,6 @@ impl History {
             }
         }
 
-        // Dedup answers.
-        let mut per_key: BTreeMap<&str, Vec<&Keyed>> = BTreeMap::new();
-        for k in &h.keyed {
-            per_key.entry(&k.key).or_default().push(k);
-        }
         // When a job's completion began (the first Ack of it sent that was
         // not refused), and when an Ack of it first returned OK.
         let mut completing: HashMap<&str, Duration> = HashMap::new();
@@ -1038,6 +1068,170 @@ impl History {
         {
             let e = completing.entry(&s.id).or_insert(s.sent);
             *e = (*e).min(s.sent);
+        }
+
+        // Job keys (issue 33). Each delivery names the key its Enqueue sent.
+        for d in &h.deliveries {
+            let sent = h.job_keys.get(&d.payload).map_or("", |k| k.1.as_str());
+            if known.contains(d.payload.as_str()) && d.key != sent {
+                r.key_order.push(format!(
+                    "{} ({}): attempt {} delivered with key {:?}, enqueued with key {:?}",
+                    d.id, d.payload, d.attempt, d.key, sent
+                ));
+            }
+        }
+        // Per-key order in the queues ordered by key. The broker orders a
+        // key's jobs by id (the UUIDv7 it stamps on an Enqueue) and leases
+        // one only while fewer than key_concurrency jobs of its key with a
+        // smaller id are in the jobs table (lease.sql): waiting, delayed
+        // for a retry, or leased; an Ack or a dead letter takes one out.
+        // What the checker assumes, and what it cannot see:
+        // - An earlier job E (smaller id) was certainly in the table when a
+        //   lease of J began only if E's Enqueue had been answered OK (the
+        //   database clock at the answer, the latest it can read, before
+        //   the lease's start) or E had been leased before. Nothing is
+        //   assumed of how ids compare with the times Enqueues were sent:
+        //   an id is stamped before its commit, so two Enqueues of a key
+        //   racing (or sent to brokers whose clocks differ by more than the
+        //   gap between them) may commit out of id order; the one with the
+        //   smaller id committed later was no earlier job when J was leased.
+        // - E may have left the table before J's lease began if an Ack of
+        //   it that was not refused (answered OK, or not known) was sent
+        //   before J's delivery arrived (as for the lease checks: the send
+        //   is the earliest the broker could act on it), or if E is in the
+        //   dead letters at the end (a Nack to the dead letters, or the
+        //   broker's own once its last attempt's lease ran out, which no
+        //   client sees) and no lease of E began after J's (a leased job is
+        //   in the table). Cancels are not recorded: a run that cancels
+        //   jobs of an ordered queue would need them.
+        // - A lease is current from its start (database time) until its end
+        //   as the lease overlap check models it: its expiry (extensions
+        //   answered OK included), or before the later delivery arrived an
+        //   Ack or Nack of it sent that was not refused, its stream dropped,
+        //   its broker draining.
+        // A lease no client received (its broker killed between the lease
+        // and the send) is not seen, so not counted: each rule reports only
+        // what the history shows, and may miss what it does not.
+        let mut by_payload: HashMap<&str, Vec<&Delivered>> = HashMap::new();
+        for d in &h.deliveries {
+            by_payload.entry(&d.payload).or_default().push(d);
+        }
+        struct KeyJob<'a> {
+            id: &'a str,
+            payload: &'a str,
+            /// From when (database time) it was certainly in the table.
+            exists_us: i64,
+            leases: Vec<&'a Delivered>,
+        }
+        let mut scopes: BTreeMap<(&str, &str), Vec<KeyJob>> = BTreeMap::new();
+        for (payload, (queue, key)) in &h.job_keys {
+            if !h.ordered.contains_key(queue) {
+                continue;
+            }
+            let answered = h.enq_ok.get(payload);
+            let ds = by_payload.get(payload.as_str());
+            let Some(id) = answered
+                .map(|a| a.0.as_str())
+                .or_else(|| ds.and_then(|ds| ds.first()).map(|d| d.id.as_str()))
+            else {
+                continue;
+            };
+            let leases: Vec<&Delivered> = ds
+                .into_iter()
+                .flatten()
+                .filter(|d| d.id == id)
+                .copied()
+                .collect();
+            let exists_us = answered
+                .map(|a| db(a.1))
+                .into_iter()
+                .chain(leases.iter().map(|d| d.start_us))
+                .min()
+                .unwrap_or(i64::MAX);
+            scopes.entry((queue, key)).or_default().push(KeyJob {
+                id,
+                payload,
+                exists_us,
+                leases,
+            });
+        }
+        // Whether e was certainly in the table when a lease began at `at_us`
+        // (database time) that was received at `seen` (local time).
+        let live = |e: &KeyJob, at_us: i64, seen: Duration| -> bool {
+            e.exists_us < at_us
+                && (e.leases.iter().any(|l| l.start_us > at_us)
+                    || (completing.get(e.id).is_none_or(|t| *t >= seen) && !dead.contains(e.id)))
+        };
+        for ((queue, key), jobs) in scopes.iter_mut() {
+            let n = h.ordered[*queue];
+            jobs.sort_by(|a, b| a.id.cmp(b.id));
+            for (i, j) in jobs.iter().enumerate() {
+                if let Some((_, t)) = h.enq_ok.get(j.payload)
+                    && jobs[..i].iter().any(|e| live(e, db(*t), *t))
+                {
+                    r.key_behind += 1;
+                }
+                for d in &j.leases {
+                    r.keyed += 1;
+                    let ahead: Vec<&KeyJob> = jobs[..i]
+                        .iter()
+                        .filter(|e| live(e, d.start_us, d.t))
+                        .collect();
+                    if ahead.len() >= n {
+                        r.key_order.push(format!(
+                            "{} ({}): attempt {} of key {key:?} in {queue} leased at {} while \
+                             {} earlier job(s) of its key were live, neither acked nor \
+                             dead-lettered (key_concurrency {n}): {:?}: {}; the first ahead: {}",
+                            j.id,
+                            j.payload,
+                            d.attempt,
+                            d.start_us,
+                            ahead.len(),
+                            ahead.iter().map(|e| e.id).collect::<Vec<_>>(),
+                            h.story(j.id),
+                            h.story(ahead[0].id)
+                        ));
+                    }
+                    // Other jobs of the key with a lease current at d's start.
+                    let beside: Vec<&Delivered> = jobs
+                        .iter()
+                        .filter(|o| o.id != j.id)
+                        .filter_map(|o| {
+                            o.leases.iter().copied().find(|l| {
+                                l.start_us <= d.start_us
+                                    && expiry(l) > d.start_us
+                                    && !settled_before(l, d.t)
+                                    && !closed_before(l, d.t, d.t)
+                            })
+                        })
+                        .collect();
+                    r.key_peak = r.key_peak.max(beside.len() + 1);
+                    if beside.len() >= n {
+                        r.key_over_limit.push(format!(
+                            "{} ({}): attempt {} of key {key:?} in {queue} leased at {} while \
+                             {} other job(s) of its key held a current lease (key_concurrency \
+                             {n}): {:?}: {}; the first beside: {}",
+                            j.id,
+                            j.payload,
+                            d.attempt,
+                            d.start_us,
+                            beside.len(),
+                            beside
+                                .iter()
+                                .map(|l| format!("{} attempt {}", l.id, l.attempt))
+                                .collect::<Vec<_>>(),
+                            h.story(j.id),
+                            h.story(&beside[0].id)
+                        ));
+                    }
+                }
+            }
+        }
+
+        // Dedup answers.
+        let mut per_key: BTreeMap<&str, Vec<&Keyed>> = BTreeMap::new();
+        for k in &h.keyed {
+            per_key.entry(&k.key).or_default().push(k);
         }
         for (key, es) in &per_key {
             let created: Vec<(&str, Duration)> = es
@@ -1305,6 +1499,15 @@ pub struct Report {
     /// Enqueues with a dedup key answered, and how many of them `duplicate`.
     pub dedup_answers: usize,
     pub dedup_duplicates: usize,
+    /// Deliveries of keyed jobs in queues ordered by key (each checked
+    /// against per-key order and key_concurrency).
+    pub keyed: usize,
+    /// Keyed jobs whose Enqueue was answered while an earlier job of their
+    /// key was live: they had to wait their turn.
+    pub key_behind: usize,
+    /// The most leases of one key current at once, as far as the history
+    /// shows.
+    pub key_peak: usize,
     pub lost: Vec<String>,
     pub acked_twice: Vec<String>,
     pub lease_overlap: Vec<String>,
@@ -1335,6 +1538,14 @@ pub struct Report {
     /// Streams that went longer than [`Bounds::stall`] without a delivery
     /// while they had credit free and jobs waited.
     pub stalls: Vec<String>,
+    /// Keyed jobs of a queue ordered by key leased while key_concurrency
+    /// earlier jobs of their key were live (neither acked nor
+    /// dead-lettered); and deliveries naming another key than their
+    /// Enqueue sent.
+    pub key_order: Vec<String>,
+    /// Keyed jobs leased while key_concurrency other jobs of their key held
+    /// a current lease.
+    pub key_over_limit: Vec<String>,
 }
 
 impl Report {
@@ -1346,8 +1557,8 @@ impl Report {
              dead={} ack_unknown={} ack_stale={} dedup={}/{} \
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} refused_valid={} \
              stale_ok={} delivered_released={} frozen_late={} settled_late={} unrecovered={} \
-             dedup_inconsistent={} stalls={} \
-             recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
+             dedup_inconsistent={} stalls={} keyed={} key_behind={} key_peak={} key_order={} \
+             key_over_limit={} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
              wall_s={:.1} client_errors={:?}",
             self.enqueued,
             self.enqueue_unknown,
@@ -1379,6 +1590,11 @@ impl Report {
             self.unrecovered.len(),
             self.dedup_inconsistent.len(),
             self.stalls.len(),
+            self.keyed,
+            self.key_behind,
+            self.key_peak,
+            self.key_order.len(),
+            self.key_over_limit.len(),
             self.recovery_max_s,
             self.settle_max_s,
             self.bounds.settle,
@@ -1390,7 +1606,7 @@ impl Report {
     }
 
     /// Every kind of anomaly and its instances, in a fixed order.
-    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 13] {
+    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 15] {
         [
             ("lost", &self.lost),
             ("acked twice", &self.acked_twice),
@@ -1408,6 +1624,11 @@ impl Report {
             ("fault never recovered from", &self.unrecovered),
             ("dedup answer inconsistent", &self.dedup_inconsistent),
             ("stream stalled while jobs waited", &self.stalls),
+            ("key order broken", &self.key_order),
+            (
+                "more than key_concurrency of a key leased at once",
+                &self.key_over_limit,
+            ),
         ]
     }
 

@@ -737,7 +737,7 @@ pub async fn producer(
     stop: CancellationToken,
 ) {
     let queues = vec![queue.to_owned()];
-    producer_over(history, addrs, queues, prefix, max, pace, stop).await
+    produce(history, addrs, queues, prefix, max, pace, stop, 0).await
 }
 
 /// As [`producer`], the jobs round-robin over `queues` as well.
@@ -749,6 +749,45 @@ pub async fn producer_over(
     max: usize,
     pace: Duration,
     stop: CancellationToken,
+) {
+    produce(history, addrs, queues, prefix, max, pace, stop, 0).await
+}
+
+/// As [`producer`], every other job (the even `n`) with a job key
+/// (`EnqueueRequest.key`): `{prefix}-k0` to `{prefix}-k{keys - 1}` in turn.
+///
+/// The keys are this producer's own, so each key's jobs are sent one after
+/// another, each after the one before was answered and at least `pace`
+/// later. The broker orders a key's jobs by the UUIDv7 it stamps on each
+/// Enqueue; sent so, on brokers that share one clock (this machine), their
+/// ids follow their commits. Enqueues of one key racing (two producers, or
+/// brokers whose clocks differ by more than the gap between them) may
+/// commit out of id order, and the broker may then lease a job whose id is
+/// smaller beside one leased before it committed: the checker's
+/// key_concurrency rule would report that (its order rule does not assume
+/// ids follow commits; `History::check` says why).
+pub async fn keyed_producer(
+    history: History,
+    addrs: Vec<SocketAddr>,
+    queue: &'static str,
+    prefix: &'static str,
+    (max, pace, keys): (usize, Duration, usize),
+    stop: CancellationToken,
+) {
+    let queues = vec![queue.to_owned()];
+    produce(history, addrs, queues, prefix, max, pace, stop, keys).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn produce(
+    history: History,
+    addrs: Vec<SocketAddr>,
+    queues: Vec<String>,
+    prefix: &'static str,
+    max: usize,
+    pace: Duration,
+    stop: CancellationToken,
+    keys: usize,
 ) {
     let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
     let mut tick = tokio::time::interval(pace);
@@ -762,11 +801,20 @@ pub async fn producer_over(
         let broker = n % clients.len();
         let single = clients.len() == 1;
         let mut c = clients[broker].clone();
+        let queue = queues[n % queues.len()].clone();
+        let key = if keys > 0 && n.is_multiple_of(2) {
+            let key = format!("{prefix}-k{}", (n / 2) % keys);
+            history.job_key(&payload, &queue, &key);
+            key
+        } else {
+            String::new()
+        };
         let r = timeout(
             Duration::from_secs(10),
             c.enqueue(pb::EnqueueRequest {
-                queue: queues[n % queues.len()].clone(),
+                queue,
                 payload: payload.clone().into_bytes(),
+                key,
                 ..Default::default()
             }),
         )
@@ -964,7 +1012,8 @@ pub async fn broker_id(addr: SocketAddr) -> String {
 }
 
 /// Every 100 ms until `stop`, how many jobs of `queues` wait deliverable
-/// (available, due, their queue not paused) over `pools`, into `history`
+/// (available, due, their queue not paused, not held back behind their
+/// key) over `pools`, into `history`
 /// (a failed or slow sample is recorded as unknown): the stall check's
 /// "while jobs wait".
 pub async fn sample_ready(
@@ -978,11 +1027,21 @@ pub async fn sample_ready(
         for pool in &pools {
             let n = timeout(
                 Duration::from_secs(1),
+                // In a queue ordered by key, a keyed job is deliverable only
+                // while fewer than key_concurrency earlier jobs of its key
+                // are in the table (lease.sql's rule).
                 sqlx::query_scalar::<_, i64>(
                     "select count(*) from leaseq.jobs j
+                     left join leaseq.queues q on q.name = j.queue
                      where j.queue = any($1) and j.state = 'available' and j.run_at <= now()
-                       and not exists (select 1 from leaseq.queues q
-                                       where q.name = j.queue and q.paused)",
+                       and not coalesce(q.paused, false)
+                       and (not coalesce(q.ordered_by_key, false) or j.key is null or (
+                           select count(*) from (
+                               select from leaseq.jobs e
+                               where e.queue = j.queue and e.key = j.key and e.id < j.id
+                               limit coalesce(q.key_concurrency, 1)
+                           ) ahead
+                       ) < coalesce(q.key_concurrency, 1))",
                 )
                 .bind(&queues)
                 .fetch_one(pool),
@@ -1025,19 +1084,31 @@ impl Load {
         behaviour: Behaviour,
         rate: u32,
     ) -> Load {
+        Load::start_keyed(history, addrs, queue, consumers, behaviour, (rate, 0))
+    }
+
+    /// As [`Load::start`], half the jobs with a job key, `keys` keys in
+    /// all (half of them each producer's: [`keyed_producer`]); 0: none.
+    pub fn start_keyed(
+        history: &History,
+        addrs: &[SocketAddr],
+        queue: &'static str,
+        consumers: usize,
+        behaviour: Behaviour,
+        (rate, keys): (u32, usize),
+    ) -> Load {
         let mut load = Load::consumers_only(history, addrs, queue, consumers, behaviour);
         // Jobs: up to twice what the fault phase needs, since the load also
         // runs while the test starts and while it waits for recoveries.
         let max = (fault_seconds().as_secs_f64() * f64::from(rate) * 2.0) as usize;
         let pace = Duration::from_secs_f64(2.0 / f64::from(rate));
         for prefix in ["pa", "pb"] {
-            load.produce(producer(
+            load.produce(keyed_producer(
                 history.clone(),
                 addrs.to_vec(),
                 queue,
                 prefix,
-                max / 2,
-                pace,
+                (max / 2, pace, keys.div_ceil(2)),
                 load.producers_stop(),
             ));
         }
@@ -1187,6 +1258,31 @@ impl Load {
         assert!(live.is_empty(), "jobs left after the drain: {live:?}");
         report
     }
+}
+
+/// Orders `queue` by key through the broker at `addr`, at most
+/// `key_concurrency` jobs of a key leased at once, and tells `history`.
+pub async fn order_by_key(history: &History, addr: SocketAddr, queue: &str, key_concurrency: i32) {
+    let mut admin =
+        leaseq::pb::admin_service_client::AdminServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("admin connect");
+    let s = admin
+        .update_queue(pb::UpdateQueueRequest {
+            queue: queue.to_owned(),
+            create: true,
+            ordered_by_key: Some(true),
+            key_concurrency: Some(key_concurrency),
+            ..Default::default()
+        })
+        .await
+        .expect("update_queue")
+        .into_inner()
+        .settings
+        .expect("settings");
+    assert!(s.ordered_by_key, "{s:?}");
+    assert_eq!(s.key_concurrency, key_concurrency, "{s:?}");
+    history.ordered_by_key(queue, key_concurrency as usize);
 }
 
 pub async fn wait_acked(history: &History, n: usize, limit: Duration) {

@@ -2,7 +2,8 @@
 //! one planted anomaly of every kind it knows is reported with each of them
 //! (and with nothing else), the duplicates and refusals each exemption
 //! explains are not, an exemption that names another broker excuses
-//! nothing, and a clean history is reported clean. The histories run on a
+//! nothing, and a clean history is reported clean; likewise for the rules
+//! on job keys in queues ordered by key. The histories run on a
 //! manual clock: local time is set, and the database clock is the wall
 //! clock `W` at local time 0 plus local time.
 
@@ -40,6 +41,25 @@ impl Plant {
         self.h.enqueue_ok(payload, payload);
     }
 
+    /// As [`Plant::enqueue`], with the job key `key` into `queue`.
+    fn enqueue_key(&self, t: f64, payload: &str, (queue, key): (&str, &str)) {
+        self.h.job_key(payload, queue, key);
+        self.enqueue(t, payload);
+    }
+
+    /// Attempt `attempt` of job `id`, with the job key `key`, received at
+    /// `t` on broker 0, leased a millisecond before for `lease` s.
+    fn deliver_key(
+        &self,
+        stream: u64,
+        (id, key, attempt): (&str, &str, i32),
+        t: f64,
+        lease: f64,
+    ) -> Delivered {
+        let token = format!("{id}-{attempt}");
+        self.deliver_job(stream, 0, (id, key, attempt), &token, (t, t - 0.001, lease))
+    }
+
     /// Job `id` (its payload too) received at local `t` under `token`,
     /// leased at `start` (database time, seconds after W) for `lease` s.
     fn deliver_lease(
@@ -50,13 +70,27 @@ impl Plant {
         token: &str,
         (t, start, lease): (f64, f64, f64),
     ) -> Delivered {
+        self.deliver_job(stream, broker, (id, "", 1), token, (t, start, lease))
+    }
+
+    /// As [`Plant::deliver_lease`], attempt `attempt` of job `id` naming
+    /// the job key `key` (empty: none).
+    fn deliver_job(
+        &self,
+        stream: u64,
+        broker: usize,
+        (id, key, attempt): (&str, &str, i32),
+        token: &str,
+        (t, start, lease): (f64, f64, f64),
+    ) -> Delivered {
         self.h.set_now(at(t));
         let expires = W + ((start + lease) * 1e6) as i64;
         let d = pb::Delivery {
             job: Some(pb::Job {
                 id: id.into(),
                 payload: id.as_bytes().to_vec(),
-                attempt: 1,
+                attempt,
+                key: key.into(),
                 ..Default::default()
             }),
             lease_token: token.into(),
@@ -377,6 +411,17 @@ fn checker_finds_every_planted_anomaly() {
     let q = h.delivered(s1, 0, at(2.0), &q);
     p.ack(&q, 1.5);
 
+    // Job keys: in a queue ordered by key (one at a time), the later job
+    // of a key leased while the earlier one was leased and unsettled.
+    h.ordered_by_key("ord", 1);
+    for id in ["key-early", "key-late"] {
+        p.enqueue_key(0.0, id, ("ord", "K"));
+    }
+    let a = p.deliver_key(s1, ("key-early", "K", 1), 1.0, 2.0);
+    let b = p.deliver_key(s2, ("key-late", "K", 1), 1.5, 2.0);
+    p.ack(&a, 1.6);
+    p.ack(&b, 1.7);
+
     // A stream with credit that receives once, then nothing for 9 s while
     // jobs wait; one whose gap is a fault of its broker; one whose credit
     // is full (its one job held for 30 s).
@@ -403,7 +448,7 @@ fn checker_finds_every_planted_anomaly() {
 
     let r = p.check();
     let mut names: Vec<&str> = jobs.to_vec();
-    names.extend(["ghost", "planted", "key", "stream"]);
+    names.extend(["ghost", "planted", "key", "stream", "key-early", "key-late"]);
     let got = found(&r, &names);
     let want: Vec<(&str, Vec<&str>)> = vec![
         ("lost", vec!["lost"]),
@@ -436,6 +481,11 @@ fn checker_finds_every_planted_anomaly() {
         ("fault never recovered from", vec!["planted"]),
         ("dedup answer inconsistent", vec!["key"]),
         ("stream stalled while jobs waited", vec!["stream"]),
+        ("key order broken", vec!["key-late"]),
+        (
+            "more than key_concurrency of a key leased at once",
+            vec!["key-late"],
+        ),
     ];
     let want: Vec<(&str, Vec<String>)> = want
         .into_iter()
@@ -445,7 +495,11 @@ fn checker_finds_every_planted_anomaly() {
     // One entry per planted instance: the refusals' op, the dedup keys,
     // the stalled stream.
     let count: Vec<usize> = r.kinds().iter().map(|k| k.1.len()).collect();
-    assert_eq!(count, [1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1], "{r:#?}");
+    assert_eq!(
+        count,
+        [1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 1],
+        "{r:#?}"
+    );
     assert!(r.refused_valid.iter().any(|e| e.contains(": nack of")));
     assert!(r.refused_valid.iter().any(|e| e.contains(": extend of")));
     for key in ["key K1:", "key K2:", "key K3:"] {
@@ -471,7 +525,7 @@ fn checker_finds_every_planted_anomaly() {
             && r.lost[0].contains("ack of token l1 sent to broker 0: Refused"),
         "{r:#?}"
     );
-    assert_eq!(r.anomalies().len(), 13, "{:#?}", r.anomalies());
+    assert_eq!(r.anomalies().len(), 15, "{:#?}", r.anomalies());
 }
 
 /// A clean history: duplicates of every explanation, settles refused for a
@@ -566,4 +620,214 @@ fn late_deliveries_from_a_frozen_broker_are_counted_apart_and_only_those() {
         .collect();
     anomalies.sort();
     assert_eq!(anomalies, ["much-later", "other-broker"], "{r:#?}");
+}
+
+/// A history of keyed jobs in two queues ordered by key ("q1", one of a key
+/// at a time; "q2", two), on one stream. Every key of it is in order but
+/// for those planted when `broken`. Returns it, and the ids in the dead
+/// letters at its end.
+fn keyed_history(broken: bool) -> (Plant, HashSet<String>) {
+    let p = Plant::new();
+    let h = &p.h;
+    let s = h.stream_opened(0);
+    h.ordered_by_key("q1", 1);
+    h.ordered_by_key("q2", 2);
+    let mut dead = HashSet::new();
+    let q1 = |key| ("q1", key);
+
+    // In order: a1 nacked keeps its place (a2 waits for its retry, acked);
+    // a2 and a3 enqueued while a1 was live.
+    p.enqueue_key(0.0, "a1", q1("A"));
+    p.enqueue_key(0.1, "a2", q1("A"));
+    p.enqueue_key(0.2, "a3", q1("A"));
+    let d = p.deliver_key(s, ("a1", "A", 1), 1.0, 2.0);
+    p.settle(Op::Nack, &d, 1.1, 1.15, Ok(()));
+    let d = p.deliver_key(s, ("a1", "A", 2), 1.2, 2.0);
+    p.ack(&d, 1.3);
+    let d = p.deliver_key(s, ("a2", "A", 1), 1.4, 2.0);
+    p.ack(&d, 1.5);
+    let d = p.deliver_key(s, ("a3", "A", 1), 1.6, 2.0);
+    p.ack(&d, 1.7);
+
+    // d1 nacked into the dead letters lets d2 go.
+    p.enqueue_key(0.0, "d1", q1("D"));
+    p.enqueue_key(0.0, "d2", q1("D"));
+    let d = p.deliver_key(s, ("d1", "D", 1), 1.0, 2.0);
+    p.settle(Op::Nack, &d, 1.1, 1.15, Ok(()));
+    dead.insert("d1".to_owned());
+    let d = p.deliver_key(s, ("d2", "D", 1), 1.3, 2.0);
+    p.ack(&d, 1.4);
+
+    // e1 dead-lettered by the broker, unseen (its last lease ran out at
+    // 1.5): e2 goes.
+    p.enqueue_key(0.0, "e1", q1("E"));
+    p.enqueue_key(0.0, "e2", q1("E"));
+    p.deliver_key(s, ("e1", "E", 1), 1.0, 0.5);
+    dead.insert("e1".to_owned());
+    let d = p.deliver_key(s, ("e2", "E", 1), 2.0, 2.0);
+    p.ack(&d, 2.1);
+
+    // g1's Ack lost its answer (it may have committed): g2 goes.
+    p.enqueue_key(0.0, "g1", q1("G"));
+    p.enqueue_key(0.0, "g2", q1("G"));
+    let d = p.deliver_key(s, ("g1", "G", 1), 1.0, 2.0);
+    p.settle(Op::Ack, &d, 1.1, 1.2, Err(Code::DeadlineExceeded));
+    let d = p.deliver_key(s, ("g2", "G", 1), 1.3, 2.0);
+    p.ack(&d, 1.4);
+
+    // h1 (the smaller id) committed after h2 was leased: no earlier job
+    // then; it goes after h2's Ack.
+    p.enqueue_key(0.0, "h2", q1("H"));
+    let d = p.deliver_key(s, ("h2", "H", 1), 0.5, 2.0);
+    p.enqueue_key(1.0, "h1", q1("H"));
+    p.ack(&d, 1.5);
+    let d = p.deliver_key(s, ("h1", "H", 1), 1.6, 2.0);
+    p.ack(&d, 1.7);
+
+    // Two of a key at once in q2; the third after one is acked.
+    for id in ["p1", "p2", "p3"] {
+        p.enqueue_key(0.0, id, ("q2", "P"));
+    }
+    let d1 = p.deliver_key(s, ("p1", "P", 1), 1.0, 2.0);
+    let d2 = p.deliver_key(s, ("p2", "P", 1), 1.1, 2.0);
+    p.ack(&d1, 1.15);
+    let d3 = p.deliver_key(s, ("p3", "P", 1), 1.2, 2.0);
+    p.ack(&d2, 1.3);
+    p.ack(&d3, 1.4);
+
+    // A job without a key in an ordered queue is held to nothing.
+    p.enqueue(0.0, "u1");
+    let d = p.deliver(s, 0, "u1", "u1", 1.0);
+    p.ack(&d, 1.1);
+
+    if !broken {
+        return (p, dead);
+    }
+    // b2 leased while b1 was leased, unsettled: out of order and two at once.
+    p.enqueue_key(0.0, "b1", q1("B"));
+    p.enqueue_key(0.0, "b2", q1("B"));
+    let d1 = p.deliver_key(s, ("b1", "B", 1), 1.0, 2.0);
+    let d2 = p.deliver_key(s, ("b2", "B", 1), 1.5, 2.0);
+    p.ack(&d1, 1.6);
+    p.ack(&d2, 1.7);
+
+    // c1 nacked (a retry) lost its place to c2: out of order, never two
+    // at once.
+    p.enqueue_key(0.0, "c1", q1("C"));
+    p.enqueue_key(0.0, "c2", q1("C"));
+    let d = p.deliver_key(s, ("c1", "C", 1), 1.0, 2.0);
+    p.settle(Op::Nack, &d, 1.1, 1.15, Ok(()));
+    let d = p.deliver_key(s, ("c2", "C", 1), 1.3, 2.0);
+    p.ack(&d, 1.4);
+    let d = p.deliver_key(s, ("c1", "C", 2), 1.5, 2.0);
+    p.ack(&d, 1.6);
+
+    // f1 ends in the dead letters, but was leased again after f2 had gone:
+    // live when f2 was leased.
+    p.enqueue_key(0.0, "f1", q1("F"));
+    p.enqueue_key(0.0, "f2", q1("F"));
+    p.deliver_key(s, ("f1", "F", 1), 1.0, 0.5);
+    let d = p.deliver_key(s, ("f2", "F", 1), 2.0, 2.0);
+    p.ack(&d, 2.1);
+    p.deliver_key(s, ("f1", "F", 2), 2.5, 0.5);
+    dead.insert("f1".to_owned());
+
+    // k1 (the smaller id) committed after k2 was leased, then leased while
+    // k2 still held its lease: in order, but two of the key at once.
+    p.enqueue_key(0.0, "k2", q1("K"));
+    let d2 = p.deliver_key(s, ("k2", "K", 1), 0.5, 2.0);
+    p.enqueue_key(1.0, "k1", q1("K"));
+    let d1 = p.deliver_key(s, ("k1", "K", 1), 1.2, 2.0);
+    p.ack(&d1, 1.3);
+    p.ack(&d2, 1.5);
+
+    // Three of a key at once in q2, whose limit is two.
+    for id in ["m1", "m2", "m3"] {
+        p.enqueue_key(0.0, id, ("q2", "M"));
+    }
+    let ds = [
+        p.deliver_key(s, ("m1", "M", 1), 1.0, 2.0),
+        p.deliver_key(s, ("m2", "M", 1), 1.1, 2.0),
+        p.deliver_key(s, ("m3", "M", 1), 1.2, 2.0),
+    ];
+    for d in &ds {
+        p.ack(d, 1.3);
+    }
+
+    // Delivered naming another key than its Enqueue sent.
+    p.enqueue_key(0.0, "x1", q1("X"));
+    let d = p.deliver_key(s, ("x1", "Y", 1), 1.0, 2.0);
+    p.ack(&d, 1.1);
+    (p, dead)
+}
+
+/// The first word of each entry, sorted: the job each names.
+fn named(list: &[String]) -> Vec<&str> {
+    let mut v: Vec<&str> = list
+        .iter()
+        .map(|e| e.split_whitespace().next().unwrap_or(""))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The key rules find what was planted, and nothing else: a job leased
+/// while an earlier job of its key was leased (b2), or waiting for its
+/// retry (c2), or dead-lettered only after a lease that began later (f2);
+/// more than key_concurrency of a key leased at once (b2; m3 in a queue of
+/// two; k1, whose smaller id committed after k2 was leased); a delivery
+/// naming another key (x1). The in-order keys planted beside them (a retry
+/// keeping its place, dead letters seen and unseen, an Ack whose answer was
+/// lost, a smaller id committed late, two at once where two are allowed)
+/// are not reported.
+#[test]
+fn checker_finds_keys_out_of_order_and_over_their_limit() {
+    let (p, dead) = keyed_history(true);
+    let r = p.h.check(&dead, &HashSet::new());
+    assert_eq!(
+        named(&r.key_order),
+        ["b2", "c2", "f2", "m3", "x1"],
+        "{:#?}",
+        r.key_order
+    );
+    assert_eq!(
+        named(&r.key_over_limit),
+        ["b2", "k1", "m3"],
+        "{:#?}",
+        r.key_over_limit
+    );
+    // The other kinds find nothing.
+    let others: Vec<&str> = r
+        .kinds()
+        .iter()
+        .filter(|(kind, list)| !kind.contains("key") && !list.is_empty())
+        .map(|(kind, _)| *kind)
+        .collect();
+    assert!(others.is_empty(), "{others:?}: {r:#?}");
+    let behind = r.key_order.iter().filter(|e| e.contains("earlier job(s)"));
+    assert_eq!(behind.count(), 4, "{:#?}", r.key_order);
+    assert!(
+        r.key_order
+            .iter()
+            .any(|e| e.contains("delivered with key \"Y\", enqueued with key \"X\"")),
+        "{:#?}",
+        r.key_order
+    );
+    assert_eq!(r.key_peak, 3, "{r:#?}");
+}
+
+/// The same history without the planted breaks: no anomaly; every keyed
+/// delivery checked, two of a key at once at most, and jobs enqueued
+/// behind a live job of their key counted.
+#[test]
+fn checker_reports_keys_in_order_clean() {
+    let (p, dead) = keyed_history(false);
+    let r = p.h.check(&dead, &HashSet::new());
+    assert!(r.anomalies().is_empty(), "{:#?}", r.anomalies());
+    // a1 twice, a2, a3, d1, d2, e1, e2, g1, g2, h1, h2, p1, p2, p3.
+    assert_eq!(r.keyed, 15, "{r:#?}");
+    assert_eq!(r.key_peak, 2, "{r:#?}");
+    // a2 and a3, enqueued while a1 was live (h1 is behind nothing: h2
+    // comes after it by id).
+    assert_eq!(r.key_behind, 2, "{r:#?}");
 }
