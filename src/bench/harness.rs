@@ -270,9 +270,8 @@ impl Bench {
             .unwrap_or_else(|| format!("bench-{}", uuid::Uuid::new_v4().simple()));
         let queues = spread_queues(&queue, args.queues as usize);
         if args.ordered_by_key {
-            let mut admin = crate::pb::admin_service_client::AdminServiceClient::new(
-                producers[0].clone(),
-            );
+            let mut admin =
+                crate::pb::admin_service_client::AdminServiceClient::new(producers[0].clone());
             for q in &queues {
                 admin
                     .update_queue(pb::UpdateQueueRequest {

@@ -1028,8 +1028,8 @@ pub async fn sample_ready(
             let n = timeout(
                 Duration::from_secs(1),
                 // In a queue ordered by key, a keyed job is deliverable only
-                // while fewer than key_concurrency earlier jobs of its key
-                // are in the table (lease.sql's rule).
+                // while fewer than key_concurrency jobs of its key are in
+                // the table with a smaller id, or leased (lease.sql's rule).
                 sqlx::query_scalar::<_, i64>(
                     "select count(*) from leaseq.jobs j
                      left join leaseq.queues q on q.name = j.queue
@@ -1038,9 +1038,10 @@ pub async fn sample_ready(
                        and (not coalesce(q.ordered_by_key, false) or j.key is null or (
                            select count(*) from (
                                select from leaseq.jobs e
-                               where e.queue = j.queue and e.key = j.key and e.id < j.id
+                               where e.queue = j.queue and e.key = j.key
+                                 and (e.id < j.id or e.state = 'leased')
                                limit coalesce(q.key_concurrency, 1)
-                           ) ahead
+                           ) busy
                        ) < coalesce(q.key_concurrency, 1))",
                 )
                 .bind(&queues)
