@@ -407,6 +407,7 @@ async fn order_survives_a_broker_killed_holding_the_head() {
 /// (docs/RELIABILITY.md, "Found: a key's job committed after a later one
 /// was leased"); it counts the key's leased jobs too now. Once the later
 /// one is acked, the early one goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_committed_late_is_not_leased_beside_a_later_one() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
