@@ -63,9 +63,10 @@ async fn start_replicas(url: &str, n: usize, extra: &[&str], test: &str) -> Vec<
 
 /// 1. kill -9 of one of three replicas every ~2 s under load, restarted at
 ///    once on the same address. The dead broker's leases expire (2 s) and
-///    its jobs come back; nothing else may. The queue is ordered by key
-///    (one of a key at a time) and half the jobs have one of 16 keys: a
-///    key whose job the killed broker held waits for its lease to run out.
+///    its jobs come back; nothing else may. (Keys under kill -9:
+///    keys::order_survives_a_broker_killed_holding_the_head; an ordered
+///    queue here would hand off nothing, and this test is the one that
+///    checks hand-off across replicas under kill -9.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_replicas_under_load() {
     let db = TestDb::new().await;
@@ -73,8 +74,7 @@ async fn kill_9_replicas_under_load() {
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
     const CONSUMERS: usize = 6;
-    order_by_key(&h, addrs[0], "k9", 1).await;
-    let mut load = Load::start_keyed(&h, &addrs, "k9", CONSUMERS, mixed(), (150, 16));
+    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -96,13 +96,6 @@ async fn kill_9_replicas_under_load() {
     assert!(report.faults >= 1);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert!(report.handed_across > 0, "no job handed across replicas");
-    // Keyed jobs were checked, and some had to wait behind their key.
-    assert!(
-        report.keyed > 0 && report.key_behind > 0,
-        "keys not exercised: {} keyed deliveries, {} jobs enqueued behind their key",
-        report.keyed,
-        report.key_behind
-    );
     // A kill costs at most an attempt per job: nothing reaches max_attempts.
     assert_eq!(report.dead, 0, "jobs dead-lettered by kills");
     // Each consumer acks one job at a time, so a kill leaves at most one Ack
@@ -188,7 +181,9 @@ async fn sigterm_drains_under_load() {
     assert!(streams_ended > 0, "no stream was open on a drained broker");
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
-    assert!(report.handed_across > 0, "no job handed across replicas");
+    // No hand-off: an ordered queue is leased only by lease rounds under
+    // its queue's lock (docs/design/keys.md); kill -9's test checks
+    // hand-off across replicas.
     // Keyed jobs were checked; some waited behind their key, and some key
     // had its two at once.
     assert!(
