@@ -199,6 +199,9 @@ struct Inner {
     /// stream -> local time the client dropped it, half-closed it, or its
     /// deadline passed (it releases its jobs).
     dropped: HashMap<u64, Duration>,
+    /// Those of `dropped` the client half-closed (a Consume stream it then
+    /// reads to its end), at that local time.
+    half_closed: HashMap<u64, Duration>,
     /// stream -> (local time, end status) when the broker ended it.
     ended: HashMap<u64, (Duration, Option<Code>)>,
     /// broker -> times SIGTERM was sent (a drain releases its streams' jobs).
@@ -442,6 +445,17 @@ impl History {
     /// that the time is a lower bound of the release).
     pub fn stream_dropped(&self, stream: u64) {
         self.stream_dropped_at(stream, self.now());
+    }
+
+    /// The client half-closed its Consume stream `stream` (and reads it to
+    /// its end): as [`History::stream_dropped`], and what arrives after it
+    /// the client ignores.
+    pub fn stream_half_closed(&self, stream: u64) {
+        let t = self.now();
+        self.stream_dropped_at(stream, t);
+        self.with(|h| {
+            h.half_closed.entry(stream).or_insert(t);
+        });
     }
 
     /// As [`History::stream_dropped`], at local time `t` (say when the
@@ -951,10 +965,19 @@ impl History {
                     r.same_token_twice.push(format!("{id}: {}", d1.token));
                     continue;
                 }
-                // Received after the job was leased again.
+                // Received after the job was leased again. One that crossed
+                // its stream's half-close on the wire is not: the client
+                // half-closed before it arrived, ceding its jobs (the broker
+                // releases them), and ignores what still comes (the Consume
+                // contract in queue.proto). Seen under SIGTERM on two busy
+                // cores: a pack written to the socket some ms after the
+                // broker, hearing the half-close, released and re-leased it.
+                let crossed_close = h.half_closed.get(&d1.stream).is_some_and(|t| *t < d1.t);
                 if db_min(d1.t) > d2.start_us {
                     let list = if from_frozen(d1) {
                         &mut r.frozen_late
+                    } else if crossed_close {
+                        &mut r.after_half_close
                     } else {
                         &mut r.delivered_released
                     };
@@ -1529,6 +1552,10 @@ pub struct Report {
     /// stopped. Counted and printed, not an anomaly: an open finding of
     /// docs/RELIABILITY.md ("Open: late deliveries from a frozen broker").
     pub frozen_late: Vec<String>,
+    /// Received after the job was leased again, on a stream the client had
+    /// half-closed before it arrived (ignored by the client: not an
+    /// anomaly).
+    pub after_half_close: Vec<String>,
     /// Jobs settled later than [`Bounds::settle`] after the faults ended.
     pub settled_late: Vec<String>,
     /// Faults after which no Ack succeeded (on their broker) any more.
@@ -1556,7 +1583,7 @@ impl Report {
              (expiry={} nack={} closed={}) nacks={} extends={} consume_acks={} handed_across={} \
              dead={} ack_unknown={} ack_stale={} dedup={}/{} \
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} refused_valid={} \
-             stale_ok={} delivered_released={} frozen_late={} settled_late={} unrecovered={} \
+             stale_ok={} delivered_released={} frozen_late={} after_half_close={} settled_late={} unrecovered={} \
              dedup_inconsistent={} stalls={} keyed={} key_behind={} key_peak={} key_order={} \
              key_over_limit={} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
              wall_s={:.1} client_errors={:?}",
@@ -1586,6 +1613,7 @@ impl Report {
             self.stale_ok.len(),
             self.delivered_released.len(),
             self.frozen_late.len(),
+            self.after_half_close.len(),
             self.settled_late.len(),
             self.unrecovered.len(),
             self.dedup_inconsistent.len(),

@@ -643,7 +643,7 @@ impl ConsumeConn<'_> {
     /// Half-closes and reads the stream to its end (5 s at most), recording
     /// what still arrives. The half-close releases the stream's jobs.
     async fn close(&mut self) {
-        self.history.stream_dropped(self.sid);
+        self.history.stream_half_closed(self.sid);
         self.tx = None;
         let deadline = Instant::now() + Duration::from_secs(5);
         while let Ok(msg) = tokio::time::timeout_at(deadline, self.stream.message()).await {

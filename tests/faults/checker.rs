@@ -622,6 +622,39 @@ fn late_deliveries_from_a_frozen_broker_are_counted_apart_and_only_those() {
     assert_eq!(anomalies, ["much-later", "other-broker"], "{r:#?}");
 }
 
+/// A delivery that crossed its stream's half-close on the wire (received
+/// after the client half-closed, its job released and leased again
+/// meanwhile) is counted apart: the client ignores it. The same after a
+/// cut (dropped, not half-closed) is an anomaly still.
+#[test]
+fn a_delivery_crossing_a_half_close_is_counted_apart_and_only_that() {
+    let p = Plant::new();
+    let h = &p.h;
+    let (closed, cut, other) = (h.stream_opened(0), h.stream_opened(0), h.stream_opened(0));
+    for job in ["crossed", "after-cut"] {
+        p.enqueue(0.5, job);
+    }
+    h.set_now(at(1.2));
+    h.stream_half_closed(closed);
+    h.stream_dropped(cut);
+    // Leased at 1.1 for 2 s; released at the close and leased again at
+    // 1.3; the first lease's delivery arrives at 1.4.
+    for (s, job) in [(closed, "crossed"), (cut, "after-cut")] {
+        p.deliver_lease(s, 0, job, &format!("{job}-1"), (1.4, 1.1, 2.0));
+        let b = p.deliver_lease(other, 0, job, &format!("{job}-2"), (1.35, 1.3, 2.0));
+        p.ack(&b, 1.5);
+    }
+    let r = p.check();
+    assert_eq!(r.after_half_close.len(), 1, "{r:#?}");
+    assert!(r.after_half_close[0].starts_with("crossed "), "{r:#?}");
+    let anomalies: Vec<&str> = r
+        .delivered_released
+        .iter()
+        .map(|e| e.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(anomalies, ["after-cut"], "{r:#?}");
+}
+
 /// A history of keyed jobs in two queues ordered by key ("q1", one of a key
 /// at a time; "q2", two), on one stream. Every key of it is in order but
 /// for those planted when `broken`. Returns it, and the ids in the dead
