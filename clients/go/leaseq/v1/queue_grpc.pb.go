@@ -45,7 +45,9 @@ type QueueServiceClient interface {
 	// are those of Subscribe, except that an ack's credit can come back as the
 	// ack arrives, before it commits. When the client half-closes its side,
 	// the broker settles what it was sent, releases the stream's unsettled jobs
-	// and ends the stream with OK.
+	// and ends the stream with OK. Deliveries may still arrive before the end
+	// (they crossed the half-close on the wire): their jobs were released,
+	// possibly leased again elsewhere; a client ignores them, as the SDKs do.
 	Consume(ctx context.Context, opts ...grpc.CallOption) (QueueService_ConsumeClient, error)
 }
 
@@ -206,7 +208,9 @@ type QueueServiceServer interface {
 	// are those of Subscribe, except that an ack's credit can come back as the
 	// ack arrives, before it commits. When the client half-closes its side,
 	// the broker settles what it was sent, releases the stream's unsettled jobs
-	// and ends the stream with OK.
+	// and ends the stream with OK. Deliveries may still arrive before the end
+	// (they crossed the half-close on the wire): their jobs were released,
+	// possibly leased again elsewhere; a client ignores them, as the SDKs do.
 	Consume(QueueService_ConsumeServer) error
 	mustEmbedUnimplementedQueueServiceServer()
 }
