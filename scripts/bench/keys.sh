@@ -7,7 +7,10 @@
 # sitting: the raw-SQL baseline and the commit floor at 1,000/s, before
 # and after. One JSON line per run in OUTDIR/results.jsonl. Run as root.
 #   usage: scripts/bench/keys.sh OUTDIR [ROUNDS=2]
-#   env:   BIN (default target/release/leaseq), KEYS (10000),
+#   env:   BIN (default target/release/leaseq), KEYS (10000), MODES
+#          ("unordered ordered"; also "nokeys": the queue ordered by key but
+#          its jobs without keys, which isolates the ordered queues' locked
+#          lease path from the key rule's probes), LAT=0 (no latency runs),
 #          ANCHORS (../shared/anchors), QUICK=1, KEEP=1 (scripts/bench/lib.sh)
 # Stops only what it started, by pid; ports are picked free.
 set -uo pipefail
@@ -25,13 +28,18 @@ anchors() { # suffix
 }
 anchors ""
 for r in $(seq "$ROUNDS"); do
-  for mode in unordered ordered; do
-    flag=""; [ "$mode" = ordered ] && flag="--ordered-by-key"
+  for mode in ${MODES:-unordered ordered}; do
+    flag=""; keys=$KEYS
+    case $mode in
+      ordered) flag="--ordered-by-key" ;;
+      nokeys) flag="--ordered-by-key"; keys=0 ;;
+    esac
     # shellcheck disable=SC2086
-    bench "stream-$mode" --addr "$A" --keys "$KEYS" $flag --duration "$D15" \
+    bench "stream-$mode" --addr "$A" --keys "$keys" $flag --duration "$D15" \
       --broker-pid "$A_PID" --postgres-pid "$PM"
+    [ "${LAT:-1}" = 0 ] && continue
     # shellcheck disable=SC2086
-    bench "lat1000-$mode" --addr "$A" --keys "$KEYS" $flag --scenario latency --rate 1000 \
+    bench "lat1000-$mode" --addr "$A" --keys "$keys" $flag --scenario latency --rate 1000 \
       --consumers 2 --duration "$D20"
   done
 done
