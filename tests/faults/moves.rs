@@ -118,10 +118,12 @@ async fn bucket_move_killed_mid_copy_under_load() {
     let stop = run.producers_stop();
     run.produce(keyed_producer(h.clone(), addrs.clone(), q.clone(), stop));
     sleep(Duration::from_secs(2)).await;
-    // A backlog on the source, for the copy to carry in two batches (the
-    // command copies 500 jobs per transaction).
+    // A backlog on the source, for the copy to carry in four batches (the
+    // command copies 500 jobs per transaction): the kill must land between
+    // two of them, and with two a loaded machine's poll below once missed
+    // the window ("the move ended before it could be killed mid-copy").
     let mut c = lazy_client(b0.addr);
-    for chunk in 0..2 {
+    for chunk in 0..4 {
         let payloads: Vec<String> = (0..500)
             .map(|i| format!("backlog{:05}", chunk * 500 + i))
             .collect();
