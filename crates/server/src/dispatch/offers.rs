@@ -310,6 +310,13 @@ impl Offers {
 
     /// What a stream offers and nobody has claimed (the simulation's
     /// credit audit).
+    /// Queues a wake-up not yet taken in still keeps from hand-off.
+    #[cfg(test)]
+    pub(crate) fn waking_queues(&self) -> Vec<QueueName> {
+        let book = self.0.lock().expect("poisoned");
+        book.waking.keys().cloned().collect()
+    }
+
     #[cfg(test)]
     pub(crate) fn unclaimed(&self, id: StreamId) -> i32 {
         let book = self.0.lock().expect("poisoned");
@@ -329,7 +336,7 @@ impl Offers {
     /// the queue looked drained and overtake the waiting one (CI,
     /// 2026-11-28: with credit 1, a job enqueued after another was answered
     /// went out first).
-    pub(super) fn waking(&self, wakes: &[crate::domain::Wake]) {
+    pub(crate) fn waking(&self, wakes: &[crate::domain::Wake]) {
         let mut book = self.0.lock().expect("poisoned");
         for w in wakes.iter().filter(|w| w.delay_ms <= 0) {
             *book.waking.entry(w.queue.clone()).or_default() += 1;
@@ -338,7 +345,7 @@ impl Offers {
 
     /// The dispatcher took these in (its offers on their queues are
     /// withdrawn): see [`Offers::waking`].
-    pub(super) fn woken(&self, wakes: &[crate::domain::Wake]) {
+    pub(crate) fn woken(&self, wakes: &[crate::domain::Wake]) {
         let mut book = self.0.lock().expect("poisoned");
         for w in wakes.iter().filter(|w| w.delay_ms <= 0) {
             if let Some(n) = book.waking.get_mut(&w.queue) {

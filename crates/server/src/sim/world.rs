@@ -619,9 +619,15 @@ impl World {
         }
         self.broker.dispatch_at = None;
         let now = self.inst(self.now);
+        // Wake-ups taken in: the book hears of them after the step
+        // (`dispatch::Task::run`).
+        let mut woken = Vec::new();
         loop {
             let next = self.broker.inbox.lock().unwrap().pop_front();
             let Some(input) = next else { break };
+            if let Input::Wake(w) = &input {
+                woken.extend(w.iter().cloned());
+            }
             say!(self, format!("dispatcher <- {}", brief(&input)));
             let mut fx = Effects::default();
             self.broker.machine.input(input, now, &mut fx);
@@ -638,6 +644,7 @@ impl World {
         }
         let mut fx = Effects::default();
         self.broker.machine.step(now, &mut fx);
+        self.broker.offers.woken(&woken);
         self.apply(fx);
         if !self.broker.inbox.lock().unwrap().is_empty() {
             self.wake_dispatcher();
@@ -1280,9 +1287,12 @@ impl World {
         }
     }
 
-    /// `Settle::wake`, in this process (no other replica here).
+    /// `Settle::wake`, in this process (no other replica here): as
+    /// `dispatch::Inbox::wake`, no hand-off on these queues until the
+    /// dispatcher has taken the wake-up in (`Offers::waking`).
     fn wake(&mut self, wakes: Vec<Wake>) {
         if !wakes.is_empty() {
+            self.broker.offers.waking(&wakes);
             self.input(Input::Wake(wakes));
         }
     }
@@ -2149,6 +2159,14 @@ impl World {
         // Credit audit: with nothing in flight, every open stream holds no
         // lease, and offers all its credit, every unit of it claimable.
         let mut audit = Vec::new();
+        // No wake-up left keeping a queue from hand-off (each one taken in
+        // is heard by the book after its step).
+        let waking = self.broker.offers.waking_queues();
+        if !self.broker.dead && !waking.is_empty() {
+            audit.push(format!(
+                "wake-ups never taken in keep {waking:?} from hand-off"
+            ));
+        }
         for (c, con) in self.consumers.iter().enumerate() {
             let Some(s) = &con.stream else { continue };
             if s.life != self.broker.life || s.half_closed {
