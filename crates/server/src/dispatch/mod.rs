@@ -112,19 +112,24 @@ pub struct Dispatcher {
 struct Inbox(mpsc::WeakUnboundedSender<Msg>, Offers);
 
 impl Inbox {
-    fn send(&self, msg: Msg) -> bool {
-        self.0.upgrade().is_some_and(|tx| tx.send(msg).is_ok())
+    fn send(&self, msg: Msg) {
+        if let Some(tx) = self.0.upgrade() {
+            let _ = tx.send(msg);
+        }
     }
 }
 
 impl Local for Inbox {
     /// No hand-off on these queues until the task took the wake-ups in
-    /// ([`Offers::waking`]).
+    /// ([`Offers::waking`]); a task that is gone takes nothing in.
     fn wake(&self, wakes: Vec<Wake>) {
         self.1.waking(&wakes);
-        let sent = wakes.clone();
-        if !self.send(Msg::LocalWake(wakes)) {
-            self.1.woken(&sent);
+        let Some(tx) = self.0.upgrade() else {
+            self.1.woken(&wakes);
+            return;
+        };
+        if let Err(mpsc::error::SendError(Msg::LocalWake(wakes))) = tx.send(Msg::LocalWake(wakes)) {
+            self.1.woken(&wakes);
         }
     }
 
