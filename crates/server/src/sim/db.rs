@@ -223,14 +223,9 @@ impl Db {
     }
 
     /// Leased on the locked path (store/limits.rs): limited or ordered.
+    /// The same queues' settles wake their consumers at once (ack.sql /
+    /// fail.sql's `slot_freed`).
     fn locked_path(&self, q: &QueueName) -> bool {
-        let c = self.conf(q);
-        c.concurrency_limit.is_some() || c.key_n.is_some()
-    }
-
-    /// Whether a settle of a job of `queue` wakes its consumers at once
-    /// (ack.sql / fail.sql's `slot_freed`).
-    fn wakes_on_settle(&self, q: &QueueName) -> bool {
         let c = self.conf(q);
         c.concurrency_limit.is_some() || c.key_n.is_some()
     }
@@ -489,7 +484,7 @@ impl Db {
                 id: r.job_id,
                 token: r.token,
                 broker: row.broker,
-                slot_freed: self.wakes_on_settle(&row.queue).then(|| row.queue.clone()),
+                slot_freed: self.locked_path(&row.queue).then(|| row.queue.clone()),
                 queue: row.queue.as_str().to_owned(),
             });
         }
@@ -539,7 +534,7 @@ impl Db {
             out.push(Failed {
                 id: r.id,
                 token: r.token,
-                slot_freed: conf.concurrency_limit.is_some() || conf.key_n.is_some(),
+                slot_freed: self.locked_path(&queue),
                 queue,
                 broker,
                 death: death.map(str::to_owned),
