@@ -951,9 +951,11 @@ async fn higher_priority_first_then_enqueue_order() {
 /// job's insert and found the queue drained, so the stream offered its
 /// credit for hand-off; the first job's wake-up was still on its way to the
 /// dispatcher when the second enqueue took that offer (the Node client's
-/// cancel test, CI 2026-11-28). Each round: a new stream of credit 1 on a
-/// queue of its own, two jobs at once, the first delivery must be the
-/// first job.
+/// cancel test, CI 2026-11-28). The race needs a busy dispatcher and this
+/// test seldom meets it; the reproduction that fails every time on the old
+/// code is `dispatch::tests::no_hand_off_on_a_queue_whose_wake_up_is_on_
+/// its_way`. Each round: a new stream of credit 1 on a queue of its own,
+/// two jobs at once, the first delivery must be the first job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_enqueued_as_a_stream_opens_is_not_overtaken_by_the_next() {
     let db = TestDb::new().await;
