@@ -312,7 +312,6 @@ async fn keys_and_key_settings_are_validated() {
     for (n, ordered_by_key, field) in [
         (1001, Some(true), "key_concurrency"),
         (-1, Some(true), "key_concurrency"),
-        (2, None, "key_concurrency"),
     ] {
         let e = a
             .update_queue(pb::UpdateQueueRequest {

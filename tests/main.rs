@@ -28,6 +28,7 @@ mod go_example;
 mod guarantee;
 mod house;
 mod image;
+mod key_limits;
 mod keys;
 mod lb;
 mod limits;

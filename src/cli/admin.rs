@@ -254,10 +254,29 @@ pub struct QueueUpdateArgs {
     /// (`true`), or in the queue's plain order (`false`).
     #[arg(long)]
     pub ordered_by_key: Option<bool>,
-    /// With --ordered-by-key: most jobs of one key leased at once (default
-    /// 1; 0 back to the default).
+    /// Most jobs of one key leased at once, across replicas (with
+    /// --ordered-by-key the first N of the key, default 1; without, any N;
+    /// 0 removes it).
     #[arg(long)]
     pub key_concurrency: Option<i32>,
+    /// Serve the queue's keys in turn (`true`) so one key's backlog does not
+    /// delay the others, or in delivery order (`false`).
+    #[arg(long)]
+    pub fair_by_key: Option<bool>,
+    /// Jobs of one key started per second, across replicas (0 removes it).
+    #[arg(long)]
+    pub key_rate_limit: Option<f64>,
+    /// Jobs of one key that may start at once after a quiet spell (0 = the
+    /// default, max(1, ceil(key rate))).
+    #[arg(long)]
+    pub key_rate_burst: Option<i32>,
+    /// Settings of a named key, `KEY:concurrency=N,rate=R,weight=W` (any of
+    /// the three; repeat for more keys). Replaces the queue's whole list.
+    #[arg(long = "key-override", value_parser = parse_key_override)]
+    pub key_overrides: Vec<pb::KeyOverride>,
+    /// Remove every key override.
+    #[arg(long, conflicts_with = "key_overrides")]
+    pub clear_key_overrides: bool,
     /// Create the queue if it does not exist.
     #[arg(long)]
     pub create: bool,
@@ -321,7 +340,7 @@ async fn queues(a: QueuesArgs) -> Result<(), CliError> {
                 "CREATED",
             ],
             queues.iter().map(|q| {
-                let s = q.settings.unwrap_or_default();
+                let s = q.settings.clone().unwrap_or_default();
                 vec![
                     q.name.clone(),
                     yes_no(s.paused),
@@ -555,6 +574,14 @@ async fn queue_update(a: QueueUpdateArgs) -> Result<(), CliError> {
             rate_burst: a.rate_burst,
             ordered_by_key: a.ordered_by_key,
             key_concurrency: a.key_concurrency,
+            fair_by_key: a.fair_by_key,
+            key_rate_limit: a.key_rate_limit,
+            key_rate_burst: a.key_rate_burst,
+            key_overrides: (a.clear_key_overrides || !a.key_overrides.is_empty()).then_some(
+                pb::KeyOverrides {
+                    overrides: a.key_overrides,
+                },
+            ),
         })
         .await?
         .into_inner();
@@ -870,6 +897,31 @@ fn opt_secs(d: Option<&prost_types::Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(secs_f64(d)))
 }
 
+/// `--key-override KEY:concurrency=N,rate=R,weight=W`: the key is
+/// everything before the last `:` (keys may hold colons).
+fn parse_key_override(s: &str) -> Result<pb::KeyOverride, String> {
+    let (key, settings) = s
+        .rsplit_once(':')
+        .ok_or("expected KEY:concurrency=N,rate=R,weight=W")?;
+    let mut o = pb::KeyOverride {
+        key: key.to_owned(),
+        ..Default::default()
+    };
+    for part in settings.split(',') {
+        let (name, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected name=value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{name}: {e}");
+        match name.trim() {
+            "concurrency" => o.concurrency = value.trim().parse().map_err(|e| bad(&e))?,
+            "rate" => o.rate_limit = value.trim().parse().map_err(|e| bad(&e))?,
+            "weight" => o.weight = value.trim().parse().map_err(|e| bad(&e))?,
+            other => return Err(format!("{other:?}: expected concurrency, rate or weight")),
+        }
+    }
+    Ok(o)
+}
+
 /// "5 leased, 10/s burst 10", or "-" without limits.
 fn limits(s: &pb::QueueSettings) -> String {
     let mut parts = Vec::new();
@@ -881,6 +933,20 @@ fn limits(s: &pb::QueueSettings) -> String {
     }
     if s.ordered_by_key {
         parts.push(format!("ordered by key, {} a key", s.key_concurrency));
+    } else if s.key_concurrency > 0 {
+        parts.push(format!("{} leased a key", s.key_concurrency));
+    }
+    if s.key_rate_limit > 0.0 {
+        parts.push(format!(
+            "{}/s a key burst {}",
+            s.key_rate_limit, s.key_rate_burst
+        ));
+    }
+    if s.fair_by_key {
+        parts.push("fair by key".into());
+    }
+    if !s.key_overrides.is_empty() {
+        parts.push(format!("{} key overrides", s.key_overrides.len()));
     }
     if parts.is_empty() {
         "-".into()
@@ -890,7 +956,7 @@ fn limits(s: &pb::QueueSettings) -> String {
 }
 
 fn queue_json(q: &pb::QueueInfo) -> Value {
-    let s = q.settings.unwrap_or_default();
+    let s = q.settings.clone().unwrap_or_default();
     let st = q.stats.unwrap_or_default();
     json!({
         "name": q.name,
@@ -912,6 +978,15 @@ fn queue_json(q: &pb::QueueInfo) -> Value {
         "rate_burst": (s.rate_burst > 0).then_some(s.rate_burst),
         "ordered_by_key": s.ordered_by_key,
         "key_concurrency": (s.key_concurrency > 0).then_some(s.key_concurrency),
+        "fair_by_key": s.fair_by_key,
+        "key_rate_limit": (s.key_rate_limit > 0.0).then_some(s.key_rate_limit),
+        "key_rate_burst": (s.key_rate_burst > 0).then_some(s.key_rate_burst),
+        "key_overrides": s.key_overrides.iter().map(|o| json!({
+            "key": o.key,
+            "concurrency": (o.concurrency > 0).then_some(o.concurrency),
+            "rate_limit": (o.rate_limit > 0.0).then_some(o.rate_limit),
+            "weight": (o.weight > 0).then_some(o.weight),
+        })).collect::<Vec<_>>(),
         "created_at": opt_ts(q.created_at.as_ref()),
     })
 }

@@ -25,8 +25,13 @@ pub mod limits {
     pub const MAX_DEDUP_KEY_LEN: usize = 512;
     /// A job's key inside its queue (`EnqueueRequest.key`), in bytes.
     pub const MAX_KEY_LEN: usize = 256;
-    /// Most jobs of one key leased at once in an ordered queue.
+    /// Most jobs of one key leased at once (`key_concurrency`, and a key
+    /// override's `concurrency`).
     pub const MAX_KEY_CONCURRENCY: i32 = 1000;
+    /// Named keys with settings of their own in one queue (`key_overrides`).
+    pub const MAX_KEY_OVERRIDES: usize = 1000;
+    /// A key override's `weight`: jobs of the key per turn of a fair round.
+    pub const MAX_KEY_WEIGHT: i32 = 100;
     pub const MAX_CONSUMER_LEN: usize = 256;
     /// A Nack's `error`, in bytes.
     pub const MAX_ERROR_LEN: usize = 64 * 1024;

@@ -228,6 +228,11 @@ fn timestamp(t: &prost_types::Timestamp, field: &str) -> Result<DateTime<Utc>> {
 }
 
 /// PostgreSQL text cannot hold NUL; reject it at the edge with a clear message.
+/// A job's key (`EnqueueRequest.key`, a key override's `key`).
+pub fn check_key(key: &str, field: &str) -> Result<()> {
+    check_text(key, field, MAX_KEY_LEN)
+}
+
 fn check_text(s: &str, field: &str, max_len: usize) -> Result<()> {
     if s.len() > max_len {
         return Err(Error::invalid(
@@ -520,6 +525,50 @@ pub struct Leased {
     pub key: Option<String>,
 }
 
+/// What one named key of a queue gets instead of the queue's per-key
+/// settings (stored in `queues.key_overrides`, read by lease_keys.sql).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KeyOverride {
+    #[serde(skip)]
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub concurrency: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rate_limit: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub weight: Option<i32>,
+}
+
+impl KeyOverride {
+    /// The overrides as stored: a JSON object by key (None when empty).
+    pub fn to_json(list: &[KeyOverride]) -> Option<serde_json::Value> {
+        (!list.is_empty()).then(|| {
+            serde_json::Value::Object(
+                list.iter()
+                    .map(|o| (o.key.clone(), serde_json::to_value(o).unwrap_or_default()))
+                    .collect(),
+            )
+        })
+    }
+
+    /// The stored JSON object back, in key order.
+    pub fn from_json(v: Option<serde_json::Value>) -> Vec<KeyOverride> {
+        let Some(serde_json::Value::Object(m)) = v else {
+            return Vec::new();
+        };
+        let mut list: Vec<KeyOverride> = m
+            .into_iter()
+            .filter_map(|(key, v)| {
+                let mut o: KeyOverride = serde_json::from_value(v).ok()?;
+                o.key = key;
+                Some(o)
+            })
+            .collect();
+        list.sort_by(|a, b| a.key.cmp(&b.key));
+        list
+    }
+}
+
 /// A queue's settings and live statistics.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueRow {
@@ -536,6 +585,12 @@ pub struct QueueRow {
     pub rate_burst: Option<i32>,
     pub ordered_by_key: bool,
     pub key_concurrency: Option<i32>,
+    pub fair_by_key: bool,
+    pub key_rate_limit: Option<f64>,
+    /// The effective per-key bucket size when there is a per-key rate limit.
+    pub key_rate_burst: Option<i32>,
+    /// Named keys' settings, in key order.
+    pub key_overrides: Vec<KeyOverride>,
     pub created_at: DateTime<Utc>,
     pub available: i64,
     pub scheduled: i64,

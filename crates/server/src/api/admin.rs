@@ -27,7 +27,7 @@ use crate::pb::admin_service_server::AdminService;
 use crate::placement::Clusters;
 use crate::schedule::run::Scheduler;
 use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
-use leaseq_proto::limits::MAX_KEY_CONCURRENCY;
+use leaseq_proto::limits::{MAX_KEY_CONCURRENCY, MAX_KEY_OVERRIDES, MAX_KEY_WEIGHT};
 
 /// Page size when the request says 0, and the most a page may hold.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
@@ -250,6 +250,19 @@ pub fn queue_info(q: QueueRow) -> pb::QueueInfo {
             } else {
                 q.key_concurrency.unwrap_or(0)
             },
+            fair_by_key: q.fair_by_key,
+            key_rate_limit: q.key_rate_limit.unwrap_or(0.0),
+            key_rate_burst: q.key_rate_burst.unwrap_or(0),
+            key_overrides: q
+                .key_overrides
+                .into_iter()
+                .map(|o| pb::KeyOverride {
+                    key: o.key,
+                    concurrency: o.concurrency.unwrap_or(0),
+                    rate_limit: o.rate_limit.unwrap_or(0.0),
+                    weight: o.weight.unwrap_or(0),
+                })
+                .collect(),
         }),
         stats: Some(pb::QueueStats {
             available: q.available,
@@ -359,17 +372,80 @@ fn limit_field(n: i32, field: &str) -> Result<Option<i32>> {
 }
 
 /// A rate limit in jobs per second: 0 clears it.
-fn rate_field(r: f64) -> Result<Option<f64>> {
+fn rate_field(r: f64, field: &str) -> Result<Option<f64>> {
     if r == 0.0 {
         Ok(None)
     } else if (MIN_RATE..=f64::from(MAX_LIMIT)).contains(&r) {
         Ok(Some(r))
     } else {
         Err(Error::invalid(
-            "rate_limit",
+            field,
             format!("must be {MIN_RATE} to {MAX_LIMIT} jobs per second, or 0 for none"),
         ))
     }
+}
+
+/// A per-key concurrency: 0 = none.
+fn key_concurrency_field(n: i32, field: &str) -> Result<Option<i32>> {
+    match n {
+        0 => Ok(None),
+        1..=MAX_KEY_CONCURRENCY => Ok(Some(n)),
+        _ => Err(Error::invalid(
+            field,
+            format!("must be 1 to {MAX_KEY_CONCURRENCY}, or 0 for none"),
+        )),
+    }
+}
+
+/// A queue's key overrides: at most [`MAX_KEY_OVERRIDES`], keys unique and
+/// valid, at least one setting each.
+fn key_overrides_field(list: &[pb::KeyOverride]) -> Result<Vec<domain::KeyOverride>> {
+    if list.len() > MAX_KEY_OVERRIDES {
+        return Err(Error::invalid(
+            "key_overrides",
+            format!("at most {MAX_KEY_OVERRIDES} keys"),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, o) in list.iter().enumerate() {
+        let field = |f: &str| format!("key_overrides[{i}].{f}");
+        if o.key.is_empty() {
+            return Err(Error::invalid(field("key"), "is required"));
+        }
+        domain::check_key(&o.key, &field("key"))?;
+        if !seen.insert(o.key.as_str()) {
+            return Err(Error::invalid(
+                field("key"),
+                format!("{:?} is given twice", o.key),
+            ));
+        }
+        let weight = match o.weight {
+            0 => None,
+            1..=MAX_KEY_WEIGHT => Some(o.weight),
+            _ => {
+                return Err(Error::invalid(
+                    field("weight"),
+                    format!("must be 1 to {MAX_KEY_WEIGHT}, or 0 for 1"),
+                ));
+            }
+        };
+        let o = domain::KeyOverride {
+            key: o.key.clone(),
+            concurrency: key_concurrency_field(o.concurrency, &field("concurrency"))?,
+            rate_limit: rate_field(o.rate_limit, &field("rate_limit"))?,
+            weight,
+        };
+        if o.concurrency.is_none() && o.rate_limit.is_none() && o.weight.is_none() {
+            return Err(Error::invalid(
+                field("key"),
+                "sets nothing: give a concurrency, rate_limit or weight",
+            ));
+        }
+        out.push(o);
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
 }
 
 /// Validates an UpdateQueueRequest into a settings change.
@@ -413,7 +489,10 @@ fn queue_update(r: &pb::UpdateQueueRequest) -> Result<QueueUpdate> {
             .concurrency_limit
             .map(|n| limit_field(n, "concurrency_limit"))
             .transpose()?,
-        rate_limit: r.rate_limit.map(rate_field).transpose()?,
+        rate_limit: r
+            .rate_limit
+            .map(|r| rate_field(r, "rate_limit"))
+            .transpose()?,
         rate_burst: r
             .rate_burst
             .map(|n| limit_field(n, "rate_burst"))
@@ -421,14 +500,21 @@ fn queue_update(r: &pb::UpdateQueueRequest) -> Result<QueueUpdate> {
         ordered_by_key: r.ordered_by_key,
         key_concurrency: r
             .key_concurrency
-            .map(|n| match n {
-                0 => Ok(None),
-                1..=MAX_KEY_CONCURRENCY => Ok(Some(n)),
-                _ => Err(Error::invalid(
-                    "key_concurrency",
-                    format!("must be 1 to {MAX_KEY_CONCURRENCY}, or 0 for none"),
-                )),
-            })
+            .map(|n| key_concurrency_field(n, "key_concurrency"))
+            .transpose()?,
+        fair_by_key: r.fair_by_key,
+        key_rate_limit: r
+            .key_rate_limit
+            .map(|r| rate_field(r, "key_rate_limit"))
+            .transpose()?,
+        key_rate_burst: r
+            .key_rate_burst
+            .map(|n| limit_field(n, "key_rate_burst"))
+            .transpose()?,
+        key_overrides: r
+            .key_overrides
+            .as_ref()
+            .map(|o| key_overrides_field(&o.overrides))
             .transpose()?,
     };
     Ok(update)
@@ -493,6 +579,10 @@ impl AdminService for AdminApi {
             || update.rate_burst.is_some()
             || update.ordered_by_key.is_some()
             || update.key_concurrency.is_some()
+            || update.fair_by_key.is_some()
+            || update.key_rate_limit.is_some()
+            || update.key_rate_burst.is_some()
+            || update.key_overrides.is_some()
         {
             // A raised or removed limit lets waiting jobs go at once, on
             // every replica.

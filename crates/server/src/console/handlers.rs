@@ -232,6 +232,42 @@ pub(super) async fn update_queue(
                 .ok_or_else(|| bad("rate_limit: must be a number"))?,
         ),
     };
+    let key_rate_limit = match v.get("key_rate_limit") {
+        None | Some(Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .ok_or_else(|| bad("key_rate_limit: must be a number"))?,
+        ),
+    };
+    let key_overrides = match v.get("key_overrides") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) => Some(pb::KeyOverrides {
+            overrides: list
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let bad_field =
+                        |f: &str, t: &str| bad(format!("key_overrides[{i}].{f}: must be {t}"));
+                    Ok(pb::KeyOverride {
+                        key: o
+                            .get("key")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad_field("key", "a string"))?
+                            .to_owned(),
+                        concurrency: int(o, "concurrency")?.unwrap_or(0),
+                        rate_limit: match o.get("rate_limit") {
+                            None | Some(Value::Null) => 0.0,
+                            Some(x) => x
+                                .as_f64()
+                                .ok_or_else(|| bad_field("rate_limit", "a number"))?,
+                        },
+                        weight: int(o, "weight")?.unwrap_or(0),
+                    })
+                })
+                .collect::<Result<_, ApiError>>()?,
+        }),
+        Some(_) => return Err(bad("key_overrides: must be a list")),
+    };
     let req = pb::UpdateQueueRequest {
         queue: name,
         default_lease: duration(&v, "default_lease")?,
@@ -246,6 +282,10 @@ pub(super) async fn update_queue(
         key_concurrency: int(&v, "key_concurrency")?,
         rate_limit,
         rate_burst: int(&v, "rate_burst")?,
+        fair_by_key: v.get("fair_by_key").and_then(Value::as_bool),
+        key_rate_limit,
+        key_rate_burst: int(&v, "key_rate_burst")?,
+        key_overrides,
     };
     let q = c
         .api

@@ -71,7 +71,7 @@ pub(super) fn millis(t: &Option<prost_types::Timestamp>) -> Value {
 }
 
 pub(super) fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, caller: &Caller) -> Value {
-    let s = q.settings.unwrap_or_default();
+    let s = q.settings.clone().unwrap_or_default();
     let st = q.stats.unwrap_or_default();
     json!({
         "name": q.name,
@@ -100,6 +100,17 @@ pub(super) fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, caller: 
             "concurrency_limit": s.concurrency_limit,
             "rate_limit": s.rate_limit,
             "rate_burst": s.rate_burst,
+            "ordered_by_key": s.ordered_by_key,
+            "key_concurrency": s.key_concurrency,
+            "fair_by_key": s.fair_by_key,
+            "key_rate_limit": s.key_rate_limit,
+            "key_rate_burst": s.key_rate_burst,
+            "key_overrides": s.key_overrides.iter().map(|o| json!({
+                "key": o.key,
+                "concurrency": o.concurrency,
+                "rate_limit": o.rate_limit,
+                "weight": o.weight,
+            })).collect::<Vec<_>>(),
         },
     })
 }

@@ -34,6 +34,14 @@ pub struct QueueUpdate {
     pub ordered_by_key: Option<bool>,
     /// Some(None) clears it.
     pub key_concurrency: Option<Option<i32>>,
+    pub fair_by_key: Option<bool>,
+    /// Some(None) removes the limit (and the burst). Refills every key's
+    /// bucket.
+    pub key_rate_limit: Option<Option<f64>>,
+    /// Some(None) = the default. Refills every key's bucket.
+    pub key_rate_burst: Option<Option<i32>>,
+    /// Replaces the whole list (empty = none).
+    pub key_overrides: Option<Vec<crate::domain::KeyOverride>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +188,10 @@ pub async fn queue_stats(
                 rate_burst: r.rate_burst,
                 ordered_by_key: r.ordered_by_key,
                 key_concurrency: r.key_concurrency,
+                fair_by_key: r.fair_by_key,
+                key_rate_limit: r.key_rate_limit,
+                key_rate_burst: r.key_rate_burst,
+                key_overrides: crate::domain::KeyOverride::from_json(r.key_overrides),
                 created_at: r.created_at,
                 available: r.available,
                 scheduled: r.scheduled,
@@ -226,7 +238,7 @@ pub async fn update_queue(
             format!("must not exceed backoff_cap ({base} ms > {cap} ms)"),
         ));
     }
-    let set = sqlx::query!(
+    sqlx::query!(
         "update leaseq.queues set \
             default_lease_ms = coalesce($2, default_lease_ms), \
             max_attempts = coalesce($3, max_attempts), \
@@ -239,9 +251,14 @@ pub async fn update_queue(
             rate_burst = case when $11 and $12 is null then null when $13 then $14 else rate_burst end, \
             rate_tokens = case when $11 or $13 then null else rate_tokens end, \
             ordered_by_key = coalesce($15, ordered_by_key), \
-            key_concurrency = case when $16 then $17 when $15 = false then null else key_concurrency end \
+            key_concurrency = case when $16 then $17 when $15 = false then null else key_concurrency end, \
+            fair_by_key = coalesce($18, fair_by_key), \
+            key_rate_limit = case when $19 then $20 else key_rate_limit end, \
+            key_rate_burst = case when $19 and $20 is null then null when $21 then $22 else key_rate_burst end, \
+            key_overrides = case when $23 then $24 else key_overrides end, \
+            fair_cursor = case when $18 is not null then null else fair_cursor end \
          where name = $1 \
-         returning ordered_by_key, key_concurrency",
+         returning name",
         name.as_str(),
         update.default_lease_ms,
         update.max_attempts,
@@ -259,19 +276,42 @@ pub async fn update_queue(
         update.ordered_by_key,
         update.key_concurrency.is_some(),
         update.key_concurrency.flatten(),
+        update.fair_by_key,
+        update.key_rate_limit.is_some(),
+        update.key_rate_limit.flatten(),
+        update.key_rate_burst.is_some(),
+        update.key_rate_burst.flatten(),
+        update.key_overrides.is_some(),
+        update
+            .key_overrides
+            .as_deref()
+            .and_then(crate::domain::KeyOverride::to_json),
     )
     .fetch_one(&mut *tx)
     .await?;
-    // Checked on the merged values, as the backoff rule: per-key limits
-    // without order are not built yet.
-    if set.key_concurrency.is_some() && !set.ordered_by_key {
-        return Err(Error::invalid(
-            "key_concurrency",
-            "needs ordered_by_key (per-key limits without order are not built yet)",
-        ));
-    }
+    refill_key_buckets(&mut tx, name, update).await?;
     tx.commit().await?;
     Ok(true)
+}
+
+/// New per-key rates: every key's bucket starts full again.
+async fn refill_key_buckets(
+    tx: &mut sqlx::PgConnection,
+    name: &QueueName,
+    update: &QueueUpdate,
+) -> Result<()> {
+    if update.key_rate_limit.is_some()
+        || update.key_rate_burst.is_some()
+        || update.key_overrides.is_some()
+    {
+        sqlx::query!(
+            "delete from leaseq.key_buckets where queue = $1",
+            name.as_str()
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// What PurgeQueue deleted.

@@ -50,6 +50,19 @@ struct Allowance {
     /// Ordered by key: leased here, under the queue's lock, with no limit
     /// of its own (lease.sql's key rule).
     ordered: bool,
+    /// Per-key limits or fair shares: leased by the key walk
+    /// (`lease_keys.sql`), one statement per queue.
+    walks: bool,
+}
+
+/// Why a key walk may have left due jobs behind.
+#[derive(Default)]
+struct Held {
+    /// It visited as many keys as it could.
+    walk_cut: bool,
+    /// A key's rate bucket held jobs back: its next token is due in this
+    /// many ms.
+    token_ms: Option<i64>,
 }
 
 /// Longest wait for the limited queues' rows (see the module docs).
@@ -79,21 +92,35 @@ impl Store {
                 // 3. Lease that much.
                 let (asked, trimmed) = trim(wants, &allow);
                 let mut out = LeaseOutcome::default();
-                if !trimmed.is_empty() {
-                    for row in self.lease_rows(&mut *tx, &trimmed, true).await? {
+                let (walking, rest): (Vec<Want>, Vec<Want>) = trimmed
+                    .into_iter()
+                    .partition(|w| allow.get(w.queue.as_str()).is_some_and(|a| a.walks));
+                if !rest.is_empty() {
+                    for row in self.lease_rows(&mut *tx, &rest, true).await? {
                         if let LeaseRow::Job(j) = row {
                             out.jobs.push(j);
                         }
                     }
                 }
+                let mut held = HashMap::new();
+                for queue in walking.iter().map(|w| &w.queue).collect::<BTreeSet<_>>() {
+                    let asks: Vec<Want> = walking
+                        .iter()
+                        .filter(|w| &w.queue == queue)
+                        .cloned()
+                        .collect();
+                    let (jobs, h) = self.lease_keys(&mut tx, queue, &asks).await?;
+                    out.jobs.extend(jobs);
+                    held.insert(queue.as_str().to_owned(), h);
+                }
                 // 4. Take what was leased out of the rate buckets.
                 take_tokens(&mut tx, &allow, &leased_per_queue(&out)).await?;
                 tx.commit().await?;
-                Ok::<_, crate::error::Error>(Some((allow, asked, out)))
+                Ok::<_, crate::error::Error>(Some((allow, asked, out, held)))
             })
             .await?;
         c.done();
-        let Some((allow, asked, mut out)) = locked else {
+        let Some((allow, asked, mut out, held)) = locked else {
             // Nothing leased; the dispatcher comes back after another wait.
             tracing::warn!(queues = ?names, "a limited queue's row stayed locked; its lease round waits");
             return Ok(LeaseOutcome {
@@ -110,7 +137,7 @@ impl Store {
             });
         };
         let got = leased_per_queue(&out);
-        let caps = caps(&allow, &asked, &got);
+        let caps = caps(&allow, &asked, &got, &held);
         out.caps.extend(caps);
         Ok(out)
     }
@@ -167,6 +194,7 @@ async fn allowances(
                 at: r.at,
                 paused: r.paused,
                 ordered: r.ordered_by_key,
+                walks: r.walks_keys,
             },
         );
     }
@@ -244,6 +272,7 @@ fn caps(
     allow: &HashMap<String, Allowance>,
     asked: &HashMap<&QueueName, i64>,
     got: &HashMap<&str, i64>,
+    held: &HashMap<String, Held>,
 ) -> Vec<Cap> {
     let mut caps = Vec::new();
     for (name, a) in allow {
@@ -261,11 +290,84 @@ fn caps(
             }
             _ => None,
         };
+        // A key walk that stopped at its last visit, or met keys out of
+        // tokens, comes back: at once (to visit the next keys), or when the
+        // next token is due.
+        let walk_ms = held
+            .get(name.as_str())
+            .filter(|_| wanted > leased)
+            .and_then(|h| {
+                if h.walk_cut {
+                    Some(1)
+                } else {
+                    h.token_ms.map(|ms| ms.max(1))
+                }
+            });
+        let retry_ms = match (retry_ms, walk_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         caps.push(Cap {
-            unlimited: a.n.is_none() && a.rate.is_none() && !a.ordered,
+            unlimited: a.n.is_none() && a.rate.is_none() && !a.ordered && !a.walks,
             queue,
             retry_ms,
         });
     }
     caps
 }
+
+impl Store {
+    /// Leases the asks of one queue whose keys have limits or fair shares
+    /// (`lease_keys.sql`), under its row's lock.
+    async fn lease_keys(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        queue: &QueueName,
+        wants: &[Want],
+    ) -> Result<(Vec<crate::domain::Leased>, Held)> {
+        let mut lo = Vec::with_capacity(wants.len());
+        let mut hi = Vec::with_capacity(wants.len());
+        let mut lease = Vec::with_capacity(wants.len());
+        let mut slot = Vec::with_capacity(wants.len());
+        let mut consumer = Vec::with_capacity(wants.len());
+        let mut n = 0;
+        for w in wants {
+            lo.push(n);
+            hi.push(n + w.n);
+            n += w.n;
+            lease.push(w.lease_ms);
+            slot.push(w.slot);
+            consumer.push(&*w.consumer);
+        }
+        // Visit twice as many keys as jobs asked for: keys at their limit
+        // give none, and the next round starts after the last key served.
+        let visits = (2 * n).clamp(2, MAX_KEY_VISITS);
+        let rows = sqlx::query_file!(
+            "src/store/sql/lease_keys.sql",
+            queue.as_str(),
+            &lo,
+            &hi,
+            &lease as &Vec<Option<i64>>,
+            &slot,
+            &consumer as &Vec<&str>,
+            self.broker_id,
+            visits,
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut held = Held::default();
+        let mut jobs = Vec::with_capacity(rows.len());
+        for r in rows {
+            if r.slot.is_some_and(|s| s < 0) {
+                held.walk_cut = r.walk_cut.unwrap_or(false);
+                held.token_ms = r.token_ms;
+                continue;
+            }
+            jobs.push(leased_row!(self, r));
+        }
+        Ok((jobs, held))
+    }
+}
+
+/// Most keys one walk visits (`lease_keys.sql`).
+const MAX_KEY_VISITS: i32 = 2048;

@@ -5,6 +5,40 @@
 //! batchers in [`batch`] and the dispatcher) always work on many rows per
 //! statement. Errors become [`crate::error::Error`] by SQLSTATE class.
 
+/// A job row of a lease statement (lease.sql, lease_keys.sql) as a
+/// [`Leased`]. To sqlx every column is nullable (a `union all` with marker
+/// rows, whose job columns are null): a job row has them all.
+macro_rules! leased_row {
+    ($store:expr, $r:expr) => {{
+        fn col<T>(v: Option<T>) -> $crate::error::Result<T> {
+            v.ok_or($crate::error::Error::Internal("null column in a lease row"))
+        }
+        let r = $r;
+        let headers: String = col(r.headers)?;
+        $crate::domain::Leased {
+            slot: col(r.slot)?,
+            lease_ms: col(r.lease_ms)?,
+            id: $crate::domain::JobId(col(r.id)?),
+            queue: col(r.queue)?,
+            payload: col(r.payload)?,
+            // Most jobs have no headers: skip the JSON parser for them.
+            headers: if headers == "{}" {
+                std::collections::HashMap::new()
+            } else {
+                serde_json::from_str(&headers).unwrap_or_default()
+            },
+            priority: col(r.priority)?,
+            attempt: col(r.attempt)?,
+            enqueued_at: col(r.enqueued_at)?,
+            run_at: col(r.run_at)?,
+            last_error: r.last_error,
+            token: $crate::domain::LeaseToken(col(r.lease_token)?, $store.cluster),
+            lease_expires_at: col(r.lease_expires_at)?,
+            key: r.key,
+        }
+    }};
+}
+
 pub(crate) mod admin;
 pub(crate) mod batch;
 pub(crate) mod conn;
@@ -832,42 +866,15 @@ impl Store {
         )
         .fetch_all(exec)
         .await?;
-        // To sqlx every column is nullable (a `union all` with the marker
-        // rows, whose job columns are null): a job row has them all.
-        fn col<T>(v: Option<T>) -> Result<T> {
-            v.ok_or(Error::Internal("null column in a lease row"))
-        }
         rows.into_iter()
             .map(|r| {
-                let slot: i32 = col(r.slot)?;
-                let queue: String = col(r.queue)?;
-                if slot < 0 {
-                    let q =
-                        QueueName::parse(&queue).ok_or(Error::Internal("bad queue name in db"))?;
-                    return Ok(LeaseRow::Limited(q));
+                if r.slot.is_some_and(|s| s < 0) {
+                    let q = r.queue.as_deref().and_then(QueueName::parse);
+                    return Ok(LeaseRow::Limited(
+                        q.ok_or(Error::Internal("bad queue name in db"))?,
+                    ));
                 }
-                let headers: String = col(r.headers)?;
-                Ok(LeaseRow::Job(Leased {
-                    slot,
-                    lease_ms: col(r.lease_ms)?,
-                    id: JobId(col(r.id)?),
-                    queue,
-                    payload: col(r.payload)?,
-                    // Most jobs have no headers: skip the JSON parser for them.
-                    headers: if headers == "{}" {
-                        HashMap::new()
-                    } else {
-                        serde_json::from_str(&headers).unwrap_or_default()
-                    },
-                    priority: col(r.priority)?,
-                    attempt: col(r.attempt)?,
-                    enqueued_at: col(r.enqueued_at)?,
-                    run_at: col(r.run_at)?,
-                    last_error: r.last_error,
-                    token: LeaseToken(col(r.lease_token)?, self.cluster),
-                    lease_expires_at: col(r.lease_expires_at)?,
-                    key: r.key,
-                }))
+                Ok(LeaseRow::Job(leased_row!(self, r)))
             })
             .collect()
     }

@@ -21,13 +21,15 @@
 -- retains) and an insert of no rows: their payloads and headers are not
 -- carried past the lock (the CASEs below).
 --
--- `slot_freed` names the job's queue when it has a concurrency limit or is
+-- `slot_freed` names the job's queue when it has a concurrency limit, a
+-- per-key concurrency limit (key_concurrency, key_overrides) or is
 -- ordered by key: its waiting consumers (on any replica) are woken, since a
 -- slot, or the next job of the key, just freed.
 with retaining as (
     select array(select q.name from leaseq.queues q where q.completed_retention_ms > 0) as queues,
         array(select q.name from leaseq.queues q
-            where q.concurrency_limit is not null or q.ordered_by_key) as limited
+            where q.concurrency_limit is not null or q.ordered_by_key
+                or q.key_concurrency is not null or q.key_overrides is not null) as limited
 ),
 target as (
     select j.*

@@ -34,6 +34,9 @@ select p.name, p.default_lease_ms, p.max_attempts, p.backoff_base_ms, p.backoff_
     p.concurrency_limit, p.rate_limit, p.ordered_by_key, p.key_concurrency,
     case when p.rate_limit is not null
         then coalesce(p.rate_burst, greatest(1, ceil(p.rate_limit))::int4) end as rate_burst,
+    p.fair_by_key, p.key_rate_limit, p.key_overrides,
+    case when p.key_rate_limit is not null
+        then coalesce(p.key_rate_burst, greatest(1, ceil(p.key_rate_limit))::int4) end as key_rate_burst,
     coalesce(l.available, 0) as "available!",
     coalesce(l.scheduled, 0) as "scheduled!",
     coalesce(l.leased, 0) as "leased!",

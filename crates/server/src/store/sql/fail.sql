@@ -7,7 +7,8 @@
 -- is made available again after `retry_ms` (null = the queue's exponential
 -- backoff with jitter). `refund` gives the attempt back (the broker, not the
 -- consumer, ended the lease) and never dead-letters for attempts.
--- `slot_freed`: the queue has a concurrency limit or is ordered by key, so
+-- `slot_freed`: the queue has a concurrency limit, a per-key concurrency
+-- limit or is ordered by key, so
 -- its waiting consumers are woken at once whatever happens to the job (a
 -- slot, or a dead-lettered job's key, freed).
 --
@@ -20,7 +21,8 @@ with input as (
 ),
 cur as (
     select j.id, i.token, j.queue, j.lease_broker, i.error, i.refund,
-        (q.concurrency_limit is not null or q.ordered_by_key) as slot_freed,
+        (q.concurrency_limit is not null or q.ordered_by_key
+            or q.key_concurrency is not null or q.key_overrides is not null) as slot_freed,
         case
             when i.dead then 'nacked'
             when j.expires_at is not null and j.expires_at <= now() then 'expired'

@@ -20,6 +20,9 @@
 -- their queue row's lock: each round's snapshot sees the previous round's
 -- leases, so two rounds cannot each lease a job of one key.
 --
+-- Queues with per-key limits or fair shares (see lease_keys.sql) are never
+-- leased here: store/limits.rs leases them with lease_keys.sql.
+--
 -- Queues with a concurrency or rate limit, or ordered by key, are leased
 -- only when $8 is true:
 -- the caller (store/limits.rs) has then locked their queue rows and trimmed
@@ -40,6 +43,8 @@ per_queue as (
     select w.queue, max(w.hi) as n, q.default_lease_ms,
         case when q.ordered_by_key then coalesce(q.key_concurrency, 1) end as key_n
     from want w join leaseq.queues q on q.name = w.queue and not q.paused
+        and not (q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
+            or (q.key_concurrency is not null and not q.ordered_by_key))
         and ($8 or (q.concurrency_limit is null and q.rate_limit is null and not q.ordered_by_key))
     group by w.queue, q.default_lease_ms, q.ordered_by_key, q.key_concurrency
 ),
@@ -102,7 +107,9 @@ select -1, null, null, q.name, null, null, null, null, null, null, null, null, n
 from leaseq.queues q
 where not $8
   and q.name in (select queue from want)
-  and (q.concurrency_limit is not null or q.rate_limit is not null or q.ordered_by_key)
+  and (q.concurrency_limit is not null or q.rate_limit is not null or q.ordered_by_key
+       or q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
+       or q.key_concurrency is not null)
 -- Each stream gets its jobs in delivery order (the update returns them in
 -- whatever order it met them).
 order by 1, 13
