@@ -136,7 +136,13 @@ async fn sigterm_drains_under_load() {
     let mut reps = start_replicas(&db.url, 2, &[], "sigterm").await;
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
-    order_by_key(&h, addrs[0], "term", 2).await;
+    // Ordered and fair: leased by the key walk (lease_keys.sql).
+    let keys = KeySettings {
+        ordered: true,
+        key_concurrency: 2,
+        fair: true,
+    };
+    set_keys(&h, addrs[0], "term", keys).await;
     let mut load = Load::start_keyed(&h, &addrs, "term", 4, mixed(), (150, 8));
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
@@ -248,7 +254,15 @@ async fn postgres_crash_and_restart_under_load() {
     let h = History::new();
     let stop_health = CancellationToken::new();
     let monitor = health_monitor(addrs.clone(), h.clone(), stop_health.clone());
-    let mut load = Load::start(&h, &addrs, "pg", 4, Behaviour::default(), 100);
+    // Per-key concurrency without order, fair: the key walk's buckets and
+    // cursor through PostgreSQL's crash.
+    let keys = KeySettings {
+        ordered: false,
+        key_concurrency: 2,
+        fair: true,
+    };
+    set_keys(&h, addrs[0], "pg", keys).await;
+    let mut load = Load::start_keyed(&h, &addrs, "pg", 4, Behaviour::default(), (100, 8));
     load.watch(&pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -302,6 +316,14 @@ async fn postgres_crash_and_restart_under_load() {
     // The pool's connections died with the server: it reconnects.
     let report = load.finish("postgres-crash", &pool, addrs[0], "pg").await;
     stop_health.cancel();
+    // Keyed jobs were checked against the per-key limit, and some key had
+    // its two at once.
+    assert!(
+        report.keyed > 0 && report.key_peak == 2,
+        "keys not exercised: {} keyed deliveries, peak {}",
+        report.keyed,
+        report.key_peak
+    );
     let seen = monitor.await.expect("health monitor");
 
     for (down, up) in &outages {

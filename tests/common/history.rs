@@ -193,6 +193,8 @@ struct Inner {
     job_keys: HashMap<String, (String, String)>,
     /// Queues ordered by key, and their key_concurrency.
     ordered: HashMap<String, usize>,
+    /// Queues with a per-key concurrency limit and no order.
+    key_limited: HashMap<String, usize>,
     deliveries: Vec<Delivered>,
     settles: Vec<Settle>,
     streams: HashMap<u64, StreamRec>,
@@ -403,6 +405,12 @@ impl History {
     /// holds its keyed jobs to per-key order.
     pub fn ordered_by_key(&self, queue: &str, key_concurrency: usize) {
         self.with(|h| h.ordered.insert(queue.to_owned(), key_concurrency));
+    }
+
+    /// `queue` has a per-key concurrency limit without order: the checker
+    /// holds it to at most `key_concurrency` jobs of a key leased at once.
+    pub fn key_concurrency(&self, queue: &str, key_concurrency: usize) {
+        self.with(|h| h.key_limited.insert(queue.to_owned(), key_concurrency));
     }
 
     /// The Enqueue of `payload` into `queue` carries the job key `key`
@@ -1148,7 +1156,7 @@ impl History {
         }
         let mut scopes: BTreeMap<(&str, &str), Vec<KeyJob>> = BTreeMap::new();
         for (payload, (queue, key)) in &h.job_keys {
-            if !h.ordered.contains_key(queue) {
+            if !h.ordered.contains_key(queue) && !h.key_limited.contains_key(queue) {
                 continue;
             }
             let answered = h.enq_ok.get(payload);
@@ -1186,7 +1194,11 @@ impl History {
                     || (completing.get(e.id).is_none_or(|t| *t >= seen) && !dead.contains(e.id)))
         };
         for ((queue, key), jobs) in scopes.iter_mut() {
-            let n = h.ordered[*queue];
+            // Ordered, or only limited (no order to check).
+            let (n, ordered) = match h.ordered.get(*queue) {
+                Some(n) => (*n, true),
+                None => (h.key_limited[*queue], false),
+            };
             jobs.sort_by(|a, b| a.id.cmp(b.id));
             for (i, j) in jobs.iter().enumerate() {
                 if let Some((_, t)) = h.enq_ok.get(j.payload)
@@ -1200,7 +1212,7 @@ impl History {
                         .iter()
                         .filter(|e| live(e, d.start_us, d.t))
                         .collect();
-                    if ahead.len() >= n {
+                    if ordered && ahead.len() >= n {
                         r.key_order.push(format!(
                             "{} ({}): attempt {} of key {key:?} in {queue} leased at {} while \
                              {} earlier job(s) of its key were live, neither acked nor \

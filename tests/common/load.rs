@@ -1029,20 +1029,29 @@ pub async fn sample_ready(
                 Duration::from_secs(1),
                 // In a queue ordered by key, a keyed job is deliverable only
                 // while fewer than key_concurrency jobs of its key are in
-                // the table with a smaller id, or leased (lease.sql's rule).
+                // the table with a smaller id, or leased (lease.sql's rule);
+                // with a per-key limit and no order, while fewer than
+                // key_concurrency of its key hold an unexpired lease
+                // (lease_keys.sql). Key overrides and rates: not used here.
                 sqlx::query_scalar::<_, i64>(
                     "select count(*) from leaseq.jobs j
                      left join leaseq.queues q on q.name = j.queue
+                     cross join lateral (
+                         select case when q.ordered_by_key then coalesce(q.key_concurrency, 1)
+                             else q.key_concurrency end as n
+                     ) k
                      where j.queue = any($1) and j.state = 'available' and j.run_at <= now()
                        and not coalesce(q.paused, false)
-                       and (not coalesce(q.ordered_by_key, false) or j.key is null or (
+                       and (j.key is null or k.n is null or (
                            select count(*) from (
                                select from leaseq.jobs e
                                where e.queue = j.queue and e.key = j.key
-                                 and (e.id < j.id or e.state = 'leased')
-                               limit coalesce(q.key_concurrency, 1)
+                                 and case when q.ordered_by_key
+                                     then e.id < j.id or e.state = 'leased'
+                                     else e.state = 'leased' and e.lease_expires_at > now() end
+                               limit k.n
                            ) busy
-                       ) < coalesce(q.key_concurrency, 1))",
+                       ) < k.n)",
                 )
                 .bind(&queues)
                 .fetch_one(pool),
@@ -1261,9 +1270,20 @@ impl Load {
     }
 }
 
-/// Orders `queue` by key through the broker at `addr`, at most
-/// `key_concurrency` jobs of a key leased at once, and tells `history`.
-pub async fn order_by_key(history: &History, addr: SocketAddr, queue: &str, key_concurrency: i32) {
+/// How a fault scenario's queue treats keys (issue 33).
+#[derive(Clone, Copy, Debug)]
+pub struct KeySettings {
+    /// `ordered_by_key`: a key's jobs in enqueue order.
+    pub ordered: bool,
+    /// At most this many jobs of a key leased at once.
+    pub key_concurrency: i32,
+    /// `fair_by_key`: lease rounds serve the keys in turn (lease_keys.sql).
+    pub fair: bool,
+}
+
+/// Sets `queue`'s key settings through the broker at `addr`, and tells
+/// `history` what to check.
+pub async fn set_keys(history: &History, addr: SocketAddr, queue: &str, k: KeySettings) {
     let mut admin =
         leaseq::pb::admin_service_client::AdminServiceClient::connect(format!("http://{addr}"))
             .await
@@ -1272,8 +1292,9 @@ pub async fn order_by_key(history: &History, addr: SocketAddr, queue: &str, key_
         .update_queue(pb::UpdateQueueRequest {
             queue: queue.to_owned(),
             create: true,
-            ordered_by_key: Some(true),
-            key_concurrency: Some(key_concurrency),
+            ordered_by_key: Some(k.ordered),
+            key_concurrency: Some(k.key_concurrency),
+            fair_by_key: Some(k.fair),
             ..Default::default()
         })
         .await
@@ -1281,9 +1302,16 @@ pub async fn order_by_key(history: &History, addr: SocketAddr, queue: &str, key_
         .into_inner()
         .settings
         .expect("settings");
-    assert!(s.ordered_by_key, "{s:?}");
-    assert_eq!(s.key_concurrency, key_concurrency, "{s:?}");
-    history.ordered_by_key(queue, key_concurrency as usize);
+    assert_eq!(
+        (s.ordered_by_key, s.key_concurrency, s.fair_by_key),
+        (k.ordered, k.key_concurrency, k.fair),
+        "{s:?}"
+    );
+    if k.ordered {
+        history.ordered_by_key(queue, k.key_concurrency as usize);
+    } else {
+        history.key_concurrency(queue, k.key_concurrency as usize);
+    }
 }
 
 pub async fn wait_acked(history: &History, n: usize, limit: Duration) {

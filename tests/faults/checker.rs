@@ -421,6 +421,18 @@ fn checker_finds_every_planted_anomaly() {
     let b = p.deliver_key(s2, ("key-late", "K", 1), 1.5, 2.0);
     p.ack(&a, 1.6);
     p.ack(&b, 1.7);
+    // A per-key limit without order (one at a time): two of a key leased
+    // at once is an anomaly; the later job leased first is not.
+    h.key_concurrency("lim", 1);
+    for id in ["lim-early", "lim-late", "lim-last"] {
+        p.enqueue_key(0.0, id, ("lim", "L"));
+    }
+    let a = p.deliver_key(s1, ("lim-early", "L", 1), 1.0, 2.0);
+    let b = p.deliver_key(s2, ("lim-late", "L", 1), 1.5, 2.0);
+    p.ack(&a, 1.6);
+    p.ack(&b, 1.7);
+    let c = p.deliver_key(s2, ("lim-last", "L", 1), 0.2, 0.3);
+    p.ack(&c, 0.4);
 
     // A stream with credit that receives once, then nothing for 9 s while
     // jobs wait; one whose gap is a fault of its broker; one whose credit
@@ -448,7 +460,17 @@ fn checker_finds_every_planted_anomaly() {
 
     let r = p.check();
     let mut names: Vec<&str> = jobs.to_vec();
-    names.extend(["ghost", "planted", "key", "stream", "key-early", "key-late"]);
+    names.extend([
+        "ghost",
+        "planted",
+        "key",
+        "stream",
+        "key-early",
+        "key-late",
+        "lim-early",
+        "lim-late",
+        "lim-last",
+    ]);
     let got = found(&r, &names);
     let want: Vec<(&str, Vec<&str>)> = vec![
         ("lost", vec!["lost"]),
@@ -484,7 +506,7 @@ fn checker_finds_every_planted_anomaly() {
         ("key order broken", vec!["key-late"]),
         (
             "more than key_concurrency of a key leased at once",
-            vec!["key-late"],
+            vec!["key-late", "lim-late"],
         ),
     ];
     let want: Vec<(&str, Vec<String>)> = want
@@ -497,7 +519,7 @@ fn checker_finds_every_planted_anomaly() {
     let count: Vec<usize> = r.kinds().iter().map(|k| k.1.len()).collect();
     assert_eq!(
         count,
-        [1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 1],
+        [1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 2],
         "{r:#?}"
     );
     assert!(r.refused_valid.iter().any(|e| e.contains(": nack of")));
