@@ -29,6 +29,7 @@ mod guarantee;
 mod house;
 mod image;
 mod keys;
+mod keys_admin;
 mod lb;
 mod limits;
 mod metrics;
