@@ -393,6 +393,7 @@ async fn list_jobs_pagination_walks_every_job_exactly_once() {
                         page_size,
                         page_token: token.clone(),
                         include_payload: false,
+                        key: String::new(),
                     })
                     .await
                     .unwrap()
@@ -709,6 +710,7 @@ async fn acked_jobs_of_a_queue_with_retention_are_kept_as_completed() {
                 page_size: 2,
                 page_token: token.clone(),
                 include_payload: true,
+                key: String::new(),
             })
             .await
             .unwrap()

@@ -1535,3 +1535,176 @@ async fn attempt_errors_go_with_their_job() {
     drop(stream);
     broker.stop().await;
 }
+
+/// Keys in the console (issue 33): the queue page and the queue list show
+/// the keys waiting and leased; the queue page lists the keys (by key, and
+/// most waiting first), each linking to its jobs; the job list has a key
+/// column and a key filter typed into the page; the job page shows its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_shows_keys_and_filters_jobs_by_key() {
+    let db = TestDb::new().await;
+    let (_scratch, file) = auth_file();
+    let broker = console(&db).auth_file(&file).start().await;
+    let base = format!("http://{}/", broker.http());
+    let mut grpc = grpc_client(&broker).await;
+    let keyed = |key: &str, payload: &str| pb::EnqueueRequest {
+        key: key.into(),
+        ..job("tenants", payload)
+    };
+    let mut a_ids = Vec::new();
+    for i in 0..3 {
+        a_ids.push(
+            grpc.enqueue(keyed("tenant-a", &format!("a{i}")))
+                .await
+                .unwrap()
+                .into_inner()
+                .job_id,
+        );
+    }
+    let b1 = grpc
+        .enqueue(keyed("tenant-b", "b1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    enqueue_to(&mut grpc, "tenants", "no key").await;
+    // tenant-a's first job in flight.
+    let mut stream = subscribe_as(&mut grpc, "tenants", "w", 1).await;
+    let d = next_delivery(&mut stream, S10).await;
+    assert_eq!(id_of(&d), a_ids[0]);
+
+    let chrome = Chrome::start(false).await;
+    chrome.login(&base, ADMIN).await;
+    chrome
+        .wait_text(
+            r#"tr[data-queue="tenants"] td[data-col="keys_waiting"]"#,
+            "2",
+        )
+        .await;
+    chrome
+        .wait_text(
+            r#"tr[data-queue="tenants"] td[data-col="keys_leased"]"#,
+            "1",
+        )
+        .await;
+
+    chrome
+        .client
+        .goto(&format!("{base}#/queue/tenants"))
+        .await
+        .unwrap();
+    chrome
+        .wait_text(r#"#queue-stats dd[data-col="keys_waiting"]"#, "2")
+        .await;
+    chrome
+        .wait_text(r#"#queue-stats dd[data-col="keys_leased"]"#, "1")
+        .await;
+    chrome
+        .wait_text(r#"tr[data-key="tenant-a"] td[data-col="waiting"]"#, "2")
+        .await;
+    chrome
+        .wait_text(r#"tr[data-key="tenant-a"] td[data-col="leased"]"#, "1")
+        .await;
+    chrome
+        .wait_text(r#"tr[data-key="tenant-b"] td[data-col="waiting"]"#, "1")
+        .await;
+    let keys_in_order = || async {
+        let rows = chrome
+            .client
+            .find_all(Locator::Css("#keys-body tr[data-key]"))
+            .await
+            .unwrap();
+        let mut keys = Vec::new();
+        for r in rows {
+            keys.push(r.attr("data-key").await.unwrap().unwrap_or_default());
+        }
+        keys
+    };
+    assert_eq!(keys_in_order().await, ["tenant-a", "tenant-b"]);
+    // Most waiting first: two more jobs of tenant-b put it ahead (3
+    // waiting against tenant-a's 2).
+    for i in 2..=3 {
+        grpc.enqueue(keyed("tenant-b", &format!("b{i}")))
+            .await
+            .unwrap();
+    }
+    chrome
+        .wait_for("#keys-order")
+        .await
+        .select_by_value("waiting")
+        .await
+        .unwrap();
+    chrome
+        .wait_text(r#"tr[data-key="tenant-b"] td[data-col="waiting"]"#, "3")
+        .await;
+    assert_eq!(keys_in_order().await, ["tenant-b", "tenant-a"]);
+    chrome.screenshot_full("queue-keys").await;
+
+    // A key's link: its jobs, with the key column and the filter filled in.
+    chrome.click(r#"tr[data-key="tenant-b"] a"#).await;
+    chrome.wait_for(&format!(r#"tr[data-job="{b1}"]"#)).await;
+    let jobs = chrome
+        .client
+        .find_all(Locator::Css("#jobs-body tr[data-job]"))
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 3);
+    chrome
+        .wait_text(
+            &format!(r#"tr[data-job="{b1}"] td[data-col="key"]"#),
+            "tenant-b",
+        )
+        .await;
+    let value = chrome
+        .wait_for("#jobs-key")
+        .await
+        .prop("value")
+        .await
+        .unwrap();
+    assert_eq!(value.as_deref(), Some("tenant-b"));
+    // A key typed in, and one that matches nothing.
+    let input = chrome.wait_for("#jobs-key").await;
+    input.clear().await.unwrap();
+    input.send_keys("tenant-a").await.unwrap();
+    chrome.click("#jobs-search-submit").await;
+    chrome
+        .wait_for(&format!(r#"tr[data-job="{}"]"#, a_ids[2]))
+        .await;
+    let started = Instant::now();
+    loop {
+        let n = chrome
+            .client
+            .find_all(Locator::Css("#jobs-body tr[data-job]"))
+            .await
+            .unwrap()
+            .len();
+        if n == 3 {
+            break;
+        }
+        assert!(started.elapsed() < S10, "3 jobs of tenant-a (last {n})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    chrome
+        .client
+        .goto(&format!("{base}#/jobs?queue=tenants&key=nobody"))
+        .await
+        .unwrap();
+    chrome.wait_text("#jobs-none", "No job matches.").await;
+    // The job page names the key.
+    chrome
+        .client
+        .goto(&format!("{base}#/job/{b1}"))
+        .await
+        .unwrap();
+    chrome.wait_text("#job-key", "tenant-b").await;
+    // A key over 256 bytes is refused, named.
+    chrome
+        .client
+        .goto(&format!("{base}#/jobs?key={}", "k".repeat(257)))
+        .await
+        .unwrap();
+    let e = chrome.wait_for("#error").await.text().await.unwrap();
+    assert!(e.contains("key") && e.contains("256"), "{e}");
+    drop(stream);
+    chrome.close().await;
+}

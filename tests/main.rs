@@ -30,6 +30,7 @@ mod house;
 mod image;
 mod key_limits;
 mod keys;
+mod keys_admin;
 mod lb;
 mod limits;
 mod metrics;

@@ -235,3 +235,71 @@ async fn the_retention_sweep_deletes_by_tid_even_when_planned_on_an_empty_table(
         "the planner now keeps the Tid Scan by itself; the settings may be unneeded:\n{plain}"
     );
 }
+
+/// The lines of `plan` under `CTE name`: its header and the lines indented
+/// deeper than it that follow.
+fn cte(plan: &str, name: &str) -> String {
+    let lines: Vec<&str> = plan.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == format!("CTE {name}"))
+        .unwrap_or_else(|| panic!("no CTE {name} in:\n{plan}"));
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let depth = indent(lines[start]);
+    let mut out = vec![lines[start]];
+    out.extend(
+        lines[start + 1..]
+            .iter()
+            .take_while(|l| indent(l) > depth)
+            .copied(),
+    );
+    out.join("\n")
+}
+
+/// The key count of the queue statistics (`keys_waiting`) walks a queue's
+/// keys one probe of jobs_key each; planned on an empty table without the
+/// sweeps' settings, each probe read the queue's jobs_ready whole and
+/// sorted it (27 s for 10,000 keys, found by
+/// keys_admin::keys_waiting_stops_at_its_cap_and_says_so). ListKeys' page
+/// by key reads jobs_key in key order likewise.
+#[tokio::test]
+async fn the_key_counts_probe_jobs_key_even_when_planned_on_an_empty_table() {
+    let db = TestDb::new().await;
+    let stats = include_str!("../crates/server/src/store/sql/admin_queue_stats.sql");
+    let types = "(text[], text, bigint, uuid, bigint)";
+    let args = "(array['q'], null, 10, gen_random_uuid(), 10000)";
+    let plan = generic_plan(&db, SWEEP_PLANNER_SETTINGS, stats, types, args).await;
+    let walk = cte(&plan, "waiting_keys");
+    assert!(
+        walk.contains("Index Scan using jobs_key on jobs"),
+        "the key count should probe jobs_key:\n{plan}"
+    );
+    every_jobs_scan_is_bounded(&walk).unwrap();
+    for bad in ["Seq Scan on jobs", "jobs_ready", "Sort"] {
+        assert!(
+            !walk.contains(bad),
+            "{bad} in the key count's plan:\n{plan}"
+        );
+    }
+    let plain = generic_plan(&db, "select 1", stats, types, args).await;
+    assert!(
+        cte(&plain, "waiting_keys").contains("Sort"),
+        "the planner now probes jobs_key by itself; the settings may be unneeded:\n{plain}"
+    );
+
+    let page = "select j.key, count(*) filter (where j.state = 'available') \
+        from leaseq.jobs j \
+        where j.queue = $1 and j.key is not null and ($2::text is null or j.key > $2) \
+        group by j.key order by j.key limit $3";
+    let plan = generic_plan(
+        &db,
+        SWEEP_PLANNER_SETTINGS,
+        page,
+        "(text, text, bigint)",
+        "('q', 'k', 10)",
+    )
+    .await;
+    assert!(plan.contains("Index Scan using jobs_key on jobs"), "{plan}");
+    every_jobs_scan_is_bounded(&plan).unwrap();
+    assert!(!plan.contains("Sort"), "{plan}");
+}

@@ -1,5 +1,5 @@
 //! Operator subcommands over `leaseq.v1.AdminService`: `stats`, `queues`,
-//! `jobs`, `job`, `dlq`, `pause`, `resume`, `purge`, `queue update`;
+//! `jobs`, `keys`, `job`, `dlq`, `pause`, `resume`, `purge`, `queue update`;
 //! `schedules` is in [`super::schedules`].
 //!
 //! Each takes the connection flags every client command takes
@@ -50,6 +50,9 @@ pub enum AdminCommand {
     /// List jobs (live by default; --state dead for dead letters, --state
     /// completed for completed jobs kept for the queue's retention).
     Jobs(JobsArgs),
+    /// The keys of a queue's live jobs (`enqueue --key`), with their jobs
+    /// waiting and leased: by key, or the most waiting first.
+    Keys(KeysArgs),
     /// Show or cancel one job.
     Job {
         #[command(subcommand)]
@@ -118,12 +121,38 @@ pub struct JobsArgs {
     /// Only jobs in this state (default: every live job).
     #[arg(long, value_enum)]
     pub state: Option<StateArg>,
+    /// Only jobs of this key (`enqueue --key`), an exact match.
+    #[arg(long, short)]
+    pub key: Option<String>,
     /// Most jobs to print (pages are fetched until then).
     #[arg(long, default_value_t = 100)]
     pub limit: usize,
     /// Include payloads.
     #[arg(long)]
     pub payload: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Default)]
+pub enum KeyOrderArg {
+    /// By key, every page.
+    #[default]
+    Key,
+    /// Most jobs waiting first: the top --limit keys.
+    Waiting,
+}
+
+#[derive(Args, Debug)]
+pub struct KeysArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The queue.
+    pub queue: String,
+    /// Order of the keys.
+    #[arg(long, value_enum, default_value_t)]
+    pub order: KeyOrderArg,
+    /// Most keys to print (pages are fetched until then).
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -297,6 +326,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
         AdminCommand::Stats(a) => stats(a).await,
         AdminCommand::Queues(a) => queues(a).await,
         AdminCommand::Jobs(a) => jobs(a).await,
+        AdminCommand::Keys(a) => keys(a).await,
         AdminCommand::Job {
             cmd: JobCmd::Get(a),
         } => job_get(a).await,
@@ -377,11 +407,66 @@ async fn jobs(a: JobsArgs) -> Result<(), CliError> {
         &mut admin,
         a.queue.unwrap_or_default(),
         state.unwrap_or(pb::JobState::Unspecified),
+        a.key.unwrap_or_default(),
         a.limit,
         a.payload,
     )
     .await?;
     print_jobs(&jobs, a.client.output, a.payload);
+    Ok(())
+}
+
+/// `leaseq keys`.
+async fn keys(a: KeysArgs) -> Result<(), CliError> {
+    let order = match a.order {
+        KeyOrderArg::Key => pb::KeyOrder::Key,
+        KeyOrderArg::Waiting => pb::KeyOrder::Waiting,
+    };
+    let mut admin = connect(&a.client).await?;
+    let mut keys = Vec::new();
+    let mut token = String::new();
+    while keys.len() < a.limit {
+        let page = admin
+            .list_keys(pb::ListKeysRequest {
+                queue: a.queue.clone(),
+                page_size: (a.limit - keys.len()).min(1000) as u32,
+                page_token: token,
+                order: order as i32,
+            })
+            .await?
+            .into_inner();
+        warn_partial(&page.unavailable_clusters);
+        keys.extend(page.keys);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    match a.client.output {
+        Output::Json => print_json(&Value::Array(
+            keys.iter()
+                .map(|k| {
+                    json!({
+                        "key": k.key,
+                        "waiting": k.waiting,
+                        "leased": k.leased,
+                        "oldest_available_age_seconds": opt_secs(k.oldest_available_age.as_ref()),
+                    })
+                })
+                .collect(),
+        )),
+        Output::Table => print_table(
+            &["KEY", "WAITING", "LEASED", "OLDEST"],
+            keys.iter().map(|k| {
+                vec![
+                    k.key.clone(),
+                    k.waiting.to_string(),
+                    k.leased.to_string(),
+                    human_dur(k.oldest_available_age.as_ref()),
+                ]
+            }),
+        ),
+    }
     Ok(())
 }
 
@@ -439,6 +524,7 @@ async fn dlq_list(a: DlqListArgs) -> Result<(), CliError> {
         &mut admin,
         a.queue.unwrap_or_default(),
         pb::JobState::Dead,
+        String::new(),
         a.limit,
         a.payload,
     )
@@ -634,6 +720,7 @@ async fn dlq_by_pages(
                 page_size: 1000,
                 page_token: token,
                 include_payload: false,
+                key: String::new(),
             })
             .await?
             .into_inner();
@@ -711,6 +798,7 @@ async fn list_jobs(
     admin: &mut Admin,
     queue: String,
     state: pb::JobState,
+    key: String,
     limit: usize,
     include_payload: bool,
 ) -> Result<Vec<pb::JobInfo>, CliError> {
@@ -724,6 +812,7 @@ async fn list_jobs(
                 page_size: (limit - out.len()).min(1000) as u32,
                 page_token: token,
                 include_payload,
+                key: key.clone(),
             })
             .await?
             .into_inner();
@@ -798,6 +887,8 @@ fn print_stats(queues: &[pb::QueueInfo]) {
             "OLDEST",
             "STREAMS",
             "CONSUMERS",
+            "KEYS_WAITING",
+            "KEYS_LEASED",
             "PAUSED",
         ],
         queues.iter().map(|q| {
@@ -813,6 +904,8 @@ fn print_stats(queues: &[pb::QueueInfo]) {
                     .map_or("-".into(), |d| human_dur(Some(d))),
                 s.streams.to_string(),
                 s.consumers.to_string(),
+                keys_waiting(&s),
+                s.keys_leased.to_string(),
                 yes_no(q.settings.as_ref().is_some_and(|s| s.paused)),
             ]
         }),
@@ -833,7 +926,7 @@ fn print_jobs(jobs: &[pb::JobInfo], output: Output, payload: bool) {
         )),
         Output::Table => {
             let mut head = vec![
-                "ID", "QUEUE", "STATE", "PRIO", "ATTEMPT", "ENQUEUED", "ERROR",
+                "ID", "QUEUE", "KEY", "STATE", "PRIO", "ATTEMPT", "ENQUEUED", "ERROR",
             ];
             if payload {
                 head.push("PAYLOAD");
@@ -844,6 +937,11 @@ fn print_jobs(jobs: &[pb::JobInfo], output: Output, payload: bool) {
                     let mut row = vec![
                         j.id.clone(),
                         j.queue.clone(),
+                        if j.key.is_empty() {
+                            "-".into()
+                        } else {
+                            truncate(&j.key, 24)
+                        },
                         state_name(j.state()).into(),
                         j.priority.to_string(),
                         j.attempt.to_string(),
@@ -857,6 +955,15 @@ fn print_jobs(jobs: &[pb::JobInfo], output: Output, payload: bool) {
                 }),
             );
         }
+    }
+}
+
+/// "12", or ">=10000" when the broker stopped counting there.
+fn keys_waiting(s: &pb::QueueStats) -> String {
+    if s.keys_waiting_capped {
+        format!(">={}", s.keys_waiting)
+    } else {
+        s.keys_waiting.to_string()
     }
 }
 
@@ -968,6 +1075,9 @@ fn queue_json(q: &pb::QueueInfo) -> Value {
         "oldest_available_age_seconds": opt_secs(st.oldest_available_age.as_ref()),
         "streams": st.streams,
         "consumers": st.consumers,
+        "keys_waiting": st.keys_waiting,
+        "keys_waiting_capped": st.keys_waiting_capped,
+        "keys_leased": st.keys_leased,
         "default_lease_seconds": opt_secs(s.default_lease.as_ref()),
         "max_attempts": s.max_attempts,
         "backoff_base_seconds": opt_secs(s.backoff_base.as_ref()),

@@ -40,7 +40,31 @@ export interface QueueStats {
   /** Streams on this queue held by the broker that answered. */
   streams: number;
   consumers: number;
+  /** Keys with jobs waiting (available or scheduled), counted up to 10,000: keysWaitingCapped then says there are at least that many. */
+  keysWaiting: number;
+  /** Keys with jobs leased. */
+  keysLeased: number;
+  keysWaitingCapped: boolean;
 }
+
+/** One key of a queue's live jobs (listKeys). */
+export interface KeyInfo {
+  key: string;
+  /** Jobs of the key available or scheduled. */
+  waiting: number;
+  leased: number;
+  /** null when none of its jobs is deliverable. */
+  oldestAvailableAgeMs: number | null;
+}
+
+export interface KeyList {
+  keys: KeyInfo[];
+  /** '' on the last page. */
+  nextPageToken: string;
+}
+
+/** listKeys' order: by key (paged), or the keys with the most jobs waiting first (one page). */
+export type KeyOrder = 'key' | 'waiting';
 
 export interface QueueInfo {
   name: string;
@@ -213,6 +237,9 @@ function queueInfo(q: PbQueueInfo): QueueInfo {
       oldestAvailableAgeMs: toMs(t.oldestAvailableAge),
       streams: Number(t.streams ?? 0),
       consumers: Number(t.consumers ?? 0),
+      keysWaiting: Number(t.keysWaiting ?? 0),
+      keysLeased: Number(t.keysLeased ?? 0),
+      keysWaitingCapped: !!t.keysWaitingCapped,
     },
     createdAt: toDate(q.createdAt),
   };
@@ -396,8 +423,10 @@ export class AdminClient {
     return jobInfo(await this.#unary<Record<string, unknown>>('GetJob', { jobId }));
   }
 
-  /** Jobs of a queue (or all queues) in enqueue order; state: default every live job. */
-  async listJobs(opts: Page & { queue?: string; state?: JobState; includePayload?: boolean } = {}): Promise<JobList> {
+  /** Jobs of a queue (or all queues) in enqueue order; state: default every live job; key: only that key's jobs (exact match). */
+  async listJobs(
+    opts: Page & { queue?: string; state?: JobState; includePayload?: boolean; key?: string } = {},
+  ): Promise<JobList> {
     return jobList(
       await this.#unary('ListJobs', {
         queue: opts.queue ?? '',
@@ -405,8 +434,28 @@ export class AdminClient {
         pageSize: opts.pageSize ?? 0,
         pageToken: opts.pageToken ?? '',
         includePayload: !!opts.includePayload,
+        key: opts.key ?? '',
       }),
     );
+  }
+
+  /** The keys of a queue's live jobs with their jobs waiting and leased: by key (paged), or order 'waiting': the pageSize keys with the most jobs waiting (one page). */
+  async listKeys(queue: string, opts: Page & { order?: KeyOrder } = {}): Promise<KeyList> {
+    const r = await this.#unary<{ keys: Record<string, unknown>[]; nextPageToken: string }>('ListKeys', {
+      queue,
+      pageSize: opts.pageSize ?? 0,
+      pageToken: opts.pageToken ?? '',
+      order: `KEY_ORDER_${(opts.order ?? 'key').toUpperCase()}`,
+    });
+    return {
+      keys: r.keys.map((k) => ({
+        key: String(k.key ?? ''),
+        waiting: Number(k.waiting ?? 0),
+        leased: Number(k.leased ?? 0),
+        oldestAvailableAgeMs: toMs(k.oldestAvailableAge as PbTime | null | undefined),
+      })),
+      nextPageToken: r.nextPageToken,
+    };
   }
 
   /** Deletes a live job; its lease holder's settles fail with FAILED_PRECONDITION. */

@@ -137,3 +137,26 @@ test('a key longer than 256 bytes is INVALID_ARGUMENT, and nothing is enqueued',
   await client.enqueue(q, 'fits', { key: 'k'.repeat(256) });
   assert.equal((await admin.listJobs({ queue: q })).jobs[0].key, 'k'.repeat(256));
 });
+
+test('the admin client shows the keys and lists a key\'s jobs', { timeout: 30000 }, async () => {
+  const q = queueName('keysvis');
+  const x1 = await client.enqueue(q, 'x1', { key: 'x' });
+  await client.enqueue(q, 'y1', { key: 'y' });
+  await client.enqueue(q, 'y2', { key: 'y' });
+  await client.enqueue(q, 'plain');
+  const st = (await admin.getQueue(q)).stats;
+  assert.deepEqual([st.keysWaiting, st.keysLeased, st.keysWaitingCapped], [2, 0, false]);
+  const jobs = await admin.listJobs({ queue: q, key: 'x' });
+  assert.deepEqual(jobs.jobs.map((j) => j.id), [x1.jobId]);
+  const keys = await admin.listKeys(q);
+  assert.deepEqual(keys.keys.map((k) => [k.key, k.waiting, k.leased]), [['x', 1, 0], ['y', 2, 0]]);
+  assert.equal(keys.nextPageToken, '');
+  assert.ok(keys.keys[0].oldestAvailableAgeMs !== null);
+  const first = await admin.listKeys(q, { pageSize: 1 });
+  assert.deepEqual(first.keys.map((k) => k.key), ['x']);
+  const rest = await admin.listKeys(q, { pageSize: 1, pageToken: first.nextPageToken });
+  assert.deepEqual(rest.keys.map((k) => k.key), ['y']);
+  const top = await admin.listKeys(q, { order: 'waiting', pageSize: 1 });
+  assert.deepEqual(top.keys.map((k) => [k.key, k.waiting]), [['y', 2]]);
+  await assert.rejects(admin.listJobs({ key: 'k'.repeat(257) }), (e) => e.code === status.INVALID_ARGUMENT && /key/.test(e.details));
+});

@@ -77,6 +77,30 @@ class QueueStats:
     oldest_available_age: Optional[dt.timedelta]
     streams: int
     consumers: int
+    #: Keys with jobs waiting (available or scheduled), counted up to
+    #: 10,000: ``keys_waiting_capped`` then says there are at least that many.
+    keys_waiting: int = 0
+    #: Keys with jobs leased.
+    keys_leased: int = 0
+    keys_waiting_capped: bool = False
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One key of a queue's live jobs (:meth:`AdminClient.list_keys`)."""
+
+    key: str
+    #: Jobs of the key available or scheduled.
+    waiting: int
+    leased: int
+    #: How long its oldest deliverable job has waited; None when none is.
+    oldest_available_age: Optional[dt.timedelta]
+
+
+#: ``order`` of :meth:`AdminClient.list_keys`: by key (paged), or the keys
+#: with the most jobs waiting first (one page).
+KeyOrder = Literal["key", "waiting"]
+_KEY_ORDERS = {"key": "KEY_ORDER_KEY", "waiting": "KEY_ORDER_WAITING"}
 
 
 @dataclass(frozen=True)
@@ -296,6 +320,9 @@ def _queue_info(q: Any) -> QueueInfo:
             oldest_available_age=_opt_timedelta(st, "oldest_available_age"),
             streams=st.streams,
             consumers=st.consumers,
+            keys_waiting=st.keys_waiting,
+            keys_leased=st.keys_leased,
+            keys_waiting_capped=st.keys_waiting_capped,
         ),
         created_at=_opt_datetime(q, "created_at"),
     )
@@ -328,6 +355,24 @@ def _job_info(j: Any) -> JobInfo:
 
 def _jobs_page(resp: Any) -> Page[JobInfo]:
     return Page([_job_info(j) for j in resp.jobs], resp.next_page_token)
+
+
+def _keys_page(resp: Any) -> Page[KeyInfo]:
+    return Page(
+        [
+            KeyInfo(k.key, k.waiting, k.leased, _opt_timedelta(k, "oldest_available_age"))
+            for k in resp.keys
+        ],
+        resp.next_page_token,
+    )
+
+
+def _list_keys_request(queue: str, order: KeyOrder, page_size: int, page_token: str) -> Any:
+    if order not in _KEY_ORDERS:
+        raise ValueError(f"order: must be one of {sorted(_KEY_ORDERS)}")
+    return apb.ListKeysRequest(
+        queue=queue, order=_KEY_ORDERS[order], page_size=page_size, page_token=page_token
+    )
 
 
 def _snapshot(resp: Any) -> QueuesSnapshot:
@@ -377,7 +422,12 @@ def _selector(queue: str, ids: Optional[Sequence[str]], all: bool) -> Any:
 
 
 def _list_jobs_request(
-    queue: str, state: Optional[JobState], page_size: int, page_token: str, include_payload: bool
+    queue: str,
+    state: Optional[JobState],
+    page_size: int,
+    page_token: str,
+    include_payload: bool,
+    key: str = "",
 ) -> Any:
     if state is not None and state not in _STATE_CODES:
         raise ValueError(f"state: must be one of {sorted(_STATE_CODES)}")
@@ -387,6 +437,7 @@ def _list_jobs_request(
         page_size=page_size,
         page_token=page_token,
         include_payload=include_payload,
+        key=key,
     )
 
 
@@ -480,11 +531,22 @@ class AdminClient:
         page_size: int = 0,
         page_token: str = "",
         include_payload: bool = False,
+        key: str = "",
     ) -> Page[JobInfo]:
         """Jobs of ``queue`` ("" = every queue) in enqueue order. ``state``
-        None: every live job; "dead"; "completed"."""
-        req = _list_jobs_request(queue, state, page_size, page_token, include_payload)
+        None: every live job; "dead"; "completed". ``key``: only the jobs
+        of this key (exact match; "" = every job)."""
+        req = _list_jobs_request(queue, state, page_size, page_token, include_payload, key)
         return _jobs_page(self._call(self._stub.ListJobs, req))
+
+    def list_keys(
+        self, queue: str, *, order: KeyOrder = "key", page_size: int = 0, page_token: str = ""
+    ) -> Page[KeyInfo]:
+        """The keys of ``queue``'s live jobs with their jobs waiting and
+        leased: by key (paged), or ``order="waiting"``: the ``page_size``
+        keys with the most jobs waiting (one page)."""
+        req = _list_keys_request(queue, order, page_size, page_token)
+        return _keys_page(self._call(self._stub.ListKeys, req))
 
     def cancel_job(self, job_id: str) -> bool:
         """Deletes a live job; True if it was leased (its holder's settle
@@ -680,9 +742,16 @@ class AsyncAdminClient:
         page_size: int = 0,
         page_token: str = "",
         include_payload: bool = False,
+        key: str = "",
     ) -> Page[JobInfo]:
-        req = _list_jobs_request(queue, state, page_size, page_token, include_payload)
+        req = _list_jobs_request(queue, state, page_size, page_token, include_payload, key)
         return _jobs_page(await self._call(self._stub.ListJobs, req))
+
+    async def list_keys(
+        self, queue: str, *, order: KeyOrder = "key", page_size: int = 0, page_token: str = ""
+    ) -> Page[KeyInfo]:
+        req = _list_keys_request(queue, order, page_size, page_token)
+        return _keys_page(await self._call(self._stub.ListKeys, req))
 
     async def cancel_job(self, job_id: str) -> bool:
         resp = await self._call(self._stub.CancelJob, apb.CancelJobRequest(job_id=job_id))

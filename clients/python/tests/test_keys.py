@@ -149,3 +149,39 @@ def test_a_key_longer_than_256_bytes_is_invalid_argument(addr):
         assert admin.get_queue(q).stats.available == 0  # nothing enqueued, the batch neither
         c.enqueue(q, "fits", key="k" * 256)
         assert admin.list_jobs(q).items[0].key == "k" * 256
+
+
+def test_admin_shows_the_keys_and_lists_a_keys_jobs(addr):
+    q = queue_name("keysvis")
+    with Client(addr) as c, AdminClient(addr) as admin:
+        x1 = c.enqueue(q, "x1", key="x").job_id
+        c.enqueue(q, "y1", key="y")
+        c.enqueue(q, "y2", key="y")
+        c.enqueue(q, "plain")
+        st = admin.get_queue(q).stats
+        assert (st.keys_waiting, st.keys_leased, st.keys_waiting_capped) == (2, 0, False)
+        page = admin.list_jobs(q, key="x")
+        assert [j.id for j in page.items] == [x1]
+        keys = admin.list_keys(q)
+        assert [(k.key, k.waiting, k.leased) for k in keys.items] == [("x", 1, 0), ("y", 2, 0)]
+        assert keys.next_page_token == ""
+        first = admin.list_keys(q, page_size=1)
+        assert [k.key for k in first.items] == ["x"] and first.next_page_token
+        rest = admin.list_keys(q, page_size=1, page_token=first.next_page_token)
+        assert [k.key for k in rest.items] == ["y"]
+        top = admin.list_keys(q, order="waiting", page_size=1)
+        assert [(k.key, k.waiting) for k in top.items] == [("y", 2)]
+        with pytest.raises(RpcError) as e:
+            admin.list_jobs(q, key="k" * 257)
+        assert e.value.code_name == "INVALID_ARGUMENT" and "key" in e.value.details()
+        with pytest.raises(ValueError):
+            admin.list_keys(q, order="size")  # type: ignore[arg-type]
+
+    async def body():
+        async with AsyncAdminClient(addr) as admin:
+            keys = await admin.list_keys(q, order="waiting")
+            assert [k.key for k in keys.items] == ["y", "x"]
+            page = await admin.list_jobs(q, key="y")
+            assert [j.payload for j in page.items] == [b"", b""]  # no payloads by default
+
+    run(body())

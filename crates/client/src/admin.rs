@@ -177,6 +177,16 @@ impl AdminClient {
         Ok(self.c().list_jobs(req).await?.into_inner())
     }
 
+    /// One page of a queue's keys with their jobs waiting and leased, e.g.
+    /// `pb::ListKeysRequest { queue: "emails".into(), order: pb::KeyOrder::Waiting as i32, ..Default::default() }`
+    /// for the keys with the most jobs waiting.
+    pub async fn list_keys(
+        &self,
+        req: pb::ListKeysRequest,
+    ) -> Result<pb::ListKeysResponse, Status> {
+        Ok(self.c().list_keys(req).await?.into_inner())
+    }
+
     /// Deletes a live job. Returns whether it was leased (its holder's
     /// settles then fail with `FAILED_PRECONDITION`).
     pub async fn cancel_job(&self, job_id: &str) -> Result<bool, Status> {

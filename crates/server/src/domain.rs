@@ -227,12 +227,22 @@ fn timestamp(t: &prost_types::Timestamp, field: &str) -> Result<DateTime<Utc>> {
         .ok_or_else(|| Error::invalid(field, "is not a valid timestamp"))
 }
 
-/// PostgreSQL text cannot hold NUL; reject it at the edge with a clear message.
+/// A key to filter by (ListJobs, the console): empty = none; otherwise what
+/// EnqueueRequest.key accepts (at most MAX_KEY_LEN bytes, no NUL).
+pub fn key_filter(s: &str, field: &str) -> Result<Option<String>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    check_text(s, field, MAX_KEY_LEN)?;
+    Ok(Some(s.to_owned()))
+}
+
 /// A job's key (`EnqueueRequest.key`, a key override's `key`).
 pub fn check_key(key: &str, field: &str) -> Result<()> {
     check_text(key, field, MAX_KEY_LEN)
 }
 
+/// PostgreSQL text cannot hold NUL; reject it at the edge with a clear message.
 fn check_text(s: &str, field: &str, max_len: usize) -> Result<()> {
     if s.len() > max_len {
         return Err(Error::invalid(
@@ -600,6 +610,13 @@ pub struct QueueRow {
     pub dead: i64,
     pub consumers: i64,
     pub oldest_age_ms: Option<i64>,
+    /// Keys with jobs waiting, counted up to
+    /// [`crate::store::admin::KEYS_COUNTED`]; `keys_waiting_capped` says
+    /// the count stopped there.
+    pub keys_waiting: i64,
+    pub keys_waiting_capped: bool,
+    /// Keys with jobs leased (exact).
+    pub keys_leased: i64,
     /// This broker's streams on the queue and their total max_in_flight.
     pub streams: i64,
     pub credit: i64,

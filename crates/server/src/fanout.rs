@@ -30,7 +30,7 @@ use crate::domain::{JobId, QueueName, QueueRow};
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
 use crate::store::Store;
-use crate::store::admin::{self as sql, Cancelled, JobRow, JobState, PAGE_PAYLOAD_BUDGET};
+use crate::store::admin::{self as sql, Cancelled, JobFilter, JobRow, PAGE_PAYLOAD_BUDGET};
 
 /// How long a fan-out waits for one cluster before it counts as missing.
 pub const FANOUT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -188,6 +188,12 @@ pub async fn queue_page(
                     base.leased_here += other.leased_here;
                     base.dead += other.dead;
                     base.consumers += other.consumers;
+                    // Two clusters hold a queue's jobs only while its
+                    // bucket moves: a key with jobs on both sides then
+                    // counts twice (docs/design/keys.md).
+                    base.keys_waiting += other.keys_waiting;
+                    base.keys_waiting_capped |= other.keys_waiting_capped;
+                    base.keys_leased += other.keys_leased;
                     base.oldest_age_ms = base.oldest_age_ms.max(other.oldest_age_ms);
                     merged.insert(base.name.clone(), (placed || was_placed, base));
                 }
@@ -278,22 +284,20 @@ pub async fn get_job(clusters: &Clusters, id: JobId) -> Result<Option<JobRow>> {
 /// page never passes a row a cluster left out).
 pub async fn list_jobs(
     clusters: &Clusters,
-    queue: Option<&QueueName>,
-    state: Option<JobState>,
+    filter: &JobFilter,
     after: Option<Uuid>,
     limit: i64,
     include_payload: bool,
-    search: Option<&str>,
 ) -> Result<Partial<(Vec<JobRow>, bool)>> {
     if clusters.is_single() {
         let home = clusters.home();
         return Ok(Partial::complete(
-            sql::list_jobs(home, queue, state, after, limit, include_payload, search).await?,
+            sql::list_jobs(home, filter, after, limit, include_payload).await?,
         ));
     }
     let (answers, missing) = split(
         ask(clusters, |store| {
-            sql::list_jobs(store, queue, state, after, limit, include_payload, search)
+            sql::list_jobs(store, filter, after, limit, include_payload)
         })
         .await,
     )?;
@@ -459,4 +463,71 @@ pub async fn purge_queue(clusters: &Clusters, name: &QueueName) -> Result<Option
         }
     }
     Ok(out)
+}
+
+/// A page of a queue's keys over every cluster that answers (a queue's jobs
+/// are on two clusters only while its bucket moves: a key's counts then add
+/// up). Each cluster is asked for a page; the merged page keeps the first
+/// `limit` by the order asked. Merged pages of several clusters are in byte
+/// order (a key is compared in Rust, not by the database's collation): with
+/// a collation other than C, a key may then show on two pages or on none
+/// while the move lasts.
+pub async fn list_keys(
+    clusters: &Clusters,
+    queue: &QueueName,
+    order: sql::KeyOrder,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Partial<(Vec<sql::KeyRow>, bool)>> {
+    if clusters.is_single() {
+        return Ok(Partial::complete(
+            sql::list_keys(clusters.home(), queue, order, after, limit).await?,
+        ));
+    }
+    let (answers, missing) = split(
+        ask(clusters, |store| {
+            sql::list_keys(store, queue, order, after, limit)
+        })
+        .await,
+    )?;
+    let mut more = false;
+    let with_rows: Vec<_> = answers
+        .into_iter()
+        .filter_map(|(_, (rows, m))| {
+            more |= m;
+            (!rows.is_empty()).then_some(rows)
+        })
+        .collect();
+    if with_rows.len() <= 1 {
+        let rows = with_rows.into_iter().next().unwrap_or_default();
+        return Ok(Partial {
+            value: (rows, more),
+            missing,
+        });
+    }
+    let mut merged: BTreeMap<String, sql::KeyRow> = BTreeMap::new();
+    for row in with_rows.into_iter().flatten() {
+        match merged.get_mut(&row.key) {
+            None => {
+                merged.insert(row.key.clone(), row);
+            }
+            Some(m) => {
+                m.waiting += row.waiting;
+                m.leased += row.leased;
+                m.oldest_age_ms = m.oldest_age_ms.max(row.oldest_age_ms);
+            }
+        }
+    }
+    let mut rows: Vec<sql::KeyRow> = merged.into_values().collect();
+    if order == sql::KeyOrder::Waiting {
+        rows.sort_by(|a, b| b.waiting.cmp(&a.waiting).then_with(|| a.key.cmp(&b.key)));
+    }
+    if rows.len() as i64 > limit {
+        rows.truncate(limit.max(0) as usize);
+        more = order == sql::KeyOrder::Key;
+    }
+    Ok(Partial {
+        value: (rows, more),
+        missing,
+    })
 }

@@ -36,6 +36,10 @@ type AdminServiceClient interface {
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*JobInfo, error)
 	// Jobs of a queue (or of all queues) in enqueue order, paginated.
 	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
+	// The keys (EnqueueRequest.key) of a queue's live jobs, each with its
+	// number of jobs waiting and leased: in key order, paginated, or the
+	// keys with the most jobs waiting first.
+	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
 	// Deletes a live job. A holder of its lease gets FAILED_PRECONDITION on
 	// Ack / Nack / ExtendLease.
 	CancelJob(ctx context.Context, in *CancelJobRequest, opts ...grpc.CallOption) (*CancelJobResponse, error)
@@ -145,6 +149,15 @@ func (c *adminServiceClient) GetJob(ctx context.Context, in *GetJobRequest, opts
 func (c *adminServiceClient) ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error) {
 	out := new(ListJobsResponse)
 	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/ListJobs", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error) {
+	out := new(ListKeysResponse)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.AdminService/ListKeys", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -314,6 +327,10 @@ type AdminServiceServer interface {
 	GetJob(context.Context, *GetJobRequest) (*JobInfo, error)
 	// Jobs of a queue (or of all queues) in enqueue order, paginated.
 	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
+	// The keys (EnqueueRequest.key) of a queue's live jobs, each with its
+	// number of jobs waiting and leased: in key order, paginated, or the
+	// keys with the most jobs waiting first.
+	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
 	// Deletes a live job. A holder of its lease gets FAILED_PRECONDITION on
 	// Ack / Nack / ExtendLease.
 	CancelJob(context.Context, *CancelJobRequest) (*CancelJobResponse, error)
@@ -377,6 +394,9 @@ func (UnimplementedAdminServiceServer) GetJob(context.Context, *GetJobRequest) (
 }
 func (UnimplementedAdminServiceServer) ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListJobs not implemented")
+}
+func (UnimplementedAdminServiceServer) ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListKeys not implemented")
 }
 func (UnimplementedAdminServiceServer) CancelJob(context.Context, *CancelJobRequest) (*CancelJobResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CancelJob not implemented")
@@ -570,6 +590,24 @@ func _AdminService_ListJobs_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).ListJobs(ctx, req.(*ListJobsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.AdminService/ListKeys",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListKeys(ctx, req.(*ListKeysRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -846,6 +884,10 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListJobs",
 			Handler:    _AdminService_ListJobs_Handler,
+		},
+		{
+			MethodName: "ListKeys",
+			Handler:    _AdminService_ListKeys_Handler,
 		},
 		{
 			MethodName: "CancelJob",

@@ -17,6 +17,9 @@ JOB_STATE_DEAD: JobState
 JOB_STATE_LEASED: JobState
 JOB_STATE_SCHEDULED: JobState
 JOB_STATE_UNSPECIFIED: JobState
+KEY_ORDER_KEY: KeyOrder
+KEY_ORDER_UNSPECIFIED: KeyOrder
+KEY_ORDER_WAITING: KeyOrder
 OVERLAP_POLICY_ALLOW: OverlapPolicy
 OVERLAP_POLICY_SKIP: OverlapPolicy
 OVERLAP_POLICY_UNSPECIFIED: OverlapPolicy
@@ -151,6 +154,18 @@ class JobTemplate(_message.Message):
     ttl: _duration_pb2.Duration
     def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
+class KeyInfo(_message.Message):
+    __slots__ = ["key", "leased", "oldest_available_age", "waiting"]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_AVAILABLE_AGE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    leased: int
+    oldest_available_age: _duration_pb2.Duration
+    waiting: int
+    def __init__(self, key: _Optional[str] = ..., waiting: _Optional[int] = ..., leased: _Optional[int] = ..., oldest_available_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ["include_payload", "page_size", "page_token", "queue"]
     INCLUDE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -164,18 +179,20 @@ class ListDeadLettersRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: bool = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ["include_payload", "page_size", "page_token", "queue", "state"]
+    __slots__ = ["include_payload", "key", "page_size", "page_token", "queue", "state"]
     INCLUDE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     include_payload: bool
+    key: str
     page_size: int
     page_token: str
     queue: str
     state: JobState
-    def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: bool = ...) -> None: ...
+    def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: bool = ..., key: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ["jobs", "next_page_token", "unavailable_clusters"]
@@ -186,6 +203,28 @@ class ListJobsResponse(_message.Message):
     next_page_token: str
     unavailable_clusters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ["order", "page_size", "page_token", "queue"]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    order: KeyOrder
+    page_size: int
+    page_token: str
+    queue: str
+    def __init__(self, queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., order: _Optional[_Union[KeyOrder, str]] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ["keys", "next_page_token", "unavailable_clusters"]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[KeyInfo]
+    next_page_token: str
+    unavailable_clusters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ["page_size", "page_token"]
@@ -292,10 +331,13 @@ class QueueSettings(_message.Message):
     def __init__(self, default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ["available", "consumers", "dead", "leased", "oldest_available_age", "scheduled", "streams"]
+    __slots__ = ["available", "consumers", "dead", "keys_leased", "keys_waiting", "keys_waiting_capped", "leased", "oldest_available_age", "scheduled", "streams"]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     DEAD_FIELD_NUMBER: _ClassVar[int]
+    KEYS_LEASED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_WAITING_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_WAITING_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_AVAILABLE_AGE_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
@@ -303,11 +345,14 @@ class QueueStats(_message.Message):
     available: int
     consumers: int
     dead: int
+    keys_leased: int
+    keys_waiting: int
+    keys_waiting_capped: bool
     leased: int
     oldest_available_age: _duration_pb2.Duration
     scheduled: int
     streams: int
-    def __init__(self, available: _Optional[int] = ..., scheduled: _Optional[int] = ..., leased: _Optional[int] = ..., dead: _Optional[int] = ..., oldest_available_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., streams: _Optional[int] = ..., consumers: _Optional[int] = ...) -> None: ...
+    def __init__(self, available: _Optional[int] = ..., scheduled: _Optional[int] = ..., leased: _Optional[int] = ..., dead: _Optional[int] = ..., oldest_available_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., streams: _Optional[int] = ..., consumers: _Optional[int] = ..., keys_waiting: _Optional[int] = ..., keys_leased: _Optional[int] = ..., keys_waiting_capped: bool = ...) -> None: ...
 
 class RequeueDeadLettersResponse(_message.Message):
     __slots__ = ["requeued", "skipped_duplicates"]
@@ -448,6 +493,9 @@ class WatchQueuesResponse(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., sent_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., unavailable_clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class KeyOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class OverlapPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):

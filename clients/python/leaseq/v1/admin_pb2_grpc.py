@@ -56,6 +56,11 @@ class AdminServiceStub(object):
                 request_serializer=leaseq_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=leaseq_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
                 )
+        self.ListKeys = channel.unary_unary(
+                '/leaseq.v1.AdminService/ListKeys',
+                request_serializer=leaseq_dot_v1_dot_admin__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_admin__pb2.ListKeysResponse.FromString,
+                )
         self.CancelJob = channel.unary_unary(
                 '/leaseq.v1.AdminService/CancelJob',
                 request_serializer=leaseq_dot_v1_dot_admin__pb2.CancelJobRequest.SerializeToString,
@@ -182,6 +187,15 @@ class AdminServiceServicer(object):
 
     def ListJobs(self, request, context):
         """Jobs of a queue (or of all queues) in enqueue order, paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKeys(self, request, context):
+        """The keys (EnqueueRequest.key) of a queue's live jobs, each with its
+        number of jobs waiting and leased: in key order, paginated, or the
+        keys with the most jobs waiting first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -327,6 +341,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=leaseq_dot_v1_dot_admin__pb2.ListJobsRequest.FromString,
                     response_serializer=leaseq_dot_v1_dot_admin__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=leaseq_dot_v1_dot_admin__pb2.ListKeysRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_admin__pb2.ListKeysResponse.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
@@ -538,6 +557,23 @@ class AdminService(object):
         return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/ListJobs',
             leaseq_dot_v1_dot_admin__pb2.ListJobsRequest.SerializeToString,
             leaseq_dot_v1_dot_admin__pb2.ListJobsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.AdminService/ListKeys',
+            leaseq_dot_v1_dot_admin__pb2.ListKeysRequest.SerializeToString,
+            leaseq_dot_v1_dot_admin__pb2.ListKeysResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

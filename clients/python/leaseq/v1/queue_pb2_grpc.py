@@ -129,7 +129,9 @@ class QueueServiceServicer(object):
         are those of Subscribe, except that an ack's credit can come back as the
         ack arrives, before it commits. When the client half-closes its side,
         the broker settles what it was sent, releases the stream's unsettled jobs
-        and ends the stream with OK.
+        and ends the stream with OK. Deliveries may still arrive before the end
+        (they crossed the half-close on the wire): their jobs were released,
+        possibly leased again elsewhere; a client ignores them, as the SDKs do.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

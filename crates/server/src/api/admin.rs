@@ -26,7 +26,9 @@ use crate::pb;
 use crate::pb::admin_service_server::AdminService;
 use crate::placement::Clusters;
 use crate::schedule::run::Scheduler;
-use crate::store::admin::{self as sql, JobRow, JobState, QueueRow, QueueUpdate};
+use crate::store::admin::{
+    self as sql, JobFilter, JobRow, JobState, KeyOrder, QueueRow, QueueUpdate,
+};
 use leaseq_proto::limits::{MAX_KEY_CONCURRENCY, MAX_KEY_OVERRIDES, MAX_KEY_WEIGHT};
 
 /// Page size when the request says 0, and the most a page may hold.
@@ -272,6 +274,9 @@ pub fn queue_info(q: QueueRow) -> pb::QueueInfo {
             oldest_available_age: q.oldest_age_ms.and_then(proto_duration),
             streams: q.streams,
             consumers: q.consumers,
+            keys_waiting: q.keys_waiting,
+            keys_leased: q.keys_leased,
+            keys_waiting_capped: q.keys_waiting_capped,
         }),
         created_at: Some(ts(q.created_at)),
         name: q.name,
@@ -683,6 +688,7 @@ impl AdminService for AdminApi {
             Ok(pb::JobState::Completed) => Some(JobState::Completed),
             Err(_) => return Err(Error::invalid("state", "is not a JobState").into()),
         };
+        let key = domain::key_filter(&r.key, "key")?;
         let limit = page_size(r.page_size, "page_size")?;
         // Live, dead and completed listings have their own tokens: ids are
         // keys of different tables.
@@ -697,20 +703,68 @@ impl AdminService for AdminApi {
         {
             return Err(unknown_queue(q).into());
         }
-        let found = fanout::list_jobs(
-            self.clusters(),
-            queue.as_ref(),
+        let filter = JobFilter {
+            queue,
             state,
-            after,
-            limit,
-            r.include_payload,
-            None,
-        )
-        .await?;
+            key,
+            search: None,
+        };
+        let found =
+            fanout::list_jobs(self.clusters(), &filter, after, limit, r.include_payload).await?;
         let (rows, more) = found.value;
         let mut page = jobs_page(rows, more, kind);
         page.unavailable_clusters = found.missing.clone();
         Ok(partial_response(page, &found.missing))
+    }
+
+    #[instrument(skip_all, fields(queue = %request.get_ref().queue))]
+    async fn list_keys(
+        &self,
+        request: Request<pb::ListKeysRequest>,
+    ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        let r = request.into_inner();
+        let queue = queue_field(&r.queue, "queue")?;
+        let limit = page_size(r.page_size, "page_size")?;
+        let order = match pb::KeyOrder::try_from(r.order) {
+            Ok(pb::KeyOrder::Unspecified | pb::KeyOrder::Key) => KeyOrder::Key,
+            Ok(pb::KeyOrder::Waiting) => KeyOrder::Waiting,
+            Err(_) => return Err(Error::invalid("order", "is not a KeyOrder").into()),
+        };
+        let after = decode_token(&r.page_token, 'k')?;
+        if after.is_some() && order == KeyOrder::Waiting {
+            return Err(Error::invalid(
+                "page_token",
+                "KEY_ORDER_WAITING has one page: no page_token",
+            )
+            .into());
+        }
+        if !fanout::queue_exists(self.clusters(), &queue).await? {
+            return Err(unknown_queue(&queue).into());
+        }
+        let found =
+            fanout::list_keys(self.clusters(), &queue, order, after.as_deref(), limit).await?;
+        let (rows, more) = found.value;
+        let next_page_token = match rows.last() {
+            Some(last) if more => encode_token('k', &last.key),
+            _ => String::new(),
+        };
+        let keys = rows
+            .into_iter()
+            .map(|k| pb::KeyInfo {
+                key: k.key,
+                waiting: k.waiting,
+                leased: k.leased,
+                oldest_available_age: k.oldest_age_ms.and_then(proto_duration),
+            })
+            .collect();
+        Ok(partial_response(
+            pb::ListKeysResponse {
+                keys,
+                next_page_token,
+                unavailable_clusters: found.missing.clone(),
+            },
+            &found.missing,
+        ))
     }
 
     #[instrument(skip_all, fields(job_id = %request.get_ref().job_id))]
@@ -748,6 +802,7 @@ impl AdminService for AdminApi {
             page_size: r.page_size,
             page_token: r.page_token,
             include_payload: r.include_payload,
+            key: String::new(),
         }))
         .await
     }
@@ -937,9 +992,10 @@ async fn check_known(clusters: &Clusters, names: &[QueueName]) -> Result<()> {
 }
 
 /// What a WatchQueues message is compared by: each queue's counts
-/// (available, scheduled, leased, dead, streams, consumers) and whether it
-/// is paused, and the clusters that did not answer.
-type WatchCounts = (Vec<(String, [i64; 6], bool)>, Vec<String>);
+/// (available, scheduled, leased, dead, streams, consumers, keys waiting,
+/// keys leased) and whether it is paused, and the clusters that did not
+/// answer.
+type WatchCounts = (Vec<(String, [i64; 8], bool)>, Vec<String>);
 
 /// A WatchQueues stream's sampler: the queues' statistics every
 /// [`WATCH_SAMPLE`] (at most every `interval`), sent when their counts
@@ -967,7 +1023,7 @@ async fn watch(
                 }
             };
         // Ages change every sample; a push "on change" is about counts.
-        let counts: Vec<(String, [i64; 6], bool)> = rows
+        let counts: Vec<(String, [i64; 8], bool)> = rows
             .iter()
             .map(|q| {
                 let c = [
@@ -977,6 +1033,8 @@ async fn watch(
                     q.dead,
                     q.streams,
                     q.consumers,
+                    q.keys_waiting,
+                    q.keys_leased,
                 ];
                 (q.name.clone(), c, q.paused)
             })

@@ -16,7 +16,7 @@ use tracing::info;
 use super::access::Caller;
 use super::json::{
     ApiError, ApiResult, bad, duration, forbidden, int, job_json, job_state, millis, queue_json,
-    queues_json, selector,
+    queues_json, secs, selector,
 };
 use super::{Console, live};
 use crate::auth::{Action, Identity};
@@ -185,6 +185,45 @@ pub(super) async fn get_queue(
         "history": history,
         "history_columns": ["at_ms", "available", "scheduled", "leased", "dead", "enqueue_rate", "ack_rate"],
         "unavailable_clusters": unavailable_clusters,
+    })))
+}
+
+/// A page of the queue's keys with their jobs waiting and leased
+/// (ListKeys): `order` `key` (the default; `after` is the previous page's
+/// `next`) or `waiting` (the 20 with the most jobs waiting).
+pub(super) async fn list_keys(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    caller.read(&name)?;
+    let order = match q.get("order").map(String::as_str).unwrap_or("") {
+        "" | "key" => pb::KeyOrder::Key,
+        "waiting" => pb::KeyOrder::Waiting,
+        other => {
+            return Err(bad(format!("order: {other:?} is not one of key, waiting")));
+        }
+    };
+    let r = c
+        .api
+        .list_keys(tonic::Request::new(pb::ListKeysRequest {
+            queue: name,
+            page_size: 20,
+            page_token: q.get("after").cloned().unwrap_or_default(),
+            order: order as i32,
+        }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(json!({
+        "keys": r.keys.iter().map(|k| json!({
+            "key": k.key,
+            "waiting": k.waiting,
+            "leased": k.leased,
+            "oldest_available_age": secs(&k.oldest_available_age),
+        })).collect::<Vec<_>>(),
+        "next": (!r.next_page_token.is_empty()).then_some(r.next_page_token),
+        "unavailable_clusters": r.unavailable_clusters,
     })))
 }
 
@@ -403,8 +442,9 @@ pub(super) async fn get_job(
 
 /// Jobs by state (`available`, `scheduled`, `leased`, `dead`, `completed`;
 /// none = every live job), of one queue or every queue the token may read,
-/// matching `search` (an id, or text in the dedup key, last error or
-/// payload), 50 a page after `after` (the last id of the previous page).
+/// of one `key` (exact), matching `search` (an id, or text in the dedup
+/// key, last error or payload), 50 a page after `after` (the last id of the
+/// previous page).
 pub(super) async fn list_jobs(
     State(c): State<Console>,
     axum::Extension(caller): axum::Extension<Caller>,
@@ -444,21 +484,19 @@ pub(super) async fn list_jobs(
     if search.is_some_and(|s| s.len() > 256) {
         return Err(bad("search: at most 256 bytes"));
     }
+    let key = crate::domain::key_filter(q.get("key").map_or("", String::as_str), "key")?;
     let after = match q.get("after").map(String::as_str).unwrap_or("") {
         "" => None,
         id => Some(crate::domain::JobId::parse_field(id, "after")?.0),
     };
     const PAGE: i64 = 50;
-    let found = crate::fanout::list_jobs(
-        c.api.clusters(),
-        queue.as_ref(),
+    let filter = crate::store::admin::JobFilter {
+        queue,
         state,
-        after,
-        PAGE,
-        false,
-        search,
-    )
-    .await?;
+        key,
+        search: search.map(str::to_owned),
+    };
+    let found = crate::fanout::list_jobs(c.api.clusters(), &filter, after, PAGE, false).await?;
     let (rows, more) = found.value;
     let jobs: Vec<pb::JobInfo> = rows.into_iter().map(crate::api::admin::job_info).collect();
     let next = if more {

@@ -86,6 +86,9 @@ pub(super) fn queue_json(q: &pb::QueueInfo, rates: Option<&(f64, f64)>, caller: 
             "oldest_available_age": secs(&st.oldest_available_age),
             "streams": st.streams,
             "consumers": st.consumers,
+            "keys_waiting": st.keys_waiting,
+            "keys_waiting_capped": st.keys_waiting_capped,
+            "keys_leased": st.keys_leased,
             // No row: no traffic on any replica over its last intervals.
             "enqueue_rate": rates.map_or(0.0, |r| r.0),
             "ack_rate": rates.map_or(0.0, |r| r.1),
@@ -145,6 +148,7 @@ pub(super) fn job_json(j: &pb::JobInfo, with_payload: bool) -> Value {
         "attempt": j.attempt,
         "max_attempts": j.max_attempts,
         "dedup_key": j.dedup_key,
+        "key": j.key,
         "enqueued_at": millis(&j.enqueued_at),
         "run_at": millis(&j.run_at),
         "expires_at": millis(&j.expires_at),

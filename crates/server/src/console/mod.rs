@@ -63,8 +63,8 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 use access::{guard, login, logout, protect, session};
 use handlers::{
-    cancel_job, enqueue_job, events, get_job, get_queue, list_dead, list_jobs, list_queues,
-    pause_queue, purge_dead, purge_queue, requeue_dead, resume_queue, update_queue,
+    cancel_job, enqueue_job, events, get_job, get_queue, list_dead, list_jobs, list_keys,
+    list_queues, pause_queue, purge_dead, purge_queue, requeue_dead, resume_queue, update_queue,
 };
 use json::ApiError;
 
@@ -143,6 +143,7 @@ pub fn router(console: Console) -> Router {
         .route("/queues", get(list_queues))
         .route("/events", get(events))
         .route("/queues/{name}", get(get_queue))
+        .route("/queues/{name}/keys", get(list_keys))
         .route("/queues/{name}/pause", post(pause_queue))
         .route("/queues/{name}/resume", post(resume_queue))
         .route("/queues/{name}/settings", post(update_queue))

@@ -154,6 +154,12 @@ fn job_row(r: &PgRow) -> Result<JobRow> {
     })
 }
 
+/// The most keys with jobs waiting counted per queue
+/// (`QueueStats.keys_waiting`): the count walks them one index probe each
+/// (admin_queue_stats.sql), so this bounds its cost. docs/design/keys.md has
+/// the measured cost.
+pub const KEYS_COUNTED: i64 = 10_000;
+
 /// Statistics of the named queues (`names`), or of a page of all queues in
 /// name order after `after`.
 pub async fn queue_stats(
@@ -163,15 +169,22 @@ pub async fn queue_stats(
     limit: i64,
 ) -> Result<Vec<QueueRow>> {
     let names: Option<Vec<&str>> = names.map(|n| n.iter().map(QueueName::as_str).collect());
+    // With the sweeps' planner settings: a generic plan made on an empty
+    // table read a queue's whole jobs_ready and sorted it for every key
+    // the count walks (27 s for 10,000 keys); so it probes jobs_key
+    // (tests/plans.rs).
+    let mut tx = store.sweep_tx().await?;
     let rows = sqlx::query_file!(
         "src/store/sql/admin_queue_stats.sql",
         names as Option<Vec<&str>>,
         after,
         limit,
         store.broker_id,
+        KEYS_COUNTED,
     )
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -200,6 +213,9 @@ pub async fn queue_stats(
                 dead: r.dead,
                 consumers: r.consumers,
                 oldest_age_ms: r.oldest_age_ms,
+                keys_waiting: r.keys_waiting.min(KEYS_COUNTED),
+                keys_waiting_capped: r.keys_waiting > KEYS_COUNTED,
+                keys_leased: r.keys_leased,
                 streams,
                 credit,
                 name: r.name,
@@ -367,23 +383,38 @@ pub async fn get_job(store: &Store, id: JobId) -> Result<Option<JobRow>> {
 /// of gRPC clients (with the default 1 MiB payload limit).
 pub const PAGE_PAYLOAD_BUDGET: i64 = 2 * 1024 * 1024;
 
+/// Which jobs a listing shows.
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    /// None = every queue.
+    pub queue: Option<QueueName>,
+    /// None = every live job; Some(Dead) = dead letters; Some(Completed) =
+    /// completed jobs kept for their queue's retention.
+    pub state: Option<JobState>,
+    /// Only jobs of this key (an exact match, checked by the caller against
+    /// MAX_KEY_LEN).
+    pub key: Option<String>,
+    /// The console's search: only jobs whose id is it, or whose dedup key,
+    /// last error or payload (as UTF-8 bytes) contains it.
+    pub search: Option<String>,
+}
+
 /// A page of jobs in id (= enqueue) order after `after`, and whether there
-/// may be more. `state` None = every live job; Some(Dead) = dead letters;
-/// Some(Completed) = completed jobs kept for their queue's retention.
+/// may be more.
 ///
-/// `search` (the console's): only jobs whose id is it, or whose dedup key,
-/// last error or payload (as UTF-8 bytes) contains it. It is a filter on the
-/// same ordered scan, so a search that matches little reads the queue's
-/// jobs (or every job, without a queue) until the page is full.
+/// The search and the key are filters on the same ordered scan, so a search
+/// that matches little reads the queue's jobs (or every job, without a
+/// queue) until the page is full. A key with a queue is read from the
+/// jobs_key index (queue, key, id) for live jobs; dead and completed jobs
+/// have no key index, and are filtered on their queue's scan.
 pub async fn list_jobs(
     store: &Store,
-    queue: Option<&QueueName>,
-    state: Option<JobState>,
+    filter: &JobFilter,
     after: Option<Uuid>,
     limit: i64,
     include_payload: bool,
-    search: Option<&str>,
 ) -> Result<(Vec<JobRow>, bool)> {
+    let state = filter.state;
     let payload = if include_payload { "true" } else { "false" };
     // Dead and completed jobs each have a table of their own.
     let kept = match state {
@@ -395,6 +426,7 @@ pub async fn list_jobs(
         format!(
             "select {} from leaseq.{table} \
              where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) {SEARCH} \
+               and ($7::text is null or key = $7) \
              order by id limit $3",
             columns.replace("$P", payload)
         )
@@ -404,6 +436,7 @@ pub async fn list_jobs(
         format!(
             "select * from (select {} from leaseq.jobs \
              where ($1::text is null or queue = $1) and ($2::uuid is null or id > $2) {SEARCH} \
+               and ($7::text is null or key = $7) \
                and ($4::text is null or state = case when $4 = 'leased' then 'leased' else 'available' end)) j \
              where ($4::text is null or j.state = $4) \
              order by id limit $3",
@@ -419,12 +452,13 @@ pub async fn list_jobs(
          ) s where s.bytes_before < $5 order by s.id"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(queue.map(QueueName::as_str))
+        .bind(filter.queue.as_ref().map(QueueName::as_str))
         .bind(after)
         .bind(limit)
         .bind(state.map(JobState::sql))
         .bind(PAGE_PAYLOAD_BUDGET)
-        .bind(search)
+        .bind(filter.search.as_deref())
+        .bind(filter.key.as_deref())
         .fetch_all(&store.pool)
         .await?;
     let fetched: i64 = match rows.first() {
@@ -598,4 +632,87 @@ pub async fn purge_dead(
     .execute(&store.pool)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// How ListKeys orders the keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyOrder {
+    /// By key (the database collation's order), paginated.
+    Key,
+    /// Most jobs waiting first, then by key; one page.
+    Waiting,
+}
+
+/// One key of a queue's live jobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRow {
+    pub key: String,
+    /// Available or scheduled.
+    pub waiting: i64,
+    pub leased: i64,
+    /// now - run_at of the key's oldest deliverable job.
+    pub oldest_age_ms: Option<i64>,
+}
+
+/// A page of the keys of `queue`'s live jobs, with their counts, and
+/// whether there may be more. By key: after `after`, reading the jobs of
+/// the page's keys only (a streaming group over jobs_key, which is in key
+/// order). By jobs waiting: the top `limit`, reading every keyed job of the
+/// queue.
+pub async fn list_keys(
+    store: &Store,
+    queue: &QueueName,
+    order: KeyOrder,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<(Vec<KeyRow>, bool)> {
+    // The sweeps' planner settings, as for the key count of queue_stats: a
+    // page by key then reads jobs_key in order whatever the statistics.
+    let mut tx = store.sweep_tx().await?;
+    let rows = match order {
+        KeyOrder::Key => {
+            sqlx::query_as!(
+                KeyRow,
+                r#"select j.key as "key!",
+                   count(*) filter (where j.state = 'available') as "waiting!",
+                   count(*) filter (where j.state = 'leased') as "leased!",
+                   (extract(epoch from (now() - min(j.run_at)
+                       filter (where j.state = 'available' and j.run_at <= now()))) * 1000)::int8
+                       as oldest_age_ms
+               from leaseq.jobs j
+               where j.queue = $1 and j.key is not null and ($2::text is null or j.key > $2)
+               group by j.key
+               order by j.key
+               limit $3"#,
+                queue.as_str(),
+                after,
+                limit,
+            )
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        KeyOrder::Waiting => {
+            sqlx::query_as!(
+                KeyRow,
+                r#"select j.key as "key!",
+                   count(*) filter (where j.state = 'available') as "waiting!",
+                   count(*) filter (where j.state = 'leased') as "leased!",
+                   (extract(epoch from (now() - min(j.run_at)
+                       filter (where j.state = 'available' and j.run_at <= now()))) * 1000)::int8
+                       as oldest_age_ms
+               from leaseq.jobs j
+               where j.queue = $1 and j.key is not null
+               group by j.key
+               order by 2 desc, j.key
+               limit $2"#,
+                queue.as_str(),
+                limit,
+            )
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
+    tx.commit().await?;
+    let more = order == KeyOrder::Key && rows.len() as i64 == limit;
+    Ok((rows, more))
 }

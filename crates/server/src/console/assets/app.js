@@ -277,7 +277,7 @@ function route(keepFlash) {
   }
   switch (parts[0]) {
     case "queue": return queuePage(parts[1]);
-    case "jobs": return jobsPage(params.get("queue") || "", params.get("state") || "live", params.get("search") || "");
+    case "jobs": return jobsPage(params.get("queue") || "", params.get("state") || "live", params.get("search") || "", params.get("key") || "");
     case "dead": return deadPage(parts[1] || "");
     case "job": return jobPage(parts[1]);
     default: return queuesPage();
@@ -296,6 +296,8 @@ const COLUMNS = [
   ["ack_rate", "Acked", (q) => rate(q.stats.ack_rate)],
   ["consumers", "Consumers", (q) => num(q.stats.consumers)],
   ["streams", "Streams here", (q) => num(q.stats.streams)],
+  ["keys_waiting", "Keys waiting", (q) => (q.stats.keys_waiting_capped ? "≥ " : "") + num(q.stats.keys_waiting)],
+  ["keys_leased", "Keys leased", (q) => num(q.stats.keys_leased)],
 ];
 
 async function queuesPage() {
@@ -451,7 +453,8 @@ async function queuePage(name) {
     charts,
     enqueuePanel(name, q.can_enqueue),
     el("h2", {}, "Consumers"),
-    consumersTable(data.consumers)]);
+    consumersTable(data.consumers),
+    keysPanel(name, q.stats)]);
   partialNote(data.unavailable_clusters);
   // The charts and consumers refresh with each metrics interval.
   state.timer = setInterval(async () => {
@@ -462,6 +465,56 @@ async function queuePage(name) {
       partialNote(d.unavailable_clusters);
     } catch (_) { /* shown on the next navigation */ }
   }, 5000);
+}
+
+// The queue's keys (ListKeys), 20 at a time: by key, or the 20 with the
+// most jobs waiting. Each links to its jobs. Shown when the queue has keyed
+// jobs.
+function keysPanel(name, stats) {
+  const box = el("div", { id: "keys-box" });
+  if (!stats.keys_waiting && !stats.keys_leased) {
+    box.appendChild(el("h2", {}, "Keys"));
+    box.appendChild(el("p", { class: "muted", id: "keys-none" }, "No live job of this queue has a key."));
+    return box;
+  }
+  const order = el("select", { id: "keys-order", "aria-label": "Order" },
+    el("option", { value: "key" }, "by key"),
+    el("option", { value: "waiting" }, "most waiting first"));
+  const body = el("tbody", { id: "keys-body" });
+  const more = el("div", { id: "keys-more-box" });
+  const load = async (after) => {
+    const p = new URLSearchParams({ order: order.value });
+    if (after) p.set("after", after);
+    let r;
+    try {
+      r = await get(`/api/queues/${encodeURIComponent(name)}/keys?` + p.toString());
+    } catch (e) {
+      if (e.status !== 401) { clear(more); more.appendChild(el("p", { class: "error", id: "error" }, e.message)); }
+      return;
+    }
+    if (!after) clear(body);
+    for (const k of r.keys) {
+      const jobs = "#/jobs?" + new URLSearchParams({ queue: name, key: k.key }).toString();
+      body.appendChild(el("tr", { "data-key": k.key },
+        el("td", { class: "mono" }, el("a", { href: jobs }, k.key)),
+        el("td", { class: "num", "data-col": "waiting" }, num(k.waiting)),
+        el("td", { class: "num", "data-col": "leased" }, num(k.leased)),
+        el("td", { class: "num" }, dur(k.oldest_available_age))));
+    }
+    partialNote(r.unavailable_clusters);
+    clear(more);
+    if (r.next) more.appendChild(el("button", { id: "keys-more", onclick: () => load(r.next) }, "Load more"));
+  };
+  order.addEventListener("change", () => load(null));
+  append(box, [el("h2", {}, "Keys"),
+    el("div", { class: "toolbar" }, el("label", { for: "keys-order" }, "Order"), order),
+    el("table", { id: "keys" },
+      el("thead", {}, el("tr", {}, el("th", {}, "Key"), el("th", { class: "num" }, "Waiting"),
+        el("th", { class: "num" }, "Leased"), el("th", { class: "num" }, "Oldest waiting"))),
+      body),
+    more]);
+  load(null);
+  return box;
 }
 
 // A purge deletes every waiting job of the queue: the name must be typed.
@@ -563,13 +616,14 @@ const STATES = [
   ["dead", "Dead"], ["completed", "Completed"],
 ];
 
-async function jobsPage(queue, stateName, search) {
+async function jobsPage(queue, stateName, search, key) {
   const m = clear(main());
-  const go = (q, st, se) => {
+  const go = (q, st, se, k) => {
     const p = new URLSearchParams();
     if (q) p.set("queue", q);
     if (st && st !== "live") p.set("state", st);
     if (se) p.set("search", se);
+    if (k) p.set("key", k);
     const h = "#/jobs" + (p.toString() ? "?" + p.toString() : "");
     if (location.hash === h) refresh(); else location.hash = h;
   };
@@ -581,24 +635,28 @@ async function jobsPage(queue, stateName, search) {
     STATES.map(([v, label]) => el("option", { value: v, selected: v === stateName }, label)));
   const input = el("input", { type: "search", id: "jobs-search", value: search, spellcheck: "false",
     placeholder: "job id, or text in dedup key, error or payload", "aria-label": "Search" });
+  const keyInput = el("input", { type: "search", id: "jobs-key", value: key, spellcheck: "false",
+    placeholder: "key (exact)", "aria-label": "Key", size: 14 });
   const form = el("form", { class: "toolbar", id: "jobs-filter" },
     el("label", { for: "jobs-queue" }, "Queue"), select,
     el("label", { for: "jobs-state" }, "State"), states,
-    input, el("button", { type: "submit", id: "jobs-search-submit" }, "Search"));
-  form.addEventListener("submit", (ev) => { ev.preventDefault(); go(select.value, states.value, input.value.trim()); });
-  select.addEventListener("change", () => go(select.value, states.value, input.value.trim()));
-  states.addEventListener("change", () => go(select.value, states.value, input.value.trim()));
+    keyInput, input, el("button", { type: "submit", id: "jobs-search-submit" }, "Search"));
+  // A key is matched whole, spaces included: it is not trimmed.
+  const goNow = () => go(select.value, states.value, input.value.trim(), keyInput.value);
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); goNow(); });
+  select.addEventListener("change", goNow);
+  states.addEventListener("change", goNow);
   const body = el("tbody", { id: "jobs-body" });
   const more = el("div", { id: "jobs-more-box" });
   append(m, [el("h1", {}, "Jobs"), form,
     el("table", { id: "jobs" },
-      el("thead", {}, el("tr", {}, el("th", {}, "Job"), el("th", {}, "Queue"), el("th", {}, "State"),
+      el("thead", {}, el("tr", {}, el("th", {}, "Job"), el("th", {}, "Queue"), el("th", {}, "Key"), el("th", {}, "State"),
         el("th", { class: "num" }, "Attempts"), el("th", {}, "Last error"), el("th", {}, "Enqueued"),
         el("th", {}, "Run at"))),
       body),
     more]);
   const load = async (after) => {
-    const p = new URLSearchParams({ queue, state: stateName, search });
+    const p = new URLSearchParams({ queue, state: stateName, search, key });
     if (after) p.set("after", after);
     let r;
     try {
@@ -608,12 +666,13 @@ async function jobsPage(queue, stateName, search) {
       return;
     }
     if (!after && !r.jobs.length) {
-      body.appendChild(el("tr", {}, el("td", { colspan: 7, class: "muted", id: "jobs-none" }, search ? "No job matches." : "No jobs.")));
+      body.appendChild(el("tr", {}, el("td", { colspan: 8, class: "muted", id: "jobs-none" }, search || key ? "No job matches." : "No jobs.")));
     }
     for (const j of r.jobs) {
       body.appendChild(el("tr", { "data-job": j.id },
         el("td", { class: "mono" }, el("a", { href: "#/job/" + encodeURIComponent(j.id) }, j.id)),
         el("td", {}, j.queue),
+        el("td", { class: "mono", "data-col": "key" }, j.key || "–"),
         el("td", { "data-col": "state" }, el("span", { class: "badge " + j.state }, j.state)),
         el("td", { class: "num" }, num(j.attempt)),
         el("td", { class: "mono", "data-col": "error" }, j.last_error || "–"),
@@ -773,6 +832,7 @@ async function jobPage(id) {
     ["Expires (ttl)", when(j.expires_at)],
     ["Priority", String(j.priority)],
     ["Dedup key", j.dedup_key || "–"],
+    ["Key", el("span", { id: "job-key", class: "mono" }, j.key || "–")],
   ];
   const dl = el("dl", { id: "job-fields" });
   for (const [k, v] of fields) append(dl, [el("dt", {}, k), el("dd", {}, v)]);
