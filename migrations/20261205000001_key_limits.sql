@@ -22,7 +22,8 @@ create index queues_woken_on_settle on leaseq.queues (name)
         or key_overrides is not null;
 
 -- A key's rate bucket: tokens at `at`. A key without a row has a full
--- bucket; rows of full buckets are deleted by the maintenance sweep.
+-- bucket; rows of full buckets are deleted by the retention pass
+-- (expire_key_buckets.sql).
 create table leaseq.key_buckets (
     queue  text not null references leaseq.queues (name) on delete cascade,
     key    text not null,

@@ -131,6 +131,24 @@ async fn a_key_rate_limit_paces_each_key_apart() {
     })
     .await;
     assert_eq!((s.key_rate_limit, s.key_rate_burst), (4.0, 4));
+    // The default bucket holds 4: four of a key start at once, the fifth a
+    // token (250 ms) later.
+    enqueue_many_keyed(&mut c, "kr", "burst", 5).await;
+    let start = Instant::now();
+    let mut s = subscribe(&mut c, &["kr"], 100, Some(secs(30))).await;
+    let mut got = take(&mut s, 4, S5).await;
+    let four = start.elapsed();
+    got.push(next_delivery(&mut s, S5).await);
+    let fifth = start.elapsed();
+    for d in &got {
+        ack(&mut c, d).await.unwrap();
+    }
+    assert!(
+        fifth - four >= Duration::from_millis(150),
+        "the fifth {:?} after the fourth",
+        fifth - four
+    );
+    drop(s);
     let s = update(&mut a, |r| {
         r.queue = "kr".into();
         r.key_rate_burst = Some(1);
@@ -473,4 +491,37 @@ async fn per_key_settings_are_validated() {
     .await;
     assert_eq!(s.key_overrides.len(), 1000);
     assert_eq!(s.key_overrides[0].key, "k0000");
+}
+
+/// A key's rate bucket row goes once the bucket is full again: the table
+/// holds only the keys that started jobs lately, however many keys a queue
+/// has seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_key_buckets_are_deleted() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.retention_interval = Duration::from_millis(200))
+        .start()
+        .await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    update(&mut a, |r| {
+        r.queue = "kb".into();
+        r.key_rate_limit = Some(1.0);
+    })
+    .await;
+    for k in 0..20 {
+        enqueue_keyed(&mut c, "kb", &format!("k{k}"), "x").await;
+    }
+    let mut s = subscribe(&mut c, &["kb"], 100, Some(secs(30))).await;
+    for d in take(&mut s, 20, S5).await {
+        ack(&mut c, &d).await.unwrap();
+    }
+    assert!(db.count("select count(*) from leaseq.key_buckets").await > 0);
+    // One a second, a bucket of one: full a second after its job started.
+    let deadline = Instant::now() + secs(5);
+    while db.count("select count(*) from leaseq.key_buckets").await > 0 {
+        assert!(Instant::now() < deadline, "buckets still there after 5 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

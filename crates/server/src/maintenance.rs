@@ -75,7 +75,9 @@ const RETENTION_BATCH: i64 = 10_000;
 /// batches of [`RETENTION_BATCH`] until none is left. Every replica runs it;
 /// a statement skips the rows another replica is deleting.
 ///
-/// Each pass also deletes the failed attempts' errors
+/// Each pass also deletes per-key rate buckets that are full again (at most
+/// [`RETENTION_BATCH`]: they refill within seconds, so what is left goes on
+/// the next pass), and the failed attempts' errors
 /// (`leaseq.job_errors`) of jobs that are gone (acked, cancelled, purged),
 /// [`ERRORS_BATCH`] rows of the table at a time in job-id order, going round
 /// it over the passes: the work per pass is bounded however many errors the
@@ -92,6 +94,11 @@ pub async fn retention_loop(store: Store, interval: Duration, shutdown: Cancella
                 errors_after = next;
             }
             Err(e) => warn!(error = %e, "deleting the errors of gone jobs failed"),
+        }
+        match store.expire_key_buckets(RETENTION_BATCH).await {
+            Ok(n) if n > 0 => debug!(deleted = n, "full per-key rate buckets deleted"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "deleting full per-key rate buckets failed"),
         }
         loop {
             match store.expire_completed(RETENTION_BATCH).await {

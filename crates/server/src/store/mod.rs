@@ -1165,6 +1165,20 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Deletes at most `limit` per-key rate buckets that are full again
+    /// (expire_key_buckets.sql). Returns how many.
+    pub(crate) async fn expire_key_buckets(&self, limit: i64) -> Result<u64> {
+        let done = self
+            .on_pool(async {
+                sqlx::query_file!("src/store/sql/expire_key_buckets.sql", limit)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Into::into)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Milliseconds until each queue's next delayed job (None: no such job),
     /// and whether one is deliverable now. In a sweep transaction: with the default planner settings, its
     /// generic plan made on a drained table read every job of the queue and

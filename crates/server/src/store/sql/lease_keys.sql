@@ -106,8 +106,9 @@ per_key as (
         select coalesce((q.key_overrides -> k.key ->> 'weight')::int4, 1) as weight,
             coalesce((q.key_overrides -> k.key ->> 'concurrency')::int4, q.key_n) as conc,
             coalesce((q.key_overrides -> k.key ->> 'rate_limit')::float8, q.key_rate_limit) as rate,
-            coalesce(greatest(1, ceil((q.key_overrides -> k.key ->> 'rate_limit')::float8)),
-                q.key_burst)::float8 as burst
+            (case when q.key_overrides -> k.key ? 'rate_limit'
+                then greatest(1, ceil((q.key_overrides -> k.key ->> 'rate_limit')::float8))
+                else q.key_burst end)::float8 as burst
     ) s
     left join leaseq.key_buckets b on b.queue = $1 and b.key = k.key
 ),
