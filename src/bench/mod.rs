@@ -2,8 +2,8 @@
 //! baseline it is compared with.
 //!
 //! One function per scenario, each in its own file: [`throughput`],
-//! [`enqueue`], [`latency`], [`ping`], [`streams`], [`backlog`] and
-//! [`baseline`]. They share a small harness ([`harness`]: connections, the
+//! [`enqueue`], [`latency`], [`ping`], [`streams`], [`backlog`],
+//! [`fairness`] and [`baseline`]. They share a small harness ([`harness`]: connections, the
 //! progress and soak report loop, counters and histograms), the consumer
 //! loops ([`consumer`], settling as `--ack` says), the producer loops
 //! ([`producer`]: closed loops, and the open-loop generator at `--rate`),
@@ -22,6 +22,7 @@ mod baseline;
 mod consumer;
 mod cpu;
 mod enqueue;
+mod fairness;
 mod harness;
 mod histogram;
 mod latency;
@@ -52,6 +53,9 @@ pub enum Scenario {
     Backlog,
     /// The raw-SQL pattern straight against --database-url (no broker).
     Baseline,
+    /// Tenant A's --backlog jobs, then tenant B's 10: how many of A's go
+    /// before B's (with --fair-by-key: served in turn).
+    Fairness,
 }
 
 impl Scenario {
@@ -66,6 +70,7 @@ impl Scenario {
             Scenario::Streams => "Streams",
             Scenario::Backlog => "Backlog",
             Scenario::Baseline => "Baseline",
+            Scenario::Fairness => "Fairness",
         }
     }
 }
@@ -205,6 +210,10 @@ pub struct BenchArgs {
     /// one at a time, in order.
     #[arg(long)]
     pub ordered_by_key: bool,
+    /// `fairness`: make the queue fair by key (UpdateQueue `fair_by_key`);
+    /// without it the run is the control.
+    #[arg(long)]
+    pub fair_by_key: bool,
     /// Spread the jobs over this many queues (`QUEUE-0` ...), in turn: one
     /// EnqueueBatch per queue, every consumer stream on all of them. Queue
     /// i's bucket (docs/SCALING.md) is i modulo N, so under the first map of
@@ -237,6 +246,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Ping => ping::run(&args).await?,
         Scenario::Streams => streams::run(&args).await?,
         Scenario::Backlog => backlog::run(&args).await?,
+        Scenario::Fairness => fairness::run(&args).await?,
         Scenario::Baseline => baseline::run(&args).await?,
     };
     if args.compare && args.scenario != Scenario::Baseline {

@@ -56,6 +56,25 @@ pub struct Summary {
     /// With `--compare`: the raw-SQL baseline and jobs_per_s / baseline.
     pub baseline_jobs_per_s: Option<f64>,
     pub ratio: Option<f64>,
+    /// `Fairness` only.
+    pub fairness: Option<Fairness>,
+}
+
+/// `--scenario fairness`: tenant B's few jobs against tenant A's backlog.
+#[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct Fairness {
+    pub fair_by_key: bool,
+    /// Tenant A's jobs enqueued before the run.
+    pub backlog: u64,
+    /// Tenant B's jobs, enqueued once A's flow, and how many arrived.
+    pub b_jobs: u64,
+    pub b_delivered: u64,
+    /// A's jobs delivered from the send of B's batch to B's last delivery.
+    pub a_before_b: u64,
+    /// That time (null when B's jobs did not all arrive within --duration).
+    pub b_wait_ms: Option<f64>,
+    /// A's delivery rate in the second before B came.
+    pub a_jobs_per_s_before: f64,
 }
 
 #[derive(Serialize, Debug, Clone, Copy, Default, PartialEq)]
@@ -140,6 +159,18 @@ impl Summary {
                 "enqueue_call p50_ms={} p99_ms={}{late}",
                 ms(self.enqueue_p50_ms),
                 ms(self.enqueue_p99_ms)
+            ));
+        }
+        if let Some(f) = &self.fairness {
+            println(format!(
+                "fairness fair_by_key={} backlog={} b_delivered={}/{} a_before_b={} b_wait_ms={} a_jobs_per_s_before={:.0}",
+                f.fair_by_key,
+                f.backlog,
+                f.b_delivered,
+                f.b_jobs,
+                f.a_before_b,
+                ms(f.b_wait_ms),
+                f.a_jobs_per_s_before
             ));
         }
         if only_json {

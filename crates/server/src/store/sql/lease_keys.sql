@@ -50,11 +50,12 @@ q as (
     from leaseq.queues q
     where q.name = $1 and not q.paused
 ),
--- Keys after the cursor, in key order.
+-- Keys after the cursor, in key order. (The cursor is read by a scalar
+-- subquery: as a join column it would not bound the index scan.)
 walk_after(key, i) as (
     (select j.key, 1
-     from leaseq.jobs j, q
-     where j.queue = $1 and j.key > q.cursor
+     from leaseq.jobs j
+     where j.queue = $1 and j.key > (select cursor from q)
      order by j.key limit 1)
     union all
     select (select j.key from leaseq.jobs j where j.queue = $1 and j.key > a.key
@@ -65,12 +66,12 @@ walk_after(key, i) as (
 -- Then from the first key up to the cursor, while visits are left.
 walk_before(key, i) as (
     (select j.key, (select count(*) from walk_after where key is not null) + 1
-     from leaseq.jobs j, q
-     where j.queue = $1 and j.key > '' and j.key <= q.cursor
+     from leaseq.jobs j
+     where j.queue = $1 and j.key > '' and j.key <= (select cursor from q)
      order by j.key limit 1)
     union all
-    select (select j.key from leaseq.jobs j, q where j.queue = $1 and j.key > b.key
-              and j.key <= q.cursor
+    select (select j.key from leaseq.jobs j where j.queue = $1 and j.key > b.key
+              and j.key <= (select cursor from q)
             order by j.key limit 1), b.i + 1
     from walk_before b
     where b.key is not null and b.i < $8
@@ -200,37 +201,48 @@ chosen as (
     limit (select n from q)
 ),
 -- Rows another statement holds (a cancel, the reaper) are passed over; the
--- state is checked again on the row locked.
+-- state is checked again on the row locked. One primary-key probe per row
+-- (a lateral): as a join the planner may hash the whole table.
 locked as (
-    select j.ctid, c.rn, c.i
+    select j.ctid, c.id, c.rn, c.i
     from chosen c
-    join leaseq.jobs j on j.id = c.id
-    where j.state = 'available'
-    for update of j skip locked
+    cross join lateral (
+        select j.ctid from leaseq.jobs j
+        where j.id = c.id and j.state = 'available'
+        for update skip locked
+    ) j
 ),
 numbered as (
-    select l.ctid, l.i, row_number() over (order by l.rn) as rn
+    select l.ctid, l.id, l.i, row_number() over (order by l.rn) as rn
     from locked l
 ),
 assigned as (
-    select n.ctid, n.rn, w.slot, w.consumer,
+    select n.ctid, n.id, n.rn, w.slot, w.consumer,
         coalesce(w.lease_ms, (select default_lease_ms from q)) as lease_ms
     from numbered n
     join want w on n.rn > w.lo and n.rn <= w.hi
 ),
-leased as (
+-- The rows by ctid, as an array (a Tid Scan): the planner, unable to
+-- estimate `assigned`, would otherwise hash-join the whole table.
+updated as (
     update leaseq.jobs j set
         state = 'leased',
         attempt = j.attempt + 1,
         lease_token = gen_random_uuid(),
-        lease_expires_at = statement_timestamp() + a.lease_ms * interval '1 millisecond',
+        lease_expires_at = statement_timestamp()
+            + (select a.lease_ms from assigned a where a.ctid = j.ctid) * interval '1 millisecond',
         lease_broker = $7,
-        leased_by = a.consumer
-    from assigned a
-    where j.ctid = a.ctid
-    returning a.slot, a.lease_ms, j.id, j.queue, j.payload, j.headers::text as headers, j.priority,
-        j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at, a.rn, j.run_at,
-        j.key
+        leased_by = (select a.consumer from assigned a where a.ctid = j.ctid)
+    where j.ctid = any(array(select a.ctid from assigned a))
+    returning j.id, j.queue, j.payload, j.headers::text as headers,
+        j.priority, j.attempt, j.enqueued_at, j.last_error, j.lease_token, j.lease_expires_at,
+        j.run_at, j.key
+),
+leased as (
+    select a.slot, a.lease_ms, u.id, u.queue, u.payload, u.headers, u.priority, u.attempt,
+        u.enqueued_at, u.last_error, u.lease_token, u.lease_expires_at, a.rn, u.run_at, u.key
+    from updated u
+    join assigned a on a.id = u.id
 ),
 spent as (
     select l.key, count(*) as used from leased l where l.key is not null group by l.key
