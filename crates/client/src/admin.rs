@@ -399,7 +399,7 @@ impl QueueUpdate {
 /// queue's. The broker checks the ranges: `INVALID_ARGUMENT` naming
 /// `key_overrides[i].field`. `GetQueue` returns them as
 /// [`pb::KeyOverride`], in key order.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct KeyOverride(pb::KeyOverride);
 
 impl KeyOverride {
