@@ -2,10 +2,10 @@
 //! (`leaseq/v1`, committed, and checked to be what `clients/go/generate.sh`
 //! makes of proto/ today: protoc with protoc-gen-go and protoc-gen-go-grpc),
 //! the worker package's own tests (`go test ./worker`: handlers per queue,
-//! settles on the Consume stream, graceful stop), and the example of
-//! docs/clients.md (`clients/go/example`): a producer, then a worker whose
-//! jobs succeed, fail once and come back, and dead-letter, and the per-key
-//! settings of a queue shared by tenants (`example tenants`).
+//! settles on the Consume stream, graceful stop, per-key limits), and the
+//! example of docs/clients.md (`clients/go/example`): a producer, then a
+//! worker whose jobs succeed, fail once and come back, and dead-letter, and
+//! the per-key settings of a queue shared by tenants (`example tenants`).
 //!
 //! No Go module proxy is reachable here, so it builds in GOPATH mode against
 //! the Go packages Debian ships in /usr/share/gocode (golang-go 1.19,
@@ -139,6 +139,7 @@ async fn the_go_worker_package_passes_its_tests_against_a_broker() {
     for name in [
         "TestHandlersPerQueueSettleTheirJobs",
         "TestGracefulStopFinishesRunningJobsAndReleasesTheRest",
+        "TestPerKeyLimitsHoldWhateverTheWorkersConcurrency",
     ] {
         assert!(out.contains(&format!("--- PASS: {name}")), "{out}");
     }
