@@ -18,7 +18,7 @@ use leaseq_client::pb::queue_service_client::QueueServiceClient;
 use leaseq_client::pb::queue_service_server::{QueueService, QueueServiceServer};
 use leaseq_client::{
     AdminClient, Client, ConnectError, ConnectOptions, DeadLetter, DeadLetters, Delivery, Job,
-    Nack, QueueUpdate, Retry, TraceParent, Worker,
+    KeyOverride, Nack, QueueUpdate, Retry, TraceParent, Worker,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -2322,7 +2322,8 @@ async fn the_admin_client_covers_the_admin_service() {
 /// `key_concurrency` round-trip and are validated; in an ordered queue a
 /// `Worker` gets a key's second job only once its first is acked, while a
 /// job without a key is not held back; `Delivery::key` names the key; a key
-/// over 256 bytes is INVALID_ARGUMENT.
+/// over 256 bytes is INVALID_ARGUMENT. (The per-key limits, overrides and
+/// fair shares: the next test.)
 #[tokio::test]
 async fn keys_and_ordered_queues_through_the_rust_client() {
     let db = TestDb::new().await;
@@ -2354,20 +2355,17 @@ async fn keys_and_ordered_queues_through_the_rust_client() {
         (false, 0),
         "turning ordering off clears key_concurrency"
     );
-    for u in [
-        QueueUpdate::new().key_concurrency(2), // without ordering: not built
-        QueueUpdate::new()
-            .ordered_by_key(true)
-            .key_concurrency(1001),
-    ] {
-        let err = set(u).await.unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument);
-        assert!(
-            err.message().starts_with("key_concurrency"),
-            "{}",
-            err.message()
-        );
-    }
+    let err = set(QueueUpdate::new()
+        .ordered_by_key(true)
+        .key_concurrency(1001))
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("key_concurrency"),
+        "{}",
+        err.message()
+    );
     assert_eq!(
         settings(admin.get_queue("keys.o").await.unwrap()),
         (false, 0)
@@ -2453,6 +2451,145 @@ async fn keys_and_ordered_queues_through_the_rust_client() {
     assert_eq!(next, ("k2".to_owned(), Some("acct-7".to_owned())));
     worker.stop(S10).await.expect("clean stop");
     assert_eq!(db.live_jobs().await, 0);
+    broker.stop().await;
+}
+
+/// Per-key limits, key overrides and fair shares through the crate:
+/// `key_concurrency` without order, `fair_by_key`, `key_rate_limit` /
+/// `key_rate_burst` and `key_overrides` (typed `KeyOverride`) round-trip,
+/// a bad override is INVALID_ARGUMENT naming `key_overrides[i].field` and
+/// changes nothing, an empty list clears them; then, in a fair queue, a
+/// `Worker` gets key B's 3 jobs through key A's backlog of 300 enqueued
+/// before them.
+#[tokio::test]
+async fn per_key_limits_overrides_and_fair_shares_through_the_rust_client() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let admin = client.admin();
+    let q = "keys.f";
+    let info = admin
+        .update_queue(
+            q,
+            QueueUpdate::new()
+                .create()
+                .key_concurrency(2)
+                .fair_by_key(true)
+                .key_rate_limit(2.5)
+                .key_overrides([
+                    KeyOverride::new("vip").concurrency(5).weight(3),
+                    KeyOverride::new("slow").rate_limit(0.5),
+                ]),
+        )
+        .await
+        .unwrap();
+    let s = info.settings.unwrap();
+    assert_eq!(
+        (s.ordered_by_key, s.key_concurrency, s.fair_by_key),
+        (false, 2, true),
+        "key_concurrency without order"
+    );
+    assert_eq!((s.key_rate_limit, s.key_rate_burst), (2.5, 3), "ceil(2.5)");
+    let by_key = |s: &pb::QueueSettings| {
+        s.key_overrides
+            .iter()
+            .map(|o| (o.key.clone(), o.concurrency, o.rate_limit, o.weight))
+            .collect::<Vec<_>>()
+    };
+    let overrides = vec![
+        ("slow".to_owned(), 0, 0.5, 0),
+        ("vip".to_owned(), 5, 0.0, 3),
+    ];
+    assert_eq!(by_key(&s), overrides, "in key order");
+    let read = admin.get_queue(q).await.unwrap().settings.unwrap();
+    assert_eq!(read, s, "GetQueue shows what UpdateQueue returned");
+
+    for (u, field) in [
+        (
+            QueueUpdate::new().key_overrides([KeyOverride::new("x")]),
+            "key_overrides[0].key",
+        ),
+        (
+            QueueUpdate::new().key_overrides([
+                KeyOverride::new("a").weight(1),
+                KeyOverride::new("b").weight(101),
+            ]),
+            "key_overrides[1].weight",
+        ),
+        (QueueUpdate::new().key_rate_limit(-1.0), "key_rate_limit"),
+        (
+            QueueUpdate::new().key_rate_burst(2_000_000),
+            "key_rate_burst",
+        ),
+    ] {
+        let err = admin.update_queue(q, u).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+        assert!(
+            err.message().starts_with(&format!("{field}:")),
+            "{field}: {}",
+            err.message()
+        );
+    }
+    let read = admin.get_queue(q).await.unwrap().settings.unwrap();
+    assert_eq!(read, s, "a refused update changes nothing");
+
+    let s = admin
+        .update_queue(
+            q,
+            QueueUpdate::new()
+                .clear_key_overrides()
+                .key_rate_limit(0.0)
+                .key_concurrency(0),
+        )
+        .await
+        .unwrap()
+        .settings
+        .unwrap();
+    assert_eq!(
+        (
+            s.key_overrides.len(),
+            s.key_rate_limit,
+            s.key_rate_burst,
+            s.key_concurrency,
+            s.fair_by_key
+        ),
+        (0, 0.0, 0, 0, true),
+        "cleared; fair_by_key not given, so unchanged"
+    );
+
+    // Fair shares: A's 300, then B's 3; B's all come within A's first 30.
+    for chunk in 0..3 {
+        client
+            .enqueue_batch((0..100).map(|i| Job::new(q, format!("a{}", chunk * 100 + i)).key("A")))
+            .await
+            .unwrap();
+    }
+    client
+        .enqueue_batch((0..3).map(|i| Job::new(q, format!("b{i}")).key("B")))
+        .await
+        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let worker = Running::spawn(Worker::new(client.clone(), [q]).concurrency(4), move |d| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(d.key.clone().unwrap_or_default());
+            Ok(())
+        }
+    });
+    let (mut a_before, mut b_seen) = (0, 0);
+    while b_seen < 3 {
+        let key = tokio::time::timeout(S10, rx.recv())
+            .await
+            .expect("deliveries go on")
+            .unwrap();
+        match key.as_str() {
+            "A" => a_before += 1,
+            _ => b_seen += 1,
+        }
+    }
+    assert!(a_before <= 30, "{a_before} of A's jobs before B's 3");
+    worker.stop(S10).await.expect("clean stop");
     broker.stop().await;
 }
 

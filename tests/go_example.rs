@@ -2,9 +2,10 @@
 //! (`leaseq/v1`, committed, and checked to be what `clients/go/generate.sh`
 //! makes of proto/ today: protoc with protoc-gen-go and protoc-gen-go-grpc),
 //! the worker package's own tests (`go test ./worker`: handlers per queue,
-//! settles on the Consume stream, graceful stop), and the example of
-//! docs/clients.md (`clients/go/example`): a producer, then a worker whose
-//! jobs succeed, fail once and come back, and dead-letter.
+//! settles on the Consume stream, graceful stop, per-key limits), and the
+//! example of docs/clients.md (`clients/go/example`): a producer, then a
+//! worker whose jobs succeed, fail once and come back, and dead-letter, and
+//! the per-key settings of a queue shared by tenants (`example tenants`).
 //!
 //! No Go module proxy is reachable here, so it builds in GOPATH mode against
 //! the Go packages Debian ships in /usr/share/gocode (golang-go 1.19,
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::*;
+use leaseq::pb;
 
 const IMPORT: &str = "github.com/leaseq/leaseq/clients/go";
 
@@ -137,6 +139,7 @@ async fn the_go_worker_package_passes_its_tests_against_a_broker() {
     for name in [
         "TestHandlersPerQueueSettleTheirJobs",
         "TestGracefulStopFinishesRunningJobsAndReleasesTheRest",
+        "TestPerKeyLimitsHoldWhateverTheWorkersConcurrency",
     ] {
         assert!(out.contains(&format!("--- PASS: {name}")), "{out}");
     }
@@ -209,8 +212,47 @@ async fn the_go_example_produces_and_works_jobs_against_a_broker() {
         dead.2.as_deref().unwrap_or_default().contains("bad input"),
         "{dead:?}"
     );
+    tenants(&bin, &broker).await;
     address_forms(&bin, &db, &broker).await;
     broker.stop().await;
+}
+
+/// `example tenants QUEUE` (docs/clients.md, "Keys inside a queue"): the
+/// per-key settings set through the generated AdminService client, as the
+/// broker reports them, to the example and to GetQueue.
+async fn tenants(bin: &Path, broker: &TestBroker) {
+    let queue = format!("go-{}", uuid::Uuid::new_v4().simple());
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["tenants", &queue])
+        .env("LEASEQ_ADDR", broker.addr.to_string());
+    let out = run(cmd, "example tenants", Duration::from_secs(30)).await;
+    assert_eq!(
+        out.trim(),
+        format!("{queue} fair_by_key=true key_concurrency=2 enterprise-7:concurrency=10,weight=5")
+    );
+    let s = admin(broker)
+        .await
+        .get_queue(pb::GetQueueRequest {
+            queue: queue.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .settings
+        .unwrap();
+    assert_eq!(
+        (s.fair_by_key, s.key_concurrency, s.ordered_by_key),
+        (true, 2, false)
+    );
+    assert_eq!(
+        s.key_overrides,
+        [pb::KeyOverride {
+            key: "enterprise-7".into(),
+            concurrency: 10,
+            rate_limit: 0.0,
+            weight: 5,
+        }]
+    );
 }
 
 /// Runs `cmd`; (exit status success, stdout and stderr).

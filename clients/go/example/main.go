@@ -3,6 +3,7 @@
 //
 //	example produce QUEUE PAYLOAD...      enqueue one job per PAYLOAD
 //	example work QUEUE [-concurrency N] [-lease 30s] [-count N]
+//	example tenants QUEUE                 per-key limits and fair shares
 //
 // The worker prints "handled JOB_ID PAYLOAD attempt=N" per job it acks.
 // Its handler (handle below) stands for real work: a payload "fail:MSG"
@@ -45,7 +46,7 @@ import (
 func main() {
 	log.SetFlags(0)
 	if len(os.Args) < 3 {
-		log.Fatal("usage: example produce QUEUE PAYLOAD... | example work QUEUE [flags]")
+		log.Fatal("usage: example produce QUEUE PAYLOAD... | example work QUEUE [flags] | example tenants QUEUE")
 	}
 	conn, err := dial()
 	if err != nil {
@@ -58,6 +59,8 @@ func main() {
 		produce(client, os.Args[2], os.Args[3:])
 	case "work":
 		work(client, os.Args[2], os.Args[3:])
+	case "tenants":
+		tenants(leaseqv1.NewAdminServiceClient(conn), os.Args[2])
 	default:
 		log.Fatalf("unknown command %q", os.Args[1])
 	}
@@ -145,6 +148,35 @@ func produce(client leaseqv1.QueueServiceClient, queue string, payloads []string
 		}
 		fmt.Printf("enqueued %s %s\n", resp.JobId, p)
 	}
+}
+
+// tenants makes QUEUE a queue shared by tenants, a job's key naming its
+// tenant (EnqueueRequest.Key): each lease round serves the tenants in turn,
+// at most 2 jobs of a tenant run at once, and "enterprise-7" gets 10 at
+// once and 5 jobs a turn. It prints the settings the broker reports.
+func tenants(admin leaseqv1.AdminServiceClient, queue string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fair, perKey := true, int32(2)
+	info, err := admin.UpdateQueue(ctx, &leaseqv1.UpdateQueueRequest{
+		Queue:          queue,
+		Create:         true,
+		FairByKey:      &fair,
+		KeyConcurrency: &perKey,
+		// Replaces the whole list; an empty KeyOverrides{} clears it.
+		KeyOverrides: &leaseqv1.KeyOverrides{Overrides: []*leaseqv1.KeyOverride{
+			{Key: "enterprise-7", Concurrency: 10, Weight: 5},
+		}},
+	})
+	if err != nil {
+		log.Fatalf("update queue: %v", err) // INVALID_ARGUMENT names the field
+	}
+	s := info.Settings
+	fmt.Printf("%s fair_by_key=%t key_concurrency=%d", info.Name, s.FairByKey, s.KeyConcurrency)
+	for _, o := range s.KeyOverrides {
+		fmt.Printf(" %s:concurrency=%d,weight=%d", o.Key, o.Concurrency, o.Weight)
+	}
+	fmt.Println()
 }
 
 // errDeadLetter marks a failure that retrying cannot fix.

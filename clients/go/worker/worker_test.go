@@ -187,3 +187,73 @@ func TestGracefulStopFinishesRunningJobsAndReleasesTheRest(t *testing.T) {
 		t.Fatalf("a job started after the stop: %s", <-started)
 	}
 }
+
+// Per-key limits hold for a Go worker with room to spare: in a queue with
+// key_concurrency 1 and a key override giving "vip" 2, at most 1 job of
+// "std" and 2 of "vip" run at once, however many the worker could run; the
+// settings come back as set.
+func TestPerKeyLimitsHoldWhateverTheWorkersConcurrency(t *testing.T) {
+	conn := dial(t)
+	q := queueName("go-keys")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	one := int32(1)
+	info, err := leaseqv1.NewAdminServiceClient(conn).UpdateQueue(ctx, &leaseqv1.UpdateQueueRequest{
+		Queue:          q,
+		Create:         true,
+		KeyConcurrency: &one,
+		KeyOverrides: &leaseqv1.KeyOverrides{Overrides: []*leaseqv1.KeyOverride{
+			{Key: "vip", Concurrency: 2},
+		}},
+	})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := info.Settings
+	if s.KeyConcurrency != 1 || s.OrderedByKey || len(s.KeyOverrides) != 1 ||
+		s.KeyOverrides[0].Key != "vip" || s.KeyOverrides[0].Concurrency != 2 {
+		t.Fatalf("settings: %v", s)
+	}
+
+	var mu sync.Mutex
+	running, most := map[string]int{}, map[string]int{}
+	w := worker.New(conn, worker.Options{Concurrency: 8, Logf: quiet}).
+		Handle(q, func(ctx context.Context, job *leaseqv1.Job) error {
+			mu.Lock()
+			running[job.Key]++
+			if running[job.Key] > most[job.Key] {
+				most[job.Key] = running[job.Key]
+			}
+			mu.Unlock()
+			time.Sleep(300 * time.Millisecond) // long enough for the others to start, if they may
+			mu.Lock()
+			running[job.Key]--
+			mu.Unlock()
+			return nil
+		})
+	c := leaseqv1.NewQueueServiceClient(conn)
+	for _, key := range []string{"vip", "vip", "vip", "std", "std", "std"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := c.Enqueue(ctx, &leaseqv1.EnqueueRequest{Queue: q, Payload: []byte(key), Key: key})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(runCtx) }()
+	eventually(t, 20*time.Second, "every job settled", func() bool {
+		st := stats(t, conn, q)
+		return st.Available+st.Leased+st.Scheduled == 0
+	})
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most["std"] != 1 || most["vip"] != 2 {
+		t.Fatalf("most at once: std %d, vip %d; want 1 and 2", most["std"], most["vip"])
+	}
+}

@@ -26,8 +26,40 @@ export interface QueueSettings {
    * head of its key, a dead letter or a cancel lets the key go on.
    */
   orderedByKey: boolean;
-  /** With orderedByKey: most jobs of one key leased at once; 0 = off. */
+  /**
+   * Most jobs of one key leased at once, across replicas; 0 = off. With
+   * orderedByKey the first N of the key in order; without, any N.
+   */
   keyConcurrency: number;
+  /**
+   * Fair shares: each lease round serves the keys with jobs waiting in turn
+   * (up to a key's weight per turn), so one key's backlog does not delay
+   * another key's jobs.
+   */
+  fairByKey: boolean;
+  /** Jobs of one key started per second, across replicas; 0 = no limit. */
+  keyRateLimit: number;
+  /** Bucket size of keyRateLimit (0 when there is none). */
+  keyRateBurst: number;
+  /** Named keys' own settings, in key order. */
+  keyOverrides: KeyOverride[];
+}
+
+/**
+ * What one named key of a queue gets instead of the queue's per-key
+ * settings. A setting left out (or 0) is the queue's; give at least one.
+ * The broker checks the ranges (INVALID_ARGUMENT naming
+ * `key_overrides[i].field`).
+ */
+export interface KeyOverride {
+  /** 1 to 256 bytes. */
+  key: string;
+  /** Most jobs of this key leased at once (1 to 1000). */
+  concurrency?: number;
+  /** Jobs of this key started per second (0.001 to 1,000,000); its bucket holds max(1, ceil(rateLimit)). */
+  rateLimit?: number;
+  /** Jobs of this key per turn in a fair round (1 to 100; 0 = 1). */
+  weight?: number;
 }
 
 export interface QueueStats {
@@ -91,8 +123,16 @@ export interface QueueUpdate {
   rateBurst?: number;
   /** Order the jobs of each key (see QueueSettings); true sets keyConcurrency to 1 unless given, false clears it. */
   orderedByKey?: boolean;
-  /** 1 to 1000, with orderedByKey (INVALID_ARGUMENT without it); 0 clears it. */
+  /** 1 to 1000, with or without orderedByKey; 0 clears it. */
   keyConcurrency?: number;
+  /** Serve the keys in turn (see QueueSettings). */
+  fairByKey?: boolean;
+  /** 0.001 to 1,000,000 jobs per second per key; 0 removes it (and its burst). */
+  keyRateLimit?: number;
+  /** 1 to 1,000,000; 0 = the default, max(1, ceil(keyRateLimit)). */
+  keyRateBurst?: number;
+  /** Replaces the queue's whole list (at most 1000, keys unique); [] removes them all. */
+  keyOverrides?: KeyOverride[];
 }
 
 export type JobState = 'available' | 'scheduled' | 'leased' | 'dead' | 'completed' | 'unspecified';
@@ -228,6 +268,16 @@ function queueInfo(q: PbQueueInfo): QueueInfo {
       rateBurst: Number(s.rateBurst ?? 0),
       orderedByKey: !!s.orderedByKey,
       keyConcurrency: Number(s.keyConcurrency ?? 0),
+      fairByKey: !!s.fairByKey,
+      keyRateLimit: Number(s.keyRateLimit ?? 0),
+      keyRateBurst: Number(s.keyRateBurst ?? 0),
+      keyOverrides: ((s.keyOverrides ?? []) as Record<string, unknown>[]).map((o) => {
+        const out: KeyOverride = { key: String(o.key) };
+        if (o.concurrency) out.concurrency = Number(o.concurrency);
+        if (o.rateLimit) out.rateLimit = Number(o.rateLimit);
+        if (o.weight) out.weight = Number(o.weight);
+        return out;
+      }),
     },
     stats: {
       available: Number(t.available ?? 0),
@@ -286,6 +336,17 @@ function selector(sel: DeadLettersSelector): Record<string, unknown> {
 
 const OVERLAP: Record<OverlapPolicy, string> = { allow: 'OVERLAP_POLICY_ALLOW', skip: 'OVERLAP_POLICY_SKIP' };
 const CATCH_UP: Record<CatchUpPolicy, string> = { none: 'CATCH_UP_POLICY_NONE', one: 'CATCH_UP_POLICY_ONE', all: 'CATCH_UP_POLICY_ALL' };
+
+function keyOverridesPb(list: KeyOverride[]): Record<string, unknown>[] {
+  if (!Array.isArray(list)) throw new TypeError('keyOverrides: expected an array of { key, concurrency?, rateLimit?, weight? }');
+  return list.map((o, i) => {
+    if (o == null || typeof o.key !== 'string') throw new TypeError(`keyOverrides[${i}].key: expected a string`);
+    for (const f of ['concurrency', 'rateLimit', 'weight'] as const) {
+      if (o[f] != null && typeof o[f] !== 'number') throw new TypeError(`keyOverrides[${i}].${f}: expected a number`);
+    }
+    return { key: o.key, concurrency: o.concurrency ?? 0, rateLimit: o.rateLimit ?? 0, weight: o.weight ?? 0 };
+  });
+}
 
 function enumValue<K extends string>(map: Record<K, string>, v: K, field: string): string {
   const e = map[v];
@@ -398,9 +459,10 @@ export class AdminClient {
     if (update.backoffBaseMs != null) req.backoffBase = duration(update.backoffBaseMs);
     if (update.backoffCapMs != null) req.backoffCap = duration(update.backoffCapMs);
     if (update.completedRetentionMs != null) req.completedRetention = duration(update.completedRetentionMs);
-    for (const k of ['maxAttempts', 'paused', 'concurrencyLimit', 'rateLimit', 'rateBurst', 'orderedByKey', 'keyConcurrency'] as const) {
+    for (const k of ['maxAttempts', 'paused', 'concurrencyLimit', 'rateLimit', 'rateBurst', 'orderedByKey', 'keyConcurrency', 'fairByKey', 'keyRateLimit', 'keyRateBurst'] as const) {
       if (update[k] != null) req[k] = update[k];
     }
+    if (update.keyOverrides != null) req.keyOverrides = { overrides: keyOverridesPb(update.keyOverrides) };
     return queueInfo(await this.#unary<PbQueueInfo>('UpdateQueue', req));
   }
 

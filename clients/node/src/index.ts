@@ -7,7 +7,7 @@
 export { status } from '@grpc/grpc-js';
 export { AdminClient } from './admin';
 export type {
-  CatchUpPolicy, DeadLettersSelector, JobInfo, JobList, JobState, JobTemplate, KeyInfo, KeyList, KeyOrder, OverlapPolicy, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate,
+  CatchUpPolicy, DeadLettersSelector, JobInfo, JobList, JobState, JobTemplate, KeyInfo, KeyList, KeyOrder, KeyOverride, OverlapPolicy, Page, QueueInfo, QueueSettings, QueueStats, QueueUpdate,
   ScheduleInfo, ScheduleSpec, ScheduleUpdate,
 } from './admin';
 export { Client } from './client';

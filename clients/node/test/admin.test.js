@@ -39,7 +39,7 @@ test('queues: update (create), get, list, pause, resume, purge', { timeout: 3000
   assert.deepEqual(created.settings, {
     defaultLeaseMs: 45000, maxAttempts: 7, backoffBaseMs: 500, backoffCapMs: 60000,
     completedRetentionMs: 3600000, paused: false, concurrencyLimit: 3, rateLimit: 2.5, rateBurst: 3,
-    orderedByKey: false, keyConcurrency: 0,
+    orderedByKey: false, keyConcurrency: 0, fairByKey: false, keyRateLimit: 0, keyRateBurst: 0, keyOverrides: [],
   });
   // Only the fields given change.
   const updated = await admin.updateQueue(q, { maxAttempts: 9, concurrencyLimit: 0, rateLimit: 0, completedRetentionMs: 0 });

@@ -1,7 +1,8 @@
 'use strict';
 // Keys inside a queue (issue 33): the `key` enqueue option, job.key on
-// deliveries and JobInfo.key, and the queue settings orderedByKey and
-// keyConcurrency; against a real broker.
+// deliveries and JobInfo.key, and the queue settings orderedByKey,
+// keyConcurrency (with and without order), fairByKey, keyRateLimit /
+// keyRateBurst and keyOverrides; against a real broker.
 const assert = require('node:assert/strict');
 const { after, before, test } = require('node:test');
 const { AdminClient, Client, Worker, defineTask, status } = require('@leaseq/client');
@@ -116,9 +117,57 @@ test('orderedByKey and keyConcurrency round-trip and are validated', { timeout: 
     await assert.rejects(admin.updateQueue(q, { keyConcurrency }), { code: status.INVALID_ARGUMENT, details: /^key_concurrency/ });
   }
   assert.deepEqual(pair(await admin.updateQueue(q, { orderedByKey: false })), [false, 0], 'turning ordering off clears keyConcurrency');
-  // Per-key limits without order are not built: refused, nothing changed.
-  await assert.rejects(admin.updateQueue(q, { keyConcurrency: 2 }), { code: status.INVALID_ARGUMENT, details: /^key_concurrency/ });
-  assert.deepEqual(pair(await admin.getQueue(q)), [false, 0]);
+  assert.deepEqual(pair(await admin.updateQueue(q, { keyConcurrency: 2 })), [false, 2], 'a per-key limit without order');
+});
+
+test('fairByKey, keyRateLimit, keyRateBurst and keyOverrides round-trip and are validated', { timeout: 30000 }, async () => {
+  const q = queueName('keylim');
+  const keys = (s) => [s.fairByKey, s.keyConcurrency, s.keyRateLimit, s.keyRateBurst, s.keyOverrides];
+  assert.deepEqual(keys((await admin.updateQueue(q, { create: true })).settings), [false, 0, 0, 0, []]);
+  const vip = { key: 'vip', concurrency: 5, weight: 3 };
+  const slow = { key: 'slow', rateLimit: 0.5 };
+  const set = (await admin.updateQueue(q, { fairByKey: true, keyConcurrency: 2, keyRateLimit: 2.5, keyOverrides: [vip, slow] })).settings;
+  assert.deepEqual(keys(set), [true, 2, 2.5, 3, [slow, vip]], 'burst ceil(2.5); overrides in key order');
+  assert.deepEqual((await admin.getQueue(q)).settings, set);
+  for (const [update, field] of [
+    [{ keyOverrides: [{ key: 'x' }] }, 'key_overrides[0].key'], // sets nothing
+    [{ keyOverrides: [{ key: 'a', weight: 1 }, { key: 'b', weight: 101 }] }, 'key_overrides[1].weight'],
+    [{ keyOverrides: [{ key: 'a', concurrency: 1 }, { key: 'a', weight: 2 }] }, 'key_overrides[1].key'],
+    [{ keyOverrides: [{ key: 'a', rateLimit: 1e9 }] }, 'key_overrides[0].rate_limit'],
+    [{ keyRateLimit: -1 }, 'key_rate_limit'],
+    [{ keyRateBurst: 2000000 }, 'key_rate_burst'],
+  ]) {
+    await assert.rejects(admin.updateQueue(q, update), (e) => e.code === status.INVALID_ARGUMENT && e.details.startsWith(`${field}:`), field);
+  }
+  await assert.rejects(admin.updateQueue(q, { keyOverrides: 'vip' }), TypeError);
+  await assert.rejects(admin.updateQueue(q, { keyOverrides: [{ key: 'vip', concurrency: '3' }] }), /keyOverrides\[0\]\.concurrency/);
+  assert.deepEqual((await admin.getQueue(q)).settings, set, 'nothing changed');
+  assert.deepEqual(keys((await admin.updateQueue(q, { keyRateBurst: 10 })).settings), [true, 2, 2.5, 10, [slow, vip]]);
+  const cleared = (await admin.updateQueue(q, { keyOverrides: [], keyRateLimit: 0, fairByKey: false })).settings;
+  assert.deepEqual(keys(cleared), [false, 2, 0, 0, []]);
+});
+
+test('a key override gives a named key its own concurrency beside the queue\'s per-key limit', { timeout: 30000 }, async () => {
+  const q = queueName('keylim');
+  await admin.updateQueue(q, { create: true, keyConcurrency: 1, keyOverrides: [{ key: 'vip', concurrency: 3 }] });
+  const jobs = [];
+  for (const key of ['vip', 'std']) for (let i = 0; i < 5; i++) jobs.push({ queue: q, payload: `${key}${i}`, key });
+  await client.enqueueBatch(jobs);
+  const stream = client.consume({ queues: [q], maxInFlight: 20, leaseMs: 30000, log: quietLog() });
+  const it = stream[Symbol.asyncIterator]();
+  try {
+    const first = [];
+    for (let i = 0; i < 4; i++) first.push((await within(it.next(), 10000, 'the first deliveries')).value);
+    assert.deepEqual(first.map((j) => j.key).sort(), ['std', 'vip', 'vip', 'vip'], '3 of vip, 1 of std');
+    const pending = it.next();
+    assert.equal(await settlesWithin(pending, QUIET_MS), false, 'each key is at its limit');
+    await first.find((j) => j.key === 'std').ack();
+    const next = (await within(pending, 10000, 'std\'s next after the ack')).value;
+    assert.equal(next.key, 'std');
+    for (const j of [next, ...first.filter((j) => j.key === 'vip')]) await j.ack();
+  } finally {
+    await it.return();
+  }
 });
 
 test('a key longer than 256 bytes is INVALID_ARGUMENT, and nothing is enqueued', { timeout: 30000 }, async () => {

@@ -46,6 +46,27 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class KeyOverride:
+    """What one named key of a queue gets instead of the queue's per-key
+    settings (``update_queue(key_overrides=[...])``). A setting left at 0 is
+    the queue's; give at least one. The broker checks the ranges
+    (INVALID_ARGUMENT naming ``key_overrides[i].field``)."""
+
+    #: 1 to 256 bytes.
+    key: str
+    #: Most jobs of this key leased at once (1 to 1000).
+    concurrency: int = 0
+    #: Jobs of this key started per second (0.001 to 1,000,000); its bucket
+    #: holds ``max(1, ceil(rate_limit))`` tokens.
+    rate_limit: float = 0.0
+    #: Jobs of this key per turn in a fair round (1 to 100; 0 = 1).
+    weight: int = 0
+
+    def _to_pb(self) -> Any:
+        return apb.KeyOverride(key=self.key, concurrency=self.concurrency, rate_limit=self.rate_limit, weight=self.weight)
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     default_lease: Optional[dt.timedelta]
     max_attempts: int
@@ -63,8 +84,19 @@ class QueueSettings:
     #: ``key_concurrency`` of a key leased at once; a retry keeps its place
     #: at the head of its key, a dead letter or a cancel lets the key go on.
     ordered_by_key: bool = False
-    #: With ``ordered_by_key``: most jobs of one key leased at once; 0 = off.
+    #: Most jobs of one key leased at once, across replicas; 0 = off. With
+    #: ``ordered_by_key`` the first N of the key in order; without, any N.
     key_concurrency: int = 0
+    #: Fair shares: each lease round serves the keys with jobs waiting in
+    #: turn (up to a key's ``weight`` per turn), so one key's backlog does not
+    #: delay another key's jobs.
+    fair_by_key: bool = False
+    #: Jobs of one key started per second, across replicas; 0 = no limit.
+    key_rate_limit: float = 0.0
+    #: Bucket size of ``key_rate_limit`` (0 when there is none).
+    key_rate_burst: int = 0
+    #: Named keys' own settings, in key order.
+    key_overrides: Tuple[KeyOverride, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,6 +343,12 @@ def _queue_info(q: Any) -> QueueInfo:
             rate_burst=s.rate_burst,
             ordered_by_key=s.ordered_by_key,
             key_concurrency=s.key_concurrency,
+            fair_by_key=s.fair_by_key,
+            key_rate_limit=s.key_rate_limit,
+            key_rate_burst=s.key_rate_burst,
+            key_overrides=tuple(
+                KeyOverride(o.key, o.concurrency, o.rate_limit, o.weight) for o in s.key_overrides
+            ),
         ),
         stats=QueueStats(
             available=st.available,
@@ -393,8 +431,21 @@ def _update_request(
     rate_burst: Optional[int],
     ordered_by_key: Optional[bool] = None,
     key_concurrency: Optional[int] = None,
+    fair_by_key: Optional[bool] = None,
+    key_rate_limit: Optional[float] = None,
+    key_rate_burst: Optional[int] = None,
+    key_overrides: Optional[Sequence[KeyOverride]] = None,
 ) -> Any:
     req = apb.UpdateQueueRequest(queue=queue, create=create)
+    if key_overrides is not None:
+        # A str is a Sequence too: refuse it (and anything but KeyOverride)
+        # here rather than send a list of something else.
+        if isinstance(key_overrides, (str, bytes)) or not all(
+            isinstance(o, KeyOverride) for o in key_overrides
+        ):
+            raise TypeError("key_overrides: expected a sequence of leaseq.KeyOverride")
+        req.key_overrides.SetInParent()  # an empty list is sent: it clears them
+        req.key_overrides.overrides.extend(o._to_pb() for o in key_overrides)
     for name, value in (
         ("default_lease", default_lease),
         ("backoff_base", backoff_base),
@@ -411,6 +462,9 @@ def _update_request(
         ("rate_burst", rate_burst),
         ("ordered_by_key", ordered_by_key),
         ("key_concurrency", key_concurrency),
+        ("fair_by_key", fair_by_key),
+        ("key_rate_limit", key_rate_limit),
+        ("key_rate_burst", key_rate_burst),
     ):
         if scalar is not None:
             setattr(req, name, scalar)
@@ -499,14 +553,26 @@ class AdminClient:
         rate_burst: Optional[int] = None,
         ordered_by_key: Optional[bool] = None,
         key_concurrency: Optional[int] = None,
+        fair_by_key: Optional[bool] = None,
+        key_rate_limit: Optional[float] = None,
+        key_rate_burst: Optional[int] = None,
+        key_overrides: Optional[Sequence[KeyOverride]] = None,
     ) -> QueueInfo:
         """Changes the settings given (None: unchanged). ``create`` makes the
-        queue if it does not exist instead of NOT_FOUND. ``ordered_by_key``
-        True sets ``key_concurrency`` to 1 unless it is given (1 to 1000;
-        it needs ``ordered_by_key``, 0 clears it)."""
+        queue if it does not exist instead of NOT_FOUND.
+
+        Keys (see :class:`QueueSettings`): ``ordered_by_key`` True sets
+        ``key_concurrency`` to 1 unless it is given, False clears it;
+        ``key_concurrency`` 1 to 1000 (0 clears it), with or without order;
+        ``key_rate_limit`` 0.001 to 1,000,000 per second per key (0 clears
+        it and its burst); ``key_rate_burst`` 1 to 1,000,000 (0 = the
+        default); ``key_overrides`` replaces the queue's whole list of
+        :class:`KeyOverride` (at most 1000, keys unique; ``[]`` clears
+        it)."""
         req = _update_request(
             queue, default_lease, max_attempts, backoff_base, backoff_cap, completed_retention,
             paused, create, concurrency_limit, rate_limit, rate_burst, ordered_by_key, key_concurrency,
+            fair_by_key, key_rate_limit, key_rate_burst, key_overrides,
         )  # fmt: skip
         return _queue_info(self._call(self._stub.UpdateQueue, req))
 
@@ -714,10 +780,15 @@ class AsyncAdminClient:
         rate_burst: Optional[int] = None,
         ordered_by_key: Optional[bool] = None,
         key_concurrency: Optional[int] = None,
+        fair_by_key: Optional[bool] = None,
+        key_rate_limit: Optional[float] = None,
+        key_rate_burst: Optional[int] = None,
+        key_overrides: Optional[Sequence[KeyOverride]] = None,
     ) -> QueueInfo:
         req = _update_request(
             queue, default_lease, max_attempts, backoff_base, backoff_cap, completed_retention,
             paused, create, concurrency_limit, rate_limit, rate_burst, ordered_by_key, key_concurrency,
+            fair_by_key, key_rate_limit, key_rate_burst, key_overrides,
         )  # fmt: skip
         return _queue_info(await self._call(self._stub.UpdateQueue, req))
 

@@ -1,13 +1,26 @@
 """Keys inside a queue (issue 33): ``key=`` on every way to enqueue,
 ``job.key`` on deliveries and ``JobInfo.key``, the queue settings
-``ordered_by_key`` and ``key_concurrency``, against the real broker."""
+``ordered_by_key``, ``key_concurrency`` (with and without order),
+``fair_by_key``, ``key_rate_limit``/``key_rate_burst`` and
+``key_overrides``, against the real broker."""
 
 import asyncio
 
 import pytest
 from util import queue_name, run
 
-from leaseq import AdminClient, AsyncAdminClient, AsyncClient, Client, Job, NewJob, RpcError, Task, Worker
+from leaseq import (
+    AdminClient,
+    AsyncAdminClient,
+    AsyncClient,
+    Client,
+    Job,
+    KeyOverride,
+    NewJob,
+    RpcError,
+    Task,
+    Worker,
+)
 
 # How long a held-back job must stay undelivered: the broker hands a
 # deliverable job to an open stream with free credit within milliseconds.
@@ -125,12 +138,92 @@ def test_the_key_settings_round_trip_and_are_validated(addr):
             assert e.value.details().startswith("key_concurrency"), e.value.details()
         s = admin.update_queue(q, ordered_by_key=False).settings  # clears key_concurrency
         assert (s.ordered_by_key, s.key_concurrency) == (False, 0)
-        # Per-key limits without order are not built: refused, nothing changed.
-        with pytest.raises(RpcError) as e:
-            admin.update_queue(q, key_concurrency=2)
-        assert e.value.code_name == "INVALID_ARGUMENT" and e.value.details().startswith("key_concurrency")
-        s = admin.get_queue(q).settings
-        assert (s.ordered_by_key, s.key_concurrency) == (False, 0)
+        s = admin.update_queue(q, key_concurrency=2).settings  # a per-key limit without order
+        assert (s.ordered_by_key, s.key_concurrency) == (False, 2)
+
+
+def test_per_key_limits_overrides_and_fairness_round_trip_and_are_validated(addr):
+    q = queue_name("keylim")
+    vip, slow = KeyOverride("vip", concurrency=5, weight=3), KeyOverride("slow", rate_limit=0.5)
+    with AdminClient(addr) as admin:
+        s = admin.update_queue(q, create=True).settings
+        assert (s.fair_by_key, s.key_rate_limit, s.key_rate_burst, s.key_overrides) == (False, 0.0, 0, ())
+        s = admin.update_queue(
+            q, fair_by_key=True, key_concurrency=2, key_rate_limit=2.5, key_overrides=[vip, slow]
+        ).settings
+        assert (s.fair_by_key, s.key_concurrency, s.key_rate_limit, s.key_rate_burst) == (True, 2, 2.5, 3)
+        assert s.key_overrides == (slow, vip)  # in key order
+        assert admin.get_queue(q).settings == s
+        for kwargs, field in (
+            ({"key_overrides": [KeyOverride("x")]}, "key_overrides[0].key"),  # sets nothing
+            ({"key_overrides": [KeyOverride("a", weight=1), KeyOverride("b", weight=101)]}, "key_overrides[1].weight"),
+            ({"key_overrides": [KeyOverride("a", concurrency=1), KeyOverride("a", weight=2)]}, "key_overrides[1].key"),
+            ({"key_overrides": [KeyOverride("k" * 257, concurrency=1)]}, "key_overrides[0].key"),
+            ({"key_rate_limit": -1.0}, "key_rate_limit"),
+            ({"key_rate_burst": 2_000_000}, "key_rate_burst"),
+        ):
+            with pytest.raises(RpcError) as e:
+                admin.update_queue(q, **kwargs)  # type: ignore[arg-type]
+            assert e.value.code_name == "INVALID_ARGUMENT"
+            assert e.value.details().startswith(f"{field}:"), e.value.details()
+        for bad in ("vip", [("vip", 1)]):
+            with pytest.raises(TypeError):
+                admin.update_queue(q, key_overrides=bad)  # type: ignore[arg-type]
+        assert admin.get_queue(q).settings == s  # nothing changed
+        s = admin.update_queue(q, key_rate_burst=10).settings
+        assert (s.key_rate_limit, s.key_rate_burst) == (2.5, 10)
+
+    async def body():
+        async with AsyncAdminClient(addr) as admin:
+            s = (await admin.update_queue(q, key_overrides=[], key_rate_limit=0)).settings
+            assert (s.key_overrides, s.key_rate_limit, s.key_rate_burst, s.fair_by_key) == ((), 0.0, 0, True)
+            s = (await admin.update_queue(q, fair_by_key=False, key_overrides=[vip])).settings
+            assert (s.fair_by_key, s.key_overrides) == (False, (vip,))
+
+    run(body())
+
+
+def test_key_concurrency_without_order_holds_each_key_at_n(addr):
+    async def body():
+        q = queue_name("keylim")
+        async with AsyncClient(addr) as c, AsyncAdminClient(addr) as admin:
+            await admin.update_queue(q, create=True, key_concurrency=2)
+            await c.enqueue_batch([NewJob(q, f"a{i}", key="a") for i in range(5)] + [NewJob(q, "b0", key="b")])
+            async with c.subscribe(q, max_in_flight=10, lease=30) as sub:
+                first = [await asyncio.wait_for(sub.next_job(), 10) for _ in range(3)]
+                assert sorted(j.key for j in first) == ["a", "a", "b"]  # b is not held back by a
+                await nothing_within(sub, QUIET)  # a's other 3 wait: 2 of a are leased
+                a = next(j for j in first if j.key == "a")
+                await c.ack(a.id, a.lease_token)
+                nxt = await asyncio.wait_for(sub.next_job(), 10)
+                assert nxt.key == "a"
+                await nothing_within(sub, QUIET)  # 2 of a leased again
+            st = (await admin.get_queue(q)).stats
+            assert st.available + st.scheduled + st.leased == 5  # all but the one acked
+
+    run(body())
+
+
+def test_a_fair_queue_lets_a_small_key_through_a_big_backlog(addr):
+    async def body():
+        q = queue_name("fair")
+        async with AsyncClient(addr) as c, AsyncAdminClient(addr) as admin:
+            await admin.update_queue(q, create=True, fair_by_key=True)
+            for chunk in range(3):
+                await c.enqueue_batch([NewJob(q, f"a{chunk}-{i}", key="A") for i in range(100)])
+            await c.enqueue_batch([NewJob(q, f"b{i}", key="B") for i in range(3)])
+            a_before = b_seen = 0
+            async with c.subscribe(q, max_in_flight=5, lease=30) as sub:
+                while b_seen < 3:
+                    j = await asyncio.wait_for(sub.next_job(), 10)
+                    if j.key == "A":
+                        a_before += 1
+                    else:
+                        b_seen += 1
+                    await c.ack(j.id, j.lease_token)
+            assert a_before <= 30, f"{a_before} of A's jobs before B's 3"
+
+    run(body())
 
 
 def test_a_key_longer_than_256_bytes_is_invalid_argument(addr):

@@ -21,6 +21,7 @@ from leaseq import (
     EnqueueResult,
     Job,
     JobInfo,
+    KeyOverride,
     NewJob,
     QueueInfo,
     Retry,
@@ -112,6 +113,13 @@ def admin_sync(addr: str) -> List[JobInfo]:
         admin.update_queue("emails", ordered_by_key=True, key_concurrency=2)
         ordered: bool = q.settings.ordered_by_key and q.settings.key_concurrency > 0
         assert ordered or q.settings.key_concurrency == 0
+        fair = admin.update_queue(
+            "reports", fair_by_key=True, key_rate_limit=2.5, key_rate_burst=5,
+            key_overrides=[KeyOverride("vip", concurrency=10, weight=5), KeyOverride("trial", rate_limit=0.5)],
+        ).settings  # fmt: skip
+        weights: List[int] = [o.weight for o in fair.key_overrides]
+        print(fair.fair_by_key, fair.key_rate_limit + fair.key_rate_burst, weights)
+        admin.update_queue("reports", key_overrides=[])
         assert q.settings.default_lease is None or q.settings.default_lease.total_seconds() > 0
         page = admin.list_jobs("emails", state="dead", include_payload=True)
         print([j.key for j in page.items])

@@ -334,12 +334,106 @@ impl QueueUpdate {
         self
     }
 
-    /// With `ordered_by_key`: most jobs of one key leased at once (1 to
-    /// 1000; 0 clears it). Without ordering it is INVALID_ARGUMENT: per-key
-    /// limits without order are not built yet.
+    /// Most jobs of one key leased at once, across replicas (1 to 1000; 0
+    /// clears it). With `ordered_by_key` the first N of the key in enqueue
+    /// order; without, any N of them.
     pub fn key_concurrency(mut self, n: i32) -> QueueUpdate {
         self.req.key_concurrency = Some(n);
         self
+    }
+
+    /// Fair shares across keys: each lease round serves the keys with jobs
+    /// waiting in turn (up to a key's [`KeyOverride::weight`] jobs per
+    /// turn) instead of in delivery order, so one key's backlog does not
+    /// delay another key's jobs. Give every job of a fair queue a key: jobs
+    /// without one share a single turn.
+    pub fn fair_by_key(mut self, on: bool) -> QueueUpdate {
+        self.req.fair_by_key = Some(on);
+        self
+    }
+
+    /// Jobs of one key started per second, across replicas, as a token
+    /// bucket per key (0.001 to 1,000,000; 0 removes it and its burst).
+    pub fn key_rate_limit(mut self, per_second: f64) -> QueueUpdate {
+        self.req.key_rate_limit = Some(per_second);
+        self
+    }
+
+    /// Bucket size of the per-key rate limit (1 to 1,000,000; 0 = the
+    /// default, `max(1, ceil(key_rate_limit))`).
+    pub fn key_rate_burst(mut self, n: i32) -> QueueUpdate {
+        self.req.key_rate_burst = Some(n);
+        self
+    }
+
+    /// Named keys' own settings. Replaces the queue's whole list (at most
+    /// 1000, keys unique); an empty list removes them all, as
+    /// [`clear_key_overrides`](QueueUpdate::clear_key_overrides) does.
+    ///
+    /// ```
+    /// use leaseq_client::{KeyOverride, QueueUpdate};
+    ///
+    /// let update = QueueUpdate::new().key_concurrency(2).key_overrides([
+    ///     KeyOverride::new("enterprise-7").concurrency(10).weight(5),
+    ///     KeyOverride::new("trial-3").rate_limit(0.5),
+    /// ]);
+    /// ```
+    pub fn key_overrides(
+        mut self,
+        overrides: impl IntoIterator<Item = impl Into<pb::KeyOverride>>,
+    ) -> QueueUpdate {
+        self.req.key_overrides = Some(pb::KeyOverrides {
+            overrides: overrides.into_iter().map(Into::into).collect(),
+        });
+        self
+    }
+
+    /// Removes every key override.
+    pub fn clear_key_overrides(self) -> QueueUpdate {
+        self.key_overrides(std::iter::empty::<pb::KeyOverride>())
+    }
+}
+
+/// What one named key of a queue gets instead of the queue's per-key
+/// settings ([`QueueUpdate::key_overrides`]); a setting left out (0) is the
+/// queue's. The broker checks the ranges: `INVALID_ARGUMENT` naming
+/// `key_overrides[i].field`. `GetQueue` returns them as
+/// [`pb::KeyOverride`], in key order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyOverride(pb::KeyOverride);
+
+impl KeyOverride {
+    /// The key (1 to 256 bytes); give it at least one setting.
+    pub fn new(key: impl Into<String>) -> KeyOverride {
+        KeyOverride(pb::KeyOverride {
+            key: key.into(),
+            ..Default::default()
+        })
+    }
+
+    /// Most jobs of this key leased at once (1 to 1000).
+    pub fn concurrency(mut self, n: i32) -> KeyOverride {
+        self.0.concurrency = n;
+        self
+    }
+
+    /// Jobs of this key started per second (0.001 to 1,000,000); its
+    /// bucket holds `max(1, ceil(rate))` tokens.
+    pub fn rate_limit(mut self, per_second: f64) -> KeyOverride {
+        self.0.rate_limit = per_second;
+        self
+    }
+
+    /// Jobs of this key per turn in a fair round (1 to 100; the default 1).
+    pub fn weight(mut self, n: i32) -> KeyOverride {
+        self.0.weight = n;
+        self
+    }
+}
+
+impl From<KeyOverride> for pb::KeyOverride {
+    fn from(o: KeyOverride) -> Self {
+        o.0
     }
 }
 

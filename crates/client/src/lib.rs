@@ -79,7 +79,7 @@ use tonic::transport::Channel;
 pub use leaseq_proto as pb;
 use pb::queue_service_client::QueueServiceClient;
 
-pub use admin::{AdminClient, DeadLetters, QueueUpdate};
+pub use admin::{AdminClient, DeadLetters, KeyOverride, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
 pub use consumer::{ConsumeOptions, Consumer, ConsumerSettler};
 pub use outcome::{BoxError, DeadLetter, HandlerError, Retry};
@@ -393,8 +393,9 @@ impl Job {
 
     /// The job's key inside its queue (a customer, an account, a
     /// document; at most 256 bytes). In a queue with `ordered_by_key`, the
-    /// jobs of one key are delivered in enqueue order, at most the queue's
-    /// `key_concurrency` of them at once.
+    /// jobs of one key are delivered in enqueue order; the queue's per-key
+    /// limits (`key_concurrency`, `key_rate_limit`, key overrides) and
+    /// fair shares (`fair_by_key`) apply per key ([`QueueUpdate`]).
     pub fn key(mut self, key: impl Into<String>) -> Job {
         self.req.key = key.into();
         self

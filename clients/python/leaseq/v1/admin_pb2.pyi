@@ -166,6 +166,24 @@ class KeyInfo(_message.Message):
     waiting: int
     def __init__(self, key: _Optional[str] = ..., waiting: _Optional[int] = ..., leased: _Optional[int] = ..., oldest_available_age: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
+class KeyOverride(_message.Message):
+    __slots__ = ["concurrency", "key", "rate_limit", "weight"]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    concurrency: int
+    key: str
+    rate_limit: float
+    weight: int
+    def __init__(self, key: _Optional[str] = ..., concurrency: _Optional[int] = ..., rate_limit: _Optional[float] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class KeyOverrides(_message.Message):
+    __slots__ = ["overrides"]
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    overrides: _containers.RepeatedCompositeFieldContainer[KeyOverride]
+    def __init__(self, overrides: _Optional[_Iterable[_Union[KeyOverride, _Mapping]]] = ...) -> None: ...
+
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ["include_payload", "page_size", "page_token", "queue"]
     INCLUDE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -305,13 +323,17 @@ class QueueInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[QueueSettings, _Mapping]] = ..., stats: _Optional[_Union[QueueStats, _Mapping]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class QueueSettings(_message.Message):
-    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "default_lease", "key_concurrency", "max_attempts", "ordered_by_key", "paused", "rate_burst", "rate_limit"]
+    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "default_lease", "fair_by_key", "key_concurrency", "key_overrides", "key_rate_burst", "key_rate_limit", "max_attempts", "ordered_by_key", "paused", "rate_burst", "rate_limit"]
     BACKOFF_BASE_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_CAP_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_RETENTION_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    FAIR_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     KEY_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    KEY_OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    KEY_RATE_BURST_FIELD_NUMBER: _ClassVar[int]
+    KEY_RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ORDERED_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -322,13 +344,17 @@ class QueueSettings(_message.Message):
     completed_retention: _duration_pb2.Duration
     concurrency_limit: int
     default_lease: _duration_pb2.Duration
+    fair_by_key: bool
     key_concurrency: int
+    key_overrides: _containers.RepeatedCompositeFieldContainer[KeyOverride]
+    key_rate_burst: int
+    key_rate_limit: float
     max_attempts: int
     ordered_by_key: bool
     paused: bool
     rate_burst: int
     rate_limit: float
-    def __init__(self, default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ...) -> None: ...
+    def __init__(self, default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ..., fair_by_key: bool = ..., key_rate_limit: _Optional[float] = ..., key_rate_burst: _Optional[int] = ..., key_overrides: _Optional[_Iterable[_Union[KeyOverride, _Mapping]]] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ["available", "consumers", "dead", "keys_leased", "keys_waiting", "keys_waiting_capped", "leased", "oldest_available_age", "scheduled", "streams"]
@@ -425,14 +451,18 @@ class ScheduleInfo(_message.Message):
     def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., next_run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_tick_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_job_id: _Optional[str] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class UpdateQueueRequest(_message.Message):
-    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "create", "default_lease", "key_concurrency", "max_attempts", "ordered_by_key", "paused", "queue", "rate_burst", "rate_limit"]
+    __slots__ = ["backoff_base", "backoff_cap", "completed_retention", "concurrency_limit", "create", "default_lease", "fair_by_key", "key_concurrency", "key_overrides", "key_rate_burst", "key_rate_limit", "max_attempts", "ordered_by_key", "paused", "queue", "rate_burst", "rate_limit"]
     BACKOFF_BASE_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_CAP_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_RETENTION_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    FAIR_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     KEY_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    KEY_OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    KEY_RATE_BURST_FIELD_NUMBER: _ClassVar[int]
+    KEY_RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ORDERED_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -445,14 +475,18 @@ class UpdateQueueRequest(_message.Message):
     concurrency_limit: int
     create: bool
     default_lease: _duration_pb2.Duration
+    fair_by_key: bool
     key_concurrency: int
+    key_overrides: KeyOverrides
+    key_rate_burst: int
+    key_rate_limit: float
     max_attempts: int
     ordered_by_key: bool
     paused: bool
     queue: str
     rate_burst: int
     rate_limit: float
-    def __init__(self, queue: _Optional[str] = ..., default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., create: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ...) -> None: ...
+    def __init__(self, queue: _Optional[str] = ..., default_lease: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_base: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., backoff_cap: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., completed_retention: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., paused: bool = ..., create: bool = ..., concurrency_limit: _Optional[int] = ..., rate_limit: _Optional[float] = ..., rate_burst: _Optional[int] = ..., ordered_by_key: bool = ..., key_concurrency: _Optional[int] = ..., fair_by_key: bool = ..., key_rate_limit: _Optional[float] = ..., key_rate_burst: _Optional[int] = ..., key_overrides: _Optional[_Union[KeyOverrides, _Mapping]] = ...) -> None: ...
 
 class UpdateScheduleRequest(_message.Message):
     __slots__ = ["catch_up", "catch_up_limit", "cron", "job", "name", "overlap", "paused", "time_zone"]
