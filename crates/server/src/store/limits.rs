@@ -119,6 +119,7 @@ impl Store {
                     .map(|queue| Cap {
                         queue,
                         unlimited: false,
+                        handoff: false,
                         retry_ms: Some(LOCK_WAIT.as_millis() as i64),
                     })
                     .collect(),
@@ -302,6 +303,9 @@ fn caps(
         };
         caps.push(Cap {
             unlimited: a.n.is_none() && a.rate.is_none() && !a.ordered,
+            // Ordered by key only: enqueue.sql hands a job off when its key
+            // is free, under the queue row's lock.
+            handoff: a.n.is_none() && a.rate.is_none(),
             queue,
             retry_ms,
         });

@@ -33,6 +33,11 @@ left join lateral (
     from leaseq.queues q
     where i.handoff and q.name = i.queue and not q.paused
       and q.concurrency_limit is null and q.rate_limit is null
+      -- A keyed job of a queue ordered by key: only while its key is free,
+      -- checked under the queue row's lock (migration keys_handoff).
+      and case when q.ordered_by_key and i.key is not null
+          then leaseq.key_free_for_handoff(q.name, i.key, coalesce(q.key_concurrency, 1))
+          else true end
 ) h on true
 on conflict (queue, dedup_key) where dedup_key is not null do nothing
 returning id, queue,
