@@ -534,7 +534,9 @@ async fn hand_offs_racing_on_two_replicas_keep_each_key_in_order_and_one_at_a_ti
                 if handed_off(&d, lease) {
                     handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                tokio::time::sleep(ms(3)).await;
+                // Held a while: the key's next job is enqueued meanwhile,
+                // to streams with credit to spare.
+                tokio::time::sleep(ms(20)).await;
                 let (key, n) = (job_of(&d).key.clone(), payload_of(&d).parse().unwrap());
                 let sent = std::time::Instant::now();
                 seen.lock()
@@ -554,9 +556,7 @@ async fn hand_offs_racing_on_two_replicas_keep_each_key_in_order_and_one_at_a_ti
             for n in 0..PER_KEY {
                 let c = &mut cs[(n + k) % 2];
                 enqueue_keyed(c, "race", &format!("k{k}"), &n.to_string()).await;
-                if n % 3 == 0 {
-                    tokio::time::sleep(ms(5)).await;
-                }
+                tokio::time::sleep(ms(2 * (n as u64 % 4))).await;
             }
         }));
     }
