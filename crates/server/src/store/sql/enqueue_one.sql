@@ -34,8 +34,10 @@ left join lateral (
     where i.handoff and q.name = i.queue and not q.paused
       and q.concurrency_limit is null and q.rate_limit is null
       -- A keyed job of a queue ordered by key: only while its key is free,
-      -- checked under the queue row's lock (migration keys_handoff).
-      and case when q.ordered_by_key and i.key is not null
+      -- checked under the queue row's lock (migration keys_handoff). The
+      -- CASE calls the function for a job with a claim only: as a plain AND
+      -- qual it was called for every keyed row, each taking the lock.
+      and case when i.handoff and q.ordered_by_key and i.key is not null
           then leaseq.key_free_for_handoff(q.name, i.key, coalesce(q.key_concurrency, 1))
           else true end
 ) h on true
