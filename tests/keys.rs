@@ -427,3 +427,169 @@ async fn a_job_committed_late_is_not_leased_beside_a_later_one() {
     ack(&mut c, &d).await.unwrap();
     assert_eq!(payload_of(&next_delivery(&mut s, S5).await), "early");
 }
+
+fn us(t: &prost_types::Timestamp) -> i64 {
+    t.seconds * 1_000_000 + i64::from(t.nanos) / 1000
+}
+
+/// Whether `d` was handed off at its enqueue: inserted already leased, its
+/// lease began at the insert's very `now()` (as in tests/consume.rs).
+fn handed_off(d: &pb::Delivery, lease: Duration) -> bool {
+    let expires = us(d.lease_expires_at.as_ref().expect("lease_expires_at"));
+    let enqueued = us(job_of(d).enqueued_at.as_ref().expect("enqueued_at"));
+    expires - lease.as_micros() as i64 == enqueued
+}
+
+/// Hand-off in a queue ordered by key: a keyed job enqueued while a stream
+/// waits idle goes to it at its insert when its key is free, and waits,
+/// even for an idle stream, while a job of its key is in flight; a job of
+/// another key is handed off past the held-back one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_gets_a_free_keys_job_at_its_enqueue_and_a_busy_keys_job_waits() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "ho", 1).await;
+    let lease = secs(30);
+    let mut s = subscribe(&mut c, &["ho"], 10, Some(lease)).await;
+    // Once the dispatcher has learnt the queue (a round or two), its idle
+    // stream offers: a free key's job goes at its insert.
+    let mut handed = false;
+    for i in 0..20 {
+        tokio::time::sleep(ms(100)).await;
+        enqueue_keyed(&mut c, "ho", &format!("warm{i}"), "w").await;
+        let d = next_delivery(&mut s, S5).await;
+        ack(&mut c, &d).await.unwrap();
+        if handed_off(&d, lease) {
+            handed = true;
+            break;
+        }
+    }
+    assert!(handed, "no keyed job was handed off to the idle stream");
+    enqueue_keyed(&mut c, "ho", "alice", "a1").await;
+    let a1 = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&a1), "a1");
+    // The stream is idle again, with credit: a2 must wait all the same.
+    tokio::time::sleep(ms(300)).await;
+    enqueue_keyed(&mut c, "ho", "alice", "a2").await;
+    assert_quiet(&mut s, QUIET, "a2 while a1 of its key is in flight").await;
+    // Another key goes, at its insert, past a2 held back in the table.
+    let mut b = None;
+    for i in 0..20 {
+        enqueue_keyed(&mut c, "ho", &format!("bob{i}"), "b").await;
+        let d = next_delivery(&mut s, S5).await;
+        assert_eq!(payload_of(&d), "b");
+        ack(&mut c, &d).await.unwrap();
+        if handed_off(&d, lease) {
+            b = Some(d);
+            break;
+        }
+        tokio::time::sleep(ms(100)).await;
+    }
+    assert!(
+        b.is_some(),
+        "no job of a free key handed off past a held-back one"
+    );
+    assert_quiet(&mut s, ms(100), "a2 still waits for a1").await;
+    ack(&mut c, &a1).await.unwrap();
+    let a2 = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&a2), "a2");
+    assert!(!handed_off(&a2, lease), "a2 was inserted waiting");
+}
+
+/// Hand-offs racing on two replicas: producers enqueue the jobs of a few
+/// keys through both brokers while idle streams on both wait; each key's
+/// jobs are delivered in enqueue order, never two of a key held at once
+/// (as the clients see it), and some went by hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_offs_racing_on_two_replicas_keep_each_key_in_order_and_one_at_a_time() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let db = TestDb::new().await;
+    let b1 = TestBroker::start(&db).await;
+    let b2 = TestBroker::start(&db).await;
+    let mut a = admin(&b1).await;
+    ordered(&mut a, "race", 1).await;
+    let lease = secs(30);
+    const KEYS: usize = 6;
+    const PER_KEY: usize = 25;
+    // Per key: (payload delivered, when it was received, when its ack went).
+    type Seen = Arc<Mutex<HashMap<String, Vec<(usize, std::time::Instant, std::time::Instant)>>>>;
+    let seen: Seen = Arc::default();
+    let handed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = tokio_util::sync::CancellationToken::new();
+    let mut consumers = Vec::new();
+    for b in [&b1, &b2, &b1, &b2] {
+        let mut c = b.client().await;
+        let mut s = subscribe(&mut c, &["race"], 4, Some(lease)).await;
+        let (seen, handed, done) = (seen.clone(), handed.clone(), done.clone());
+        consumers.push(tokio::spawn(async move {
+            while !done.is_cancelled() {
+                let Some(d) = try_next_delivery(&mut s, ms(100)).await else {
+                    continue;
+                };
+                let got = std::time::Instant::now();
+                if handed_off(&d, lease) {
+                    handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                // Held a while: the key's next job is enqueued meanwhile,
+                // to streams with credit to spare.
+                tokio::time::sleep(ms(20)).await;
+                let (key, n) = (job_of(&d).key.clone(), payload_of(&d).parse().unwrap());
+                let sent = std::time::Instant::now();
+                seen.lock()
+                    .unwrap()
+                    .entry(key)
+                    .or_default()
+                    .push((n, got, sent));
+                ack(&mut c, &d).await.unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(ms(500)).await;
+    let mut producers = Vec::new();
+    for k in 0..KEYS {
+        let mut cs = [b1.client().await, b2.client().await];
+        producers.push(tokio::spawn(async move {
+            for n in 0..PER_KEY {
+                let c = &mut cs[(n + k) % 2];
+                enqueue_keyed(c, "race", &format!("k{k}"), &n.to_string()).await;
+                tokio::time::sleep(ms(2 * (n as u64 % 4))).await;
+            }
+        }));
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + secs(30);
+    while seen.lock().unwrap().values().map(Vec::len).sum::<usize>() < KEYS * PER_KEY {
+        assert!(tokio::time::Instant::now() < deadline, "not all delivered");
+        tokio::time::sleep(ms(50)).await;
+    }
+    done.cancel();
+    for c in consumers {
+        c.await.unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    for (key, got) in seen.iter() {
+        let mut got = got.clone();
+        got.sort_by_key(|g| g.1);
+        let order: Vec<usize> = got.iter().map(|g| g.0).collect();
+        assert_eq!(
+            order,
+            (0..PER_KEY).collect::<Vec<_>>(),
+            "key {key} out of order"
+        );
+        for w in got.windows(2) {
+            assert!(
+                w[1].1 > w[0].2,
+                "key {key}: {} received before {} was acked",
+                w[1].0,
+                w[0].0
+            );
+        }
+    }
+    let handed = handed.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(handed > 0, "no job went by hand-off: the race was not run");
+}

@@ -194,6 +194,11 @@ impl Shared {
     /// A job for the next queue in turn.
     pub fn new_job(&self, payload: Vec<u8>) -> pb::EnqueueRequest {
         let queue = self.next_queue().to_owned();
+        self.keyed_job_on(queue, payload)
+    }
+
+    /// A job for `queue`, with the next key in turn (`--keys`).
+    pub fn keyed_job_on(&self, queue: String, payload: Vec<u8>) -> pb::EnqueueRequest {
         let mut job = Self::job_on(queue, payload);
         if self.keys > 0 {
             let k = self.next_key.fetch_add(1, Ordering::Relaxed) % self.keys;
@@ -502,6 +507,19 @@ mod tests {
             code,
             ..Default::default()
         }
+    }
+
+    /// `--keys` reaches every producer's jobs, the batches' too (the
+    /// flat-out producers once sent none: keys.sh's stream runs had no keys).
+    #[test]
+    fn batch_jobs_carry_the_keys_in_turn() {
+        let mut s = Shared::new(vec!["q".into()], 64, 0);
+        s.keys = 3;
+        let keys: Vec<String> = (0..4)
+            .map(|_| s.keyed_job_on("q".into(), Vec::new()).key)
+            .collect();
+        assert_eq!(keys, ["k0", "k1", "k2", "k0"]);
+        assert_eq!(s.new_job(Vec::new()).key, "k1");
     }
 
     #[test]

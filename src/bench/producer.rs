@@ -39,7 +39,7 @@ pub async fn batches(
         let queue = shared.next_queue().to_owned();
         let jobs = (0..batch)
             .map(|_| {
-                Shared::job_on(
+                shared.keyed_job_on(
                     queue.clone(),
                     stamp::payload(stamp::now(), shared.payload_bytes),
                 )

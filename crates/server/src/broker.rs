@@ -449,6 +449,33 @@ impl ClaimsBySide {
     }
 }
 
+/// Hand-off claims for the jobs of one enqueue statement (see
+/// `dispatch::offers`): jobs due now, when the batch is checked on one
+/// cluster only (`single`: a move is rare, and simpler without).
+fn claim_handoffs(
+    offers: &crate::dispatch::Offers,
+    jobs: &[NewJob],
+    single: bool,
+) -> Vec<Option<crate::dispatch::Claim>> {
+    // (queue, key) of the keyed jobs met so far.
+    let mut keyed: HashSet<(&QueueName, &str)> = HashSet::new();
+    jobs.iter()
+        .map(|j| {
+            let first_of_key = j.key.as_deref().is_none_or(|k| keyed.insert((&j.queue, k)));
+            match (&j.schedule, &j.key) {
+                (Schedule::Now, None) if single => offers.claim(&j.queue, crate::channels::fits(j)),
+                // A keyed job: in a queue ordered by key the statement
+                // hands it off only while its key is free (enqueue.sql).
+                // Only the first job of a key in the statement, delayed or
+                // not: the later ones are behind it. Only to a stream of
+                // this broker: a hand-over note carries no key.
+                (Schedule::Now, Some(_)) if single && first_of_key => offers.claim(&j.queue, false),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// One enqueue statement for many requests. Jobs due now whose queue has an
 /// idle stream here, or else on another replica, are handed off to it (see
 /// `dispatch::offers` and `dispatch::remote`); the rest wake their queues
@@ -475,20 +502,7 @@ async fn enqueue(
             .collect()
     };
     let moving = moving_dedup(dispatcher.settle().clusters(), store.cluster(), &jobs);
-    let offers = dispatcher.offers();
-    let claims: Vec<Option<crate::dispatch::Claim>> = jobs
-        .iter()
-        .map(|j| match j.schedule {
-            // A batch checked on two clusters is not handed off: simpler,
-            // and moves are rare. A keyed job is not either: its queue may
-            // hold it back behind its key (lease.sql decides), and a
-            // hand-off note carries no key.
-            Schedule::Now if moving.is_empty() && j.key.is_none() => {
-                offers.claim(&j.queue, crate::channels::fits(j))
-            }
-            _ => None,
-        })
-        .collect();
+    let claims = claim_handoffs(dispatcher.offers(), &jobs, moving.is_empty());
     let to: Vec<Option<crate::domain::HandoffTo>> = claims
         .iter()
         .map(|c| c.as_ref().map(|c| c.to.clone()))

@@ -702,6 +702,9 @@ pub struct Cap {
     pub queue: QueueName,
     /// The queue has no limits any more: use the fast path again.
     pub unlimited: bool,
+    /// Still on the limited path, but its jobs may be handed off: ordered
+    /// by key without a queue limit (enqueue.sql checks the key).
+    pub handoff: bool,
     /// The rate limit cut the round: the next token is due in this many ms.
     pub retry_ms: Option<i64>,
 }

@@ -161,9 +161,14 @@ struct QueueState {
     /// short marks the queue drained only if nothing happened since it was
     /// planned (otherwise a wake-up could be lost between two rounds).
     seq: u64,
-    /// The queue has a concurrency or rate limit: leased through
-    /// `Store::lease_limited`, never handed off. Learnt from lease rounds.
+    /// The queue has a concurrency or rate limit, or is ordered by key:
+    /// leased through `Store::lease_limited`, and never handed off unless
+    /// `handoff`. Learnt from lease rounds.
     limited: bool,
+    /// Leased on that path but handed off all the same: ordered by key
+    /// with no queue limit (the enqueue statement checks the key under the
+    /// queue row's lock). Learnt from its rounds' caps.
+    handoff: bool,
     /// Its rate limit cut the last round: look again then.
     limit_due: Option<Instant>,
     /// Its last round came back full: it has a backlog (see
@@ -817,7 +822,7 @@ impl Core {
                 && stream.queues.iter().all(|q| {
                     self.queues
                         .get(q)
-                        .is_some_and(|qs| !qs.ready && !qs.limited)
+                        .is_some_and(|qs| !qs.ready && (!qs.limited || qs.handoff))
                 });
             // In one step under the book's lock (a claim may land any time):
             // offer what is free now. Claims already taken (not reported
@@ -1036,6 +1041,8 @@ impl Core {
         for cap in caps {
             if cap.unlimited {
                 self.set_limited(&cap.queue, false);
+            } else {
+                self.set_handoff(&cap.queue, cap.handoff);
             }
             if let (Some(ms), Some(qs)) = (cap.retry_ms, self.queues.get_mut(&cap.queue)) {
                 let at = now + Duration::from_millis(ms as u64);
@@ -1129,8 +1136,22 @@ impl Core {
             && qs.limited != limited
         {
             qs.limited = limited;
+            qs.handoff = false;
             self.offers.set_limited(queue, limited);
             self.touch(queue);
+        }
+    }
+
+    /// Whether a queue on the limited path may be handed off all the same
+    /// (see [`QueueState::handoff`]).
+    fn set_handoff(&mut self, queue: &QueueName, handoff: bool) {
+        if let Some(qs) = self.queues.get_mut(queue)
+            && qs.limited
+            && qs.handoff != handoff
+        {
+            qs.handoff = handoff;
+            self.offers.set_limited(queue, !handoff);
+            self.dirty.extend(qs.streams.iter().copied());
         }
     }
 
@@ -2131,6 +2152,7 @@ mod tests {
             caps: vec![Cap {
                 queue: q("a"),
                 unlimited: true,
+                handoff: false,
                 retry_ms: None,
             }],
         });

@@ -201,6 +201,18 @@ impl Db {
         ahead + leased_after < n
     }
 
+    /// leaseq.key_free_for_handoff: a keyed job of a queue ordered by key
+    /// is handed off only while fewer than `key_n` jobs of its key are live
+    /// (the statement is atomic here, as the queue row's lock makes it).
+    fn key_free(&self, j: &Insert) -> bool {
+        let (Some(n), Some(key)) = (self.conf(&j.queue).key_n, j.key) else {
+            return true;
+        };
+        self.key_idx
+            .get(&(j.queue.clone(), key))
+            .is_none_or(|ids| (ids.len() as i64) < n)
+    }
+
     /// Jobs of `key` in `queue` around `id`: those enqueued before it
     /// (smaller id) and inserted by `began`, live; and the others leased.
     pub fn keys_around(&self, id: JobId, queue: &QueueName, key: u32, began: Ms) -> (i64, i64) {
@@ -294,7 +306,7 @@ impl Db {
         for (i, j) in jobs.iter().enumerate() {
             let claim = claims[i]
                 .as_ref()
-                .filter(|_| j.delay_ms == 0 && !self.limited(&j.queue));
+                .filter(|_| j.delay_ms == 0 && !self.limited(&j.queue) && self.key_free(j));
             let mut row = Row {
                 queue: j.queue.clone(),
                 state: State::Available,
@@ -451,6 +463,7 @@ impl Db {
                 .map(|q| Cap {
                     queue: q.clone(),
                     unlimited: !self.locked_path(q),
+                    handoff: !self.limited(q),
                     retry_ms: None,
                 })
                 .collect();

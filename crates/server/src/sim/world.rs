@@ -1341,11 +1341,13 @@ impl World {
     /// statement, the claims reported once.
     fn enqueue(&mut self, jobs: Vec<Insert>) {
         let offers = self.broker.offers.clone();
+        // broker::enqueue: only the first job of a key in a statement.
+        let mut keyed = std::collections::HashSet::new();
         let claims: Vec<Option<crate::dispatch::Claim>> = jobs
             .iter()
             .map(|j| {
-                // broker::enqueue: a keyed job is never handed off.
-                (j.delay_ms == 0 && j.key.is_none())
+                let first_of_key = j.key.is_none_or(|k| keyed.insert((j.queue.clone(), k)));
+                (j.delay_ms == 0 && first_of_key)
                     .then(|| offers.claim(&j.queue, false))
                     .flatten()
             })
@@ -2176,12 +2178,13 @@ impl World {
             let unclaimed = self.broker.offers.unclaimed(s.sid);
             let max = s.credit as i32;
             // A stream serving a queue with limits never offers (its jobs
-            // are never handed off).
+            // are never handed off); one ordered by key does (the enqueue
+            // statement checks the key).
             let limited = con.cfg.queues.iter().any(|q| {
                 self.db
                     .queues
                     .get(q)
-                    .is_some_and(|c| c.concurrency_limit.is_some() || c.key_n.is_some())
+                    .is_some_and(|c| c.concurrency_limit.is_some())
             });
             let offer = if limited { 0 } else { max };
             if view != Some((max, 0, 0, 0, offer)) || unclaimed != offer {

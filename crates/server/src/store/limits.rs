@@ -8,10 +8,12 @@
 //! 1. lock the queues' rows (`for update`, in name order): replicas leasing
 //!    the same limited queue take turns;
 //! 2. read what the limits allow (`limits.sql`) in a snapshot taken after
-//!    the lock, so the previous holder's leases and bucket are seen;
+//!    the lock, so the previous holder's leases and bucket are seen (not
+//!    when no queue of the round has a limit: one ordered by key only);
 //! 3. lease at most that many (`lease.sql`, asks trimmed);
 //! 4. take the leased jobs out of the rate buckets; commit.
 //!
+//! The transaction is begun with its `lock_timeout` in the same round trip.
 //! The queues' rows are waited for at most [`LOCK_WAIT`]: they are held for
 //! a statement's time by other replicas' limited rounds, but an operator's
 //! open transaction could hold one for ever, and a round waiting on it
@@ -81,14 +83,28 @@ impl Store {
         let names_ = &names;
         let locked = c
             .bounded(|c| async move {
-                let mut tx = sqlx::Connection::begin(c).await?;
+                // The wait for the rows is bounded from the BEGIN on (one
+                // round trip for both).
+                let mut tx = sqlx::Connection::begin_with(
+                    c,
+                    sqlx::AssertSqlSafe(format!(
+                        "begin; set local lock_timeout = '{}ms'",
+                        LOCK_WAIT.as_millis()
+                    )),
+                )
+                .await?;
                 // 1. Lock.
-                if !lock_queues(&mut tx, names_).await? {
+                let Some(locked) = lock_queues(&mut tx, names_).await? else {
                     tx.rollback().await?;
                     return Ok(None);
-                }
-                // 2. What the limits allow.
-                let allow = allowances(&mut tx, names_).await?;
+                };
+                // 2. What the limits allow: nothing to read for queues
+                // without limits (ordered by key only).
+                let allow = if locked.iter().any(|q| q.limited) {
+                    allowances(&mut tx, names_).await?
+                } else {
+                    locked.into_iter().map(Locked::allowance).collect()
+                };
                 // 3. Lease that much.
                 let (asked, trimmed) = trim(wants, &allow);
                 let mut out = LeaseOutcome::default();
@@ -130,6 +146,7 @@ impl Store {
                     .map(|queue| Cap {
                         queue,
                         unlimited: false,
+                        handoff: false,
                         retry_ms: Some(LOCK_WAIT.as_millis() as i64),
                     })
                     .collect(),
@@ -143,17 +160,47 @@ impl Store {
     }
 }
 
-/// Locks the queues' rows in name order, waiting at most [`LOCK_WAIT`];
-/// false when a row stayed locked past it.
-async fn lock_queues(tx: &mut sqlx::PgConnection, names: &[&str]) -> Result<bool> {
-    sqlx::query!(
-        "select set_config('lock_timeout', $1, true)",
-        format!("{}ms", LOCK_WAIT.as_millis()),
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    let locked = sqlx::query_scalar!(
-        "select 1 from leaseq.queues where name = any($1) order by name for update",
+/// A queue row as locked: the version the lock holds, so the previous
+/// holder's changes are in it.
+struct Locked {
+    name: String,
+    /// A concurrency or rate limit: `limits.sql` says what it allows.
+    limited: bool,
+    paused: bool,
+    ordered: bool,
+    /// Per-key limits or fair shares: leased by the key walk (limits.sql's
+    /// `walks_keys`, the same test).
+    walks: bool,
+}
+
+impl Locked {
+    /// What a queue without limits allows: no cut.
+    fn allowance(self) -> (String, Allowance) {
+        (
+            self.name,
+            Allowance {
+                n: None,
+                rate: None,
+                tokens: None,
+                at: Utc::now(),
+                paused: self.paused,
+                ordered: self.ordered,
+                walks: self.walks,
+            },
+        )
+    }
+}
+
+/// Locks the queues' rows in name order (the transaction's lock_timeout
+/// bounds the wait: [`LOCK_WAIT`]); None when a row stayed locked past it.
+async fn lock_queues(tx: &mut sqlx::PgConnection, names: &[&str]) -> Result<Option<Vec<Locked>>> {
+    let locked = sqlx::query_as!(
+        Locked,
+        "select name, paused, ordered_by_key as ordered, \
+             (concurrency_limit is not null or rate_limit is not null) as \"limited!\", \
+             (fair_by_key or key_rate_limit is not null or key_overrides is not null \
+              or (key_concurrency is not null and not ordered_by_key)) as \"walks!\" \
+         from leaseq.queues where name = any($1) order by name for update",
         names as &[&str],
     )
     .fetch_all(&mut *tx)
@@ -162,10 +209,9 @@ async fn lock_queues(tx: &mut sqlx::PgConnection, names: &[&str]) -> Result<bool
         && e.code().as_deref() == Some("55P03")
     {
         // lock_not_available: a row held past the wait.
-        return Ok(false);
+        return Ok(None);
     }
-    locked?;
-    Ok(true)
+    Ok(Some(locked?))
 }
 
 /// What the limits of each queue allow this round (`limits.sql`).
@@ -309,6 +355,10 @@ fn caps(
         };
         caps.push(Cap {
             unlimited: a.n.is_none() && a.rate.is_none() && !a.ordered && !a.walks,
+            // Ordered by key only: enqueue.sql hands a job off when its key
+            // is free, under the queue row's lock. Never a queue whose keys
+            // have limits or fair shares (the walk decides).
+            handoff: a.n.is_none() && a.rate.is_none() && !a.walks,
             queue,
             retry_ms,
         });

@@ -1315,7 +1315,7 @@ impl InsertedRow {
             last_error: None,
             token: LeaseToken(token, cluster),
             lease_expires_at: expires,
-            key: None,
+            key: job.key.clone(),
         });
     }
 }

@@ -4,8 +4,11 @@
 --
 -- A job with `handoff` is inserted already leased to an idle stream of the
 -- broker `broker` (this one, or another replica that offered its credit), as
--- lease.sql would lease it, if its queue is neither paused nor limited;
--- otherwise it is inserted available (dispatch/offers.rs). Its lease token
+-- lease.sql would lease it, if its queue is neither paused nor limited and,
+-- for a keyed job of a queue ordered by key, its key has fewer than
+-- key_concurrency live jobs (leaseq.key_free_for_handoff, which locks the
+-- queue's row as a lease round does); otherwise it is inserted available
+-- (dispatch/offers.rs). Its lease token
 -- comes from the broker (`token`; enqueue_one.sql says why).
 insert into leaseq.jobs
     (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
@@ -32,6 +35,16 @@ left join lateral (
     from leaseq.queues q
     where i.handoff and q.name = i.queue and not q.paused
       and q.concurrency_limit is null and q.rate_limit is null
+      -- Per-key limits or fair shares: the key walk decides (lease_keys.sql).
+      and not (q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
+           or (q.key_concurrency is not null and not q.ordered_by_key))
+      -- A keyed job of a queue ordered by key: only while its key is free,
+      -- checked under the queue row's lock (migration keys_handoff). The
+      -- CASE calls the function for a job with a claim only: as a plain AND
+      -- qual it was called for every keyed row, each taking the lock.
+      and case when i.handoff and q.ordered_by_key and i.key is not null
+          then leaseq.key_free_for_handoff(q.name, i.key, coalesce(q.key_concurrency, 1))
+          else true end
 ) h on true
 on conflict (queue, dedup_key) where dedup_key is not null do nothing
 returning id, queue,

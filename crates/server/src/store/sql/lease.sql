@@ -14,11 +14,14 @@
 -- job (deleted from jobs) lets the next go, and never more than
 -- key_concurrency of a key are leased, even when a job enqueued
 -- concurrently with a smaller id commits after a later one was leased.
--- The probes are index ranges on jobs_key and jobs_key_leased for each
--- candidate the scan meets; a key held back is passed over, so one slow key holds back only
--- itself. Ordered queues are leased only with $8 (store/limits.rs), under
--- their queue row's lock: each round's snapshot sees the previous round's
--- leases, so two rounds cannot each lease a job of one key.
+-- The probes count, for each candidate J the scan meets, the key's jobs
+-- enqueued before J and not leased (jobs_key, which holds no leased row: a
+-- lease then writes no entry there) and the key's leased jobs whatever
+-- their id (jobs_key_leased): the same count, as J is not leased. A key
+-- held back is passed over, so one slow key holds back only itself.
+-- Ordered queues are leased only with $8 (store/limits.rs), under their
+-- queue row's lock: each round's snapshot sees the previous round's leases,
+-- so two rounds cannot each lease a job of one key.
 --
 -- Queues with per-key limits or fair shares (see lease_keys.sql) are never
 -- leased here: store/limits.rs leases them with lease_keys.sql.
@@ -62,16 +65,16 @@ picked as (
           and (pq.key_n is null or c.key is null or (
               select count(*) from (
                   select from leaseq.jobs e
-                  where e.queue = c.queue and e.key = c.key and e.id < c.id
+                  where e.queue = c.queue and e.key = c.key and e.state <> 'leased'
+                    and e.id < c.id
                   limit pq.key_n
               ) ahead
           ) + (
               select count(*) from (
                   select from leaseq.jobs e
                   where e.queue = c.queue and e.key = c.key and e.state = 'leased'
-                    and e.id > c.id
                   limit pq.key_n
-              ) leased_after
+              ) leased
           ) < pq.key_n)
         order by c.priority desc, c.run_at, c.id
         limit pq.n

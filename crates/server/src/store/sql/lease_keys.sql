@@ -9,7 +9,8 @@
 -- A round walks the keys that have jobs in leaseq.jobs, in key order,
 -- starting after the key where the previous round stopped
 -- (queues.fair_cursor) and wrapping around, at most $8 keys (a skip scan of
--- jobs_key: one index probe per key, whatever each key's backlog). Jobs
+-- jobs_key, which holds a key's jobs not leased: one index probe per key
+-- with jobs waiting, whatever each key's backlog). Jobs
 -- without a key are one more turn, at the wrap between the last key and
 -- the first, looked for among the first $8 due jobs of the queue's
 -- delivery order (so a queue whose keyed jobs are at its head delivers its
@@ -55,10 +56,11 @@ q as (
 walk_after(key, i) as (
     (select j.key, 1
      from leaseq.jobs j
-     where j.queue = $1 and j.key > (select cursor from q)
+     where j.queue = $1 and j.key > (select cursor from q) and j.state <> 'leased'
      order by j.key limit 1)
     union all
-    select (select j.key from leaseq.jobs j where j.queue = $1 and j.key > a.key
+    select (select j.key from leaseq.jobs j
+            where j.queue = $1 and j.key > a.key and j.state <> 'leased'
             order by j.key limit 1), a.i + 1
     from walk_after a
     where a.key is not null and a.i < $8
@@ -68,10 +70,11 @@ walk_before(key, i) as (
     (select j.key, (select count(*) from walk_after where key is not null) + 1
      from leaseq.jobs j
      where j.queue = $1 and j.key > '' and j.key <= (select cursor from q)
+       and j.state <> 'leased'
      order by j.key limit 1)
     union all
     select (select j.key from leaseq.jobs j where j.queue = $1 and j.key > b.key
-              and j.key <= (select cursor from q)
+              and j.key <= (select cursor from q) and j.state <> 'leased'
             order by j.key limit 1), b.i + 1
     from walk_before b
     where b.key is not null and b.i < $8
@@ -129,7 +132,7 @@ keyed as (
         select c.id, c.priority, c.run_at
         from leaseq.jobs c
         where not q.ordered_by_key
-          and c.queue = $1 and c.key = a.key and c.state = 'available'
+          and c.queue = $1 and c.key = a.key and c.state <> 'leased'
           and c.run_at <= statement_timestamp()
           and (c.expires_at is null or c.expires_at > statement_timestamp())
         order by c.id
@@ -142,32 +145,26 @@ keyed as (
     from allowed a
     cross join q
     cross join lateral (
-        -- Ordered: among the key's first N live jobs (N = its concurrency),
-        -- those lease.sql's rule lets go: fewer than N jobs of the key
-        -- ahead of it or leased after it.
+        -- Ordered: among the key's first N jobs not leased (N = its
+        -- concurrency), those lease.sql's rule lets go: fewer than N jobs of
+        -- the key not leased and ahead of it, plus the key's leased ones
+        -- (whatever their id: per_key's count).
         select f.id, f.priority, f.run_at
         from (
-            select e.id, e.state, e.priority, e.run_at, e.expires_at,
+            select e.id, e.priority, e.run_at, e.expires_at,
                 row_number() over (order by e.id) - 1 as ahead
             from (
-                select e.id, e.state, e.priority, e.run_at, e.expires_at
+                select e.id, e.priority, e.run_at, e.expires_at
                 from leaseq.jobs e
-                where e.queue = $1 and e.key = a.key
+                where e.queue = $1 and e.key = a.key and e.state <> 'leased'
                 order by e.id
                 limit a.conc
             ) e
         ) f
         where q.ordered_by_key
-          and f.state = 'available'
           and f.run_at <= statement_timestamp()
           and (f.expires_at is null or f.expires_at > statement_timestamp())
-          and f.ahead + (
-              select count(*) from (
-                  select from leaseq.jobs l
-                  where l.queue = $1 and l.key = a.key and l.state = 'leased' and l.id > f.id
-                  limit a.conc
-              ) la
-          ) < a.conc
+          and f.ahead + a.leased < a.conc
         order by f.id
         limit a.allow
     ) f
