@@ -656,8 +656,8 @@ pub struct KeyRow {
 
 /// A page of the keys of `queue`'s live jobs, with their counts, and
 /// whether there may be more. By key: after `after`, reading the jobs of
-/// the page's keys only (a streaming group over jobs_key, which is in key
-/// order). By jobs waiting: the top `limit`, reading every keyed job of the
+/// the page's keys only (a streaming group over jobs_key, which holds the
+/// jobs not leased, merged with jobs_key_leased, both in key order). By jobs waiting: the top `limit`, reading every keyed job of the
 /// queue.
 pub async fn list_keys(
     store: &Store,
@@ -679,8 +679,17 @@ pub async fn list_keys(
                    (extract(epoch from (now() - min(j.run_at)
                        filter (where j.state = 'available' and j.run_at <= now()))) * 1000)::int8
                        as oldest_age_ms
-               from leaseq.jobs j
-               where j.queue = $1 and j.key is not null and ($2::text is null or j.key > $2)
+               from (
+                   (select e.key, e.state, e.run_at from leaseq.jobs e
+                    where e.queue = $1 and e.key is not null and e.state <> 'leased'
+                      and ($2::text is null or e.key > $2)
+                    order by e.key)
+                   union all
+                   (select e.key, e.state, e.run_at from leaseq.jobs e
+                    where e.queue = $1 and e.key is not null and e.state = 'leased'
+                      and ($2::text is null or e.key > $2)
+                    order by e.key)
+               ) j
                group by j.key
                order by j.key
                limit $3"#,

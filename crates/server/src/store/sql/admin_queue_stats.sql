@@ -37,14 +37,14 @@ live as (
 waiting_keys (queue, key, n) as (
     select p.name,
         (select j.key from leaseq.jobs j
-         where j.queue = p.name and j.key is not null and j.state = 'available'
+         where j.queue = p.name and j.key is not null and j.state <> 'leased'
          order by j.key limit 1),
         1::int8
     from page p
     union all
     select w.queue,
         (select j.key from leaseq.jobs j
-         where j.queue = w.queue and j.key > w.key and j.state = 'available'
+         where j.queue = w.queue and j.key > w.key and j.state <> 'leased'
          order by j.key limit 1),
         w.n + 1
     from waiting_keys w
