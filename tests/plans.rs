@@ -324,3 +324,40 @@ async fn the_key_counts_probe_jobs_key_even_when_planned_on_an_empty_table() {
     // A Merge Append of the two (its `Sort Key` line), no Sort node.
     assert!(!plan.contains("Sort  ("), "{plan}");
 }
+
+/// The key walk's probes (lease_keys.sql) start their index scan at the key
+/// after the cursor: `key >` is an index condition. With the cursor read as
+/// a join column it was a filter, and the wrap-around probe read a busy
+/// key's whole range of jobs_key every round.
+#[tokio::test]
+async fn the_key_walk_starts_each_probe_at_its_key() {
+    let db = TestDb::new().await;
+    let plan = generic_plan(
+        &db,
+        "set local enable_seqscan = off",
+        include_str!("../crates/server/src/store/sql/lease_keys.sql"),
+        "(text, int4[], int4[], int8[], int4[], text[], uuid, int4)",
+        "('q', '{0}', '{64}', '{1000}', '{0}', '{c}', \
+         '00000000-0000-0000-0000-000000000000', 128)",
+    )
+    .await;
+    // After the cursor: `key > cursor`; from the first key up to the
+    // cursor: `key > ''` (or the last key) and `key <= cursor`.
+    let bounds: [(&str, &[&str]); 2] = [
+        ("walk_after", &["key >"]),
+        ("walk_before", &["key >", "key <="]),
+    ];
+    for (walk, bounds) in bounds {
+        let part = cte(&plan, walk);
+        let probes: Vec<&str> = part
+            .lines()
+            .filter(|l| l.contains("Index Cond") && l.contains("queue ="))
+            .collect();
+        assert!(!probes.is_empty(), "{walk}:\n{plan}");
+        for p in probes {
+            for b in bounds {
+                assert!(p.contains(b), "{walk}: probe without `{b}`: `{p}`:\n{plan}");
+            }
+        }
+    }
+}
