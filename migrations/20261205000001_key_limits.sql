@@ -14,6 +14,18 @@ alter table leaseq.queues
     add column key_overrides jsonb check (jsonb_typeof(key_overrides) = 'object'),
     add column fair_cursor text;
 
+-- Whether a queue is leased by the key walk (lease_keys.sql) rather than
+-- lease.sql, and never handed off: one definition for the lease, limits
+-- and enqueue statements. A single-expression SQL function without a SET
+-- clause, so the planner inlines it (it names no object a search_path
+-- could resolve: only the argument's fields).
+create function leaseq.walks_keys(q leaseq.queues) returns boolean
+language sql immutable
+as $$
+    select q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
+        or (q.key_concurrency is not null and not q.ordered_by_key)
+$$;
+
 drop index leaseq.queues_woken_on_settle;
 -- A settle wakes these queues' consumers: a slot, a key's slot or a key's
 -- next job freed (ack.sql, fail.sql).

@@ -168,8 +168,8 @@ struct Locked {
     limited: bool,
     paused: bool,
     ordered: bool,
-    /// Per-key limits or fair shares: leased by the key walk (limits.sql's
-    /// `walks_keys`, the same test).
+    /// Per-key limits or fair shares: leased by the key walk
+    /// (`leaseq.walks_keys`).
     walks: bool,
 }
 
@@ -198,9 +198,8 @@ async fn lock_queues(tx: &mut sqlx::PgConnection, names: &[&str]) -> Result<Opti
         Locked,
         "select name, paused, ordered_by_key as ordered, \
              (concurrency_limit is not null or rate_limit is not null) as \"limited!\", \
-             (fair_by_key or key_rate_limit is not null or key_overrides is not null \
-              or (key_concurrency is not null and not ordered_by_key)) as \"walks!\" \
-         from leaseq.queues where name = any($1) order by name for update",
+             leaseq.walks_keys(q) as \"walks!\" \
+         from leaseq.queues q where name = any($1) order by name for update",
         names as &[&str],
     )
     .fetch_all(&mut *tx)

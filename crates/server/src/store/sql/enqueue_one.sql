@@ -34,8 +34,7 @@ left join lateral (
     where i.handoff and q.name = i.queue and not q.paused
       and q.concurrency_limit is null and q.rate_limit is null
       -- Per-key limits or fair shares: the key walk decides (lease_keys.sql).
-      and not (q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
-           or (q.key_concurrency is not null and not q.ordered_by_key))
+      and not leaseq.walks_keys(q)
       -- A keyed job of a queue ordered by key: only while its key is free,
       -- checked under the queue row's lock (migration keys_handoff). The
       -- CASE calls the function for a job with a claim only: as a plain AND

@@ -46,8 +46,7 @@ per_queue as (
     select w.queue, max(w.hi) as n, q.default_lease_ms,
         case when q.ordered_by_key then coalesce(q.key_concurrency, 1) end as key_n
     from want w join leaseq.queues q on q.name = w.queue and not q.paused
-        and not (q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
-            or (q.key_concurrency is not null and not q.ordered_by_key))
+        and not leaseq.walks_keys(q)
         and ($8 or (q.concurrency_limit is null and q.rate_limit is null and not q.ordered_by_key))
     group by w.queue, q.default_lease_ms, q.ordered_by_key, q.key_concurrency
 ),
@@ -111,8 +110,7 @@ from leaseq.queues q
 where not $8
   and q.name in (select queue from want)
   and (q.concurrency_limit is not null or q.rate_limit is not null or q.ordered_by_key
-       or q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
-       or q.key_concurrency is not null)
+       or leaseq.walks_keys(q))
 -- Each stream gets its jobs in delivery order (the update returns them in
 -- whatever order it met them).
 order by 1, 13

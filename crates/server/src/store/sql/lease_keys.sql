@@ -1,6 +1,6 @@
 -- Leases jobs of one queue whose keys have limits or fair shares
 -- (fair_by_key, key_rate_limit, key_overrides, or key_concurrency without
--- ordered_by_key: limits.sql's walks_keys), for the streams that asked.
+-- ordered_by_key: leaseq.walks_keys), for the streams that asked.
 --
 -- The caller (store/limits.rs) holds the queue's row lock, so rounds on
 -- this queue are serial across replicas: each statement's snapshot sees the

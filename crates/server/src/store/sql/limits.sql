@@ -7,9 +7,8 @@
 -- concurrency limit). tokens: the rate bucket refilled up to now (null = no
 -- rate limit); a bucket never set (or just changed) starts full.
 select q.name, q.paused, q.ordered_by_key,
-    -- Leased by lease_keys.sql (the same test as there).
-    (q.fair_by_key or q.key_rate_limit is not null or q.key_overrides is not null
-        or (q.key_concurrency is not null and not q.ordered_by_key)) as "walks_keys!",
+    -- Leased by lease_keys.sql.
+    leaseq.walks_keys(q) as "walks_keys!",
     case when q.concurrency_limit is not null then
         q.concurrency_limit - (
             select count(*) from leaseq.jobs j
