@@ -372,3 +372,54 @@ async fn console_and_metrics_on(http: SocketAddr, broker: &BinaryBroker) {
     let (status, _, _) = get_full(http, "/no-such-page").await;
     assert!(status.contains("404"), "{status}");
 }
+
+/// The key gauges (issue 33): per queue, never per key. Keys `a` (two jobs)
+/// and `b` waiting and a job without a key; one job of `a` leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_gauges_count_a_queues_keys_waiting_and_leased() {
+    let db = TestDb::new().await;
+    let maddr = free_addr();
+    let broker = BinaryBroker::start(
+        &db,
+        &[
+            "--metrics-listen",
+            &maddr.to_string(),
+            "--metrics-interval",
+            "200ms",
+        ],
+    )
+    .await;
+    let mut c = broker.client().await;
+    let keyed = |payload: &str, key: &str| pb::EnqueueRequest {
+        key: key.into(),
+        ..job("k", payload)
+    };
+    for j in [
+        keyed("a1", "a"),
+        keyed("a2", "a"),
+        keyed("b1", "b"),
+        job("k", "none"),
+    ] {
+        c.enqueue(j).await.unwrap();
+    }
+    let mut s = subscribe(&mut c, &["k"], 1, None).await;
+    let first = next_delivery(&mut s, S5).await;
+    assert_eq!(first.job.as_ref().unwrap().key, "a", "the oldest job, a1");
+
+    let q = |name: &str| format!("{name}{{queue=\"k\"}}");
+    let mut m = HashMap::new();
+    for _ in 0..100 {
+        let (_, body) = get(maddr, "/metrics").await;
+        m = parse(&body);
+        if m.get(&q("leaseq_queue_keys_leased")) == Some(&1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(m[&q("leaseq_queue_keys_leased")], 1.0, "a");
+    assert_eq!(m[&q("leaseq_queue_keys_waiting")], 2.0, "a (a2) and b");
+    assert!(
+        !m.keys().any(|k| k.contains("key=")),
+        "no series is labelled by key"
+    );
+}

@@ -255,7 +255,7 @@ struct QueueGauges(Arc<Mutex<Vec<QueueRow>>>);
 
 type GaugeDef = (&'static str, &'static str, fn(&QueueRow) -> f64);
 
-const QUEUE_GAUGES: [GaugeDef; 9] = [
+const QUEUE_GAUGES: [GaugeDef; 11] = [
     ("leaseq_queue_available_jobs", "Jobs deliverable now", |q| {
         q.available as f64
     }),
@@ -294,6 +294,16 @@ const QUEUE_GAUGES: [GaugeDef; 9] = [
         "leaseq_queue_free_credits",
         "This broker's streams' max_in_flight on the queue minus the jobs of the queue they hold (a stream on several queues counts on each)",
         |q| (q.credit - q.leased_here).max(0) as f64,
+    ),
+    (
+        "leaseq_queue_keys_waiting",
+        "Distinct keys with a job waiting (counted up to 10,000: a queue with more shows 10,000)",
+        |q| q.keys_waiting as f64,
+    ),
+    (
+        "leaseq_queue_keys_leased",
+        "Distinct keys with a job delivered and unsettled (every replica)",
+        |q| q.keys_leased as f64,
     ),
 ];
 
