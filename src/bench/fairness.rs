@@ -80,7 +80,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
             jobs: (0..B_JOBS).map(|_| job("tenant-b")).collect(),
         })
         .await?;
-    let (a_before_b, b_seen, last_b) = until_b(&mut deliveries, sent, limit).await;
+    let committed = Instant::now();
+    let (a_before_b, a_after_commit, b_seen, last_b) =
+        until_b(&mut deliveries, sent, committed, limit).await;
     consumers.abort_all();
     let b_wait_ms = last_b
         .filter(|_| b_seen == B_JOBS as u64)
@@ -95,6 +97,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Summary> {
             b_delivered: b_seen,
             a_before_b,
             b_wait_ms,
+            a_after_commit,
+            b_enqueue_ms: round(committed.duration_since(sent).as_secs_f64() * 1000.0, 3),
             a_jobs_per_s_before: round(a_rate, 1),
         }),
         ..Summary::default()
@@ -123,13 +127,15 @@ async fn warm_up(
 }
 
 /// Reads deliveries until B's all arrived (or `limit`): A's delivered
-/// after `sent`, B's seen, and B's last arrival.
+/// after `sent`, A's delivered after `committed` (B's batch answered), B's
+/// seen, and B's last arrival.
 async fn until_b(
     deliveries: &mut mpsc::UnboundedReceiver<(bool, Instant)>,
     sent: Instant,
+    committed: Instant,
     limit: Instant,
-) -> (u64, u64, Option<Instant>) {
-    let (mut a_before_b, mut b_seen, mut last_b) = (0u64, 0u64, None);
+) -> (u64, u64, u64, Option<Instant>) {
+    let (mut a_before_b, mut a_after_commit, mut b_seen, mut last_b) = (0u64, 0u64, 0u64, None);
     while b_seen < B_JOBS as u64 {
         let Ok(Some((is_b, at))) = tokio::time::timeout_at(limit.into(), deliveries.recv()).await
         else {
@@ -143,9 +149,12 @@ async fn until_b(
             last_b = Some(at);
         } else {
             a_before_b += 1;
+            if at >= committed {
+                a_after_commit += 1;
+            }
         }
     }
-    (a_before_b, b_seen, last_b)
+    (a_before_b, a_after_commit, b_seen, last_b)
 }
 
 /// One Consume stream acking every delivery on the stream, reporting each

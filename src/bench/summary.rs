@@ -73,6 +73,12 @@ pub struct Fairness {
     pub a_before_b: u64,
     /// That time (null when B's jobs did not all arrive within --duration).
     pub b_wait_ms: Option<f64>,
+    /// A's jobs delivered from the answer to B's batch (B's jobs committed)
+    /// to B's last delivery: `a_before_b` less what went out while B's
+    /// enqueue itself ran.
+    pub a_after_commit: u64,
+    /// How long B's EnqueueBatch took (send to answer).
+    pub b_enqueue_ms: f64,
     /// A's delivery rate in the second before B came.
     pub a_jobs_per_s_before: f64,
 }
@@ -163,12 +169,14 @@ impl Summary {
         }
         if let Some(f) = &self.fairness {
             println(format!(
-                "fairness fair_by_key={} backlog={} b_delivered={}/{} a_before_b={} b_wait_ms={} a_jobs_per_s_before={:.0}",
+                "fairness fair_by_key={} backlog={} b_delivered={}/{} a_before_b={} a_after_commit={} b_enqueue_ms={:.3} b_wait_ms={} a_jobs_per_s_before={:.0}",
                 f.fair_by_key,
                 f.backlog,
                 f.b_delivered,
                 f.b_jobs,
                 f.a_before_b,
+                f.a_after_commit,
+                f.b_enqueue_ms,
                 ms(f.b_wait_ms),
                 f.a_jobs_per_s_before
             ));
