@@ -28,6 +28,9 @@ pub struct QueueConf {
     pub backoff_ms: i64,
     /// `ordered_by_key` with this `key_concurrency` (lease.sql).
     pub key_n: Option<i64>,
+    /// `fair_by_key` with this `key_concurrency` and no order: leased by
+    /// the key walk (lease_keys.sql).
+    pub walk_n: Option<i64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,8 +83,14 @@ pub struct Db {
     pub dead: BTreeMap<JobId, String>,
     pub done: BTreeSet<JobId>,
     pub queues: BTreeMap<QueueName, QueueConf>,
+    /// The key walk's cursor per queue (`queues.fair_cursor`).
+    fair_cursor: BTreeMap<QueueName, u32>,
     next_token: u128,
 }
+
+/// The most keys one walk visits (store/limits.rs `MAX_KEY_VISITS`, scaled
+/// down to the model's few keys so that cuts happen).
+const MAX_KEY_VISITS: usize = 4;
 
 /// The database's clock as a timestamp (the broker's `DateTime`s).
 pub fn ts(ms: Ms) -> DateTime<Utc> {
@@ -167,6 +176,16 @@ impl Db {
     /// Whether `queue` has a job deliverable now (in a queue ordered by
     /// key: one its key does not hold back).
     pub fn has_ready(&self, queue: &QueueName) -> bool {
+        if let Some(n) = self.conf(queue).walk_n {
+            let due = |id: &JobId| {
+                let r = &self.jobs[id];
+                r.state == State::Available && r.run_at <= self.now
+            };
+            return self
+                .key_idx
+                .range((queue.clone(), 0)..=(queue.clone(), u32::MAX))
+                .any(|((_, key), ids)| ids.iter().any(due) && self.key_leases(queue, *key) < n);
+        }
         if self.conf(queue).key_n.is_none() {
             return self
                 .due_idx
@@ -199,6 +218,84 @@ impl Db {
             .take(n as usize)
             .count() as i64;
         ahead + leased_after < n
+    }
+
+    /// A key's unexpired leases (lease_keys.sql's count for a key limit
+    /// without order).
+    pub fn key_leases(&self, queue: &QueueName, key: u32) -> i64 {
+        self.key_idx
+            .get(&(queue.clone(), key))
+            .into_iter()
+            .flatten()
+            .filter(|id| {
+                let r = &self.jobs[*id];
+                r.state == State::Leased && r.expires > self.now
+            })
+            .count() as i64
+    }
+
+    /// lease_keys.sql: the key walk of a round asking `n` jobs. Visits the
+    /// keys with a job not leased, in key order after the queue's cursor
+    /// and wrapping, at most `2n` (clamped to [2, MAX_KEY_VISITS]); takes
+    /// of each what its limit allows (its due jobs in id order), hands them
+    /// out in turns (every key's first job before any key's second, the
+    /// keys of a turn in the walk's order), moves the cursor to the last
+    /// key served. Returns the jobs in order and whether the walk was cut
+    /// (it visited as many keys as it may). Jobs without a key are not
+    /// modelled: the simulation's fair queue gives every job a key.
+    fn walk(&mut self, queue: &QueueName, n: usize) -> (Vec<JobId>, bool) {
+        let limit = self.conf(queue).walk_n.unwrap_or(1);
+        let visits = (2 * n).clamp(2, MAX_KEY_VISITS);
+        let cursor = self.fair_cursor.get(queue).copied();
+        let waiting: Vec<u32> = self
+            .key_idx
+            .range((queue.clone(), 0)..=(queue.clone(), u32::MAX))
+            .filter(|(_, ids)| ids.iter().any(|id| self.jobs[id].state != State::Leased))
+            .map(|((_, key), _)| *key)
+            .collect();
+        let (after, before): (Vec<u32>, Vec<u32>) =
+            waiting.iter().partition(|k| cursor.is_none_or(|c| **k > c));
+        let visited: Vec<u32> = after.into_iter().chain(before).take(visits).collect();
+        let cut = visited.len() >= visits;
+        let now = self.now;
+        let per_key: Vec<(u32, Vec<JobId>)> = visited
+            .iter()
+            .map(|key| {
+                let allow = (limit - self.key_leases(queue, *key)).max(0) as usize;
+                let jobs = self.key_idx[&(queue.clone(), *key)]
+                    .iter()
+                    .filter(|id| {
+                        let r = &self.jobs[*id];
+                        r.state == State::Available && r.run_at <= now
+                    })
+                    .take(allow.min(n))
+                    .copied()
+                    .collect();
+                (*key, jobs)
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mut last = None;
+        'turns: for turn in 0.. {
+            let mut any = false;
+            for (key, jobs) in &per_key {
+                if let Some(id) = jobs.get(turn) {
+                    any = true;
+                    if out.len() == n {
+                        break 'turns;
+                    }
+                    out.push(*id);
+                    last = Some(*key);
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        if let Some(key) = last {
+            self.fair_cursor.insert(queue.clone(), key);
+        }
+        (out, cut)
     }
 
     /// leaseq.key_free_for_handoff: a keyed job of a queue ordered by key
@@ -239,7 +336,7 @@ impl Db {
     /// fail.sql's `slot_freed`).
     fn locked_path(&self, q: &QueueName) -> bool {
         let c = self.conf(q);
-        c.concurrency_limit.is_some() || c.key_n.is_some()
+        c.concurrency_limit.is_some() || c.key_n.is_some() || c.walk_n.is_some()
     }
 
     pub fn new(queues: BTreeMap<QueueName, QueueConf>) -> Db {
@@ -255,11 +352,14 @@ impl Db {
             max_attempts: 5,
             backoff_ms: 200,
             key_n: None,
+            walk_n: None,
         })
     }
 
+    /// No hand-off: a concurrency limit, or keys that the walk serves.
     fn limited(&self, q: &QueueName) -> bool {
-        self.conf(q).concurrency_limit.is_some()
+        let c = self.conf(q);
+        c.concurrency_limit.is_some() || c.walk_n.is_some()
     }
 
     /// `gen_random_uuid()`, made deterministic.
@@ -405,6 +505,7 @@ impl Db {
         // Each queue's jobs in line for this statement's wants.
         let mut taken: BTreeMap<QueueName, VecDeque<JobId>> = BTreeMap::new();
         let mut allowed: BTreeMap<QueueName, i64> = BTreeMap::new();
+        let mut cut: BTreeSet<QueueName> = BTreeSet::new();
         for w in wants {
             let conf = self.conf(&w.queue);
             if self.locked_path(&w.queue) && !limited {
@@ -419,7 +520,15 @@ impl Db {
                     .filter(|x| x.queue == w.queue)
                     .map(|x| x.n)
                     .sum();
-                let line = self.ready(&w.queue, asked.max(0) as usize);
+                let line = if conf.walk_n.is_some() {
+                    let (line, was_cut) = self.walk(&w.queue, asked.max(0) as usize);
+                    if was_cut {
+                        cut.insert(w.queue.clone());
+                    }
+                    line
+                } else {
+                    self.ready(&w.queue, asked.max(0) as usize)
+                };
                 taken.insert(w.queue.clone(), line.into());
                 if let Some(limit) = conf.concurrency_limit {
                     let busy = self
@@ -458,13 +567,23 @@ impl Db {
             let mut queues: Vec<&QueueName> = wants.iter().map(|w| &w.queue).collect();
             queues.sort();
             queues.dedup();
+            // store/limits.rs `caps`: a walk that was cut, and did not fill
+            // its asks, comes back in 1 ms.
+            let got = |q: &QueueName| out.jobs.iter().filter(|j| j.queue == q.as_str()).count();
+            let asked = |q: &QueueName| -> usize {
+                wants
+                    .iter()
+                    .filter(|w| &w.queue == q)
+                    .map(|w| w.n.max(0) as usize)
+                    .sum()
+            };
             out.caps = queues
                 .into_iter()
                 .map(|q| Cap {
                     queue: q.clone(),
                     unlimited: !self.locked_path(q),
                     handoff: !self.limited(q),
-                    retry_ms: None,
+                    retry_ms: (cut.contains(q) && asked(q) > got(q)).then_some(1),
                 })
                 .collect();
         }

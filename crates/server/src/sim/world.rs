@@ -248,6 +248,8 @@ struct World {
     rng: ChaCha8Rng,
     /// Draws for keys only (see `World::new`).
     krng: ChaCha8Rng,
+    /// Draws for the fair queue's keys only.
+    frng: ChaCha8Rng,
     db: Db,
     now: Ms,
     epoch: Instant,
@@ -295,6 +297,7 @@ impl World {
                     max_attempts: 5,
                     backoff_ms: 100,
                     key_n: None,
+                    walk_n: None,
                 },
             );
         }
@@ -307,6 +310,7 @@ impl World {
                     max_attempts: 5,
                     backoff_ms: 100,
                     key_n: None,
+                    walk_n: None,
                 },
             );
         }
@@ -345,11 +349,34 @@ impl World {
                     max_attempts: 5,
                     backoff_ms: 100,
                     key_n: Some(krng.random_range(1..=2)),
+                    walk_n: None,
                 },
             );
             for c in &mut consumers {
                 if krng.random_bool(0.6) {
                     c.queues.push(q("ord"));
+                }
+            }
+        }
+        // A queue fair by key with a per-key limit and no order (the key
+        // walk, lease_keys.sql) in some runs: its own RNG again, so that
+        // runs without it go exactly as before it existed.
+        let mut frng = ChaCha8Rng::seed_from_u64(seed ^ 0x6661_6972);
+        if frng.random_bool(0.4) {
+            queues.push(q("fair"));
+            confs.insert(
+                q("fair"),
+                QueueConf {
+                    concurrency_limit: None,
+                    max_attempts: 5,
+                    backoff_ms: 100,
+                    key_n: None,
+                    walk_n: Some(frng.random_range(1..=2)),
+                },
+            );
+            for c in &mut consumers {
+                if frng.random_bool(0.6) {
+                    c.queues.push(q("fair"));
                 }
             }
         }
@@ -399,6 +426,7 @@ impl World {
         let mut w = World {
             rng,
             krng,
+            frng,
             db: Db::new(confs),
             now: 0,
             epoch,
@@ -1316,7 +1344,19 @@ impl World {
                 if queue.as_str() == "lim" && self.rng.random_bool(0.8) {
                     continue;
                 }
-                let key = (queue.as_str() == "ord").then(|| self.krng.random_range(0..5));
+                let key = match queue.as_str() {
+                    "ord" => Some(self.krng.random_range(0..5)),
+                    // A busy key (half the jobs) and more keys than a walk
+                    // visits (MAX_KEY_VISITS): cut walks and their 1 ms
+                    // retries happen, and the busy key's backlog must not
+                    // hold the others back.
+                    "fair" => Some(if self.frng.random_bool(0.5) {
+                        0
+                    } else {
+                        self.frng.random_range(1..8)
+                    }),
+                    _ => None,
+                };
                 jobs.push(Insert {
                     id: JobId(Uuid::from_u128((1u128 << 100) | self.next_job)),
                     key,
@@ -1695,6 +1735,24 @@ impl World {
                 self.anomaly(format!(
                     "{} of key {key} delivered with {ahead} earlier jobs of its key live \
                      and {leased} more leased (key_concurrency {n})",
+                    jid(job.id)
+                ));
+            }
+        }
+        // A key limit without order (the walk): at most walk_n of a key
+        // with an unexpired lease, this one included.
+        if let Some(row) = self.db.jobs.get(&job.id)
+            && row.token == Some(job.token)
+            && let (Some(n), Some(key)) = (
+                self.db.queues.get(&row.queue).and_then(|c| c.walk_n),
+                row.key,
+            )
+        {
+            let leases = self.db.key_leases(&row.queue, key);
+            if leases > n {
+                self.anomaly(format!(
+                    "{} of key {key} delivered with {leases} unexpired leases of its key \
+                     (key_concurrency {n})",
                     jid(job.id)
                 ));
             }
@@ -2184,7 +2242,7 @@ impl World {
                 self.db
                     .queues
                     .get(q)
-                    .is_some_and(|c| c.concurrency_limit.is_some())
+                    .is_some_and(|c| c.concurrency_limit.is_some() || c.walk_n.is_some())
             });
             let offer = if limited { 0 } else { max };
             if view != Some((max, 0, 0, 0, offer)) || unclaimed != offer {
