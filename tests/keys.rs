@@ -593,3 +593,109 @@ async fn hand_offs_racing_on_two_replicas_keep_each_key_in_order_and_one_at_a_ti
     let handed = handed.load(std::sync::atomic::Ordering::Relaxed);
     assert!(handed > 0, "no job went by hand-off: the race was not run");
 }
+
+/// A broker whose fallback poll never comes within a test: a job delivered
+/// was woken by a settle or an enqueue, not by the poll.
+async fn broker_without_poll(db: &TestDb) -> TestBroker {
+    TestBroker::on(db)
+        .config(|c| c.poll_interval = secs(600))
+        .start()
+        .await
+}
+
+/// The race an ack's wake-up must survive in a queue ordered by key, where
+/// an ack wakes the queue only when another job of its key waits: j2 of
+/// key k commits after the ack of j1 took its snapshot (so the ack does not
+/// see it), and j2's own wake-up's round runs before the ack commits (so
+/// the round sees j1 still leased). Nobody else wakes the queue: the
+/// broker must look for k's jobs again once the ack committed
+/// (`recheck_key`, settle.rs). The ack statement is held between its
+/// snapshot and its commit by a lock on j1's row taken by the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_job_committed_during_the_ack_before_it_is_delivered_after_that_ack() {
+    let db = TestDb::new().await;
+    let broker = broker_without_poll(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "race", 1).await;
+    let mut s = subscribe(&mut c, &["race"], 10, Some(secs(60))).await;
+    enqueue_keyed(&mut c, "race", "k", "j1").await;
+    let j1 = next_delivery(&mut s, S5).await;
+    assert_eq!(payload_of(&j1), "j1");
+
+    let mut hold = db.pool.begin().await.unwrap();
+    sqlx::query("select 1 from leaseq.jobs where id = $1::uuid for update")
+        .bind(id_of(&j1))
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let mut acker = broker.client().await;
+    let acking = tokio::spawn(async move { ack(&mut acker, &j1).await });
+    // The ack statement has its snapshot and waits for the row.
+    let mut waiting = false;
+    for _ in 0..200 {
+        let n: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity \
+             where wait_event_type = 'Lock' and query like '-- Completes jobs%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    assert!(waiting, "the ack statement never waited for j1's row");
+    // j2 commits now: its key is held (j1 is live), so it is inserted
+    // waiting and its wake-up's round finds j1 leased.
+    enqueue_keyed(&mut c, "race", "k", "j2").await;
+    assert_quiet(&mut s, ms(300), "j2 while j1 of its key is leased").await;
+    hold.commit().await.unwrap();
+    acking.await.unwrap().expect("the ack of j1");
+    let j2 = next_delivery(&mut s, secs(5)).await;
+    assert_eq!(payload_of(&j2), "j2");
+}
+
+/// An ack in a queue ordered by key wakes it only when another job of its
+/// key waits: otherwise the idle stream's offer stands, and the next job
+/// of a free key enqueued straight after the ack goes by hand-off. (When
+/// every ack woke the queue, the stream took its offer back until a lease
+/// round had run, and such a job went through that round.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_with_nothing_of_its_key_waiting_leaves_the_idle_streams_offer() {
+    let db = TestDb::new().await;
+    let broker = broker_without_poll(&db).await;
+    let mut c = broker.client().await;
+    let mut a = admin(&broker).await;
+    ordered(&mut a, "offers", 1).await;
+    let lease = secs(30);
+    let mut s = subscribe(&mut c, &["offers"], 10, Some(lease)).await;
+    let mut warm = false;
+    for i in 0..20 {
+        tokio::time::sleep(ms(100)).await;
+        enqueue_keyed(&mut c, "offers", &format!("warm{i}"), "w").await;
+        let d = next_delivery(&mut s, S5).await;
+        ack(&mut c, &d).await.unwrap();
+        if handed_off(&d, lease) {
+            warm = true;
+            break;
+        }
+    }
+    assert!(warm, "no keyed job was handed off to the idle stream");
+    tokio::time::sleep(ms(200)).await;
+    let mut handed = 0;
+    for i in 0..20 {
+        enqueue_keyed(&mut c, "offers", &format!("k{i}"), "j").await;
+        let d = next_delivery(&mut s, S5).await;
+        if handed_off(&d, lease) {
+            handed += 1;
+        }
+        ack(&mut c, &d).await.unwrap();
+    }
+    assert!(
+        handed >= 18,
+        "{handed} of 20 jobs of free keys, each enqueued right after the ack before it, went by hand-off"
+    );
+}

@@ -630,10 +630,14 @@ pub struct Settled {
     pub token: LeaseToken,
     /// The broker that leased the job (its stream's credit must come back).
     pub broker: Option<Uuid>,
-    /// The job's queue, if it has a concurrency limit (a slot just freed).
+    /// The job's queue, if it has a concurrency limit (a slot just freed),
+    /// or is ordered by key and another job of the key waits.
     pub slot_freed: Option<QueueName>,
     /// The job's queue (for the per-queue metrics).
     pub queue: String,
+    /// The job's key, in a queue ordered by key when no other job of the
+    /// key was seen waiting: look again once the ack committed (ack.sql).
+    pub recheck_key: Option<String>,
 }
 
 #[derive(Clone, Debug)]

@@ -141,6 +141,46 @@ impl Settle {
                 })
                 .collect(),
         );
+        // Queues ordered by key whose acked job's key had no other job in
+        // the ack statement's snapshot: look again now that the acks
+        // committed (ack.sql says why), and wake those where one waits.
+        let mut recheck: Vec<(String, String)> = done
+            .iter()
+            .filter(|s| s.slot_freed.is_none())
+            .filter_map(|s| Some((s.queue.clone(), s.recheck_key.clone()?)))
+            .collect();
+        if recheck.is_empty() {
+            return;
+        }
+        recheck.sort_unstable();
+        recheck.dedup();
+        let Some(store) = self.clusters.get(cluster).cloned() else {
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let queues = match store.keys_waiting(&recheck).await {
+                Ok(queues) => queues,
+                // Not known: wake them all (a round that finds the key
+                // still held costs one statement; a missed wake-up, a
+                // job waiting for the fallback poll).
+                Err(e) => {
+                    tracing::debug!(error = %e, "recheck of acked keys failed: waking their queues");
+                    let mut all: Vec<QueueName> = recheck
+                        .iter()
+                        .filter_map(|(q, _)| QueueName::parse(q))
+                        .collect();
+                    all.dedup();
+                    all
+                }
+            };
+            me.wake(
+                queues
+                    .into_iter()
+                    .map(|queue| Wake { queue, delay_ms: 0 })
+                    .collect(),
+            );
+        });
     }
 
     /// Ends leases unsuccessfully (fail.sql): the jobs are retried or

@@ -220,6 +220,14 @@ impl Db {
         ahead + leased_after < n
     }
 
+    /// Whether a job of `key` in `queue` is live and not leased (ack.sql's
+    /// probe of jobs_key for `waits`, and `Store::keys_waiting`).
+    pub fn key_waits(&self, queue: &QueueName, key: u32) -> bool {
+        self.key_idx
+            .get(&(queue.clone(), key))
+            .is_some_and(|ids| ids.iter().any(|id| self.jobs[id].state != State::Leased))
+    }
+
     /// A key's unexpired leases (lease_keys.sql's count for a key limit
     /// without order).
     pub fn key_leases(&self, queue: &QueueName, key: u32) -> i64 {
@@ -612,12 +620,30 @@ impl Db {
             }
             let row = self.take(r.job_id).expect("held");
             self.done.insert(r.job_id);
+            // A queue ordered by key and nothing else wakes only when
+            // another job of the key waits, and names the key to look
+            // again otherwise; a job without a key wakes nobody.
+            let c = self.conf(&row.queue);
+            let by_key = c.key_n.is_some() && c.concurrency_limit.is_none() && c.walk_n.is_none();
+            let (slot_freed, recheck_key) = if !by_key {
+                (
+                    self.locked_path(&row.queue).then(|| row.queue.clone()),
+                    None,
+                )
+            } else {
+                match row.key {
+                    None => (None, None),
+                    Some(k) if self.key_waits(&row.queue, k) => (Some(row.queue.clone()), None),
+                    Some(k) => (None, Some(k.to_string())),
+                }
+            };
             out.push(Settled {
                 id: r.job_id,
                 token: r.token,
                 broker: row.broker,
-                slot_freed: self.locked_path(&row.queue).then(|| row.queue.clone()),
+                slot_freed,
                 queue: row.queue.as_str().to_owned(),
+                recheck_key,
             });
         }
         out

@@ -226,6 +226,9 @@ enum OpKind {
     Sweep,
     Due(Vec<QueueName>),
     Reaper,
+    /// settle.rs: acked keys of queues ordered by key looked up again
+    /// after their acks committed.
+    Recheck(Vec<(QueueName, u32)>),
 }
 
 struct Op {
@@ -1010,6 +1013,16 @@ impl World {
                         .map(|queue| Wake { queue, delay_ms: 0 })
                         .collect();
                     self.wake(freed);
+                    let recheck: Vec<(QueueName, u32)> = done
+                        .iter()
+                        .filter_map(|s| {
+                            let key = s.recheck_key.as_ref()?.parse().ok()?;
+                            Some((q(&s.queue), key))
+                        })
+                        .collect();
+                    if !recheck.is_empty() {
+                        self.op(OpKind::Recheck(recheck), false);
+                    }
                 }
                 for ((req, origin), r) in reqs.into_iter().zip(results) {
                     let applied = done
@@ -1260,6 +1273,25 @@ impl World {
                     );
                 }
                 self.input(Input::Unheard(r));
+            }
+            OpKind::Recheck(pairs) => {
+                if stale {
+                    return;
+                }
+                // Failed: every queue is woken (settle.rs).
+                let mut queues: Vec<QueueName> = pairs
+                    .iter()
+                    .filter(|(queue, key)| fate != Fate::Commit || self.db.key_waits(queue, *key))
+                    .map(|(queue, _)| queue.clone())
+                    .collect();
+                queues.dedup();
+                say!(self, format!("recheck {pairs:?}: wake {queues:?}"));
+                self.wake(
+                    queues
+                        .into_iter()
+                        .map(|queue| Wake { queue, delay_ms: 0 })
+                        .collect(),
+                );
             }
             OpKind::Due(queues) => {
                 if stale {

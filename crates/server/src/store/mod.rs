@@ -900,8 +900,34 @@ impl Store {
                 broker: r.lease_broker,
                 slot_freed: r.slot_freed.and_then(|q| QueueName::parse(&q)),
                 queue: r.queue,
+                recheck_key: r.recheck_key,
             })
             .collect())
+    }
+
+    /// Of these (queue, key) pairs, the queues where a job of the key waits
+    /// (any state but leased): ack.sql's `recheck_key`, looked up again
+    /// after the acks committed. One probe of jobs_key per pair.
+    pub(crate) async fn keys_waiting(&self, pairs: &[(String, String)]) -> Result<Vec<QueueName>> {
+        let (queues, keys): (Vec<&str>, Vec<&str>) =
+            pairs.iter().map(|(q, k)| (q.as_str(), k.as_str())).unzip();
+        let mut c = self.conns.acquire().await?;
+        let rows = c
+            .bounded(|c| {
+                sqlx::query_scalar!(
+                    r#"select distinct u.queue as "queue!"
+                    from unnest($1::text[], $2::text[]) as u(queue, key)
+                    where exists (
+                        select from leaseq.jobs j
+                        where j.queue = u.queue and j.key = u.key and j.state <> 'leased')"#,
+                    &queues as &Vec<&str>,
+                    &keys as &Vec<&str>,
+                )
+                .fetch_all(c)
+            })
+            .await?;
+        c.done();
+        Ok(rows.iter().filter_map(|q| QueueName::parse(q)).collect())
     }
 
     /// Completes one job whose token is current and inserts `jobs` (its
@@ -943,6 +969,7 @@ impl Store {
                     broker: r.lease_broker,
                     slot_freed: r.slot_freed.and_then(|q| QueueName::parse(&q)),
                     queue: r.queue,
+                    recheck_key: r.recheck_key,
                 };
                 Ok(Some((acked, out)))
             })

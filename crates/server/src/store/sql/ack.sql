@@ -21,15 +21,31 @@
 -- retains) and an insert of no rows: their payloads and headers are not
 -- carried past the lock (the CASEs below).
 --
--- `slot_freed` names the job's queue when it has a concurrency limit, a
--- per-key concurrency limit (key_concurrency, key_overrides) or is
--- ordered by key: its waiting consumers (on any replica) are woken, since a
--- slot, or the next job of the key, just freed.
+-- `slot_freed` names the job's queue when it has a concurrency limit or a
+-- per-key limit or fair shares (key_concurrency without order,
+-- key_overrides): its waiting consumers (on any replica) are woken, since a
+-- slot just freed. In a queue ordered by key and nothing else (`by_key`),
+-- an ack frees only its key's next job: the queue is woken only when the
+-- job had a key and another job of that key waits (a probe of jobs_key);
+-- an ack of a job without a key wakes nobody. Waking for every ack would
+-- take the idle streams' offers back until a lease round had run, so new
+-- jobs would seldom go by hand-off (docs/design/keys.md, "Wake-ups").
+-- When no other job of the key is seen, `recheck_key` names the key: a job
+-- of it committed after this statement's snapshot, whose own wake-up's
+-- round ran before this ack committed, found the key still held; the
+-- broker looks for the key's waiting jobs again once this ack committed
+-- (settle.rs), and any job committed after that look was woken after this
+-- ack committed.
 with retaining as (
     select array(select q.name from leaseq.queues q where q.completed_retention_ms > 0) as queues,
         array(select q.name from leaseq.queues q
             where q.concurrency_limit is not null or q.ordered_by_key
-                or q.key_concurrency is not null or q.key_overrides is not null) as limited
+                or q.key_concurrency is not null or q.key_overrides is not null) as limited,
+        array(select q.name from leaseq.queues q
+            where (q.concurrency_limit is not null or q.ordered_by_key
+                or q.key_concurrency is not null or q.key_overrides is not null)
+                and q.ordered_by_key and q.concurrency_limit is null
+                and not leaseq.walks_keys(q)) as by_key
 ),
 target as (
     select j.*
@@ -41,9 +57,21 @@ target as (
             case when k.keep then j.headers end as headers,
             j.queue, j.priority, j.attempt, j.max_attempts, j.dedup_key, j.enqueued_at,
             j.key, j.last_error, j.leased_by, j.lease_token, j.lease_broker,
-            case when j.queue = any(r.limited) then j.queue end as slot_freed
+            case when w.waits then j.queue
+                when j.queue = any(r.limited) and w.waits is null then j.queue end as slot_freed,
+            case when not w.waits then j.key end as recheck_key
         from leaseq.jobs j
         cross join lateral (select j.queue = any(r.queues) as keep) k
+        -- Queues ordered by key only: whether another job of the key waits
+        -- (null for other queues and for jobs without a key; false, with
+        -- `by_key`, when the job has no key: it wakes nobody).
+        cross join lateral (
+            select case when j.queue = any(r.by_key) then
+                j.key is not null and exists (
+                    select from leaseq.jobs o
+                    where o.queue = j.queue and o.key = j.key and o.state <> 'leased')
+            end as waits
+        ) w
         where j.id = i.id and j.lease_token = i.token
         for update of j
     ) j
@@ -68,6 +96,7 @@ gone as (
 )
 -- Every target row is deleted (its lock is ours): answer from the locked
 -- versions, once per job.
-select distinct on (t.id) t.id, t.lease_token as "lease_token!", t.lease_broker, t.slot_freed, t.queue
+select distinct on (t.id) t.id, t.lease_token as "lease_token!", t.lease_broker, t.slot_freed, t.queue,
+    t.recheck_key
 from target t
 join gone g on g.id = t.id
