@@ -74,7 +74,14 @@ async fn kill_9_replicas_under_load() {
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
     const CONSUMERS: usize = 6;
-    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
+    // A fifth of the Acks carry follow-ups; a schedule ticks every second
+    // into the queue.
+    let behaviour = Behaviour {
+        follow_ups: 0.2,
+        ..mixed()
+    };
+    let ticker = Ticker::start(&h, addrs[0], "faults-k9", "k9").await;
+    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, behaviour, 150);
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -92,8 +99,10 @@ async fn kill_9_replicas_under_load() {
             .await;
         victim = (victim + 1) % reps.len();
     }
+    ticker.stop(&h, addrs[1], &db.pool).await;
     let report = load.finish("kill-9", &db.pool, addrs[0], "k9").await;
     assert!(report.faults >= 1);
+    assert_follow_ups_and_ticks(&report);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert!(report.handed_across > 0, "no job handed across replicas");
     // A kill costs at most an attempt per job: nothing reaches max_attempts.
@@ -123,6 +132,25 @@ async fn kill_9_replicas_under_load() {
             r.index
         );
     }
+}
+
+/// The follow-ups and the schedule of a run had something to check: Acks
+/// carried follow-ups and some of them exist (the checker found each once,
+/// under its answered id, and none of an Ack that did not commit); the
+/// schedule ticked through the faults (none missed nor doubled).
+fn assert_follow_ups_and_ticks(report: &crate::common::history::Report) {
+    assert!(
+        report.follow_ups_applied > 0,
+        "no follow-up job was enqueued by an Ack: {} carried",
+        report.follow_ups
+    );
+    // One tick a second, and the fault phase alone lasts that long.
+    assert!(
+        report.ticks as u64 >= fault_seconds().as_secs(),
+        "{} schedule ticks in {:?} of faults",
+        report.ticks,
+        fault_seconds()
+    );
 }
 
 /// 2. SIGTERM of one of two replicas every ~2 s under load: it drains
@@ -243,8 +271,10 @@ async fn postgres_crash_and_restart_under_load() {
     let logs = log_dir("pgcrash");
     let mut reps = Vec::new();
     for i in 0..2 {
-        // Health transitions are logged at info.
-        let mut r = Replica::new(i, &pg.url, &[], logs.clone())
+        // Health transitions are logged at info. A tick more than a second
+        // late is missed, and fires by the catch-up policy (`all`): the
+        // ticks due while PostgreSQL is down take that path.
+        let mut r = Replica::new(i, &pg.url, &["--schedule-grace", "1s"], logs.clone())
             .env("RUST_LOG", "warn,leaseq_server::server=info");
         r.start().await;
         reps.push(r);
@@ -262,7 +292,12 @@ async fn postgres_crash_and_restart_under_load() {
         fair: true,
     };
     set_keys(&h, addrs[0], "pg", keys).await;
-    let mut load = Load::start_keyed(&h, &addrs, "pg", 4, Behaviour::default(), (100, 8));
+    let behaviour = Behaviour {
+        follow_ups: 0.2,
+        ..Behaviour::default()
+    };
+    let ticker = Ticker::start(&h, addrs[0], "faults-pg", "pg").await;
+    let mut load = Load::start_keyed(&h, &addrs, "pg", 4, behaviour, (100, 8));
     load.watch(&pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -314,8 +349,10 @@ async fn postgres_crash_and_restart_under_load() {
         h.wait_recovered(None, up, Duration::from_secs(15)).await;
     }
     // The pool's connections died with the server: it reconnects.
+    ticker.stop(&h, addrs[1], &pool).await;
     let report = load.finish("postgres-crash", &pool, addrs[0], "pg").await;
     stop_health.cancel();
+    assert_follow_ups_and_ticks(&report);
     // Keyed jobs were checked against the per-key limit, and some key had
     // its two at once.
     assert!(
