@@ -7,7 +7,10 @@
 //! one job, no valid settle refused and no stale one answered OK, nothing
 //! delivered after its lease ended, every job settled soon after the
 //! faults, no stream left without deliveries while jobs wait, and every
-//! duplicate explained by an expiry, a Nack, or a stream closed. Each
+//! duplicate explained by an expiry, a Nack, or a stream closed; where the
+//! load acks with follow-up jobs and a schedule ticks (kill -9, SIGTERM,
+//! PostgreSQL crash), every follow-up exists iff its Ack committed, once,
+//! and every tick has exactly one job. Each
 //! prints one `FAULTS` line of figures. The faults of this file are the
 //! processes' and the database's; the modules below add client deadlines
 //! (`deadlines`), a frozen replica (`frozen`), the database's clock
@@ -66,7 +69,9 @@ async fn start_replicas(url: &str, n: usize, extra: &[&str], test: &str) -> Vec<
 ///    its jobs come back; nothing else may. (Keys under kill -9:
 ///    keys::order_survives_a_broker_killed_holding_the_head; an ordered
 ///    queue here would hand off nothing, and this test is the one that
-///    checks hand-off across replicas under kill -9.)
+///    checks hand-off across replicas under kill -9.) A fifth of the Acks
+///    carry follow-up jobs, and a schedule ticks every second into the
+///    queue: the checker holds both through the kills.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_replicas_under_load() {
     let db = TestDb::new().await;
@@ -144,9 +149,10 @@ fn assert_follow_ups_and_ticks(report: &crate::common::history::Report) {
         "no follow-up job was enqueued by an Ack: {} carried",
         report.follow_ups
     );
-    // One tick a second, and the fault phase alone lasts that long.
+    // One tick a second, and the fault phase alone lasts that long (less
+    // the seconds of the first tick and the last one due, each rounded).
     assert!(
-        report.ticks as u64 >= fault_seconds().as_secs(),
+        report.ticks as u64 + 2 >= fault_seconds().as_secs(),
         "{} schedule ticks in {:?} of faults",
         report.ticks,
         fault_seconds()
@@ -157,7 +163,8 @@ fn assert_follow_ups_and_ticks(report: &crate::common::history::Report) {
 ///    within its grace (5 s), exits 0, ends its streams with UNAVAILABLE
 ///    after releasing their jobs; it is restarted on the same address. The
 ///    queue is ordered by key, two of a key at a time, and half the jobs
-///    have one of 8 keys: a job the drain released keeps its place.
+///    have one of 8 keys: a job the drain released keeps its place. Acks
+///    with follow-ups and a schedule every second, as in the kill -9 test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_under_load() {
     let db = TestDb::new().await;
@@ -171,7 +178,12 @@ async fn sigterm_drains_under_load() {
         fair: true,
     };
     set_keys(&h, addrs[0], "term", keys).await;
-    let mut load = Load::start_keyed(&h, &addrs, "term", 4, mixed(), (150, 8));
+    let behaviour = Behaviour {
+        follow_ups: 0.2,
+        ..mixed()
+    };
+    let ticker = Ticker::start(&h, addrs[0], "faults-term", "term").await;
+    let mut load = Load::start_keyed(&h, &addrs, "term", 4, behaviour, (150, 8));
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -213,7 +225,9 @@ async fn sigterm_drains_under_load() {
         victim = (victim + 1) % reps.len();
     }
     assert!(streams_ended > 0, "no stream was open on a drained broker");
+    ticker.stop(&h, addrs[1], &db.pool).await;
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
+    assert_follow_ups_and_ticks(&report);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     // No hand-off: an ordered queue is leased only by lease rounds under
     // its queue's lock (docs/design/keys.md); kill -9's test checks
@@ -264,7 +278,10 @@ fn health_monitor(
 /// 3. PostgreSQL stopped with `pg_ctl stop -m immediate` under load (a
 ///    private cluster), down for ~2 s, started again with `pg_ctl start`.
 ///    While it is down clients see only UNAVAILABLE and health is
-///    NOT_SERVING; the brokers recover by themselves.
+///    NOT_SERVING; the brokers recover by themselves. Acks with follow-ups
+///    and a schedule every second, as in the kill -9 test; the brokers'
+///    `--schedule-grace` is 1 s, so the ticks due while PostgreSQL is down
+///    fire by the catch-up policy (`all`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_crash_and_restart_under_load() {
     let pg = pg::PrivatePg::start().await;
@@ -353,6 +370,13 @@ async fn postgres_crash_and_restart_under_load() {
     let report = load.finish("postgres-crash", &pool, addrs[0], "pg").await;
     stop_health.cancel();
     assert_follow_ups_and_ticks(&report);
+    // The ticks due while PostgreSQL was down (2 s) fired after it came
+    // back, past the grace (1 s): by the catch-up policy.
+    assert!(
+        report.tick_late_max_s > 1.0,
+        "no tick fired by the catch-up: the latest was {:.2}s after its tick",
+        report.tick_late_max_s
+    );
     // Keyed jobs were checked against the per-key limit, and some key had
     // its two at once.
     assert!(

@@ -1696,6 +1696,12 @@ fn ticks<'a>(
                     s.deleted_us.map_or("-".into(), rfc3339)
                 ));
             }
+            if let Some(d) = ds.first()
+                && d.enqueued_us != i64::MIN
+            {
+                let late = (d.enqueued_us - tick) as f64 / 1e6;
+                r.tick_late_max_s = r.tick_late_max_s.max(late);
+            }
             for d in ds {
                 let enqueued = if d.enqueued_us == i64::MIN {
                     d.t
@@ -1944,6 +1950,10 @@ pub struct Report {
     pub follow_up_ids: Vec<String>,
     /// The schedules' ticks that had a job.
     pub ticks: usize,
+    /// The latest a tick's job was enqueued after its tick (its
+    /// `enqueued_at`): past the broker's `--schedule-grace`, it was fired
+    /// by the catch-up policy.
+    pub tick_late_max_s: f64,
     /// Ticks with more than one job.
     pub tick_doubled: Vec<String>,
     /// Ticks due before the schedule was stopped without a job.
@@ -1963,7 +1973,7 @@ impl Report {
              stale_ok={} delivered_released={} frozen_late={} after_half_close={} settled_late={} unrecovered={} \
              dedup_inconsistent={} stalls={} keyed={} key_behind={} key_peak={} key_order={} \
              key_over_limit={} follow_ups={}/{} follow_up_missing={} follow_up_unapplied={} \
-             follow_up_duplicated={} follow_up_ids={} ticks={} tick_doubled={} tick_missed={} \
+             follow_up_duplicated={} follow_up_ids={} ticks={} (late up to {:.2}s) tick_doubled={} tick_missed={} \
              tick_unscheduled={} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
              wall_s={:.1} client_errors={:?}",
             self.enqueued,
@@ -2009,6 +2019,7 @@ impl Report {
             self.follow_up_duplicated.len(),
             self.follow_up_ids.len(),
             self.ticks,
+            self.tick_late_max_s,
             self.tick_doubled.len(),
             self.tick_missed.len(),
             self.tick_unscheduled.len(),
