@@ -82,8 +82,24 @@ async fn wait_gone(chrome: &Chrome, css: &str) {
     }
 }
 
-async fn flash_text(chrome: &Chrome) -> String {
-    chrome.wait_for("#flash-msg").await.text().await.unwrap()
+/// Waits until the flash message contains `want` (an earlier action's
+/// message may still be on show, and is replaced under the finder's feet);
+/// returns it.
+async fn wait_flash(chrome: &Chrome, want: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let got = chrome.text("#flash-msg").await;
+        if let Some(text) = got.as_deref()
+            && text.contains(want)
+        {
+            return text.to_owned();
+        }
+        assert!(
+            started.elapsed() < S10,
+            "the flash says {want:?} within 10s (last: {got:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,7 +206,7 @@ async fn schedules_page_lists_them_and_only_admins_change_them() {
 
     // Pause, then resume, the heartbeat.
     chrome.click(&format!("{hb} .pause-schedule")).await;
-    assert!(flash_text(&chrome).await.contains("heartbeat: paused"));
+    wait_flash(&chrome, "heartbeat: paused").await;
     chrome
         .wait_text(&format!("{hb} td[data-col='paused']"), "paused")
         .await;
@@ -220,15 +236,7 @@ async fn schedules_page_lists_them_and_only_admins_change_them() {
 
     // Run now: the nightly report's job, enqueued at once.
     chrome.click(&format!("{row} .run-schedule")).await;
-    let started = Instant::now();
-    let flash = loop {
-        let f = flash_text(&chrome).await;
-        if f.contains("enqueued") {
-            break f;
-        }
-        assert!(started.elapsed() < S10, "{f}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let flash = wait_flash(&chrome, "enqueued").await;
     let id: String = sqlx::query_scalar("select id::text from leaseq.jobs where queue = 'reports'")
         .fetch_one(&db.pool)
         .await
@@ -261,7 +269,7 @@ async fn schedules_page_lists_them_and_only_admins_change_them() {
         .unwrap();
     chrome.click("#confirm-delete-schedule").await;
     wait_gone(&chrome, hb).await;
-    assert!(flash_text(&chrome).await.contains("heartbeat deleted"));
+    wait_flash(&chrome, "heartbeat deleted").await;
     let gone = get_schedule(&mut admin, "heartbeat").await.unwrap_err();
     assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
     chrome.close().await;
