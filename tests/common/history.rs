@@ -1505,7 +1505,8 @@ fn rfc3339(us: i64) -> String {
 /// or if the job is in the dead letters or still in the table at the end;
 /// otherwise yes (the job is gone, and only an Ack of a lease took it
 /// out). Two Acks of one lease both without an answer: one of them may
-/// have committed, so each is only held to all its follow-ups or none.
+/// have committed, so each is held to all its follow-ups or none, and the
+/// follow-ups of no two of them may exist.
 ///
 /// A follow-up exists if a delivery carried its payload, or, for an Ack
 /// answered OK, if the id it answered is in the dead letters or the table
@@ -1525,6 +1526,9 @@ fn follow_ups<'a>(
             ids.push(&d.id);
         }
     }
+    // Lease token -> the Acks of it without a known commit some of whose
+    // follow-ups exist.
+    let mut undecided_applied: BTreeMap<&str, Vec<&Settle>> = BTreeMap::new();
     let lease_start = |token: &str| {
         h.deliveries
             .iter()
@@ -1590,6 +1594,9 @@ fn follow_ups<'a>(
             })
             .collect();
         let all_or_none = exists.iter().all(|e| *e) || !exists.iter().any(|e| *e);
+        if committed.is_none() && exists.iter().any(|e| *e) {
+            undecided_applied.entry(&s.token).or_default().push(s);
+        }
         for (i, p) in s.follow_ups.iter().enumerate() {
             let ids = ids_of.get(p.as_str()).cloned().unwrap_or_default();
             let missing = !exists[i]
@@ -1639,6 +1646,20 @@ fn follow_ups<'a>(
                     must_settle.push((p.clone(), job, s.answered.unwrap_or(s.sent)));
                 }
             }
+        }
+    }
+    // Of the Acks of one lease whose commit the history cannot tell, one
+    // at most committed: the follow-ups of two of them cannot both exist.
+    for (token, acks) in undecided_applied {
+        if acks.len() > 1 {
+            let id = acks[0].id.as_str();
+            let sets: Vec<&Vec<String>> = acks.iter().map(|a| &a.follow_ups).collect();
+            r.follow_up_unapplied.push(format!(
+                "{id}: {} Acks of token {token}, at most one of which can have committed, \
+                 each have follow-ups that exist: {sets:?}: {}",
+                acks.len(),
+                h.story(id)
+            ));
         }
     }
 }

@@ -1034,6 +1034,7 @@ fn follow_up_history(broken: bool) -> (Plant, HashSet<String>) {
         "fu-count",
         "fu-wrong-id",
         "fu-partial",
+        "fu-both",
     ] {
         p.enqueue(0.0, id);
     }
@@ -1076,6 +1077,13 @@ fn follow_up_history(broken: bool) -> (Plant, HashSet<String>) {
     p.ack_with(&d, 1.1, &["fu-partial>a1", "fu-partial>a2"], Err(deadline));
     p.ack_with(&d, 1.2, &["fu-partial>b1"], Err(deadline));
     p.deliver_acked(s, ("PA1", "fu-partial>a1", 1), 1.5);
+    // Two Acks of one lease, neither answered, the follow-ups of both
+    // delivered: both applied.
+    let d = p.deliver(s, 0, "fu-both", "fb-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-both>a1"], Err(deadline));
+    p.ack_with(&d, 1.2, &["fu-both>b1"], Err(deadline));
+    p.deliver_acked(s, ("BA1", "fu-both>a1", 1), 1.5);
+    p.deliver_acked(s, ("BB1", "fu-both>b1", 1), 1.6);
 
     // Tick 11 with two jobs.
     h.schedule_started("sched-doubled", W + 10_000_000);
@@ -1103,7 +1111,8 @@ fn follow_up_history(broken: bool) -> (Plant, HashSet<String>) {
 /// else: a follow-up missing though its Ack was answered OK, or had no
 /// answer and its job is gone, or beside another follow-up of an Ack
 /// whose commit is not known; one that exists though its Ack was refused,
-/// or had no answer and its job was leased again; one with two jobs; ids
+/// or had no answer and its job was leased again, and those of two
+/// unanswered Acks of one lease both existing; one with two jobs; ids
 /// answered for fewer follow-ups than sent, or naming another job than
 /// the one delivered; a tick with two jobs, a tick with none, and jobs of
 /// times that are no tick. The consistent Acks and ticks planted beside
@@ -1126,6 +1135,7 @@ fn checker_finds_follow_ups_and_ticks_broken() {
         "fu-count",
         "fu-wrong-id",
         "fu-partial",
+        "fu-both",
         "sched",
         "sched-doubled",
         "sched-missed",
@@ -1142,7 +1152,7 @@ fn checker_finds_follow_ups_and_ticks_broken() {
         ),
         (
             "follow-up exists though its Ack did not commit",
-            vec!["fu-refused", "fu-unknown-later"],
+            vec!["fu-both", "fu-refused", "fu-unknown-later"],
         ),
         ("follow-up with more than one job", vec!["fu-dup"]),
         (
@@ -1166,7 +1176,7 @@ fn checker_finds_follow_ups_and_ticks_broken() {
     assert_eq!(
         count,
         [
-            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 2, 1, 2, 1, 1, 2
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 1, 2, 1, 1, 2
         ],
         "{r:#?}"
     );
