@@ -245,16 +245,23 @@ async fn schedules_page_lists_them_and_only_admins_change_them() {
     let info = get_schedule(&mut admin, "nightly-report").await.unwrap();
     assert_eq!(info.last_job_id, id);
 
-    // Delete: refused unless confirmed with the name, then done.
+    // Delete: refused unless confirmed with the name, then done. A name
+    // that is none (a space, 129 characters) is refused as such.
+    let long = format!("/api/schedules/{}/pause", "n".repeat(129));
     let statuses = posts(
         &chrome,
-        &[(
-            "/api/schedules/heartbeat/delete",
-            json!({"confirm": "heart"}),
-        )],
+        &[
+            (
+                "/api/schedules/heartbeat/delete",
+                json!({"confirm": "heart"}),
+            ),
+            ("/api/schedules/heartbeat/delete", json!([])),
+            ("/api/schedules/bad%20name/pause", json!({})),
+            (&long, json!({})),
+        ],
     )
     .await;
-    assert_eq!(statuses, json!([400]));
+    assert_eq!(statuses, json!([400, 400, 400, 400]));
     chrome.click(&format!("{hb} .delete-schedule")).await;
     let confirm = chrome.wait_for("#confirm-delete-schedule").await;
     assert!(
