@@ -9,6 +9,8 @@
 //! `chromium` and `chromium-driver`): the tests fail, never skip, without
 //! them.
 
+mod schedules;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -7,7 +7,10 @@
 //! one job, no valid settle refused and no stale one answered OK, nothing
 //! delivered after its lease ended, every job settled soon after the
 //! faults, no stream left without deliveries while jobs wait, and every
-//! duplicate explained by an expiry, a Nack, or a stream closed. Each
+//! duplicate explained by an expiry, a Nack, or a stream closed; where the
+//! load acks with follow-up jobs and a schedule ticks (kill -9, SIGTERM,
+//! PostgreSQL crash), every follow-up exists iff its Ack committed, once,
+//! and every tick has exactly one job. Each
 //! prints one `FAULTS` line of figures. The faults of this file are the
 //! processes' and the database's; the modules below add client deadlines
 //! (`deadlines`), a frozen replica (`frozen`), the database's clock
@@ -66,7 +69,9 @@ async fn start_replicas(url: &str, n: usize, extra: &[&str], test: &str) -> Vec<
 ///    its jobs come back; nothing else may. (Keys under kill -9:
 ///    keys::order_survives_a_broker_killed_holding_the_head; an ordered
 ///    queue here would hand off nothing, and this test is the one that
-///    checks hand-off across replicas under kill -9.)
+///    checks hand-off across replicas under kill -9.) A fifth of the Acks
+///    carry follow-up jobs, and a schedule ticks every second into the
+///    queue: the checker holds both through the kills.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_replicas_under_load() {
     let db = TestDb::new().await;
@@ -74,7 +79,14 @@ async fn kill_9_replicas_under_load() {
     let addrs: Vec<SocketAddr> = reps.iter().map(|r| r.addr).collect();
     let h = History::new();
     const CONSUMERS: usize = 6;
-    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, mixed(), 150);
+    // A fifth of the Acks carry follow-ups; a schedule ticks every second
+    // into the queue.
+    let behaviour = Behaviour {
+        follow_ups: 0.2,
+        ..mixed()
+    };
+    let ticker = Ticker::start(&h, addrs[0], "faults-k9", "k9").await;
+    let mut load = Load::start(&h, &addrs, "k9", CONSUMERS, behaviour, 150);
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -92,8 +104,10 @@ async fn kill_9_replicas_under_load() {
             .await;
         victim = (victim + 1) % reps.len();
     }
+    ticker.stop(&h, addrs[1], &db.pool).await;
     let report = load.finish("kill-9", &db.pool, addrs[0], "k9").await;
     assert!(report.faults >= 1);
+    assert_follow_ups_and_ticks(&report);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     assert!(report.handed_across > 0, "no job handed across replicas");
     // A kill costs at most an attempt per job: nothing reaches max_attempts.
@@ -125,11 +139,32 @@ async fn kill_9_replicas_under_load() {
     }
 }
 
+/// The follow-ups and the schedule of a run had something to check: Acks
+/// carried follow-ups and some of them exist (the checker found each once,
+/// under its answered id, and none of an Ack that did not commit); the
+/// schedule ticked through the faults (none missed nor doubled).
+fn assert_follow_ups_and_ticks(report: &crate::common::history::Report) {
+    assert!(
+        report.follow_ups_applied > 0,
+        "no follow-up job was enqueued by an Ack: {} carried",
+        report.follow_ups
+    );
+    // One tick a second, and the fault phase alone lasts that long (less
+    // the seconds of the first tick and the last one due, each rounded).
+    assert!(
+        report.ticks as u64 + 2 >= fault_seconds().as_secs(),
+        "{} schedule ticks in {:?} of faults",
+        report.ticks,
+        fault_seconds()
+    );
+}
+
 /// 2. SIGTERM of one of two replicas every ~2 s under load: it drains
 ///    within its grace (5 s), exits 0, ends its streams with UNAVAILABLE
 ///    after releasing their jobs; it is restarted on the same address. The
 ///    queue is ordered by key, two of a key at a time, and half the jobs
-///    have one of 8 keys: a job the drain released keeps its place.
+///    have one of 8 keys: a job the drain released keeps its place. Acks
+///    with follow-ups and a schedule every second, as in the kill -9 test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_under_load() {
     let db = TestDb::new().await;
@@ -143,7 +178,12 @@ async fn sigterm_drains_under_load() {
         fair: true,
     };
     set_keys(&h, addrs[0], "term", keys).await;
-    let mut load = Load::start_keyed(&h, &addrs, "term", 4, mixed(), (150, 8));
+    let behaviour = Behaviour {
+        follow_ups: 0.2,
+        ..mixed()
+    };
+    let ticker = Ticker::start(&h, addrs[0], "faults-term", "term").await;
+    let mut load = Load::start_keyed(&h, &addrs, "term", 4, behaviour, (150, 8));
     load.watch(&db.pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -185,7 +225,9 @@ async fn sigterm_drains_under_load() {
         victim = (victim + 1) % reps.len();
     }
     assert!(streams_ended > 0, "no stream was open on a drained broker");
+    ticker.stop(&h, addrs[1], &db.pool).await;
     let report = load.finish("sigterm", &db.pool, addrs[0], "term").await;
+    assert_follow_ups_and_ticks(&report);
     assert!(report.consume_acks > 0, "no job acked on a Consume stream");
     // No hand-off: an ordered queue is leased only by lease rounds under
     // its queue's lock (docs/design/keys.md); kill -9's test checks
@@ -236,15 +278,20 @@ fn health_monitor(
 /// 3. PostgreSQL stopped with `pg_ctl stop -m immediate` under load (a
 ///    private cluster), down for ~2 s, started again with `pg_ctl start`.
 ///    While it is down clients see only UNAVAILABLE and health is
-///    NOT_SERVING; the brokers recover by themselves.
+///    NOT_SERVING; the brokers recover by themselves. Acks with follow-ups
+///    and a schedule every second, as in the kill -9 test; the brokers'
+///    `--schedule-grace` is 1 s, so the ticks due while PostgreSQL is down
+///    fire by the catch-up policy (`all`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_crash_and_restart_under_load() {
     let pg = pg::PrivatePg::start().await;
     let logs = log_dir("pgcrash");
     let mut reps = Vec::new();
     for i in 0..2 {
-        // Health transitions are logged at info.
-        let mut r = Replica::new(i, &pg.url, &[], logs.clone())
+        // Health transitions are logged at info. A tick more than a second
+        // late is missed, and fires by the catch-up policy (`all`): the
+        // ticks due while PostgreSQL is down take that path.
+        let mut r = Replica::new(i, &pg.url, &["--schedule-grace", "1s"], logs.clone())
             .env("RUST_LOG", "warn,leaseq_server::server=info");
         r.start().await;
         reps.push(r);
@@ -262,7 +309,12 @@ async fn postgres_crash_and_restart_under_load() {
         fair: true,
     };
     set_keys(&h, addrs[0], "pg", keys).await;
-    let mut load = Load::start_keyed(&h, &addrs, "pg", 4, Behaviour::default(), (100, 8));
+    let behaviour = Behaviour {
+        follow_ups: 0.2,
+        ..Behaviour::default()
+    };
+    let ticker = Ticker::start(&h, addrs[0], "faults-pg", "pg").await;
+    let mut load = Load::start_keyed(&h, &addrs, "pg", 4, behaviour, (100, 8));
     load.watch(&pool);
     wait_acked(&h, 20, Duration::from_secs(20)).await;
 
@@ -314,8 +366,17 @@ async fn postgres_crash_and_restart_under_load() {
         h.wait_recovered(None, up, Duration::from_secs(15)).await;
     }
     // The pool's connections died with the server: it reconnects.
+    ticker.stop(&h, addrs[1], &pool).await;
     let report = load.finish("postgres-crash", &pool, addrs[0], "pg").await;
     stop_health.cancel();
+    assert_follow_ups_and_ticks(&report);
+    // The ticks due while PostgreSQL was down (2 s) fired after it came
+    // back, past the grace (1 s): by the catch-up policy.
+    assert!(
+        report.tick_late_max_s > 1.0,
+        "no tick fired by the catch-up: the latest was {:.2}s after its tick",
+        report.tick_late_max_s
+    );
     // Keyed jobs were checked against the per-key limit, and some key had
     // its two at once.
     assert!(

@@ -235,6 +235,7 @@ fn through_the_balancer(lease: Duration) -> Behaviour {
         credit: 8,
         work: Duration::from_millis(4),
         protocol: Protocol::Mixed,
+        follow_ups: 0.0,
     }
 }
 

@@ -63,6 +63,9 @@ pub struct Delivered {
     /// The job's `enqueued_at`, database time: equal to `start_us` when the
     /// job was handed off at its insert (inserted already leased).
     pub enqueued_us: i64,
+    /// A schedule's job: the schedule's name and its tick, as the job's
+    /// `leaseq-schedule` and `leaseq-schedule-tick` headers name them.
+    pub tick: Option<(String, String)>,
     /// Local receive time.
     pub t: Duration,
 }
@@ -126,6 +129,11 @@ struct Settle {
     outcome: Outcome,
     /// ExtendLease answered OK: the new expiry (database time, µs).
     expires_us: Option<i64>,
+    /// An Ack's follow-up jobs (`AckRequest.enqueue`), by payload.
+    follow_ups: Vec<String>,
+    /// An Ack answered OK: the follow-ups' ids it answered
+    /// (`AckResponse.enqueued`, `SettleResult.enqueued`).
+    enqueued: Vec<String>,
 }
 
 impl Settle {
@@ -218,6 +226,21 @@ struct Inner {
     /// Every error a client saw: (operation, code, local time).
     errors: Vec<(&'static str, Code, Duration)>,
     next_stream: u64,
+    /// Schedules whose ticks the checker holds to one job each, by name.
+    schedules: BTreeMap<String, Ticks>,
+}
+
+/// A schedule firing every second (`* * * * * *`, catch-up `all`): what
+/// the test knows of its ticks (database time, µs since the epoch).
+#[derive(Clone, Debug)]
+struct Ticks {
+    /// Its first tick (`ScheduleInfo.next_run_at` when it was created).
+    first_us: i64,
+    /// Every tick up to this one must have fired (None: not stopped; the
+    /// missed rule then reads nothing).
+    due_us: Option<i64>,
+    /// The database clock after it was deleted: no tick is later.
+    deleted_us: Option<i64>,
 }
 
 impl Inner {
@@ -245,9 +268,15 @@ impl Inner {
             ));
         }
         for s in self.settles.iter().filter(|s| s.id == id) {
-            let answered = s.answered.map_or("never answered".to_owned(), |t| {
+            let mut answered = s.answered.map_or("never answered".to_owned(), |t| {
                 format!("answered at {t:.3?}")
             });
+            if !s.follow_ups.is_empty() {
+                answered += &format!(
+                    ", carrying follow-ups {:?} (ids answered {:?})",
+                    s.follow_ups, s.enqueued
+                );
+            }
             events.push((
                 s.sent,
                 format!(
@@ -499,6 +528,10 @@ impl History {
     ) -> Delivered {
         let job = d.job.as_ref().expect("delivery has a job");
         let expires_us = ts_us(d.lease_expires_at.as_ref().expect("lease_expires_at"));
+        let tick = job.headers.get("leaseq-schedule").map(|name| {
+            let at = job.headers.get("leaseq-schedule-tick");
+            (name.clone(), at.cloned().unwrap_or_default())
+        });
         let rec = Delivered {
             stream,
             broker,
@@ -511,6 +544,7 @@ impl History {
             start_us: expires_us - micros(lease),
             // Absent only from the checker's own planted deliveries.
             enqueued_us: job.enqueued_at.as_ref().map_or(i64::MIN, ts_us),
+            tick,
             t: self.now(),
         };
         self.with(|h| h.deliveries.push(rec.clone()));
@@ -520,6 +554,17 @@ impl History {
     /// A settle of `d` is being sent to `broker`; [`History::answered`] (or
     /// [`History::extended`]) records its outcome.
     pub fn sent(&self, op: Op, d: &Delivered, broker: usize) -> Sent {
+        self.sent_with(op, d, broker, Vec::new())
+    }
+
+    /// An Ack of `d` carrying the follow-up jobs `follow_ups` (their
+    /// payloads, each unique in the run; `AckRequest.enqueue`) is being
+    /// sent to `broker`; [`History::acked`] records its outcome.
+    pub fn sent_ack_with(&self, d: &Delivered, broker: usize, follow_ups: Vec<String>) -> Sent {
+        self.sent_with(Op::Ack, d, broker, follow_ups)
+    }
+
+    fn sent_with(&self, op: Op, d: &Delivered, broker: usize, follow_ups: Vec<String>) -> Sent {
         let t = self.now();
         self.with(|h| {
             h.settles.push(Settle {
@@ -531,6 +576,8 @@ impl History {
                 answered: None,
                 outcome: Outcome::Pending,
                 expires_us: None,
+                follow_ups,
+                enqueued: Vec::new(),
             });
             Sent(h.settles.len() - 1)
         })
@@ -539,25 +586,33 @@ impl History {
     /// The outcome of a settle: OK, FAILED_PRECONDITION (refused: the
     /// token was not current), or any other error (unknown).
     pub fn answered(&self, s: Sent, r: &Result<(), tonic::Status>) {
-        self.answer(s, r.as_ref().map(|_| None));
+        self.answer(s, r.as_ref().map(|_| (None, Vec::new())));
     }
 
     /// The outcome of an ExtendLease: OK with the new expiry (database
     /// time, µs since the epoch), or as [`History::answered`].
     pub fn extended(&self, s: Sent, r: &Result<i64, tonic::Status>) {
-        self.answer(s, r.as_ref().map(|e| Some(*e)));
+        self.answer(s, r.as_ref().map(|e| (Some(*e), Vec::new())));
     }
 
-    fn answer(&self, s: Sent, r: Result<Option<i64>, &tonic::Status>) {
+    /// The outcome of an Ack: OK with the ids of its follow-up jobs the
+    /// broker answered (`AckResponse.enqueued`, `SettleResult.enqueued`),
+    /// or as [`History::answered`].
+    pub fn acked(&self, s: Sent, r: &Result<Vec<String>, tonic::Status>) {
+        self.answer(s, r.as_ref().map(|ids| (None, ids.clone())));
+    }
+
+    fn answer(&self, s: Sent, r: Result<(Option<i64>, Vec<String>), &tonic::Status>) {
         let t = self.now();
         self.with(|h| {
             let op = h.settles[s.0].op.name();
             let rec = &mut h.settles[s.0];
             rec.answered = Some(t);
             match r {
-                Ok(e) => {
+                Ok((e, ids)) => {
                     rec.outcome = Outcome::Ok;
                     rec.expires_us = e;
+                    rec.enqueued = ids;
                 }
                 Err(st) if st.code() == Code::FailedPrecondition => rec.outcome = Outcome::Refused,
                 Err(st) => {
@@ -565,6 +620,34 @@ impl History {
                     h.errors.push((op, st.code(), t));
                 }
             }
+        });
+    }
+
+    /// The schedule `name` fires every second (`* * * * * *`, catch-up
+    /// `all`) from its first tick `first_us` (database time, µs since the
+    /// epoch): the checker holds every tick from it to the one
+    /// [`History::schedule_stopped`] names to exactly one job.
+    pub fn schedule_started(&self, name: &str, first_us: i64) {
+        self.with(|h| {
+            h.schedules.insert(
+                name.to_owned(),
+                Ticks {
+                    first_us,
+                    due_us: None,
+                    deleted_us: None,
+                },
+            )
+        });
+    }
+
+    /// The schedule `name` was deleted: every tick up to `due_us` must have
+    /// its job, and none is later than `deleted_us` (the database clock
+    /// once the delete was answered).
+    pub fn schedule_stopped(&self, name: &str, due_us: i64, deleted_us: i64) {
+        self.with(|h| {
+            let s = h.schedules.get_mut(name).expect("a schedule started");
+            s.due_us = Some(due_us);
+            s.deleted_us = Some(deleted_us);
         });
     }
 
@@ -852,6 +935,21 @@ impl History {
             *r.errors.entry(format!("{op} {code:?}")).or_default() += 1;
         }
 
+        // The jobs that must be settled: (what names it, id, local time it
+        // was enqueued). Those enqueued OK; and below the follow-ups of the
+        // Acks that committed and the schedules' ticks' jobs.
+        let mut must_settle: Vec<(String, &str, Duration)> = h
+            .enq_ok
+            .iter()
+            .map(|(payload, (id, t))| (payload.clone(), id.as_str(), *t))
+            .collect();
+        let mut deliveries_of: HashMap<&str, Vec<&Delivered>> = HashMap::new();
+        for d in &h.deliveries {
+            deliveries_of.entry(&d.id).or_default().push(d);
+        }
+        follow_ups(&h, (dead, live), &deliveries_of, &mut must_settle, &mut r);
+        ticks(&h, self.wall0_us, &mut must_settle, &mut r);
+
         // Lost; and settled in time after the faults.
         let mut settled_at: HashMap<&str, Duration> = HashMap::new();
         for s in &acks_ok {
@@ -859,13 +957,14 @@ impl History {
             let e = settled_at.entry(&s.id).or_insert(t);
             *e = (*e).min(t);
         }
-        for (payload, (id, enq_t)) in &h.enq_ok {
+        for (payload, id, enq_t) in &must_settle {
+            let id = *id;
             if dead.contains(id) {
                 continue;
             }
-            let at = if let Some(t) = settled_at.get(id.as_str()) {
+            let at = if let Some(t) = settled_at.get(id) {
                 Some(*t)
-            } else if ack_unknown_ids.contains(id.as_str()) && !live.contains(id) {
+            } else if ack_unknown_ids.contains(id) && !live.contains(id) {
                 // An Ack whose answer was lost, and the job is gone: it
                 // committed. Not lost.
                 r.acked_unanswered += 1;
@@ -897,12 +996,21 @@ impl History {
                 r.acked_twice.push(format!("{id}: {tokens:?}"));
             }
         }
+        // Follow-ups are known whatever became of their Ack (one that
+        // should not exist is reported above); a schedule's jobs by its
+        // headers.
         let known: HashSet<&str> = h
             .enq_ok
             .keys()
             .chain(h.enq_err.keys())
+            .chain(h.settles.iter().flat_map(|s| &s.follow_ups))
             .map(String::as_str)
             .collect();
+        let scheduled = |d: &Delivered| {
+            d.tick
+                .as_ref()
+                .is_some_and(|(name, _)| h.schedules.contains_key(name))
+        };
 
         // Whether d came from a broker frozen (SIGSTOP) while d's lease was
         // live and arrived within a second of that broker's SIGCONT.
@@ -918,7 +1026,7 @@ impl History {
         // Deliveries of each job in lease order (database time).
         let mut per_job: BTreeMap<&str, Vec<&Delivered>> = BTreeMap::new();
         for d in &h.deliveries {
-            if !known.contains(d.payload.as_str()) {
+            if !known.contains(d.payload.as_str()) && !scheduled(d) {
                 r.phantom.push(format!("{} ({})", d.payload, d.id));
             }
             // Received after its lease had run out (database clock).
@@ -1378,6 +1486,269 @@ fn local_at(wall0_us: i64, offsets: &[(Duration, i64)], db_us: i64) -> Duration 
     unreachable!("the last segment is open")
 }
 
+/// A time in µs since the epoch, RFC 3339 (for the reports).
+fn rfc3339(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us).map_or_else(
+        || us.to_string(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    )
+}
+
+/// The follow-up jobs of Acks (`AckRequest.enqueue`): they exist if and
+/// only if their Ack committed, each once, under the ids the Ack answered.
+/// Those that exist join `must_settle`.
+///
+/// Whether an Ack committed, as far as the history tells: answered OK,
+/// yes; refused, no. Without an answer: no if another Ack of its lease was
+/// answered OK, if its job was leased again later (a later lease's token
+/// makes this one stale for good: fencing, which the other rules check),
+/// or if the job is in the dead letters or still in the table at the end;
+/// otherwise yes (the job is gone, and only an Ack of a lease took it
+/// out). Two Acks of one lease both without an answer: one of them may
+/// have committed, so each is held to all its follow-ups or none, and the
+/// follow-ups of no two of them may exist.
+///
+/// A follow-up exists if a delivery carried its payload, or, for an Ack
+/// answered OK, if the id it answered is in the dead letters or the table
+/// at the end.
+fn follow_ups<'a>(
+    h: &'a Inner,
+    (dead, live): (&HashSet<String>, &HashSet<String>),
+    deliveries_of: &HashMap<&str, Vec<&'a Delivered>>,
+    must_settle: &mut Vec<(String, &'a str, Duration)>,
+    r: &mut Report,
+) {
+    // Follow-up payload -> the distinct job ids delivered with it.
+    let mut ids_of: HashMap<&str, Vec<&str>> = HashMap::new();
+    for d in &h.deliveries {
+        let ids = ids_of.entry(&d.payload).or_default();
+        if !ids.contains(&d.id.as_str()) {
+            ids.push(&d.id);
+        }
+    }
+    // Lease token -> the Acks of it without a known commit some of whose
+    // follow-ups exist.
+    let mut undecided_applied: BTreeMap<&str, Vec<&Settle>> = BTreeMap::new();
+    let lease_start = |token: &str| {
+        h.deliveries
+            .iter()
+            .find(|d| d.token == token)
+            .map(|d| d.start_us)
+    };
+    for s in h.settles.iter().filter(|s| !s.follow_ups.is_empty()) {
+        r.follow_ups += s.follow_ups.len();
+        let id = s.id.as_str();
+        let same_lease = h
+            .settles
+            .iter()
+            .filter(|o| o.op == Op::Ack && o.token == s.token && !std::ptr::eq(*o, s));
+        let (committed, why): (Option<bool>, &str) = match s.outcome {
+            Outcome::Ok => (Some(true), "answered OK"),
+            Outcome::Refused => (Some(false), "refused"),
+            _ => {
+                let start = lease_start(&s.token);
+                let later = deliveries_of
+                    .get(id)
+                    .into_iter()
+                    .flatten()
+                    .any(|d| start.is_some_and(|st| d.start_us > st));
+                if same_lease.clone().any(|o| o.outcome == Outcome::Ok) {
+                    (
+                        Some(false),
+                        "no answer; another Ack of its lease answered OK",
+                    )
+                } else if later {
+                    (Some(false), "no answer; its job leased again later")
+                } else if dead.contains(id) || live.contains(id) {
+                    (Some(false), "no answer; its job not gone at the end")
+                } else if same_lease.clone().any(|o| o.outcome != Outcome::Refused) {
+                    (
+                        None,
+                        "no answer; another Ack of its lease without one either",
+                    )
+                } else {
+                    (Some(true), "no answer; its job gone and not leased again")
+                }
+            }
+        };
+        let ok = s.outcome == Outcome::Ok;
+        if ok && s.enqueued.len() != s.follow_ups.len() {
+            r.follow_up_ids.push(format!(
+                "{id}: the Ack of token {} answered {} follow-up id(s) for {} follow-up(s): {:?}",
+                s.token,
+                s.enqueued.len(),
+                s.follow_ups.len(),
+                s.enqueued
+            ));
+        }
+        let exists: Vec<bool> = s
+            .follow_ups
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                ids_of.contains_key(p.as_str())
+                    || (ok
+                        && s.enqueued
+                            .get(i)
+                            .is_some_and(|x| dead.contains(x) || live.contains(x)))
+            })
+            .collect();
+        let all_or_none = exists.iter().all(|e| *e) || !exists.iter().any(|e| *e);
+        if committed.is_none() && exists.iter().any(|e| *e) {
+            undecided_applied.entry(&s.token).or_default().push(s);
+        }
+        for (i, p) in s.follow_ups.iter().enumerate() {
+            let ids = ids_of.get(p.as_str()).cloned().unwrap_or_default();
+            let missing = !exists[i]
+                && match committed {
+                    Some(c) => c,
+                    None => !all_or_none,
+                };
+            if missing {
+                r.follow_up_missing.push(format!(
+                    "{id}: follow-up {p} of the Ack of token {} ({why}) has no job, though {}: {}",
+                    s.token,
+                    if committed.is_some() {
+                        "the Ack committed"
+                    } else {
+                        "another follow-up of the Ack has one"
+                    },
+                    h.story(id)
+                ));
+            }
+            if exists[i] && committed == Some(false) {
+                r.follow_up_unapplied.push(format!(
+                    "{id}: follow-up {p} of the Ack of token {} ({why}) exists as {ids:?}, \
+                     though the Ack did not commit: {}",
+                    s.token,
+                    h.story(id)
+                ));
+            }
+            if ids.len() > 1 {
+                r.follow_up_duplicated.push(format!(
+                    "{id}: follow-up {p} of the Ack of token {} delivered as {} jobs: {ids:?}",
+                    s.token,
+                    ids.len()
+                ));
+            }
+            let answered = if ok { s.enqueued.get(i) } else { None };
+            if let Some(want) = answered
+                && let Some(other) = ids.iter().find(|x| **x != want.as_str())
+            {
+                r.follow_up_ids.push(format!(
+                    "{id}: follow-up {p} answered as {want}, delivered as {other}"
+                ));
+            }
+            if exists[i] && committed != Some(false) {
+                r.follow_ups_applied += 1;
+                let job = ids.first().copied().or(answered.map(String::as_str));
+                if let Some(job) = job {
+                    must_settle.push((p.clone(), job, s.answered.unwrap_or(s.sent)));
+                }
+            }
+        }
+    }
+    // Of the Acks of one lease whose commit the history cannot tell, one
+    // at most committed: the follow-ups of two of them cannot both exist.
+    for (token, acks) in undecided_applied {
+        if acks.len() > 1 {
+            let id = acks[0].id.as_str();
+            let sets: Vec<&Vec<String>> = acks.iter().map(|a| &a.follow_ups).collect();
+            r.follow_up_unapplied.push(format!(
+                "{id}: {} Acks of token {token}, at most one of which can have committed, \
+                 each have follow-ups that exist: {sets:?}: {}",
+                acks.len(),
+                h.story(id)
+            ));
+        }
+    }
+}
+
+/// The schedules' ticks: every tick from a schedule's first to the last
+/// one due when it was stopped has exactly one job, and no job names a
+/// time that is not a tick of it (before its first, not on a whole second,
+/// after it was deleted). A tick's job is seen by its deliveries (the
+/// final drain delivers every job left). Each job joins `must_settle`,
+/// enqueued when its `enqueued_at` says.
+fn ticks<'a>(
+    h: &'a Inner,
+    wall0_us: i64,
+    must_settle: &mut Vec<(String, &'a str, Duration)>,
+    r: &mut Report,
+) {
+    const SECOND: i64 = 1_000_000;
+    for (name, s) in &h.schedules {
+        // Tick (µs) -> its jobs' distinct ids, with their first delivery.
+        let mut jobs: BTreeMap<i64, Vec<&Delivered>> = BTreeMap::new();
+        for d in &h.deliveries {
+            let Some((n, header)) = &d.tick else { continue };
+            if n != name {
+                continue;
+            }
+            let Ok(at) = chrono::DateTime::parse_from_rfc3339(header) else {
+                r.tick_unscheduled.push(format!(
+                    "{name}: job {} names the tick {header:?}, not a time",
+                    d.id
+                ));
+                continue;
+            };
+            let ds = jobs.entry(at.timestamp_micros()).or_default();
+            if !ds.iter().any(|x| x.id == d.id) {
+                ds.push(d);
+            }
+        }
+        r.ticks += jobs.len();
+        for (tick, ds) in &jobs {
+            let ids: Vec<&str> = ds.iter().map(|d| d.id.as_str()).collect();
+            if ids.len() > 1 {
+                r.tick_doubled.push(format!(
+                    "{name}: tick {} has {} jobs: {ids:?}",
+                    rfc3339(*tick),
+                    ids.len()
+                ));
+            }
+            let on_cron = *tick >= s.first_us && (*tick - s.first_us) % SECOND == 0;
+            if !on_cron || s.deleted_us.is_some_and(|x| *tick > x) {
+                r.tick_unscheduled.push(format!(
+                    "{name}: job(s) {ids:?} of tick {}, not a tick of the schedule (first {}, \
+                     deleted by {})",
+                    rfc3339(*tick),
+                    rfc3339(s.first_us),
+                    s.deleted_us.map_or("-".into(), rfc3339)
+                ));
+            }
+            if let Some(d) = ds.first()
+                && d.enqueued_us != i64::MIN
+            {
+                let late = (d.enqueued_us - tick) as f64 / 1e6;
+                r.tick_late_max_s = r.tick_late_max_s.max(late);
+            }
+            for d in ds {
+                let enqueued = if d.enqueued_us == i64::MIN {
+                    d.t
+                } else {
+                    local_at(wall0_us, &h.db_offsets, d.enqueued_us)
+                };
+                must_settle.push((format!("{name}@{}", rfc3339(*tick)), &d.id, enqueued));
+            }
+        }
+        if let Some(due) = s.due_us {
+            let mut tick = s.first_us;
+            while tick <= due {
+                if !jobs.contains_key(&tick) {
+                    r.tick_missed.push(format!(
+                        "{name}: tick {} has no job (every tick from {} to {} must)",
+                        rfc3339(tick),
+                        rfc3339(s.first_us),
+                        rfc3339(due)
+                    ));
+                }
+                tick += SECOND;
+            }
+        }
+    }
+}
+
 fn first_ack_after(h: &Inner, since: Duration, broker: Option<usize>) -> Option<Duration> {
     h.settles
         .iter()
@@ -1585,6 +1956,31 @@ pub struct Report {
     /// Keyed jobs leased while key_concurrency other jobs of their key held
     /// a current lease.
     pub key_over_limit: Vec<String>,
+    /// Follow-up jobs Acks carried (`AckRequest.enqueue`), and how many of
+    /// them exist (their Ack committed).
+    pub follow_ups: usize,
+    pub follow_ups_applied: usize,
+    /// Follow-ups of an Ack that committed with no job.
+    pub follow_up_missing: Vec<String>,
+    /// Follow-ups with a job though their Ack did not commit.
+    pub follow_up_unapplied: Vec<String>,
+    /// Follow-ups with more than one job.
+    pub follow_up_duplicated: Vec<String>,
+    /// Acks answered OK whose follow-up ids are not those of the jobs
+    /// delivered (or not one per follow-up).
+    pub follow_up_ids: Vec<String>,
+    /// The schedules' ticks that had a job.
+    pub ticks: usize,
+    /// The latest a tick's job was enqueued after its tick (its
+    /// `enqueued_at`): past the broker's `--schedule-grace`, it was fired
+    /// by the catch-up policy.
+    pub tick_late_max_s: f64,
+    /// Ticks with more than one job.
+    pub tick_doubled: Vec<String>,
+    /// Ticks due before the schedule was stopped without a job.
+    pub tick_missed: Vec<String>,
+    /// Jobs of a schedule naming a time that is not one of its ticks.
+    pub tick_unscheduled: Vec<String>,
 }
 
 impl Report {
@@ -1597,7 +1993,9 @@ impl Report {
              lost={} acked_twice={} lease_overlap={} redelivered_after_ack={} refused_valid={} \
              stale_ok={} delivered_released={} frozen_late={} after_half_close={} settled_late={} unrecovered={} \
              dedup_inconsistent={} stalls={} keyed={} key_behind={} key_peak={} key_order={} \
-             key_over_limit={} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
+             key_over_limit={} follow_ups={}/{} follow_up_missing={} follow_up_unapplied={} \
+             follow_up_duplicated={} follow_up_ids={} ticks={} (late up to {:.2}s) tick_doubled={} tick_missed={} \
+             tick_unscheduled={} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
              wall_s={:.1} client_errors={:?}",
             self.enqueued,
             self.enqueue_unknown,
@@ -1635,6 +2033,17 @@ impl Report {
             self.key_peak,
             self.key_order.len(),
             self.key_over_limit.len(),
+            self.follow_ups_applied,
+            self.follow_ups,
+            self.follow_up_missing.len(),
+            self.follow_up_unapplied.len(),
+            self.follow_up_duplicated.len(),
+            self.follow_up_ids.len(),
+            self.ticks,
+            self.tick_late_max_s,
+            self.tick_doubled.len(),
+            self.tick_missed.len(),
+            self.tick_unscheduled.len(),
             self.recovery_max_s,
             self.settle_max_s,
             self.bounds.settle,
@@ -1646,7 +2055,7 @@ impl Report {
     }
 
     /// Every kind of anomaly and its instances, in a fixed order.
-    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 15] {
+    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 22] {
         [
             ("lost", &self.lost),
             ("acked twice", &self.acked_twice),
@@ -1669,6 +2078,22 @@ impl Report {
                 "more than key_concurrency of a key leased at once",
                 &self.key_over_limit,
             ),
+            (
+                "follow-up missing though its Ack committed",
+                &self.follow_up_missing,
+            ),
+            (
+                "follow-up exists though its Ack did not commit",
+                &self.follow_up_unapplied,
+            ),
+            (
+                "follow-up with more than one job",
+                &self.follow_up_duplicated,
+            ),
+            ("follow-up ids answered wrong", &self.follow_up_ids),
+            ("schedule tick with more than one job", &self.tick_doubled),
+            ("schedule tick missed", &self.tick_missed),
+            ("schedule job of no tick", &self.tick_unscheduled),
         ]
     }
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leaseq::pb;
+use leaseq::pb::admin_service_client::AdminServiceClient;
 use leaseq::pb::consume_response::Kind as ConsumeKind;
 use leaseq::pb::queue_service_client::QueueServiceClient;
 use leaseq::pb::subscribe_response::Kind;
@@ -166,6 +167,10 @@ pub struct Behaviour {
     /// Upper bound of the simulated work per job.
     pub work: Duration,
     pub protocol: Protocol,
+    /// Of the Acks of jobs that are no follow-ups themselves, the share
+    /// that carries one or two follow-up jobs into the same queue
+    /// (`AckRequest.enqueue`; [`follow_ups`]).
+    pub follow_ups: f64,
 }
 
 impl Default for Behaviour {
@@ -178,6 +183,7 @@ impl Default for Behaviour {
             credit: 8,
             work: Duration::from_millis(5),
             protocol: Protocol::Subscribe,
+            follow_ups: 0.0,
         }
     }
 }
@@ -271,9 +277,11 @@ pub async fn consumer(
                 )
                 .await;
             } else {
-                let sent = history.sent(Op::Ack, &rec, settles_to);
-                let r = ack(&mut client, &rec.id, &rec.token).await;
-                history.answered(sent, &r);
+                let fu = follow_ups(&rec, b.follow_ups, &mut rng);
+                let enqueue = follow_up_requests(queue, &fu);
+                let sent = history.sent_ack_with(&rec, settles_to, fu);
+                let r = ack_with(&mut client, &rec.id, &rec.token, enqueue).await;
+                history.acked(sent, &r);
             }
         }
         // The stream is gone (its Drop ran above or below); go back home.
@@ -472,6 +480,7 @@ pub async fn consume_consumer(
                 tokio::time::sleep(b.work.mul_f64(rng.next_f64())).await;
             }
             let mut req = pb::ConsumeRequest::default();
+            let mut fu = Vec::new();
             let op = if roll < b.cut + b.stall + b.nack {
                 req.nacks.push(pb::NackRequest {
                     job_id: rec.id.clone(),
@@ -482,23 +491,20 @@ pub async fn consume_consumer(
                 });
                 pb::SettleOp::Nack
             } else {
+                fu = follow_ups(&rec, b.follow_ups, &mut rng);
                 req.acks.push(pb::AckRequest {
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
-                    enqueue: Vec::new(),
+                    enqueue: follow_up_requests(queue, &fu),
                 });
                 pb::SettleOp::Ack
             };
-            let sent = history.sent(
-                match op {
-                    pb::SettleOp::Nack => Op::Nack,
-                    _ => Op::Ack,
-                },
-                &rec,
-                at,
-            );
+            let sent = match op {
+                pb::SettleOp::Nack => history.sent(Op::Nack, &rec, at),
+                _ => history.sent_ack_with(&rec, at, fu),
+            };
             let (r, open) = s.settle(req, &rec, op).await;
-            history.answered(sent, &r);
+            history.acked(sent, &r);
             if !open {
                 break;
             }
@@ -563,13 +569,14 @@ impl ConsumeConn<'_> {
     }
 
     /// Sends one settle and waits (10 s at most) for its result. Returns
-    /// the result as the unary call's, and whether the stream is still open.
+    /// the result as the unary call's (with an Ack's follow-up ids), and
+    /// whether the stream is still open.
     async fn settle(
         &mut self,
         req: pb::ConsumeRequest,
         rec: &Delivered,
         op: pb::SettleOp,
-    ) -> (Result<(), tonic::Status>, bool) {
+    ) -> (Result<Vec<String>, tonic::Status>, bool) {
         let sent = match &self.tx {
             Some(tx) => tx.send(req).await.is_ok(),
             None => false,
@@ -615,7 +622,7 @@ impl ConsumeConn<'_> {
                     .find(|r| r.job_id == rec.id && r.lease_token == rec.token && r.op == op as i32)
                 {
                     let r = if r.code == 0 {
-                        Ok(())
+                        Ok(r.enqueued.clone())
                     } else {
                         Err(tonic::Status::new(Code::from(r.code), r.message.clone()))
                     };
@@ -655,17 +662,54 @@ impl ConsumeConn<'_> {
 }
 
 pub async fn ack(client: &mut Client, id: &str, token: &str) -> Result<(), tonic::Status> {
+    ack_with(client, id, token, Vec::new()).await.map(|_| ())
+}
+
+/// A unary Ack carrying the follow-up jobs `enqueue`, with a 10 s timeout:
+/// the follow-ups' ids (`AckResponse.enqueued`) or the error.
+pub async fn ack_with(
+    client: &mut Client,
+    id: &str,
+    token: &str,
+    enqueue: Vec<pb::EnqueueRequest>,
+) -> Result<Vec<String>, tonic::Status> {
     timeout(
         Duration::from_secs(10),
         client.ack(pb::AckRequest {
             job_id: id.to_owned(),
             lease_token: token.to_owned(),
-            enqueue: Vec::new(),
+            enqueue,
         }),
     )
     .await
     .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("ack timed out")))
-    .map(|_| ())
+    .map(|r| r.into_inner().enqueued)
+}
+
+/// The follow-up jobs (their payloads) the Ack of `rec` carries: none for a
+/// follow-up itself (a payload with `>`), else one or two, for a `share`
+/// of Acks. Each payload names its parent and its lease token, so it is
+/// unique in the run: `{parent payload}>{token}.{i}`.
+pub fn follow_ups(rec: &Delivered, share: f64, rng: &mut Rng) -> Vec<String> {
+    if share <= 0.0 || rec.payload.contains('>') || rng.next_f64() >= share {
+        return Vec::new();
+    }
+    let n = if rng.next_f64() < 0.5 { 1 } else { 2 };
+    (0..n)
+        .map(|i| format!("{}>{}.{i}", rec.payload, rec.token))
+        .collect()
+}
+
+/// The Enqueues of the follow-ups `payloads` into `queue`.
+pub fn follow_up_requests(queue: &str, payloads: &[String]) -> Vec<pb::EnqueueRequest> {
+    payloads
+        .iter()
+        .map(|p| pb::EnqueueRequest {
+            queue: queue.to_owned(),
+            payload: p.clone().into_bytes(),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Nacks a delivery (retry at once, not dead-lettered) through `broker`
@@ -1324,4 +1368,108 @@ pub async fn wait_acked(history: &History, n: usize, limit: Duration) {
         );
         sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A schedule firing every second into a fault run's queue, its jobs
+/// consumed with the rest and its ticks checked by the history
+/// ([`History::schedule_started`]): cron `* * * * * *` in UTC, catch-up
+/// `all` (limit 100: a tick missed during a fault must still fire), the
+/// template's payload `tick:{name}`.
+pub struct Ticker {
+    name: String,
+}
+
+impl Ticker {
+    /// Creates the schedule through the broker at `addr`.
+    pub async fn start(history: &History, addr: SocketAddr, name: &str, queue: &str) -> Ticker {
+        let mut admin = AdminServiceClient::new(lazy_client_channel(addr));
+        let info = admin
+            .create_schedule(pb::CreateScheduleRequest {
+                schedule: Some(pb::Schedule {
+                    name: name.to_owned(),
+                    cron: "* * * * * *".into(),
+                    time_zone: String::new(),
+                    job: Some(pb::JobTemplate {
+                        queue: queue.to_owned(),
+                        payload: format!("tick:{name}").into_bytes(),
+                        ..Default::default()
+                    }),
+                    overlap: pb::OverlapPolicy::Allow as i32,
+                    catch_up: pb::CatchUpPolicy::All as i32,
+                    catch_up_limit: 100,
+                    paused: false,
+                }),
+            })
+            .await
+            .expect("create schedule")
+            .into_inner();
+        let first = info.next_run_at.as_ref().expect("next_run_at");
+        history.schedule_started(name, super::history::ts_us(first));
+        Ticker {
+            name: name.to_owned(),
+        }
+    }
+
+    /// Once the faults are over: waits (20 s at most) until the schedule
+    /// has fired its tick of the database's last whole second, then
+    /// deletes it through the broker at `addr` and tells the history which
+    /// ticks were due (up to that one) and when the delete was answered.
+    /// A tick not fired by then is left to the checker to report.
+    pub async fn stop(self, history: &History, addr: SocketAddr, pool: &PgPool) {
+        let mut admin = AdminServiceClient::new(lazy_client_channel(addr));
+        let now_us = db_now_us(pool).await;
+        let due_us = now_us - now_us.rem_euclid(1_000_000);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let got = admin
+                .get_schedule(pb::GetScheduleRequest {
+                    name: self.name.clone(),
+                })
+                .await;
+            let last = got
+                .ok()
+                .and_then(|i| i.into_inner().last_tick_at)
+                .map(|t| super::history::ts_us(&t));
+            if last.is_some_and(|l| l >= due_us) {
+                break;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = admin
+                .delete_schedule(pb::DeleteScheduleRequest {
+                    name: self.name.clone(),
+                })
+                .await;
+            match r {
+                Ok(_) => break,
+                Err(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {
+                    sleep(Duration::from_millis(100)).await;
+                }
+                Err(s) => panic!("delete schedule {}: {s:?}", self.name),
+            }
+        }
+        history.schedule_stopped(&self.name, due_us, db_now_us(pool).await);
+    }
+}
+
+/// A lazily connecting channel to `addr`.
+fn lazy_client_channel(addr: SocketAddr) -> tonic::transport::Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1))
+        .connect_lazy()
+}
+
+/// The database's clock, µs since the epoch.
+async fn db_now_us(pool: &PgPool) -> i64 {
+    let now: chrono::DateTime<chrono::Utc> = timeout(
+        Duration::from_secs(20),
+        sqlx::query_scalar("select now()").fetch_one(pool),
+    )
+    .await
+    .expect("select now() in time")
+    .expect("select now()");
+    now.timestamp_micros()
 }

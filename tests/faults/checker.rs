@@ -120,6 +120,49 @@ impl Plant {
         self.settle(Op::Ack, d, sent, sent + 0.05, Ok(()));
     }
 
+    /// An Ack of `d` carrying the follow-ups `payloads`, sent at `sent`
+    /// and answered 50 ms later with `r` (OK: the follow-up ids).
+    fn ack_with(&self, d: &Delivered, sent: f64, payloads: &[&str], r: Result<&[&str], Code>) {
+        self.h.set_now(at(sent));
+        let fu = payloads.iter().map(|p| p.to_string()).collect();
+        let s = self.h.sent_ack_with(d, d.broker, fu);
+        self.h.set_now(at(sent + 0.05));
+        let r = r
+            .map(|ids| ids.iter().map(|i| i.to_string()).collect())
+            .map_err(|c| Status::new(c, "planted"));
+        self.h.acked(s, &r);
+    }
+
+    /// Job `id` with payload `payload` (a follow-up's), received at `t` on
+    /// broker 0 under token `{id}-{attempt}`, leased a millisecond before
+    /// for 2 s; then acked 0.1 s later.
+    fn deliver_acked(&self, stream: u64, (id, payload, attempt): (&str, &str, i32), t: f64) {
+        self.h.set_now(at(t));
+        let d = self
+            .h
+            .delivered(stream, 0, at(2.0), &delivery(id, payload, attempt, t, &[]));
+        self.ack(&d, t + 0.1);
+    }
+
+    /// The job `id` of the tick `tick` (seconds after W) of `schedule`,
+    /// received at `t` (attempt 1), then acked 0.1 s later.
+    fn tick(&self, stream: u64, schedule: &str, (id, tick): (&str, f64), t: f64) {
+        self.h.set_now(at(t));
+        let us = W + (tick * 1e6) as i64;
+        let header = chrono::DateTime::from_timestamp_micros(us)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let headers = [
+            ("leaseq-schedule", schedule),
+            ("leaseq-schedule-tick", header.as_str()),
+        ];
+        let payload = format!("tick:{schedule}");
+        let d = self
+            .h
+            .delivered(stream, 0, at(2.0), &delivery(id, &payload, 1, t, &headers));
+        self.ack(&d, t + 0.1);
+    }
+
     fn refused(&self, op: Op, d: &Delivered, sent: f64) {
         self.settle(op, d, sent, sent + 0.05, Err(Code::FailedPrecondition));
     }
@@ -137,6 +180,35 @@ impl Plant {
 
     fn check(&self) -> Report {
         self.h.check(&HashSet::new(), &HashSet::new())
+    }
+}
+
+/// A delivery of attempt `attempt` of job `id` with `payload` and
+/// `headers`, leased at `t` - 1 ms for 2 s, under token `{id}-{attempt}`.
+fn delivery(
+    id: &str,
+    payload: &str,
+    attempt: i32,
+    t: f64,
+    headers: &[(&str, &str)],
+) -> pb::Delivery {
+    let expires = W + ((t - 0.001 + 2.0) * 1e6) as i64;
+    pb::Delivery {
+        job: Some(pb::Job {
+            id: id.into(),
+            payload: payload.as_bytes().to_vec(),
+            attempt,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }),
+        lease_token: format!("{id}-{attempt}"),
+        lease_expires_at: Some(prost_types::Timestamp {
+            seconds: expires.div_euclid(1_000_000),
+            nanos: (expires.rem_euclid(1_000_000) * 1000) as i32,
+        }),
     }
 }
 
@@ -508,6 +580,13 @@ fn checker_finds_every_planted_anomaly() {
             "more than key_concurrency of a key leased at once",
             vec!["key-late", "lim-late"],
         ),
+        ("follow-up missing though its Ack committed", vec![]),
+        ("follow-up exists though its Ack did not commit", vec![]),
+        ("follow-up with more than one job", vec![]),
+        ("follow-up ids answered wrong", vec![]),
+        ("schedule tick with more than one job", vec![]),
+        ("schedule tick missed", vec![]),
+        ("schedule job of no tick", vec![]),
     ];
     let want: Vec<(&str, Vec<String>)> = want
         .into_iter()
@@ -519,7 +598,9 @@ fn checker_finds_every_planted_anomaly() {
     let count: Vec<usize> = r.kinds().iter().map(|k| k.1.len()).collect();
     assert_eq!(
         count,
-        [1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 2],
+        [
+            1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 2, 0, 0, 0, 0, 0, 0, 0
+        ],
         "{r:#?}"
     );
     assert!(r.refused_valid.iter().any(|e| e.contains(": nack of")));
@@ -885,4 +966,251 @@ fn checker_reports_keys_in_order_clean() {
     // a2 and a3, enqueued while a1 was live (h1 is behind nothing: h2
     // comes after it by id).
     assert_eq!(r.key_behind, 2, "{r:#?}");
+}
+
+/// A history of Acks carrying follow-up jobs (`AckRequest.enqueue`) and of
+/// schedules' ticks, on one stream. Every follow-up exists iff its Ack
+/// committed, once, under the id answered, and every tick has one job, but
+/// for those planted when `broken`. Returns it, and the ids in the dead
+/// letters at its end.
+fn follow_up_history(broken: bool) -> (Plant, HashSet<String>) {
+    let p = Plant::new();
+    let h = &p.h;
+    let s = h.stream_opened(0);
+    let mut dead = HashSet::new();
+    let (deadline, refused, unavailable) = (
+        Code::DeadlineExceeded,
+        Code::FailedPrecondition,
+        Code::Unavailable,
+    );
+    for id in ["ok", "refused", "unknown-gone", "unknown-again", "dead-fu"] {
+        p.enqueue(0.0, id);
+    }
+
+    // Answered OK with two ids: both delivered under them.
+    let d = p.deliver(s, 0, "ok", "ok-1", 1.0);
+    p.ack_with(&d, 1.1, &["ok>1", "ok>2"], Ok(&["O1", "O2"]));
+    p.deliver_acked(s, ("O1", "ok>1", 1), 1.3);
+    p.deliver_acked(s, ("O2", "ok>2", 1), 1.4);
+    // Refused (after its lease's end): no follow-up; the job is leased
+    // again and acked.
+    let d = p.deliver(s, 0, "refused", "refused-1", 1.0);
+    p.ack_with(&d, 3.5, &["refused>1"], Err(refused));
+    let d = p.deliver(s, 0, "refused", "refused-2", 3.6);
+    p.ack(&d, 3.7);
+    // No answer, and the job is gone: it committed, its follow-up exists.
+    let d = p.deliver(s, 0, "unknown-gone", "ug-1", 1.0);
+    p.ack_with(&d, 1.1, &["unknown-gone>1"], Err(deadline));
+    p.deliver_acked(s, ("U1", "unknown-gone>1", 1), 1.5);
+    // No answer, and the job leased again after its lease ran out: it did
+    // not commit, no follow-up.
+    let d = p.deliver(s, 0, "unknown-again", "ua-1", 1.0);
+    p.ack_with(&d, 1.1, &["unknown-again>1"], Err(unavailable));
+    let d = p.deliver(s, 0, "unknown-again", "ua-2", 3.5);
+    p.ack(&d, 3.6);
+    // Answered OK; its follow-up, never delivered, is in the dead letters.
+    let d = p.deliver(s, 0, "dead-fu", "df-1", 1.0);
+    p.ack_with(&d, 1.1, &["dead-fu>1"], Ok(&["DF1"]));
+    dead.insert("DF1".to_owned());
+
+    // A schedule every second from W + 10 s, stopped after W + 13 s: each
+    // tick has its job, the third received late (a catch-up).
+    h.schedule_started("sched", W + 10_000_000);
+    p.tick(s, "sched", ("T10", 10.0), 10.2);
+    p.tick(s, "sched", ("T11", 11.0), 11.2);
+    p.tick(s, "sched", ("T12", 12.0), 15.0);
+    p.tick(s, "sched", ("T13", 13.0), 13.2);
+    h.schedule_stopped("sched", W + 13_000_000, W + 13_500_000);
+
+    if !broken {
+        return (p, dead);
+    }
+    for id in [
+        "fu-missing",
+        "fu-missing-unknown",
+        "fu-refused",
+        "fu-unknown-later",
+        "fu-dup",
+        "fu-count",
+        "fu-wrong-id",
+        "fu-partial",
+        "fu-both",
+    ] {
+        p.enqueue(0.0, id);
+    }
+    // Answered OK, its follow-up nowhere.
+    let d = p.deliver(s, 0, "fu-missing", "fm-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-missing>1"], Ok(&["M1"]));
+    // No answer, the job gone (it committed), its follow-up nowhere.
+    let d = p.deliver(s, 0, "fu-missing-unknown", "fmu-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-missing-unknown>1"], Err(deadline));
+    // Refused, yet its follow-up delivered.
+    let d = p.deliver(s, 0, "fu-refused", "fr-1", 1.0);
+    p.ack_with(&d, 3.5, &["fu-refused>1"], Err(refused));
+    let d = p.deliver(s, 0, "fu-refused", "fr-2", 3.6);
+    p.ack(&d, 3.7);
+    p.deliver_acked(s, ("FR1", "fu-refused>1", 1), 4.0);
+    // No answer, the job leased again later (it did not commit), yet its
+    // follow-up delivered.
+    let d = p.deliver(s, 0, "fu-unknown-later", "ful-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-unknown-later>1"], Err(unavailable));
+    let d = p.deliver(s, 0, "fu-unknown-later", "ful-2", 3.5);
+    p.ack(&d, 3.6);
+    p.deliver_acked(s, ("FUL1", "fu-unknown-later>1", 1), 1.5);
+    // One follow-up, two jobs.
+    let d = p.deliver(s, 0, "fu-dup", "fd-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-dup>1"], Err(deadline));
+    p.deliver_acked(s, ("FD1", "fu-dup>1", 1), 1.5);
+    p.deliver_acked(s, ("FD2", "fu-dup>1", 1), 1.6);
+    // Two follow-ups, one id answered.
+    let d = p.deliver(s, 0, "fu-count", "fc-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-count>1", "fu-count>2"], Ok(&["C1"]));
+    p.deliver_acked(s, ("C1", "fu-count>1", 1), 1.5);
+    p.deliver_acked(s, ("C2", "fu-count>2", 1), 1.6);
+    // The id answered is not the job delivered.
+    let d = p.deliver(s, 0, "fu-wrong-id", "fw-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-wrong-id>1"], Ok(&["W1"]));
+    p.deliver_acked(s, ("W2", "fu-wrong-id>1", 1), 1.5);
+    // Two Acks of one lease, neither answered: either may have committed,
+    // but not half of one's follow-ups.
+    let d = p.deliver(s, 0, "fu-partial", "fp-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-partial>a1", "fu-partial>a2"], Err(deadline));
+    p.ack_with(&d, 1.2, &["fu-partial>b1"], Err(deadline));
+    p.deliver_acked(s, ("PA1", "fu-partial>a1", 1), 1.5);
+    // Two Acks of one lease, neither answered, the follow-ups of both
+    // delivered: both applied.
+    let d = p.deliver(s, 0, "fu-both", "fb-1", 1.0);
+    p.ack_with(&d, 1.1, &["fu-both>a1"], Err(deadline));
+    p.ack_with(&d, 1.2, &["fu-both>b1"], Err(deadline));
+    p.deliver_acked(s, ("BA1", "fu-both>a1", 1), 1.5);
+    p.deliver_acked(s, ("BB1", "fu-both>b1", 1), 1.6);
+
+    // Tick 11 with two jobs.
+    h.schedule_started("sched-doubled", W + 10_000_000);
+    p.tick(s, "sched-doubled", ("DB10", 10.0), 10.2);
+    p.tick(s, "sched-doubled", ("DB11a", 11.0), 11.2);
+    p.tick(s, "sched-doubled", ("DB11b", 11.0), 11.3);
+    p.tick(s, "sched-doubled", ("DB12", 12.0), 12.2);
+    h.schedule_stopped("sched-doubled", W + 12_000_000, W + 12_500_000);
+    // Tick 11 without a job.
+    h.schedule_started("sched-missed", W + 10_000_000);
+    p.tick(s, "sched-missed", ("MS10", 10.0), 10.2);
+    p.tick(s, "sched-missed", ("MS12", 12.0), 12.2);
+    h.schedule_stopped("sched-missed", W + 12_000_000, W + 12_500_000);
+    // A job of no tick (10.5 s), and one after the delete.
+    h.schedule_started("sched-extra", W + 10_000_000);
+    p.tick(s, "sched-extra", ("EX10", 10.0), 10.2);
+    p.tick(s, "sched-extra", ("EX10h", 10.5), 10.7);
+    p.tick(s, "sched-extra", ("EX11", 11.0), 11.2);
+    p.tick(s, "sched-extra", ("EX14", 14.0), 14.2);
+    h.schedule_stopped("sched-extra", W + 11_000_000, W + 11_500_000);
+    (p, dead)
+}
+
+/// The follow-up and schedule rules find what was planted, and nothing
+/// else: a follow-up missing though its Ack was answered OK, or had no
+/// answer and its job is gone, or beside another follow-up of an Ack
+/// whose commit is not known; one that exists though its Ack was refused,
+/// or had no answer and its job was leased again, and those of two
+/// unanswered Acks of one lease both existing; one with two jobs; ids
+/// answered for fewer follow-ups than sent, or naming another job than
+/// the one delivered; a tick with two jobs, a tick with none, and jobs of
+/// times that are no tick. The consistent Acks and ticks planted beside
+/// them are not reported.
+#[test]
+fn checker_finds_follow_ups_and_ticks_broken() {
+    let (p, dead) = follow_up_history(true);
+    let r = p.h.check(&dead, &HashSet::new());
+    let names = [
+        "ok",
+        "refused",
+        "unknown-gone",
+        "unknown-again",
+        "dead-fu",
+        "fu-missing",
+        "fu-missing-unknown",
+        "fu-refused",
+        "fu-unknown-later",
+        "fu-dup",
+        "fu-count",
+        "fu-wrong-id",
+        "fu-partial",
+        "fu-both",
+        "sched",
+        "sched-doubled",
+        "sched-missed",
+        "sched-extra",
+    ];
+    let got: Vec<(&str, Vec<String>)> = found(&r, &names)
+        .into_iter()
+        .filter(|(_, hit)| !hit.is_empty())
+        .collect();
+    let want: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "follow-up missing though its Ack committed",
+            vec!["fu-missing", "fu-missing-unknown", "fu-partial"],
+        ),
+        (
+            "follow-up exists though its Ack did not commit",
+            vec!["fu-both", "fu-refused", "fu-unknown-later"],
+        ),
+        ("follow-up with more than one job", vec!["fu-dup"]),
+        (
+            "follow-up ids answered wrong",
+            vec!["fu-count", "fu-wrong-id"],
+        ),
+        (
+            "schedule tick with more than one job",
+            vec!["sched-doubled"],
+        ),
+        ("schedule tick missed", vec!["sched-missed"]),
+        ("schedule job of no tick", vec!["sched-extra"]),
+    ];
+    let want: Vec<(&str, Vec<String>)> = want
+        .into_iter()
+        .map(|(k, v)| (k, v.into_iter().map(String::from).collect()))
+        .collect();
+    assert_eq!(got, want, "{r:#?}");
+    // Nothing else, and one entry per planted instance.
+    let count: Vec<usize> = r.kinds().iter().map(|k| k.1.len()).collect();
+    assert_eq!(
+        count,
+        [
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 1, 2, 1, 1, 2
+        ],
+        "{r:#?}"
+    );
+    assert!(
+        r.follow_up_missing
+            .iter()
+            .any(|e| e.contains("fu-partial>a2") && e.contains("another follow-up")),
+        "{:#?}",
+        r.follow_up_missing
+    );
+    assert!(
+        r.tick_doubled[0].contains("DB11a") && r.tick_doubled[0].contains("DB11b"),
+        "{:#?}",
+        r.tick_doubled
+    );
+    assert!(
+        r.tick_missed[0].contains("tick 2027-01-15T08:00:11.000Z"),
+        "{:#?}",
+        r.tick_missed
+    );
+    let extra = r.tick_unscheduled.join("\n");
+    assert!(extra.contains("EX10h") && extra.contains("EX14"), "{extra}");
+}
+
+/// The same history without the planted breaks: no anomaly; every
+/// follow-up counted, those of the Acks that committed (answered OK, or
+/// unanswered with their job gone) found, and every tick's job.
+#[test]
+fn checker_reports_follow_ups_and_ticks_clean() {
+    let (p, dead) = follow_up_history(false);
+    let r = p.h.check(&dead, &HashSet::new());
+    assert!(r.anomalies().is_empty(), "{:#?}", r.anomalies());
+    // ok (2), refused, unknown-gone, unknown-again, dead-fu.
+    assert_eq!((r.follow_ups, r.follow_ups_applied), (6, 4), "{r:#?}");
+    assert_eq!(r.ticks, 4, "{r:#?}");
+    assert_eq!(r.acked_unanswered, 1, "unknown-gone: {r:#?}");
 }

@@ -16,7 +16,7 @@ use tracing::info;
 use super::access::Caller;
 use super::json::{
     ApiError, ApiResult, bad, duration, forbidden, int, job_json, job_state, millis, queue_json,
-    queues_json, secs, selector,
+    queues_json, schedule_json, secs, selector,
 };
 use super::{Console, live};
 use crate::auth::{Action, Identity};
@@ -633,4 +633,134 @@ async fn readable_job(c: &Console, caller: &Caller, id: &str) -> ApiResult<pb::J
         ));
     }
     Ok(j)
+}
+
+/// The schedules whose queue the caller may read, in name order (every
+/// page, bounded by the deployment's limit of 10,000 schedules).
+pub(super) async fn list_schedules(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> ApiResult {
+    let mut all = Vec::new();
+    let mut page_token = String::new();
+    for _ in 0..10 {
+        let r = c
+            .api
+            .list_schedules(tonic::Request::new(pb::ListSchedulesRequest {
+                page_size: 1000,
+                page_token,
+            }))
+            .await?
+            .into_inner();
+        all.extend(r.schedules);
+        if r.next_page_token.is_empty() {
+            break;
+        }
+        page_token = r.next_page_token;
+    }
+    let shown: Vec<Value> = all
+        .iter()
+        .filter(|i| caller.can_read(&schedule_queue(i)))
+        .map(|i| schedule_json(i, &caller))
+        .collect();
+    Ok(axum::Json(json!({ "schedules": shown })))
+}
+
+fn schedule_queue(i: &pb::ScheduleInfo) -> String {
+    i.schedule
+        .as_ref()
+        .and_then(|s| s.job.as_ref())
+        .map(|j| j.queue.clone())
+        .unwrap_or_default()
+}
+
+/// The schedule `name`, if the caller may change it: `admin` on the queue
+/// its jobs go to. A schedule whose queue the caller may not read does not
+/// exist for it (404), as a queue.
+async fn schedule_for_admin(c: &Console, caller: &Caller, name: &str) -> ApiResult<String> {
+    let i = c
+        .api
+        .get_schedule(tonic::Request::new(pb::GetScheduleRequest {
+            name: name.to_owned(),
+        }))
+        .await?
+        .into_inner();
+    let queue = schedule_queue(&i);
+    if !caller.can_read(&queue) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("schedule {name:?} does not exist"),
+        ));
+    }
+    caller.admin(&queue)?;
+    Ok(queue)
+}
+
+pub(super) async fn pause_schedule(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    schedule_for_admin(&c, &caller, &name).await?;
+    let i = c
+        .api
+        .pause_schedule(tonic::Request::new(pb::PauseScheduleRequest { name }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(schedule_json(&i, &caller)))
+}
+
+pub(super) async fn resume_schedule(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    schedule_for_admin(&c, &caller, &name).await?;
+    let i = c
+        .api
+        .resume_schedule(tonic::Request::new(pb::ResumeScheduleRequest { name }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(schedule_json(&i, &caller)))
+}
+
+/// Run now: the schedule's job enqueued at once (RunSchedule), whatever
+/// its pause and overlap.
+pub(super) async fn run_schedule(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult {
+    schedule_for_admin(&c, &caller, &name).await?;
+    let r = c
+        .api
+        .run_schedule(tonic::Request::new(pb::RunScheduleRequest { name }))
+        .await?
+        .into_inner();
+    Ok(axum::Json(
+        json!({ "job_id": r.job_id, "tick_at": millis(&r.tick_at) }),
+    ))
+}
+
+/// Deletes the schedule: `admin` on its queue, and `{"confirm": "<the
+/// schedule's name>"}`. Jobs it enqueued stay.
+pub(super) async fn delete_schedule(
+    State(c): State<Console>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    Path(name): Path<String>,
+    axum::Json(v): axum::Json<Value>,
+) -> ApiResult {
+    schedule_for_admin(&c, &caller, &name).await?;
+    if v.get("confirm").and_then(Value::as_str) != Some(name.as_str()) {
+        return Err(bad(
+            "confirm: a delete must be confirmed with the schedule's name (\"confirm\": \"<schedule>\")",
+        ));
+    }
+    c.api
+        .delete_schedule(tonic::Request::new(pb::DeleteScheduleRequest {
+            name: name.clone(),
+        }))
+        .await?;
+    info!(schedule = %name, "console: schedule deleted");
+    Ok(axum::Json(json!({ "deleted": name })))
 }

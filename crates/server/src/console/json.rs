@@ -225,6 +225,36 @@ pub(super) fn selector(v: &Value) -> ApiResult<pb::DeadLettersSelector> {
     })
 }
 
+/// A schedule (`ScheduleInfo`) for the Schedules page; `can_admin`: the
+/// caller may pause, resume, run or delete it (`admin` on its queue).
+pub(super) fn schedule_json(i: &pb::ScheduleInfo, caller: &Caller) -> Value {
+    let s = i.schedule.clone().unwrap_or_default();
+    let job = s.job.unwrap_or_default();
+    let overlap = match pb::OverlapPolicy::try_from(s.overlap) {
+        Ok(pb::OverlapPolicy::Skip) => "skip",
+        _ => "allow",
+    };
+    let catch_up = match pb::CatchUpPolicy::try_from(s.catch_up) {
+        Ok(pb::CatchUpPolicy::None) => "none",
+        Ok(pb::CatchUpPolicy::All) => "all",
+        _ => "one",
+    };
+    json!({
+        "name": s.name,
+        "cron": s.cron,
+        "time_zone": if s.time_zone.is_empty() { "UTC" } else { s.time_zone.as_str() },
+        "queue": job.queue,
+        "paused": s.paused,
+        "overlap": overlap,
+        "catch_up": catch_up,
+        "catch_up_limit": s.catch_up_limit,
+        "next_run_at": millis(&i.next_run_at),
+        "last_tick_at": millis(&i.last_tick_at),
+        "last_job_id": (!i.last_job_id.is_empty()).then_some(&i.last_job_id),
+        "can_admin": caller.can_admin(&job.queue),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,9 @@
 //!   `--auth-file` every visitor gets an anonymous session (and the broker
 //!   warns).
 //! - A token sees the queues it has any grant on; changing a queue (pause,
-//!   settings, requeue, purge) needs the `admin` action on that queue.
+//!   settings, requeue, purge) needs the `admin` action on that queue. A
+//!   schedule is seen with the queue its jobs go to, and changed (pause,
+//!   resume, run now, delete) with `admin` on that queue.
 //! - Cross-site request forgery: every POST must carry the session's CSRF
 //!   token in `X-CSRF-Token` (readable only by same-origin script), be
 //!   `Content-Type: application/json` (a cross-site form cannot send that
@@ -66,6 +68,7 @@ use handlers::{
     cancel_job, enqueue_job, events, get_job, get_queue, list_dead, list_jobs, list_keys,
     list_queues, pause_queue, purge_dead, purge_queue, requeue_dead, resume_queue, update_queue,
 };
+use handlers::{delete_schedule, list_schedules, pause_schedule, resume_schedule, run_schedule};
 use json::ApiError;
 
 /// How long a console session lasts after login.
@@ -155,6 +158,11 @@ pub fn router(console: Console) -> Router {
         .route("/jobs/{id}/cancel", post(cancel_job))
         .route("/queues/{name}/purge", post(purge_queue))
         .route("/queues/{name}/enqueue", post(enqueue_job))
+        .route("/schedules", get(list_schedules))
+        .route("/schedules/{name}/pause", post(pause_schedule))
+        .route("/schedules/{name}/resume", post(resume_schedule))
+        .route("/schedules/{name}/run", post(run_schedule))
+        .route("/schedules/{name}/delete", post(delete_schedule))
         .route_layer(middleware::from_fn_with_state(console.clone(), guard))
         .route("/session", get(session))
         .route("/login", post(login))

@@ -280,6 +280,7 @@ function route(keepFlash) {
     case "jobs": return jobsPage(params.get("queue") || "", params.get("state") || "live", params.get("search") || "", params.get("key") || "");
     case "dead": return deadPage(parts[1] || "");
     case "job": return jobPage(parts[1]);
+    case "schedules": return schedulesPage();
     default: return queuesPage();
   }
 }
@@ -607,6 +608,93 @@ function settingsPanel(name, q, canAdmin) {
     });
   });
   return el("div", { class: "panel" }, el("h2", {}, "Settings"), form);
+}
+
+// ---- schedules -------------------------------------------------------------
+
+// The schedules of the queues this session may read (ListSchedules): cron
+// and zone, next and last tick, pause and policies, refreshed every 5 s. A
+// session with the admin grant on a schedule's queue gets its actions
+// (pause or resume, run now, delete); others see none.
+async function schedulesPage() {
+  const m = clear(main());
+  const body = el("tbody", { id: "schedules-body" });
+  const head = el("tr", {});
+  const confirmBox = el("div", { id: "delete-schedule-box" });
+  append(m, [el("h1", {}, "Schedules"), confirmBox,
+    el("table", { id: "schedules" }, el("thead", {}, head), body),
+    el("p", { class: "muted" },
+      "Each tick enqueues the schedule's job; times are UTC. Create and edit schedules with ",
+      el("code", {}, "leaseq schedules"), " or the AdminService.")]);
+  const render = (schedules) => {
+    const admin = schedules.some((s) => s.can_admin);
+    clear(head);
+    append(head, ["Schedule", "Cron", "Zone", "Queue", "Next tick", "Last tick", "Paused", "Overlap / catch-up"]
+      .map((t) => el("th", {}, t)));
+    if (admin) head.appendChild(el("th", { id: "schedule-actions" }, "Actions"));
+    clear(body);
+    if (!schedules.length) {
+      body.appendChild(el("tr", {}, el("td", { colspan: 8, class: "muted", id: "schedules-none" },
+        "No schedules.")));
+    }
+    for (const s of schedules) {
+      const path = "/api/schedules/" + encodeURIComponent(s.name);
+      const did = (what) => async () => { await post(path + "/" + what); await load(); return "Schedule " + s.name + ": " + what + "d"; };
+      const last = s.last_job_id
+        ? el("a", { href: "#/job/" + encodeURIComponent(s.last_job_id), title: "its job" }, when(s.last_tick_at))
+        : when(s.last_tick_at);
+      const policies = "overlap " + s.overlap + ", catch-up " + s.catch_up +
+        (s.catch_up === "all" ? " (latest " + s.catch_up_limit + ")" : "");
+      body.appendChild(el("tr", { "data-schedule": s.name },
+        el("td", { class: "mono" }, s.name),
+        el("td", { class: "mono", "data-col": "cron" }, s.cron),
+        el("td", { "data-col": "zone" }, s.time_zone),
+        el("td", { "data-col": "queue" }, el("a", { href: "#/queue/" + encodeURIComponent(s.queue) }, s.queue)),
+        el("td", { "data-col": "next" }, s.paused ? "–" : when(s.next_run_at)),
+        el("td", { "data-col": "last" }, last),
+        el("td", { "data-col": "paused" }, s.paused ? el("span", { class: "badge paused" }, "paused") : "no"),
+        el("td", { "data-col": "policies" }, policies),
+        !admin ? null : el("td", { "data-col": "actions" }, !s.can_admin ? null : el("div", { class: "toolbar" },
+          s.paused
+            ? el("button", { class: "resume-schedule", onclick: () => act("Resume", did("resume")) }, "Resume")
+            : el("button", { class: "pause-schedule", onclick: () => act("Pause", did("pause")) }, "Pause"),
+          el("button", { class: "run-schedule", onclick: () => act("Run now", async () => {
+            const r = await post(path + "/run");
+            await load();
+            return "Schedule " + s.name + ": job " + r.job_id + " enqueued";
+          }) }, "Run now"),
+          el("button", { class: "danger delete-schedule", onclick: () => deleteScheduleConfirm(confirmBox, s.name, load) }, "Delete…")))));
+    }
+  };
+  const load = async () => {
+    try {
+      render((await get("/api/schedules")).schedules);
+    } catch (e) {
+      if (e.status !== 401) flash("Loading schedules failed: " + e.message, "error");
+    }
+  };
+  await load();
+  state.timer = setInterval(load, 5000);
+}
+
+// Deleting a schedule stops its ticks for good: the name must be typed.
+function deleteScheduleConfirm(box, name, reload) {
+  const input = el("input", { type: "text", id: "delete-schedule-name", "aria-label": "Schedule name",
+    placeholder: name, spellcheck: "false", autocomplete: "off" });
+  const yes = el("button", { class: "danger", id: "confirm-delete-schedule", disabled: true,
+    onclick: () => act("Delete", async () => {
+      await post("/api/schedules/" + encodeURIComponent(name) + "/delete", { confirm: input.value });
+      clear(box);
+      await reload();
+      return "Schedule " + name + " deleted";
+    }) }, "Delete");
+  input.addEventListener("input", () => { yes.disabled = input.value !== name; });
+  clear(box).appendChild(el("div", { class: "confirm" },
+    el("strong", {}, "Delete the schedule " + name + " for good?"),
+    " Its ticks stop; the jobs it enqueued stay. Type the schedule's name to confirm: ",
+    input, " ", yes, " ",
+    el("button", { id: "cancel-delete-schedule", onclick: () => clear(box) }, "Cancel")));
+  input.focus();
 }
 
 // ---- jobs by state -----------------------------------------------------------
