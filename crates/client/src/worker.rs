@@ -102,9 +102,11 @@ where
 /// [`Worker::serve`]`(shutdown)`. A queue given to `handle` uses that
 /// handler, even if also listed in `new`.
 ///
-/// - **Outcomes**: a handler returns `Result<(), E>` for any error type that
-///   converts into [`BoxError`] (`anyhow::Error`, `String`, any
-///   `std::error::Error`). `Ok(())` acks. An error whose chain holds a
+/// - **Outcomes**: a handler returns `Result<(), E>` (or `Result<Ack, E>`)
+///   for any error type that converts into [`BoxError`] (`anyhow::Error`,
+///   `String`, any `std::error::Error`). `Ok(())` acks; `Ok(`[`Ack`]`)`
+///   acks with follow-up jobs ([`Ack::then`]) or sends nothing for a job the
+///   handler settled in SQL ([`Ack::settled_in_sql`]). An error whose chain holds a
 ///   [`Retry`](crate::Retry) nacks with its `after` as `retry_after`; one
 ///   holding a [`DeadLetter`](crate::DeadLetter) dead-letters the job; any
 ///   other nacks it with its text (the error and its sources joined by
