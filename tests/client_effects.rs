@@ -123,8 +123,8 @@ async fn follow_ups_exist_once_the_handler_returns_and_the_parent_is_gone() {
             5
         );
         let receipts: Vec<serde_json::Value> = sqlx::query_scalar(
-            "select convert_from(payload, 'UTF8')::jsonb from leaseq.jobs \
-             where queue = 'receipts' order by 1::text",
+            "select r from (select convert_from(payload, 'UTF8')::jsonb as r from leaseq.jobs \
+             where queue = 'receipts') j order by r->>'order'",
         )
         .fetch_all(&db.pool)
         .await
