@@ -526,7 +526,11 @@ class Worker:
     ``await worker.run_async()``; both stop gracefully on ``stop()`` or
     SIGTERM/SIGINT.
 
-    - **Outcomes**: a handler that returns acks the job. Raising
+    - **Outcomes**: a handler that returns acks the job; returning a
+      :class:`leaseq.Ack` acks it with follow-up jobs (``Ack([...])``,
+      enqueued in the ack's transaction; the job is nacked instead by a
+      broker without "ack.enqueue") or sends nothing for a job the handler
+      settled in SQL (``Ack.settled_in_sql()``). Raising
       :class:`leaseq.Retry` nacks it with ``retry_after``; raising
       :class:`leaseq.DeadLetter` dead-letters it; any other exception nacks it
       with ``str(exception)`` as the error (the job's next ``last_error``),
