@@ -73,13 +73,22 @@ def test_follow_ups_exist_once_the_handler_returns_and_the_parent_is_gone(addr, 
                 return Ack()  # a plain ack, batched in the fallback
             return Ack([NewJob(f"{q}.emails", f"mail {order}")]).then(receipts.job(Receipt(order)))
 
+        # Through a middleware that returns what next() returned.
         if plain:
+
+            @w.use
+            def passing(job: Job, next):
+                return next(job)
 
             @w.task(f"{q}.orders", str)
             def handle(order: str) -> Ack:
                 return follow_ups(order)
 
         else:
+
+            @w.use
+            async def passing_async(job: Job, next):
+                return await next(job)
 
             @w.handler(f"{q}.orders")
             async def handle_async(job: Job) -> Ack:
