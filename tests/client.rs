@@ -704,11 +704,14 @@ impl Calls {
 
 /// A gRPC proxy in front of a broker's QueueService that counts every call
 /// and every settle sent on Consume streams, and (with `consume: false`)
-/// answers UNIMPLEMENTED to Consume as a broker from before it would.
+/// answers UNIMPLEMENTED to Consume as a broker from before it would; with
+/// `strip_features`, Consume heartbeats lose their `features`, as from a
+/// broker before them (tests/client_effects.rs).
 struct Proxy {
     upstream: QueueServiceClient<Channel>,
     calls: Arc<Calls>,
     consume: bool,
+    strip_features: bool,
 }
 
 #[tonic::async_trait]
@@ -808,11 +811,16 @@ impl QueueService for Proxy {
             .into_inner();
         // Responses: passed on, and how the broker ended them.
         let (resp_tx, resp_rx) = mpsc::channel(16);
-        let calls = self.calls.clone();
+        let (calls, strip) = (self.calls.clone(), self.strip_features);
         tokio::spawn(async move {
             loop {
                 match upstream.message().await {
-                    Ok(Some(m)) => {
+                    Ok(Some(mut m)) => {
+                        if let Some(pb::consume_response::Kind::Heartbeat(h)) = &mut m.kind
+                            && strip
+                        {
+                            h.features.clear();
+                        }
                         if resp_tx.send(Ok(m)).await.is_err() {
                             return;
                         }
@@ -834,6 +842,21 @@ impl QueueService for Proxy {
 
 /// Starts a [`Proxy`] to the broker at `upstream`; returns its address.
 async fn start_proxy(upstream: SocketAddr, consume: bool) -> (SocketAddr, Arc<Calls>) {
+    start_proxy_with(upstream, consume, false).await
+}
+
+/// A [`Proxy`] that makes the broker at `upstream` look like one from
+/// before `Heartbeat.features`: its Consume streams' first heartbeats list
+/// none.
+pub(crate) async fn start_featureless_proxy(upstream: SocketAddr) -> SocketAddr {
+    start_proxy_with(upstream, true, true).await.0
+}
+
+async fn start_proxy_with(
+    upstream: SocketAddr,
+    consume: bool,
+    strip_features: bool,
+) -> (SocketAddr, Arc<Calls>) {
     let calls = Arc::new(Calls::default());
     let proxy = Proxy {
         upstream: QueueServiceClient::connect(format!("http://{upstream}"))
@@ -841,6 +864,7 @@ async fn start_proxy(upstream: SocketAddr, consume: bool) -> (SocketAddr, Arc<Ca
             .unwrap(),
         calls: calls.clone(),
         consume,
+        strip_features,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -2780,7 +2804,7 @@ async fn middleware_wraps_handlers_outermost_first_and_keeps_their_outcome() {
                     log.lock().unwrap().push(format!("outer in {p}"));
                     let r = next.run(job).await;
                     let how = match &r {
-                        Ok(()) => "ok".to_owned(),
+                        Ok(_) => "ok".to_owned(),
                         Err(e) => format!("{} {:?} {}", e.kind(), e.retry_after(), e.message()),
                     };
                     log.lock().unwrap().push(format!("outer out {p}: {how}"));

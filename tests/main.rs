@@ -16,6 +16,7 @@ mod admin_cli;
 mod alerts;
 mod client;
 mod client_cli;
+mod client_effects;
 mod clients;
 mod conn_limits;
 mod console;

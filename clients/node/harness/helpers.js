@@ -363,7 +363,25 @@ const NO_CONSUME =
   'the broker answered Consume with UNIMPLEMENTED, so settles went through Subscribe + AckBatch: ' +
   'acks on the stream need a broker built with the Consume server side (LEASEQ_BIN)';
 
+/**
+ * The broker's database, as `pg` takes it: DATABASE_URL if the suite runs
+ * on one, else the embedded cluster's Unix socket (<LEASEQ_DATA_DIR>/run,
+ * user and database `leaseq`: src/embedded.rs). Also as libpq's variables
+ * (pgEnv), for a child process.
+ */
+function pgConfig() {
+  const env = dbEnv();
+  if (env.DATABASE_URL) return { connectionString: env.DATABASE_URL };
+  return { host: path.join(env.LEASEQ_DATA_DIR, 'run'), user: 'leaseq', database: 'leaseq' };
+}
+
+function pgEnv() {
+  const c = pgConfig();
+  return c.connectionString ? { DATABASE_URL: c.connectionString } : { PGHOST: c.host, PGUSER: c.user, PGDATABASE: c.database };
+}
+
 module.exports = {
+  pgConfig, pgEnv,
   callCounter, streamCounter, untold, quietLog, jobGone, NO_CONSUME,
   Broker, suiteBroker, queueName, firstDelivery, deferred, Inbox, health, retryUnavailable, eventually, jobFromDelivery, REPO,
 };

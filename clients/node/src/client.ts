@@ -66,7 +66,8 @@ export interface ClientOptions extends ConnectionOptions {
   options?: grpc.ChannelOptions;
 }
 
-function enqueueRequest(job: EnqueueJob, propagate: boolean): Record<string, unknown> {
+/** @internal The EnqueueRequest of a job (also a follow-up of an ack). */
+export function enqueueRequest(job: EnqueueJob, propagate: boolean): Record<string, unknown> {
   const payload = job.payload;
   const headers = { ...(job.headers ?? {}) };
   const req: Record<string, unknown> = {
@@ -136,8 +137,16 @@ export class Client {
     return new JobStream(this._rpc, opts);
   }
 
-  async ack(jobId: string, leaseToken: string): Promise<void> {
-    await this._rpc.unary('Ack', { jobId, leaseToken });
+  /**
+   * Acks the job. `enqueue`: follow-up jobs, inserted in the ack's
+   * transaction (they exist if and only if the ack committed; only a
+   * broker that lists "ack.enqueue" takes them, an older one drops them);
+   * resolves to their ids, in order.
+   */
+  async ack(jobId: string, leaseToken: string, opts: { enqueue?: readonly EnqueueJob[] } = {}): Promise<string[]> {
+    const enqueue = (opts.enqueue ?? []).map((j) => enqueueRequest(j, this.#propagate));
+    const resp = await this._rpc.unary<{ enqueued?: string[] }>('Ack', { jobId, leaseToken, enqueue });
+    return resp.enqueued ?? [];
   }
 
   /** Acks many jobs in one call; each succeeds or fails on its own. */

@@ -1,6 +1,7 @@
 // Errors and handler outcomes.
 
 import { status } from '@grpc/grpc-js';
+import type { EnqueueJob } from './client';
 
 /**
  * A failure reported by the broker for one settle (ack, nack, lease
@@ -93,6 +94,59 @@ export class DeadLetter extends Error {
     super(reason);
     this.name = 'DeadLetter';
   }
+}
+
+/** The feature a broker lists in a stream's first heartbeat when it takes follow-up jobs with an ack. */
+export const ACK_ENQUEUE = 'ack.enqueue';
+
+/** @internal The refusal of follow-up jobs by a broker without "ack.enqueue". */
+export const NO_ACK_ENQUEUE =
+  'ack.enqueue: the broker did not list "ack.enqueue" in its first heartbeat (it predates follow-up jobs): it cannot enqueue follow-up jobs with an ack';
+
+/**
+ * Outcome: ack the job, and say more than "done". Return it from a handler
+ * (resolving to anything else is a plain ack).
+ *
+ * - `new Ack({ enqueue: [...] })`: follow-up jobs (EnqueueJob, as for
+ *   client.enqueueBatch), enqueued in the transaction that acks this one:
+ *   they exist if and only if the ack committed. A handler that throws
+ *   enqueues none. A broker that did not list "ack.enqueue" in its first
+ *   heartbeat would drop them: the worker then nacks the job with an error
+ *   saying so (stats.followUpsRefused), never acks it without them. Their
+ *   ids come in the 'job' event (JobEvent.enqueued).
+ * - `Ack.settledInSql()`: the handler settled the job itself, with
+ *   `select leaseq.ack($1, $2)` (job.id, job.leaseToken) or leaseq.nack in
+ *   the transaction of its effect, and that transaction committed: the
+ *   worker sends nothing and frees the slot (outcome 'settled-in-sql'); the
+ *   broker gives the stream's credit back when the commit's NOTIFY reaches
+ *   it. Follow-ups cannot go with it (insert them in that transaction with
+ *   leaseq.enqueue).
+ *
+ * A middleware must return what next() returned, or the follow-ups are lost.
+ */
+export class Ack {
+  readonly enqueue: readonly EnqueueJob[];
+  readonly inSql: boolean;
+  /** @internal */
+  readonly [OUTCOME] = 'ack';
+
+  constructor(opts: { enqueue?: readonly EnqueueJob[] } = {}) {
+    this.enqueue = [...(opts.enqueue ?? [])];
+    this.inSql = false;
+  }
+
+  /** The job was acked (or nacked) in SQL by the handler: send nothing. */
+  static settledInSql(): Ack {
+    const a = new Ack();
+    (a as { inSql: boolean }).inSql = true;
+    return a;
+  }
+}
+
+/** @internal An Ack, also across two copies of this package; null for anything else. */
+export function ackOf(x: unknown): Ack | null {
+  if (x !== null && typeof x === 'object' && (x as Record<symbol, unknown>)[OUTCOME] === 'ack') return x as Ack;
+  return null;
 }
 
 /** @internal Retry / DeadLetter, also across two copies of this package. */

@@ -16,7 +16,7 @@ export { DEFAULT_ADDR, systemRoots } from './connection';
 export type { ConnectionOptions, TlsOptions } from './connection';
 export { FATAL_CODES, JobStream } from './consumer';
 export type { ConsumeOptions, JobCancelled, Logger, ProtocolOption, StreamOptions } from './consumer';
-export { DeadLetter, JobCancelledError, JobTimeoutError, LeaseLostError, LeaseqError, Retry } from './errors';
+export { Ack, DeadLetter, JobCancelledError, JobTimeoutError, LeaseLostError, LeaseqError, Retry } from './errors';
 export { Job } from './job';
 export type { Cancelled, Protocol } from './session';
 export type { NackOptions } from './job';

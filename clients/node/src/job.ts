@@ -2,7 +2,9 @@
 // that settle it.
 
 import { status } from '@grpc/grpc-js';
-import { asLeaseqError, errorText, LeaseqError } from './errors';
+import { status as grpcStatus } from '@grpc/grpc-js';
+import { enqueueRequest, type EnqueueJob } from './client';
+import { ACK_ENQUEUE, asLeaseqError, errorText, LeaseqError, NO_ACK_ENQUEUE } from './errors';
 import { toDate, type PbTime } from './proto';
 import { DueSet } from './timers';
 
@@ -19,32 +21,37 @@ export interface NackOptions {
  * promise, so the worker's path needs none per job.
  */
 export interface SettleWaiter {
-  /** deadLettered: nacks; expires: extends (null otherwise). */
-  settleOk(deadLettered: boolean, expires: Date | null): void;
+  /** deadLettered: nacks; expires: extends (null otherwise); enqueued: an ack's follow-ups' ids. */
+  settleOk(deadLettered: boolean, expires: Date | null, enqueued?: readonly string[]): void;
   settleFailed(err: LeaseqError): void;
 }
 
 /** @internal Where a job's settles go: its stream, or unary calls. */
 export interface Settler {
-  ack(job: Job, w: SettleWaiter): void;
+  /** enqueue: follow-up jobs' EnqueueRequests (only when supports("ack.enqueue")). */
+  ack(job: Job, w: SettleWaiter, enqueue?: object[] | null): void;
+  /** Whether the stream's broker listed `feature` in its first heartbeat. */
+  supports(feature: string): boolean;
   nack(job: Job, error: string, opts: NackOptions, w: SettleWaiter): void;
   extend(job: Job, leaseMs: number, w: SettleWaiter): void;
 }
 
 // The public methods' waiter: a promise's resolve and reject.
+type SettlePick<T> = (deadLettered: boolean, expires: Date | null, enqueued: readonly string[]) => T;
+
 class PromiseWaiter<T> implements SettleWaiter {
   #resolve: (v: T) => void;
   #reject: (e: LeaseqError) => void;
-  #pick: (deadLettered: boolean, expires: Date | null) => T;
+  #pick: SettlePick<T>;
 
-  constructor(resolve: (v: T) => void, reject: (e: LeaseqError) => void, pick: (deadLettered: boolean, expires: Date | null) => T) {
+  constructor(resolve: (v: T) => void, reject: (e: LeaseqError) => void, pick: SettlePick<T>) {
     this.#resolve = resolve;
     this.#reject = reject;
     this.#pick = pick;
   }
 
-  settleOk(deadLettered: boolean, expires: Date | null): void {
-    this.#resolve(this.#pick(deadLettered, expires));
+  settleOk(deadLettered: boolean, expires: Date | null, enqueued?: readonly string[]): void {
+    this.#resolve(this.#pick(deadLettered, expires, enqueued ?? []));
   }
 
   settleFailed(err: LeaseqError): void {
@@ -52,7 +59,7 @@ class PromiseWaiter<T> implements SettleWaiter {
   }
 }
 
-const pickVoid = (): void => undefined;
+const pickEnqueued = (_dl: boolean, _e: Date | null, enqueued: readonly string[]): string[] => [...enqueued];
 const pickDeadLettered = (deadLettered: boolean): boolean => deadLettered;
 
 /**
@@ -228,10 +235,21 @@ export class Job<T = unknown> {
   }
 
   /** @internal ack() without a promise: `w` is told how it ended. */
-  _ack(w: SettleWaiter): void {
+  _ack(w: SettleWaiter, enqueue: object[] | null = null): void {
     this._stopKeeping();
     this.#settled = true;
-    this.#settler.ack(this, w);
+    this.#settler.ack(this, w, enqueue);
+  }
+
+  /** @internal Whether this job's stream can carry `feature` (e.g. "ack.enqueue"). */
+  _supports(feature: string): boolean {
+    return this.#settler.supports(feature);
+  }
+
+  /** @internal The handler settled it in SQL: nothing to send, no more extensions. */
+  _settledElsewhere(): void {
+    this._stopKeeping();
+    this.#settled = true;
   }
 
   /** @internal nack() without a promise. */
@@ -241,9 +259,21 @@ export class Job<T = unknown> {
     this.#settler.nack(this, error, opts, w);
   }
 
-  /** The job is done: the broker removes it. */
-  ack(): Promise<void> {
-    return new Promise((resolve, reject) => this._ack(new PromiseWaiter(resolve, reject, pickVoid)));
+  /**
+   * The job is done: the broker removes it. `enqueue`: follow-up jobs,
+   * inserted in the ack's transaction (they exist if and only if the ack
+   * committed); resolves to their ids, in order. Follow-ups reject with
+   * UNIMPLEMENTED, nothing sent and the job still held, when the broker did
+   * not list "ack.enqueue" in the stream's first heartbeat (an older broker
+   * would ack and drop them).
+   */
+  ack(opts: { enqueue?: readonly EnqueueJob[] } = {}): Promise<string[]> {
+    const jobs = opts.enqueue ?? [];
+    if (jobs.length > 0 && !this._supports(ACK_ENQUEUE)) {
+      return Promise.reject(new LeaseqError(grpcStatus.UNIMPLEMENTED, NO_ACK_ENQUEUE));
+    }
+    const enqueue = jobs.length > 0 ? jobs.map((j) => enqueueRequest(j, true)) : null;
+    return new Promise((resolve, reject) => this._ack(new PromiseWaiter(resolve, reject, pickEnqueued), enqueue));
   }
 
   /**

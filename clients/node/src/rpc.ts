@@ -140,6 +140,13 @@ export class Rpc {
     );
   }
 
+  /** A unary Ack with follow-up jobs (AckBatch cannot carry them); their ids. */
+  ackWith(jobId: string, leaseToken: string, enqueue: object[]): Promise<string[]> {
+    return this.#retrying(() => this.unary<{ enqueued?: string[] }>('Ack', { jobId, leaseToken, enqueue }, SETTLE_DEADLINE_MS)).then(
+      (r) => r.enqueued ?? [],
+    );
+  }
+
   nack(req: NackReq): Promise<boolean> {
     return this.#retrying(() => this.unary<{ deadLettered: boolean }>('Nack', req, SETTLE_DEADLINE_MS)).then((r) => r.deadLettered);
   }

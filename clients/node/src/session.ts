@@ -33,6 +33,8 @@ interface PbSettleResult {
   deadLettered: boolean;
   leaseExpiresAt: PbTime | null;
   leaseToken?: string;
+  /** ACK: the follow-up jobs' ids. */
+  enqueued?: string[];
 }
 
 /**
@@ -75,6 +77,8 @@ interface Pending {
   leaseMs: number;
   waiter: SettleWaiter;
   next: Pending | null;
+  // An ack's follow-up jobs (EnqueueRequests), for a unary retry.
+  enqueue: object[] | null;
 }
 
 /** @internal */
@@ -222,17 +226,17 @@ export class Session implements Settler {
     else this.#pending.delete(r.jobId);
     if (r.code === status.OK) {
       const expires = op === 'extend' ? (toDate(r.leaseExpiresAt) ?? new Date(Date.now() + p.leaseMs)) : null;
-      this.#answer(p.waiter, r.deadLettered, expires);
+      this.#answer(p.waiter, r.deadLettered, expires, r.enqueued);
     } else if (r.code === status.UNAVAILABLE) {
       // The database was not reachable for it: the unary path retries.
-      this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter);
+      this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter, p.enqueue);
     } else this.#fail(p.waiter, asLeaseqError({ code: r.code, details: r.message }));
   }
 
-  #answer(w: SettleWaiter, deadLettered: boolean, expires: Date | null): void {
+  #answer(w: SettleWaiter, deadLettered: boolean, expires: Date | null, enqueued?: readonly string[]): void {
     this.#unanswered -= 1;
     try {
-      w.settleOk(deadLettered, expires);
+      w.settleOk(deadLettered, expires, enqueued);
     } finally {
       if (this.#unanswered === 0) this.#wakeClose();
     }
@@ -254,9 +258,11 @@ export class Session implements Settler {
 
   // The settle as a unary call (AckBatch for acks), retried on UNAVAILABLE:
   // Subscribe's way, and Consume's once the stream is gone.
-  #unary(op: Op, job: Job, nack: NackReq | null, leaseMs: number, w: SettleWaiter): void {
+  #unary(op: Op, job: Job, nack: NackReq | null, leaseMs: number, w: SettleWaiter, enqueue: object[] | null = null): void {
     const fail = (e: LeaseqError) => this.#fail(w, e);
-    if (op === 'ack') this.#rpc.ack(job.id, job.leaseToken).then(() => this.#answer(w, false, null), fail);
+    // Follow-ups: a unary Ack (AckBatch cannot carry them).
+    if (op === 'ack' && enqueue) this.#rpc.ackWith(job.id, job.leaseToken, enqueue).then((ids) => this.#answer(w, false, null, ids), fail);
+    else if (op === 'ack') this.#rpc.ack(job.id, job.leaseToken).then(() => this.#answer(w, false, null), fail);
     else if (op === 'nack') this.#rpc.nack(nack as NackReq).then((dl) => this.#answer(w, dl, null), fail);
     else this.#rpc.extend(job.id, job.leaseToken, leaseMs).then((d) => this.#answer(w, false, d), fail);
   }
@@ -271,16 +277,16 @@ export class Session implements Settler {
     const all: Pending[] = [];
     for (let p of this.#pending.values()) for (; p; p = p.next as Pending) all.push(p);
     this.#pending.clear();
-    for (const p of all) this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter);
+    for (const p of all) this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter, p.enqueue);
   }
 
-  #send(op: Op, job: Job, entry: object, nack: NackReq | null, leaseMs: number, w: SettleWaiter): void {
+  #send(op: Op, job: Job, entry: object, nack: NackReq | null, leaseMs: number, w: SettleWaiter, enqueue: object[] | null = null): void {
     this.#unanswered += 1;
     if (this.protocol !== 'consume' || !this.#open || this.#closing) {
-      this.#unary(op, job, nack, leaseMs, w);
+      this.#unary(op, job, nack, leaseMs, w, enqueue);
       return;
     }
-    const p: Pending = { op, job, nack, leaseMs, waiter: w, next: null };
+    const p: Pending = { op, job, nack, leaseMs, waiter: w, next: null, enqueue };
     const head = this.#pending.get(job.id);
     if (head) {
       let last = head;
@@ -303,8 +309,13 @@ export class Session implements Settler {
     (this.#call as grpc.ClientDuplexStream<object, StreamMessage>).write({ acks, nacks, extends: ext });
   }
 
-  ack(job: Job, w: SettleWaiter): void {
-    this.#send('ack', job, { jobId: job.id, leaseToken: job.leaseToken }, null, 0, w);
+  ack(job: Job, w: SettleWaiter, enqueue: object[] | null = null): void {
+    const entry = enqueue ? { jobId: job.id, leaseToken: job.leaseToken, enqueue } : { jobId: job.id, leaseToken: job.leaseToken };
+    this.#send('ack', job, entry, null, 0, w, enqueue);
+  }
+
+  supports(feature: string): boolean {
+    return this.features.includes(feature);
   }
 
   nack(job: Job, error: string, opts: NackOptions, w: SettleWaiter): void {

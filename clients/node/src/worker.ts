@@ -7,7 +7,8 @@ import { EventEmitter } from 'node:events';
 import { status } from '@grpc/grpc-js';
 import type { Client } from './client';
 import { Consumer, loggerOf, type Logger, type StreamOptions } from './consumer';
-import { asLeaseqError, errorText, JobCancelledError, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
+import { enqueueRequest } from './client';
+import { ACK_ENQUEUE, type Ack, ackOf, asLeaseqError, errorText, JobCancelledError, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
 import { LeaseKeeper, type Job, type NackOptions, type SettleWaiter } from './job';
 import type { Cancelled, Protocol } from './session';
 import type { Task } from './task';
@@ -29,9 +30,10 @@ export interface HandlerContext {
 
 /**
  * A job handler. Resolving acks the job, unless it resolves to a Retry or
- * DeadLetter, which settle as such (as they do when thrown). Any other
- * error nacks the job with the error's message (the next attempt's
- * `lastError`), retried after the queue's backoff.
+ * DeadLetter, which settle as such (as they do when thrown), or to an Ack
+ * (follow-up jobs with the ack, or `Ack.settledInSql()`). Any other error
+ * nacks the job with the error's message (the next attempt's `lastError`),
+ * retried after the queue's backoff.
  */
 export type Handler<T = unknown> = (job: Job<T>, ctx: HandlerContext) => unknown;
 
@@ -87,6 +89,7 @@ export type JobOutcome =
   | 'timeout' // the timeout ran out: nacked
   | 'lease-lost' // the lease was lost: not settled by this worker
   | 'cancelled' // the job was cancelled (CancelJob): its handler aborted or never started, nothing settled
+  | 'settled-in-sql' // the handler acked (or nacked) it in SQL (Ack.settledInSql()): nothing sent
   | 'abandoned'; // stopped before it ran or before it finished: released when the stream closed
 
 export interface JobEvent {
@@ -98,6 +101,8 @@ export interface JobEvent {
   deadLettered?: boolean;
   /** The settle failed other than by a lost lease (after its retries). */
   settleError?: LeaseqError;
+  /** An ack with follow-up jobs (Ack): their ids, in order. */
+  enqueued?: string[];
   /** From the start of the handler (0 if it never ran). */
   durationMs: number;
 }
@@ -126,6 +131,12 @@ export interface WorkerStats {
   abandoned: number;
   /** Settles that failed other than by a lost lease. */
   settleFailed: number;
+  /** Follow-up jobs (Ack) enqueued with their jobs' acks. */
+  followUps: number;
+  /** Jobs nacked instead of acked with follow-ups: the broker did not list "ack.enqueue" (or the handler also settled in SQL). */
+  followUpsRefused: number;
+  /** Jobs their handlers settled in SQL (Ack.settledInSql()): nothing sent. */
+  settledInSql: number;
 }
 
 interface Route {
@@ -200,7 +211,10 @@ export class Worker extends EventEmitter {
   #lastWorkAt = 0;
   // Cancels that found no waiting or running job (see #cancelled).
   #cancelledKeys = new Set<string>();
-  #stats: WorkerStats = { delivered: 0, acked: 0, nacked: 0, deadLettered: 0, timedOut: 0, leaseLost: 0, cancelled: 0, abandoned: 0, settleFailed: 0 };
+  #stats: WorkerStats = {
+    delivered: 0, acked: 0, nacked: 0, deadLettered: 0, timedOut: 0, leaseLost: 0, cancelled: 0, abandoned: 0, settleFailed: 0,
+    followUps: 0, followUpsRefused: 0, settledInSql: 0,
+  };
 
   constructor(client: Client, opts?: WorkerOptions);
   /** One handler for every queue of `queues`. */
@@ -432,7 +446,11 @@ export class Worker extends EventEmitter {
         case 'abandoned':
           st.abandoned += 1;
           break;
+        case 'settled-in-sql':
+          st.settledInSql += 1;
+          break;
       }
+      if (e.enqueued) st.followUps += e.enqueued.length;
       if (e.deadLettered) st.deadLettered += 1;
     }
     try {
@@ -546,8 +564,45 @@ export class Worker extends EventEmitter {
     const kind = outcomeOf(value);
     if (kind === 'retry') this.#settle(run, 'retry', errorText(value), { retryAfterMs: (value as Retry).after });
     else if (kind === 'dead-letter') this.#settle(run, 'dead-letter', errorText(value), { deadLetter: true });
-    else if (ok) this.#settle(run, 'ack', undefined, NO_OPTS);
+    else if (ok) this.#ack(run, ackOf(value));
     else this.#settle(run, 'nack', errorText(value), NO_OPTS);
+  }
+
+  // A handler's success: a plain ack, one with follow-ups, or nothing to
+  // send (settled in SQL).
+  #ack(run: JobRun, a: Ack | null): void {
+    const { job } = run;
+    if (a?.inSql) {
+      job._settledElsewhere();
+      run.state = DONE;
+      if (a.enqueue.length > 0) {
+        // The job is gone already: nothing can carry them now.
+        this.#stats.followUpsRefused += 1;
+        this.#log.warn(
+          `leaseq worker: job ${job.id}: settled in SQL by its handler, which also asked for ${a.enqueue.length} follow-up job(s): not enqueued (enqueue them in that transaction with leaseq.enqueue)`,
+        );
+      }
+      const durationMs = Date.now() - run.started;
+      (run.span as JobSpan).end('settled-in-sql');
+      this.#emit({ job, outcome: 'settled-in-sql', durationMs });
+      this.#finished();
+      return;
+    }
+    if (!a || a.enqueue.length === 0) return this.#settle(run, 'ack', undefined, NO_OPTS);
+    if (!job._supports(ACK_ENQUEUE)) {
+      // Never an ack without its follow-ups: the job fails, and comes back.
+      this.#stats.followUpsRefused += 1;
+      const error = `ack.enqueue: the broker did not list "ack.enqueue" in its first heartbeat (it predates follow-up jobs), so the ack and its ${a.enqueue.length} follow-up job(s) could not be sent together; nacked instead`;
+      this.#log.warn(`leaseq worker: job ${job.id}: ${error}`);
+      return this.#settle(run, 'nack', error, NO_OPTS);
+    }
+    let enqueue: object[];
+    try {
+      enqueue = a.enqueue.map((j) => enqueueRequest(j, true));
+    } catch (e) {
+      return this.#settle(run, 'nack', `follow-ups: ${errorText(e)}`, NO_OPTS);
+    }
+    this.#settle(run, 'ack', undefined, NO_OPTS, enqueue);
   }
 
   // A timeout, a lost lease or the stop grace, while the handler runs.
@@ -623,7 +678,7 @@ export class Worker extends EventEmitter {
     }
   }
 
-  #settle(run: JobRun, outcome: JobOutcome, error: string | undefined, opts: NackOptions): void {
+  #settle(run: JobRun, outcome: JobOutcome, error: string | undefined, opts: NackOptions, enqueue: object[] | null = null): void {
     run.outcome = outcome;
     run.durationMs = Date.now() - run.started;
     const span = run.span as JobSpan;
@@ -631,14 +686,15 @@ export class Worker extends EventEmitter {
       span.fail(error);
       run.error = error;
     }
-    if (outcome === 'ack') run.job._ack(run);
+    if (outcome === 'ack') run.job._ack(run, enqueue);
     else run.job._nack(error as string, opts, run);
   }
 
   /** @internal The broker answered a settle of `run`. */
-  _settled(run: JobRun, deadLettered: boolean, err: LeaseqError | null): void {
+  _settled(run: JobRun, deadLettered: boolean, err: LeaseqError | null, enqueued?: readonly string[]): void {
     run.state = DONE;
     const event: JobEvent = { job: run.job, outcome: run.outcome as JobOutcome, durationMs: run.durationMs };
+    if (!err && enqueued && enqueued.length > 0) event.enqueued = [...enqueued];
     if (run.outcome !== 'ack') {
       event.error = run.error;
       if (!err) event.deadLettered = deadLettered;
@@ -733,8 +789,8 @@ class JobRun implements SettleWaiter {
     this.#controller?.abort(reason);
   }
 
-  settleOk(deadLettered: boolean): void {
-    this.worker._settled(this, deadLettered, null);
+  settleOk(deadLettered: boolean, _expires: Date | null, enqueued?: readonly string[]): void {
+    this.worker._settled(this, deadLettered, null, enqueued);
   }
 
   settleFailed(err: LeaseqError): void {

@@ -8,7 +8,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const { after, before, test } = require('node:test');
 const { AdminClient, Client } = require('@leaseq/client');
-const { suiteBroker, queueName, jobGone, eventually, REPO } = require('../harness/helpers');
+const { suiteBroker, queueName, jobGone, eventually, pgEnv, REPO } = require('../harness/helpers');
 const { startSecureBroker } = require('../harness/secure');
 
 const ROOT = path.join(__dirname, '..');
@@ -81,6 +81,16 @@ test('README shows every example verbatim', () => {
     const body = fs.readFileSync(path.join(ROOT, 'examples', name), 'utf8');
     assert.ok(readme.includes(body), `README.md should contain examples/${name} verbatim`);
   }
+});
+
+test('examples/exactly_once.mjs: each order shipped once, each shipping job acked with its email', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const lines = await runToEnd('exactly_once.mjs', { QUEUE: q, ...pgEnv() });
+  assert.deepEqual(lines.filter((l) => l.startsWith('shipped ')), ['shipped order-0', 'shipped order-1', 'shipped order-2']);
+  assert.equal(lines.at(-1), 'settled in SQL 3 acked 2 follow-ups 2');
+  const { jobs } = await admin.listJobs({ queue: `${q}.emails`, includePayload: true });
+  assert.deepEqual(jobs.map((j) => j.payload.toString()).sort(), ['parcel-0 has shipped', 'parcel-1 has shipped']);
+  assert.equal((await admin.getQueue(`${q}.orders`)).stats.available, 0);
 });
 
 test('examples/produce.mjs', { timeout: 30000 }, async () => {

@@ -3,7 +3,8 @@
 - :class:`Client` (blocking) and :class:`AsyncClient` (asyncio): enqueue,
   enqueue_batch, ack, ack_batch, nack, extend_lease, subscribe, consume.
 - :class:`Worker`: handlers per queue, concurrency = credits, per-job
-  timeout, lease extension, outcomes (:class:`Retry`, :class:`DeadLetter`),
+  timeout, lease extension, outcomes (:class:`Retry`, :class:`DeadLetter`;
+  :class:`Ack` for follow-up jobs with the ack, or a job acked in SQL),
   settles on the Consume stream, reconnects, graceful stop on SIGTERM.
 - :class:`Task`: a queue and its payload type, declared once: the producer
   (``task.enqueue(client, payload)``) and the worker's handler
@@ -16,6 +17,7 @@
 
 from leaseq._connection import TLS, Connection
 from leaseq._types import (
+    Ack,
     AckResult,
     Cancelled,
     DeadLetter,
@@ -59,6 +61,7 @@ from leaseq.worker import FATAL_CODES, Backoff, Handler, Middleware, Worker, Wor
 __version__ = "0.2.0"
 
 __all__ = [
+    "Ack",
     "AckResult",
     "AdminClient",
     "AsyncAdminClient",

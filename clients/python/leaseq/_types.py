@@ -13,6 +13,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    Iterable,
     List,
     Mapping,
     Optional,
@@ -27,6 +28,7 @@ from typing import (
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from leaseq import _tracing
 from leaseq.v1 import queue_pb2 as pb
 
 #: A length of time: seconds as a number, or a ``datetime.timedelta``.
@@ -149,6 +151,50 @@ class DeadLetter(Exception):
     def __init__(self, reason: str = "dead-lettered by the handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Ack:
+    """Return from a handler to say more than "done" (returning anything
+    else, ``None`` included, is a plain ack):
+
+    - ``Ack([job, ...])``: **follow-up jobs** (:class:`NewJob`, e.g.
+      ``task.job(payload)``), enqueued in the transaction that acks this
+      one (``AckRequest.enqueue``): they exist if and only if the ack
+      committed. A handler that raises enqueues none. A broker that did not
+      list ``"ack.enqueue"`` in its first heartbeat would drop them: the
+      worker then *nacks* the job with an error saying so
+      (``WorkerStats.follow_ups_refused``), never acks it without them.
+      Their ids are not handed back to the handler (the ack is sent after
+      it returns); the worker logs them at DEBUG.
+    - ``Ack.settled_in_sql()``: the handler settled its job itself, with
+      ``select leaseq.ack(%s, %s)`` (``job.id``, ``job.lease_token``) or
+      ``leaseq.nack`` in the transaction of its effect, and that
+      transaction committed: the worker sends nothing and frees the
+      handler's slot (``WorkerStats.settled_in_sql``); the broker gives the
+      stream's credit back when the commit's NOTIFY reaches it. Follow-ups
+      cannot go with it (insert them in that transaction with
+      ``leaseq.enqueue``).
+
+    A middleware must return what ``next(job)`` returned, or the follow-ups
+    are lost."""
+
+    __slots__ = ("enqueue", "in_sql")
+
+    def __init__(self, enqueue: Iterable["NewJob"] = (), *, in_sql: bool = False) -> None:
+        self.enqueue: Tuple["NewJob", ...] = tuple(enqueue)
+        self.in_sql = in_sql
+
+    @classmethod
+    def settled_in_sql(cls) -> "Ack":
+        """The job was acked (or nacked) in SQL by the handler: send nothing."""
+        return cls(in_sql=True)
+
+    def then(self, job: "NewJob") -> "Ack":
+        """This ack with one more follow-up job."""
+        return Ack((*self.enqueue, job), in_sql=self.in_sql)
+
+    def __repr__(self) -> str:
+        return f"Ack(enqueue={list(self.enqueue)!r}, in_sql={self.in_sql})"
 
 
 # --- jobs
@@ -370,6 +416,8 @@ class SettleResult:
     dead_lettered: bool = False
     #: extend with code OK: the new expiry.
     lease_expires_at: Optional[dt.datetime] = None
+    #: ack with code OK: the ids of its follow-up jobs, in order.
+    enqueued: Tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -391,6 +439,7 @@ class SettleResult:
             message=r.message,
             dead_lettered=r.dead_lettered,
             lease_expires_at=_opt_datetime(r, "lease_expires_at"),
+            enqueued=tuple(r.enqueued),
         )
 
 
@@ -466,6 +515,25 @@ def extend_request(job_id: str, lease_token: str, lease: Seconds) -> pb.ExtendLe
 
 
 AckItem = Union[Job, Tuple[str, str]]
+
+
+#: The feature a broker lists in a stream's first heartbeat when it takes
+#: follow-up jobs with an ack (``AckRequest.enqueue``).
+ACK_ENQUEUE = "ack.enqueue"
+NO_ACK_ENQUEUE = (
+    'ack.enqueue: the broker did not list "ack.enqueue" in its first heartbeat (it predates '
+    "follow-up jobs): it cannot enqueue follow-up jobs with an ack"
+)
+
+
+def ack_request(job_id: str, lease_token: str, enqueue: Iterable[NewJob] = ()) -> pb.AckRequest:
+    req = pb.AckRequest(job_id=job_id, lease_token=lease_token)
+    if enqueue:
+        # The caller's trace context (the handler's span), as an enqueue
+        # from the handler would carry.
+        trace = _tracing.inject()
+        req.enqueue.extend(j.to_request(trace) for j in enqueue)
+    return req
 
 
 def ack_batch_request(acks: "List[AckItem]") -> pb.AckBatchRequest:

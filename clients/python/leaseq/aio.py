@@ -38,9 +38,12 @@ from leaseq._types import (
     RpcError,
     Seconds,
     SettleResult,
+    ACK_ENQUEUE,
+    NO_ACK_ENQUEUE,
     _datetime,
     _from_grpc,
     ack_batch_request,
+    ack_request,
     ack_results,
     extend_request,
     nack_request,
@@ -139,9 +142,15 @@ class AsyncClient:
         resp = await self._unary(self._stub.EnqueueBatch, req)
         return [EnqueueResult(r.job_id, r.duplicate) for r in resp.results]
 
-    async def ack(self, job_id: str, lease_token: str) -> None:
-        """The job is done. FAILED_PRECONDITION: the lease token is not current."""
-        await self._unary(self._stub.Ack, pb.AckRequest(job_id=job_id, lease_token=lease_token))
+    async def ack(self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+        """The job is done. FAILED_PRECONDITION: the lease token is not
+        current. ``enqueue``: follow-up jobs, inserted in the ack's
+        transaction (they exist if and only if the ack committed; a broker
+        must list ``"ack.enqueue"`` in a stream's first heartbeat, or it
+        drops them); returns their ids, in order."""
+        req = ack_request(job_id, lease_token, enqueue)
+        resp = await self._unary(self._stub.Ack, req)
+        return list(resp.enqueued)
 
     async def ack_batch(self, acks: Iterable[AckItem]) -> List[AckResult]:
         """Acks many jobs (``Job``s or ``(job_id, lease_token)`` pairs) in one
@@ -606,7 +615,7 @@ class AsyncConsumer(_Stream):
             self._pending[key] = [callback]
         else:
             callbacks.append(callback)
-        if op == pb.SETTLE_OP_ACK:
+        if op == pb.SETTLE_OP_ACK and (msg is None or not msg.enqueue):
             self._acks.append((job_id, lease_token))
         else:
             self._others.append((op, msg))
@@ -632,10 +641,19 @@ class AsyncConsumer(_Stream):
         message) and returns the broker's result, failed or not."""
         return await self._send(_OP_CODES[op], msg)
 
-    async def ack(self, job: Job) -> None:
-        r = await self._send(pb.SETTLE_OP_ACK, pb.AckRequest(job_id=job.id, lease_token=job.lease_token))
+    async def ack(self, job: Job, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+        """Acks ``job``; with ``enqueue``, together with follow-up jobs
+        (they exist if and only if the ack committed) whose ids it returns.
+        Follow-ups raise UNIMPLEMENTED, with nothing sent, when the broker
+        did not list ``"ack.enqueue"`` in :attr:`features` (an older broker
+        would ack and drop them)."""
+        req = ack_request(job.id, job.lease_token, enqueue)
+        if req.enqueue and ACK_ENQUEUE not in self.features:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_ACK_ENQUEUE)
+        r = await self._send(pb.SETTLE_OP_ACK, req)
         if not r.ok:
             raise r.error()
+        return list(r.enqueued)
 
     async def nack(
         self,

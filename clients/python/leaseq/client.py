@@ -41,6 +41,7 @@ from leaseq._types import (
     _datetime,
     _from_grpc,
     ack_batch_request,
+    ack_request,
     ack_results,
     extend_request,
     nack_request,
@@ -143,9 +144,11 @@ class Client:
         resp = self._unary(self._stub.EnqueueBatch, req)
         return [EnqueueResult(r.job_id, r.duplicate) for r in resp.results]
 
-    def ack(self, job_id: str, lease_token: str) -> None:
-        """The job is done. FAILED_PRECONDITION: the lease token is not current."""
-        self._unary(self._stub.Ack, pb.AckRequest(job_id=job_id, lease_token=lease_token))
+    def ack(self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+        """The job is done. FAILED_PRECONDITION: the lease token is not
+        current. ``enqueue``: follow-up jobs, as :meth:`AsyncClient.ack`;
+        returns their ids."""
+        return list(self._unary(self._stub.Ack, ack_request(job_id, lease_token, enqueue)).enqueued)
 
     def ack_batch(self, acks: Iterable[AckItem]) -> List[AckResult]:
         """Acks many jobs (``Job``s or ``(job_id, lease_token)`` pairs) in one
@@ -298,8 +301,10 @@ class Consumer:
                 return
             yield job
 
-    def ack(self, job: Job) -> None:
-        self._loop.run(self._stream.ack(job))
+    def ack(self, job: Job, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+        """As :meth:`AsyncConsumer.ack`: with ``enqueue``, follow-up jobs
+        (UNIMPLEMENTED from a broker without "ack.enqueue"); their ids."""
+        return self._loop.run(self._stream.ack(job, enqueue=enqueue))
 
     def nack(
         self,

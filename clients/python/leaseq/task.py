@@ -134,15 +134,16 @@ class Task(Generic[P]):
         call: Callable[..., Any] = fn
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
 
-            async def handle_async(job: Job) -> None:
+            async def handle_async(job: Job) -> Any:
                 payload = decode(job)
-                await (call(payload, job) if with_job else call(payload))
+                # The handler's return value (an Ack) is the worker's to read.
+                return await (call(payload, job) if with_job else call(payload))
 
             return handle_async
 
-        def handle(job: Job) -> None:
+        def handle(job: Job) -> Any:
             payload = decode(job)
-            call(payload, job) if with_job else call(payload)
+            return call(payload, job) if with_job else call(payload)
 
         return handle
 

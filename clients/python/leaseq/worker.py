@@ -55,7 +55,22 @@ import grpc
 
 from leaseq import _tracing
 from leaseq._connection import TLS, Connection
-from leaseq._types import Cancelled, DeadLetter, Job, Retry, RpcError, Seconds, _has_header, _status_of, extend_request, nack_request, seconds
+from leaseq._types import (
+    ACK_ENQUEUE,
+    Ack,
+    Cancelled,
+    DeadLetter,
+    Job,
+    Retry,
+    RpcError,
+    Seconds,
+    _has_header,
+    _status_of,
+    ack_request,
+    extend_request,
+    nack_request,
+    seconds,
+)
 from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription, _Stream
 from leaseq.client import Client
 from leaseq.v1 import queue_pb2 as pb
@@ -66,15 +81,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("leaseq.worker")
 
 #: What a handler may be: ``async def f(job)`` (runs on the worker's loop) or
-#: ``def f(job)`` (runs in the worker's thread pool). The return value is
-#: ignored; raising decides the outcome (see :class:`Worker`).
+#: ``def f(job)`` (runs in the worker's thread pool). Raising decides the
+#: outcome (see :class:`Worker`); returning a :class:`leaseq.Ack` acks with
+#: follow-up jobs or says the job was settled in SQL; any other return value
+#: is a plain ack.
 Handler = Callable[[Job], Any]
 H = TypeVar("H", bound=Callable[[Job], Any])
 
 #: What a middleware may be: ``async def m(job, next)`` around ``async def``
 #: handlers, ``def m(job, next)`` around plain ones. ``next(job)`` runs the
 #: rest of the chain (the handler last); what it raises decides the outcome
-#: as a handler's exception does, so a middleware that re-raises keeps it.
+#: as a handler's exception does, so a middleware that re-raises keeps it,
+#: and what it returns (a :class:`leaseq.Ack`) must be returned to keep it.
 Middleware = Callable[[Job, Callable[[Job], Any]], Any]
 M = TypeVar("M", bound=Middleware)
 
@@ -101,6 +119,13 @@ _SETTLE_TRIES = 5
 # take, by the handler's average: below it, waking another thread costs
 # more than running the jobs one after the other.
 _CHUNK_TIME = 2e-4
+
+
+def _no_follow_ups(n: int) -> str:
+    return (
+        'ack.enqueue: the broker did not list "ack.enqueue" in its first heartbeat (it predates '
+        f"follow-up jobs), so the ack and its {n} follow-up job(s) could not be sent together; nacked instead"
+    )
 
 
 def _is_async(fn: Any) -> bool:
@@ -155,6 +180,14 @@ class WorkerStats:
     #: ... and with unary calls (nacks in the fallback; settles of jobs whose
     #: stream had ended).
     settled_unary: int = 0
+    #: Follow-up jobs (``Ack([...])``) enqueued with their jobs' acks.
+    follow_ups: int = 0
+    #: Jobs nacked instead of acked with follow-ups: the broker did not list
+    #: "ack.enqueue" (or the handler also said ``Ack.settled_in_sql()``).
+    follow_ups_refused: int = 0
+    #: Jobs their handlers settled in SQL (``Ack.settled_in_sql()``):
+    #: nothing sent.
+    settled_in_sql: int = 0
     #: Streams opened after the first.
     reconnects: int = 0
     #: Messages written on Consume streams after their opening one: each
@@ -178,10 +211,15 @@ class _Entry:
 
 @dataclass
 class _Outcome:
-    #: "ack", "nack", "retry", "dead_letter" or "timeout".
+    #: "ack", "nack", "retry", "dead_letter", "timeout", or "sql" (settled
+    #: in SQL by the handler: nothing to send).
     kind: str
     error: str = ""
     retry_after: Optional[Seconds] = None
+    #: An ack with follow-up jobs: its request (None: a plain ack).
+    ack: Optional[pb.AckRequest] = None
+    #: "sql": follow-ups asked for beside it (not enqueued).
+    follow_ups: int = 0
 
     @property
     def dead_letter(self) -> bool:
@@ -189,6 +227,20 @@ class _Outcome:
 
 
 _ACK = _Outcome("ack")
+
+
+def _ack_of(job: Job, result: Any) -> _Outcome:
+    """The outcome of a handler that returned ``result``."""
+    if not isinstance(result, Ack):
+        return _ACK
+    if result.in_sql:
+        return _Outcome("sql", follow_ups=len(result.enqueue))
+    if not result.enqueue:
+        return _ACK
+    try:
+        return _Outcome("ack", ack=ack_request(job.id, job.lease_token, result.enqueue))
+    except Exception as e:  # a follow-up the request cannot hold
+        return _Outcome("nack", f"follow-ups: {e}")
 _OK = 0
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
@@ -312,9 +364,14 @@ class _Session:
         except RpcError as e:
             self._w._extend_failed(run, e)
 
-    async def ack(self, job: Job) -> None:
+    async def ack(self, job: Job, req: Optional[pb.AckRequest] = None) -> List[str]:
+        """Acks ``job`` (``req``: with its follow-ups); their ids."""
         self._w.stats.settled_unary += 1
-        await self._unary.ack(job.id, job.lease_token)
+        if req is None:
+            await self._unary.ack(job.id, job.lease_token)
+            return []
+        resp = await self._unary._unary(self._unary._stub.Ack, req)
+        return list(resp.enqueued)
 
     async def nack(self, job: Job, o: _Outcome) -> bool:
         self._w.stats.settled_unary += 1
@@ -342,7 +399,7 @@ class _ConsumeSession(_Session):
             job = run.job
             try:
                 if outcome.kind == "ack":
-                    stream._submit(pb.SETTLE_OP_ACK, job.id, job.lease_token, None, run)
+                    stream._submit(pb.SETTLE_OP_ACK, job.id, job.lease_token, outcome.ack, run)
                 else:
                     msg = nack_request(job.id, job.lease_token, outcome.error, outcome.retry_after, outcome.dead_letter)
                     stream._submit(pb.SETTLE_OP_NACK, job.id, job.lease_token, msg, run)
@@ -377,11 +434,14 @@ class _ConsumeSession(_Session):
     # The slow path's settles (retries): on the stream while it runs. A job
     # whose stream has ended was released by the broker; its settle goes by
     # a unary call and fails quietly with FAILED_PRECONDITION.
-    async def ack(self, job: Job) -> None:
+    async def ack(self, job: Job, req: Optional[pb.AckRequest] = None) -> List[str]:
         if not self.alive:
-            return await super().ack(job)
+            return await super().ack(job, req)
         self._w.stats.settled_on_stream += 1
-        await self._consumer.ack(job)
+        r = await self._consumer._send(pb.SETTLE_OP_ACK, req or pb.AckRequest(job_id=job.id, lease_token=job.lease_token))
+        if not r.ok:
+            raise r.error()
+        return list(r.enqueued)
 
     async def nack(self, job: Job, o: _Outcome) -> bool:
         if not self.alive:
@@ -410,9 +470,14 @@ class _SubscribeSession(_Session):
         await self._batcher.drain()
         await self._subscription.close()
 
-    async def ack(self, job: Job) -> None:
+    async def ack(self, job: Job, req: Optional[pb.AckRequest] = None) -> List[str]:
+        if req is not None:
+            # AckBatch refuses follow-ups (its results have no place for
+            # their ids): a unary Ack.
+            return await super().ack(job, req)
         self._w.stats.settled_batched += 1
         await self._batcher.ack(job)
+        return []
 
 
 class _Threads:
@@ -461,7 +526,11 @@ class Worker:
     ``await worker.run_async()``; both stop gracefully on ``stop()`` or
     SIGTERM/SIGINT.
 
-    - **Outcomes**: a handler that returns acks the job. Raising
+    - **Outcomes**: a handler that returns acks the job; returning a
+      :class:`leaseq.Ack` acks it with follow-up jobs (``Ack([...])``,
+      enqueued in the ack's transaction; the job is nacked instead by a
+      broker without "ack.enqueue") or sends nothing for a job the handler
+      settled in SQL (``Ack.settled_in_sql()``). Raising
       :class:`leaseq.Retry` nacks it with ``retry_after``; raising
       :class:`leaseq.DeadLetter` dead-letters it; any other exception nacks it
       with ``str(exception)`` as the error (the job's next ``last_error``),
@@ -1051,7 +1120,7 @@ class Worker:
         job = run.job
         if not self._traced and not _has_header(job, "traceparent"):
             try:
-                await entry.fn(job)
+                result = await entry.fn(job)
             except asyncio.CancelledError:
                 if run.stop is None:
                     return self._failed(job, asyncio.CancelledError(), None)
@@ -1062,11 +1131,11 @@ class Worker:
                 return self._failed(job, exc, None)
             if run.stop is not None:
                 return self._stopped(run, None)
-            return _ACK
+            return _ACK if result is None else _ack_of(job, result)
         with _tracing.handler_span(job.queue, job.id, job.attempt, job.headers) as span:
             try:
-                await entry.fn(job)
-                outcome: Optional[_Outcome] = _ACK if run.stop is None else self._stopped(run, span)
+                result = await entry.fn(job)
+                outcome: Optional[_Outcome] = _ack_of(job, result) if run.stop is None else self._stopped(run, span)
             except asyncio.CancelledError:
                 outcome = self._failed(job, asyncio.CancelledError(), span) if run.stop is None else self._stopped(run, span)
             except Exception as exc:
@@ -1222,8 +1291,8 @@ class Worker:
         if self._traced or _has_header(job, "traceparent"):
             with _tracing.handler_span(job.queue, job.id, job.attempt, job.headers) as span:
                 try:
-                    entry.fn(job)
-                    outcome = _ACK
+                    result = entry.fn(job)
+                    outcome = _ACK if result is None else _ack_of(job, result)
                 except Exception as exc:
                     outcome = self._failed(job, exc, span)
                 if run.stop == "timeout":
@@ -1232,8 +1301,8 @@ class Worker:
                 _tracing.set_attribute(span, "leaseq.outcome", kind)
         else:
             try:
-                entry.fn(job)
-                outcome = _ACK
+                result = entry.fn(job)
+                outcome = _ACK if result is None else _ack_of(job, result)
             except Exception as exc:
                 outcome = self._failed(job, exc, None)
         entry.avg += (time.perf_counter() - t0 - entry.avg) * 0.1
@@ -1321,6 +1390,25 @@ class Worker:
     # --- settles and leases
 
     def _settle(self, run: _Run, outcome: _Outcome) -> None:
+        if outcome.kind == "sql":
+            self.stats.settled_in_sql += 1
+            if outcome.follow_ups:
+                # The job is gone already: nothing can carry them now.
+                self.stats.follow_ups_refused += 1
+                log.warning(
+                    "job %s: settled in SQL by its handler, which also asked for %d follow-up job(s): "
+                    "not enqueued (enqueue them in that transaction with leaseq.enqueue)",
+                    run.job.id,
+                    outcome.follow_ups,
+                )
+            else:
+                log.debug("job %s: settled in SQL by its handler; nothing sent", run.job.id)
+            return
+        if outcome.ack is not None and ACK_ENQUEUE not in run.session.stream.features:
+            # Never an ack without its follow-ups: the job fails, and comes back.
+            self.stats.follow_ups_refused += 1
+            outcome = _Outcome("nack", _no_follow_ups(len(outcome.ack.enqueue)))
+            log.warning("job %s: %s", run.job.id, outcome.error)
         run.outcome = outcome
         run.session.settle(run, outcome)
 
@@ -1330,6 +1418,8 @@ class Worker:
             if r.code == _OK:
                 if run.outcome.kind == "ack":
                     self.stats.acked += 1
+                    if r.enqueued:
+                        self._enqueued(run.job, r.enqueued)
                 else:
                     self.stats.nacked += 1
                     self.stats.dead_lettered += int(r.dead_lettered)
@@ -1365,8 +1455,10 @@ class Worker:
         for left in range(tries - 1, -1, -1):
             try:
                 if outcome.kind == "ack":
-                    await session.ack(job)
+                    ids = await session.ack(job, outcome.ack)
                     self.stats.acked += 1
+                    if ids:
+                        self._enqueued(job, ids)
                 else:
                     dead = await session.nack(job, outcome)
                     self.stats.nacked += 1
@@ -1377,6 +1469,10 @@ class Worker:
                     self._settle_failed(session, run, outcome, e, 0)
                     return
                 await asyncio.sleep(backoff.delay())
+
+    def _enqueued(self, job: Job, ids: Sequence[str]) -> None:
+        self.stats.follow_ups += len(ids)
+        log.debug("job %s: acked with follow-up jobs %s", job.id, list(ids))
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)

@@ -174,3 +174,15 @@ def private_broker(db_env, addr):
     yield broker
     if broker.proc and broker.proc.poll() is None:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def db_dsn(db_env, addr):
+    """A libpq connection string (psycopg) for the broker's database: the
+    ``DATABASE_URL`` it runs on, else its embedded cluster's Unix socket
+    (``<LEASEQ_DATA_DIR>/run``, user and database ``leaseq``: src/embedded.rs).
+    Depends on ``addr``: the broker has created the database and run its
+    migrations by then."""
+    if "DATABASE_URL" in db_env:
+        return db_env["DATABASE_URL"]
+    return f"host={Path(db_env['LEASEQ_DATA_DIR']) / 'run'} user=leaseq dbname=leaseq"

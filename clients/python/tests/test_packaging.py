@@ -78,10 +78,11 @@ def installed(tmp_path_factory):
         pins = []
         print(f"no python{FLOOR_PYTHON} here: the fresh venv gets the newest dependencies")
     py = env_dir / "bin" / "python"
-    # The otel extra too: mypy checks examples/tracing.py against it.
+    # The otel extra too: mypy checks examples/tracing.py against it (and
+    # examples/exactly_once.py against psycopg).
     # The sdist: pip builds the wheel from it, as for a user without one.
     sh(py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-       f"leaseq[otel] @ {sdist.as_uri()}", "opentelemetry-sdk", *pins, timeout=600)  # fmt: skip
+       f"leaseq[otel] @ {sdist.as_uri()}", "opentelemetry-sdk", "psycopg[binary]", *pins, timeout=600)  # fmt: skip
     return py, pins
 
 

@@ -169,7 +169,27 @@ impl ConsumerSettler {
     /// Acks `job` (on the stream; by a unary call once it is gone).
     /// `FAILED_PRECONDITION`: its lease is no longer current.
     pub async fn ack(&self, job: &Delivery) -> Result<(), Status> {
-        self.0.ack(job).await
+        self.0.ack(job, &[]).await.map(drop)
+    }
+
+    /// Acks `job` with follow-up jobs, enqueued in the ack's transaction
+    /// (they exist if and only if the ack committed); their ids, in order.
+    /// `UNIMPLEMENTED`, with nothing sent, when the broker did not list
+    /// `"ack.enqueue"` in the stream's first message (an older broker
+    /// would ack and drop them).
+    pub async fn ack_with(
+        &self,
+        job: &Delivery,
+        follow_ups: impl IntoIterator<Item = crate::Job>,
+    ) -> Result<Vec<String>, Status> {
+        if !self.0.supports(leaseq_proto::features::ACK_ENQUEUE) {
+            return Err(Status::unimplemented(
+                "ack.enqueue: the broker did not list \"ack.enqueue\" in its first heartbeat: \
+                 it cannot enqueue follow-up jobs with an ack",
+            ));
+        }
+        let reqs: Vec<_> = follow_ups.into_iter().map(crate::Job::into_pb).collect();
+        self.0.ack(job, &reqs).await
     }
 
     /// Fails `job`; returns whether it went to the dead letters.

@@ -82,7 +82,7 @@ use pb::queue_service_client::QueueServiceClient;
 pub use admin::{AdminClient, DeadLetters, KeyOverride, QueueUpdate};
 pub use connect::{ClientChannel, ConnectError, ConnectOptions, DEFAULT_ADDR, connect};
 pub use consumer::{ConsumeOptions, Consumer, ConsumerSettler};
-pub use outcome::{BoxError, DeadLetter, HandlerError, Retry};
+pub use outcome::{Ack, BoxError, DeadLetter, HandlerError, Retry};
 pub use schedules::{CatchUp, Overlap, Schedule, ScheduleRun, ScheduleSpec, ScheduleUpdate};
 pub use stats::WorkerStats;
 pub use trace::TraceParent;

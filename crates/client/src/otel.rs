@@ -102,7 +102,7 @@ pub(crate) fn record(outcome: Option<&Outcome>, lease_lost: bool) {
             Some("lease lost while the handler ran".to_owned()),
         ),
         (None, false) => ("not_started", None),
-        (Some(Outcome::Ack), false) => ("ack", None),
+        (Some(Outcome::Ack(_)), false) => ("ack", None),
         (Some(Outcome::Nack(n)), false) => (
             match n.kind {
                 NackKind::Failed => "nack",

@@ -1,7 +1,8 @@
-//! What a handler's result means for its job: `Ok(())` acks it; an error
-//! nacks it, as [`Retry`] (with its delay), [`DeadLetter`] (no more
-//! attempts), or anything else (the queue's backoff, the error's text kept
-//! as the job's `last_error`).
+//! What a handler's result means for its job: `Ok(())` acks it, and
+//! `Ok(`[`Ack`]`)` acks it with follow-up jobs or says it was settled in
+//! SQL already; an error nacks it, as [`Retry`] (with its delay),
+//! [`DeadLetter`] (no more attempts), or anything else (the queue's
+//! backoff, the error's text kept as the job's `last_error`).
 
 use std::any::Any;
 use std::error::Error as StdError;
@@ -9,6 +10,8 @@ use std::fmt;
 use std::time::Duration;
 
 use leaseq_proto::limits::MAX_ERROR_LEN;
+
+use crate::{Job, pb};
 
 /// The error type handlers' errors are converted into. Anything that
 /// converts into it works as a handler's error: `anyhow::Error`,
@@ -95,10 +98,94 @@ impl fmt::Display for DeadLetter {
 
 impl StdError for DeadLetter {}
 
+/// What a handler's success does with its job: `Ok(())` is
+/// `Ok(Ack::new())`, a plain ack. Return an `Ack` to say more:
+///
+/// - [`then`](Ack::then): **follow-up jobs**, enqueued in the transaction
+///   that acks this one (`AckRequest.enqueue`): they exist if and only if
+///   the ack committed. A handler that fails (or panics, or times out)
+///   enqueues none of them. Needs a broker that lists `"ack.enqueue"` in
+///   its first heartbeat: against an older one the job is *nacked* with an
+///   error saying so (never acked without its follow-ups), and counted in
+///   [`WorkerStats::follow_ups_refused`](crate::WorkerStats). Their ids are
+///   not handed back to the handler or its middleware (the ack is sent
+///   after both return); the worker logs them at DEBUG.
+/// - [`settled_in_sql`](Ack::settled_in_sql): the handler settled the job
+///   itself, with `leaseq.ack(job_id, lease_token)` (or `leaseq.nack`) in
+///   its own database transaction, beside its effect: the worker sends
+///   nothing and frees the handler's slot; the broker gives the stream's
+///   credit back when the commit's NOTIFY reaches it.
+///
+/// ```
+/// use leaseq_client::{Ack, Delivery, Job};
+///
+/// async fn handle(order: Delivery) -> anyhow::Result<Ack> {
+///     // ... charge the order ...
+///     Ok(Ack::new()
+///         .then(Job::new("emails", format!("receipt for {}", order.id)))
+///         .then(Job::new("shipping", order.payload.clone())))
+/// }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+#[must_use = "an Ack not returned loses its follow-up jobs"]
+pub struct Ack {
+    pub(crate) follow_ups: Vec<pb::EnqueueRequest>,
+    pub(crate) in_sql: bool,
+}
+
+// The requests hold no floating-point field: equality is an equivalence.
+impl Eq for Ack {}
+
+impl Ack {
+    /// A plain ack (as `Ok(())`).
+    pub fn new() -> Ack {
+        Ack::default()
+    }
+
+    /// Adds a follow-up job, enqueued with the ack, in one transaction. A
+    /// typed one: `.then(EMAILS.job(&email)?)` ([`Task::job`](crate::Task::job)).
+    pub fn then(mut self, job: impl Into<Job>) -> Ack {
+        self.follow_ups.push(job.into().into_pb());
+        self
+    }
+
+    /// The handler settled its job in SQL (`select leaseq.ack($1, $2)` with
+    /// the delivery's `id` and `lease_token`, or `leaseq.nack`) in the
+    /// transaction of its effect, and that transaction committed: the
+    /// worker sends no settle. Return it only after the commit: should the
+    /// transaction roll back, return an error instead (the job is then
+    /// nacked as usual). Follow-ups ([`then`](Ack::then)) cannot go with it
+    /// (insert them in that transaction with `leaseq.enqueue`): the worker
+    /// nacks a job whose handler asks for both.
+    pub fn settled_in_sql() -> Ack {
+        Ack {
+            follow_ups: Vec::new(),
+            in_sql: true,
+        }
+    }
+
+    /// The follow-up jobs, in order.
+    pub fn follow_ups(&self) -> &[pb::EnqueueRequest] {
+        &self.follow_ups
+    }
+
+    /// Whether [`settled_in_sql`](Ack::settled_in_sql) made it.
+    pub fn is_settled_in_sql(&self) -> bool {
+        self.in_sql
+    }
+}
+
+impl From<()> for Ack {
+    fn from((): ()) -> Ack {
+        Ack::new()
+    }
+}
+
 /// How a job is settled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    Ack,
+    /// Ack, with its follow-ups; or nothing to send (settled in SQL).
+    Ack(Ack),
     Nack(NackOutcome),
 }
 
@@ -347,7 +434,7 @@ impl HandlerError {
     pub fn message(&self) -> &str {
         match &self.0 {
             Outcome::Nack(n) => &n.error,
-            Outcome::Ack => "",
+            Outcome::Ack(_) => "",
         }
     }
 
@@ -360,7 +447,7 @@ impl HandlerError {
     pub fn retry_after(&self) -> Option<Duration> {
         match &self.0 {
             Outcome::Nack(n) => n.retry_after,
-            Outcome::Ack => None,
+            Outcome::Ack(_) => None,
         }
     }
 
@@ -368,7 +455,7 @@ impl HandlerError {
     pub fn kind(&self) -> &'static str {
         match &self.0 {
             Outcome::Nack(n) => n.kind.as_str(),
-            Outcome::Ack => "ack",
+            Outcome::Ack(_) => "ack",
         }
     }
 }

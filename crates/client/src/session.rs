@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -79,6 +79,7 @@ impl Session {
             settler: Arc::new(Settler {
                 base,
                 stream: Some(stream),
+                features: OnceLock::new(),
             }),
         })
     }
@@ -93,7 +94,11 @@ impl Session {
         base.stats.subscribe_streams.fetch_add(1, Ordering::Relaxed);
         Ok(Session {
             responses: Responses::Subscribe(responses),
-            settler: Arc::new(Settler { base, stream: None }),
+            settler: Arc::new(Settler {
+                base,
+                stream: None,
+                features: OnceLock::new(),
+            }),
         })
     }
 
@@ -108,8 +113,24 @@ impl Session {
 
     /// The next message: `Ok(None)` when the broker ended the stream.
     pub async fn next(&mut self) -> Result<Option<Event>, Status> {
+        let event = self.read().await;
+        if let Ok(Some(_)) = &event {
+            // The first message of a stream is its heartbeat with the
+            // broker's features; anything else first: a broker without them.
+            let _ = self.settler.features.set(Vec::new());
+        }
+        event
+    }
+
+    async fn read(&mut self) -> Result<Option<Event>, Status> {
+        let features = &self.settler.features;
+        let first_heartbeat = |h: pb::Heartbeat| {
+            let _ = features.set(h.features);
+            Event::Activity
+        };
         match &mut self.responses {
             Responses::Subscribe(s) => Ok(s.message().await?.map(|m| match m.kind {
+                Some(pb::subscribe_response::Kind::Heartbeat(h)) => first_heartbeat(h),
                 Some(pb::subscribe_response::Kind::Delivery(d)) => Event::Deliveries(vec![d]),
                 Some(pb::subscribe_response::Kind::Deliveries(d)) => {
                     Event::Deliveries(d.deliveries)
@@ -125,6 +146,7 @@ impl Session {
                         Event::Deliveries(d.deliveries)
                     }
                     Some(pb::consume_response::Kind::Cancelled(c)) => Event::Cancelled(c),
+                    Some(pb::consume_response::Kind::Heartbeat(h)) => first_heartbeat(h),
                     Some(pb::consume_response::Kind::Settled(r)) => {
                         self.settler.resolve(r.results);
                         Event::Activity
@@ -246,6 +268,10 @@ pub(crate) struct SettleBase {
 pub(crate) struct Settler {
     base: SettleBase,
     stream: Option<StreamSide>,
+    /// What the broker said it understands, from the stream's first
+    /// message (`Heartbeat.features`; empty from a broker before them).
+    /// Unset until that message came.
+    features: OnceLock<Vec<String>>,
 }
 
 impl Settler {
@@ -331,20 +357,52 @@ impl Settler {
         }
     }
 
-    pub async fn ack(&self, job: &Delivery) -> Result<(), Status> {
-        let msg = Outgoing::Ack(pb::AckRequest {
+    /// Whether the stream's broker listed `feature` in its first message
+    /// (false before that message came).
+    pub fn supports(&self, feature: &str) -> bool {
+        self.features
+            .get()
+            .is_some_and(|f| f.iter().any(|x| x == feature))
+    }
+
+    /// Acks the job, with its follow-ups (`AckRequest.enqueue`, only to a
+    /// broker that [`supports`](Settler::supports) `"ack.enqueue"`: the
+    /// caller checks); their ids, in order.
+    pub async fn ack(
+        &self,
+        job: &Delivery,
+        follow_ups: &[pb::EnqueueRequest],
+    ) -> Result<Vec<String>, Status> {
+        let req = pb::AckRequest {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
-            enqueue: Vec::new(),
-        });
-        if let Some(r) = self.on_stream(pb::SettleOp::Ack, job, msg).await {
-            return r.map(drop);
+            enqueue: follow_ups.to_vec(),
+        };
+        if let Some(r) = self
+            .on_stream(pb::SettleOp::Ack, job, Outgoing::Ack(req.clone()))
+            .await
+        {
+            return r.map(|r| r.enqueued);
+        }
+        if !follow_ups.is_empty() {
+            // AckBatch refuses follow-ups (its results have no place for
+            // their ids): a unary Ack.
+            self.base
+                .stats
+                .settled_unary
+                .fetch_add(1, Ordering::Relaxed);
+            let resp = self.base.client.queue_service().ack(req).await?;
+            return Ok(resp.into_inner().enqueued);
         }
         self.base
             .stats
             .settled_batched
             .fetch_add(1, Ordering::Relaxed);
-        self.base.acker.ack(&job.id, &job.lease_token).await
+        self.base
+            .acker
+            .ack(&job.id, &job.lease_token)
+            .await
+            .map(|()| Vec::new())
     }
 
     /// Returns whether the job went to the dead letters.

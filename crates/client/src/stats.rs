@@ -22,6 +22,16 @@ pub struct WorkerStats {
     /// Jobs the broker said were cancelled while their handlers ran (or
     /// waited): stopped, not settled.
     pub cancelled: AtomicU64,
+    /// Follow-up jobs ([`Ack::then`](crate::Ack::then)) enqueued with
+    /// their jobs' acks.
+    pub follow_ups: AtomicU64,
+    /// Jobs nacked instead of acked with follow-ups: the broker did not
+    /// list `"ack.enqueue"` (or the handler also said
+    /// [`settled_in_sql`](crate::Ack::settled_in_sql)).
+    pub follow_ups_refused: AtomicU64,
+    /// Jobs their handlers settled in SQL
+    /// ([`Ack::settled_in_sql`](crate::Ack::settled_in_sql)): nothing sent.
+    pub settled_in_sql: AtomicU64,
     /// Acks and nacks sent on a Consume stream...
     pub settled_on_stream: AtomicU64,
     /// ... acks sent in AckBatch calls ...

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 use tracing::{Instrument, Level, Span, debug, field, info, info_span, warn};
 
-use crate::outcome::{BoxError, HandlerError, NackKind, NackOutcome, Outcome};
+use crate::outcome::{Ack, BoxError, HandlerError, NackKind, NackOutcome, Outcome};
 use crate::session::{Acker, Event, Session, SettleBase, Settler};
 use crate::stats::WorkerStats;
 use crate::{Client, Delivery, Nack, pb, pb_duration};
@@ -41,7 +41,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// A handler's future, its error already turned into an outcome (where the
 /// error's type is still known).
-type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), Outcome>> + Send>>;
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<Ack, Outcome>> + Send>>;
 type DynHandler = Arc<dyn Fn(Delivery) -> HandlerFuture + Send + Sync>;
 type DynMiddleware = Arc<dyn Fn(Delivery, Next) -> HandlerFuture + Send + Sync>;
 
@@ -52,7 +52,9 @@ pub struct Next(DynHandler);
 impl Next {
     /// Runs the rest of the chain. Its error is what the handler's became
     /// ([`HandlerError`]): return it to settle the job as the handler said.
-    pub async fn run(self, job: Delivery) -> Result<(), HandlerError> {
+    /// Its success is the handler's [`Ack`] (follow-up jobs, or settled in
+    /// SQL): return it too, or its follow-ups are not enqueued.
+    pub async fn run(self, job: Delivery) -> Result<Ack, HandlerError> {
         (self.0)(job).await.map_err(HandlerError)
     }
 }
@@ -77,15 +79,16 @@ macro_rules! event_at {
     };
 }
 
-fn boxed<H, F, E>(handler: H) -> DynHandler
+fn boxed<H, F, R, E>(handler: H) -> DynHandler
 where
     H: Fn(Delivery) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<(), E>> + Send + 'static,
+    F: Future<Output = Result<R, E>> + Send + 'static,
+    R: Into<Ack>,
     E: Into<BoxError> + 'static,
 {
     Arc::new(move |job| {
         let fut = handler(job);
-        Box::pin(async move { fut.await.map_err(Outcome::of) })
+        Box::pin(async move { fut.await.map(Into::into).map_err(Outcome::of) })
     })
 }
 
@@ -99,9 +102,11 @@ where
 /// [`Worker::serve`]`(shutdown)`. A queue given to `handle` uses that
 /// handler, even if also listed in `new`.
 ///
-/// - **Outcomes**: a handler returns `Result<(), E>` for any error type that
-///   converts into [`BoxError`] (`anyhow::Error`, `String`, any
-///   `std::error::Error`). `Ok(())` acks. An error whose chain holds a
+/// - **Outcomes**: a handler returns `Result<(), E>` (or `Result<Ack, E>`)
+///   for any error type that converts into [`BoxError`] (`anyhow::Error`,
+///   `String`, any `std::error::Error`). `Ok(())` acks; `Ok(`[`Ack`]`)`
+///   acks with follow-up jobs ([`Ack::then`]) or sends nothing for a job the
+///   handler settled in SQL ([`Ack::settled_in_sql`]). An error whose chain holds a
 ///   [`Retry`](crate::Retry) nacks with its `after` as `retry_after`; one
 ///   holding a [`DeadLetter`](crate::DeadLetter) dead-letters the job; any
 ///   other nacks it with its text (the error and its sources joined by
@@ -223,10 +228,11 @@ impl Worker {
     ///     .await
     /// # }
     /// ```
-    pub fn handle<H, F, E>(mut self, queue: impl Into<String>, handler: H) -> Worker
+    pub fn handle<H, F, R, E>(mut self, queue: impl Into<String>, handler: H) -> Worker
     where
         H: Fn(Delivery) -> F + Send + Sync + 'static,
-        F: Future<Output = Result<(), E>> + Send + 'static,
+        F: Future<Output = Result<R, E>> + Send + 'static,
+        R: Into<Ack>,
         E: Into<BoxError> + 'static,
     {
         self.routes.push((queue.into(), boxed(handler)));
@@ -236,11 +242,12 @@ impl Worker {
     /// Runs `handler` for the jobs of `task`'s queue, each payload read
     /// into `T` first (JSON). A payload that is not a `T` never will be:
     /// its job is dead-lettered with `payload is not a valid <T>: <why>`.
-    pub fn task<T, H, F, E>(self, task: crate::Task<T>, handler: H) -> Worker
+    pub fn task<T, H, F, R, E>(self, task: crate::Task<T>, handler: H) -> Worker
     where
         T: serde::de::DeserializeOwned + Send + 'static,
         H: Fn(T, Delivery) -> F + Send + Sync + 'static,
-        F: Future<Output = Result<(), E>> + Send + 'static,
+        F: Future<Output = Result<R, E>> + Send + 'static,
+        R: Into<Ack>,
         E: Into<BoxError> + 'static,
     {
         let handler = Arc::new(handler);
@@ -249,7 +256,10 @@ impl Worker {
             let handler = handler.clone();
             async move {
                 match parsed {
-                    Ok(payload) => handler(payload, job).await.map_err(Into::into),
+                    Ok(payload) => handler(payload, job)
+                        .await
+                        .map(Into::into)
+                        .map_err(Into::into),
                     Err(e) => Err(crate::DeadLetter::new(format!(
                         "payload is not a valid {}: {e}",
                         std::any::type_name::<T>()
@@ -282,15 +292,16 @@ impl Worker {
     ///     .await
     /// # }
     /// ```
-    pub fn middleware<M, F, E>(mut self, middleware: M) -> Worker
+    pub fn middleware<M, F, R, E>(mut self, middleware: M) -> Worker
     where
         M: Fn(Delivery, Next) -> F + Send + Sync + 'static,
-        F: Future<Output = Result<(), E>> + Send + 'static,
+        F: Future<Output = Result<R, E>> + Send + 'static,
+        R: Into<Ack>,
         E: Into<BoxError> + 'static,
     {
         self.middlewares.push(Arc::new(move |job, next| {
             let fut = middleware(job, next);
-            Box::pin(async move { fut.await.map_err(Outcome::of) })
+            Box::pin(async move { fut.await.map(Into::into).map_err(Outcome::of) })
         }));
         self
     }
@@ -403,14 +414,15 @@ impl Worker {
     /// completes, then stops gracefully (see the type's documentation).
     /// Returns `Err` only for a status that retrying cannot fix, such as
     /// `INVALID_ARGUMENT` for a bad queue name.
-    pub async fn run<H, F, E>(
+    pub async fn run<H, F, R, E>(
         mut self,
         handler: H,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Status>
     where
         H: Fn(Delivery) -> F + Send + Sync + 'static,
-        F: Future<Output = Result<(), E>> + Send + 'static,
+        F: Future<Output = Result<R, E>> + Send + 'static,
+        R: Into<Ack>,
         E: Into<BoxError> + 'static,
     {
         let handler = boxed(handler);
@@ -885,7 +897,7 @@ async fn run_handler(ctx: &Ctx, job: Delivery) -> Ran {
         },
     };
     Ran::Done(match joined {
-        Ok(Ok(())) => Outcome::Ack,
+        Ok(Ok(ack)) => Outcome::Ack(ack),
         Ok(Err(outcome)) => outcome,
         Err(e) => Outcome::nack(
             NackKind::Panic,
@@ -933,12 +945,60 @@ async fn keep_leased(ctx: &Ctx, settler: &Settler, job: &Delivery) {
     }
 }
 
+/// What a handler's [`Ack`] can become before anything is sent: nothing
+/// to send (settled in SQL), or a nack when its follow-ups cannot go.
+fn checked(ctx: &Ctx, settler: &Settler, outcome: Outcome) -> Option<Outcome> {
+    let Outcome::Ack(ack) = &outcome else {
+        return Some(outcome);
+    };
+    if ack.in_sql {
+        if ack.follow_ups.is_empty() {
+            WorkerStats::inc(&ctx.stats.settled_in_sql);
+            debug!("settled in SQL by the handler; nothing sent");
+        } else {
+            // The job is gone already: nothing can carry them now.
+            WorkerStats::inc(&ctx.stats.follow_ups_refused);
+            warn!(
+                follow_ups = ack.follow_ups.len(),
+                "the handler settled its job in SQL and asked for follow-ups: they were not enqueued \
+                 (enqueue them in that transaction with leaseq.enqueue)"
+            );
+        }
+        return None;
+    }
+    if !ack.follow_ups.is_empty() && !settler.supports(leaseq_proto::features::ACK_ENQUEUE) {
+        // Never an ack without its follow-ups (docs/design/stream-messages.md,
+        // principle 2): the job fails, and comes back.
+        WorkerStats::inc(&ctx.stats.follow_ups_refused);
+        let error = format!(
+            "ack.enqueue: the broker did not list \"ack.enqueue\" in its first heartbeat (it predates \
+             follow-up jobs), so the ack and its {} follow-up job(s) could not be sent together; \
+             nacked instead",
+            ack.follow_ups.len()
+        );
+        warn!(%error, "follow-ups refused");
+        return Some(Outcome::nack(NackKind::Failed, &error));
+    }
+    Some(outcome)
+}
+
 /// Acks or nacks, retrying transient failures.
 async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) {
+    let Some(outcome) = checked(ctx, settler, outcome) else {
+        return;
+    };
     let mut wait = Duration::from_millis(100);
     for attempt in 1..=SETTLE_TRIES {
         let r = match &outcome {
-            Outcome::Ack => settler.ack(job).await.map(|()| false),
+            Outcome::Ack(ack) => settler.ack(job, &ack.follow_ups).await.map(|ids| {
+                if !ids.is_empty() {
+                    ctx.stats
+                        .follow_ups
+                        .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    debug!(follow_ups = ?ids, "follow-up jobs enqueued with the ack");
+                }
+                false
+            }),
             Outcome::Nack(NackOutcome {
                 error,
                 retry_after,
@@ -955,7 +1015,7 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
         match r {
             Ok(dead) => {
                 match &outcome {
-                    Outcome::Ack => {
+                    Outcome::Ack(_) => {
                         WorkerStats::inc(&ctx.stats.acked);
                         debug!("acked");
                     }
