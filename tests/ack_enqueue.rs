@@ -228,3 +228,103 @@ async fn acks_racing_for_one_lease_give_one_set_of_follow_ups() {
     }
     broker.stop().await;
 }
+
+/// A Consume stream reset (its client killed: the connection cut without
+/// the stream's end) while an ack with follow-ups it sent is still
+/// running: the ack either commits (the job is gone, its follow-up exists)
+/// or the job is released and goes to another consumer soon, not when its
+/// lease runs out. The broker used to drop the stream's running settles
+/// with the stream: the ack's transaction rolled back, and since a lease
+/// acked on the stream is left to its ack, the job stayed leased for its
+/// whole lease (found by the Python SDK's kill -9 test). The ack is held
+/// between its statement's start and its commit by a lock on the job's
+/// row; the client reaches the broker through a TCP proxy that resets the
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_running_when_its_stream_is_reset_commits_or_the_job_is_released() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::on(&db)
+        .config(|c| c.poll_interval = Duration::from_secs(600))
+        .start()
+        .await;
+    let mut client = broker.client().await;
+    let id = enqueue(&mut client, "orders", "o-1").await;
+    let proxy = crate::common::pgproxy::PgProxy::start(&format!(
+        "postgres://x@127.0.0.1:{}/x",
+        broker.addr.port()
+    ))
+    .await;
+    let mut doomed: Client =
+        pb::queue_service_client::QueueServiceClient::connect(format!("http://{}", proxy.addr))
+            .await
+            .expect("connect through the proxy");
+    let mut consumer = Consumer::start(
+        &mut doomed,
+        crate::common::consume::opening(&["orders"], 1, Some(Duration::from_secs(60)), true),
+    )
+    .await
+    .expect("consume");
+    let d = consumer.next_delivery(S5).await;
+    assert_eq!(id_of(&d), id);
+
+    let mut hold = db.pool.begin().await.unwrap();
+    sqlx::query("select 1 from leaseq.jobs where id = $1::uuid for update")
+        .bind(&id)
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    assert!(
+        consumer
+            .send(pb::ConsumeRequest {
+                acks: vec![with_follow_ups(&d, &[("emails", "mail o-1")])],
+                ..Default::default()
+            })
+            .await
+    );
+    let mut waiting = false;
+    for _ in 0..200 {
+        let n: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity \
+             where wait_event_type = 'Lock' and query like '-- Completes jobs%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waiting, "the ack statement never waited for the job's row");
+    assert!(proxy.reset_all() > 0, "the client's connection was cut");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    hold.commit().await.unwrap();
+
+    let mut other = subscribe(&mut client, &["orders"], 1, None).await;
+    let deadline = tokio::time::Instant::now() + S5;
+    loop {
+        if db.live_row(&id).await.is_none() {
+            assert_eq!(
+                count_in(&db, "emails").await,
+                1,
+                "the ack committed: its follow-up exists"
+            );
+            break;
+        }
+        if let Some(again) = try_next_delivery(&mut other, Duration::from_millis(200)).await {
+            assert_eq!(id_of(&again), id);
+            assert_eq!(
+                count_in(&db, "emails").await,
+                0,
+                "released: the ack did not commit"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "5 s after the reset the job is still leased to the stream that is gone"
+        );
+    }
+    drop(consumer);
+}

@@ -288,7 +288,10 @@ impl Reader {
                 self.charge = None;
                 if let Err(e) = applied {
                     // The stream cannot go on: end it with this status.
+                    // The settles already started run to their end (see
+                    // below).
                     let _ = self.results.send((Err(e.into()), None)).await;
+                    self.settles.detach_all();
                     return;
                 }
             }
@@ -318,8 +321,15 @@ impl Reader {
                     // status. Or the client is gone (reset, connection
                     // lost): then the response is gone too (the send fails
                     // at once), and dropping it releases the jobs.
+                    //
+                    // The settles it sent and that are running are not
+                    // dropped with it: an ack dropped half-way rolled back,
+                    // and its lease, left to the ack by the stream's
+                    // release (`Core::close`), stayed until it ran out
+                    // (tests/ack_enqueue.rs, a reset during an ack).
                     Err(status) => {
                         let _ = self.results.send((Err(status), None)).await;
+                        self.settles.detach_all();
                         return;
                     }
                 },
