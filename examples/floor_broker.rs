@@ -206,6 +206,15 @@ impl QueueService for Floor {
         Ok(Response::new(self.accepted(id, job).await))
     }
 
+    type WaitJobStream = Boxed<pb::WaitJobResponse>;
+
+    async fn wait_job(
+        &self,
+        _: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        Err(Status::unimplemented("not part of the floor"))
+    }
+
     type ConsumeStream = Boxed<pb::ConsumeResponse>;
 
     async fn consume(

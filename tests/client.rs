@@ -769,6 +769,16 @@ impl QueueService for Proxy {
         self.upstream.clone().extend_lease(r.into_inner()).await
     }
 
+    type WaitJobStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::WaitJobResponse, Status>>;
+
+    async fn wait_job(
+        &self,
+        _: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        Err(Status::unimplemented("leaseq.v1.QueueService/WaitJob"))
+    }
+
     type ConsumeStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::ConsumeResponse, Status>>;
 

@@ -633,6 +633,13 @@ impl QueueService for FakeBroker {
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
         self.refuse("ExtendLease")
     }
+    type WaitJobStream = Stream<pb::WaitJobResponse>;
+    async fn wait_job(
+        &self,
+        _: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        Err(Status::unimplemented("leaseq.v1.QueueService/WaitJob"))
+    }
     type ConsumeStream = Stream<pb::ConsumeResponse>;
     async fn consume(
         &self,

@@ -646,6 +646,7 @@ async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
         job_id: id_of(d),
         lease_token: d.lease_token.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     })
     .await
     .expect("ack");

@@ -39,6 +39,7 @@ mod pg_connect;
 mod plans;
 mod process;
 mod release;
+mod results;
 mod scaling;
 mod schedules;
 mod scripts;
@@ -48,6 +49,7 @@ mod sql_ack;
 mod sql_enqueue;
 mod traces;
 mod validation;
+mod wait_job;
 mod work;
 
 /// With `autotests = false`, a new file under tests/ that is not declared

@@ -74,6 +74,7 @@ async fn tls_is_required_and_works() {
             job_id: job.id,
             lease_token: d.lease_token,
             enqueue: Vec::new(),
+            result: Vec::new(),
         })
         .await
         .unwrap();
@@ -184,6 +185,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
                 job_id: uuid::Uuid::now_v7().to_string(),
                 lease_token: uuid::Uuid::new_v4().to_string(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .await
             .unwrap_err();
@@ -291,6 +293,7 @@ async fn grants_are_per_queue_and_per_action() {
         job_id: d.job.as_ref().unwrap().id.clone(),
         lease_token: d.lease_token.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     };
     let s = producer.ack(settle(&first)).await.unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");

@@ -320,6 +320,7 @@ impl Fixture {
                 job_id: self.held_id.clone(),
                 lease_token: self.held_token.clone(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .await
             .expect("acking the held job with its own token after the table");
@@ -1033,14 +1034,55 @@ async fn ack_bad_input_table() {
                     r.map(|(job_id, lease_token)| pb::AckRequest {
                         job_id,
                         lease_token,
-                        enqueue: Vec::new(),
+                        ..Default::default()
                     })
                 })
+                .chain(result_rows(held, "result"))
                 .collect()
         },
         |mut c, r| async move { c.ack(r).await.map(|_| ()) },
     )
     .await;
+}
+
+/// The largest result the broker takes by default (`--max-result-bytes`).
+const MAX_RESULT: usize = 64 * 1024;
+
+/// Results of an ack (`AckRequest.result`) aimed at the held job with its
+/// current token: one byte past the limit is refused naming the field
+/// (`result`, or `acks[0].result` on a stream), and the job is not acked;
+/// a good result with a stale token is refused as any stale ack.
+fn result_rows((h, t): &Held, field: &str) -> Vec<Row<pb::AckRequest>> {
+    let ack = |result: Vec<u8>| pb::AckRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+        result,
+        ..Default::default()
+    };
+    let (_, r) = Fixture::unknown();
+    vec![
+        row(
+            "result one byte past the limit",
+            ack(vec![b'r'; MAX_RESULT + 1]),
+            bad(
+                TOO_BIG,
+                format!("{field}: is 65537 bytes, the limit is 65536"),
+            ),
+        ),
+        row(
+            "result of 1 MiB",
+            ack(vec![0; MIB]),
+            bad(TOO_BIG, format!("{field}: is 1048576 bytes")),
+        ),
+        row(
+            "good result, held job with a wrong token",
+            pb::AckRequest {
+                lease_token: r,
+                ..ack(vec![b'r'; MAX_RESULT])
+            },
+            bad(STALE, "lease_token"),
+        ),
+    ]
 }
 
 /// Follow-up jobs of an ack (`AckRequest.enqueue`) aimed at the held job
@@ -1054,6 +1096,7 @@ fn follow_up_rows((h, t): &Held, prefix: &str) -> Vec<Row<pb::AckRequest>> {
         job_id: h.clone(),
         lease_token: t.clone(),
         enqueue,
+        ..Default::default()
     };
     let good = |n: usize| -> Vec<pb::EnqueueRequest> {
         (0..n).map(|i| job("follow", &format!("f{i}"))).collect()
@@ -1116,14 +1159,31 @@ async fn ack_batch_refuses_follow_ups() {
                 job_id: h.clone(),
                 lease_token: t.clone(),
                 enqueue,
+                ..Default::default()
             };
-            vec![row(
+            let mut rows = vec![row(
                 "an entry with a follow-up",
                 pb::AckBatchRequest {
                     acks: vec![entry(vec![]), entry(vec![job("follow", "f")])],
                 },
                 bad(INVALID, "acks[1].enqueue: "),
-            )]
+            )];
+            // A result past the limit in one entry fails the whole call,
+            // naming the entry, and acks nothing.
+            // (Not the stale-token row: the batch's good entry would ack.)
+            let too_large = result_rows(&(h.clone(), t.clone()), "acks[1].result")
+                .into_iter()
+                .filter(|r| matches!(&r.want, Want::Err(TOO_BIG, _)));
+            for r in too_large {
+                rows.push(row(
+                    format!("acks[1] {}", r.name),
+                    pb::AckBatchRequest {
+                        acks: vec![entry(vec![]), r.req],
+                    },
+                    r.want,
+                ));
+            }
+            rows
         },
         |mut c, r| async move { c.ack_batch(r).await.map(|_| ()) },
     )
@@ -1785,6 +1845,7 @@ fn consume_opening_rows((h, t): &Held) -> Vec<Row<Vec<pb::ConsumeRequest>>> {
         job_id: h.clone(),
         lease_token: t.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     };
     let mut out: Vec<Row<Vec<pb::ConsumeRequest>>> = subscribe_rows()
         .into_iter()
@@ -1891,9 +1952,19 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
     let ack = |(job_id, lease_token): Held| pb::AckRequest {
         job_id,
         lease_token,
-        enqueue: Vec::new(),
+        ..Default::default()
     };
     let mut out: Vec<Row<pb::ConsumeRequest>> = Vec::new();
+    for r in result_rows(held, "acks[0].result") {
+        out.push(row(
+            format!("acks[0] {}", r.name),
+            pb::ConsumeRequest {
+                acks: vec![r.req],
+                ..Default::default()
+            },
+            r.want,
+        ));
+    }
     for r in follow_up_rows(held, "acks[0].enqueue") {
         out.push(row(
             format!("acks[0] {}", r.name),
@@ -1960,6 +2031,7 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
                     job_id: "nope".into(),
                     lease_token: held.1.clone(),
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -2152,6 +2224,7 @@ fn consume_stream_rows((h, t): &Held) -> Vec<Row<(pb::ConsumeRequest, pb::Consum
         job_id: h.clone(),
         lease_token: t.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     };
     let held_dead = pb::NackRequest {
         job_id: h.clone(),

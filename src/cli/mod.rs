@@ -271,6 +271,7 @@ fn answer(
             job_id: d.job.map(|j| j.id).unwrap_or_default(),
             lease_token: d.lease_token,
             enqueue: Vec::new(),
+            result: Vec::new(),
         });
     }
     let remaining = args.count.map(|n| n.saturating_sub(seen));
@@ -331,6 +332,7 @@ async fn tail_subscribe(
                     job_id: d.job.map(|j| j.id).unwrap_or_default(),
                     lease_token: d.lease_token,
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 })
                 .await?;
         }

@@ -486,6 +486,7 @@ pub async fn consume_consumer(
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 });
                 pb::SettleOp::Ack
             };
@@ -661,6 +662,7 @@ pub async fn ack(client: &mut Client, id: &str, token: &str) -> Result<(), tonic
             job_id: id.to_owned(),
             lease_token: token.to_owned(),
             enqueue: Vec::new(),
+            result: Vec::new(),
         }),
     )
     .await

@@ -220,6 +220,7 @@ impl Client {
                 job_id: job_id.to_owned(),
                 lease_token: lease_token.to_owned(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .await?;
         Ok(())
@@ -243,6 +244,7 @@ impl Client {
                         job_id: job_id.clone(),
                         lease_token: lease_token.clone(),
                         enqueue: Vec::new(),
+                        result: Vec::new(),
                     })
                     .collect(),
             })

@@ -336,6 +336,7 @@ impl Settler {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
             enqueue: Vec::new(),
+            result: Vec::new(),
         });
         if let Some(r) = self.on_stream(pb::SettleOp::Ack, job, msg).await {
             return r.map(drop);

@@ -331,7 +331,7 @@ impl Broker {
     /// clusters. A stale token is FAILED_PRECONDITION, and nothing is
     /// inserted.
     pub async fn ack_enqueue(&self, req: AckReq, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        let cluster = req.token.1;
+        let (cluster, job_id) = (req.token.1, req.job_id);
         let Some(store) = self.clusters.get(cluster) else {
             return Err(Error::StaleLease(req.job_id.0));
         };
@@ -359,7 +359,7 @@ impl Broker {
         match self.named(cluster, r)? {
             None => {
                 settle.acked(cluster, 1, &[]);
-                Err(Error::StaleLease(req.job_id.0))
+                Err(Error::StaleLease(job_id.0))
             }
             Some((acked, out)) => {
                 settle.acked(cluster, 1, std::slice::from_ref(&acked));
@@ -584,7 +584,7 @@ fn moving_dedup(clusters: &Clusters, here: ClusterId, jobs: &[NewJob]) -> Vec<(S
 }
 
 async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Result<()>>>>> {
-    let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
+    let all: Vec<AckReq> = reqs.iter().flatten().cloned().collect();
     let done = settle.ack(&all).await?;
     let mut results = crate::settle::ack_results(&all, &done).into_iter();
     Ok(reqs

@@ -433,17 +433,44 @@ impl Subscription {
 }
 
 /// A validated `AckRequest`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct AckReq {
     pub job_id: JobId,
     pub token: LeaseToken,
+    /// `AckRequest.result`, at most `max_result_bytes`; None when empty.
+    /// Shared, not copied, as the request moves through the batcher.
+    pub result: Option<bytes::Bytes>,
 }
 
 impl AckReq {
-    pub fn parse(r: &pb::AckRequest) -> Result<AckReq> {
+    /// An ack without a result (the simulation's).
+    #[cfg(test)]
+    pub fn new(job_id: JobId, token: LeaseToken) -> AckReq {
+        AckReq {
+            job_id,
+            token,
+            result: None,
+        }
+    }
+
+    pub fn parse(r: &pb::AckRequest, limits: &RequestLimits) -> Result<AckReq> {
+        let job_id = JobId::parse_field(&r.job_id, "job_id")?;
+        let token = LeaseToken::parse_field(&r.lease_token, "lease_token")?;
+        if r.result.len() > limits.max_result_bytes {
+            // As a payload past --max-payload-bytes: RESOURCE_EXHAUSTED.
+            return Err(Error::too_large(
+                "result",
+                format!(
+                    "is {} bytes, the limit is {} bytes",
+                    r.result.len(),
+                    limits.max_result_bytes
+                ),
+            ));
+        }
         Ok(AckReq {
-            job_id: JobId::parse_field(&r.job_id, "job_id")?,
-            token: LeaseToken::parse_field(&r.lease_token, "lease_token")?,
+            job_id,
+            token,
+            result: (!r.result.is_empty()).then(|| bytes::Bytes::copy_from_slice(&r.result)),
         })
     }
 }

@@ -403,7 +403,7 @@ impl Reader {
         // Acks with follow-up jobs: each a transaction of its own.
         let mut with_jobs: Vec<((String, String), AckReq, Vec<NewJob>)> = Vec::new();
         for (i, a) in acks.into_iter().enumerate() {
-            let parsed = AckReq::parse(&a).and_then(|r| {
+            let parsed = AckReq::parse(&a, &self.limits).and_then(|r| {
                 super::queue::follow_ups(a.enqueue, &self.limits, &self.who).map(|j| (r, j))
             });
             match parsed {

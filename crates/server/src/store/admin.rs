@@ -89,6 +89,8 @@ pub struct JobRow {
     pub died_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
     pub completed_by: Option<String>,
+    /// Completed jobs acked with a result (`AckRequest.result`).
+    pub result: Option<Vec<u8>>,
 }
 
 /// A cancelled job: its queue, and the lease it had (whose stream's credit
@@ -106,19 +108,19 @@ const LIVE_COLUMNS: &str = "id, queue, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, key, enqueued_at, run_at, expires_at, last_error, \
     leased_by, lease_expires_at, null::text as reason, null::timestamptz as died_at, \
-    null::timestamptz as completed_at, null::text as completed_by";
+    null::timestamptz as completed_at, null::text as completed_by, null::bytea as result";
 const DEAD_COLUMNS: &str = "id, queue, 'dead' as state, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, key, enqueued_at, null::timestamptz as run_at, \
     null::timestamptz as expires_at, last_error, null::text as leased_by, \
     null::timestamptz as lease_expires_at, reason, died_at, null::timestamptz as completed_at, \
-    null::text as completed_by";
+    null::text as completed_by, null::bytea as result";
 const COMPLETED_COLUMNS: &str = "id, queue, 'completed' as state, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, key, enqueued_at, null::timestamptz as run_at, \
     null::timestamptz as expires_at, last_error, null::text as leased_by, \
     null::timestamptz as lease_expires_at, null::text as reason, null::timestamptz as died_at, \
-    completed_at, completed_by";
+    completed_at, completed_by, case when $P then result end as result";
 
 fn job_row(r: &PgRow) -> Result<JobRow> {
     let headers: String = r.try_get("headers")?;
@@ -151,6 +153,7 @@ fn job_row(r: &PgRow) -> Result<JobRow> {
         died_at: r.try_get("died_at")?,
         completed_at: r.try_get("completed_at")?,
         completed_by: r.try_get("completed_by")?,
+        result: r.try_get("result")?,
     })
 }
 
