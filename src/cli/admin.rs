@@ -1126,5 +1126,9 @@ fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
     if payload {
         set_payload(&mut v, &j.payload);
     }
+    // A completed job acked with a result (AckRequest.result).
+    if !j.result.is_empty() {
+        super::output::set_bytes(&mut v, "result", &j.result);
+    }
     v
 }

@@ -11,6 +11,13 @@ SETTLE_OP_ACK: SettleOp
 SETTLE_OP_EXTEND: SettleOp
 SETTLE_OP_NACK: SettleOp
 SETTLE_OP_UNSPECIFIED: SettleOp
+WAIT_STATE_AVAILABLE: WaitState
+WAIT_STATE_COMPLETED: WaitState
+WAIT_STATE_DEAD: WaitState
+WAIT_STATE_LEASED: WaitState
+WAIT_STATE_SCHEDULED: WaitState
+WAIT_STATE_UNKNOWN: WaitState
+WAIT_STATE_UNSPECIFIED: WaitState
 
 class AckBatchRequest(_message.Message):
     __slots__ = ["acks"]
@@ -25,14 +32,16 @@ class AckBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ["enqueue", "job_id", "lease_token"]
+    __slots__ = ["enqueue", "job_id", "lease_token", "result"]
     ENQUEUE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     enqueue: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
     job_id: str
     lease_token: str
-    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., enqueue: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+    result: bytes
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., enqueue: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., result: _Optional[bytes] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ["enqueued"]
@@ -279,6 +288,35 @@ class SubscribeResponse(_message.Message):
     delivery: Delivery
     heartbeat: Heartbeat
     def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ...) -> None: ...
+
+class WaitJobRequest(_message.Message):
+    __slots__ = ["changes", "job_id", "timeout"]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    changes: bool
+    job_id: str
+    timeout: _duration_pb2.Duration
+    def __init__(self, job_id: _Optional[str] = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., changes: bool = ...) -> None: ...
+
+class WaitJobResponse(_message.Message):
+    __slots__ = ["dead_reason", "finished_at", "job_id", "last_error", "result", "state"]
+    DEAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    dead_reason: str
+    finished_at: _timestamp_pb2.Timestamp
+    job_id: str
+    last_error: str
+    result: bytes
+    state: WaitState
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[WaitState, str]] = ..., result: _Optional[bytes] = ..., last_error: _Optional[str] = ..., dead_reason: _Optional[str] = ..., finished_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WaitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
 
 class SettleOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
