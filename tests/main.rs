@@ -38,6 +38,7 @@ mod migrate_cli;
 mod pg_connect;
 mod plans;
 mod process;
+mod progress;
 mod release;
 mod results;
 mod scaling;

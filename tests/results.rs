@@ -198,11 +198,9 @@ async fn a_consume_stream_ack_carries_a_result_and_the_first_heartbeat_lists_it(
     let Some(pb::subscribe_response::Kind::Heartbeat(h)) = first.kind else {
         panic!("the first message is a heartbeat: {first:?}");
     };
-    assert!(
-        h.features.contains(&pb::features::ACK_RESULT.to_owned()),
-        "{:?}",
-        h.features
-    );
+    for f in [pb::features::ACK_RESULT, pb::features::PROGRESS] {
+        assert!(h.features.contains(&f.to_owned()), "{f}: {:?}", h.features);
+    }
     drop(raw);
 
     let mut c = Consumer::open(&mut client, &["res-stream"], 4, None, true).await;

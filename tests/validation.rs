@@ -1986,6 +1986,55 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
             want,
         ));
     }
+    // Progress reports (`progress`, issue 34): every id and token rule,
+    // then the fraction's and the message's, all aimed at the held job.
+    let progress = |(job_id, lease_token): Held, fraction: f32, message: &str| pb::Progress {
+        job_id,
+        lease_token,
+        fraction,
+        message: message.to_owned(),
+    };
+    for r in id_token_rows(held) {
+        let want = placed(r.want, "progress[0]");
+        out.push(row(
+            format!("progress[0] {}", r.name),
+            pb::ConsumeRequest {
+                progress: vec![progress(r.req, 0.5, "half")],
+                ..Default::default()
+            },
+            want,
+        ));
+    }
+    let long = "m".repeat(257);
+    let bad_progress: [(&str, f32, &str, &str); 7] = [
+        ("fraction NaN", f32::NAN, "", "progress[0].fraction"),
+        ("fraction below 0", -0.01, "", "progress[0].fraction"),
+        ("fraction above 1", 1.01, "", "progress[0].fraction"),
+        (
+            "fraction infinite",
+            f32::INFINITY,
+            "",
+            "progress[0].fraction",
+        ),
+        (
+            "fraction -infinite",
+            f32::NEG_INFINITY,
+            "",
+            "progress[0].fraction",
+        ),
+        ("message of 257 bytes", 0.5, &long, "progress[0].message"),
+        ("message with NUL", 0.5, "a\0b", "progress[0].message"),
+    ];
+    for (name, fraction, message, text) in bad_progress {
+        out.push(row(
+            format!("progress[0] {name}"),
+            pb::ConsumeRequest {
+                progress: vec![progress(held.clone(), fraction, message)],
+                ..Default::default()
+            },
+            bad(INVALID, text),
+        ));
+    }
     for r in nack_rows(held) {
         let want = placed(r.want, "nacks[0]");
         out.push(row(
@@ -2156,6 +2205,11 @@ async fn consume_settle(
         req.extends
             .iter()
             .map(|x| (pb::SettleOp::Extend as i32, x.job_id.clone())),
+    );
+    sent.extend(
+        req.progress
+            .iter()
+            .map(|p| (pb::SettleOp::Progress as i32, p.job_id.clone())),
     );
     let mut s = stream.lock().await;
     assert!(s.send(req).await, "the stream's request side is open");

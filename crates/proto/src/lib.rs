@@ -73,7 +73,10 @@ pub mod features {
     /// `AckRequest.result`: an ack may carry the job's result, kept on its
     /// completed record (a broker feature, as `ack.enqueue`).
     pub const ACK_RESULT: &str = "ack.result";
+    /// `ConsumeRequest.progress`: a stream may report its jobs' progress
+    /// (a broker feature).
+    pub const PROGRESS: &str = "progress";
     /// Every feature this version of the contract defines, as a broker of
     /// this version announces them.
-    pub const ALL: &[&str] = &[DELIVERIES, CANCEL, ACK_ENQUEUE, ACK_RESULT];
+    pub const ALL: &[&str] = &[DELIVERIES, CANCEL, ACK_ENQUEUE, ACK_RESULT, PROGRESS];
 }

@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 
 use crate::dispatch::{DeliveryStream, Dispatcher, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ClusterId, Enqueued, ExtendReq, FailReq, NackReq, NewJob, QueueName, Schedule,
-    Subscription,
+    AckReq, ClusterId, Enqueued, ExtendReq, FailReq, FastSet, JobId, NackReq, NewJob, ProgressReq,
+    QueueName, Schedule, Subscription,
 };
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
@@ -318,6 +318,21 @@ impl Broker {
             .into_iter()
             .map(|r| r.unwrap_or(Err(Error::Internal("ack lost its result"))))
             .collect())
+    }
+
+    /// Records progress reports (one per job) whose token is current, each
+    /// on the cluster its token names. Returns, per report in order, whether
+    /// it was written (false: the token is not the job's current lease).
+    pub async fn progress(&self, reqs: &[ProgressReq]) -> Result<Vec<bool>> {
+        let mut written: FastSet<JobId> = FastSet::default();
+        for (c, group) in self.clusters.group(reqs.iter(), |r| r.token.1) {
+            // A token naming a cluster this broker does not have is stale.
+            if let Some(store) = self.clusters.get(c) {
+                let ids = self.named(c, store.progress(&group).await)?;
+                written.extend(ids.into_iter().map(JobId));
+            }
+        }
+        Ok(reqs.iter().map(|r| written.contains(&r.job_id)).collect())
     }
 
     /// Acks a job and inserts its follow-up jobs in one transaction on the

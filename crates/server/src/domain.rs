@@ -530,6 +530,39 @@ impl ExtendReq {
     }
 }
 
+/// The longest progress message (`Progress.message`), in bytes.
+pub const MAX_PROGRESS_MESSAGE: usize = 256;
+
+/// A validated progress report (`Progress`, `ReportProgressRequest`).
+#[derive(Clone, Debug)]
+pub struct ProgressReq {
+    pub job_id: JobId,
+    pub token: LeaseToken,
+    pub fraction: f32,
+    pub message: String,
+}
+
+impl ProgressReq {
+    pub fn parse(job_id: &str, token: &str, fraction: f32, message: String) -> Result<ProgressReq> {
+        let job_id = JobId::parse_field(job_id, "job_id")?;
+        let token = LeaseToken::parse_field(token, "lease_token")?;
+        if !(0.0..=1.0).contains(&fraction) {
+            // NaN is in no range.
+            return Err(Error::invalid(
+                "fraction",
+                format!("must be 0 to 1, not {fraction}"),
+            ));
+        }
+        check_text(&message, "message", MAX_PROGRESS_MESSAGE)?;
+        Ok(ProgressReq {
+            job_id,
+            token,
+            fraction,
+            message,
+        })
+    }
+}
+
 /// One enqueue result, in request order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Enqueued {

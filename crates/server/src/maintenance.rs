@@ -101,6 +101,11 @@ pub async fn retention_loop(
             }
             Err(e) => warn!(error = %e, "deleting the errors of gone jobs failed"),
         }
+        match store.delete_orphan_progress(RETENTION_BATCH).await {
+            Ok(n) if n > 0 => debug!(deleted = n, "progress of gone jobs deleted"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "deleting the progress of gone jobs failed"),
+        }
         match store.expire_key_buckets(RETENTION_BATCH).await {
             Ok(n) if n > 0 => debug!(deleted = n, "full per-key rate buckets deleted"),
             Ok(_) => {}

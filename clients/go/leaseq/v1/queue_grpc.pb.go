@@ -60,6 +60,10 @@ type QueueServiceClient interface {
 	// for all the jobs waited on it (--wait-poll-interval, 100 ms), and at
 	// once for jobs it settled itself.
 	WaitJob(ctx context.Context, in *WaitJobRequest, opts ...grpc.CallOption) (QueueService_WaitJobClient, error)
+	// A held job's progress (as ConsumeRequest.progress, for Subscribe
+	// users): written at once, one statement per call. FAILED_PRECONDITION
+	// when the token is not the job's current lease (nothing is written).
+	ReportProgress(ctx context.Context, in *ReportProgressRequest, opts ...grpc.CallOption) (*ReportProgressResponse, error)
 }
 
 type queueServiceClient struct {
@@ -219,6 +223,15 @@ func (x *queueServiceWaitJobClient) Recv() (*WaitJobResponse, error) {
 	return m, nil
 }
 
+func (c *queueServiceClient) ReportProgress(ctx context.Context, in *ReportProgressRequest, opts ...grpc.CallOption) (*ReportProgressResponse, error) {
+	out := new(ReportProgressResponse)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.QueueService/ReportProgress", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueueServiceServer is the server API for QueueService service.
 // All implementations must embed UnimplementedQueueServiceServer
 // for forward compatibility
@@ -266,6 +279,10 @@ type QueueServiceServer interface {
 	// for all the jobs waited on it (--wait-poll-interval, 100 ms), and at
 	// once for jobs it settled itself.
 	WaitJob(*WaitJobRequest, QueueService_WaitJobServer) error
+	// A held job's progress (as ConsumeRequest.progress, for Subscribe
+	// users): written at once, one statement per call. FAILED_PRECONDITION
+	// when the token is not the job's current lease (nothing is written).
+	ReportProgress(context.Context, *ReportProgressRequest) (*ReportProgressResponse, error)
 	mustEmbedUnimplementedQueueServiceServer()
 }
 
@@ -299,6 +316,9 @@ func (UnimplementedQueueServiceServer) Consume(QueueService_ConsumeServer) error
 }
 func (UnimplementedQueueServiceServer) WaitJob(*WaitJobRequest, QueueService_WaitJobServer) error {
 	return status.Errorf(codes.Unimplemented, "method WaitJob not implemented")
+}
+func (UnimplementedQueueServiceServer) ReportProgress(context.Context, *ReportProgressRequest) (*ReportProgressResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportProgress not implemented")
 }
 func (UnimplementedQueueServiceServer) mustEmbedUnimplementedQueueServiceServer() {}
 
@@ -489,6 +509,24 @@ func (x *queueServiceWaitJobServer) Send(m *WaitJobResponse) error {
 	return x.ServerStream.SendMsg(m)
 }
 
+func _QueueService_ReportProgress_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportProgressRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).ReportProgress(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.QueueService/ReportProgress",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).ReportProgress(ctx, req.(*ReportProgressRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _QueueService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "leaseq.v1.QueueService",
 	HandlerType: (*QueueServiceServer)(nil),
@@ -516,6 +554,10 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExtendLease",
 			Handler:    _QueueService_ExtendLease_Handler,
+		},
+		{
+			MethodName: "ReportProgress",
+			Handler:    _QueueService_ReportProgress_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

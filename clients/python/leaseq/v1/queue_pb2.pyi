@@ -10,6 +10,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 SETTLE_OP_ACK: SettleOp
 SETTLE_OP_EXTEND: SettleOp
 SETTLE_OP_NACK: SettleOp
+SETTLE_OP_PROGRESS: SettleOp
 SETTLE_OP_UNSPECIFIED: SettleOp
 WAIT_STATE_AVAILABLE: WaitState
 WAIT_STATE_COMPLETED: WaitState
@@ -68,20 +69,22 @@ class Cancelled(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ["acks", "confirm_settles", "extends", "max_in_flight", "nacks", "subscribe"]
+    __slots__ = ["acks", "confirm_settles", "extends", "max_in_flight", "nacks", "progress", "subscribe"]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_SETTLES_FIELD_NUMBER: _ClassVar[int]
     EXTENDS_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     NACKS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[AckRequest]
     confirm_settles: bool
     extends: _containers.RepeatedCompositeFieldContainer[ExtendLeaseRequest]
     max_in_flight: int
     nacks: _containers.RepeatedCompositeFieldContainer[NackRequest]
+    progress: _containers.RepeatedCompositeFieldContainer[Progress]
     subscribe: SubscribeRequest
-    def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[NackRequest, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[ExtendLeaseRequest, _Mapping]]] = ..., max_in_flight: _Optional[int] = ..., confirm_settles: bool = ...) -> None: ...
+    def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[NackRequest, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[ExtendLeaseRequest, _Mapping]]] = ..., max_in_flight: _Optional[int] = ..., confirm_settles: bool = ..., progress: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ["cancelled", "deliveries", "delivery", "heartbeat", "settled"]
@@ -236,6 +239,34 @@ class NackResponse(_message.Message):
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     dead_lettered: bool
     def __init__(self, dead_lettered: bool = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ["fraction", "job_id", "lease_token", "message"]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    fraction: float
+    job_id: str
+    lease_token: str
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., fraction: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ["fraction", "job_id", "lease_token", "message"]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    fraction: float
+    job_id: str
+    lease_token: str
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., fraction: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class SettleResult(_message.Message):
     __slots__ = ["code", "dead_lettered", "enqueued", "job_id", "lease_expires_at", "lease_token", "message", "op"]

@@ -62,6 +62,11 @@ class QueueServiceStub(object):
                 request_serializer=leaseq_dot_v1_dot_queue__pb2.WaitJobRequest.SerializeToString,
                 response_deserializer=leaseq_dot_v1_dot_queue__pb2.WaitJobResponse.FromString,
                 )
+        self.ReportProgress = channel.unary_unary(
+                '/leaseq.v1.QueueService/ReportProgress',
+                request_serializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.FromString,
+                )
 
 
 class QueueServiceServicer(object):
@@ -158,6 +163,15 @@ class QueueServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProgress(self, request, context):
+        """A held job's progress (as ConsumeRequest.progress, for Subscribe
+        users): written at once, one statement per call. FAILED_PRECONDITION
+        when the token is not the job's current lease (nothing is written).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +219,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.WaitJob,
                     request_deserializer=leaseq_dot_v1_dot_queue__pb2.WaitJobRequest.FromString,
                     response_serializer=leaseq_dot_v1_dot_queue__pb2.WaitJobResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -369,5 +388,22 @@ class QueueService(object):
         return grpc.experimental.unary_stream(request, target, '/leaseq.v1.QueueService/WaitJob',
             leaseq_dot_v1_dot_queue__pb2.WaitJobRequest.SerializeToString,
             leaseq_dot_v1_dot_queue__pb2.WaitJobResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.QueueService/ReportProgress',
+            leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.SerializeToString,
+            leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

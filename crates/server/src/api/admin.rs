@@ -312,6 +312,9 @@ pub fn job_info(j: JobRow) -> pb::JobInfo {
         completed_at: j.completed_at.map(ts),
         completed_by: j.completed_by.unwrap_or_default(),
         result: j.result.unwrap_or_default(),
+        progress: j.progress.as_ref().map_or(0.0, |p| p.fraction),
+        progress_at: j.progress.as_ref().map(|p| ts(p.at)),
+        progress_message: j.progress.map(|p| p.message).unwrap_or_default(),
     }
 }
 

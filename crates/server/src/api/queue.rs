@@ -10,7 +10,9 @@ use crate::broker::Broker;
 use crate::config::RequestLimits;
 use crate::conn_limit::ConnInfo;
 use crate::dispatch::SubscriptionStream;
-use crate::domain::{AckReq, ExtendReq, JobId, NackReq, NewJob, QueueName, Subscription};
+use crate::domain::{
+    AckReq, ExtendReq, JobId, NackReq, NewJob, ProgressReq, QueueName, Subscription,
+};
 use crate::error::Error;
 use crate::pb;
 use crate::pb::queue_service_server::QueueService;
@@ -345,6 +347,23 @@ impl QueueService for QueueApi {
         Ok(Response::new(crate::waits::WaitStream::open(
             first, reg, rx, timeout,
         )))
+    }
+
+    #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn report_progress(
+        &self,
+        request: Request<pb::ReportProgressRequest>,
+    ) -> Result<Response<pb::ReportProgressResponse>, Status> {
+        let who = Identity::of(&request)?;
+        let r = request.into_inner();
+        let req = ProgressReq::parse(&r.job_id, &r.lease_token, r.fraction, r.message)?;
+        // As for Ack: the lease token is the capability for its job.
+        who.require_somewhere(Action::Consume)?;
+        let written = self.broker.progress(std::slice::from_ref(&req)).await?;
+        if written.first() != Some(&true) {
+            return Err(Error::StaleLease(req.job_id.0).into());
+        }
+        Ok(Response::new(pb::ReportProgressResponse {}))
     }
 
     type ConsumeStream = super::consume::ConsumeResponse;

@@ -58,8 +58,8 @@ pub(crate) use conn::Conns;
 use crate::channels;
 use crate::domain::{
     AckReq, ClusterId, Due, EnqueueOutcome, Enqueued, ExtendReq, Extended, FailReq, Failed,
-    FastMap, FastSet, HandoffTo, JobId, LeaseOutcome, LeaseToken, Leased, NewJob, QueueName,
-    Schedule, Settled, Wake, Want,
+    FastMap, FastSet, HandoffTo, JobId, LeaseOutcome, LeaseToken, Leased, NewJob, ProgressReq,
+    QueueName, Schedule, Settled, Wake, Want,
 };
 use crate::error::{Error, Result};
 
@@ -1187,6 +1187,47 @@ impl Store {
                 .await?;
                 tx.commit().await?;
                 Ok(done)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Records progress reports whose token is current (progress.sql), one
+    /// per job. Returns the jobs written.
+    pub(crate) async fn progress(&self, reqs: &[&ProgressReq]) -> Result<Vec<Uuid>> {
+        // In id order: the upsert locks the rows in the order given.
+        let mut reqs = reqs.to_vec();
+        reqs.sort_unstable_by_key(|r| r.job_id.0);
+        let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
+        let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        let fractions: Vec<f32> = reqs.iter().map(|r| r.fraction).collect();
+        let messages: Vec<&str> = reqs.iter().map(|r| r.message.as_str()).collect();
+        let mut c = self.conns.acquire().await?;
+        let rows = c
+            .bounded(|c| {
+                sqlx::query_file_scalar!(
+                    "src/store/sql/progress.sql",
+                    &ids,
+                    &tokens,
+                    &fractions,
+                    &messages as &Vec<&str>,
+                )
+                .fetch_all(c)
+            })
+            .await?;
+        c.done();
+        Ok(rows)
+    }
+
+    /// Deletes at most `limit` progress reports of jobs that are gone
+    /// (delete_orphan_progress.sql). Returns how many.
+    pub(crate) async fn delete_orphan_progress(&self, limit: i64) -> Result<u64> {
+        let done = self
+            .on_pool(async {
+                sqlx::query_file!("src/store/sql/delete_orphan_progress.sql", limit)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Into::into)
             })
             .await?;
         Ok(done.rows_affected())
