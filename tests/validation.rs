@@ -1326,6 +1326,106 @@ async fn extend_lease_bad_input_table() {
     .await;
 }
 
+/// ReportProgress (issue 34): every id and token rule, then the fraction's
+/// and the message's, all aimed at the held job; each refused, nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_progress_bad_input_table() {
+    check_table(
+        "ReportProgress",
+        |held| {
+            let req = |(job_id, lease_token): Held, fraction: f32, message: &str| {
+                pb::ReportProgressRequest {
+                    job_id,
+                    lease_token,
+                    fraction,
+                    message: message.to_owned(),
+                }
+            };
+            let mut rows: Vec<Row<pb::ReportProgressRequest>> = id_token_rows(held)
+                .into_iter()
+                .map(|r| r.map(|h| req(h, 0.5, "half")))
+                .collect();
+            let long = "m".repeat(257);
+            for (name, fraction, message, text) in [
+                ("fraction NaN", f32::NAN, "", "fraction: "),
+                ("fraction below 0", -0.01, "", "fraction: "),
+                ("fraction above 1", 1.01, "", "fraction: "),
+                ("fraction infinite", f32::INFINITY, "", "fraction: "),
+                ("message of 257 bytes", 0.5, long.as_str(), "message: "),
+                ("message with NUL", 0.5, "a\0b", "message: "),
+            ] {
+                rows.push(row(
+                    name,
+                    req(held.clone(), fraction, message),
+                    bad(INVALID, text),
+                ));
+            }
+            rows
+        },
+        |mut c, r| async move { c.report_progress(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
+/// WaitJob (issue 34): the id's rules and the timeout's; a wait on the
+/// held job and one on an unknown id are accepted (the stream opens) and
+/// change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_job_bad_input_table() {
+    check_table(
+        "WaitJob",
+        |(h, _)| {
+            let req = |job_id: &str, timeout: Option<PDuration>| pb::WaitJobRequest {
+                job_id: job_id.to_owned(),
+                timeout,
+                changes: false,
+            };
+            let (u, _) = Fixture::unknown();
+            vec![
+                row("job_id empty", req("", None), bad(INVALID, "job_id")),
+                row("job_id not a UUID", req("x", None), bad(INVALID, "job_id")),
+                row(
+                    "job_id with NUL",
+                    req(&format!("{h}\0"), None),
+                    bad(INVALID, "job_id"),
+                ),
+                row(
+                    "timeout negative",
+                    req(h, pd(-1, 0)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout nanos negative",
+                    req(h, pd(0, -1)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout nanos 1e9",
+                    req(h, pd(0, 1_000_000_000)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout over 1h",
+                    req(h, pd(3601, 0)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout 1h + 1ns",
+                    req(h, pd(3600, 1)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row("held job, 1 s", req(h, pd(1, 0)), Want::Ok(0)),
+                row("held job, 1 h", req(h, pd(3600, 0)), Want::Ok(0)),
+                row("held job, no timeout", req(h, None), Want::Ok(0)),
+                row("unknown job", req(&u, None), Want::Ok(0)),
+            ]
+        },
+        |mut c, r| async move { c.wait_job(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
 /// One AdminService request: the admin table mixes every admin RPC.
 enum AdminReq {
     GetQueue(pb::GetQueueRequest),
