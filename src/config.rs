@@ -46,8 +46,9 @@ pub enum Command {
     /// Consume and print jobs as they arrive, acking each on the stream.
     Tail(crate::cli::TailArgs),
     /// Wait for a job to end (WaitJob) and print its outcome: exit 0 when
-    /// it completed (its result printed), 1 when it is dead, 3 when it is
-    /// unknown (no live job and no record), 4 past --timeout.
+    /// it completed (its result printed), 1 when it is dead or was
+    /// cancelled, 3 when it is unknown (no live job and no record), 4 past
+    /// --timeout.
     Wait(crate::cli::WaitArgs),
     /// Run a command once per job (payload on stdin, job fields in LEASEQ_*
     /// variables): exit 0 acks, anything else nacks with its stderr's tail.

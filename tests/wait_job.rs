@@ -133,7 +133,8 @@ async fn wait_job_reports_each_outcome() {
         (pb::WaitState::Dead, "expired")
     );
 
-    // Cancelled: gone without a record, so UNKNOWN, at once.
+    // Cancelled: CANCELLED, at once (this broker cancelled it), and to a
+    // wait that starts afterwards.
     let id = enqueue(&mut c, "w-nobody", "cancel me").await;
     let mut w = wait(&mut c, &id, false, None).await.unwrap();
     let asked = Instant::now();
@@ -141,12 +142,15 @@ async fn wait_job_reports_each_outcome() {
         .await
         .unwrap();
     let o = outcome(&mut w, S5).await;
-    assert_eq!(o.state(), pb::WaitState::Unknown, "{o:?}");
+    assert_eq!(o.state(), pb::WaitState::Cancelled, "{o:?}");
+    assert!(o.finished_at.is_some());
     assert!(
         asked.elapsed() < Duration::from_secs(2),
         "{:?}",
         asked.elapsed()
     );
+    let mut w = wait(&mut c, &id, false, None).await.unwrap();
+    assert_eq!(outcome(&mut w, S5).await.state(), pb::WaitState::Cancelled);
 
     // Acked without a result in a queue without retention: UNKNOWN too.
     let id = enqueue(&mut c, "w", "plain").await;
@@ -272,6 +276,16 @@ async fn a_wait_on_one_broker_learns_of_an_ack_on_another() {
         (o.state(), o.last_error.as_str()),
         (pb::WaitState::Dead, "boom")
     );
+
+    // A cancel on the other broker: CANCELLED too.
+    let id = enqueue(&mut cw, "x-idle", "cancel me").await;
+    let mut w = wait(&mut cw, &id, false, None).await.unwrap();
+    admin(&acking)
+        .await
+        .cancel_job(pb::CancelJobRequest { job_id: id.clone() })
+        .await
+        .unwrap();
+    assert_eq!(outcome(&mut w, S5).await.state(), pb::WaitState::Cancelled);
     waiting.stop().await;
     acking.stop().await;
 }
@@ -302,5 +316,39 @@ async fn waits_past_the_brokers_limit_are_refused() {
         async move { wait(&mut c, &id, false, None).await.is_ok() }
     })
     .await;
+    broker.stop().await;
+}
+
+/// A cancel is remembered for --result-retention, then the job is UNKNOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_is_remembered_for_the_result_retention() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::on(&db)
+        .config(|cfg| {
+            cfg.retention_interval = Duration::from_millis(100);
+            cfg.result_retention = Duration::from_secs(1);
+        })
+        .start()
+        .await;
+    let mut c = broker.client().await;
+    let id = enqueue(&mut c, "cr", "x").await;
+    admin(&broker)
+        .await
+        .cancel_job(pb::CancelJobRequest { job_id: id.clone() })
+        .await
+        .unwrap();
+    let cancelled = Instant::now();
+    let mut w = wait(&mut c, &id, false, None).await.unwrap();
+    assert_eq!(outcome(&mut w, S5).await.state(), pb::WaitState::Cancelled);
+    eventually(Duration::from_secs(10), "the cancel forgotten", || {
+        let mut c = c.clone();
+        let id = id.clone();
+        async move {
+            let mut w = wait(&mut c, &id, false, None).await.unwrap();
+            outcome(&mut w, S5).await.state() == pb::WaitState::Unknown
+        }
+    })
+    .await;
+    assert!(cancelled.elapsed() >= Duration::from_millis(900));
     broker.stop().await;
 }

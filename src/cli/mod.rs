@@ -205,66 +205,69 @@ pub async fn wait(args: WaitArgs) -> Result<(), CliError> {
         .await?
         .into_inner();
     while let Some(m) = stream.message().await? {
-        let state = m.state();
-        let name = state
-            .as_str_name()
-            .trim_start_matches("WAIT_STATE_")
-            .to_lowercase();
-        match args.output {
-            Output::Json => {
-                let mut v = json!({
-                    "job_id": m.job_id,
-                    "state": name,
-                    "dead_reason": output::none_if_empty(&m.dead_reason),
-                    "last_error": output::none_if_empty(&m.last_error),
-                    "finished_at": output::opt_ts(m.finished_at.as_ref()),
-                });
-                if !m.result.is_empty() {
-                    output::set_bytes(&mut v, "result", &m.result);
-                }
-                output::print_json_line(&v);
-            }
-            Output::Table => match state {
-                pb::WaitState::Completed if !m.result.is_empty() => {
-                    match std::str::from_utf8(&m.result) {
-                        Ok(s) => println!("completed {s}"),
-                        Err(_) => println!(
-                            "completed hex:{}",
-                            m.result
-                                .iter()
-                                .map(|b| format!("{b:02x}"))
-                                .collect::<String>()
-                        ),
-                    }
-                }
-                pb::WaitState::Dead => println!("dead {}: {}", m.dead_reason, m.last_error),
-                _ => println!("{name}"),
-            },
-        }
-        match state {
-            pb::WaitState::Completed => return Ok(()),
-            pb::WaitState::Dead => {
-                return Err(CliError::new(
-                    Exit::Error,
-                    format!("job {} is dead ({})", args.job_id, m.dead_reason),
-                ));
-            }
-            pb::WaitState::Unknown => {
-                return Err(CliError::new(
-                    Exit::NotFound,
-                    format!(
-                        "job {} is neither live nor recorded (acked without a record, cancelled, purged, or never enqueued)",
-                        args.job_id
-                    ),
-                ));
-            }
-            _ => {}
+        print_wait(&m, args.output);
+        if let Some(done) = wait_outcome(&m, &args.job_id) {
+            return done;
         }
     }
     Err(CliError::new(
         Exit::Error,
         "the wait ended without an outcome",
     ))
+}
+
+/// One WaitJob message, as `leaseq wait` prints it.
+fn print_wait(m: &pb::WaitJobResponse, out: Output) {
+    let state = m.state();
+    let name = state
+        .as_str_name()
+        .trim_start_matches("WAIT_STATE_")
+        .to_lowercase();
+    match out {
+        Output::Json => {
+            let mut v = json!({
+                "job_id": m.job_id,
+                "state": name,
+                "dead_reason": output::none_if_empty(&m.dead_reason),
+                "last_error": output::none_if_empty(&m.last_error),
+                "finished_at": output::opt_ts(m.finished_at.as_ref()),
+            });
+            if !m.result.is_empty() {
+                output::set_bytes(&mut v, "result", &m.result);
+            }
+            output::print_json_line(&v);
+        }
+        Output::Table => match state {
+            pb::WaitState::Completed if !m.result.is_empty() => {
+                match std::str::from_utf8(&m.result) {
+                    Ok(s) => println!("completed {s}"),
+                    Err(_) => {
+                        let hex: String = m.result.iter().map(|b| format!("{b:02x}")).collect();
+                        println!("completed hex:{hex}");
+                    }
+                }
+            }
+            pb::WaitState::Dead => println!("dead {}: {}", m.dead_reason, m.last_error),
+            _ => println!("{name}"),
+        },
+    }
+}
+
+/// How `leaseq wait` ends after this message: None while the job is live.
+fn wait_outcome(m: &pb::WaitJobResponse, id: &str) -> Option<Result<(), CliError>> {
+    let e = |exit, message: String| Some(Err(CliError::new(exit, message)));
+    match m.state() {
+        pb::WaitState::Completed => Some(Ok(())),
+        pb::WaitState::Dead => e(Exit::Error, format!("job {id} is dead ({})", m.dead_reason)),
+        pb::WaitState::Cancelled => e(Exit::Error, format!("job {id} was cancelled")),
+        pb::WaitState::Unknown => e(
+            Exit::NotFound,
+            format!(
+                "job {id} is neither live nor recorded (acked without a record, purged, or never enqueued)"
+            ),
+        ),
+        _ => None,
+    }
 }
 
 /// Most jobs `tail` holds unacked at once.

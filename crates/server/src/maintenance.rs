@@ -101,6 +101,11 @@ pub async fn retention_loop(
             }
             Err(e) => warn!(error = %e, "deleting the errors of gone jobs failed"),
         }
+        match store.expire_cancelled(RETENTION_BATCH, result_ms).await {
+            Ok(n) if n > 0 => debug!(deleted = n, "records of cancelled jobs expired"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "expiring the records of cancelled jobs failed"),
+        }
         match store.delete_orphan_progress(RETENTION_BATCH).await {
             Ok(n) if n > 0 => debug!(deleted = n, "progress of gone jobs deleted"),
             Ok(_) => {}

@@ -5,7 +5,7 @@
 //! statement's NOTIFY goes to the broker that leased the job only, and a
 //! broadcast per ack would cost every ack a NOTIFY for the rare job someone
 //! waits on. So each broker reads the state of every job waited on it in
-//! one statement per cluster (`wait_status.sql`, three primary-key probes
+//! one statement per cluster (`wait_status.sql`, four primary-key probes
 //! per job) every `--wait-poll-interval` (100 ms), only while someone
 //! waits: the latency of an end on another replica is at most that
 //! interval plus the statement. An end this broker settled itself (an ack,
@@ -233,6 +233,7 @@ pub fn response(row: &WaitRow) -> pb::WaitJobResponse {
         Some("leased") => pb::WaitState::Leased,
         Some("completed") => pb::WaitState::Completed,
         Some("dead") => pb::WaitState::Dead,
+        Some("cancelled") => pb::WaitState::Cancelled,
         _ => pb::WaitState::Unknown,
     };
     pb::WaitJobResponse {
@@ -251,7 +252,10 @@ pub fn response(row: &WaitRow) -> pb::WaitJobResponse {
 pub fn is_final(s: pb::WaitState) -> bool {
     matches!(
         s,
-        pb::WaitState::Completed | pb::WaitState::Dead | pb::WaitState::Unknown
+        pb::WaitState::Completed
+            | pb::WaitState::Dead
+            | pb::WaitState::Cancelled
+            | pb::WaitState::Unknown
     )
 }
 

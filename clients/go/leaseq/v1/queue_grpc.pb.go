@@ -50,8 +50,8 @@ type QueueServiceClient interface {
 	// possibly leased again elsewhere; a client ignores them, as the SDKs do.
 	Consume(ctx context.Context, opts ...grpc.CallOption) (QueueService_ConsumeClient, error)
 	// Waits for a job to end: sends its outcome (completed with its result,
-	// dead with its last error, or unknown: no live job and no record) as the
-	// last message, then ends the stream with OK; with `changes`, also its
+	// dead with its last error, cancelled, or unknown: no live job and no
+	// record) as the last message, then ends the stream with OK; with `changes`, also its
 	// state each time it changes before that. A job that has already ended
 	// is answered at once. Past `timeout` the stream ends DEADLINE_EXCEEDED.
 	// Needs the enqueue or consume permission on the job's queue. Each
@@ -269,8 +269,8 @@ type QueueServiceServer interface {
 	// possibly leased again elsewhere; a client ignores them, as the SDKs do.
 	Consume(QueueService_ConsumeServer) error
 	// Waits for a job to end: sends its outcome (completed with its result,
-	// dead with its last error, or unknown: no live job and no record) as the
-	// last message, then ends the stream with OK; with `changes`, also its
+	// dead with its last error, cancelled, or unknown: no live job and no
+	// record) as the last message, then ends the stream with OK; with `changes`, also its
 	// state each time it changes before that. A job that has already ended
 	// is answered at once. Past `timeout` the stream ends DEADLINE_EXCEEDED.
 	// Needs the enqueue or consume permission on the job's queue. Each

@@ -574,8 +574,14 @@ pub async fn delete_orphan_errors(
 
 /// Deletes a live job. None = no live job with that id.
 pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
+    // The cancel is remembered (leaseq.cancelled_jobs) in the same
+    // statement, for WaitJob on any replica.
     let row = sqlx::query!(
-        "delete from leaseq.jobs where id = $1 returning queue, lease_token, lease_broker",
+        "with gone as (delete from leaseq.jobs where id = $1 \
+             returning queue, lease_token, lease_broker), \
+         kept as (insert into leaseq.cancelled_jobs (id, queue) select $1, g.queue from gone g \
+             on conflict (id) do nothing) \
+         select queue as \"queue!\", lease_token, lease_broker from gone",
         id.0,
     )
     .fetch_optional(&store.pool)

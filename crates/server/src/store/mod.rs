@@ -1256,6 +1256,20 @@ impl Store {
         .await
     }
 
+    /// Deletes at most `limit` records of cancelled jobs older than
+    /// `retention_ms` (expire_cancelled.sql). Returns how many.
+    pub(crate) async fn expire_cancelled(&self, limit: i64, retention_ms: i64) -> Result<u64> {
+        let done = self
+            .on_pool(async {
+                sqlx::query_file!("src/store/sql/expire_cancelled.sql", limit, retention_ms)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Into::into)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Deletes at most `limit` per-key rate buckets that are full again
     /// (expire_key_buckets.sql). Returns how many.
     pub(crate) async fn expire_key_buckets(&self, limit: i64) -> Result<u64> {
