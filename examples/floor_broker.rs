@@ -206,6 +206,22 @@ impl QueueService for Floor {
         Ok(Response::new(self.accepted(id, job).await))
     }
 
+    async fn report_progress(
+        &self,
+        _: Request<pb::ReportProgressRequest>,
+    ) -> Result<Response<pb::ReportProgressResponse>, Status> {
+        Err(Status::unimplemented("not part of the floor"))
+    }
+
+    type WaitJobStream = Boxed<pb::WaitJobResponse>;
+
+    async fn wait_job(
+        &self,
+        _: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        Err(Status::unimplemented("not part of the floor"))
+    }
+
     type ConsumeStream = Boxed<pb::ConsumeResponse>;
 
     async fn consume(

@@ -45,6 +45,11 @@ pub enum Command {
     Enqueue(crate::cli::EnqueueArgs),
     /// Consume and print jobs as they arrive, acking each on the stream.
     Tail(crate::cli::TailArgs),
+    /// Wait for a job to end (WaitJob) and print its outcome: exit 0 when
+    /// it completed (its result printed), 1 when it is dead or was
+    /// cancelled, 3 when it is unknown (no live job and no record), 4 past
+    /// --timeout.
+    Wait(crate::cli::WaitArgs),
     /// Run a command once per job (payload on stdin, job fields in LEASEQ_*
     /// variables): exit 0 acks, anything else nacks with its stderr's tail.
     Work(crate::cli::work::WorkArgs),
@@ -179,6 +184,20 @@ pub struct ServeArgs {
     /// replicas).
     #[arg(long, env = "LEASEQ_RETENTION_INTERVAL", default_value_t = defaults().retention_interval.into())]
     pub retention_interval: CliDuration,
+    /// The least time a job acked with a result is kept, with its result
+    /// (for GetJob and WaitJob), whatever its queue's completed_retention:
+    /// the longer of the two applies. Give every replica the same value.
+    #[arg(long, env = "LEASEQ_RESULT_RETENTION", default_value_t = defaults().result_retention.into())]
+    pub result_retention: CliDuration,
+    /// How often the jobs waited on by WaitJob calls on this broker are
+    /// read (one statement for all of them, only while any wait is open):
+    /// the most a wait learns late of a job that ended on another replica.
+    #[arg(long, env = "LEASEQ_WAIT_POLL_INTERVAL", default_value_t = defaults().wait_poll_interval.into())]
+    pub wait_poll_interval: CliDuration,
+    /// Most WaitJob calls open at once on this broker (RESOURCE_EXHAUSTED
+    /// past it).
+    #[arg(long, env = "LEASEQ_MAX_WAITERS", default_value_t = defaults().max_waiters)]
+    pub max_waiters: usize,
     /// How often the jobs table's dead tuples are checked; it is vacuumed
     /// (by one replica at a time) past 10,000 + 20 % of its live rows, since
     /// autovacuum's default once-a-minute visit is far too slow for a queue
@@ -234,6 +253,10 @@ pub struct ServeArgs {
     /// default: raise their limit too if you raise this.
     #[arg(long, env = "LEASEQ_MAX_MESSAGE_BYTES", default_value_t = defaults().request_limits.max_message_bytes)]
     pub max_message_bytes: usize,
+    /// Largest job result an ack may carry (AckRequest.result), in bytes;
+    /// a larger one is refused RESOURCE_EXHAUSTED and nothing is acked.
+    #[arg(long, env = "LEASEQ_MAX_RESULT_BYTES", default_value_t = defaults().request_limits.max_result_bytes)]
+    pub max_result_bytes: usize,
     /// HTTP/2 keepalive ping interval.
     #[arg(long, env = "LEASEQ_KEEPALIVE_INTERVAL", default_value_t = defaults().keepalive_interval.into())]
     pub keepalive_interval: CliDuration,
@@ -403,6 +426,9 @@ impl ServeArgs {
             poll_interval: self.poll_interval.0,
             reap_interval: self.reap_interval.0,
             retention_interval: self.retention_interval.0,
+            result_retention: self.result_retention.0,
+            wait_poll_interval: self.wait_poll_interval.0,
+            max_waiters: self.max_waiters,
             vacuum_interval: self.vacuum_interval.0,
             schedule_interval: self.schedule_interval.0,
             schedule_grace: self.schedule_grace.0,
@@ -415,6 +441,7 @@ impl ServeArgs {
                 max_payload_bytes: self.max_payload_bytes,
                 max_batch_jobs: self.max_batch_jobs,
                 max_message_bytes: self.max_message_bytes,
+                max_result_bytes: self.max_result_bytes,
             },
             keepalive_interval: self.keepalive_interval.0,
             keepalive_timeout: self.keepalive_timeout.0,

@@ -34,6 +34,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Enqueue(args) => cli::enqueue(args).await,
         Command::Tail(args) => cli::tail(args).await,
+        Command::Wait(args) => cli::wait(args).await,
         Command::Work(args) => cli::work::run(args).await,
         Command::Admin(cmd) => cli::admin::run(cmd).await,
         Command::HashToken(args) => cli::hash_token(args),

@@ -11,6 +11,7 @@ use tokio::io::AsyncBufReadExt;
 
 const S5: Duration = Duration::from_secs(5);
 
+#[derive(Debug)]
 struct Out {
     code: i32,
     stdout: String,
@@ -287,6 +288,88 @@ async fn completed_jobs_are_listed_shown_and_purged() {
         (&Value::from(0), &Value::from(1))
     );
     assert_eq!(cli(a, &["job", "get", &id]).await.code, 3);
+}
+
+/// `leaseq wait` prints a job's outcome and says it in its exit code;
+/// `leaseq job get` shows a completed job's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_prints_the_outcome_and_job_get_the_result() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let addr = broker.url();
+    let a = addr.as_str();
+    let mut c = broker.client().await;
+    let mut s = subscribe(&mut c, &["cw"], 1, None).await;
+
+    // Waiting while the job is live: the outcome comes when it is acked.
+    let id = enqueue(&mut c, "cw", "x").await;
+    let waiter = {
+        let (a, id) = (a.to_owned(), id.clone());
+        tokio::spawn(async move { cli(&a, &["wait", &id, "--changes"]).await })
+    };
+    let d = next_delivery(&mut s, S5).await;
+    // (Whether the CLI's wait opens before the ack or after, the outcome is
+    // the same: the result keeps the record. tests/wait_job.rs has the
+    // order-sensitive cases.)
+    c.ack(pb::AckRequest {
+        result: b"forty-two".to_vec(),
+        job_id: id.clone(),
+        lease_token: d.lease_token.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let out = waiter.await.unwrap();
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout.lines().last(),
+        Some("completed forty-two"),
+        "{out:?}"
+    );
+    // With --changes, the live states the broker saw before it (a poll's
+    // view: it may miss a state that lasted less than a poll).
+    assert!(
+        out.stdout
+            .lines()
+            .rev()
+            .skip(1)
+            .all(|l| ["available", "leased"].contains(&l)),
+        "{out:?}"
+    );
+
+    // Already done: at once, as JSON; `job get` shows the result.
+    let done = cli(a, &["wait", &id, "-o", "json"]).await.json();
+    assert_eq!(
+        (&done["state"], &done["result"]),
+        (&Value::from("completed"), &Value::from("forty-two"))
+    );
+    let job = cli(a, &["job", "get", &id, "-o", "json"]).await.json();
+    assert_eq!(job["result"], "forty-two");
+    let table = cli(a, &["job", "get", &id]).await;
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("result") && l.ends_with("forty-two")),
+        "{table:?}"
+    );
+
+    // Dead: exit 1 with its reason; unknown: exit 3; a timeout: exit 4.
+    let id = enqueue(&mut c, "cw", "bad").await;
+    let d = next_delivery(&mut s, S5).await;
+    nack_dead(&mut c, &d, "broken").await;
+    let out = cli(a, &["wait", &id]).await;
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (1, "dead nacked: broken"),
+        "{out:?}"
+    );
+    let out = cli(a, &["wait", &uuid::Uuid::now_v7().to_string()]).await;
+    assert_eq!(out.code, 3, "{out:?}");
+    let id = enqueue(&mut c, "cw-idle", "never").await;
+    let out = cli(a, &["wait", &id, "--timeout", "300ms"]).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert_eq!(cli(a, &["wait", "not-an-id"]).await.code, 2);
 }
 
 /// `leaseq ARGS` on a terminal (util-linux `script` runs it on a pty) with

@@ -772,6 +772,25 @@ impl QueueService for Proxy {
         self.upstream.clone().extend_lease(r.into_inner()).await
     }
 
+    async fn report_progress(
+        &self,
+        _: Request<pb::ReportProgressRequest>,
+    ) -> Result<Response<pb::ReportProgressResponse>, Status> {
+        Err(Status::unimplemented(
+            "leaseq.v1.QueueService/ReportProgress",
+        ))
+    }
+
+    type WaitJobStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::WaitJobResponse, Status>>;
+
+    async fn wait_job(
+        &self,
+        _: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        Err(Status::unimplemented("leaseq.v1.QueueService/WaitJob"))
+    }
+
     type ConsumeStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::ConsumeResponse, Status>>;
 

@@ -633,6 +633,22 @@ impl QueueService for FakeBroker {
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
         self.refuse("ExtendLease")
     }
+    async fn report_progress(
+        &self,
+        _: Request<pb::ReportProgressRequest>,
+    ) -> Result<Response<pb::ReportProgressResponse>, Status> {
+        Err(Status::unimplemented(
+            "leaseq.v1.QueueService/ReportProgress",
+        ))
+    }
+
+    type WaitJobStream = Stream<pb::WaitJobResponse>;
+    async fn wait_job(
+        &self,
+        _: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        Err(Status::unimplemented("leaseq.v1.QueueService/WaitJob"))
+    }
     type ConsumeStream = Stream<pb::ConsumeResponse>;
     async fn consume(
         &self,

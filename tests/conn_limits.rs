@@ -282,6 +282,7 @@ async fn each_limit_is_resource_exhausted_naming_it_and_changes_nothing() {
             job_id: big(10 * KIB),
             lease_token: "t".into(),
             enqueue: Vec::new(),
+            result: Vec::new(),
         })
         .collect();
     let r = c.ack_batch(pb::AckBatchRequest { acks }).await.map(|_| ());
@@ -768,6 +769,7 @@ async fn hostile(addr: SocketAddr, s: &Settings, queue: &str) -> Option<Hostile>
                 job_id: "g".repeat(100 * KIB),
                 lease_token: "t".into(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .collect(),
         ..Default::default()

@@ -648,6 +648,7 @@ async fn ack_with(c: &mut Grpc, d: &pb::Delivery) {
         job_id: id_of(d),
         lease_token: d.lease_token.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     })
     .await
     .expect("ack");
@@ -1707,6 +1708,85 @@ async fn console_shows_keys_and_filters_jobs_by_key() {
         .unwrap();
     let e = chrome.wait_for("#error").await.text().await.unwrap();
     assert!(e.contains("key") && e.contains("256"), "{e}");
+    drop(stream);
+    chrome.close().await;
+}
+
+/// Issue 34 in the console: a held job's page shows its progress (bar,
+/// percentage, message); a completed job's page a preview of its result,
+/// as text (markup in it is shown, not run) and cut at 4 KiB with the
+/// size said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_page_shows_progress_and_a_result_preview() {
+    let db = TestDb::new().await;
+    let (_scratch, file) = auth_file();
+    let broker = console(&db).auth_file(&file).start().await;
+    let base = format!("http://{}/", broker.http());
+    let mut grpc = grpc_client(&broker).await;
+    // A retaining queue? No: the result alone keeps the record.
+    let id = enqueue_to(&mut grpc, "reports", "build report").await;
+    let mut stream = subscribe_as(&mut grpc, "reports", "w", 1).await;
+    let d = next_delivery(&mut stream, S10).await;
+    grpc.report_progress(pb::ReportProgressRequest {
+        job_id: id.clone(),
+        lease_token: d.lease_token.clone(),
+        fraction: 0.4,
+        message: "<i>page</i> 4 of 10".into(),
+    })
+    .await
+    .unwrap();
+
+    let chrome = Chrome::start(false).await;
+    chrome.login(&base, ADMIN).await;
+    chrome
+        .client
+        .goto(&format!("{base}#/job/{id}"))
+        .await
+        .unwrap();
+    chrome.wait_text("#job-progress-pct", "40 %").await;
+    chrome
+        .wait_text("#job-progress-message", "<i>page</i> 4 of 10")
+        .await;
+    assert!(
+        chrome.text("#job-progress-message i").await.is_none(),
+        "the message is text, not markup"
+    );
+    assert!(chrome.text("#result").await.is_none(), "no result yet");
+
+    // Acked with a result of 5,000 bytes that begins with markup.
+    let mut result = b"<script>window.pwned = 1</script>".to_vec();
+    result.resize(5000, b'x');
+    grpc.ack(pb::AckRequest {
+        job_id: id.clone(),
+        lease_token: d.lease_token.clone(),
+        result: result.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    chrome.client.refresh().await.unwrap();
+    chrome.wait_for("#result").await;
+    let shown = chrome.text("#result").await.unwrap();
+    assert!(
+        shown.starts_with("<script>window.pwned = 1</script>xxx"),
+        "{shown:.80}"
+    );
+    assert_eq!(shown.len(), 4096, "a 4 KiB preview");
+    chrome
+        .wait_text("#result-size", "(5,000 bytes, the first 4,096 shown)")
+        .await;
+    let pwned = chrome
+        .client
+        .execute("return window.pwned === undefined", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        pwned,
+        serde_json::Value::Bool(true),
+        "the result's markup did not run"
+    );
+    chrome.wait_text("#job-state", "completed").await;
+    chrome.screenshot("job-result").await;
     drop(stream);
     chrome.close().await;
 }

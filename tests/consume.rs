@@ -68,6 +68,7 @@ fn unknown_ack() -> pb::AckRequest {
         job_id: Uuid::now_v7().to_string(),
         lease_token: Uuid::new_v4().to_string(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     }
 }
 

@@ -93,6 +93,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 job_id: id.clone(),
                 lease_token: token.clone(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             }
             .encode_to_vec(),
         ),

@@ -39,7 +39,9 @@ mod migrate_cli;
 mod pg_connect;
 mod plans;
 mod process;
+mod progress;
 mod release;
+mod results;
 mod scaling;
 mod schedules;
 mod scripts;
@@ -49,6 +51,7 @@ mod sql_ack;
 mod sql_enqueue;
 mod traces;
 mod validation;
+mod wait_job;
 mod work;
 
 /// With `autotests = false`, a new file under tests/ that is not declared

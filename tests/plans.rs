@@ -133,8 +133,8 @@ async fn the_ack_statement_probes_the_key_per_id_even_when_planned_on_an_empty_t
         &db,
         "set local enable_seqscan = off",
         include_str!("../crates/server/src/store/sql/ack.sql"),
-        "(uuid[], uuid[])",
-        &format!("({z}, {z})"),
+        "(uuid[], uuid[], bytea[])",
+        &format!("({z}, {z}, '{{}}')"),
     )
     .await;
     every_jobs_scan_is_bounded(&plan).unwrap();
@@ -230,15 +230,24 @@ async fn the_retention_sweep_deletes_by_tid_even_when_planned_on_an_empty_table(
         .await
         .unwrap();
     let sql = include_str!("../crates/server/src/store/sql/expire_completed.sql");
-    let plan = generic_plan(&db, SWEEP_PLANNER_SETTINGS, sql, "(bigint)", "(1000)").await;
+    let types = "(bigint, bigint)";
+    let args = "(1000, 86400000)";
+    let plan = generic_plan(&db, SWEEP_PLANNER_SETTINGS, sql, types, args).await;
     every_scan_is_bounded(&plan, "completed_jobs").unwrap();
     assert!(plan.contains("Tid Scan on completed_jobs"), "{plan}");
-    assert!(
-        plan.contains("Index Scan using completed_jobs_queue"),
+    // One range per queue for records without a result, one for those
+    // with one, each to its own cutoff: neither reads the other's rows
+    // (a filter on `result` would) nor sorts them.
+    assert_eq!(
+        plan.matches("Index Scan using completed_jobs_queue")
+            .count(),
+        2,
         "{plan}"
     );
+    assert!(!plan.contains("Filter: (result IS"), "{plan}");
+    assert!(!plan.contains("Sort"), "{plan}");
     // What the settings prevent, on this PostgreSQL.
-    let plain = generic_plan(&db, "select 1", sql, "(bigint)", "(1000)").await;
+    let plain = generic_plan(&db, "select 1", sql, types, args).await;
     assert!(
         every_scan_is_bounded(&plain, "completed_jobs").is_err(),
         "the planner now keeps the Tid Scan by itself; the settings may be unneeded:\n{plain}"

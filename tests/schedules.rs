@@ -185,6 +185,7 @@ async fn overlap_skip_waits_for_the_last_runs_job() {
             job_id: job_of(&d).id.clone(),
             lease_token: d.lease_token.clone(),
             enqueue: Vec::new(),
+            result: Vec::new(),
         })
         .await
         .unwrap();

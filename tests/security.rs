@@ -74,6 +74,7 @@ async fn tls_is_required_and_works() {
             job_id: job.id,
             lease_token: d.lease_token,
             enqueue: Vec::new(),
+            result: Vec::new(),
         })
         .await
         .unwrap();
@@ -184,6 +185,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
                 job_id: uuid::Uuid::now_v7().to_string(),
                 lease_token: uuid::Uuid::new_v4().to_string(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .await
             .unwrap_err();
@@ -291,6 +293,7 @@ async fn grants_are_per_queue_and_per_action() {
         job_id: d.job.as_ref().unwrap().id.clone(),
         lease_token: d.lease_token.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     };
     let s = producer.ack(settle(&first)).await.unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
@@ -537,4 +540,60 @@ async fn binary_refuses_a_bad_auth_file_and_hashes_tokens() {
         String::from_utf8_lossy(&out.stdout).trim(),
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
+}
+
+/// WaitJob and ReportProgress (issue 34) follow the grants: a wait needs
+/// the enqueue or consume permission on the job's queue (a token of other
+/// queues learns nothing of the job); a progress report, as an ack, needs
+/// the consume permission somewhere (its lease token is the capability).
+#[tokio::test]
+async fn wait_job_and_report_progress_follow_the_grants() {
+    let db = TestDb::new().await;
+    let broker = auth_broker(&db).await;
+    let mut producer = broker.client_with(&token(PRODUCER)).await.unwrap();
+    let mut both = broker.client_with(&token(BOTH)).await.unwrap();
+    let mut consumer = broker.client_with(&token(CONSUMER)).await.unwrap();
+    let email = producer
+        .enqueue(job("emails", "e"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let order = both
+        .enqueue(job("orders", "o"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let wait = |id: &str| pb::WaitJobRequest {
+        job_id: id.to_owned(),
+        timeout: Some(dur(Duration::from_millis(200))),
+        changes: true,
+    };
+    // Its own queues: the producer's enqueue grant, the consumer's consume
+    // grant (the stream opens, its first message is the live state).
+    for c in [&mut producer, &mut consumer] {
+        let mut w = c.wait_job(wait(&email)).await.unwrap().into_inner();
+        let m = w.message().await.unwrap().unwrap();
+        assert_eq!(m.state(), pb::WaitState::Available);
+    }
+    // Another queue's job: denied, naming the queue.
+    let e = producer.wait_job(wait(&order)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("orders"), "{e:?}");
+    let e = both.wait_job(wait(&email)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // ReportProgress needs the consume grant somewhere.
+    let report = |id: &str| pb::ReportProgressRequest {
+        job_id: id.to_owned(),
+        lease_token: uuid::Uuid::new_v4().to_string(),
+        fraction: 0.5,
+        message: String::new(),
+    };
+    let e = producer.report_progress(report(&email)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // With it, a token that is not the job's lease is stale, as an ack.
+    let e = consumer.report_progress(report(&email)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 }

@@ -1802,6 +1802,7 @@ fn ack_of(d: &pb::Delivery) -> pb::AckRequest {
         job_id: id_of(d),
         lease_token: d.lease_token.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     }
 }
 

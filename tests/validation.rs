@@ -320,6 +320,7 @@ impl Fixture {
                 job_id: self.held_id.clone(),
                 lease_token: self.held_token.clone(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .await
             .expect("acking the held job with its own token after the table");
@@ -1033,14 +1034,55 @@ async fn ack_bad_input_table() {
                     r.map(|(job_id, lease_token)| pb::AckRequest {
                         job_id,
                         lease_token,
-                        enqueue: Vec::new(),
+                        ..Default::default()
                     })
                 })
+                .chain(result_rows(held, "result"))
                 .collect()
         },
         |mut c, r| async move { c.ack(r).await.map(|_| ()) },
     )
     .await;
+}
+
+/// The largest result the broker takes by default (`--max-result-bytes`).
+const MAX_RESULT: usize = 64 * 1024;
+
+/// Results of an ack (`AckRequest.result`) aimed at the held job with its
+/// current token: one byte past the limit is refused naming the field
+/// (`result`, or `acks[0].result` on a stream), and the job is not acked;
+/// a good result with a stale token is refused as any stale ack.
+fn result_rows((h, t): &Held, field: &str) -> Vec<Row<pb::AckRequest>> {
+    let ack = |result: Vec<u8>| pb::AckRequest {
+        job_id: h.clone(),
+        lease_token: t.clone(),
+        result,
+        ..Default::default()
+    };
+    let (_, r) = Fixture::unknown();
+    vec![
+        row(
+            "result one byte past the limit",
+            ack(vec![b'r'; MAX_RESULT + 1]),
+            bad(
+                TOO_BIG,
+                format!("{field}: is 65537 bytes, the limit is 65536"),
+            ),
+        ),
+        row(
+            "result of 1 MiB",
+            ack(vec![0; MIB]),
+            bad(TOO_BIG, format!("{field}: is 1048576 bytes")),
+        ),
+        row(
+            "good result, held job with a wrong token",
+            pb::AckRequest {
+                lease_token: r,
+                ..ack(vec![b'r'; MAX_RESULT])
+            },
+            bad(STALE, "lease_token"),
+        ),
+    ]
 }
 
 /// Follow-up jobs of an ack (`AckRequest.enqueue`) aimed at the held job
@@ -1054,6 +1096,7 @@ fn follow_up_rows((h, t): &Held, prefix: &str) -> Vec<Row<pb::AckRequest>> {
         job_id: h.clone(),
         lease_token: t.clone(),
         enqueue,
+        ..Default::default()
     };
     let good = |n: usize| -> Vec<pb::EnqueueRequest> {
         (0..n).map(|i| job("follow", &format!("f{i}"))).collect()
@@ -1116,14 +1159,31 @@ async fn ack_batch_refuses_follow_ups() {
                 job_id: h.clone(),
                 lease_token: t.clone(),
                 enqueue,
+                ..Default::default()
             };
-            vec![row(
+            let mut rows = vec![row(
                 "an entry with a follow-up",
                 pb::AckBatchRequest {
                     acks: vec![entry(vec![]), entry(vec![job("follow", "f")])],
                 },
                 bad(INVALID, "acks[1].enqueue: "),
-            )]
+            )];
+            // A result past the limit in one entry fails the whole call,
+            // naming the entry, and acks nothing.
+            // (Not the stale-token row: the batch's good entry would ack.)
+            let too_large = result_rows(&(h.clone(), t.clone()), "acks[1].result")
+                .into_iter()
+                .filter(|r| matches!(&r.want, Want::Err(TOO_BIG, _)));
+            for r in too_large {
+                rows.push(row(
+                    format!("acks[1] {}", r.name),
+                    pb::AckBatchRequest {
+                        acks: vec![entry(vec![]), r.req],
+                    },
+                    r.want,
+                ));
+            }
+            rows
         },
         |mut c, r| async move { c.ack_batch(r).await.map(|_| ()) },
     )
@@ -1263,6 +1323,106 @@ async fn extend_lease_bad_input_table() {
     check_table("ExtendLease", extend_rows, |mut c, r| async move {
         c.extend_lease(r).await.map(|_| ())
     })
+    .await;
+}
+
+/// ReportProgress (issue 34): every id and token rule, then the fraction's
+/// and the message's, all aimed at the held job; each refused, nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_progress_bad_input_table() {
+    check_table(
+        "ReportProgress",
+        |held| {
+            let req = |(job_id, lease_token): Held, fraction: f32, message: &str| {
+                pb::ReportProgressRequest {
+                    job_id,
+                    lease_token,
+                    fraction,
+                    message: message.to_owned(),
+                }
+            };
+            let mut rows: Vec<Row<pb::ReportProgressRequest>> = id_token_rows(held)
+                .into_iter()
+                .map(|r| r.map(|h| req(h, 0.5, "half")))
+                .collect();
+            let long = "m".repeat(257);
+            for (name, fraction, message, text) in [
+                ("fraction NaN", f32::NAN, "", "fraction: "),
+                ("fraction below 0", -0.01, "", "fraction: "),
+                ("fraction above 1", 1.01, "", "fraction: "),
+                ("fraction infinite", f32::INFINITY, "", "fraction: "),
+                ("message of 257 bytes", 0.5, long.as_str(), "message: "),
+                ("message with NUL", 0.5, "a\0b", "message: "),
+            ] {
+                rows.push(row(
+                    name,
+                    req(held.clone(), fraction, message),
+                    bad(INVALID, text),
+                ));
+            }
+            rows
+        },
+        |mut c, r| async move { c.report_progress(r).await.map(|_| ()) },
+    )
+    .await;
+}
+
+/// WaitJob (issue 34): the id's rules and the timeout's; a wait on the
+/// held job and one on an unknown id are accepted (the stream opens) and
+/// change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_job_bad_input_table() {
+    check_table(
+        "WaitJob",
+        |(h, _)| {
+            let req = |job_id: &str, timeout: Option<PDuration>| pb::WaitJobRequest {
+                job_id: job_id.to_owned(),
+                timeout,
+                changes: false,
+            };
+            let (u, _) = Fixture::unknown();
+            vec![
+                row("job_id empty", req("", None), bad(INVALID, "job_id")),
+                row("job_id not a UUID", req("x", None), bad(INVALID, "job_id")),
+                row(
+                    "job_id with NUL",
+                    req(&format!("{h}\0"), None),
+                    bad(INVALID, "job_id"),
+                ),
+                row(
+                    "timeout negative",
+                    req(h, pd(-1, 0)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout nanos negative",
+                    req(h, pd(0, -1)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout nanos 1e9",
+                    req(h, pd(0, 1_000_000_000)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout over 1h",
+                    req(h, pd(3601, 0)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row(
+                    "timeout 1h + 1ns",
+                    req(h, pd(3600, 1)),
+                    bad(INVALID, "timeout: "),
+                ),
+                row("held job, 1 s", req(h, pd(1, 0)), Want::Ok(0)),
+                row("held job, 1 h", req(h, pd(3600, 0)), Want::Ok(0)),
+                row("held job, no timeout", req(h, None), Want::Ok(0)),
+                row("unknown job", req(&u, None), Want::Ok(0)),
+            ]
+        },
+        |mut c, r| async move { c.wait_job(r).await.map(|_| ()) },
+    )
     .await;
 }
 
@@ -1785,6 +1945,7 @@ fn consume_opening_rows((h, t): &Held) -> Vec<Row<Vec<pb::ConsumeRequest>>> {
         job_id: h.clone(),
         lease_token: t.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     };
     let mut out: Vec<Row<Vec<pb::ConsumeRequest>>> = subscribe_rows()
         .into_iter()
@@ -1891,9 +2052,19 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
     let ack = |(job_id, lease_token): Held| pb::AckRequest {
         job_id,
         lease_token,
-        enqueue: Vec::new(),
+        ..Default::default()
     };
     let mut out: Vec<Row<pb::ConsumeRequest>> = Vec::new();
+    for r in result_rows(held, "acks[0].result") {
+        out.push(row(
+            format!("acks[0] {}", r.name),
+            pb::ConsumeRequest {
+                acks: vec![r.req],
+                ..Default::default()
+            },
+            r.want,
+        ));
+    }
     for r in follow_up_rows(held, "acks[0].enqueue") {
         out.push(row(
             format!("acks[0] {}", r.name),
@@ -1913,6 +2084,55 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
                 ..Default::default()
             },
             want,
+        ));
+    }
+    // Progress reports (`progress`, issue 34): every id and token rule,
+    // then the fraction's and the message's, all aimed at the held job.
+    let progress = |(job_id, lease_token): Held, fraction: f32, message: &str| pb::Progress {
+        job_id,
+        lease_token,
+        fraction,
+        message: message.to_owned(),
+    };
+    for r in id_token_rows(held) {
+        let want = placed(r.want, "progress[0]");
+        out.push(row(
+            format!("progress[0] {}", r.name),
+            pb::ConsumeRequest {
+                progress: vec![progress(r.req, 0.5, "half")],
+                ..Default::default()
+            },
+            want,
+        ));
+    }
+    let long = "m".repeat(257);
+    let bad_progress: [(&str, f32, &str, &str); 7] = [
+        ("fraction NaN", f32::NAN, "", "progress[0].fraction"),
+        ("fraction below 0", -0.01, "", "progress[0].fraction"),
+        ("fraction above 1", 1.01, "", "progress[0].fraction"),
+        (
+            "fraction infinite",
+            f32::INFINITY,
+            "",
+            "progress[0].fraction",
+        ),
+        (
+            "fraction -infinite",
+            f32::NEG_INFINITY,
+            "",
+            "progress[0].fraction",
+        ),
+        ("message of 257 bytes", 0.5, &long, "progress[0].message"),
+        ("message with NUL", 0.5, "a\0b", "progress[0].message"),
+    ];
+    for (name, fraction, message, text) in bad_progress {
+        out.push(row(
+            format!("progress[0] {name}"),
+            pb::ConsumeRequest {
+                progress: vec![progress(held.clone(), fraction, message)],
+                ..Default::default()
+            },
+            bad(INVALID, text),
         ));
     }
     for r in nack_rows(held) {
@@ -1960,6 +2180,7 @@ fn consume_settle_rows(held: &Held) -> Vec<Row<pb::ConsumeRequest>> {
                     job_id: "nope".into(),
                     lease_token: held.1.clone(),
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -2085,6 +2306,11 @@ async fn consume_settle(
             .iter()
             .map(|x| (pb::SettleOp::Extend as i32, x.job_id.clone())),
     );
+    sent.extend(
+        req.progress
+            .iter()
+            .map(|p| (pb::SettleOp::Progress as i32, p.job_id.clone())),
+    );
     let mut s = stream.lock().await;
     assert!(s.send(req).await, "the stream's request side is open");
     let results = s.results(sent.len(), Duration::from_secs(10)).await;
@@ -2152,6 +2378,7 @@ fn consume_stream_rows((h, t): &Held) -> Vec<Row<(pb::ConsumeRequest, pb::Consum
         job_id: h.clone(),
         lease_token: t.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     };
     let held_dead = pb::NackRequest {
         job_id: h.clone(),

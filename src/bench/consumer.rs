@@ -128,6 +128,7 @@ async fn consume(
                     job_id: job.id,
                     lease_token: d.lease_token,
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 });
             }
         }
@@ -201,6 +202,7 @@ async fn subscribe(
                 job_id: job.id,
                 lease_token: d.lease_token,
                 enqueue: Vec::new(),
+                result: Vec::new(),
             };
             if let Some(batches) = &batches {
                 let _ = batches.send(ack);

@@ -188,6 +188,7 @@ async fn consume(
                 job_id: job.id,
                 lease_token: d.lease_token,
                 enqueue: Vec::new(),
+                result: Vec::new(),
             });
         }
         requests.send(pb::ConsumeRequest {

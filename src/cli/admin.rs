@@ -1126,5 +1126,15 @@ fn job_json(j: &pb::JobInfo, payload: bool) -> Value {
     if payload {
         set_payload(&mut v, &j.payload);
     }
+    // A held job's latest progress report.
+    if j.progress_at.is_some() {
+        v["progress"] = json!(j.progress);
+        v["progress_message"] = none_if_empty(&j.progress_message);
+        v["progress_at"] = opt_ts(j.progress_at.as_ref());
+    }
+    // A completed job acked with a result (AckRequest.result).
+    if !j.result.is_empty() {
+        super::output::set_bytes(&mut v, "result", &j.result);
+    }
     v
 }

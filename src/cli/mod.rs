@@ -107,6 +107,26 @@ pub struct TailArgs {
     pub output: Output,
 }
 
+#[derive(Args, Debug)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// The job's id (as `leaseq enqueue` printed it).
+    pub job_id: String,
+    /// Give up after this long (at most 1h; exit 4).
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub timeout: Duration,
+    /// Also print the job's state as it changes (available, scheduled,
+    /// leased) before its outcome.
+    #[arg(long)]
+    pub changes: bool,
+    /// Output: the state, and a completed job's result (as text, or hex
+    /// when it is not UTF-8), or a dead job's reason and last error; or one
+    /// JSON object per message.
+    #[arg(long, short = 'o', value_enum, default_value_t)]
+    pub output: Output,
+}
+
 fn parse_rfc3339(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s.trim())
         .map(|t| t.with_timezone(&Utc))
@@ -167,6 +187,87 @@ pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
         Output::Table => println!("{}", resp.job_id),
     }
     Ok(())
+}
+
+/// `leaseq wait`: the WaitJob stream, printed; the exit code says how the
+/// job ended.
+pub async fn wait(args: WaitArgs) -> Result<(), CliError> {
+    let mut client = QueueServiceClient::new(args.connect.connect().await?);
+    let mut stream = client
+        .wait_job(pb::WaitJobRequest {
+            job_id: args.job_id.clone(),
+            timeout: Some(prost_types::Duration {
+                seconds: args.timeout.as_secs() as i64,
+                nanos: args.timeout.subsec_nanos() as i32,
+            }),
+            changes: args.changes,
+        })
+        .await?
+        .into_inner();
+    while let Some(m) = stream.message().await? {
+        print_wait(&m, args.output);
+        if let Some(done) = wait_outcome(&m, &args.job_id) {
+            return done;
+        }
+    }
+    Err(CliError::new(
+        Exit::Error,
+        "the wait ended without an outcome",
+    ))
+}
+
+/// One WaitJob message, as `leaseq wait` prints it.
+fn print_wait(m: &pb::WaitJobResponse, out: Output) {
+    let state = m.state();
+    let name = state
+        .as_str_name()
+        .trim_start_matches("WAIT_STATE_")
+        .to_lowercase();
+    match out {
+        Output::Json => {
+            let mut v = json!({
+                "job_id": m.job_id,
+                "state": name,
+                "dead_reason": output::none_if_empty(&m.dead_reason),
+                "last_error": output::none_if_empty(&m.last_error),
+                "finished_at": output::opt_ts(m.finished_at.as_ref()),
+            });
+            if !m.result.is_empty() {
+                output::set_bytes(&mut v, "result", &m.result);
+            }
+            output::print_json_line(&v);
+        }
+        Output::Table => match state {
+            pb::WaitState::Completed if !m.result.is_empty() => {
+                match std::str::from_utf8(&m.result) {
+                    Ok(s) => println!("completed {s}"),
+                    Err(_) => {
+                        let hex: String = m.result.iter().map(|b| format!("{b:02x}")).collect();
+                        println!("completed hex:{hex}");
+                    }
+                }
+            }
+            pb::WaitState::Dead => println!("dead {}: {}", m.dead_reason, m.last_error),
+            _ => println!("{name}"),
+        },
+    }
+}
+
+/// How `leaseq wait` ends after this message: None while the job is live.
+fn wait_outcome(m: &pb::WaitJobResponse, id: &str) -> Option<Result<(), CliError>> {
+    let e = |exit, message: String| Some(Err(CliError::new(exit, message)));
+    match m.state() {
+        pb::WaitState::Completed => Some(Ok(())),
+        pb::WaitState::Dead => e(Exit::Error, format!("job {id} is dead ({})", m.dead_reason)),
+        pb::WaitState::Cancelled => e(Exit::Error, format!("job {id} was cancelled")),
+        pb::WaitState::Unknown => e(
+            Exit::NotFound,
+            format!(
+                "job {id} is neither live nor recorded (acked without a record, purged, or never enqueued)"
+            ),
+        ),
+        _ => None,
+    }
 }
 
 /// Most jobs `tail` holds unacked at once.
@@ -271,6 +372,7 @@ fn answer(
             job_id: d.job.map(|j| j.id).unwrap_or_default(),
             lease_token: d.lease_token,
             enqueue: Vec::new(),
+            result: Vec::new(),
         });
     }
     let remaining = args.count.map(|n| n.saturating_sub(seen));
@@ -331,6 +433,7 @@ async fn tail_subscribe(
                     job_id: d.job.map(|j| j.id).unwrap_or_default(),
                     lease_token: d.lease_token,
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 })
                 .await?;
         }

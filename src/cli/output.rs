@@ -88,11 +88,18 @@ pub fn none_if_empty(s: &str) -> Value {
 /// Sets `payload` (text) or, for a payload that is not UTF-8, `payload_hex`
 /// on a JSON object, so the JSON stays valid.
 pub fn set_payload(v: &mut Value, payload: &[u8]) {
-    match std::str::from_utf8(payload) {
-        Ok(s) => v["payload"] = Value::String(s.to_owned()),
+    set_bytes(v, "payload", payload);
+}
+
+/// `v[name]` = the bytes as text when they are UTF-8, else null and
+/// `v[name_hex]` their hex.
+pub fn set_bytes(v: &mut Value, name: &str, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => v[name] = Value::String(s.to_owned()),
         Err(_) => {
-            v["payload"] = Value::Null;
-            v["payload_hex"] = Value::String(payload.iter().map(|b| format!("{b:02x}")).collect());
+            v[name] = Value::Null;
+            v[format!("{name}_hex")] =
+                Value::String(bytes.iter().map(|b| format!("{b:02x}")).collect());
         }
     }
 }

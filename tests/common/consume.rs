@@ -41,6 +41,7 @@ pub fn ack_of(d: &pb::Delivery) -> pb::AckRequest {
         job_id: d.job.as_ref().expect("job").id.clone(),
         lease_token: d.lease_token.clone(),
         enqueue: Vec::new(),
+        result: Vec::new(),
     }
 }
 

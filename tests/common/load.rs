@@ -496,6 +496,7 @@ pub async fn consume_consumer(
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
                     enqueue: follow_up_requests(queue, &fu),
+                    result: Vec::new(),
                 });
                 pb::SettleOp::Ack
             };
@@ -679,6 +680,7 @@ pub async fn ack_with(
             job_id: id.to_owned(),
             lease_token: token.to_owned(),
             enqueue,
+            result: Vec::new(),
         }),
     )
     .await

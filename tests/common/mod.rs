@@ -672,6 +672,7 @@ pub async fn ack(client: &mut Client, d: &pb::Delivery) -> Result<(), tonic::Sta
             job_id: d.job.as_ref().unwrap().id.clone(),
             lease_token: d.lease_token.clone(),
             enqueue: Vec::new(),
+            result: Vec::new(),
         })
         .await
         .map(|_| ())

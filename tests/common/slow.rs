@@ -102,6 +102,7 @@ impl Settler {
                         job_id: rec.id.clone(),
                         lease_token: rec.token.clone(),
                         enqueue: Vec::new(),
+                        result: Vec::new(),
                     }],
                     ..Default::default()
                 };

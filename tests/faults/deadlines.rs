@@ -197,6 +197,7 @@ async fn settle(
                     job_id: rec.id.clone(),
                     lease_token: rec.token.clone(),
                     enqueue: Vec::new(),
+                    result: Vec::new(),
                 })))
                 .await
                 .map(|_| ());
@@ -369,6 +370,7 @@ async fn impatient_consumer(
                             job_id: rec.id.clone(),
                             lease_token: rec.token.clone(),
                             enqueue: Vec::new(),
+                            result: Vec::new(),
                         }],
                         ..Default::default()
                     };

@@ -220,6 +220,7 @@ impl Client {
                 job_id: job_id.to_owned(),
                 lease_token: lease_token.to_owned(),
                 enqueue: Vec::new(),
+                result: Vec::new(),
             })
             .await?;
         Ok(())
@@ -243,6 +244,7 @@ impl Client {
                         job_id: job_id.clone(),
                         lease_token: lease_token.clone(),
                         enqueue: Vec::new(),
+                        result: Vec::new(),
                     })
                     .collect(),
             })
@@ -303,6 +305,33 @@ impl Client {
         resp.lease_expires_at
             .and_then(timestamp)
             .ok_or_else(|| Status::internal("ExtendLease response without lease_expires_at"))
+    }
+
+    /// Waits for a job to end (WaitJob) and returns its outcome: `state`
+    /// is COMPLETED (with `result`), DEAD (with `dead_reason` and
+    /// `last_error`) or UNKNOWN (no live job and no record: acked without a
+    /// record, cancelled, purged, or never enqueued). `timeout` is at most
+    /// an hour (None: an hour); past it, `DEADLINE_EXCEEDED`. The broker
+    /// pushes the outcome: nothing polls on this side.
+    pub async fn wait_job(
+        &self,
+        job_id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<pb::WaitJobResponse, Status> {
+        let mut stream = self
+            .queue
+            .clone()
+            .wait_job(pb::WaitJobRequest {
+                job_id: job_id.to_owned(),
+                timeout: timeout.map(pb_duration),
+                changes: false,
+            })
+            .await?
+            .into_inner();
+        stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::internal("WaitJob ended without an outcome"))
     }
 }
 

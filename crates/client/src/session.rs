@@ -377,6 +377,7 @@ impl Settler {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
             enqueue: follow_ups.to_vec(),
+            result: Vec::new(),
         };
         if let Some(r) = self
             .on_stream(pb::SettleOp::Ack, job, Outgoing::Ack(req.clone()))

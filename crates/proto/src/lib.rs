@@ -70,7 +70,13 @@ pub mod features {
     /// the ack's transaction (a broker feature; clients send nothing for it
     /// in `accept`).
     pub const ACK_ENQUEUE: &str = "ack.enqueue";
+    /// `AckRequest.result`: an ack may carry the job's result, kept on its
+    /// completed record (a broker feature, as `ack.enqueue`).
+    pub const ACK_RESULT: &str = "ack.result";
+    /// `ConsumeRequest.progress`: a stream may report its jobs' progress
+    /// (a broker feature).
+    pub const PROGRESS: &str = "progress";
     /// Every feature this version of the contract defines, as a broker of
     /// this version announces them.
-    pub const ALL: &[&str] = &[DELIVERIES, CANCEL, ACK_ENQUEUE];
+    pub const ALL: &[&str] = &[DELIVERIES, CANCEL, ACK_ENQUEUE, ACK_RESULT, PROGRESS];
 }

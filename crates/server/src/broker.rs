@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 
 use crate::dispatch::{DeliveryStream, Dispatcher, StreamId, SubscriptionStream};
 use crate::domain::{
-    AckReq, ClusterId, Enqueued, ExtendReq, FailReq, NackReq, NewJob, QueueName, Schedule,
-    Subscription,
+    AckReq, ClusterId, Enqueued, ExtendReq, FailReq, FastSet, JobId, NackReq, NewJob, ProgressReq,
+    QueueName, Schedule, Subscription,
 };
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
@@ -320,6 +320,21 @@ impl Broker {
             .collect())
     }
 
+    /// Records progress reports (one per job) whose token is current, each
+    /// on the cluster its token names. Returns, per report in order, whether
+    /// it was written (false: the token is not the job's current lease).
+    pub async fn progress(&self, reqs: &[ProgressReq]) -> Result<Vec<bool>> {
+        let mut written: FastSet<JobId> = FastSet::default();
+        for (c, group) in self.clusters.group(reqs.iter(), |r| r.token.1) {
+            // A token naming a cluster this broker does not have is stale.
+            if let Some(store) = self.clusters.get(c) {
+                let ids = self.named(c, store.progress(&group).await)?;
+                written.extend(ids.into_iter().map(JobId));
+            }
+        }
+        Ok(reqs.iter().map(|r| written.contains(&r.job_id)).collect())
+    }
+
     /// Acks a job and inserts its follow-up jobs in one transaction on the
     /// job's cluster (`AckRequest.enqueue`): the follow-ups exist if and
     /// only if the ack committed. Returns their results, in order. Not
@@ -331,7 +346,7 @@ impl Broker {
     /// clusters. A stale token is FAILED_PRECONDITION, and nothing is
     /// inserted.
     pub async fn ack_enqueue(&self, req: AckReq, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>> {
-        let cluster = req.token.1;
+        let (cluster, job_id) = (req.token.1, req.job_id);
         let Some(store) = self.clusters.get(cluster) else {
             return Err(Error::StaleLease(req.job_id.0));
         };
@@ -359,7 +374,7 @@ impl Broker {
         match self.named(cluster, r)? {
             None => {
                 settle.acked(cluster, 1, &[]);
-                Err(Error::StaleLease(req.job_id.0))
+                Err(Error::StaleLease(job_id.0))
             }
             Some((acked, out)) => {
                 settle.acked(cluster, 1, std::slice::from_ref(&acked));
@@ -584,7 +599,7 @@ fn moving_dedup(clusters: &Clusters, here: ClusterId, jobs: &[NewJob]) -> Vec<(S
 }
 
 async fn ack(settle: Settle, reqs: Vec<Vec<AckReq>>) -> Result<Vec<Result<Vec<Result<()>>>>> {
-    let all: Vec<AckReq> = reqs.iter().flatten().copied().collect();
+    let all: Vec<AckReq> = reqs.iter().flatten().cloned().collect();
     let done = settle.ack(&all).await?;
     let mut results = crate::settle::ack_results(&all, &done).into_iter();
     Ok(reqs

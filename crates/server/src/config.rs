@@ -49,6 +49,18 @@ pub struct Config {
     /// How often completed records past their queue's retention are
     /// deleted. Zero: this broker deletes none (other replicas may).
     pub retention_interval: Duration,
+    /// The least time a job acked with a result (`AckRequest.result`) is
+    /// kept, with its result, whatever its queue's completed retention
+    /// (the longer of the two applies). Read by the retention loop: give
+    /// every replica the same value.
+    pub result_retention: Duration,
+    /// How often the jobs waited on by WaitJob calls on this broker are
+    /// read (one statement per cluster for all of them, only while any
+    /// wait is open): how late a wait learns of an end on another replica.
+    pub wait_poll_interval: Duration,
+    /// Most WaitJob calls open at once on this broker; past it a call
+    /// fails RESOURCE_EXHAUSTED.
+    pub max_waiters: usize,
     /// How often the jobs table's dead tuples are checked (it is vacuumed
     /// past 10,000 + 20 % of its live rows). Zero: leave it to autovacuum.
     pub vacuum_interval: Duration,
@@ -115,6 +127,8 @@ pub struct RequestLimits {
     /// message may be: a delivery of the largest job fits). At least
     /// `max_payload_bytes` + [`crate::request_limit::DELIVERY_OVERHEAD`].
     pub max_message_bytes: usize,
+    /// Largest job result (`AckRequest.result`) accepted, in bytes.
+    pub max_result_bytes: usize,
 }
 
 /// TLS, authentication and connection caps (docs/SECURITY.md).
@@ -171,6 +185,9 @@ impl Default for Config {
             poll_interval: Duration::from_secs(10),
             reap_interval: Duration::from_secs(5),
             retention_interval: Duration::from_secs(10),
+            result_retention: Duration::from_secs(24 * 60 * 60),
+            wait_poll_interval: Duration::from_millis(100),
+            max_waiters: 10_000,
             vacuum_interval: Duration::from_secs(2),
             schedule_interval: Duration::from_secs(1),
             schedule_grace: Duration::from_secs(10),
@@ -200,6 +217,7 @@ impl Default for RequestLimits {
             max_batch_jobs: 1000,
             // gRPC's usual limit: what clients accept by default.
             max_message_bytes: 4 * 1024 * 1024,
+            max_result_bytes: 64 * 1024,
         }
     }
 }

@@ -433,17 +433,44 @@ impl Subscription {
 }
 
 /// A validated `AckRequest`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct AckReq {
     pub job_id: JobId,
     pub token: LeaseToken,
+    /// `AckRequest.result`, at most `max_result_bytes`; None when empty.
+    /// Shared, not copied, as the request moves through the batcher.
+    pub result: Option<bytes::Bytes>,
 }
 
 impl AckReq {
-    pub fn parse(r: &pb::AckRequest) -> Result<AckReq> {
+    /// An ack without a result (the simulation's).
+    #[cfg(test)]
+    pub fn new(job_id: JobId, token: LeaseToken) -> AckReq {
+        AckReq {
+            job_id,
+            token,
+            result: None,
+        }
+    }
+
+    pub fn parse(r: &pb::AckRequest, limits: &RequestLimits) -> Result<AckReq> {
+        let job_id = JobId::parse_field(&r.job_id, "job_id")?;
+        let token = LeaseToken::parse_field(&r.lease_token, "lease_token")?;
+        if r.result.len() > limits.max_result_bytes {
+            // As a payload past --max-payload-bytes: RESOURCE_EXHAUSTED.
+            return Err(Error::too_large(
+                "result",
+                format!(
+                    "is {} bytes, the limit is {} bytes",
+                    r.result.len(),
+                    limits.max_result_bytes
+                ),
+            ));
+        }
         Ok(AckReq {
-            job_id: JobId::parse_field(&r.job_id, "job_id")?,
-            token: LeaseToken::parse_field(&r.lease_token, "lease_token")?,
+            job_id,
+            token,
+            result: (!r.result.is_empty()).then(|| bytes::Bytes::copy_from_slice(&r.result)),
         })
     }
 }
@@ -499,6 +526,39 @@ impl ExtendReq {
             job_id,
             token,
             lease_ms: lease_ms(lease, "lease")?,
+        })
+    }
+}
+
+/// The longest progress message (`Progress.message`), in bytes.
+pub const MAX_PROGRESS_MESSAGE: usize = 256;
+
+/// A validated progress report (`Progress`, `ReportProgressRequest`).
+#[derive(Clone, Debug)]
+pub struct ProgressReq {
+    pub job_id: JobId,
+    pub token: LeaseToken,
+    pub fraction: f32,
+    pub message: String,
+}
+
+impl ProgressReq {
+    pub fn parse(job_id: &str, token: &str, fraction: f32, message: String) -> Result<ProgressReq> {
+        let job_id = JobId::parse_field(job_id, "job_id")?;
+        let token = LeaseToken::parse_field(token, "lease_token")?;
+        if !(0.0..=1.0).contains(&fraction) {
+            // NaN is in no range.
+            return Err(Error::invalid(
+                "fraction",
+                format!("must be 0 to 1, not {fraction}"),
+            ));
+        }
+        check_text(&message, "message", MAX_PROGRESS_MESSAGE)?;
+        Ok(ProgressReq {
+            job_id,
+            token,
+            fraction,
+            message,
         })
     }
 }

@@ -90,7 +90,9 @@ pub fn decode_and_validate(data: &[u8]) -> Outcome {
             Err(_) => Outcome::Undecodable,
         },
         3 => match pb::AckRequest::decode(body) {
-            Ok(r) => verdict(AckReq::parse(&r).map(drop)),
+            Ok(r) => verdict(AckReq::parse(&r, &limits).map(|a| {
+                assert!(a.result.as_ref().map_or(0, |b| b.len()) <= limits.max_result_bytes);
+            })),
             Err(_) => Outcome::Undecodable,
         },
         4 => match pb::NackRequest::decode(body) {

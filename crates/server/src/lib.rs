@@ -50,6 +50,7 @@
 //! - [`fuzzing`]: bytes → request decoding → validation, for `fuzz/` and tests.
 //! - `tick`: the clock of every background loop (an interval that ends at
 //!   shutdown).
+//! - `waits`: WaitJob's registry of waits and the poll that answers them.
 
 // Tests may be long (a scenario reads top to bottom); the code they test
 // may not (clippy.toml).
@@ -62,7 +63,7 @@
 //
 // The modules depend on one another without a circle (tests/house.rs checks
 // it): from the bottom, `error`, `pgconn`, `config` and `domain`, then
-// `channels` and `metrics`, then `store`, `placement`, `settle`, `dispatch`,
+// `channels` and `metrics`, then `store`, `placement`, `waits`, `settle`, `dispatch`,
 // `broker`, the services, and `server`, which wires everything.
 mod api;
 mod auth;
@@ -96,6 +97,7 @@ mod stream_limit;
 mod telemetry;
 mod tick;
 mod tls;
+mod waits;
 
 /// The response header naming the broker process serving a stream (the
 /// load-balancer tests read it).

@@ -82,7 +82,13 @@ const RETENTION_BATCH: i64 = 10_000;
 /// [`ERRORS_BATCH`] rows of the table at a time in job-id order, going round
 /// it over the passes: the work per pass is bounded however many errors the
 /// live and dead jobs keep.
-pub async fn retention_loop(store: Store, interval: Duration, shutdown: CancellationToken) {
+pub async fn retention_loop(
+    store: Store,
+    interval: Duration,
+    result_retention: Duration,
+    shutdown: CancellationToken,
+) {
+    let result_ms = i64::try_from(result_retention.as_millis()).unwrap_or(i64::MAX);
     let mut ticks = Ticks::new(interval, &shutdown);
     let mut errors_after: Option<uuid::Uuid> = None;
     while ticks.next().await {
@@ -95,13 +101,23 @@ pub async fn retention_loop(store: Store, interval: Duration, shutdown: Cancella
             }
             Err(e) => warn!(error = %e, "deleting the errors of gone jobs failed"),
         }
+        match store.expire_cancelled(RETENTION_BATCH, result_ms).await {
+            Ok(n) if n > 0 => debug!(deleted = n, "records of cancelled jobs expired"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "expiring the records of cancelled jobs failed"),
+        }
+        match store.delete_orphan_progress(RETENTION_BATCH).await {
+            Ok(n) if n > 0 => debug!(deleted = n, "progress of gone jobs deleted"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "deleting the progress of gone jobs failed"),
+        }
         match store.expire_key_buckets(RETENTION_BATCH).await {
             Ok(n) if n > 0 => debug!(deleted = n, "full per-key rate buckets deleted"),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "deleting full per-key rate buckets failed"),
         }
         loop {
-            match store.expire_completed(RETENTION_BATCH).await {
+            match store.expire_completed(RETENTION_BATCH, result_ms).await {
                 Ok(n) => {
                     if n > 0 {
                         debug!(deleted = n, "completed jobs past their retention deleted");

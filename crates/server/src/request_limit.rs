@@ -77,6 +77,12 @@ pub fn check_settings(cfg: &Config) -> anyhow::Result<()> {
         r.max_message_bytes,
     );
     anyhow::ensure!(
+        r.max_result_bytes.saturating_add(ACK_BYTES) <= r.max_message_bytes,
+        "--max-result-bytes ({}) plus an ack's {ACK_BYTES} bytes must fit in --max-message-bytes ({}): otherwise a result could be accepted by no message",
+        r.max_result_bytes,
+        r.max_message_bytes,
+    );
+    anyhow::ensure!(
         s.max_request_bytes_per_connection >= r.max_message_bytes,
         "--max-request-bytes-per-connection ({}) must be at least --max-message-bytes ({}): a message of the largest size must fit",
         s.max_request_bytes_per_connection,
@@ -487,6 +493,7 @@ mod tests {
             job_id: uuid::Uuid::now_v7().to_string(),
             lease_token: uuid::Uuid::new_v4().to_string(),
             enqueue: Vec::new(),
+            result: Vec::new(),
         };
         let acks = pb::AckBatchRequest {
             acks: vec![ack; 1000],

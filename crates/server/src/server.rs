@@ -251,8 +251,12 @@ impl Server {
                 cfg.security.max_streams,
             ))
             .with_traces(self.traces.clone());
-        // A delivery of the largest job fits (`check_settings`).
-        let max_encoding = limits.max_message_bytes.max(limits.max_payload_bytes * 2);
+        // A delivery of the largest job fits (`check_settings`), and so
+        // does a completed job's record with the largest result (GetJob).
+        let max_encoding = limits
+            .max_message_bytes
+            .max(limits.max_payload_bytes * 2)
+            .saturating_add(limits.max_result_bytes);
         let queue_service = QueueServiceServer::new(queue_api)
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(max_encoding);
@@ -442,7 +446,7 @@ async fn health_service() -> (
 
 /// Each cluster's services, until `stop`: its LISTEN connection, the lease
 /// reaper and ttl expiry, retention and vacuum (unless their interval is
-/// zero).
+/// zero); and WaitJob's poll over them all.
 fn spawn_cluster_services(
     cfg: &Config,
     clusters: &Clusters,
@@ -469,6 +473,7 @@ fn spawn_cluster_services(
             background.spawn(crate::maintenance::retention_loop(
                 store.clone(),
                 cfg.retention_interval,
+                cfg.result_retention,
                 stop.clone(),
             ));
         }
@@ -480,6 +485,15 @@ fn spawn_cluster_services(
             ));
         }
     }
+    // WaitJob's poll: one for the broker, over every cluster.
+    let waits = dispatcher.settle().waits().clone();
+    waits.set_max(cfg.max_waiters);
+    background.spawn(crate::waits::poll_loop(
+        waits,
+        clusters.clone(),
+        cfg.wait_poll_interval,
+        stop.clone(),
+    ));
 }
 
 /// The broker's own services, until `stop`: with several clusters,

@@ -40,6 +40,7 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::placement::Clusters;
 use crate::store::Store;
+use crate::waits::Waits;
 
 /// How the settle path reaches this process's dispatcher.
 pub trait Local: Send + Sync + 'static {
@@ -69,6 +70,8 @@ pub struct Settle {
     clusters: Clusters,
     local: Arc<dyn Local>,
     notifiers: Notifiers,
+    /// WaitJob's waits: a job that ended here pokes their poll.
+    waits: Arc<Waits>,
 }
 
 impl Settle {
@@ -77,6 +80,7 @@ impl Settle {
             clusters,
             local,
             notifiers,
+            waits: Arc::default(),
         }
     }
 
@@ -90,12 +94,17 @@ impl Settle {
         &self.clusters
     }
 
+    /// WaitJob's waits on this broker.
+    pub fn waits(&self) -> &Arc<Waits> {
+        &self.waits
+    }
+
     /// Completes jobs whose token is current (ack.sql), each on the cluster
     /// its token names. Returns those. With several clusters, the ones that
     /// answered are settled (credit, wake-ups) even if another failed, and
     /// the error is returned.
     pub async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
-        let mut groups = self.clusters.group(reqs.iter().copied(), |r| r.token.1);
+        let mut groups = self.clusters.group(reqs.iter().cloned(), |r| r.token.1);
         if groups.len() == 1 {
             // Every batch of the ack batcher: it is per cluster.
             let (c, reqs) = groups.pop().expect("one group");
@@ -125,6 +134,9 @@ impl Settle {
             m.clusters.on_acked(store.cluster_name(), done.len());
         }
         m.on_acked(asked, done);
+        if !done.is_empty() {
+            self.waits.poke();
+        }
         self.return_credit(done.iter().map(|s| (s.broker, s.id, s.token)));
         // Queues with a concurrency limit have a free slot: wake their
         // consumers on every replica.
@@ -221,6 +233,9 @@ impl Settle {
             Ending::Released => m.on_released(&done),
         }
         self.wake(wakes_for(&done));
+        if done.iter().any(|f| f.death.is_some()) {
+            self.waits.poke();
+        }
         self.return_credit(done.iter().map(|f| (f.broker, f.id, f.token)));
         Ok(done)
     }

@@ -49,6 +49,21 @@ type QueueServiceClient interface {
 	// (they crossed the half-close on the wire): their jobs were released,
 	// possibly leased again elsewhere; a client ignores them, as the SDKs do.
 	Consume(ctx context.Context, opts ...grpc.CallOption) (QueueService_ConsumeClient, error)
+	// Waits for a job to end: sends its outcome (completed with its result,
+	// dead with its last error, cancelled, or unknown: no live job and no
+	// record) as the last message, then ends the stream with OK; with `changes`, also its
+	// state each time it changes before that. A job that has already ended
+	// is answered at once. Past `timeout` the stream ends DEADLINE_EXCEEDED.
+	// Needs the enqueue or consume permission on the job's queue. Each
+	// broker holds at most --max-waiters waits at once (RESOURCE_EXHAUSTED
+	// past it). The broker learns of an end by one statement per interval
+	// for all the jobs waited on it (--wait-poll-interval, 100 ms), and at
+	// once for jobs it settled itself.
+	WaitJob(ctx context.Context, in *WaitJobRequest, opts ...grpc.CallOption) (QueueService_WaitJobClient, error)
+	// A held job's progress (as ConsumeRequest.progress, for Subscribe
+	// users): written at once, one statement per call. FAILED_PRECONDITION
+	// when the token is not the job's current lease (nothing is written).
+	ReportProgress(ctx context.Context, in *ReportProgressRequest, opts ...grpc.CallOption) (*ReportProgressResponse, error)
 }
 
 type queueServiceClient struct {
@@ -176,6 +191,47 @@ func (x *queueServiceConsumeClient) Recv() (*ConsumeResponse, error) {
 	return m, nil
 }
 
+func (c *queueServiceClient) WaitJob(ctx context.Context, in *WaitJobRequest, opts ...grpc.CallOption) (QueueService_WaitJobClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[2], "/leaseq.v1.QueueService/WaitJob", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &queueServiceWaitJobClient{stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+type QueueService_WaitJobClient interface {
+	Recv() (*WaitJobResponse, error)
+	grpc.ClientStream
+}
+
+type queueServiceWaitJobClient struct {
+	grpc.ClientStream
+}
+
+func (x *queueServiceWaitJobClient) Recv() (*WaitJobResponse, error) {
+	m := new(WaitJobResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (c *queueServiceClient) ReportProgress(ctx context.Context, in *ReportProgressRequest, opts ...grpc.CallOption) (*ReportProgressResponse, error) {
+	out := new(ReportProgressResponse)
+	err := c.cc.Invoke(ctx, "/leaseq.v1.QueueService/ReportProgress", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueueServiceServer is the server API for QueueService service.
 // All implementations must embed UnimplementedQueueServiceServer
 // for forward compatibility
@@ -212,6 +268,21 @@ type QueueServiceServer interface {
 	// (they crossed the half-close on the wire): their jobs were released,
 	// possibly leased again elsewhere; a client ignores them, as the SDKs do.
 	Consume(QueueService_ConsumeServer) error
+	// Waits for a job to end: sends its outcome (completed with its result,
+	// dead with its last error, cancelled, or unknown: no live job and no
+	// record) as the last message, then ends the stream with OK; with `changes`, also its
+	// state each time it changes before that. A job that has already ended
+	// is answered at once. Past `timeout` the stream ends DEADLINE_EXCEEDED.
+	// Needs the enqueue or consume permission on the job's queue. Each
+	// broker holds at most --max-waiters waits at once (RESOURCE_EXHAUSTED
+	// past it). The broker learns of an end by one statement per interval
+	// for all the jobs waited on it (--wait-poll-interval, 100 ms), and at
+	// once for jobs it settled itself.
+	WaitJob(*WaitJobRequest, QueueService_WaitJobServer) error
+	// A held job's progress (as ConsumeRequest.progress, for Subscribe
+	// users): written at once, one statement per call. FAILED_PRECONDITION
+	// when the token is not the job's current lease (nothing is written).
+	ReportProgress(context.Context, *ReportProgressRequest) (*ReportProgressResponse, error)
 	mustEmbedUnimplementedQueueServiceServer()
 }
 
@@ -242,6 +313,12 @@ func (UnimplementedQueueServiceServer) ExtendLease(context.Context, *ExtendLease
 }
 func (UnimplementedQueueServiceServer) Consume(QueueService_ConsumeServer) error {
 	return status.Errorf(codes.Unimplemented, "method Consume not implemented")
+}
+func (UnimplementedQueueServiceServer) WaitJob(*WaitJobRequest, QueueService_WaitJobServer) error {
+	return status.Errorf(codes.Unimplemented, "method WaitJob not implemented")
+}
+func (UnimplementedQueueServiceServer) ReportProgress(context.Context, *ReportProgressRequest) (*ReportProgressResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportProgress not implemented")
 }
 func (UnimplementedQueueServiceServer) mustEmbedUnimplementedQueueServiceServer() {}
 
@@ -411,6 +488,45 @@ func (x *queueServiceConsumeServer) Recv() (*ConsumeRequest, error) {
 	return m, nil
 }
 
+func _QueueService_WaitJob_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WaitJobRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(QueueServiceServer).WaitJob(m, &queueServiceWaitJobServer{stream})
+}
+
+type QueueService_WaitJobServer interface {
+	Send(*WaitJobResponse) error
+	grpc.ServerStream
+}
+
+type queueServiceWaitJobServer struct {
+	grpc.ServerStream
+}
+
+func (x *queueServiceWaitJobServer) Send(m *WaitJobResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func _QueueService_ReportProgress_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportProgressRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServiceServer).ReportProgress(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/leaseq.v1.QueueService/ReportProgress",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServiceServer).ReportProgress(ctx, req.(*ReportProgressRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _QueueService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "leaseq.v1.QueueService",
 	HandlerType: (*QueueServiceServer)(nil),
@@ -439,6 +555,10 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 			MethodName: "ExtendLease",
 			Handler:    _QueueService_ExtendLease_Handler,
 		},
+		{
+			MethodName: "ReportProgress",
+			Handler:    _QueueService_ReportProgress_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -451,6 +571,11 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 			Handler:       _QueueService_Consume_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WaitJob",
+			Handler:       _QueueService_WaitJob_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "leaseq/v1/queue.proto",

@@ -81,7 +81,7 @@ class GetScheduleRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ["attempt", "completed_at", "completed_by", "dead_reason", "dedup_key", "died_at", "enqueued_at", "expires_at", "headers", "id", "key", "last_error", "lease_expires_at", "leased_by", "max_attempts", "payload", "priority", "queue", "run_at", "state"]
+    __slots__ = ["attempt", "completed_at", "completed_by", "dead_reason", "dedup_key", "died_at", "enqueued_at", "expires_at", "headers", "id", "key", "last_error", "lease_expires_at", "leased_by", "max_attempts", "payload", "priority", "progress", "progress_at", "progress_message", "queue", "result", "run_at", "state"]
     class HeadersEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -106,7 +106,11 @@ class JobInfo(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_AT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     RUN_AT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     attempt: int
@@ -126,10 +130,14 @@ class JobInfo(_message.Message):
     max_attempts: int
     payload: bytes
     priority: int
+    progress: float
+    progress_at: _timestamp_pb2.Timestamp
+    progress_message: str
     queue: str
+    result: bytes
     run_at: _timestamp_pb2.Timestamp
     state: JobState
-    def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., dedup_key: _Optional[str] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., leased_by: _Optional[str] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dead_reason: _Optional[str] = ..., died_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_by: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., queue: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., dedup_key: _Optional[str] = ..., enqueued_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., key: _Optional[str] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., last_error: _Optional[str] = ..., leased_by: _Optional[str] = ..., lease_expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dead_reason: _Optional[str] = ..., died_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., completed_by: _Optional[str] = ..., result: _Optional[bytes] = ..., progress: _Optional[float] = ..., progress_message: _Optional[str] = ..., progress_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class JobTemplate(_message.Message):
     __slots__ = ["headers", "max_attempts", "payload", "priority", "queue", "ttl"]

@@ -10,7 +10,16 @@ DESCRIPTOR: _descriptor.FileDescriptor
 SETTLE_OP_ACK: SettleOp
 SETTLE_OP_EXTEND: SettleOp
 SETTLE_OP_NACK: SettleOp
+SETTLE_OP_PROGRESS: SettleOp
 SETTLE_OP_UNSPECIFIED: SettleOp
+WAIT_STATE_AVAILABLE: WaitState
+WAIT_STATE_CANCELLED: WaitState
+WAIT_STATE_COMPLETED: WaitState
+WAIT_STATE_DEAD: WaitState
+WAIT_STATE_LEASED: WaitState
+WAIT_STATE_SCHEDULED: WaitState
+WAIT_STATE_UNKNOWN: WaitState
+WAIT_STATE_UNSPECIFIED: WaitState
 
 class AckBatchRequest(_message.Message):
     __slots__ = ["acks"]
@@ -25,14 +34,16 @@ class AckBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ["enqueue", "job_id", "lease_token"]
+    __slots__ = ["enqueue", "job_id", "lease_token", "result"]
     ENQUEUE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     enqueue: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
     job_id: str
     lease_token: str
-    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., enqueue: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+    result: bytes
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., enqueue: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ..., result: _Optional[bytes] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ["enqueued"]
@@ -59,20 +70,22 @@ class Cancelled(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ["acks", "confirm_settles", "extends", "max_in_flight", "nacks", "subscribe"]
+    __slots__ = ["acks", "confirm_settles", "extends", "max_in_flight", "nacks", "progress", "subscribe"]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_SETTLES_FIELD_NUMBER: _ClassVar[int]
     EXTENDS_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     NACKS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[AckRequest]
     confirm_settles: bool
     extends: _containers.RepeatedCompositeFieldContainer[ExtendLeaseRequest]
     max_in_flight: int
     nacks: _containers.RepeatedCompositeFieldContainer[NackRequest]
+    progress: _containers.RepeatedCompositeFieldContainer[Progress]
     subscribe: SubscribeRequest
-    def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[NackRequest, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[ExtendLeaseRequest, _Mapping]]] = ..., max_in_flight: _Optional[int] = ..., confirm_settles: bool = ...) -> None: ...
+    def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[AckRequest, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[NackRequest, _Mapping]]] = ..., extends: _Optional[_Iterable[_Union[ExtendLeaseRequest, _Mapping]]] = ..., max_in_flight: _Optional[int] = ..., confirm_settles: bool = ..., progress: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ["cancelled", "deliveries", "delivery", "heartbeat", "settled"]
@@ -228,6 +241,34 @@ class NackResponse(_message.Message):
     dead_lettered: bool
     def __init__(self, dead_lettered: bool = ...) -> None: ...
 
+class Progress(_message.Message):
+    __slots__ = ["fraction", "job_id", "lease_token", "message"]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    fraction: float
+    job_id: str
+    lease_token: str
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., fraction: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ["fraction", "job_id", "lease_token", "message"]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    fraction: float
+    job_id: str
+    lease_token: str
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., fraction: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class SettleResult(_message.Message):
     __slots__ = ["code", "dead_lettered", "enqueued", "job_id", "lease_expires_at", "lease_token", "message", "op"]
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +320,35 @@ class SubscribeResponse(_message.Message):
     delivery: Delivery
     heartbeat: Heartbeat
     def __init__(self, delivery: _Optional[_Union[Delivery, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ...) -> None: ...
+
+class WaitJobRequest(_message.Message):
+    __slots__ = ["changes", "job_id", "timeout"]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    changes: bool
+    job_id: str
+    timeout: _duration_pb2.Duration
+    def __init__(self, job_id: _Optional[str] = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., changes: bool = ...) -> None: ...
+
+class WaitJobResponse(_message.Message):
+    __slots__ = ["dead_reason", "finished_at", "job_id", "last_error", "result", "state"]
+    DEAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    dead_reason: str
+    finished_at: _timestamp_pb2.Timestamp
+    job_id: str
+    last_error: str
+    result: bytes
+    state: WaitState
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[WaitState, str]] = ..., result: _Optional[bytes] = ..., last_error: _Optional[str] = ..., dead_reason: _Optional[str] = ..., finished_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WaitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
 
 class SettleOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

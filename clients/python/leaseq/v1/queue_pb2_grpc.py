@@ -57,6 +57,16 @@ class QueueServiceStub(object):
                 request_serializer=leaseq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
                 response_deserializer=leaseq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
                 )
+        self.WaitJob = channel.unary_stream(
+                '/leaseq.v1.QueueService/WaitJob',
+                request_serializer=leaseq_dot_v1_dot_queue__pb2.WaitJobRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_queue__pb2.WaitJobResponse.FromString,
+                )
+        self.ReportProgress = channel.unary_unary(
+                '/leaseq.v1.QueueService/ReportProgress',
+                request_serializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.FromString,
+                )
 
 
 class QueueServiceServicer(object):
@@ -137,6 +147,31 @@ class QueueServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitJob(self, request, context):
+        """Waits for a job to end: sends its outcome (completed with its result,
+        dead with its last error, cancelled, or unknown: no live job and no
+        record) as the last message, then ends the stream with OK; with `changes`, also its
+        state each time it changes before that. A job that has already ended
+        is answered at once. Past `timeout` the stream ends DEADLINE_EXCEEDED.
+        Needs the enqueue or consume permission on the job's queue. Each
+        broker holds at most --max-waiters waits at once (RESOURCE_EXHAUSTED
+        past it). The broker learns of an end by one statement per interval
+        for all the jobs waited on it (--wait-poll-interval, 100 ms), and at
+        once for jobs it settled itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportProgress(self, request, context):
+        """A held job's progress (as ConsumeRequest.progress, for Subscribe
+        users): written at once, one statement per call. FAILED_PRECONDITION
+        when the token is not the job's current lease (nothing is written).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +214,16 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.Consume,
                     request_deserializer=leaseq_dot_v1_dot_queue__pb2.ConsumeRequest.FromString,
                     response_serializer=leaseq_dot_v1_dot_queue__pb2.ConsumeResponse.SerializeToString,
+            ),
+            'WaitJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WaitJob,
+                    request_deserializer=leaseq_dot_v1_dot_queue__pb2.WaitJobRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_queue__pb2.WaitJobResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -326,5 +371,39 @@ class QueueService(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/leaseq.v1.QueueService/Consume',
             leaseq_dot_v1_dot_queue__pb2.ConsumeRequest.SerializeToString,
             leaseq_dot_v1_dot_queue__pb2.ConsumeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WaitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/leaseq.v1.QueueService/WaitJob',
+            leaseq_dot_v1_dot_queue__pb2.WaitJobRequest.SerializeToString,
+            leaseq_dot_v1_dot_queue__pb2.WaitJobResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/leaseq.v1.QueueService/ReportProgress',
+            leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.SerializeToString,
+            leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -311,6 +311,10 @@ pub fn job_info(j: JobRow) -> pb::JobInfo {
         died_at: j.died_at.map(ts),
         completed_at: j.completed_at.map(ts),
         completed_by: j.completed_by.unwrap_or_default(),
+        result: j.result.unwrap_or_default(),
+        progress: j.progress.as_ref().map_or(0.0, |p| p.fraction),
+        progress_at: j.progress.as_ref().map(|p| ts(p.at)),
+        progress_message: j.progress.map(|p| p.message).unwrap_or_default(),
     }
 }
 
@@ -778,6 +782,8 @@ impl AdminService for AdminApi {
             .ok_or_else(|| Error::NotFound(format!("job {id} is not a live job")))?;
         info!(job_id = %id, queue = %done.queue, leased = done.lease.is_some(), "job cancelled");
         let was_leased = done.lease.is_some();
+        // Its waiters (WaitJob) learn at once that it is gone.
+        self.broker.settle().waits().poke();
         // The stream holding it gets its credit back, as after an Ack, and
         // tells its client (a `Cancelled`: the handler stops).
         if let Some((broker, token)) = done.lease {

@@ -41,7 +41,7 @@ use crate::config::RequestLimits;
 use crate::conn_limit::RequestCharge;
 use crate::dispatch::{DeliveryStream, Event, Input, StreamId};
 use crate::domain::{
-    AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, NewJob, Subscription,
+    AckReq, ExtendReq, JobId, LeaseToken, MAX_IN_FLIGHT, NackReq, NewJob, ProgressReq, Subscription,
 };
 use crate::error::{Error, Result};
 use crate::pb;
@@ -56,6 +56,11 @@ const RESULTS_BACKLOG: usize = 256;
 /// Settle tasks one stream may have under way; past it the stream's next
 /// request is read only when one finishes.
 const MAX_PENDING_SETTLES: usize = 1024;
+
+/// A stream writes its progress reports at most this often (the latest per
+/// job since the last write, in one statement): progress is advice, and a
+/// report not yet written is replaced by the next.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// An ack's credit goes back to the dispatcher as the ack arrives once the
 /// stream's acks not yet committed hold 1/EARLY_CREDIT_SHARE of its credit
 /// (`Reader::acks`; docs/BENCHMARKS.md, "Credit back when the ack arrives").
@@ -239,6 +244,9 @@ pub(super) fn start(
         ended: ended.clone(),
         charge: budget.opening(),
         budget,
+        progress: std::collections::HashMap::new(),
+        progress_due: None,
+        progress_written: None,
     };
     tokio::spawn(reader.run(opening.rest, requests));
     ConsumeStream {
@@ -277,6 +285,13 @@ struct Reader {
     /// The charge of the message being applied; its settles hold it until
     /// their results are sent.
     charge: Option<Arc<RequestCharge>>,
+    /// Progress reports not yet written: the latest per job, with the
+    /// (job id, lease token) as sent.
+    progress: std::collections::HashMap<JobId, ((String, String), ProgressReq)>,
+    /// When the pending reports are written (Some while any is pending).
+    progress_due: Option<tokio::time::Instant>,
+    /// When the last write started: the next waits [`PROGRESS_EVERY`].
+    progress_written: Option<tokio::time::Instant>,
 }
 
 impl Reader {
@@ -298,6 +313,16 @@ impl Reader {
             while self.settles.len() >= MAX_PENDING_SETTLES {
                 self.settles.join_next().await;
             }
+            // Due progress goes before the next message: a client that
+            // keeps sending would otherwise keep the select's first arms
+            // ready and the write waiting.
+            if self
+                .progress_due
+                .is_some_and(|at| at <= tokio::time::Instant::now())
+            {
+                self.write_progress();
+            }
+            let progress_due = self.progress_due;
             tokio::select! {
                 biased;
                 // The dispatcher ended the stream (and released its jobs):
@@ -335,7 +360,17 @@ impl Reader {
                 },
                 // Reap finished settles as they go.
                 Some(_) = self.settles.join_next(), if !self.settles.is_empty() => {}
+                // The pending progress reports, a second after the last.
+                () = async {
+                    if let Some(at) = progress_due {
+                        tokio::time::sleep_until(at).await;
+                    }
+                }, if progress_due.is_some() => self.write_progress(),
             }
+        }
+        // Half-closed: what the client reported last is written too.
+        if !self.progress.is_empty() {
+            self.write_progress();
         }
         let dispatcher = self.broker.dispatcher();
         dispatcher.set_credit(self.id, 0);
@@ -370,7 +405,79 @@ impl Reader {
         self.acks(msg.acks);
         self.nacks(msg.nacks);
         self.extends(msg.extends);
+        self.report_progress(msg.progress);
         Ok(())
+    }
+
+    /// Validates progress reports: a malformed one is answered at once
+    /// (SETTLE_OP_PROGRESS, naming `progress[i].field`); the others replace
+    /// the pending report of their job, to be written at most once a
+    /// second ([`PROGRESS_EVERY`]).
+    fn report_progress(&mut self, items: Vec<pb::Progress>) {
+        if items.is_empty()
+            || self.too_many("progress", SettleOp::Progress, &items, |p| {
+                (&p.job_id, &p.lease_token)
+            })
+        {
+            return;
+        }
+        let mut refused = Vec::new();
+        for (i, p) in items.into_iter().enumerate() {
+            match ProgressReq::parse(&p.job_id, &p.lease_token, p.fraction, p.message) {
+                Ok(req) => {
+                    self.progress
+                        .insert(req.job_id, ((p.job_id, p.lease_token), req));
+                }
+                Err(e) => refused.push(failure(
+                    (&p.job_id, &p.lease_token),
+                    SettleOp::Progress,
+                    e.in_field(&format!("progress[{i}]")),
+                )),
+            }
+        }
+        if !refused.is_empty() {
+            let (tx, charge) = (self.results.clone(), self.charge.clone());
+            self.settles
+                .spawn(async move { send(&tx, refused, charge).await });
+        }
+        if !self.progress.is_empty() && self.progress_due.is_none() {
+            let now = tokio::time::Instant::now();
+            let next = self.progress_written.map_or(now, |t| t + PROGRESS_EVERY);
+            self.progress_due = Some(next.max(now));
+        }
+    }
+
+    /// Writes the pending progress reports in one statement and answers
+    /// them: a stale token FAILED_PRECONDITION, a written one only with
+    /// `confirm_settles`.
+    fn write_progress(&mut self) {
+        self.progress_due = None;
+        self.progress_written = Some(tokio::time::Instant::now());
+        let (sent, reqs): (Vec<(String, String)>, Vec<ProgressReq>) =
+            std::mem::take(&mut self.progress).into_values().unzip();
+        let (broker, tx, confirm) = (self.broker.clone(), self.results.clone(), self.confirm);
+        self.settles.spawn(async move {
+            let results: Vec<pb::SettleResult> = match broker.progress(&reqs).await {
+                Ok(written) => sent
+                    .iter()
+                    .zip(reqs.iter().zip(written))
+                    .filter_map(|((id, token), (req, ok))| match ok {
+                        true if confirm => Some(success((id, token), SettleOp::Progress)),
+                        true => None,
+                        false => Some(failure(
+                            (id, token),
+                            SettleOp::Progress,
+                            Error::StaleLease(req.job_id.0),
+                        )),
+                    })
+                    .collect(),
+                Err(e) => sent
+                    .iter()
+                    .map(|(id, token)| failure((id, token), SettleOp::Progress, e.clone()))
+                    .collect(),
+            };
+            send(&tx, results, None).await;
+        });
     }
 
     /// Checks a list's length: past the batch limit, every entry is refused.
@@ -413,7 +520,7 @@ impl Reader {
         // Acks with follow-up jobs: each a transaction of its own.
         let mut with_jobs: Vec<((String, String), AckReq, Vec<NewJob>)> = Vec::new();
         for (i, a) in acks.into_iter().enumerate() {
-            let parsed = AckReq::parse(&a).and_then(|r| {
+            let parsed = AckReq::parse(&a, &self.limits).and_then(|r| {
                 super::queue::follow_ups(a.enqueue, &self.limits, &self.who).map(|j| (r, j))
             });
             match parsed {

@@ -10,7 +10,9 @@ use crate::broker::Broker;
 use crate::config::RequestLimits;
 use crate::conn_limit::ConnInfo;
 use crate::dispatch::SubscriptionStream;
-use crate::domain::{AckReq, ExtendReq, NackReq, NewJob, Subscription};
+use crate::domain::{
+    AckReq, ExtendReq, JobId, NackReq, NewJob, ProgressReq, QueueName, Subscription,
+};
 use crate::error::Error;
 use crate::pb;
 use crate::pb::queue_service_server::QueueService;
@@ -23,6 +25,9 @@ use crate::telemetry::{Settle, Traced, Traces};
 /// `lease_broker` its leases carry in `leaseq.jobs`). It names a process,
 /// not a host or an address.
 pub const BROKER_HEADER: &str = "leaseq-broker";
+
+/// The longest WaitJob (`WaitJobRequest.timeout`, and its default).
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Served wrapped in [`crate::auth::Authenticator`]: every handler reads the
 /// caller's [`Identity`] and checks its grants after validating the request
@@ -195,7 +200,7 @@ impl QueueService for QueueApi {
         &self,
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
-        let req = AckReq::parse(request.get_ref())?;
+        let req = AckReq::parse(request.get_ref(), &self.limits)?;
         // The lease token is the capability for its job (docs/SECURITY.md).
         let who = Identity::of(&request)?;
         who.require_somewhere(Action::Consume)?;
@@ -234,7 +239,7 @@ impl QueueService for QueueApi {
                     "follow-up jobs are not accepted by AckBatch; send that ack with Ack or on a Consume stream",
                 ));
             }
-            AckReq::parse(&a)
+            AckReq::parse(&a, &self.limits)
         })?;
         // As for Ack: each lease token is the capability for its job.
         who.require_somewhere(Action::Consume)?;
@@ -299,6 +304,66 @@ impl QueueService for QueueApi {
         Ok(Response::new(pb::ExtendLeaseResponse {
             lease_expires_at: Some(std::time::SystemTime::from(at).into()),
         }))
+    }
+
+    type WaitJobStream = crate::waits::WaitStream;
+
+    #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn wait_job(
+        &self,
+        request: Request<pb::WaitJobRequest>,
+    ) -> Result<Response<Self::WaitJobStream>, Status> {
+        let who = Identity::of(&request)?;
+        let req = request.into_inner();
+        let id = JobId::parse_field(&req.job_id, "job_id")?;
+        let timeout = match &req.timeout {
+            Some(d) => std::time::Duration::from_millis(crate::domain::duration_ms(
+                d, "timeout", MAX_WAIT,
+            )? as u64),
+            None => MAX_WAIT,
+        };
+        let timeout = if timeout.is_zero() { MAX_WAIT } else { timeout };
+        who.require_somewhere(Action::Enqueue)
+            .or_else(|_| who.require_somewhere(Action::Consume))?;
+        // Where the job is now: answered at once if it has ended.
+        let settle = self.broker.settle();
+        let row = crate::waits::status(settle.clusters(), &[id.0])
+            .await?
+            .pop()
+            .ok_or(Error::Internal("wait status lost its row"))?;
+        if let Some(q) = row.queue.as_deref().and_then(QueueName::parse) {
+            // The job's queue, as for its enqueue or its consumers: a
+            // token of other queues learns nothing of it.
+            who.require(Action::Enqueue, [&q])
+                .or_else(|_| who.require(Action::Consume, [&q]))?;
+        }
+        let now = crate::waits::response(&row);
+        if crate::waits::is_final(now.state()) {
+            return Ok(Response::new(crate::waits::WaitStream::answered(now)));
+        }
+        let state = now.state();
+        let (reg, rx) = settle.waits().register(id.0, req.changes, Some(state))?;
+        let first = req.changes.then_some(now);
+        Ok(Response::new(crate::waits::WaitStream::open(
+            first, reg, rx, timeout,
+        )))
+    }
+
+    #[instrument(level = "debug", skip_all, fields(job_id = %request.get_ref().job_id))]
+    async fn report_progress(
+        &self,
+        request: Request<pb::ReportProgressRequest>,
+    ) -> Result<Response<pb::ReportProgressResponse>, Status> {
+        let who = Identity::of(&request)?;
+        let r = request.into_inner();
+        let req = ProgressReq::parse(&r.job_id, &r.lease_token, r.fraction, r.message)?;
+        // As for Ack: the lease token is the capability for its job.
+        who.require_somewhere(Action::Consume)?;
+        let written = self.broker.progress(std::slice::from_ref(&req)).await?;
+        if written.first() != Some(&true) {
+            return Err(Error::StaleLease(req.job_id.0).into());
+        }
+        Ok(Response::new(pb::ReportProgressResponse {}))
     }
 
     type ConsumeStream = super::consume::ConsumeResponse;

@@ -134,6 +134,10 @@ pub(super) fn b64(bytes: &[u8]) -> String {
     base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
 }
 
+/// The most bytes of a job's result the job page gets (a preview: the
+/// page says how many there are; GetJob and `leaseq job get` give all).
+pub(super) const RESULT_PREVIEW: usize = 4096;
+
 pub(super) fn job_json(j: &pb::JobInfo, with_payload: bool) -> Value {
     let mut headers: Vec<(&String, &String)> = j.headers.iter().collect();
     headers.sort();
@@ -159,6 +163,12 @@ pub(super) fn job_json(j: &pb::JobInfo, with_payload: bool) -> Value {
         "died_at": millis(&j.died_at),
         "completed_at": millis(&j.completed_at),
         "completed_by": j.completed_by,
+        "result_b64": (with_payload && !j.result.is_empty())
+            .then(|| b64(&j.result[..j.result.len().min(RESULT_PREVIEW)])),
+        "result_bytes": j.result.len(),
+        "progress": j.progress_at.is_some().then_some(j.progress),
+        "progress_message": j.progress_message,
+        "progress_at": millis(&j.progress_at),
     })
 }
 

@@ -988,7 +988,7 @@ impl World {
                 self.wake_dispatcher();
             }
             OpKind::Ack(reqs) => {
-                let all: Vec<AckReq> = reqs.iter().map(|(r, _)| *r).collect();
+                let all: Vec<AckReq> = reqs.iter().map(|(r, _)| r.clone()).collect();
                 let done = if applies {
                     self.db.ack(&all)
                 } else {
@@ -1979,7 +1979,7 @@ impl World {
                         self.input(input);
                     }
                 }
-                let kind = OpKind::Ack(vec![(AckReq { job_id: id, token }, origin)]);
+                let kind = OpKind::Ack(vec![(AckReq::new(id, token), origin)]);
                 if linger && self.cfg.linger_ms > 0 {
                     // Waits for company (`Batcher::call_lingering`).
                     let id = self.op(kind, false);

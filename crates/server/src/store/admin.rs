@@ -89,6 +89,18 @@ pub struct JobRow {
     pub died_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
     pub completed_by: Option<String>,
+    /// Completed jobs acked with a result (`AckRequest.result`).
+    pub result: Option<Vec<u8>>,
+    /// Live jobs: the holder's latest progress report.
+    pub progress: Option<JobProgress>,
+}
+
+/// A live job's latest progress report (`leaseq.job_progress`).
+#[derive(Clone, Debug)]
+pub struct JobProgress {
+    pub fraction: f32,
+    pub message: String,
+    pub at: DateTime<Utc>,
 }
 
 /// A cancelled job: its queue, and the lease it had (whose stream's credit
@@ -106,19 +118,24 @@ const LIVE_COLUMNS: &str = "id, queue, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, key, enqueued_at, run_at, expires_at, last_error, \
     leased_by, lease_expires_at, null::text as reason, null::timestamptz as died_at, \
-    null::timestamptz as completed_at, null::text as completed_by";
+    null::timestamptz as completed_at, null::text as completed_by, null::bytea as result, \
+    (select p.fraction from leaseq.job_progress p where p.job_id = id) as progress, \
+    (select p.message from leaseq.job_progress p where p.job_id = id) as progress_message, \
+    (select p.at from leaseq.job_progress p where p.job_id = id) as progress_at";
 const DEAD_COLUMNS: &str = "id, queue, 'dead' as state, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, key, enqueued_at, null::timestamptz as run_at, \
     null::timestamptz as expires_at, last_error, null::text as leased_by, \
     null::timestamptz as lease_expires_at, reason, died_at, null::timestamptz as completed_at, \
-    null::text as completed_by";
+    null::text as completed_by, null::bytea as result, null::real as progress, \
+    null::text as progress_message, null::timestamptz as progress_at";
 const COMPLETED_COLUMNS: &str = "id, queue, 'completed' as state, \
     case when $P then payload else ''::bytea end as payload, headers::text as headers, \
     priority, attempt, max_attempts, dedup_key, key, enqueued_at, null::timestamptz as run_at, \
     null::timestamptz as expires_at, last_error, null::text as leased_by, \
     null::timestamptz as lease_expires_at, null::text as reason, null::timestamptz as died_at, \
-    completed_at, completed_by";
+    completed_at, completed_by, case when $P then result end as result, null::real as progress, \
+    null::text as progress_message, null::timestamptz as progress_at";
 
 fn job_row(r: &PgRow) -> Result<JobRow> {
     let headers: String = r.try_get("headers")?;
@@ -151,6 +168,15 @@ fn job_row(r: &PgRow) -> Result<JobRow> {
         died_at: r.try_get("died_at")?,
         completed_at: r.try_get("completed_at")?,
         completed_by: r.try_get("completed_by")?,
+        result: r.try_get("result")?,
+        progress: match r.try_get::<Option<DateTime<Utc>>, _>("progress_at")? {
+            Some(at) => Some(JobProgress {
+                fraction: r.try_get("progress")?,
+                message: r.try_get("progress_message")?,
+                at,
+            }),
+            None => None,
+        },
     })
 }
 
@@ -548,8 +574,14 @@ pub async fn delete_orphan_errors(
 
 /// Deletes a live job. None = no live job with that id.
 pub async fn cancel_job(store: &Store, id: JobId) -> Result<Option<Cancelled>> {
+    // The cancel is remembered (leaseq.cancelled_jobs) in the same
+    // statement, for WaitJob on any replica.
     let row = sqlx::query!(
-        "delete from leaseq.jobs where id = $1 returning queue, lease_token, lease_broker",
+        "with gone as (delete from leaseq.jobs where id = $1 \
+             returning queue, lease_token, lease_broker), \
+         kept as (insert into leaseq.cancelled_jobs (id, queue) select $1, g.queue from gone g \
+             on conflict (id) do nothing) \
+         select queue as \"queue!\", lease_token, lease_broker from gone",
         id.0,
     )
     .fetch_optional(&store.pool)

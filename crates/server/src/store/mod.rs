@@ -58,8 +58,8 @@ pub(crate) use conn::Conns;
 use crate::channels;
 use crate::domain::{
     AckReq, ClusterId, Due, EnqueueOutcome, Enqueued, ExtendReq, Extended, FailReq, Failed,
-    FastMap, FastSet, HandoffTo, JobId, LeaseOutcome, LeaseToken, Leased, NewJob, QueueName,
-    Schedule, Settled, Wake, Want,
+    FastMap, FastSet, HandoffTo, JobId, LeaseOutcome, LeaseToken, Leased, NewJob, ProgressReq,
+    QueueName, Schedule, Settled, Wake, Want,
 };
 use crate::error::{Error, Result};
 
@@ -884,12 +884,22 @@ impl Store {
     /// Returns the ones completed.
     pub(crate) async fn ack(&self, reqs: &[AckReq]) -> Result<Vec<Settled>> {
         // In id order: ack.sql locks the rows in the order given.
-        let mut pairs: Vec<(Uuid, Uuid)> = reqs.iter().map(|r| (r.job_id.0, r.token.0)).collect();
-        pairs.sort_unstable();
-        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = pairs.into_iter().unzip();
+        let mut reqs: Vec<&AckReq> = reqs.iter().collect();
+        reqs.sort_unstable_by_key(|r| (r.job_id.0, r.token.0));
+        let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
+        let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        let results = ack_results(&reqs);
         let mut c = self.conns.acquire().await?;
         let rows = c
-            .bounded(|c| sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens).fetch_all(c))
+            .bounded(|c| {
+                sqlx::query_file!(
+                    "src/store/sql/ack.sql",
+                    &ids,
+                    &tokens,
+                    &results as &Vec<Option<&[u8]>>
+                )
+                .fetch_all(c)
+            })
             .await?;
         c.done();
         Ok(rows
@@ -949,9 +959,15 @@ impl Store {
             .bounded(|c| async move {
                 let mut tx = sqlx::Connection::begin(c).await?;
                 let (ids, tokens) = (vec![ack.job_id.0], vec![ack.token.0]);
-                let row = sqlx::query_file!("src/store/sql/ack.sql", &ids, &tokens)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+                let results = ack_results(&[&ack]);
+                let row = sqlx::query_file!(
+                    "src/store/sql/ack.sql",
+                    &ids,
+                    &tokens,
+                    &results as &Vec<Option<&[u8]>>
+                )
+                .fetch_optional(&mut *tx)
+                .await?;
                 let Some(r) = row else {
                     tx.rollback().await?;
                     return Ok::<_, Error>(None);
@@ -1178,15 +1194,104 @@ impl Store {
     /// analysed completed_jobs found the doomed rows by reading the whole
     /// table (a sequential scan filtered on ctid) for every batch, however
     /// many records the retention kept (tests/plans.rs).
-    pub(crate) async fn expire_completed(&self, limit: i64) -> Result<u64> {
+    ///
+    /// Records with a result are kept for the longer of their queue's
+    /// retention and `result_retention_ms`.
+    pub(crate) async fn expire_completed(
+        &self,
+        limit: i64,
+        result_retention_ms: i64,
+    ) -> Result<u64> {
         let done = self
             .on_pool(async {
                 let mut tx = self.sweep_tx().await?;
-                let done = sqlx::query_file!("src/store/sql/expire_completed.sql", limit)
-                    .execute(&mut *tx)
-                    .await?;
+                let done = sqlx::query_file!(
+                    "src/store/sql/expire_completed.sql",
+                    limit,
+                    result_retention_ms
+                )
+                .execute(&mut *tx)
+                .await?;
                 tx.commit().await?;
                 Ok(done)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Records progress reports whose token is current (progress.sql), one
+    /// per job. Returns the jobs written.
+    pub(crate) async fn progress(&self, reqs: &[&ProgressReq]) -> Result<Vec<Uuid>> {
+        // In id order: the upsert locks the rows in the order given.
+        let mut reqs = reqs.to_vec();
+        reqs.sort_unstable_by_key(|r| r.job_id.0);
+        let ids: Vec<Uuid> = reqs.iter().map(|r| r.job_id.0).collect();
+        let tokens: Vec<Uuid> = reqs.iter().map(|r| r.token.0).collect();
+        let fractions: Vec<f32> = reqs.iter().map(|r| r.fraction).collect();
+        let messages: Vec<&str> = reqs.iter().map(|r| r.message.as_str()).collect();
+        let mut c = self.conns.acquire().await?;
+        let rows = c
+            .bounded(|c| {
+                sqlx::query_file_scalar!(
+                    "src/store/sql/progress.sql",
+                    &ids,
+                    &tokens,
+                    &fractions,
+                    &messages as &Vec<&str>,
+                )
+                .fetch_all(c)
+            })
+            .await?;
+        c.done();
+        Ok(rows)
+    }
+
+    /// Deletes at most `limit` progress reports of jobs that are gone
+    /// (delete_orphan_progress.sql). Returns how many.
+    pub(crate) async fn delete_orphan_progress(&self, limit: i64) -> Result<u64> {
+        let done = self
+            .on_pool(async {
+                sqlx::query_file!("src/store/sql/delete_orphan_progress.sql", limit)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Into::into)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// The state of each of `ids` (wait_status.sql): live, dead, completed,
+    /// or none (`state` None). For WaitJob ([`crate::waits`]).
+    pub(crate) async fn wait_status(&self, ids: &[Uuid]) -> Result<Vec<WaitRow>> {
+        self.on_pool(async {
+            let rows = sqlx::query_file!("src/store/sql/wait_status.sql", ids)
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| WaitRow {
+                    id: r.id,
+                    state: r.state,
+                    queue: r.queue,
+                    dead_reason: r.dead_reason,
+                    last_error: r.last_error,
+                    finished_at: r.finished_at,
+                    result: r.result,
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// Deletes at most `limit` records of cancelled jobs older than
+    /// `retention_ms` (expire_cancelled.sql). Returns how many.
+    pub(crate) async fn expire_cancelled(&self, limit: i64, retention_ms: i64) -> Result<u64> {
+        let done = self
+            .on_pool(async {
+                sqlx::query_file!("src/store/sql/expire_cancelled.sql", limit, retention_ms)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Into::into)
             })
             .await?;
         Ok(done.rows_affected())
@@ -1348,6 +1453,29 @@ impl InsertedRow {
 }
 
 /// A schedule as enqueue.sql's `run_at` and `delay_ms` columns.
+/// A waited job's state (wait_status.sql): `state` is `available`,
+/// `scheduled`, `leased`, `dead`, `completed`, or None (no such job here).
+#[derive(Clone, Debug)]
+pub struct WaitRow {
+    pub id: Uuid,
+    pub state: Option<String>,
+    pub queue: Option<String>,
+    pub dead_reason: Option<String>,
+    pub last_error: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub result: Option<Vec<u8>>,
+}
+
+/// ack.sql's `$3`, beside the ids and tokens: each ack's result, or null.
+/// Empty when no ack has one (unnest pads it with nulls), so that a
+/// statement of acks without results binds no array of nulls.
+fn ack_results<'a>(reqs: &[&'a AckReq]) -> Vec<Option<&'a [u8]>> {
+    if reqs.iter().all(|r| r.result.is_none()) {
+        return Vec::new();
+    }
+    reqs.iter().map(|r| r.result.as_deref()).collect()
+}
+
 fn schedule_columns(schedule: &Schedule) -> (Option<DateTime<Utc>>, i64) {
     match schedule {
         Schedule::Now => (None, 0),

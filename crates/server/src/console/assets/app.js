@@ -915,6 +915,12 @@ async function jobPage(id) {
     ["Dead reason", j.dead_reason || "–"],
     ["Died", when(j.died_at)],
     ["Completed", j.completed_at ? when(j.completed_at) + " by " + (j.completed_by || "?") : "–"],
+    ["Progress", j.progress === null || j.progress === undefined ? el("span", { id: "job-progress" }, "–")
+      : el("span", { id: "job-progress" },
+        el("progress", { max: "1", value: String(j.progress) }), " ",
+        el("span", { id: "job-progress-pct" }, Math.round(j.progress * 100) + " %"), " ",
+        el("span", { id: "job-progress-message", class: "mono" }, j.progress_message || ""), " ",
+        el("span", { class: "muted" }, when(j.progress_at)))],
     ["Enqueued", when(j.enqueued_at)],
     ["Run at", when(j.run_at)],
     ["Expires (ttl)", when(j.expires_at)],
@@ -971,12 +977,24 @@ async function jobPage(id) {
         el("td", {}, when(a.at)),
         el("td", { class: "mono", "data-col": "error" }, a.error || "–")))))
     : el("p", { class: "muted", id: "attempts" }, "No failed attempt.");
+  // The result (AckRequest.result): a preview of its first bytes, as text
+  // (never as markup: textContent) or JSON.
+  const result = [];
+  if (j.result_b64) {
+    const rv = payloadViews(decodeB64(j.result_b64));
+    const shown = decodeB64(j.result_b64).length;
+    result.push(
+      el("h2", {}, "Result ", el("span", { class: "muted", id: "result-size" }, "(" + num(j.result_bytes) + " bytes"
+        + (shown < j.result_bytes ? ", the first " + num(shown) + " shown" : "") + ")")),
+      el("pre", { id: "result" }, rv.json !== null ? rv.json : rv.text));
+  }
   append(m, [
     el("h1", {}, "Job ", el("span", { class: "mono", id: "job-id" }, j.id)),
     actions, confirmBox,
     el("div", { class: "grid" },
       el("div", { class: "panel" }, dl),
       el("div", { class: "panel" }, el("h2", {}, "Headers"), j.headers.length ? headers : el("p", { class: "muted" }, "none"))),
+    result,
     el("h2", {}, "Failed attempts"), attempts,
     el("h2", {}, "Payload ", el("span", { class: "muted" }, "(" + num(j.payload_bytes) + " bytes)")),
     tabs, pre]);

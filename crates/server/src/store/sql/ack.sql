@@ -21,6 +21,12 @@
 -- retains) and an insert of no rows: their payloads and headers are not
 -- carried past the lock (the CASEs below).
 --
+-- $3 holds the acks' results (AckRequest.result), beside $1 and $2, null
+-- where an ack has none; the broker passes it empty when no ack of the
+-- statement has one (unnest pads it with nulls). A job acked with a result
+-- is copied whatever its queue's retention, with the result: it is kept
+-- for at least the broker's --result-retention (expire_completed.sql).
+--
 -- `slot_freed` names the job's queue when it has a concurrency limit or a
 -- per-key limit or fair shares (key_concurrency without order,
 -- key_overrides): its waiting consumers (on any replica) are woken, since a
@@ -49,19 +55,20 @@ with retaining as (
 ),
 target as (
     select j.*
-    from unnest($1::uuid[], $2::uuid[]) with ordinality as i(id, token, n)
+    from unnest($1::uuid[], $2::uuid[], $3::bytea[]) with ordinality as i(id, token, result, n)
     cross join retaining r
     cross join lateral (
         select j.id, k.keep,
             case when k.keep then j.payload end as payload,
             case when k.keep then j.headers end as headers,
+            i.result,
             j.queue, j.priority, j.attempt, j.max_attempts, j.dedup_key, j.enqueued_at,
             j.key, j.last_error, j.leased_by, j.lease_token, j.lease_broker,
             case when w.waits then j.queue
                 when j.queue = any(r.limited) and w.waits is null then j.queue end as slot_freed,
             case when not w.waits then j.key end as recheck_key
         from leaseq.jobs j
-        cross join lateral (select j.queue = any(r.queues) as keep) k
+        cross join lateral (select j.queue = any(r.queues) or i.result is not null as keep) k
         -- Queues ordered by key only: whether another job of the key waits
         -- (null for other queues and for jobs without a key; false, with
         -- `by_key`, when the job has no key: it wakes nobody).
@@ -82,9 +89,11 @@ kept as (
     -- anyway, the ack still succeeds.
     insert into leaseq.completed_jobs
         (id, queue, priority, payload, headers, attempt, max_attempts, dedup_key, enqueued_at,
-         last_error, completed_by, key)
+         last_error, completed_by, key,
+         result)
     select t.id, t.queue, t.priority, t.payload, t.headers, t.attempt, t.max_attempts, t.dedup_key,
-        t.enqueued_at, t.last_error, t.leased_by, t.key
+        t.enqueued_at, t.last_error, t.leased_by, t.key,
+        t.result
     from target t
     where t.keep
     on conflict (id) do nothing
