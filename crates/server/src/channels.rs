@@ -549,6 +549,9 @@ mod tests {
                 "20261123000001_sql_enqueue.sql",
                 "20261202000001_sql_ack.sql",
                 "20261204000001_keys.sql",
+                // leaseq.ack() again: the same two payloads, the wake-up
+                // naming the acked job's queue (`r.queue`).
+                "20261206000001_ack_wake_by_key.sql",
                 "enqueue_handover.sql"
             ]
         );
