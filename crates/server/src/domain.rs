@@ -21,7 +21,7 @@ use leaseq_proto::features;
 pub use leaseq_proto::limits::{
     DEFAULT_MAX_IN_FLIGHT, MAX_ATTEMPTS, MAX_CONSUMER_LEN, MAX_DEDUP_KEY_LEN, MAX_DELAY,
     MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_IN_FLIGHT,
-    MAX_KEY_LEN, MAX_LEASE, MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MIN_LEASE,
+    MAX_KEY_LEN, MAX_LEASE, MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MAX_UNIQUE_FOR, MIN_LEASE,
 };
 use leaseq_proto::limits::{MAX_ACCEPT, MAX_ACCEPT_LEN};
 
@@ -281,6 +281,12 @@ pub struct NewJob {
     pub ttl_ms: Option<i64>,
     /// The job's key inside its queue (`EnqueueRequest.key`).
     pub key: Option<String>,
+    /// How long the dedup key stays held once the job completes
+    /// (`EnqueueRequest.unique_for`); only with a dedup key.
+    pub unique_for_ms: Option<i64>,
+    /// `on_duplicate = REPLACE`: a waiting job of the same dedup key takes
+    /// this one's payload, headers, priority and delivery time.
+    pub replace: bool,
 }
 
 impl NewJob {
@@ -349,6 +355,29 @@ impl NewJob {
                 ms => Some(ms),
             },
         };
+        let unique_for_ms = match &r.unique_for {
+            None => None,
+            Some(d) => match duration_ms(d, "unique_for", MAX_UNIQUE_FOR)? {
+                0 => None,
+                ms => Some(ms),
+            },
+        };
+        if unique_for_ms.is_some() && dedup_key.is_none() {
+            return Err(Error::invalid("unique_for", "needs a dedup_key"));
+        }
+        let replace = match pb::OnDuplicate::try_from(r.on_duplicate) {
+            Ok(pb::OnDuplicate::Keep) => false,
+            Ok(pb::OnDuplicate::Replace) => true,
+            Err(_) => {
+                return Err(Error::invalid(
+                    "on_duplicate",
+                    "must be ON_DUPLICATE_KEEP (0) or ON_DUPLICATE_REPLACE (1)",
+                ));
+            }
+        };
+        if replace && dedup_key.is_none() {
+            return Err(Error::invalid("on_duplicate", "REPLACE needs a dedup_key"));
+        }
         let headers: HashMap<String, String> = r.headers;
         let headers_json = serde_json::to_string(&headers)
             .map_err(|_| Error::invalid("headers", "cannot be encoded"))?;
@@ -364,6 +393,8 @@ impl NewJob {
             max_attempts,
             ttl_ms,
             key,
+            unique_for_ms,
+            replace,
         })
     }
 }
@@ -508,6 +539,8 @@ impl ExtendReq {
 pub struct Enqueued {
     pub job_id: JobId,
     pub duplicate: bool,
+    /// The waiting job `job_id` took this enqueue's payload (REPLACE).
+    pub replaced: bool,
 }
 
 /// A job just leased for `slot`.
