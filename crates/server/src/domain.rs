@@ -326,12 +326,6 @@ impl NewJob {
             (None, Some(t)) => Schedule::At(timestamp(t, "run_at")?),
             (None, None) => Schedule::Now,
         };
-        let dedup_key = if r.dedup_key.is_empty() {
-            None
-        } else {
-            check_text(&r.dedup_key, "dedup_key", MAX_DEDUP_KEY_LEN)?;
-            Some(r.dedup_key)
-        };
         let key = if r.key.is_empty() {
             None
         } else {
@@ -355,29 +349,8 @@ impl NewJob {
                 ms => Some(ms),
             },
         };
-        let unique_for_ms = match &r.unique_for {
-            None => None,
-            Some(d) => match duration_ms(d, "unique_for", MAX_UNIQUE_FOR)? {
-                0 => None,
-                ms => Some(ms),
-            },
-        };
-        if unique_for_ms.is_some() && dedup_key.is_none() {
-            return Err(Error::invalid("unique_for", "needs a dedup_key"));
-        }
-        let replace = match pb::OnDuplicate::try_from(r.on_duplicate) {
-            Ok(pb::OnDuplicate::Keep) => false,
-            Ok(pb::OnDuplicate::Replace) => true,
-            Err(_) => {
-                return Err(Error::invalid(
-                    "on_duplicate",
-                    "must be ON_DUPLICATE_KEEP (0) or ON_DUPLICATE_REPLACE (1)",
-                ));
-            }
-        };
-        if replace && dedup_key.is_none() {
-            return Err(Error::invalid("on_duplicate", "REPLACE needs a dedup_key"));
-        }
+        let (dedup_key, unique_for_ms, replace) =
+            dedup_options(r.dedup_key, r.unique_for.as_ref(), r.on_duplicate)?;
         let headers: HashMap<String, String> = r.headers;
         let headers_json = serde_json::to_string(&headers)
             .map_err(|_| Error::invalid("headers", "cannot be encoded"))?;
@@ -397,6 +370,43 @@ impl NewJob {
             replace,
         })
     }
+}
+
+/// `dedup_key` (None = none), `unique_for` (milliseconds, None = none) and
+/// whether `on_duplicate` is REPLACE: the last two need a dedup key.
+fn dedup_options(
+    dedup_key: String,
+    unique_for: Option<&prost_types::Duration>,
+    on_duplicate: i32,
+) -> Result<(Option<String>, Option<i64>, bool)> {
+    let has_key = !dedup_key.is_empty();
+    if has_key {
+        check_text(&dedup_key, "dedup_key", MAX_DEDUP_KEY_LEN)?;
+    }
+    let unique_for_ms = match unique_for {
+        None => None,
+        Some(d) => match duration_ms(d, "unique_for", MAX_UNIQUE_FOR)? {
+            0 => None,
+            ms => Some(ms),
+        },
+    };
+    if unique_for_ms.is_some() && !has_key {
+        return Err(Error::invalid("unique_for", "needs a dedup_key"));
+    }
+    let replace = match pb::OnDuplicate::try_from(on_duplicate) {
+        Ok(pb::OnDuplicate::Keep) => false,
+        Ok(pb::OnDuplicate::Replace) => true,
+        Err(_) => {
+            return Err(Error::invalid(
+                "on_duplicate",
+                "must be ON_DUPLICATE_KEEP (0) or ON_DUPLICATE_REPLACE (1)",
+            ));
+        }
+    };
+    if replace && !has_key {
+        return Err(Error::invalid("on_duplicate", "REPLACE needs a dedup_key"));
+    }
+    Ok((has_key.then_some(dedup_key), unique_for_ms, replace))
 }
 
 /// A validated `SubscribeRequest`.
@@ -541,6 +551,26 @@ pub struct Enqueued {
     pub duplicate: bool,
     /// The waiting job `job_id` took this enqueue's payload (REPLACE).
     pub replaced: bool,
+}
+
+impl Enqueued {
+    /// A job this enqueue created.
+    pub fn new(job_id: JobId) -> Enqueued {
+        Enqueued {
+            job_id,
+            duplicate: false,
+            replaced: false,
+        }
+    }
+
+    /// An enqueue whose dedup key another job holds.
+    pub fn duplicate_of(job_id: Uuid) -> Enqueued {
+        Enqueued {
+            job_id: JobId(job_id),
+            duplicate: true,
+            replaced: false,
+        }
+    }
 }
 
 /// A job just leased for `slot`.

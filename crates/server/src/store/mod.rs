@@ -287,6 +287,21 @@ pub(crate) async fn connect_listener_with(
 #[derive(Default)]
 struct Wakes(FastMap<(QueueName, bool), i64>);
 
+/// The jobs of `pending` that go in this round of [`Store::enqueue_in`]:
+/// all but REPLACE jobs whose key an earlier pending job has, which wait
+/// for a later round (the second list) so that they act on what the
+/// earlier one left.
+fn this_round(jobs: &[NewJob], pending: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let mut seen: FastSet<(&str, &str)> = Default::default();
+    pending.iter().partition(|&&i| {
+        let j = &jobs[i];
+        match j.dedup_key.as_deref() {
+            Some(k) => seen.insert((j.queue.as_str(), k)) || !j.replace,
+            None => true,
+        }
+    })
+}
+
 /// What holds a dedup key (dedup_holders.sql).
 struct Holder {
     id: Uuid,
@@ -602,24 +617,14 @@ impl Store {
         // earlier job of their key do not count.
         let mut retries = 0;
         while !pending.is_empty() {
-            // This round's jobs: all but REPLACE jobs whose key an earlier
-            // pending job has.
-            let mut seen: FastSet<(&str, &str)> = Default::default();
-            let (now, later): (Vec<usize>, Vec<usize>) = pending.iter().partition(|&&i| {
-                let j = &jobs[i];
-                match j.dedup_key.as_deref() {
-                    Some(k) => seen.insert((j.queue.as_str(), k)) || !j.replace,
-                    None => true,
-                }
-            });
-            let mut round = now;
-            let replacing: Vec<usize> = round.iter().copied().filter(|&i| jobs[i].replace).collect();
+            let (mut round, later) = this_round(jobs, &pending);
+            let replacing: Vec<usize> =
+                round.iter().copied().filter(|&i| jobs[i].replace).collect();
             if !replacing.is_empty() {
                 for (i, id, delay_ms) in self.replace_waiting(&mut *tx, jobs, &replacing).await? {
                     results[i] = Some(Enqueued {
-                        job_id: JobId(id),
-                        duplicate: true,
                         replaced: true,
+                        ..Enqueued::duplicate_of(id)
                     });
                     wakes.add(jobs[i].queue.as_str(), delay_ms);
                 }
@@ -639,11 +644,7 @@ impl Store {
                 let mut dups: Vec<usize> = Vec::new();
                 for &i in &round {
                     if done.contains(&jobs[i].id.0) {
-                        results[i] = Some(Enqueued {
-                            job_id: jobs[i].id,
-                            duplicate: false,
-                            replaced: false,
-                        });
+                        results[i] = Some(Enqueued::new(jobs[i].id));
                     } else {
                         dups.push(i);
                     }
@@ -653,22 +654,16 @@ impl Store {
                 if !dups.is_empty() {
                     let holders = Self::key_holders(&mut *tx, jobs, &dups).await?;
                     for i in dups {
-                        let key = (
+                        match holders.get(&(
                             jobs[i].queue.as_str().to_owned(),
                             jobs[i].dedup_key.clone().unwrap_or_default(),
-                        );
-                        match holders.get(&key) {
+                        )) {
                             // A waiting job a REPLACE job can still change
-                            // (inserted since replace.sql looked).
+                            // (inserted since replace.sql looked), or none
+                            // (its job ended since the insert looked).
                             Some(h) if jobs[i].replace && h.waiting => retry.push(i),
-                            Some(h) => {
-                                results[i] = Some(Enqueued {
-                                    job_id: JobId(h.id),
-                                    duplicate: true,
-                                    replaced: false,
-                                })
-                            }
                             None => retry.push(i),
+                            Some(h) => results[i] = Some(Enqueued::duplicate_of(h.id)),
                         }
                     }
                 }
@@ -743,7 +738,10 @@ impl Store {
             .iter()
             .map(|&i| {
                 (
-                    (jobs[i].queue.as_str(), jobs[i].dedup_key.as_deref().unwrap_or("")),
+                    (
+                        jobs[i].queue.as_str(),
+                        jobs[i].dedup_key.as_deref().unwrap_or(""),
+                    ),
                     i,
                 )
             })
@@ -789,11 +787,7 @@ impl Store {
         let by_id: FastMap<Uuid, usize> = round.iter().map(|&i| (jobs[i].id.0, i)).collect();
         for r in &rows {
             if let Some(&i) = by_id.get(&r.id) {
-                results[i] = Some(Enqueued {
-                    job_id: JobId(r.holder),
-                    duplicate: true,
-                    replaced: false,
-                });
+                results[i] = Some(Enqueued::duplicate_of(r.holder));
             }
         }
         handed.retain(|h| !rows.iter().any(|r| r.id == h.id.0));
@@ -813,9 +807,13 @@ impl Store {
             .iter()
             .map(|&i| jobs[i].dedup_key.as_deref().unwrap_or(""))
             .collect();
-        let rows = sqlx::query_file!("src/store/sql/dedup_holders.sql", &queues as &Vec<&str>, &keys as &Vec<&str>)
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = sqlx::query_file!(
+            "src/store/sql/dedup_holders.sql",
+            &queues as &Vec<&str>,
+            &keys as &Vec<&str>
+        )
+        .fetch_all(&mut *tx)
+        .await?;
         let mut holders: HashMap<(String, String), Holder> = HashMap::new();
         for r in rows {
             holders.insert(
