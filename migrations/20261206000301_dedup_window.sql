@@ -51,7 +51,7 @@ declare
     queue_rule  constant text := 'must be 1-128 characters of [A-Za-z0-9._:-] starting with a letter or digit';
     h_count     integer;
     bad_key     text;
-    job_id      uuid;
+    the_id      uuid;
     holder      uuid;
     waiting     boolean;
     replacing   boolean;
@@ -184,7 +184,7 @@ begin
     -- the broker's (Store::enqueue_in): replace.sql, enqueue_one.sql,
     -- enqueue_held.sql, dedup_holders.sql.
     for try_no in 1..5 loop
-        job_id := null;
+        the_id := null;
         if replacing then
             -- Only a waiting job: a leased one keeps the payload its
             -- handler has (replace.sql says how this meets a lease round).
@@ -193,9 +193,9 @@ begin
                 priority = enqueue.priority, run_at = deliver_at
             where j.queue = enqueue.queue and j.dedup_key = enqueue.dedup_key
               and j.state = 'available'
-            returning j.id into job_id;
+            returning j.id into the_id;
         end if;
-        if job_id is null then
+        if the_id is null then
             insert into leaseq.jobs
                 (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
                  key, unique_for_ms)
@@ -208,13 +208,15 @@ begin
                 where d.queue = enqueue.queue and d.dedup_key = enqueue.dedup_key
                   and d.until > now())
             on conflict (queue, dedup_key) where dedup_key is not null do nothing
-            returning id into job_id;
-            if job_id is not null and enqueue.dedup_key is not null then
+            returning id into the_id;
+            if the_id is not null and enqueue.dedup_key is not null then
                 -- A hold committed while the insert waited for its job's
-                -- ack (enqueue_held.sql): this statement sees it.
+                -- ack (enqueue_held.sql): this statement sees it. (The
+                -- variable is not called job_id, as before: that is h's
+                -- column, which variable_conflict use_column would read.)
                 delete from leaseq.jobs j
                 using leaseq.dedup_holds h
-                where j.id = job_id and h.queue = j.queue and h.dedup_key = j.dedup_key
+                where j.id = the_id and h.queue = j.queue and h.dedup_key = j.dedup_key
                   and h.until > now() and h.job_id <> j.id
                 returning h.job_id into holder;
                 if holder is not null then
@@ -222,7 +224,7 @@ begin
                 end if;
             end if;
         end if;
-        if job_id is not null then
+        if the_id is not null then
             -- Same payload as the broker's: <broker>:<delay ms>:<queue>. The
             -- broker part is "sql", never a broker's id, so every broker
             -- (including one sharing this database) acts on it. Computed
@@ -233,18 +235,18 @@ begin
                 wake_ms := 0;
             end if;
             perform pg_notify('leaseq_wake', 'sql:' || wake_ms || ':' || enqueue.queue);
-            return job_id;
+            return the_id;
         end if;
         -- The live job, else the completed job holding the key (unique_for).
         select coalesce(j.id, h.job_id), coalesce(j.state = 'available', false)
-            into job_id, waiting
+            into the_id, waiting
         from (select 1) as one
         left join leaseq.jobs j on j.queue = enqueue.queue and j.dedup_key = enqueue.dedup_key
         left join leaseq.dedup_holds h
             on h.queue = enqueue.queue and h.dedup_key = enqueue.dedup_key and h.until > now();
         -- A waiting job inserted since the update looked: replace it.
-        if job_id is not null and not (replacing and waiting) then
-            return job_id;
+        if the_id is not null and not (replacing and waiting) then
+            return the_id;
         end if;
     end loop;
     raise exception 'dedup_key: the live job kept changing; retry' using errcode = '40001';

@@ -669,3 +669,62 @@ async fn the_sql_enqueue_function_takes_unique_for_and_on_duplicate() {
         assert!(e.to_string().contains(text), "{call}: {e}");
     }
 }
+
+/// An enqueue whose insert waits for the ack of the job holding its key
+/// (the ack's transaction deleted the row and wrote the hold, and has not
+/// committed): when the ack commits, the insert finds the key free in
+/// jobs_dedup, but its snapshot is older than the hold. The enqueue still
+/// answers with the completed job and leaves no new job (the check after
+/// the insert, enqueue_held.sql), through gRPC and through
+/// leaseq.enqueue().
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_waiting_on_the_ack_sees_the_hold_it_wrote() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    for via_sql in [false, true] {
+        let queue = if via_sql { "uh-sql" } else { "uh" };
+        let first = enq(&mut c, windowed(queue, "first", "k", HOUR)).await;
+        let mut s = subscribe(&mut c, &[queue], 1, Some(Duration::from_secs(30))).await;
+        let d = next_delivery(&mut s, S5).await;
+        let mut tx = db.pool.begin().await.unwrap();
+        sqlx::query("select leaseq.ack($1::uuid, $2)")
+            .bind(&first.job_id)
+            .bind(&d.lease_token)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let waiting = {
+            let mut c = c.clone();
+            let pool = db.pool.clone();
+            let queue = queue.to_owned();
+            tokio::spawn(async move {
+                if via_sql {
+                    let id: Uuid = sqlx::query_scalar(
+                        "select leaseq.enqueue($1, 'second'::bytea, dedup_key => 'k')",
+                    )
+                    .bind(&queue)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                    (id.to_string(), None)
+                } else {
+                    let r = enq(&mut c, keyed(&queue, "second", "k")).await;
+                    (r.job_id.clone(), Some(r))
+                }
+            })
+        };
+        eventually(S5, "the enqueue waits for the ack's transaction", || async {
+            db.lock_waiters().await > 0
+        })
+        .await;
+        tx.commit().await.unwrap();
+        let (id, r) = waiting.await.unwrap();
+        assert_eq!(id, first.job_id, "via_sql {via_sql}: answered with the holder");
+        if let Some(r) = r {
+            assert!(r.duplicate);
+        }
+        assert_eq!(db.live_jobs().await, 0, "via_sql {via_sql}: no new job");
+        assert_quiet(&mut s, Duration::from_millis(300), "no second job").await;
+    }
+}
