@@ -714,13 +714,18 @@ async fn an_enqueue_waiting_on_the_ack_sees_the_hold_it_wrote() {
                 }
             })
         };
-        eventually(S5, "the enqueue waits for the ack's transaction", || async {
-            db.lock_waiters().await > 0
-        })
+        eventually(
+            S5,
+            "the enqueue waits for the ack's transaction",
+            || async { db.lock_waiters().await > 0 },
+        )
         .await;
         tx.commit().await.unwrap();
         let (id, r) = waiting.await.unwrap();
-        assert_eq!(id, first.job_id, "via_sql {via_sql}: answered with the holder");
+        assert_eq!(
+            id, first.job_id,
+            "via_sql {via_sql}: answered with the holder"
+        );
         if let Some(r) = r {
             assert!(r.duplicate);
         }
