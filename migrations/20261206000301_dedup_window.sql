@@ -172,7 +172,7 @@ begin
     if coalesce(enqueue.on_duplicate, 'keep') not in ('keep', 'replace') then
         raise exception 'on_duplicate: must be ''keep'' or ''replace''' using errcode = '22023';
     end if;
-    replacing := enqueue.on_duplicate = 'replace';
+    replacing := coalesce(enqueue.on_duplicate, 'keep') = 'replace';
     if replacing and enqueue.dedup_key is null then
         raise exception 'on_duplicate: replace needs a dedup_key' using errcode = '22023';
     end if;

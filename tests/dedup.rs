@@ -619,6 +619,9 @@ async fn the_sql_enqueue_function_takes_unique_for_and_on_duplicate() {
     let first = sql_enqueue("s1", ", delay => '1 hour', unique_for => '1 hour'")
         .await
         .unwrap();
+    // on_duplicate null is 'keep': a waiting job is answered, unchanged.
+    let kept = sql_enqueue("s1b", ", on_duplicate => null").await.unwrap();
+    assert_eq!(kept, first);
     let same = sql_enqueue("s2", ", on_duplicate => 'replace'")
         .await
         .unwrap();
@@ -635,7 +638,7 @@ async fn the_sql_enqueue_function_takes_unique_for_and_on_duplicate() {
     let d = next_delivery(&mut s, S5).await;
     assert_eq!(payload_of(&d), "s2");
     ack(&mut c, &d).await.unwrap();
-    let held = sql_enqueue("s3", "").await.unwrap();
+    let held = sql_enqueue("s3", ", on_duplicate => null").await.unwrap();
     assert_eq!(
         held, first,
         "the window the first job asked for holds the key"
