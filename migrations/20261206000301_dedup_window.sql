@@ -214,12 +214,12 @@ begin
                 -- ack (enqueue_held.sql): this statement sees it. (The
                 -- variable is not called job_id, as before: that is h's
                 -- column, which variable_conflict use_column would read.)
-                delete from leaseq.jobs j
-                using leaseq.dedup_holds h
-                where j.id = the_id and h.queue = j.queue and h.dedup_key = j.dedup_key
-                  and h.until > now() and h.job_id <> j.id
-                returning h.job_id into holder;
+                select h.job_id into holder
+                from leaseq.dedup_holds h
+                where h.queue = enqueue.queue and h.dedup_key = enqueue.dedup_key
+                  and h.until > now() and h.job_id <> the_id;
                 if holder is not null then
+                    delete from leaseq.jobs j where j.id = the_id;
                     return holder;
                 end if;
             end if;
