@@ -101,6 +101,7 @@ impl Floor {
         pb::EnqueueResponse {
             job_id,
             duplicate: false,
+            replaced: false,
         }
     }
 

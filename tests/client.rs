@@ -148,6 +148,48 @@ async fn client_calls_round_trip() {
         (again.job_id.as_str(), again.duplicate),
         (a.job_id.as_str(), true)
     );
+    assert!(!again.replaced);
+    // Debounce: the waiting job takes the new payload.
+    let replaced = client
+        .enqueue(
+            Job::new("calls", "a3")
+                .header("k", "v")
+                .priority(3)
+                .dedup_key("d1")
+                .replace_waiting(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            replaced.job_id.as_str(),
+            replaced.duplicate,
+            replaced.replaced
+        ),
+        (a.job_id.as_str(), true, true)
+    );
+    // Unique for a window: the option reaches the broker.
+    let w = client
+        .enqueue(
+            Job::new("calls-w", "w")
+                .dedup_key("w1")
+                .unique_for(Duration::from_secs(90)),
+        )
+        .await
+        .unwrap();
+    let window: Option<i64> =
+        sqlx::query_scalar("select unique_for_ms from leaseq.jobs where id = $1::uuid")
+            .bind(&w.job_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(window, Some(90_000));
+    let bad = client
+        .enqueue(Job::new("calls-w", "w").unique_for(Duration::from_secs(90)))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("unique_for"), "{}", bad.message());
     let batch = client
         .enqueue_batch([
             Job::new("calls", "b"),

@@ -261,6 +261,88 @@ async fn every_command_reaches_a_tls_broker_with_a_token() {
         table.stdout.trim(),
         format!("{} (duplicate)", keyed["job_id"].as_str().unwrap())
     );
+    // --replace (debounce): the waiting job takes the new payload.
+    let replaced = run(&[
+        "enqueue",
+        "-q",
+        "cli",
+        "-p",
+        "k2",
+        "--dedup-key",
+        "k",
+        "--replace",
+        "-o",
+        "json",
+    ])
+    .await
+    .json();
+    assert_eq!(replaced["job_id"], keyed["job_id"]);
+    assert_eq!(
+        (&replaced["duplicate"], &replaced["replaced"]),
+        (&Value::from(true), &Value::from(true))
+    );
+    let table = run(&[
+        "enqueue",
+        "-q",
+        "cli",
+        "-p",
+        "k3",
+        "--dedup-key",
+        "k",
+        "--replace",
+    ])
+    .await;
+    assert_eq!(
+        table.stdout.trim(),
+        format!("{} (replaced)", keyed["job_id"].as_str().unwrap())
+    );
+    let payload: Vec<u8> =
+        sqlx::query_scalar("select payload from leaseq.jobs where id = $1::uuid")
+            .bind(keyed["job_id"].as_str().unwrap())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(payload, b"k3");
+    // --unique-for and --replace need --dedup-key: a usage error.
+    for bad in [&["--unique-for", "1h"][..], &["--replace"]] {
+        let mut args = vec!["enqueue", "-q", "cli", "-p", "x"];
+        args.extend(bad);
+        let out = run(&args).await;
+        assert_eq!(out.code, 2, "{bad:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--dedup-key"),
+            "{bad:?}: {}",
+            out.stderr
+        );
+    }
+    let windowed = run(&[
+        "enqueue",
+        "-q",
+        "cli",
+        "-p",
+        "w",
+        "--dedup-key",
+        "w",
+        "--unique-for",
+        "1h",
+        "-o",
+        "json",
+    ])
+    .await
+    .json();
+    let unique_for_ms: Option<i64> =
+        sqlx::query_scalar("select unique_for_ms from leaseq.jobs where id = $1::uuid")
+            .bind(windowed["job_id"].as_str().unwrap())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(unique_for_ms, Some(3_600_000));
+    // The rest of this test counts the two jobs above.
+    sqlx::query("delete from leaseq.jobs where id = $1::uuid")
+        .bind(windowed["job_id"].as_str().unwrap())
+        .execute(&db.pool)
+        .await
+        .unwrap();
 
     let stats = run(&["stats", "-o", "json"]).await.json();
     assert_eq!(stats[0]["name"], "cli");

@@ -49,6 +49,8 @@ fn seeds() -> Vec<Vec<u8>> {
         max_attempts: 7,
         ttl: dur(3600, 0),
         key: "customer-42".into(),
+        unique_for: dur(60, 0),
+        on_duplicate: pb::OnDuplicate::Replace as i32,
     };
     let tagged = |kind: u8, body: Vec<u8>| {
         let mut v = vec![kind];

@@ -21,6 +21,7 @@ mod clients;
 mod conn_limits;
 mod console;
 mod consume;
+mod dedup;
 mod docs;
 mod embedded_pg;
 mod faults;

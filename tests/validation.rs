@@ -613,6 +613,49 @@ fn enqueue_rows(queue: &str, ok_queue: &str) -> Vec<Row<pb::EnqueueRequest>> {
         &invalid("ttl"),
     ));
 
+    // unique_for: a duration of at most 366 days, with a dedup key;
+    // on_duplicate: KEEP or REPLACE, REPLACE with a dedup key.
+    let keyed_bad = pb::EnqueueRequest {
+        dedup_key: "uf".into(),
+        ..bad_base.clone()
+    };
+    let set_unique_for = |r: &mut pb::EnqueueRequest, d| r.unique_for = d;
+    let mut bad_windows = bad_durations();
+    bad_windows.extend([
+        ("367 days", pd(367 * 24 * 3600, 0)),
+        ("366 days + 1ns", pd(366 * 24 * 3600, 1)),
+    ]);
+    out.extend(each(
+        "unique_for",
+        &keyed_bad,
+        bad_windows,
+        set_unique_for,
+        &invalid("unique_for"),
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("unique_for: needs a dedup_key"),
+        &[("unique_for 1h without dedup_key", &|r| {
+            r.unique_for = pd(3600, 0)
+        })],
+    ));
+    out.extend(rows(
+        &keyed_bad,
+        invalid("on_duplicate"),
+        &[
+            ("on_duplicate 2", &|r| r.on_duplicate = 2),
+            ("on_duplicate -1", &|r| r.on_duplicate = -1),
+            ("on_duplicate i32::MAX", &|r| r.on_duplicate = i32::MAX),
+        ],
+    ));
+    out.extend(rows(
+        &bad_base,
+        invalid("on_duplicate: REPLACE needs a dedup_key"),
+        &[("on_duplicate REPLACE without dedup_key", &|r| {
+            r.on_duplicate = pb::OnDuplicate::Replace as i32
+        })],
+    ));
+
     // Boundary values that must be accepted.
     out.extend(rows(
         &ok_base,
@@ -653,6 +696,26 @@ fn enqueue_rows(queue: &str, ok_queue: &str) -> Vec<Row<pb::EnqueueRequest>> {
             ("max_attempts 1000", &|r| r.max_attempts = 1000),
             ("priority i32::MIN", &|r| r.priority = i32::MIN),
             ("priority i32::MAX", &|r| r.priority = i32::MAX),
+            // Each with a key of its own: every row makes a job.
+            ("unique_for zero", &|r| {
+                r.dedup_key = "uf-zero".into();
+                r.unique_for = pd(0, 0)
+            }),
+            ("unique_for 1ns", &|r| {
+                r.dedup_key = "uf-1ns".into();
+                r.unique_for = pd(0, 1)
+            }),
+            ("unique_for exactly 366 days", &|r| {
+                r.dedup_key = "uf-366d".into();
+                r.unique_for = pd(366 * 24 * 3600, 0)
+            }),
+            ("on_duplicate KEEP without dedup_key", &|r| {
+                r.on_duplicate = pb::OnDuplicate::Keep as i32
+            }),
+            ("on_duplicate REPLACE (no job of the key)", &|r| {
+                r.dedup_key = "replace-new".into();
+                r.on_duplicate = pb::OnDuplicate::Replace as i32
+            }),
         ],
     ));
     out.extend(each(

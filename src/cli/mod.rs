@@ -71,6 +71,16 @@ pub struct EnqueueArgs {
     /// enqueue adds nothing and returns that job's id as a duplicate.
     #[arg(long)]
     pub dedup_key: Option<String>,
+    /// Keep the dedup key held for this long after the job completes (at
+    /// most 366 days): an enqueue with the key in that time is a duplicate
+    /// of this job. Needs --dedup-key.
+    #[arg(long, value_parser = parse_duration, requires = "dedup_key")]
+    pub unique_for: Option<Duration>,
+    /// Debounce: if a job with the dedup key is waiting (not leased), give
+    /// it this payload, headers, priority and delay instead. Needs
+    /// --dedup-key.
+    #[arg(long, requires = "dedup_key")]
+    pub replace: bool,
     /// The job's key inside its queue (a customer, an account): in a queue
     /// ordered by key, its jobs go out in enqueue order.
     #[arg(long)]
@@ -78,8 +88,8 @@ pub struct EnqueueArgs {
     /// Header as KEY=VALUE (repeatable).
     #[arg(long = "header", short = 'H', value_name = "KEY=VALUE", value_parser = parse_header)]
     pub headers: Vec<(String, String)>,
-    /// Output: the job id (`ID` or `ID (duplicate)`), or
-    /// {"job_id", "queue", "duplicate"}.
+    /// Output: the job id (`ID`, `ID (duplicate)` or `ID (replaced)`), or
+    /// {"job_id", "queue", "duplicate", "replaced"}.
     #[arg(long, short = 'o', value_enum, default_value_t)]
     pub output: Output,
 }
@@ -169,6 +179,12 @@ pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
     if let Some(key) = args.dedup_key {
         job = job.dedup_key(key);
     }
+    if let Some(window) = args.unique_for {
+        job = job.unique_for(window);
+    }
+    if args.replace {
+        job = job.replace_waiting();
+    }
     if let Some(key) = args.key {
         job = job.key(key);
     }
@@ -182,7 +198,9 @@ pub async fn enqueue(args: EnqueueArgs) -> Result<(), CliError> {
             "job_id": resp.job_id,
             "queue": args.queue,
             "duplicate": resp.duplicate,
+            "replaced": resp.replaced,
         })),
+        Output::Table if resp.replaced => println!("{} (replaced)", resp.job_id),
         Output::Table if resp.duplicate => println!("{} (duplicate)", resp.job_id),
         Output::Table => println!("{}", resp.job_id),
     }

@@ -8,10 +8,21 @@ const { jobId, duplicate } = await client.enqueue(queue, JSON.stringify({ to: 'a
   headers: { 'content-type': 'application/json' },
   priority: 5, // higher first
   dedupKey: 'welcome-ada', // while this job is live, the same key returns it
+  uniqueForMs: 24 * 3600 * 1000, // and for a day after it completes
   key: 'customer-ada', // in a queue ordered by key, a key's jobs go out in enqueue order
   maxAttempts: 5,
 });
 console.log(`enqueued ${jobId} duplicate=${duplicate}`);
+
+// Debounce: the key's job is still waiting, so it takes this payload (and
+// headers, priority, delay) and keeps its id (and its window).
+const latest = await client.enqueue(queue, JSON.stringify({ to: 'ada@example.com', lang: 'fr' }), {
+  headers: { 'content-type': 'application/json' },
+  priority: 5,
+  dedupKey: 'welcome-ada',
+  onDuplicate: 'replace',
+});
+if (!latest.replaced || latest.jobId !== jobId) throw new Error('the waiting job was not replaced');
 
 const results = await client.enqueueBatch([
   { queue, payload: JSON.stringify({ to: 'bob@example.com' }) },

@@ -18,8 +18,25 @@ export interface EnqueueOptions {
   delayMs?: number;
   /** Deliver no earlier than this instant (not with delayMs). */
   runAt?: Date;
-  /** While a job with this key is live in the queue, enqueue returns that job. */
+  /**
+   * While a job with this key is live in the queue (or holds it after
+   * completing: uniqueForMs), enqueue returns that job (`duplicate`).
+   */
   dedupKey?: string;
+  /**
+   * Unique for a window: once this job completes (is acked), its dedupKey
+   * stays held this many ms (at most 366 days); an enqueue with the key in
+   * that time returns this job. A dead-lettered, cancelled or expired job
+   * holds nothing. Needs dedupKey.
+   */
+  uniqueForMs?: number;
+  /**
+   * 'replace' (debounce): a waiting job (not leased) with the same dedupKey
+   * takes this payload, headers, priority and delay (delayMs counts from
+   * this enqueue) and keeps its id; the result has `replaced: true`. A
+   * leased job is left as it is. Default 'keep'. Needs dedupKey.
+   */
+  onDuplicate?: 'keep' | 'replace';
   /** Deliveries before the job is dead-lettered; 0 = the queue's default. */
   maxAttempts?: number;
   /** Dead-lettered (reason `expired`) if not done this many ms after the enqueue. */
@@ -42,8 +59,10 @@ export interface EnqueueJob extends EnqueueOptions {
 export interface EnqueueResult {
   /** UUIDv7. */
   jobId: string;
-  /** True when dedupKey matched a live job: jobId is that job's. */
+  /** True when dedupKey matched a live job (or one holding it after completing): jobId is that job's. */
   duplicate: boolean;
+  /** True when the waiting job jobId took this enqueue's payload (onDuplicate 'replace'). */
+  replaced: boolean;
 }
 
 export interface AckResult {
@@ -78,11 +97,13 @@ export function enqueueRequest(job: EnqueueJob, propagate: boolean): Record<stri
     dedupKey: job.dedupKey ?? '',
     maxAttempts: job.maxAttempts ?? 0,
     key: job.key ?? '',
+    onDuplicate: job.onDuplicate === 'replace' ? 'ON_DUPLICATE_REPLACE' : 'ON_DUPLICATE_KEEP',
   };
   // Optional messages only when given: absent and zero differ to the broker.
   if (job.delayMs != null) req.delay = duration(job.delayMs);
   if (job.runAt != null) req.runAt = timestamp(job.runAt);
   if (job.ttlMs != null) req.ttl = duration(job.ttlMs);
+  if (job.uniqueForMs != null) req.uniqueFor = duration(job.uniqueForMs);
   return req;
 }
 
@@ -116,7 +137,7 @@ export class Client {
   /** Adds one job; resolves once it is committed. */
   async enqueue(queue: string, payload: Buffer | Uint8Array | string = Buffer.alloc(0), opts: EnqueueOptions = {}): Promise<EnqueueResult> {
     const resp = await this._rpc.unary<EnqueueResult>('Enqueue', enqueueRequest({ ...opts, queue, payload }, this.#propagate));
-    return { jobId: resp.jobId, duplicate: resp.duplicate };
+    return { jobId: resp.jobId, duplicate: resp.duplicate, replaced: resp.replaced };
   }
 
   /** Adds all jobs atomically (all or none); results in the same order. */
@@ -124,7 +145,7 @@ export class Client {
     const resp = await this._rpc.unary<{ results: EnqueueResult[] }>('EnqueueBatch', {
       jobs: jobs.map((j) => enqueueRequest(j, this.#propagate)),
     });
-    return resp.results.map((r) => ({ jobId: r.jobId, duplicate: r.duplicate }));
+    return resp.results.map((r) => ({ jobId: r.jobId, duplicate: r.duplicate, replaced: r.replaced }));
   }
 
   /**

@@ -33,7 +33,32 @@ test('dedup key returns the live job', { timeout: 30000 }, async () => {
   const q = queueName();
   const a = await client.enqueue(q, '1', { dedupKey: 'k' });
   const b = await client.enqueue(q, '2', { dedupKey: 'k' });
-  assert.deepEqual(b, { jobId: a.jobId, duplicate: true });
+  assert.deepEqual(b, { jobId: a.jobId, duplicate: true, replaced: false });
+});
+
+test('onDuplicate replace (debounce) and uniqueForMs', { timeout: 30000 }, async () => {
+  const q = queueName();
+  const a = await client.enqueue(q, 'v1', { dedupKey: 'doc', delayMs: 3_600_000 });
+  const b = await client.enqueue(q, 'v2', { dedupKey: 'doc', onDuplicate: 'replace' });
+  assert.deepEqual(b, { jobId: a.jobId, duplicate: true, replaced: true });
+  // Replaced without a delay: delivered now, with the new payload.
+  const job = await firstDelivery(client, q);
+  assert.deepEqual([job.id, job.payload.toString()], [a.jobId, 'v2']);
+  // A window without a dedup key is bad input, naming the field.
+  await assert.rejects(client.enqueue(q, 'w', { uniqueForMs: 60_000 }), {
+    code: status.INVALID_ARGUMENT,
+    details: /unique_for/,
+  });
+  // Held for the window after its ack: a later enqueue returns it.
+  const q2 = queueName();
+  const w = await client.enqueue(q2, 'w', { dedupKey: 'once', uniqueForMs: 3_600_000 });
+  for await (const done of client.consume({ queues: [q2] })) {
+    assert.equal(done.id, w.jobId);
+    await done.ack();
+    break;
+  }
+  const [r] = await client.enqueueBatch([{ queue: q2, payload: 'w2', dedupKey: 'once' }]);
+  assert.deepEqual(r, { jobId: w.jobId, duplicate: true, replaced: false });
 });
 
 test('enqueueBatch keeps order', { timeout: 30000 }, async () => {

@@ -15,6 +15,7 @@ from typing import (
     Dict,
     Iterable,
     List,
+    Literal,
     Mapping,
     Optional,
     Sequence,
@@ -203,8 +204,12 @@ class Ack:
 @dataclass(frozen=True)
 class EnqueueResult:
     job_id: str
-    #: True when ``dedup_key`` matched a live job; ``job_id`` is that job's.
+    #: True when ``dedup_key`` matched a live job (or one holding it after
+    #: completing: ``unique_for``); ``job_id`` is that job's.
     duplicate: bool
+    #: True when the waiting job ``job_id`` took this enqueue's payload
+    #: (``on_duplicate="replace"``).
+    replaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -359,6 +364,12 @@ def from_json(payload: Union[bytes, str], into: Optional[Type[Any]] = None) -> A
     return into(value)
 
 
+#: What an enqueue whose ``dedup_key`` matches a live job does
+#: (``EnqueueRequest.on_duplicate``).
+OnDuplicate = Literal["keep", "replace"]
+_ON_DUPLICATE = {"keep": pb.ON_DUPLICATE_KEEP, "replace": pb.ON_DUPLICATE_REPLACE}
+
+
 @dataclass
 class NewJob:
     """A job to enqueue; the fields mirror ``EnqueueRequest`` in queue.proto."""
@@ -376,6 +387,18 @@ class NewJob:
     #: queue with ``ordered_by_key`` the jobs of one key are delivered in
     #: enqueue order, at most the queue's ``key_concurrency`` at once.
     key: str = ""
+    #: Unique for a window: once this job completes (is acked), its
+    #: ``dedup_key`` stays held this many seconds (at most 366 days), so an
+    #: enqueue with the key in that time returns this job (``duplicate``).
+    #: A dead-lettered, cancelled or expired job holds nothing. Needs
+    #: ``dedup_key``.
+    unique_for: Optional[Seconds] = None
+    #: ``"replace"`` (debounce): a waiting job (not leased) with the same
+    #: ``dedup_key`` takes this payload, headers, priority and delay (counted
+    #: from this enqueue) and keeps its id (``replaced``); a leased one is
+    #: left as it is. ``"keep"`` (the default): nothing changes. Needs
+    #: ``dedup_key`` when ``"replace"``.
+    on_duplicate: OnDuplicate = "keep"
 
     def to_request(self, extra_headers: Optional[Mapping[str, str]] = None) -> pb.EnqueueRequest:
         payload = self.payload.encode() if isinstance(self.payload, str) else self.payload
@@ -389,6 +412,7 @@ class NewJob:
             dedup_key=self.dedup_key,
             max_attempts=self.max_attempts,
             key=self.key,
+            on_duplicate=_ON_DUPLICATE[self.on_duplicate],
         )
         # Optional messages are set only when given: an absent `delay` and a
         # zero one are different requests to the broker.
@@ -398,6 +422,8 @@ class NewJob:
             req.run_at.CopyFrom(_timestamp(self.run_at))
         if self.ttl is not None:
             req.ttl.CopyFrom(duration(self.ttl))
+        if self.unique_for is not None:
+            req.unique_for.CopyFrom(duration(self.unique_for))
         return req
 
 

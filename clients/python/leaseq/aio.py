@@ -35,6 +35,7 @@ from leaseq._types import (
     EnqueueResult,
     Job,
     NewJob,
+    OnDuplicate,
     RpcError,
     Seconds,
     SettleResult,
@@ -125,22 +126,29 @@ class AsyncClient:
         max_attempts: int = 0,
         ttl: Optional[Seconds] = None,
         key: str = "",
+        unique_for: Optional[Seconds] = None,
+        on_duplicate: OnDuplicate = "keep",
     ) -> EnqueueResult:
         """Adds one job; returns once it is committed. With OpenTelemetry
         installed and a span active, the job's headers carry its
         ``traceparent``/``tracestate``. ``key``: the job's key inside its
         queue (at most 256 bytes), which orders the jobs of one key in a
-        queue with ``ordered_by_key`` (see :attr:`NewJob.key`)."""
-        job = NewJob(queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl, key)
+        queue with ``ordered_by_key`` (see :attr:`NewJob.key`).
+        ``unique_for`` and ``on_duplicate``: see :attr:`NewJob.unique_for`
+        and :attr:`NewJob.on_duplicate`."""
+        job = NewJob(
+            queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl, key,
+            unique_for, on_duplicate,
+        )
         resp = await self._unary(self._stub.Enqueue, job.to_request(_tracing.inject()))
-        return EnqueueResult(resp.job_id, resp.duplicate)
+        return EnqueueResult(resp.job_id, resp.duplicate, resp.replaced)
 
     async def enqueue_batch(self, jobs: Iterable[NewJob]) -> List[EnqueueResult]:
         """Adds all the jobs atomically (all or none); results in the same order."""
         trace = _tracing.inject()
         req = pb.EnqueueBatchRequest(jobs=[j.to_request(trace) for j in jobs])
         resp = await self._unary(self._stub.EnqueueBatch, req)
-        return [EnqueueResult(r.job_id, r.duplicate) for r in resp.results]
+        return [EnqueueResult(r.job_id, r.duplicate, r.replaced) for r in resp.results]
 
     async def ack(self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
         """The job is done. FAILED_PRECONDITION: the lease token is not

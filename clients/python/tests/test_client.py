@@ -33,7 +33,35 @@ def test_dedup_key_returns_the_live_job(addr):
         async with AsyncClient(addr) as c:
             a = await c.enqueue(q, b"1", dedup_key="k")
             b = await c.enqueue(q, b"2", dedup_key="k")
-            assert (b.job_id, b.duplicate) == (a.job_id, True)
+            assert (b.job_id, b.duplicate, b.replaced) == (a.job_id, True, False)
+
+    run(body())
+
+
+def test_on_duplicate_replace_and_unique_for(addr):
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            a = await c.enqueue(q, b"v1", dedup_key="doc", delay=3600)
+            b = await c.enqueue(q, b"v2", dedup_key="doc", on_duplicate="replace")
+            assert (b.job_id, b.duplicate, b.replaced) == (a.job_id, True, True)
+            # Replaced without a delay: delivered now, with the new payload.
+            job = await first_delivery(c, q)
+            assert (job.id, job.payload) == (a.job_id, b"v2")
+            with pytest.raises(RpcError) as e:
+                await c.enqueue(q, b"w", unique_for=60)
+            assert e.value.code_name == "INVALID_ARGUMENT" and "unique_for" in str(e.value)
+            # Held for the window after its ack.
+            q2 = queue_name()
+            w = await c.enqueue(q2, b"w", dedup_key="once", unique_for=3600)
+            async with c.subscribe(q2, max_in_flight=1) as sub:
+                job = await asyncio.wait_for(sub.next_job(), 10)
+                assert job is not None and job.id == w.job_id
+                await c.ack(job.id, job.lease_token)
+        # The blocking client, in a batch: the completed job holds the key.
+        with Client(addr) as bc:
+            [r] = bc.enqueue_batch([NewJob(q2, "w2", dedup_key="once")])
+            assert (r.job_id, r.duplicate, r.replaced) == (w.job_id, True, False)
 
     run(body())
 

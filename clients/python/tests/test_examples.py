@@ -76,7 +76,7 @@ def test_produce_example(addr):
     assert out[0].startswith("enqueued ")
     with AdminClient(addr) as admin:
         stats = admin.get_queue(q).stats
-        assert (stats.available, stats.scheduled) == (6, 1)
+        assert (stats.available, stats.scheduled) == (7, 1)
         assert [j.key for j in admin.list_jobs(q).items if j.key] == ["customer-42"]
 
 

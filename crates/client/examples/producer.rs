@@ -1,6 +1,7 @@
 // Producing jobs with `leaseq-client`: one at a time, a batch committed
-// together, a delayed job, a deduplicated one, and one carrying W3C trace
-// context for the worker's spans.
+// together, a delayed job, a deduplicated one (and its payload replaced
+// while it waits: a debounce), and one carrying W3C trace context for the
+// worker's spans.
 //
 //     cargo run --release -- serve                              # the broker
 //     cargo run -p leaseq-client --example producer             # this
@@ -34,7 +35,9 @@ pub async fn produce(client: &Client, queue: &str) -> anyhow::Result<Vec<String>
             Job::new(queue, r#"{"to":"ada@example.com"}"#)
                 .header("content-type", "application/json")
                 .priority(5)
-                .dedup_key("welcome-ada"),
+                .dedup_key("welcome-ada")
+                // Once it completes, its key stays held for a day.
+                .unique_for(Duration::from_secs(24 * 3600)),
         )
         .await?;
     ids.push(sent.job_id);
@@ -44,6 +47,19 @@ pub async fn produce(client: &Client, queue: &str) -> anyhow::Result<Vec<String>
         .enqueue(Job::new(queue, r#"{"to":"ada@example.com"}"#).dedup_key("welcome-ada"))
         .await?;
     assert!(again.duplicate && again.job_id == ids[0]);
+
+    // Debounce: the key's job is still waiting, so it takes this payload
+    // (and priority, headers, delay) and keeps its id (and its window).
+    let newer = client
+        .enqueue(
+            Job::new(queue, r#"{"to":"ada@example.com","lang":"fr"}"#)
+                .header("content-type", "application/json")
+                .priority(5)
+                .dedup_key("welcome-ada")
+                .replace_waiting(),
+        )
+        .await?;
+    assert!(newer.replaced && newer.job_id == ids[0]);
 
     // Several jobs, all or none.
     let batch = client

@@ -413,10 +413,31 @@ impl Job {
         self
     }
 
-    /// While a job with this key is live in the queue, enqueue returns that
-    /// job's id with `duplicate = true` instead of adding another.
+    /// While a job with this key is live in the queue (or holds it after
+    /// completing: [`Job::unique_for`]), enqueue returns that job's id with
+    /// `duplicate = true` instead of adding another.
     pub fn dedup_key(mut self, key: impl Into<String>) -> Job {
         self.req.dedup_key = key.into();
+        self
+    }
+
+    /// Unique for a window: once this job completes (is acked), its dedup
+    /// key stays held for `window` (at most 366 days), so an enqueue with
+    /// the same key in that time returns this job's id with `duplicate =
+    /// true`. A dead-lettered, cancelled or expired job holds nothing.
+    /// Needs [`Job::dedup_key`].
+    pub fn unique_for(mut self, window: Duration) -> Job {
+        self.req.unique_for = Some(pb_duration(window));
+        self
+    }
+
+    /// Debounce: if a job with the same dedup key is waiting (not leased),
+    /// it takes this job's payload, headers, priority and delivery time
+    /// (a [`Job::delay`] counts from this enqueue) and keeps its id; the
+    /// result has `replaced = true`. A leased job is left as it is
+    /// (`duplicate = true`, `replaced = false`). Needs [`Job::dedup_key`].
+    pub fn replace_waiting(mut self) -> Job {
+        self.req.on_duplicate = pb::OnDuplicate::Replace as i32;
         self
     }
 
@@ -459,8 +480,12 @@ impl From<pb::EnqueueRequest> for Job {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Enqueued {
     pub job_id: String,
-    /// The dedup key matched a live job; `job_id` is that job's.
+    /// The dedup key matched a live job (or one holding it after
+    /// completing); `job_id` is that job's.
     pub duplicate: bool,
+    /// The waiting job `job_id` took this job's payload
+    /// ([`Job::replace_waiting`]).
+    pub replaced: bool,
 }
 
 impl From<pb::EnqueueResponse> for Enqueued {
@@ -468,6 +493,7 @@ impl From<pb::EnqueueResponse> for Enqueued {
         Enqueued {
             job_id: r.job_id,
             duplicate: r.duplicate,
+            replaced: r.replaced,
         }
     }
 }

@@ -46,6 +46,9 @@ pub mod limits {
     pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
     /// Upper bound for delays, retry_after and ttl: ten years.
     pub const MAX_DELAY: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+    /// Upper bound for `EnqueueRequest.unique_for`, how long a completed
+    /// job's dedup key stays held: 366 days.
+    pub const MAX_UNIQUE_FOR: Duration = Duration::from_secs(366 * 24 * 3600);
     /// Entries of `SubscribeRequest.accept`, and bytes of each.
     pub const MAX_ACCEPT: usize = 32;
     pub const MAX_ACCEPT_LEN: usize = 64;

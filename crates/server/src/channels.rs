@@ -393,6 +393,9 @@ mod tests {
     const HANDOVER_SQL: &str = include_str!("store/sql/enqueue_handover.sql");
     const SQL_ENQUEUE_MIGRATION: &str =
         include_str!("../../../migrations/20261123000001_sql_enqueue.sql");
+    /// The last migration that replaces leaseq.enqueue().
+    const DEDUP_WINDOW_MIGRATION: &str =
+        include_str!("../../../migrations/20261206000301_dedup_window.sql");
 
     /// The string literals that open each `pg_notify(` call's first
     /// argument in `sql` (whitespace skipped).
@@ -460,11 +463,13 @@ mod tests {
     #[test]
     fn the_sql_enqueue_function_wakes_on_this_channel_in_this_format() {
         // Migrations are never edited: if this fails, the Rust side moved.
-        assert_eq!(notify_channels(SQL_ENQUEUE_MIGRATION), [WAKE]);
-        assert!(
-            SQL_ENQUEUE_MIGRATION.contains("'sql:' || wake_ms || ':' || enqueue.queue"),
-            "leaseq.enqueue()'s wake-up payload is not `<sender>:<delay ms>:<queue>`"
-        );
+        for m in [SQL_ENQUEUE_MIGRATION, DEDUP_WINDOW_MIGRATION] {
+            assert_eq!(notify_channels(m), [WAKE]);
+            assert!(
+                m.contains("'sql:' || wake_ms || ':' || enqueue.queue"),
+                "leaseq.enqueue()'s wake-up payload is not `<sender>:<delay ms>:<queue>`"
+            );
+        }
         let w = parse_wake("sql:0:orders", "0123").expect("a wake-up from SQL");
         assert_eq!((w.queue.as_str(), w.delay_ms), ("orders", 0));
     }
@@ -552,6 +557,7 @@ mod tests {
                 // leaseq.ack() again: the same two payloads, the wake-up
                 // naming the acked job's queue (`r.queue`).
                 "20261206000001_ack_wake_by_key.sql",
+                "20261206000301_dedup_window.sql",
                 "enqueue_handover.sql"
             ]
         );

@@ -21,7 +21,7 @@ use leaseq_proto::features;
 pub use leaseq_proto::limits::{
     DEFAULT_MAX_IN_FLIGHT, MAX_ATTEMPTS, MAX_CONSUMER_LEN, MAX_DEDUP_KEY_LEN, MAX_DELAY,
     MAX_ERROR_LEN, MAX_HEADER_KEY_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_IN_FLIGHT,
-    MAX_KEY_LEN, MAX_LEASE, MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MIN_LEASE,
+    MAX_KEY_LEN, MAX_LEASE, MAX_QUEUE_LEN, MAX_SUBSCRIBE_QUEUES, MAX_UNIQUE_FOR, MIN_LEASE,
 };
 use leaseq_proto::limits::{MAX_ACCEPT, MAX_ACCEPT_LEN};
 
@@ -281,6 +281,12 @@ pub struct NewJob {
     pub ttl_ms: Option<i64>,
     /// The job's key inside its queue (`EnqueueRequest.key`).
     pub key: Option<String>,
+    /// How long the dedup key stays held once the job completes
+    /// (`EnqueueRequest.unique_for`); only with a dedup key.
+    pub unique_for_ms: Option<i64>,
+    /// `on_duplicate = REPLACE`: a waiting job of the same dedup key takes
+    /// this one's payload, headers, priority and delivery time.
+    pub replace: bool,
 }
 
 impl NewJob {
@@ -320,12 +326,6 @@ impl NewJob {
             (None, Some(t)) => Schedule::At(timestamp(t, "run_at")?),
             (None, None) => Schedule::Now,
         };
-        let dedup_key = if r.dedup_key.is_empty() {
-            None
-        } else {
-            check_text(&r.dedup_key, "dedup_key", MAX_DEDUP_KEY_LEN)?;
-            Some(r.dedup_key)
-        };
         let key = if r.key.is_empty() {
             None
         } else {
@@ -349,6 +349,8 @@ impl NewJob {
                 ms => Some(ms),
             },
         };
+        let (dedup_key, unique_for_ms, replace) =
+            dedup_options(r.dedup_key, r.unique_for.as_ref(), r.on_duplicate)?;
         let headers: HashMap<String, String> = r.headers;
         let headers_json = serde_json::to_string(&headers)
             .map_err(|_| Error::invalid("headers", "cannot be encoded"))?;
@@ -364,8 +366,47 @@ impl NewJob {
             max_attempts,
             ttl_ms,
             key,
+            unique_for_ms,
+            replace,
         })
     }
+}
+
+/// `dedup_key` (None = none), `unique_for` (milliseconds, None = none) and
+/// whether `on_duplicate` is REPLACE: the last two need a dedup key.
+fn dedup_options(
+    dedup_key: String,
+    unique_for: Option<&prost_types::Duration>,
+    on_duplicate: i32,
+) -> Result<(Option<String>, Option<i64>, bool)> {
+    let has_key = !dedup_key.is_empty();
+    if has_key {
+        check_text(&dedup_key, "dedup_key", MAX_DEDUP_KEY_LEN)?;
+    }
+    let unique_for_ms = match unique_for {
+        None => None,
+        Some(d) => match duration_ms(d, "unique_for", MAX_UNIQUE_FOR)? {
+            0 => None,
+            ms => Some(ms),
+        },
+    };
+    if unique_for_ms.is_some() && !has_key {
+        return Err(Error::invalid("unique_for", "needs a dedup_key"));
+    }
+    let replace = match pb::OnDuplicate::try_from(on_duplicate) {
+        Ok(pb::OnDuplicate::Keep) => false,
+        Ok(pb::OnDuplicate::Replace) => true,
+        Err(_) => {
+            return Err(Error::invalid(
+                "on_duplicate",
+                "must be ON_DUPLICATE_KEEP (0) or ON_DUPLICATE_REPLACE (1)",
+            ));
+        }
+    };
+    if replace && !has_key {
+        return Err(Error::invalid("on_duplicate", "REPLACE needs a dedup_key"));
+    }
+    Ok((has_key.then_some(dedup_key), unique_for_ms, replace))
 }
 
 /// A validated `SubscribeRequest`.
@@ -568,6 +609,28 @@ impl ProgressReq {
 pub struct Enqueued {
     pub job_id: JobId,
     pub duplicate: bool,
+    /// The waiting job `job_id` took this enqueue's payload (REPLACE).
+    pub replaced: bool,
+}
+
+impl Enqueued {
+    /// A job this enqueue created.
+    pub fn new(job_id: JobId) -> Enqueued {
+        Enqueued {
+            job_id,
+            duplicate: false,
+            replaced: false,
+        }
+    }
+
+    /// An enqueue whose dedup key another job holds.
+    pub fn duplicate_of(job_id: Uuid) -> Enqueued {
+        Enqueued {
+            job_id: JobId(job_id),
+            duplicate: true,
+            replaced: false,
+        }
+    }
 }
 
 /// A job just leased for `slot`.

@@ -75,7 +75,9 @@ const RETENTION_BATCH: i64 = 10_000;
 /// batches of [`RETENTION_BATCH`] until none is left. Every replica runs it;
 /// a statement skips the rows another replica is deleting.
 ///
-/// Each pass also deletes per-key rate buckets that are full again (at most
+/// Each pass also deletes dedup keys held after their job completed
+/// (`unique_for`, `leaseq.dedup_holds`) whose window has passed (at most
+/// [`RETENTION_BATCH`]; enqueues ignore them already), per-key rate buckets that are full again (at most
 /// [`RETENTION_BATCH`]: they refill within seconds, so what is left goes on
 /// the next pass), and the failed attempts' errors
 /// (`leaseq.job_errors`) of jobs that are gone (acked, cancelled, purged),
@@ -115,6 +117,11 @@ pub async fn retention_loop(
             Ok(n) if n > 0 => debug!(deleted = n, "full per-key rate buckets deleted"),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "deleting full per-key rate buckets failed"),
+        }
+        match store.expire_dedup_holds(RETENTION_BATCH).await {
+            Ok(n) if n > 0 => debug!(deleted = n, "dedup keys held past their window deleted"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "deleting dedup keys held past their window failed"),
         }
         loop {
             match store.expire_completed(RETENTION_BATCH, result_ms).await {

@@ -445,6 +445,8 @@ mod tests {
             max_attempts: i32::MIN,
             ttl: Some(big),
             key: "k".repeat(leaseq_proto::limits::MAX_KEY_LEN),
+            unique_for: Some(big),
+            on_duplicate: i32::MIN,
         }
     }
 

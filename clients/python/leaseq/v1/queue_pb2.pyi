@@ -7,6 +7,8 @@ from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+ON_DUPLICATE_KEEP: OnDuplicate
+ON_DUPLICATE_REPLACE: OnDuplicate
 SETTLE_OP_ACK: SettleOp
 SETTLE_OP_EXTEND: SettleOp
 SETTLE_OP_NACK: SettleOp
@@ -130,7 +132,7 @@ class EnqueueBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[EnqueueResponse, _Mapping]]] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ["dedup_key", "delay", "headers", "key", "max_attempts", "payload", "priority", "queue", "run_at", "ttl"]
+    __slots__ = ["dedup_key", "delay", "headers", "key", "max_attempts", "on_duplicate", "payload", "priority", "queue", "run_at", "ttl", "unique_for"]
     class HeadersEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,30 +145,36 @@ class EnqueueRequest(_message.Message):
     HEADERS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ON_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     RUN_AT_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
+    UNIQUE_FOR_FIELD_NUMBER: _ClassVar[int]
     dedup_key: str
     delay: _duration_pb2.Duration
     headers: _containers.ScalarMap[str, str]
     key: str
     max_attempts: int
+    on_duplicate: OnDuplicate
     payload: bytes
     priority: int
     queue: str
     run_at: _timestamp_pb2.Timestamp
     ttl: _duration_pb2.Duration
-    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dedup_key: _Optional[str] = ..., max_attempts: _Optional[int] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+    unique_for: _duration_pb2.Duration
+    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., run_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., dedup_key: _Optional[str] = ..., max_attempts: _Optional[int] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., key: _Optional[str] = ..., unique_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., on_duplicate: _Optional[_Union[OnDuplicate, str]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
-    __slots__ = ["duplicate", "job_id"]
+    __slots__ = ["duplicate", "job_id", "replaced"]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ..., duplicate: bool = ...) -> None: ...
+    replaced: bool
+    def __init__(self, job_id: _Optional[str] = ..., duplicate: bool = ..., replaced: bool = ...) -> None: ...
 
 class ExtendLeaseRequest(_message.Message):
     __slots__ = ["job_id", "lease", "lease_token"]
@@ -348,6 +356,9 @@ class WaitJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[WaitState, str]] = ..., result: _Optional[bytes] = ..., last_error: _Optional[str] = ..., dead_reason: _Optional[str] = ..., finished_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WaitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class OnDuplicate(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class SettleOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):

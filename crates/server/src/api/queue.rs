@@ -125,6 +125,7 @@ fn enqueued(e: crate::domain::Enqueued) -> pb::EnqueueResponse {
     pb::EnqueueResponse {
         job_id: e.job_id.to_string(),
         duplicate: e.duplicate,
+        replaced: e.replaced,
     }
 }
 

@@ -326,6 +326,8 @@ impl Template {
             max_attempts: self.max_attempts,
             ttl_ms: self.ttl_ms,
             key: None,
+            unique_for_ms: None,
+            replace: false,
         }
     }
 }

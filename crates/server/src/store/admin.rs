@@ -365,8 +365,9 @@ pub struct Purged {
     pub completed: u64,
 }
 
-/// Deletes the queue's waiting jobs (ready and scheduled) and its completed
-/// records. None = no such queue. Rows being leased right now are locked;
+/// Deletes the queue's waiting jobs (ready and scheduled), its completed
+/// records and the dedup keys its completed jobs hold (`unique_for`): a
+/// purged queue starts over. None = no such queue. Rows being leased right now are locked;
 /// the delete waits for them and then skips them, since they are no longer
 /// 'available'. A job acked after this statement's snapshot is recorded as
 /// completed and stays.
@@ -374,7 +375,8 @@ pub async fn purge_queue(store: &Store, name: &QueueName) -> Result<Option<Purge
     let row = sqlx::query!(
         "with q as (select name from leaseq.queues where name = $1), \
          gone as (delete from leaseq.jobs where queue = $1 and state = 'available' returning 1), \
-         done as (delete from leaseq.completed_jobs where queue = $1 returning 1) \
+         done as (delete from leaseq.completed_jobs where queue = $1 returning 1), \
+         held as (delete from leaseq.dedup_holds where queue = $1) \
          select (select count(*) from q) as \"found!\", (select count(*) from gone) as \"purged!\", \
              (select count(*) from done) as \"completed!\"",
         name.as_str(),

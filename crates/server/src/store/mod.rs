@@ -287,6 +287,28 @@ pub(crate) async fn connect_listener_with(
 #[derive(Default)]
 struct Wakes(FastMap<(QueueName, bool), i64>);
 
+/// The jobs of `pending` that go in this round of [`Store::enqueue_in`]:
+/// all but REPLACE jobs whose key an earlier pending job has, which wait
+/// for a later round (the second list) so that they act on what the
+/// earlier one left.
+fn this_round(jobs: &[NewJob], pending: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let mut seen: FastSet<(&str, &str)> = Default::default();
+    pending.iter().partition(|&&i| {
+        let j = &jobs[i];
+        match j.dedup_key.as_deref() {
+            Some(k) => seen.insert((j.queue.as_str(), k)) || !j.replace,
+            None => true,
+        }
+    })
+}
+
+/// What holds a dedup key (dedup_holders.sql).
+struct Holder {
+    id: Uuid,
+    /// A live job not leased: a REPLACE enqueue may change it.
+    waiting: bool,
+}
+
 impl Wakes {
     fn add(&mut self, queue: &str, delay_ms: i64) {
         if let Some(q) = QueueName::parse(queue) {
@@ -451,6 +473,7 @@ impl Store {
                             .map(|j| Enqueued {
                                 job_id: j.id,
                                 duplicate: false,
+                                replaced: false,
                             })
                             .collect(),
                         ..Default::default()
@@ -547,6 +570,7 @@ impl Store {
                 out.results[i] = Enqueued {
                     job_id: JobId(*id),
                     duplicate: true,
+                    replaced: false,
                 };
             }
         }
@@ -560,8 +584,16 @@ impl Store {
     }
 
     /// The transactional form: creates missing queue rows, and resolves
-    /// duplicates (a job whose dedup key matches a live job is not inserted;
-    /// that job's id is returned instead).
+    /// duplicates: a job whose dedup key matches a live job, or one held
+    /// after its job completed (`unique_for`, leaseq.dedup_holds), is not
+    /// inserted; that job's id is returned instead. A job with `replace`
+    /// (on_duplicate = REPLACE) whose key matches a waiting job gives it
+    /// its payload, headers, priority and delivery time (replace.sql).
+    ///
+    /// Jobs are resolved as if one after the other in the order given: a
+    /// REPLACE job whose key an earlier job of this call also has waits
+    /// for the next round, so that it replaces what the earlier one left
+    /// (a job it inserted, or one it found).
     pub(crate) async fn enqueue_in(
         &self,
         tx: &mut sqlx::PgConnection,
@@ -579,55 +611,72 @@ impl Store {
         let mut handed = Vec::new();
         let mut pending: Vec<usize> = (0..jobs.len()).collect();
         // A skipped duplicate whose live job was settled before we looked it
-        // up is inserted again; this converges in a round or two.
-        for _round in 0..5 {
-            if pending.is_empty() {
-                break;
-            }
-            let batch: Vec<&NewJob> = pending.iter().map(|&i| &jobs[i]).collect();
-            let batch_claims: Vec<Option<&HandoffTo>> =
-                pending.iter().map(|&i| claims[i].as_ref()).collect();
-            let inserted = self.insert_jobs(&mut *tx, &batch, &batch_claims).await?;
-            let mut done: FastSet<Uuid> = Default::default();
-            for row in inserted {
-                done.insert(row.id);
-                row.into_outcome(&by_id, jobs, &mut wakes, &mut handed, self.cluster);
-            }
-            let mut dups: Vec<usize> = Vec::new();
-            for &i in &pending {
-                if done.contains(&jobs[i].id.0) {
+        // up is inserted again (and a REPLACE job whose waiting job was
+        // leased meanwhile looked up again); this converges in a round or
+        // two. Rounds that only took REPLACE jobs deferred behind an
+        // earlier job of their key do not count.
+        let mut retries = 0;
+        while !pending.is_empty() {
+            let (mut round, later) = this_round(jobs, &pending);
+            let replacing: Vec<usize> =
+                round.iter().copied().filter(|&i| jobs[i].replace).collect();
+            if !replacing.is_empty() {
+                for (i, id, delay_ms) in self.replace_waiting(&mut *tx, jobs, &replacing).await? {
                     results[i] = Some(Enqueued {
-                        job_id: jobs[i].id,
-                        duplicate: false,
+                        replaced: true,
+                        ..Enqueued::duplicate_of(id)
                     });
-                } else {
-                    dups.push(i);
+                    wakes.add(jobs[i].queue.as_str(), delay_ms);
                 }
+                round.retain(|&i| results[i].is_none());
             }
-            if dups.is_empty() {
-                pending.clear();
-                break;
-            }
-            let live = Self::live_holders(&mut *tx, jobs, &dups).await?;
-            pending.clear();
-            for i in dups {
-                let key = (
-                    jobs[i].queue.as_str().to_owned(),
-                    jobs[i].dedup_key.clone().unwrap_or_default(),
-                );
-                match live.get(&key) {
-                    Some(id) => {
-                        results[i] = Some(Enqueued {
-                            job_id: JobId(*id),
-                            duplicate: true,
-                        })
+            let mut retry: Vec<usize> = Vec::new();
+            if !round.is_empty() {
+                let batch: Vec<&NewJob> = round.iter().map(|&i| &jobs[i]).collect();
+                let batch_claims: Vec<Option<&HandoffTo>> =
+                    round.iter().map(|&i| claims[i].as_ref()).collect();
+                let inserted = self.insert_jobs(&mut *tx, &batch, &batch_claims).await?;
+                let mut done: FastSet<Uuid> = Default::default();
+                for row in inserted {
+                    done.insert(row.id);
+                    row.into_outcome(&by_id, jobs, &mut wakes, &mut handed, self.cluster);
+                }
+                let mut dups: Vec<usize> = Vec::new();
+                for &i in &round {
+                    if done.contains(&jobs[i].id.0) {
+                        results[i] = Some(Enqueued::new(jobs[i].id));
+                    } else {
+                        dups.push(i);
                     }
-                    None => pending.push(i),
+                }
+                self.held_since_insert(&mut *tx, jobs, &round, &mut results, &mut handed)
+                    .await?;
+                if !dups.is_empty() {
+                    let holders = Self::key_holders(&mut *tx, jobs, &dups).await?;
+                    for i in dups {
+                        match holders.get(&(
+                            jobs[i].queue.as_str().to_owned(),
+                            jobs[i].dedup_key.clone().unwrap_or_default(),
+                        )) {
+                            // A waiting job a REPLACE job can still change
+                            // (inserted since replace.sql looked), or none
+                            // (its job ended since the insert looked).
+                            Some(h) if jobs[i].replace && h.waiting => retry.push(i),
+                            None => retry.push(i),
+                            Some(h) => results[i] = Some(Enqueued::duplicate_of(h.id)),
+                        }
+                    }
                 }
             }
-        }
-        if !pending.is_empty() {
-            return Err(Error::Internal("dedup lookup did not converge"));
+            if !retry.is_empty() {
+                retries += 1;
+                if retries > 5 {
+                    return Err(Error::Internal("dedup lookup did not converge"));
+                }
+            }
+            retry.extend(later);
+            retry.sort_unstable();
+            pending = retry;
         }
         Ok(EnqueueOutcome {
             results: results
@@ -639,32 +688,143 @@ impl Store {
         })
     }
 
-    /// The live jobs holding the dedup keys of `jobs[i]` for `i` in `dups`:
-    /// (queue, dedup key) → the live job's id.
-    async fn live_holders(
+    /// replace.sql for the REPLACE jobs `idxs` (at most one per key): the
+    /// waiting jobs changed, as (index in `jobs`, job id, milliseconds
+    /// until deliverable).
+    async fn replace_waiting(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        jobs: &[NewJob],
+        idxs: &[usize],
+    ) -> Result<Vec<(usize, Uuid, i64)>> {
+        // Locked in key order: two calls replacing the same keys never
+        // deadlock on each other.
+        let mut idxs = idxs.to_vec();
+        idxs.sort_unstable_by(|&a, &b| {
+            (jobs[a].queue.as_str(), jobs[a].dedup_key.as_deref())
+                .cmp(&(jobs[b].queue.as_str(), jobs[b].dedup_key.as_deref()))
+        });
+        let mut queue = Vec::with_capacity(idxs.len());
+        let mut dedup = Vec::with_capacity(idxs.len());
+        let mut payload = Vec::with_capacity(idxs.len());
+        let mut headers = Vec::with_capacity(idxs.len());
+        let mut priority = Vec::with_capacity(idxs.len());
+        let mut run_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(idxs.len());
+        let mut delay_ms = Vec::with_capacity(idxs.len());
+        for &i in &idxs {
+            let j = &jobs[i];
+            queue.push(j.queue.as_str());
+            dedup.push(j.dedup_key.as_deref().unwrap_or(""));
+            payload.push(j.payload.as_slice());
+            headers.push(j.headers_json.as_str());
+            priority.push(j.priority);
+            let (at, delay) = schedule_columns(&j.schedule);
+            run_at.push(at);
+            delay_ms.push(delay);
+        }
+        let rows = sqlx::query_file!(
+            "src/store/sql/replace.sql",
+            &queue as &Vec<&str>,
+            &dedup as &Vec<&str>,
+            &payload as &Vec<&[u8]>,
+            &headers as &Vec<&str>,
+            &priority,
+            &run_at as &Vec<Option<DateTime<Utc>>>,
+            &delay_ms,
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let at: HashMap<(&str, &str), usize> = idxs
+            .iter()
+            .map(|&i| {
+                (
+                    (
+                        jobs[i].queue.as_str(),
+                        jobs[i].dedup_key.as_deref().unwrap_or(""),
+                    ),
+                    i,
+                )
+            })
+            .collect();
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                at.get(&(r.queue.as_str(), r.dedup_key.as_str()))
+                    .map(|&i| (i, r.id, r.delay_ms))
+            })
+            .collect())
+    }
+
+    /// A dedup key held by a job that completed while the insert of
+    /// `round` waited for it: the insert's snapshot, taken before that
+    /// ack committed, missed the hold, and the key was free in jobs_dedup
+    /// once the ack's delete committed. This statement's snapshot is
+    /// newer than that commit, so it sees the hold: the new job is
+    /// deleted again and the answer is the holding job, as if the hold
+    /// had been seen at once. Runs only for rounds with a dedup key.
+    async fn held_since_insert(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        jobs: &[NewJob],
+        round: &[usize],
+        results: &mut [Option<Enqueued>],
+        handed: &mut Vec<Leased>,
+    ) -> Result<()> {
+        let ids: Vec<Uuid> = round
+            .iter()
+            .filter(|&&i| jobs[i].dedup_key.is_some() && results[i].is_some_and(|r| !r.duplicate))
+            .map(|&i| jobs[i].id.0)
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let rows = sqlx::query_file!("src/store/sql/enqueue_held.sql", &ids)
+            .fetch_all(&mut *tx)
+            .await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let by_id: FastMap<Uuid, usize> = round.iter().map(|&i| (jobs[i].id.0, i)).collect();
+        for r in &rows {
+            if let Some(&i) = by_id.get(&r.id) {
+                results[i] = Some(Enqueued::duplicate_of(r.holder));
+            }
+        }
+        handed.retain(|h| !rows.iter().any(|r| r.id == h.id.0));
+        Ok(())
+    }
+
+    /// What holds the dedup keys of `jobs[i]` for `i` in `dups`: a live
+    /// job (and whether it is waiting), else a hold of a completed job
+    /// (unique_for) still in force. (queue, dedup key) → holder.
+    async fn key_holders(
         tx: &mut sqlx::PgConnection,
         jobs: &[NewJob],
         dups: &[usize],
-    ) -> Result<HashMap<(String, String), Uuid>> {
+    ) -> Result<HashMap<(String, String), Holder>> {
         let queues: Vec<&str> = dups.iter().map(|&i| jobs[i].queue.as_str()).collect();
         let keys: Vec<&str> = dups
             .iter()
             .map(|&i| jobs[i].dedup_key.as_deref().unwrap_or(""))
             .collect();
-        let rows = sqlx::query!(
-            "select j.id, j.queue, j.dedup_key as \"dedup_key!\" from leaseq.jobs j \
-             join unnest($1::text[], $2::text[]) as k(queue, dedup_key) \
-             on j.queue = k.queue and j.dedup_key = k.dedup_key",
+        let rows = sqlx::query_file!(
+            "src/store/sql/dedup_holders.sql",
             &queues as &Vec<&str>,
-            &keys as &Vec<&str>,
+            &keys as &Vec<&str>
         )
         .fetch_all(&mut *tx)
         .await?;
-        let mut live: HashMap<(String, String), Uuid> = HashMap::new();
+        let mut holders: HashMap<(String, String), Holder> = HashMap::new();
         for r in rows {
-            live.insert((r.queue, r.dedup_key), r.id);
+            holders.insert(
+                (r.queue, r.dedup_key),
+                Holder {
+                    id: r.id,
+                    waiting: r.waiting,
+                },
+            );
         }
-        Ok(live)
+        Ok(holders)
     }
 
     /// Runs enqueue.sql for `jobs` (with their claims, if any); one job,
@@ -698,6 +858,7 @@ impl Store {
             &c.broker as &Vec<Option<Uuid>>,
             &c.token as &Vec<Option<Uuid>>,
             &c.key as &Vec<Option<String>>,
+            &c.unique_for_ms as &Vec<Option<i64>>,
         )
         .fetch_all(conn)
         .await?)
@@ -738,6 +899,7 @@ impl Store {
                 Uuid::new_v4(),
                 // Keyed jobs are never handed off (broker.rs).
                 job.key.as_deref(),
+                job.unique_for_ms,
                 c.stream as i64,
             )
             .fetch_all(conn)
@@ -762,6 +924,7 @@ impl Store {
             claim.map(|c| c.broker.unwrap_or(self.broker_id)),
             claim.map(|_| Uuid::new_v4()),
             job.key.as_deref(),
+            job.unique_for_ms,
         )
         .fetch_all(conn)
         .await?)
@@ -1311,6 +1474,20 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Deletes dedup keys held after their job completed (unique_for) whose
+    /// window has passed, at most `limit` (expire_dedup_holds.sql).
+    pub(crate) async fn expire_dedup_holds(&self, limit: i64) -> Result<u64> {
+        let done = self
+            .on_pool(async {
+                sqlx::query_file!("src/store/sql/expire_dedup_holds.sql", limit)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Into::into)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Milliseconds until each queue's next delayed job (None: no such job),
     /// and whether one is deliverable now. In a sweep transaction: with the default planner settings, its
     /// generic plan made on a drained table read every job of the queue and
@@ -1484,7 +1661,7 @@ fn schedule_columns(schedule: &Schedule) -> (Option<DateTime<Utc>>, i64) {
     }
 }
 
-/// $1..$14 of enqueue.sql: one array per column.
+/// $1..$17 of enqueue.sql: one array per column.
 struct JobColumns<'a> {
     id: Vec<Uuid>,
     queue: Vec<String>,
@@ -1503,6 +1680,7 @@ struct JobColumns<'a> {
     /// The lease token of a job handed off (enqueue.sql).
     token: Vec<Option<Uuid>>,
     key: Vec<Option<String>>,
+    unique_for_ms: Vec<Option<i64>>,
 }
 
 impl<'a> JobColumns<'a> {
@@ -1532,6 +1710,7 @@ impl<'a> JobColumns<'a> {
         let mut dedup: Vec<Option<String>> = Vec::with_capacity(n);
         let mut ttl = Vec::with_capacity(n);
         let mut key = Vec::with_capacity(n);
+        let mut unique_for_ms = Vec::with_capacity(n);
         for j in jobs {
             id.push(j.id.0);
             queue.push(j.queue.as_str().to_owned());
@@ -1545,6 +1724,7 @@ impl<'a> JobColumns<'a> {
             dedup.push(j.dedup_key.clone());
             ttl.push(j.ttl_ms);
             key.push(j.key.clone());
+            unique_for_ms.push(j.unique_for_ms);
         }
         JobColumns {
             id,
@@ -1563,6 +1743,7 @@ impl<'a> JobColumns<'a> {
             broker,
             token,
             key,
+            unique_for_ms,
         }
     }
 }

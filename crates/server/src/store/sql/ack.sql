@@ -66,7 +66,8 @@ target as (
             j.key, j.last_error, j.leased_by, j.lease_token, j.lease_broker,
             case when w.waits then j.queue
                 when j.queue = any(r.limited) and w.waits is null then j.queue end as slot_freed,
-            case when not w.waits then j.key end as recheck_key
+            case when not w.waits then j.key end as recheck_key,
+            j.unique_for_ms
         from leaseq.jobs j
         cross join lateral (select j.queue = any(r.queues) or i.result is not null as keep) k
         -- Queues ordered by key only: whether another job of the key waits
@@ -97,6 +98,21 @@ kept as (
     from target t
     where t.keep
     on conflict (id) do nothing
+),
+held as (
+    -- Unique for a window (EnqueueRequest.unique_for): a job that asked for
+    -- one keeps its dedup key held for that long after this ack, in
+    -- leaseq.dedup_holds (read by the enqueue statements, deleted by the
+    -- retention loop once past: expire_dedup_holds.sql). Jobs without a
+    -- window insert no rows. One row per key: an id given twice is in
+    -- `target` twice, and a key has at most one live job.
+    insert into leaseq.dedup_holds (queue, dedup_key, job_id, until)
+    select distinct on (t.queue, t.dedup_key)
+        t.queue, t.dedup_key, t.id, now() + t.unique_for_ms * interval '1 millisecond'
+    from target t
+    where t.unique_for_ms is not null and t.dedup_key is not null
+    on conflict (queue, dedup_key) do update
+        set job_id = excluded.job_id, until = excluded.until
 ),
 gone as (
     delete from leaseq.jobs j

@@ -12,7 +12,8 @@
 -- comes from the broker (`token`; enqueue_one.sql says why).
 insert into leaseq.jobs
     (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
-     key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
+     key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by,
+     unique_for_ms)
 select
     i.id, i.queue, i.priority,
     coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
@@ -24,12 +25,14 @@ select
     case when h.lease_ms is not null then i.token end,
     now() + h.lease_ms * interval '1 millisecond',
     case when h.lease_ms is not null then i.broker end,
-    case when h.lease_ms is not null then i.consumer end
+    case when h.lease_ms is not null then i.consumer end,
+    i.unique_for_ms
 from unnest($1::uuid[], $2::text[], $3::int4[], $4::timestamptz[], $5::int8[],
             $6::bytea[], $7::text[], $8::int4[], $9::text[], $10::int8[],
-            $11::bool[], $12::int8[], $13::text[], $14::uuid[], $15::uuid[], $16::text[])
+            $11::bool[], $12::int8[], $13::text[], $14::uuid[], $15::uuid[], $16::text[],
+            $17::int8[])
     as i(id, queue, priority, run_at, delay_ms, payload, headers, max_attempts, dedup_key,
-         ttl_ms, handoff, lease_ms, consumer, broker, token, key)
+         ttl_ms, handoff, lease_ms, consumer, broker, token, key, unique_for_ms)
 left join lateral (
     select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
     from leaseq.queues q
@@ -45,6 +48,11 @@ left join lateral (
           then leaseq.key_free_for_handoff(q.name, i.key, coalesce(q.key_concurrency, 1))
           else true end
 ) h on true
+-- A dedup key held after its job completed (unique_for): not inserted,
+-- the caller answers with the holding job (leaseq.dedup_holds).
+where i.dedup_key is null or not exists (
+    select 1 from leaseq.dedup_holds d
+    where d.queue = i.queue and d.dedup_key = i.dedup_key and d.until > now())
 on conflict (queue, dedup_key) where dedup_key is not null do nothing
 returning id, queue,
     -- Milliseconds until deliverable (0 = now): feeds the wake-up notification.

@@ -1,6 +1,6 @@
 -- enqueue_one.sql for a job claimed by a stream of another replica
 -- (dispatch/remote.rs): the same insert, and in the same statement the
--- hand-over NOTIFY to that broker ($14) for its stream ($17), sent by
+-- hand-over NOTIFY to that broker ($14) for its stream ($18), sent by
 -- PostgreSQL at the commit. Sending it after the commit, from the Notifier,
 -- costs a statement and a transaction more per job and puts a round trip
 -- between the commit and the other broker's push (docs/BENCHMARKS.md,
@@ -12,7 +12,8 @@
 with j as (
     insert into leaseq.jobs
         (id, queue, priority, run_at, payload, headers, max_attempts, dedup_key, expires_at,
-         key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by)
+         key, state, attempt, lease_token, lease_expires_at, lease_broker, leased_by,
+         unique_for_ms)
     select
         i.id, i.queue, i.priority,
         coalesce(i.run_at, now() + i.delay_ms * interval '1 millisecond'),
@@ -24,13 +25,14 @@ with j as (
         case when h.lease_ms is not null then i.token end,
         now() + h.lease_ms * interval '1 millisecond',
         case when h.lease_ms is not null then i.broker end,
-        case when h.lease_ms is not null then i.consumer end
+        case when h.lease_ms is not null then i.consumer end,
+        i.unique_for_ms
     from (select $1::uuid as id, $2::text as queue, $3::int4 as priority,
                  $4::timestamptz as run_at, $5::int8 as delay_ms, $6::bytea as payload,
                  $7::text as headers, $8::int4 as max_attempts, $9::text as dedup_key,
                  $10::int8 as ttl_ms, $11::bool as handoff, $12::int8 as lease_ms,
                  $13::text as consumer, $14::uuid as broker, $15::uuid as token,
-                 $16::text as key) as i
+                 $16::text as key, $17::int8 as unique_for_ms) as i
     left join lateral (
         select coalesce(i.lease_ms, q.default_lease_ms) as lease_ms
         from leaseq.queues q
@@ -46,6 +48,11 @@ with j as (
               then leaseq.key_free_for_handoff(q.name, i.key, coalesce(q.key_concurrency, 1))
               else true end
     ) h on true
+    -- A dedup key held after its job completed (unique_for): not inserted,
+    -- the caller answers with the holding job (leaseq.dedup_holds).
+    where i.dedup_key is null or not exists (
+        select 1 from leaseq.dedup_holds d
+        where d.queue = i.queue and d.dedup_key = i.dedup_key and d.until > now())
     on conflict (queue, dedup_key) where dedup_key is not null do nothing
     returning id, queue,
         -- Milliseconds until deliverable (0 = now): feeds the wake-up notification.
@@ -58,7 +65,7 @@ select j.id, j.queue, j."delay_ms!", j.lease_token, j.lease_expires_at, j.enqueu
     case when j.lease_token is not null then pg_notify(
         'leaseq_handed_' || replace($14::uuid::text, '-', ''),
         json_build_object(
-            's', $17::int8, 'id', j.id, 't', j.lease_token, 'q', j.queue, 'l', j.lease_ms,
+            's', $18::int8, 'id', j.id, 't', j.lease_token, 'q', j.queue, 'l', j.lease_ms,
             'x', (extract(epoch from j.lease_expires_at) * 1000000)::int8,
             'e', (extract(epoch from j.enqueued_at) * 1000000)::int8,
             'pr', $3::int4,
