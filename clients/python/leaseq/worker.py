@@ -57,6 +57,9 @@ from leaseq import _tracing
 from leaseq._connection import TLS, Connection
 from leaseq._types import (
     ACK_ENQUEUE,
+    ACK_RESULT,
+    NO_PROGRESS,
+    PROGRESS,
     Ack,
     Cancelled,
     DeadLetter,
@@ -119,6 +122,13 @@ _SETTLE_TRIES = 5
 # take, by the handler's average: below it, waking another thread costs
 # more than running the jobs one after the other.
 _CHUNK_TIME = 2e-4
+
+
+def _no_result(n: int) -> str:
+    return (
+        'ack.result: the broker did not list "ack.result" in its first heartbeat (it predates '
+        f"results), so the ack and its {n}-byte result could not be sent together; nacked instead"
+    )
 
 
 def _no_follow_ups(n: int) -> str:
@@ -185,6 +195,13 @@ class WorkerStats:
     #: Jobs nacked instead of acked with follow-ups: the broker did not list
     #: "ack.enqueue" (or the handler also said ``Ack.settled_in_sql()``).
     follow_ups_refused: int = 0
+    #: Jobs nacked instead of acked with a result: the broker did not list
+    #: "ack.result".
+    results_refused: int = 0
+    #: Progress reports (``job.progress``) sent by ReportProgress (Subscribe)
+    #: that failed (the lease lost, the broker unreachable): logged at
+    #: DEBUG. (On a Consume stream the broker's refusals are not counted.)
+    progress_failed: int = 0
     #: Jobs their handlers settled in SQL (``Ack.settled_in_sql()``):
     #: nothing sent.
     settled_in_sql: int = 0
@@ -235,10 +252,10 @@ def _ack_of(job: Job, result: Any) -> _Outcome:
         return _ACK
     if result.in_sql:
         return _Outcome("sql", follow_ups=len(result.enqueue))
-    if not result.enqueue:
+    if not result.enqueue and not result.result:
         return _ACK
     try:
-        return _Outcome("ack", ack=ack_request(job.id, job.lease_token, result.enqueue))
+        return _Outcome("ack", ack=ack_request(job.id, job.lease_token, result.enqueue, result.result))
     except Exception as e:  # a follow-up the request cannot hold
         return _Outcome("nack", f"follow-ups: {e}")
 _OK = 0
@@ -302,11 +319,19 @@ class _Run:
     what the worker knows of it. Also the callback of its settle's result
     (``run(result, error)``), so a settle costs no closure or future."""
 
-    __slots__ = ("worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner", "started")
+    __slots__ = (
+        "worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner", "started",
+        "progress_next", "progress_busy",
+    )  # fmt: skip
 
     def __init__(self, worker: "Worker", job: Job, session: "_Session", entry: Optional[_Entry], extend_at: float):
         self.worker = worker
         self.job = job
+        # job.progress() reaches the worker through its run.
+        job.__dict__["_progress_to"] = self
+        #: ReportProgress (Subscribe): the report waiting while one is sent.
+        self.progress_next: Optional[Tuple[float, str]] = None
+        self.progress_busy = False
         self.session = session
         self.entry = entry
         #: When the lease keeper extends the lease next (loop time).
@@ -327,6 +352,22 @@ class _Run:
 
     def __call__(self, result: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
         self.worker._answered(self, result, error)
+
+    def report_progress(self, fraction: float, message: str) -> None:
+        """``job.progress()``: from the handler, on the loop or a thread."""
+        if PROGRESS not in self.session.stream.features:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_PROGRESS)
+        loop = self.worker._loop
+        if loop is None:
+            return  # the worker has stopped
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self.worker._progress(self, fraction, message)
+        else:
+            loop.call_soon_threadsafe(self.worker._progress, self, fraction, message)
 
 
 class _Session:
@@ -1404,11 +1445,19 @@ class Worker:
             else:
                 log.debug("job %s: settled in SQL by its handler; nothing sent", run.job.id)
             return
-        if outcome.ack is not None and ACK_ENQUEUE not in run.session.stream.features:
-            # Never an ack without its follow-ups: the job fails, and comes back.
-            self.stats.follow_ups_refused += 1
-            outcome = _Outcome("nack", _no_follow_ups(len(outcome.ack.enqueue)))
-            log.warning("job %s: %s", run.job.id, outcome.error)
+        ack = outcome.ack
+        if ack is not None:
+            features = run.session.stream.features
+            if ack.enqueue and ACK_ENQUEUE not in features:
+                # Never an ack without its follow-ups: the job fails, and comes back.
+                self.stats.follow_ups_refused += 1
+                outcome = _Outcome("nack", _no_follow_ups(len(ack.enqueue)))
+                log.warning("job %s: %s", run.job.id, outcome.error)
+            elif ack.result and ACK_RESULT not in features:
+                # Nor without its result.
+                self.stats.results_refused += 1
+                outcome = _Outcome("nack", _no_result(len(ack.result)))
+                log.warning("job %s: %s", run.job.id, outcome.error)
         run.outcome = outcome
         run.session.settle(run, outcome)
 
@@ -1469,6 +1518,37 @@ class Worker:
                     self._settle_failed(session, run, outcome, e, 0)
                     return
                 await asyncio.sleep(backoff.delay())
+
+    def _progress(self, run: _Run, fraction: float, message: str) -> None:
+        """A handler's progress report, on the loop: on the Consume stream
+        (coalesced there), else by ReportProgress, one call at a time per
+        job with the latest report waiting."""
+        if run.stop is not None:
+            return  # no longer the handler's job
+        session = run.session
+        if isinstance(session, _ConsumeSession) and session.alive:
+            try:
+                session._consumer.progress(run.job, fraction, message)
+                return
+            except RpcError:
+                pass  # half-closed or ended just now: a unary call
+        run.progress_next = (fraction, message)
+        if not run.progress_busy:
+            run.progress_busy = True
+            self._spawn(self._progress_unary(run))
+
+    async def _progress_unary(self, run: _Run) -> None:
+        try:
+            while run.progress_next is not None and run.stop is None:
+                (fraction, message), run.progress_next = run.progress_next, None
+                job = run.job
+                try:
+                    await run.session._unary.report_progress(job.id, job.lease_token, fraction, message)
+                except RpcError as e:
+                    self.stats.progress_failed += 1
+                    log.debug("job %s: progress not written (%s: %s)", job.id, e.code_name, e.details())
+        finally:
+            run.progress_busy = False
 
     def _enqueued(self, job: Job, ids: Sequence[str]) -> None:
         self.stats.follow_ups += len(ids)
