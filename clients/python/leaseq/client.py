@@ -339,10 +339,20 @@ class Consumer:
                 return
             yield job
 
-    def ack(self, job: Job, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+    def ack(self, job: Job, *, enqueue: Iterable[NewJob] = (), result: Optional[bytes] = None) -> List[str]:
         """As :meth:`AsyncConsumer.ack`: with ``enqueue``, follow-up jobs
-        (UNIMPLEMENTED from a broker without "ack.enqueue"); their ids."""
-        return self._loop.run(self._stream.ack(job, enqueue=enqueue))
+        (UNIMPLEMENTED from a broker without "ack.enqueue"); their ids.
+        ``result``: the job's result (UNIMPLEMENTED without "ack.result")."""
+        return self._loop.run(self._stream.ack(job, enqueue=enqueue, result=result))
+
+    def progress(self, job: Job, fraction: float, message: str = "") -> None:
+        """As :meth:`AsyncConsumer.progress`: with the stream's next write
+        (its errors raised here)."""
+
+        async def report() -> None:
+            self._stream.progress(job, fraction, message)
+
+        self._loop.run(report())
 
     def nack(
         self,

@@ -17,6 +17,7 @@ SDK, against the real broker process:
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -244,6 +245,13 @@ def test_progress_outside_a_worker_and_report_progress_fencing(addr):
             job = next(iter(stream))
             with pytest.raises(RuntimeError):
                 job.progress(0.5)
+            stream.progress(job, 0.5, "on the stream")
+            with pytest.raises(ValueError, match="^fraction:"):
+                stream.progress(job, 2.0)
+            deadline = time.monotonic() + 10
+            while admin.get_job(job_id).progress_message != "on the stream":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
             c.report_progress(job.id, job.lease_token, 0.75, "unary")
             info = admin.get_job(job_id)
             assert (info.progress, info.progress_message) == (0.75, "unary"), info
