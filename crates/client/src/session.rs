@@ -366,18 +366,20 @@ impl Settler {
     }
 
     /// Acks the job, with its follow-ups (`AckRequest.enqueue`, only to a
-    /// broker that [`supports`](Settler::supports) `"ack.enqueue"`: the
-    /// caller checks); their ids, in order.
+    /// broker that [`supports`](Settler::supports) `"ack.enqueue"`) and its
+    /// result (only with `"ack.result"`: the caller checks both); the
+    /// follow-ups' ids, in order.
     pub async fn ack(
         &self,
         job: &Delivery,
         follow_ups: &[pb::EnqueueRequest],
+        result: &[u8],
     ) -> Result<Vec<String>, Status> {
         let req = pb::AckRequest {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
             enqueue: follow_ups.to_vec(),
-            result: Vec::new(),
+            result: result.to_vec(),
         };
         if let Some(r) = self
             .on_stream(pb::SettleOp::Ack, job, Outgoing::Ack(req.clone()))
@@ -385,9 +387,9 @@ impl Settler {
         {
             return r.map(|r| r.enqueued);
         }
-        if !follow_ups.is_empty() {
+        if !follow_ups.is_empty() || !result.is_empty() {
             // AckBatch refuses follow-ups (its results have no place for
-            // their ids): a unary Ack.
+            // their ids): a unary Ack; a result too (the batch stays plain).
             self.base
                 .stats
                 .settled_unary

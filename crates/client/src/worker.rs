@@ -952,6 +952,11 @@ fn checked(ctx: &Ctx, settler: &Settler, outcome: Outcome) -> Option<Outcome> {
         return Some(outcome);
     };
     if ack.in_sql {
+        if !ack.result.is_empty() {
+            // leaseq.ack() in SQL takes no result: it is lost.
+            WorkerStats::inc(&ctx.stats.results_refused);
+            warn!("the handler settled its job in SQL and returned a result: it was not kept");
+        }
         if ack.follow_ups.is_empty() {
             WorkerStats::inc(&ctx.stats.settled_in_sql);
             debug!("settled in SQL by the handler; nothing sent");
@@ -979,6 +984,17 @@ fn checked(ctx: &Ctx, settler: &Settler, outcome: Outcome) -> Option<Outcome> {
         warn!(%error, "follow-ups refused");
         return Some(Outcome::nack(NackKind::Failed, &error));
     }
+    if !ack.result.is_empty() && !settler.supports(leaseq_proto::features::ACK_RESULT) {
+        // Nor without its result.
+        WorkerStats::inc(&ctx.stats.results_refused);
+        let error = format!(
+            "ack.result: the broker did not list \"ack.result\" in its first heartbeat (it predates \
+             results), so the ack and its {}-byte result could not be sent together; nacked instead",
+            ack.result.len()
+        );
+        warn!(%error, "result refused");
+        return Some(Outcome::nack(NackKind::Failed, &error));
+    }
     Some(outcome)
 }
 
@@ -990,15 +1006,18 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
     let mut wait = Duration::from_millis(100);
     for attempt in 1..=SETTLE_TRIES {
         let r = match &outcome {
-            Outcome::Ack(ack) => settler.ack(job, &ack.follow_ups).await.map(|ids| {
-                if !ids.is_empty() {
-                    ctx.stats
-                        .follow_ups
-                        .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    debug!(follow_ups = ?ids, "follow-up jobs enqueued with the ack");
-                }
-                false
-            }),
+            Outcome::Ack(ack) => settler
+                .ack(job, &ack.follow_ups, &ack.result)
+                .await
+                .map(|ids| {
+                    if !ids.is_empty() {
+                        ctx.stats
+                            .follow_ups
+                            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        debug!(follow_ups = ?ids, "follow-up jobs enqueued with the ack");
+                    }
+                    false
+                }),
             Outcome::Nack(NackOutcome {
                 error,
                 retry_after,
