@@ -290,7 +290,7 @@ class Job:
         to = self.__dict__.get("_progress_to")
         if to is None:
             raise RuntimeError("job.progress: only for jobs delivered by a leaseq.Worker")
-        to.report_progress(float(fraction), message)
+        to.report_progress(self, float(fraction), message)
 
     @property
     def text(self) -> str:

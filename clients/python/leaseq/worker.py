@@ -319,19 +319,14 @@ class _Run:
     what the worker knows of it. Also the callback of its settle's result
     (``run(result, error)``), so a settle costs no closure or future."""
 
-    __slots__ = (
-        "worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner", "started",
-        "progress_next", "progress_busy",
-    )  # fmt: skip
+    __slots__ = ("worker", "job", "session", "entry", "extend_at", "timer", "stop", "outcome", "runner", "started")
 
     def __init__(self, worker: "Worker", job: Job, session: "_Session", entry: Optional[_Entry], extend_at: float):
         self.worker = worker
         self.job = job
-        # job.progress() reaches the worker through its run.
-        job.__dict__["_progress_to"] = self
-        #: ReportProgress (Subscribe): the report waiting while one is sent.
-        self.progress_next: Optional[Tuple[float, str]] = None
-        self.progress_busy = False
+        # job.progress() reaches the worker through its session (not its
+        # run: a job -> run -> job cycle would leave every job to the GC).
+        job.__dict__["_progress_to"] = session
         self.session = session
         self.entry = entry
         #: When the lease keeper extends the lease next (loop time).
@@ -352,22 +347,6 @@ class _Run:
 
     def __call__(self, result: Optional[pb.SettleResult], error: Optional[RpcError]) -> None:
         self.worker._answered(self, result, error)
-
-    def report_progress(self, fraction: float, message: str) -> None:
-        """``job.progress()``: from the handler, on the loop or a thread."""
-        if PROGRESS not in self.session.stream.features:
-            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_PROGRESS)
-        loop = self.worker._loop
-        if loop is None:
-            return  # the worker has stopped
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            self.worker._progress(self, fraction, message)
-        else:
-            loop.call_soon_threadsafe(self.worker._progress, self, fraction, message)
 
 
 class _Session:
@@ -390,6 +369,22 @@ class _Session:
 
     def cancel(self) -> None:
         self.stream.cancel()
+
+    def report_progress(self, job: Job, fraction: float, message: str) -> None:
+        """``job.progress()``: from the handler, on the loop or a thread."""
+        if PROGRESS not in self.stream.features:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_PROGRESS)
+        loop = self._w._loop
+        if loop is None:
+            return  # the worker has stopped
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._w._progress(self, job, fraction, message)
+        else:
+            loop.call_soon_threadsafe(self._w._progress, self, job, fraction, message)
 
     # Settles without waiting: the fast path where there is one, else a task
     # that awaits the slow one below.
@@ -711,6 +706,9 @@ class Worker:
         self._kick_armed = False
         self._burst = 1
         self._running: Set[_Run] = set()
+        # ReportProgress (Subscribe), by (job id, lease token): the report
+        # waiting while one is in flight (None: none waits).
+        self._progress_next: Dict[Tuple[str, str], Optional[Tuple[float, str]]] = {}
         self._busy = 0
         self._quiet: "Optional[asyncio.Future[None]]" = None
         self._tasks: "Set[asyncio.Task[Any]]" = set()
@@ -1519,36 +1517,39 @@ class Worker:
                     return
                 await asyncio.sleep(backoff.delay())
 
-    def _progress(self, run: _Run, fraction: float, message: str) -> None:
+    def _progress(self, session: _Session, job: Job, fraction: float, message: str) -> None:
         """A handler's progress report, on the loop: on the Consume stream
         (coalesced there), else by ReportProgress, one call at a time per
         job with the latest report waiting."""
-        if run.stop is not None:
+        if job.is_cancelled():
             return  # no longer the handler's job
-        session = run.session
         if isinstance(session, _ConsumeSession) and session.alive:
             try:
-                session._consumer.progress(run.job, fraction, message)
+                session._consumer.progress(job, fraction, message)
                 return
             except RpcError:
                 pass  # half-closed or ended just now: a unary call
-        run.progress_next = (fraction, message)
-        if not run.progress_busy:
-            run.progress_busy = True
-            self._spawn(self._progress_unary(run))
+        key = (job.id, job.lease_token)
+        busy = key in self._progress_next
+        self._progress_next[key] = (fraction, message)
+        if not busy:
+            self._spawn(self._progress_unary(session, key))
 
-    async def _progress_unary(self, run: _Run) -> None:
+    async def _progress_unary(self, session: _Session, key: Tuple[str, str]) -> None:
+        pending = self._progress_next
         try:
-            while run.progress_next is not None and run.stop is None:
-                (fraction, message), run.progress_next = run.progress_next, None
-                job = run.job
+            while True:
+                report = pending.get(key)
+                if report is None:
+                    return
+                pending[key] = None  # in flight: a newer report waits here
                 try:
-                    await run.session._unary.report_progress(job.id, job.lease_token, fraction, message)
+                    await session._unary.report_progress(key[0], key[1], *report)
                 except RpcError as e:
                     self.stats.progress_failed += 1
-                    log.debug("job %s: progress not written (%s: %s)", job.id, e.code_name, e.details())
+                    log.debug("job %s: progress not written (%s: %s)", key[0], e.code_name, e.details())
         finally:
-            run.progress_busy = False
+            pending.pop(key, None)
 
     def _enqueued(self, job: Job, ids: Sequence[str]) -> None:
         self.stats.follow_ups += len(ids)
