@@ -174,11 +174,19 @@ async fn a_result_against_a_broker_without_ack_result_nacks_the_job() {
         .unwrap()
         .job_id;
     client.enqueue(Job::new("thumbs", "plain")).await.unwrap();
-    let worker = Worker::builder(old.clone()).handle("thumbs", |job: Delivery| async move {
-        if job.payload == b"plain" {
-            return Ok::<_, anyhow::Error>(Ack::new());
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = errors.clone();
+    let worker = Worker::builder(old.clone()).handle("thumbs", move |job: Delivery| {
+        let seen = seen.clone();
+        async move {
+            if let Err(e) = leaseq_client::progress(0.5, "never").await {
+                seen.lock().unwrap().push(e);
+            }
+            if job.payload == b"plain" {
+                return Ok::<_, anyhow::Error>(Ack::new());
+            }
+            Ok(Ack::new().result("lost"))
         }
-        Ok(Ack::new().result("lost"))
     });
     let serving = Serving::start(worker);
     let o = client.wait_job(&with_result, Some(S20)).await.unwrap();
@@ -200,6 +208,79 @@ async fn a_result_against_a_broker_without_ack_result_nacks_the_job() {
         (1, 1, 1),
         "{stats:?}"
     );
+    let errors = std::mem::take(&mut *errors.lock().unwrap());
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for e in errors.iter() {
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+        assert!(
+            e.message().starts_with("progress: the broker did not list"),
+            "{e:?}"
+        );
+    }
+    broker.stop().await;
+}
+
+/// `leaseq_client::progress` from a handler: on the Consume stream, and
+/// by ReportProgress on Subscribe; read back by GetJob while the job is
+/// held; checked first; refused outside a handler.
+#[tokio::test]
+async fn progress_from_a_handler_is_read_back_by_get_job_while_the_job_is_held() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let client = Client::connect(broker.url()).await.unwrap();
+    let admin = AdminClient::connect(broker.url()).await.unwrap();
+    let e = leaseq_client::progress(0.5, "").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    for stream_acks in [true, false] {
+        let q = if stream_acks {
+            "p-consume"
+        } else {
+            "p-subscribe"
+        };
+        let (release, released) = tokio::sync::watch::channel(false);
+        let refusals = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = refusals.clone();
+        let worker = Worker::builder(client.clone())
+            .stream_acks(stream_acks)
+            .handle(q, move |_job: Delivery| {
+                let (seen, mut released) = (seen.clone(), released.clone());
+                async move {
+                    for (fraction, message) in [(1.5, ""), (0.5, &*"x".repeat(257))] {
+                        let e = leaseq_client::progress(fraction, message)
+                            .await
+                            .unwrap_err();
+                        seen.lock()
+                            .unwrap()
+                            .push((e.code(), e.message().to_owned()));
+                    }
+                    leaseq_client::progress(0.25, "first").await?;
+                    leaseq_client::progress(0.5, "half way").await?;
+                    let _ = released.wait_for(|r| *r).await;
+                    Ok::<_, anyhow::Error>(())
+                }
+            });
+        let serving = Serving::start(worker);
+        let id = client.enqueue(Job::new(q, "x")).await.unwrap().job_id;
+        let deadline = tokio::time::Instant::now() + S20;
+        let info = loop {
+            let info = admin.get_job(&id).await.unwrap();
+            if info.progress_at.is_some() && info.progress_message == "half way" {
+                break info;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{info:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(info.progress, 0.5);
+        assert_eq!(info.state, pb::JobState::Leased as i32, "{info:?}");
+        release.send(true).unwrap();
+        let stats = serving.stop().await;
+        assert_eq!(n(&stats.acked), 1, "{stats:?}");
+        let refusals = std::mem::take(&mut *refusals.lock().unwrap());
+        assert_eq!(refusals.len(), 2);
+        assert_eq!(refusals[0].0, tonic::Code::InvalidArgument);
+        assert!(refusals[0].1.starts_with("fraction:"), "{refusals:?}");
+        assert!(refusals[1].1.starts_with("message:"), "{refusals:?}");
+    }
     broker.stop().await;
 }
 

@@ -87,7 +87,7 @@ pub use schedules::{CatchUp, Overlap, Schedule, ScheduleRun, ScheduleSpec, Sched
 pub use stats::WorkerStats;
 pub use trace::TraceParent;
 pub use typed::{JSON, Task, json_result};
-pub use worker::{DEFAULT_CONCURRENCY, Next, Worker};
+pub use worker::{DEFAULT_CONCURRENCY, Next, Worker, progress};
 
 /// Largest message the client accepts from the broker. Matches the broker's
 /// default `--max-message-bytes`, so a delivery of any accepted payload fits.
@@ -319,20 +319,7 @@ impl Client {
         fraction: f32,
         message: &str,
     ) -> Result<(), Status> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(Status::invalid_argument(format!(
-                "fraction: must be 0 to 1, not {fraction}"
-            )));
-        }
-        if message.len() > MAX_PROGRESS_MESSAGE {
-            return Err(Status::invalid_argument(format!(
-                "message: is {} bytes, the limit is {MAX_PROGRESS_MESSAGE} bytes",
-                message.len()
-            )));
-        }
-        if message.contains('\0') {
-            return Err(Status::invalid_argument("message: must not contain NUL"));
-        }
+        check_progress(fraction, message)?;
         self.queue
             .clone()
             .report_progress(pb::ReportProgressRequest {
@@ -375,6 +362,25 @@ impl Client {
 
 /// `Progress.message`'s limit, in bytes.
 pub const MAX_PROGRESS_MESSAGE: usize = 256;
+
+/// `INVALID_ARGUMENT` naming the field for a report the broker would refuse.
+pub(crate) fn check_progress(fraction: f32, message: &str) -> Result<(), Status> {
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(Status::invalid_argument(format!(
+            "fraction: must be 0 to 1, not {fraction}"
+        )));
+    }
+    if message.len() > MAX_PROGRESS_MESSAGE {
+        return Err(Status::invalid_argument(format!(
+            "message: is {} bytes, the limit is {MAX_PROGRESS_MESSAGE} bytes",
+            message.len()
+        )));
+    }
+    if message.contains('\0') {
+        return Err(Status::invalid_argument("message: must not contain NUL"));
+    }
+    Ok(())
+}
 
 /// A job to enqueue: `Job::new(queue, payload)` plus optional settings.
 #[derive(Clone, Debug, Default)]
