@@ -17,6 +17,7 @@ mod alerts;
 mod client;
 mod client_cli;
 mod client_effects;
+mod client_results;
 mod clients;
 mod conn_limits;
 mod console;

@@ -163,6 +163,12 @@ export interface JobInfo {
   diedAt: Date | null;
   completedAt: Date | null;
   completedBy: string;
+  /** Completed jobs acked with a result (Ack({ result })): the result; empty otherwise. */
+  result: Buffer;
+  /** Live jobs whose handler reported progress (job.progress): the latest written report; progressAt null when none was. */
+  progress: number;
+  progressMessage: string;
+  progressAt: Date | null;
 }
 
 export interface Page {
@@ -322,6 +328,10 @@ function jobInfo(j: Record<string, any>): JobInfo {
     diedAt: toDate(j.diedAt),
     completedAt: toDate(j.completedAt),
     completedBy: j.completedBy,
+    result: j.result ?? Buffer.alloc(0),
+    progress: j.progress ?? 0,
+    progressMessage: j.progressMessage ?? '',
+    progressAt: toDate(j.progressAt),
   };
 }
 

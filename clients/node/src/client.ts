@@ -2,6 +2,8 @@
 // consume() (an async iterator of jobs).
 
 import type * as grpc from '@grpc/grpc-js';
+import { status as grpcStatus } from '@grpc/grpc-js';
+import { checkProgress, JobFailedError, LeaseqError, resultBytes } from './errors';
 import { Connection, type ConnectionOptions } from './connection';
 import { JobStream, type ConsumeOptions } from './consumer';
 import { duration, timestamp, toDate, type PbTime } from './proto';
@@ -162,12 +164,64 @@ export class Client {
    * Acks the job. `enqueue`: follow-up jobs, inserted in the ack's
    * transaction (they exist if and only if the ack committed; only a
    * broker that lists "ack.enqueue" takes them, an older one drops them);
-   * resolves to their ids, in order.
+   * resolves to their ids, in order. `result`: the job's result (see Ack;
+   * only a broker that lists "ack.result" keeps it).
    */
-  async ack(jobId: string, leaseToken: string, opts: { enqueue?: readonly EnqueueJob[] } = {}): Promise<string[]> {
+  async ack(
+    jobId: string,
+    leaseToken: string,
+    opts: { enqueue?: readonly EnqueueJob[]; result?: Buffer | Uint8Array | string } = {},
+  ): Promise<string[]> {
     const enqueue = (opts.enqueue ?? []).map((j) => enqueueRequest(j, this.#propagate));
-    const resp = await this._rpc.unary<{ enqueued?: string[] }>('Ack', { jobId, leaseToken, enqueue });
+    const req: Record<string, unknown> = { jobId, leaseToken, enqueue };
+    const result = resultBytes(opts.result);
+    if (result) req.result = result;
+    const resp = await this._rpc.unary<{ enqueued?: string[] }>('Ack', req);
     return resp.enqueued ?? [];
+  }
+
+  /**
+   * Says how far a held job is (ReportProgress; a Worker's job.progress()
+   * coalesces reports on its Consume stream instead): `fraction` 0 to 1,
+   * `message` at most 256 bytes (a RangeError naming the field, nothing
+   * sent). Rejects with FAILED_PRECONDITION when the lease token is not
+   * current, UNIMPLEMENTED from a broker that predates progress.
+   */
+  async reportProgress(jobId: string, leaseToken: string, fraction: number, message = ''): Promise<void> {
+    checkProgress(fraction, message);
+    await this._rpc.unary<object>('ReportProgress', { jobId, leaseToken, fraction, message });
+  }
+
+  /**
+   * Waits for the job to end (WaitJob: no polling) and resolves to how it
+   * ended: completed with its result, dead, cancelled or unknown (see
+   * WaitResult); at once for a job that already ended. `timeoutMs`: more
+   * than 0, at most an hour (the default); past it the promise rejects with
+   * DEADLINE_EXCEEDED. Needs the enqueue or consume permission on the
+   * job's queue.
+   */
+  wait(jobId: string, timeoutMs = 3_600_000): Promise<WaitResult> {
+    const req = { jobId, timeout: duration(timeoutMs) };
+    return new Promise((resolve, reject) => {
+      // The broker ends the stream at `timeoutMs`; the call's own deadline
+      // a little later only guards against a broker that went silent.
+      const call = this._rpc.stub.WaitJob(req, { deadline: Date.now() + timeoutMs + 10_000 }) as grpc.ClientReadableStream<PbWaitResponse>;
+      let done = false;
+      call.on('data', (r: PbWaitResponse) => {
+        const state = WAIT_FINAL[r.state];
+        if (done || !state) return;
+        done = true;
+        resolve(new WaitResult(r.jobId, state, r.result ?? Buffer.alloc(0), r.lastError, r.deadReason, toDate(r.finishedAt)));
+      });
+      call.on('error', (e) => {
+        if (!done) reject(e);
+        done = true;
+      });
+      call.on('end', () => {
+        if (!done) reject(new LeaseqError(grpcStatus.UNAVAILABLE, `wait: the stream ended without the outcome of job ${jobId}`));
+        done = true;
+      });
+    });
   }
 
   /** Acks many jobs in one call; each succeeds or fails on its own. */
@@ -213,5 +267,56 @@ export class Client {
   close(): void {
     this._rpc.close(); // starts the AckBatch call, which the close lets finish
     this._conn.close();
+  }
+}
+
+interface PbWaitResponse {
+  jobId: string;
+  state: string;
+  result: Buffer | null;
+  lastError: string;
+  deadReason: string;
+  finishedAt: PbTime | null;
+}
+
+const WAIT_FINAL: Record<string, WaitResult['state'] | undefined> = {
+  WAIT_STATE_COMPLETED: 'completed',
+  WAIT_STATE_DEAD: 'dead',
+  WAIT_STATE_CANCELLED: 'cancelled',
+  WAIT_STATE_UNKNOWN: 'unknown',
+};
+
+/**
+ * How a job ended (client.wait): `completed` (acked; `result` is its ack's
+ * result, empty when it had none), `dead` (in the dead letters:
+ * `lastError`, `deadReason` max_attempts / nacked / expired), `cancelled`
+ * (deleted by CancelJob) or `unknown` (neither live nor recorded: acked
+ * without a result in a queue that keeps no completed records, purged,
+ * expired, or never enqueued).
+ */
+export class WaitResult {
+  constructor(
+    readonly jobId: string,
+    readonly state: 'completed' | 'dead' | 'cancelled' | 'unknown',
+    readonly result: Buffer,
+    readonly lastError: string,
+    readonly deadReason: string,
+    /** When it ended (database time); null for `unknown`. */
+    readonly finishedAt: Date | null,
+  ) {}
+
+  get completed(): boolean {
+    return this.state === 'completed';
+  }
+
+  /** The result parsed as JSON; undefined for an empty result. */
+  json<U = unknown>(): U | undefined {
+    return this.result.length === 0 ? undefined : (JSON.parse(this.result.toString('utf8')) as U);
+  }
+
+  /** The result parsed as JSON, or a JobFailedError when the job did not complete. */
+  value<U = unknown>(): U | undefined {
+    if (!this.completed) throw new JobFailedError(this);
+    return this.json<U>();
   }
 }

@@ -103,6 +103,58 @@ export const ACK_ENQUEUE = 'ack.enqueue';
 export const NO_ACK_ENQUEUE =
   'ack.enqueue: the broker did not list "ack.enqueue" in its first heartbeat (it predates follow-up jobs): it cannot enqueue follow-up jobs with an ack';
 
+/** A job waited for with `.result()` did not complete: `outcome` says how it ended. */
+export class JobFailedError extends Error {
+  readonly outcome: { jobId: string; state: string; lastError: string; deadReason: string };
+
+  constructor(outcome: { jobId: string; state: string; lastError: string; deadReason: string }) {
+    const what =
+      outcome.state === 'dead'
+        ? `is dead (${outcome.deadReason}): ${outcome.lastError}`
+        : outcome.state === 'cancelled'
+          ? 'was cancelled'
+          : 'is unknown (no live job and no record)';
+    super(`job ${outcome.jobId} ${what}`);
+    this.name = 'JobFailedError';
+    this.outcome = outcome;
+  }
+}
+
+/** ... and when it keeps an ack's result (AckRequest.result). */
+export const ACK_RESULT = 'ack.result';
+
+/** @internal The refusal of a result by a broker without "ack.result". */
+export const NO_ACK_RESULT =
+  'ack.result: the broker did not list "ack.result" in its first heartbeat (it predates results): it would ack the job and drop its result';
+
+/** ... and when it takes progress reports (ConsumeRequest.progress, ReportProgress). */
+export const PROGRESS = 'progress';
+
+/** @internal The refusal of a progress report by a broker without "progress". */
+export const NO_PROGRESS =
+  'progress: the broker did not list "progress" in its first heartbeat (it predates progress reports): nothing was sent';
+
+/** Progress.message's limit, in bytes of UTF-8. */
+export const MAX_PROGRESS_MESSAGE = 256;
+
+/** @internal Throws a RangeError naming the field for a report the broker would refuse. */
+export function checkProgress(fraction: unknown, message: unknown): void {
+  if (typeof fraction !== 'number') throw new RangeError(`fraction: a number from 0 to 1 is needed, not ${typeof fraction}`);
+  if (!(fraction >= 0 && fraction <= 1)) throw new RangeError(`fraction: must be 0 to 1, not ${fraction}`);
+  if (typeof message !== 'string') throw new RangeError(`message: a string is needed, not ${typeof message}`);
+  const n = Buffer.byteLength(message, 'utf8');
+  if (n > MAX_PROGRESS_MESSAGE) throw new RangeError(`message: is ${n} bytes, the limit is ${MAX_PROGRESS_MESSAGE} bytes`);
+  if (message.includes('\0')) throw new RangeError('message: must not contain NUL');
+}
+
+/** @internal A result as bytes (a string as UTF-8); null for none or empty. */
+export function resultBytes(r: Buffer | Uint8Array | string | undefined | null): Buffer | null {
+  if (r == null) return null;
+  if (typeof r === 'string') return r.length > 0 ? Buffer.from(r, 'utf8') : null;
+  if (!(r instanceof Uint8Array)) throw new TypeError('result: a Buffer, Uint8Array or string is needed');
+  return r.length > 0 ? Buffer.from(r.buffer, r.byteOffset, r.byteLength) : null;
+}
+
 /**
  * Outcome: ack the job, and say more than "done". Return it from a handler
  * (resolving to anything else is a plain ack).
@@ -122,17 +174,30 @@ export const NO_ACK_ENQUEUE =
  *   it. Follow-ups cannot go with it (insert them in that transaction with
  *   leaseq.enqueue).
  *
- * A middleware must return what next() returned, or the follow-ups are lost.
+ * - `new Ack({ result })`: the job's result (a Buffer, Uint8Array or
+ *   string as UTF-8; at most the broker's --max-result-bytes, 64 KiB by
+ *   default), kept with its completed record and read back by
+ *   client.wait(jobId) and AdminClient.getJob (JobInfo.result). A broker
+ *   that did not list "ack.result" would drop it: the worker then nacks the
+ *   job with an error saying so (stats.resultsRefused). It goes with
+ *   follow-ups too. A Task handler's resolved value (not undefined, not an
+ *   Ack) is sent as a JSON result.
+ *
+ * A middleware must return what next() returned, or the follow-ups and the
+ * result are lost.
  */
 export class Ack {
   readonly enqueue: readonly EnqueueJob[];
   readonly inSql: boolean;
+  /** The result's bytes; null for none. */
+  readonly result: Buffer | null;
   /** @internal */
   readonly [OUTCOME] = 'ack';
 
-  constructor(opts: { enqueue?: readonly EnqueueJob[] } = {}) {
+  constructor(opts: { enqueue?: readonly EnqueueJob[]; result?: Buffer | Uint8Array | string } = {}) {
     this.enqueue = [...(opts.enqueue ?? [])];
     this.inSql = false;
+    this.result = resultBytes(opts.result);
   }
 
   /** The job was acked (or nacked) in SQL by the handler: send nothing. */

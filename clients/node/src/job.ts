@@ -4,7 +4,9 @@
 import { status } from '@grpc/grpc-js';
 import { status as grpcStatus } from '@grpc/grpc-js';
 import { enqueueRequest, type EnqueueJob } from './client';
-import { ACK_ENQUEUE, asLeaseqError, errorText, LeaseqError, NO_ACK_ENQUEUE } from './errors';
+import {
+  ACK_ENQUEUE, ACK_RESULT, asLeaseqError, checkProgress, errorText, LeaseqError, NO_ACK_ENQUEUE, NO_ACK_RESULT, NO_PROGRESS, PROGRESS, resultBytes,
+} from './errors';
 import { toDate, type PbTime } from './proto';
 import { DueSet } from './timers';
 
@@ -26,10 +28,21 @@ export interface SettleWaiter {
   settleFailed(err: LeaseqError): void;
 }
 
+/**
+ * @internal What an ack carries besides the job: follow-up jobs'
+ * EnqueueRequests (only when supports("ack.enqueue")) and a result (only
+ * when supports("ack.result")).
+ */
+export interface AckExtra {
+  enqueue?: object[];
+  result?: Buffer;
+}
+
 /** @internal Where a job's settles go: its stream, or unary calls. */
 export interface Settler {
-  /** enqueue: follow-up jobs' EnqueueRequests (only when supports("ack.enqueue")). */
-  ack(job: Job, w: SettleWaiter, enqueue?: object[] | null): void;
+  ack(job: Job, w: SettleWaiter, extra?: AckExtra | null): void;
+  /** A progress report (only when supports("progress")); coalesced on a Consume stream. */
+  progress(job: Job, fraction: number, message: string): void;
   /** Whether the stream's broker listed `feature` in its first heartbeat. */
   supports(feature: string): boolean;
   nack(job: Job, error: string, opts: NackOptions, w: SettleWaiter): void;
@@ -235,10 +248,29 @@ export class Job<T = unknown> {
   }
 
   /** @internal ack() without a promise: `w` is told how it ended. */
-  _ack(w: SettleWaiter, enqueue: object[] | null = null): void {
+  _ack(w: SettleWaiter, extra: AckExtra | null = null): void {
     this._stopKeeping();
     this.#settled = true;
-    this.#settler.ack(this, w, enqueue);
+    this.#settler.ack(this, w, extra);
+  }
+
+  /**
+   * Says how far the handler is (advice, read back by AdminClient.getJob:
+   * progress, progressMessage): `fraction` 0 to 1, `message` at most 256
+   * bytes of UTF-8 without NUL (a RangeError naming the field otherwise,
+   * nothing sent). Returns at once: on a Consume stream the report goes
+   * with the stream's next write and only the latest per job is kept
+   * until then (the broker writes a stream's at most once a second); on
+   * Subscribe, a ReportProgress call, one at a time per job with the
+   * latest waiting. Throws a LeaseqError UNIMPLEMENTED, nothing sent, when
+   * the broker did not list "progress" in its first heartbeat; does
+   * nothing once the job is settled.
+   */
+  progress(fraction: number, message = ''): void {
+    checkProgress(fraction, message);
+    if (!this._supports(PROGRESS)) throw new LeaseqError(grpcStatus.UNIMPLEMENTED, NO_PROGRESS);
+    if (this.#settled || this.#cancelled) return;
+    this.#settler.progress(this, fraction, message);
   }
 
   /** @internal Whether this job's stream can carry `feature` (e.g. "ack.enqueue"). */
@@ -265,15 +297,22 @@ export class Job<T = unknown> {
    * committed); resolves to their ids, in order. Follow-ups reject with
    * UNIMPLEMENTED, nothing sent and the job still held, when the broker did
    * not list "ack.enqueue" in the stream's first heartbeat (an older broker
-   * would ack and drop them).
+   * would ack and drop them). `result`: the job's result (see Ack),
+   * likewise refused without "ack.result".
    */
-  ack(opts: { enqueue?: readonly EnqueueJob[] } = {}): Promise<string[]> {
+  ack(opts: { enqueue?: readonly EnqueueJob[]; result?: Buffer | Uint8Array | string } = {}): Promise<string[]> {
     const jobs = opts.enqueue ?? [];
     if (jobs.length > 0 && !this._supports(ACK_ENQUEUE)) {
       return Promise.reject(new LeaseqError(grpcStatus.UNIMPLEMENTED, NO_ACK_ENQUEUE));
     }
-    const enqueue = jobs.length > 0 ? jobs.map((j) => enqueueRequest(j, true)) : null;
-    return new Promise((resolve, reject) => this._ack(new PromiseWaiter(resolve, reject, pickEnqueued), enqueue));
+    const result = resultBytes(opts.result);
+    if (result && !this._supports(ACK_RESULT)) {
+      return Promise.reject(new LeaseqError(grpcStatus.UNIMPLEMENTED, NO_ACK_RESULT));
+    }
+    const extra: AckExtra | null = jobs.length > 0 || result ? {} : null;
+    if (extra && jobs.length > 0) extra.enqueue = jobs.map((j) => enqueueRequest(j, true));
+    if (extra && result) extra.result = result;
+    return new Promise((resolve, reject) => this._ack(new PromiseWaiter(resolve, reject, pickEnqueued), extra));
   }
 
   /**

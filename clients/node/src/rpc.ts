@@ -140,11 +140,16 @@ export class Rpc {
     );
   }
 
-  /** A unary Ack with follow-up jobs (AckBatch cannot carry them); their ids. */
-  ackWith(jobId: string, leaseToken: string, enqueue: object[]): Promise<string[]> {
-    return this.#retrying(() => this.unary<{ enqueued?: string[] }>('Ack', { jobId, leaseToken, enqueue }, SETTLE_DEADLINE_MS)).then(
+  /** A unary Ack with follow-up jobs or a result (AckBatch cannot carry them); the follow-ups' ids. */
+  ackWith(jobId: string, leaseToken: string, extra: { enqueue?: object[]; result?: Buffer }): Promise<string[]> {
+    return this.#retrying(() => this.unary<{ enqueued?: string[] }>('Ack', { jobId, leaseToken, ...extra }, SETTLE_DEADLINE_MS)).then(
       (r) => r.enqueued ?? [],
     );
+  }
+
+  /** ReportProgress (Subscribe's way), retried on UNAVAILABLE. */
+  reportProgress(req: { jobId: string; leaseToken: string; fraction: number; message: string }): Promise<void> {
+    return this.#retrying(() => this.unary<object>('ReportProgress', req, SETTLE_DEADLINE_MS)).then(() => undefined);
   }
 
   nack(req: NackReq): Promise<boolean> {

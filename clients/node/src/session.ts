@@ -4,7 +4,7 @@
 
 import * as grpc from '@grpc/grpc-js';
 import { asLeaseqError, LeaseqError } from './errors';
-import { Job, type NackOptions, type PbDelivery, type SettleWaiter, type Settler } from './job';
+import { Job, type AckExtra, type NackOptions, type PbDelivery, type SettleWaiter, type Settler } from './job';
 import { duration, toDate, type PbTime } from './proto';
 import type { NackReq, Rpc } from './rpc';
 
@@ -77,8 +77,8 @@ interface Pending {
   leaseMs: number;
   waiter: SettleWaiter;
   next: Pending | null;
-  // An ack's follow-up jobs (EnqueueRequests), for a unary retry.
-  enqueue: object[] | null;
+  // An ack's follow-up jobs and result, for a unary retry.
+  extra: AckExtra | null;
 }
 
 /** @internal */
@@ -117,6 +117,11 @@ export class Session implements Settler {
   #pending = new Map<string, Pending>();
   #outbox: { acks: object[]; nacks: object[]; extends: object[] } = { acks: [], nacks: [], extends: [] };
   #flush: NodeJS.Immediate | null = null;
+  // Consume: progress reports for the next write, the latest per job.
+  #progress = new Map<string, object>();
+  // Subscribe: jobs with a ReportProgress call in flight, and the report
+  // waiting for it (null: none).
+  #progressBusy = new Map<string, { jobId: string; leaseToken: string; fraction: number; message: string } | null>();
   // Settles not yet answered (on the stream, as unary calls, retried):
   // what a graceful close waits for.
   #unanswered = 0;
@@ -229,7 +234,7 @@ export class Session implements Settler {
       this.#answer(p.waiter, r.deadLettered, expires, r.enqueued);
     } else if (r.code === status.UNAVAILABLE) {
       // The database was not reachable for it: the unary path retries.
-      this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter, p.enqueue);
+      this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter, p.extra);
     } else this.#fail(p.waiter, asLeaseqError({ code: r.code, details: r.message }));
   }
 
@@ -258,10 +263,10 @@ export class Session implements Settler {
 
   // The settle as a unary call (AckBatch for acks), retried on UNAVAILABLE:
   // Subscribe's way, and Consume's once the stream is gone.
-  #unary(op: Op, job: Job, nack: NackReq | null, leaseMs: number, w: SettleWaiter, enqueue: object[] | null = null): void {
+  #unary(op: Op, job: Job, nack: NackReq | null, leaseMs: number, w: SettleWaiter, extra: AckExtra | null = null): void {
     const fail = (e: LeaseqError) => this.#fail(w, e);
-    // Follow-ups: a unary Ack (AckBatch cannot carry them).
-    if (op === 'ack' && enqueue) this.#rpc.ackWith(job.id, job.leaseToken, enqueue).then((ids) => this.#answer(w, false, null, ids), fail);
+    // Follow-ups or a result: a unary Ack (AckBatch cannot carry them).
+    if (op === 'ack' && extra) this.#rpc.ackWith(job.id, job.leaseToken, extra).then((ids) => this.#answer(w, false, null, ids), fail);
     else if (op === 'ack') this.#rpc.ack(job.id, job.leaseToken).then(() => this.#answer(w, false, null), fail);
     else if (op === 'nack') this.#rpc.nack(nack as NackReq).then((dl) => this.#answer(w, dl, null), fail);
     else this.#rpc.extend(job.id, job.leaseToken, leaseMs).then((d) => this.#answer(w, false, d), fail);
@@ -274,19 +279,20 @@ export class Session implements Settler {
     if (this.#flush) clearImmediate(this.#flush);
     this.#flush = null;
     this.#outbox = { acks: [], nacks: [], extends: [] };
+    this.#progress = new Map();
     const all: Pending[] = [];
     for (let p of this.#pending.values()) for (; p; p = p.next as Pending) all.push(p);
     this.#pending.clear();
-    for (const p of all) this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter, p.enqueue);
+    for (const p of all) this.#unary(p.op, p.job, p.nack, p.leaseMs, p.waiter, p.extra);
   }
 
-  #send(op: Op, job: Job, entry: object, nack: NackReq | null, leaseMs: number, w: SettleWaiter, enqueue: object[] | null = null): void {
+  #send(op: Op, job: Job, entry: object, nack: NackReq | null, leaseMs: number, w: SettleWaiter, extra: AckExtra | null = null): void {
     this.#unanswered += 1;
     if (this.protocol !== 'consume' || !this.#open || this.#closing) {
-      this.#unary(op, job, nack, leaseMs, w, enqueue);
+      this.#unary(op, job, nack, leaseMs, w, extra);
       return;
     }
-    const p: Pending = { op, job, nack, leaseMs, waiter: w, next: null, enqueue };
+    const p: Pending = { op, job, nack, leaseMs, waiter: w, next: null, extra };
     const head = this.#pending.get(job.id);
     if (head) {
       let last = head;
@@ -303,15 +309,53 @@ export class Session implements Settler {
     if (this.#flush) clearImmediate(this.#flush);
     this.#flush = null;
     const { acks, nacks, extends: ext } = this.#outbox;
-    if (acks.length + nacks.length + ext.length === 0) return;
+    const progress = this.#progress;
+    if (acks.length + nacks.length + ext.length + progress.size === 0) return;
     this.#outbox = { acks: [], nacks: [], extends: [] };
     if (!this.#open) return; // rerouted by 'status'
-    (this.#call as grpc.ClientDuplexStream<object, StreamMessage>).write({ acks, nacks, extends: ext });
+    const msg: Record<string, unknown> = { acks, nacks, extends: ext };
+    if (progress.size > 0) {
+      msg.progress = [...progress.values()];
+      this.#progress = new Map();
+    }
+    (this.#call as grpc.ClientDuplexStream<object, StreamMessage>).write(msg);
   }
 
-  ack(job: Job, w: SettleWaiter, enqueue: object[] | null = null): void {
-    const entry = enqueue ? { jobId: job.id, leaseToken: job.leaseToken, enqueue } : { jobId: job.id, leaseToken: job.leaseToken };
-    this.#send('ack', job, entry, null, 0, w, enqueue);
+  ack(job: Job, w: SettleWaiter, extra: AckExtra | null = null): void {
+    const entry = extra ? { jobId: job.id, leaseToken: job.leaseToken, ...extra } : { jobId: job.id, leaseToken: job.leaseToken };
+    this.#send('ack', job, entry, null, 0, w, extra);
+  }
+
+  progress(job: Job, fraction: number, message: string): void {
+    const report = { jobId: job.id, leaseToken: job.leaseToken, fraction, message };
+    if (this.protocol === 'consume' && this.#open && !this.#closing) {
+      // The latest per job; the broker keeps only that anyway.
+      this.#progress.set(job.id, report);
+      if (!this.#flush) this.#flush = setImmediate(() => this.#flushOutbox());
+      return;
+    }
+    // ReportProgress, one call at a time per job, the latest waiting.
+    const busy = this.#progressBusy.has(job.id);
+    this.#progressBusy.set(job.id, report);
+    if (!busy) this.#reportUnary(job.id);
+  }
+
+  #reportUnary(jobId: string): void {
+    const report = this.#progressBusy.get(jobId);
+    if (!report) return;
+    this.#progressBusy.set(jobId, null);
+    this.#rpc.reportProgress(report).then(
+      () => this.#reportNext(jobId),
+      (e: LeaseqError) => {
+        this.#events.warn(`leaseq: job ${jobId}: progress not written (${e.message})`);
+        this.#reportNext(jobId);
+      },
+    );
+  }
+
+  #reportNext(jobId: string): void {
+    if (this.#progressBusy.get(jobId)) this.#reportUnary(jobId);
+    else this.#progressBusy.delete(jobId);
   }
 
   supports(feature: string): boolean {

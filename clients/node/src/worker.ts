@@ -8,8 +8,8 @@ import { status } from '@grpc/grpc-js';
 import type { Client } from './client';
 import { Consumer, loggerOf, type Logger, type StreamOptions } from './consumer';
 import { enqueueRequest } from './client';
-import { ACK_ENQUEUE, type Ack, ackOf, asLeaseqError, errorText, JobCancelledError, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
-import { LeaseKeeper, type Job, type NackOptions, type SettleWaiter } from './job';
+import { ACK_ENQUEUE, ACK_RESULT, Ack, ackOf, asLeaseqError, errorText, JobCancelledError, JobTimeoutError, LeaseqError, outcomeOf, type Retry } from './errors';
+import { LeaseKeeper, type AckExtra, type Job, type NackOptions, type SettleWaiter } from './job';
 import type { Cancelled, Protocol } from './session';
 import type { Task } from './task';
 import { DueSet } from './timers';
@@ -135,6 +135,8 @@ export interface WorkerStats {
   followUps: number;
   /** Jobs nacked instead of acked with follow-ups: the broker did not list "ack.enqueue" (or the handler also settled in SQL). */
   followUpsRefused: number;
+  /** Jobs nacked instead of acked with a result: the broker did not list "ack.result". */
+  resultsRefused: number;
   /** Jobs their handlers settled in SQL (Ack.settledInSql()): nothing sent. */
   settledInSql: number;
 }
@@ -213,7 +215,7 @@ export class Worker extends EventEmitter {
   #cancelledKeys = new Set<string>();
   #stats: WorkerStats = {
     delivered: 0, acked: 0, nacked: 0, deadLettered: 0, timedOut: 0, leaseLost: 0, cancelled: 0, abandoned: 0, settleFailed: 0,
-    followUps: 0, followUpsRefused: 0, settledInSql: 0,
+    followUps: 0, followUpsRefused: 0, resultsRefused: 0, settledInSql: 0,
   };
 
   constructor(client: Client, opts?: WorkerOptions);
@@ -267,7 +269,8 @@ export class Worker extends EventEmitter {
   /** Registers a task's handler for its queue (see defineTask). */
   register<T>(task: Task<T>): this {
     const { handler } = task;
-    return this.handle<T>(task.queue, (job, ctx) => handler(job.json(), job, ctx), task.options);
+    // A resolved value (not undefined, not an Ack or an outcome) is the job's JSON result.
+    return this.handle<T>(task.queue, async (job, ctx) => taskResult(await handler(job.json(), job, ctx)), task.options);
   }
 
   /**
@@ -588,21 +591,31 @@ export class Worker extends EventEmitter {
       this.#finished();
       return;
     }
-    if (!a || a.enqueue.length === 0) return this.#settle(run, 'ack', undefined, NO_OPTS);
-    if (!job._supports(ACK_ENQUEUE)) {
+    if (!a || (a.enqueue.length === 0 && !a.result)) return this.#settle(run, 'ack', undefined, NO_OPTS);
+    if (a.enqueue.length > 0 && !job._supports(ACK_ENQUEUE)) {
       // Never an ack without its follow-ups: the job fails, and comes back.
       this.#stats.followUpsRefused += 1;
       const error = `ack.enqueue: the broker did not list "ack.enqueue" in its first heartbeat (it predates follow-up jobs), so the ack and its ${a.enqueue.length} follow-up job(s) could not be sent together; nacked instead`;
       this.#log.warn(`leaseq worker: job ${job.id}: ${error}`);
       return this.#settle(run, 'nack', error, NO_OPTS);
     }
-    let enqueue: object[];
-    try {
-      enqueue = a.enqueue.map((j) => enqueueRequest(j, true));
-    } catch (e) {
-      return this.#settle(run, 'nack', `follow-ups: ${errorText(e)}`, NO_OPTS);
+    if (a.result && !job._supports(ACK_RESULT)) {
+      // Nor without its result.
+      this.#stats.resultsRefused += 1;
+      const error = `ack.result: the broker did not list "ack.result" in its first heartbeat (it predates results), so the ack and its ${a.result.length}-byte result could not be sent together; nacked instead`;
+      this.#log.warn(`leaseq worker: job ${job.id}: ${error}`);
+      return this.#settle(run, 'nack', error, NO_OPTS);
     }
-    this.#settle(run, 'ack', undefined, NO_OPTS, enqueue);
+    const extra: AckExtra = {};
+    if (a.result) extra.result = a.result;
+    if (a.enqueue.length > 0) {
+      try {
+        extra.enqueue = a.enqueue.map((j) => enqueueRequest(j, true));
+      } catch (e) {
+        return this.#settle(run, 'nack', `follow-ups: ${errorText(e)}`, NO_OPTS);
+      }
+    }
+    this.#settle(run, 'ack', undefined, NO_OPTS, extra);
   }
 
   // A timeout, a lost lease or the stop grace, while the handler runs.
@@ -678,7 +691,7 @@ export class Worker extends EventEmitter {
     }
   }
 
-  #settle(run: JobRun, outcome: JobOutcome, error: string | undefined, opts: NackOptions, enqueue: object[] | null = null): void {
+  #settle(run: JobRun, outcome: JobOutcome, error: string | undefined, opts: NackOptions, extra: AckExtra | null = null): void {
     run.outcome = outcome;
     run.durationMs = Date.now() - run.started;
     const span = run.span as JobSpan;
@@ -686,7 +699,7 @@ export class Worker extends EventEmitter {
       span.fail(error);
       run.error = error;
     }
-    if (outcome === 'ack') run.job._ack(run, enqueue);
+    if (outcome === 'ack') run.job._ack(run, extra);
     else run.job._nack(error as string, opts, run);
   }
 
@@ -809,4 +822,12 @@ class Context implements HandlerContext {
   get signal(): AbortSignal {
     return this.#run.signal();
   }
+}
+
+// A task handler's resolved value as the worker reads it: undefined, null,
+// an Ack and an outcome (Retry, DeadLetter) as they are; anything else the
+// job's result in JSON.
+function taskResult(v: unknown): unknown {
+  if (v === undefined || v === null || ackOf(v) || outcomeOf(v)) return v;
+  return new Ack({ result: JSON.stringify(v) });
 }

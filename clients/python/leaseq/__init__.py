@@ -7,8 +7,11 @@
   :class:`Ack` for follow-up jobs with the ack, or a job acked in SQL),
   settles on the Consume stream, reconnects, graceful stop on SIGTERM.
 - :class:`Task`: a queue and its payload type, declared once: the producer
-  (``task.enqueue(client, payload)``) and the worker's handler
+  (``task.enqueue(client, payload)``, or ``task.submit(...).result()`` to
+  wait for the handler's returned value) and the worker's handler
   (``@worker.task(task)``). ``worker.use(middleware)`` wraps handlers.
+- Results, progress and waiting: ``Ack(result=...)``, ``job.progress(f, msg)``,
+  ``client.wait(job_id)`` (:class:`JobOutcome`).
 - ``leaseq.testing``: a throwaway broker (and a pytest fixture), ``drain``.
 - :class:`AdminClient` and :class:`AsyncAdminClient`: the AdminService.
 - :class:`TLS` and ``token=``: TLS, mutual TLS and bearer tokens on every client.
@@ -23,6 +26,8 @@ from leaseq._types import (
     DeadLetter,
     EnqueueResult,
     Job,
+    JobFailed,
+    JobOutcome,
     NewJob,
     OnDuplicate,
     Retry,
@@ -56,7 +61,7 @@ from leaseq.admin import (
 )
 from leaseq.aio import AsyncClient, AsyncConsumer, AsyncSubscription
 from leaseq.client import Client, Consumer, Subscription
-from leaseq.task import Task, TaskHandler
+from leaseq.task import AsyncJobHandle, JobHandle, Task, TaskHandler
 from leaseq.worker import FATAL_CODES, Backoff, Handler, Middleware, Worker, WorkerStats
 
 __version__ = "0.2.0"
@@ -68,6 +73,7 @@ __all__ = [
     "AsyncAdminClient",
     "AsyncClient",
     "AsyncConsumer",
+    "AsyncJobHandle",
     "AsyncSubscription",
     "CatchUp",
     "Cancelled",
@@ -80,7 +86,10 @@ __all__ = [
     "FATAL_CODES",
     "Handler",
     "Job",
+    "JobFailed",
+    "JobHandle",
     "JobInfo",
+    "JobOutcome",
     "Middleware",
     "JobState",
     "JobTemplate",

@@ -176,14 +176,31 @@ class Ack:
       cannot go with it (insert them in that transaction with
       ``leaseq.enqueue``).
 
+    - ``Ack(result=b"...")``: the job's **result** (bytes, at most the
+      broker's ``--max-result-bytes``, 64 KiB by default), kept with its
+      completed record and read back by ``client.wait(job_id)`` and
+      ``AdminClient.get_job`` (``JobInfo.result``). A broker that did not
+      list ``"ack.result"`` would drop it: the worker then nacks the job
+      with an error saying so (``WorkerStats.results_refused``). It goes
+      with follow-ups too (``Ack([...], result=...)``). A :class:`Task`
+      handler's returned value (not None, not an ``Ack``) is sent as a JSON
+      result.
+
     A middleware must return what ``next(job)`` returned, or the follow-ups
-    are lost."""
+    and the result are lost."""
 
-    __slots__ = ("enqueue", "in_sql")
+    __slots__ = ("enqueue", "in_sql", "result")
 
-    def __init__(self, enqueue: Iterable["NewJob"] = (), *, in_sql: bool = False) -> None:
+    def __init__(
+        self, enqueue: Iterable["NewJob"] = (), *, result: Optional[bytes] = None, in_sql: bool = False
+    ) -> None:
+        if result is not None and not isinstance(result, (bytes, bytearray, memoryview)):
+            raise TypeError(f"result: bytes are needed, not {type(result).__name__} (to_json(value) makes JSON bytes)")
+        if result is not None and in_sql:
+            raise ValueError("result: a job settled in SQL cannot carry a result (leaseq.ack in SQL takes none)")
         self.enqueue: Tuple["NewJob", ...] = tuple(enqueue)
         self.in_sql = in_sql
+        self.result: Optional[bytes] = bytes(result) if result is not None else None
 
     @classmethod
     def settled_in_sql(cls) -> "Ack":
@@ -192,10 +209,10 @@ class Ack:
 
     def then(self, job: "NewJob") -> "Ack":
         """This ack with one more follow-up job."""
-        return Ack((*self.enqueue, job), in_sql=self.in_sql)
+        return Ack((*self.enqueue, job), result=self.result, in_sql=self.in_sql)
 
     def __repr__(self) -> str:
-        return f"Ack(enqueue={list(self.enqueue)!r}, in_sql={self.in_sql})"
+        return f"Ack(enqueue={list(self.enqueue)!r}, result={self.result!r}, in_sql={self.in_sql})"
 
 
 # --- jobs
@@ -258,6 +275,27 @@ class Job:
         whose handler was never cancelled."""
         ev = self.__dict__.get("cancelled")
         return ev is not None and bool(ev.is_set())
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Says how far the handler is (advice, read back by
+        ``AdminClient.get_job``: ``JobInfo.progress``/``progress_message``):
+        ``fraction`` 0 to 1, ``message`` at most 256 bytes of UTF-8 without
+        NUL (``ValueError`` naming the field otherwise). Returns at once,
+        from an ``async def`` handler or a plain one's thread: on a Consume
+        stream the report goes with the stream's next write, and only the
+        latest one per job is kept until then (the broker writes a stream's
+        at most once a second); on Subscribe, a ``ReportProgress`` call,
+        one at a time per job, the latest waiting. A report the broker
+        refuses (the lease is lost) is logged at DEBUG.
+
+        Only for jobs a :class:`leaseq.Worker` runs (``RuntimeError``
+        otherwise); raises :class:`RpcError` UNIMPLEMENTED, sending nothing,
+        when the broker did not list ``"progress"`` in its first heartbeat."""
+        check_progress(fraction, message)
+        to = self.__dict__.get("_progress_to")
+        if to is None:
+            raise RuntimeError("job.progress: only for jobs delivered by a leaseq.Worker")
+        to.report_progress(self, float(fraction), message)
 
     @property
     def text(self) -> str:
@@ -552,8 +590,45 @@ NO_ACK_ENQUEUE = (
 )
 
 
-def ack_request(job_id: str, lease_token: str, enqueue: Iterable[NewJob] = ()) -> pb.AckRequest:
+#: ... and when it keeps an ack's result (``AckRequest.result``).
+ACK_RESULT = "ack.result"
+NO_ACK_RESULT = (
+    'ack.result: the broker did not list "ack.result" in its first heartbeat (it predates '
+    "results): it would ack the job and drop its result"
+)
+#: ... and when it takes progress reports (``ConsumeRequest.progress``,
+#: ``ReportProgress``).
+PROGRESS = "progress"
+NO_PROGRESS = (
+    'progress: the broker did not list "progress" in its first heartbeat (it predates '
+    "progress reports): nothing was sent"
+)
+#: ``Progress.message``'s limit, in bytes of UTF-8.
+MAX_PROGRESS_MESSAGE = 256
+
+
+def check_progress(fraction: float, message: str) -> None:
+    """Raises ``ValueError`` naming the field for a report the broker would
+    refuse."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise ValueError(f"fraction: a number from 0 to 1 is needed, not {type(fraction).__name__}")
+    if not 0.0 <= fraction <= 1.0:  # NaN fails both
+        raise ValueError(f"fraction: must be 0 to 1, not {fraction}")
+    if not isinstance(message, str):
+        raise ValueError(f"message: a str is needed, not {type(message).__name__}")
+    n = len(message.encode())
+    if n > MAX_PROGRESS_MESSAGE:
+        raise ValueError(f"message: is {n} bytes, the limit is {MAX_PROGRESS_MESSAGE} bytes")
+    if "\0" in message:
+        raise ValueError("message: must not contain NUL")
+
+
+def ack_request(
+    job_id: str, lease_token: str, enqueue: Iterable[NewJob] = (), result: Optional[bytes] = None
+) -> pb.AckRequest:
     req = pb.AckRequest(job_id=job_id, lease_token=lease_token)
+    if result:
+        req.result = result
     if enqueue:
         # The caller's trace context (the handler's span), as an enqueue
         # from the handler would carry.
@@ -574,3 +649,75 @@ def ack_batch_request(acks: "List[AckItem]") -> pb.AckBatchRequest:
 
 def ack_results(resp: pb.AckBatchResponse) -> List[AckResult]:
     return [AckResult(r.job_id, _status_of(r.code).name, r.message) for r in resp.results]
+
+
+# --- waiting for a job
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended (``client.wait(job_id)``): ``state`` is
+    ``"completed"`` (acked; ``result`` is its ack's result, ``b""`` when it
+    had none), ``"dead"`` (in the dead letters: ``last_error``,
+    ``dead_reason`` ``max_attempts``/``nacked``/``expired``),
+    ``"cancelled"`` (deleted by CancelJob) or ``"unknown"`` (neither live
+    nor recorded: acked without a result in a queue that keeps no
+    completed records, purged, expired, or never enqueued)."""
+
+    job_id: str
+    state: str
+    result: bytes = b""
+    last_error: str = ""
+    dead_reason: str = ""
+    #: When it ended (database time); None for "unknown".
+    finished_at: Optional[dt.datetime] = None
+
+    @property
+    def completed(self) -> bool:
+        return self.state == "completed"
+
+    @overload
+    def json(self) -> Any: ...
+
+    @overload
+    def json(self, into: Type[T]) -> T: ...
+
+    def json(self, into: Optional[Type[Any]] = None) -> Any:
+        """The result parsed as JSON (as :meth:`Job.json`); ``None`` for an
+        empty result."""
+        if not self.result:
+            return None
+        return from_json(self.result, into)
+
+    @classmethod
+    def from_pb(cls, r: pb.WaitJobResponse) -> "JobOutcome":
+        state = pb.WaitState.Name(r.state).removeprefix("WAIT_STATE_").lower() if r.state in _FINAL else "unknown"
+        finished = _datetime(r.finished_at) if r.HasField("finished_at") else None
+        return cls(r.job_id, state, bytes(r.result), r.last_error, r.dead_reason, finished)
+
+
+_FINAL = frozenset({pb.WAIT_STATE_COMPLETED, pb.WAIT_STATE_DEAD, pb.WAIT_STATE_CANCELLED, pb.WAIT_STATE_UNKNOWN})
+
+
+class JobFailed(Exception):
+    """A job waited for with ``.result()`` did not complete: ``outcome``
+    says how it ended (dead, cancelled or unknown)."""
+
+    def __init__(self, outcome: JobOutcome) -> None:
+        what = {
+            "dead": f"is dead ({outcome.dead_reason}): {outcome.last_error}",
+            "cancelled": "was cancelled",
+        }.get(outcome.state, "is unknown (no live job and no record)")
+        super().__init__(f"job {outcome.job_id} {what}")
+        self.outcome = outcome
+
+
+def _wait_outcome(r: pb.WaitJobResponse) -> Optional[JobOutcome]:
+    """The outcome a WaitJob message carries; None for a live state."""
+    return JobOutcome.from_pb(r) if r.state in _FINAL else None
+
+
+def wait_request(job_id: str, timeout: Seconds) -> pb.WaitJobRequest:
+    req = pb.WaitJobRequest(job_id=job_id)
+    req.timeout.CopyFrom(duration(timeout))
+    return req

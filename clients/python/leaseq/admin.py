@@ -168,6 +168,13 @@ class JobInfo:
     completed_by: str
     #: The job's key inside its queue; "" if none.
     key: str = ""
+    #: Completed jobs acked with a result (``Ack(result=...)``): the result.
+    result: bytes = b""
+    #: Live jobs whose handler reported progress (``job.progress``): the
+    #: latest written report; ``progress_at`` None when none was.
+    progress: float = 0.0
+    progress_message: str = ""
+    progress_at: Optional[dt.datetime] = None
 
 
 @dataclass(frozen=True)
@@ -388,6 +395,10 @@ def _job_info(j: Any) -> JobInfo:
         completed_at=_opt_datetime(j, "completed_at"),
         completed_by=j.completed_by,
         key=j.key,
+        result=bytes(j.result),
+        progress=j.progress,
+        progress_message=j.progress_message,
+        progress_at=_opt_datetime(j, "progress_at"),
     )
 
 

@@ -40,9 +40,18 @@ from leaseq._types import (
     Seconds,
     SettleResult,
     ACK_ENQUEUE,
+    ACK_RESULT,
     NO_ACK_ENQUEUE,
+    NO_ACK_RESULT,
+    NO_PROGRESS,
+    PROGRESS,
+    JobOutcome,
     _datetime,
     _from_grpc,
+    _wait_outcome,
+    check_progress,
+    seconds,
+    wait_request,
     ack_batch_request,
     ack_request,
     ack_results,
@@ -150,13 +159,17 @@ class AsyncClient:
         resp = await self._unary(self._stub.EnqueueBatch, req)
         return [EnqueueResult(r.job_id, r.duplicate, r.replaced) for r in resp.results]
 
-    async def ack(self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+    async def ack(
+        self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = (), result: Optional[bytes] = None
+    ) -> List[str]:
         """The job is done. FAILED_PRECONDITION: the lease token is not
         current. ``enqueue``: follow-up jobs, inserted in the ack's
         transaction (they exist if and only if the ack committed; a broker
         must list ``"ack.enqueue"`` in a stream's first heartbeat, or it
-        drops them); returns their ids, in order."""
-        req = ack_request(job_id, lease_token, enqueue)
+        drops them); returns their ids, in order. ``result``: the job's
+        result (see :class:`leaseq.Ack`; a broker must list ``"ack.result"``,
+        or it drops it)."""
+        req = ack_request(job_id, lease_token, enqueue, result)
         resp = await self._unary(self._stub.Ack, req)
         return list(resp.enqueued)
 
@@ -185,6 +198,38 @@ class AsyncClient:
         """Keeps the job for ``lease`` more from now; returns the new expiry."""
         resp = await self._unary(self._stub.ExtendLease, extend_request(job_id, lease_token, lease))
         return _datetime(resp.lease_expires_at)
+
+    async def report_progress(self, job_id: str, lease_token: str, fraction: float, message: str = "") -> None:
+        """Says how far a held job is (``ReportProgress``; on a Consume
+        stream, :meth:`leaseq.Job.progress` in a Worker coalesces reports
+        instead): ``fraction`` 0 to 1, ``message`` at most 256 bytes
+        (``ValueError`` naming the field, nothing sent). FAILED_PRECONDITION:
+        the lease token is not current; UNIMPLEMENTED: the broker predates
+        progress."""
+        check_progress(fraction, message)
+        req = pb.ReportProgressRequest(job_id=job_id, lease_token=lease_token, fraction=fraction, message=message)
+        await self._unary(self._stub.ReportProgress, req)
+
+    async def wait(self, job_id: str, timeout: Seconds = 3600) -> JobOutcome:
+        """Waits for the job to end (``WaitJob``: no polling) and returns how
+        it ended: completed with its result, dead, cancelled, or unknown
+        (see :class:`leaseq.JobOutcome`); at once for a job that already
+        ended. ``timeout``: more than 0, at most 1 hour; past it
+        :class:`leaseq.RpcError` DEADLINE_EXCEEDED. Needs the enqueue or
+        consume permission on the job's queue."""
+        req = wait_request(job_id, timeout)
+        # The broker ends the stream at `timeout`; the call's own deadline
+        # a little later only guards against a broker that went silent.
+        deadline = seconds(timeout) + 10.0
+        try:
+            call = self._stub.WaitJob(req, metadata=self._conn.metadata, timeout=deadline)
+            async for r in call:
+                outcome = _wait_outcome(r)
+                if outcome is not None:
+                    return outcome
+        except grpc.RpcError as e:
+            raise _from_grpc(e) from None
+        raise RpcError(grpc.StatusCode.UNAVAILABLE, f"wait: the stream ended without the outcome of job {job_id}")
 
     def subscribe(
         self,
@@ -471,6 +516,8 @@ class AsyncConsumer(_Stream):
         # (and while the previous write was in flight) goes in one request.
         self._acks: List[Tuple[str, str]] = []
         self._others: List[Tuple[int, Any]] = []
+        # Progress reports, the latest per job (the broker keeps only that).
+        self._progress: Dict[str, pb.Progress] = {}
         self._wake = asyncio.Event()
         self._half_closed = False
         self._credit: Optional[int] = None
@@ -501,7 +548,7 @@ class AsyncConsumer(_Stream):
         return True
 
     def _next_request(self) -> Optional[pb.ConsumeRequest]:
-        if not self._acks and not self._others and self._credit is None:
+        if not self._acks and not self._others and not self._progress and self._credit is None:
             return None
         req = pb.ConsumeRequest(max_in_flight=self._credit or 0)
         self._credit = None
@@ -519,6 +566,9 @@ class AsyncConsumer(_Stream):
                     req.extends.append(msg)
                 else:
                     req.acks.append(msg)
+        if self._progress:
+            progress, self._progress = self._progress, {}
+            req.progress.extend(progress.values())
         return req
 
     def _gather_limit(self) -> int:
@@ -594,7 +644,7 @@ class AsyncConsumer(_Stream):
         self._writer_cancel()
         why = self._error or RpcError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
         pending, self._pending = self._pending, {}
-        self._acks, self._others = [], []
+        self._acks, self._others, self._progress = [], [], {}
         for callbacks in pending.values():
             for callback in callbacks:
                 callback(
@@ -623,7 +673,7 @@ class AsyncConsumer(_Stream):
             self._pending[key] = [callback]
         else:
             callbacks.append(callback)
-        if op == pb.SETTLE_OP_ACK and (msg is None or not msg.enqueue):
+        if op == pb.SETTLE_OP_ACK and (msg is None or not (msg.enqueue or msg.result)):
             self._acks.append((job_id, lease_token))
         else:
             self._others.append((op, msg))
@@ -649,15 +699,19 @@ class AsyncConsumer(_Stream):
         message) and returns the broker's result, failed or not."""
         return await self._send(_OP_CODES[op], msg)
 
-    async def ack(self, job: Job, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+    async def ack(self, job: Job, *, enqueue: Iterable[NewJob] = (), result: Optional[bytes] = None) -> List[str]:
         """Acks ``job``; with ``enqueue``, together with follow-up jobs
-        (they exist if and only if the ack committed) whose ids it returns.
+        (they exist if and only if the ack committed) whose ids it returns;
+        with ``result``, the job's result (see :class:`leaseq.Ack`).
         Follow-ups raise UNIMPLEMENTED, with nothing sent, when the broker
         did not list ``"ack.enqueue"`` in :attr:`features` (an older broker
-        would ack and drop them)."""
-        req = ack_request(job.id, job.lease_token, enqueue)
+        would ack and drop them); a result likewise without
+        ``"ack.result"``."""
+        req = ack_request(job.id, job.lease_token, enqueue, result)
         if req.enqueue and ACK_ENQUEUE not in self.features:
             raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_ACK_ENQUEUE)
+        if req.result and ACK_RESULT not in self.features:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_ACK_RESULT)
         r = await self._send(pb.SETTLE_OP_ACK, req)
         if not r.ok:
             raise r.error()
@@ -683,6 +737,24 @@ class AsyncConsumer(_Stream):
             raise r.error()
         assert r.lease_expires_at is not None
         return r.lease_expires_at
+
+    def progress(self, job: Job, fraction: float, message: str = "") -> None:
+        """Reports how far ``job`` is with the stream's next write, replacing
+        a report of it not yet written (the broker keeps the latest and
+        writes a stream's at most once a second). ``ValueError`` naming the
+        field for a fraction outside 0 to 1 or a message over 256 bytes;
+        UNIMPLEMENTED when the broker did not list ``"progress"`` in
+        :attr:`features`; UNAVAILABLE when the stream is closed. Refusals
+        (a lost lease) are not reported back."""
+        check_progress(fraction, message)
+        if PROGRESS not in self.features:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_PROGRESS)
+        if self._half_closed or self._reader.done():
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, "the stream is closed")
+        self._progress[job.id] = pb.Progress(
+            job_id=job.id, lease_token=job.lease_token, fraction=fraction, message=message
+        )
+        self._wake.set()
 
     def set_max_in_flight(self, credit: int) -> None:
         """Changes the stream's credit (1 to 10000) with the next message."""

@@ -39,8 +39,13 @@ from leaseq._types import (
     OnDuplicate,
     RpcError,
     Seconds,
+    JobOutcome,
     _datetime,
     _from_grpc,
+    _wait_outcome,
+    check_progress,
+    seconds,
+    wait_request,
     ack_batch_request,
     ack_request,
     ack_results,
@@ -152,11 +157,13 @@ class Client:
         resp = self._unary(self._stub.EnqueueBatch, req)
         return [EnqueueResult(r.job_id, r.duplicate, r.replaced) for r in resp.results]
 
-    def ack(self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+    def ack(
+        self, job_id: str, lease_token: str, *, enqueue: Iterable[NewJob] = (), result: Optional[bytes] = None
+    ) -> List[str]:
         """The job is done. FAILED_PRECONDITION: the lease token is not
-        current. ``enqueue``: follow-up jobs, as :meth:`AsyncClient.ack`;
-        returns their ids."""
-        return list(self._unary(self._stub.Ack, ack_request(job_id, lease_token, enqueue)).enqueued)
+        current. ``enqueue``: follow-up jobs, ``result``: the job's result,
+        as :meth:`AsyncClient.ack`; returns the follow-ups' ids."""
+        return list(self._unary(self._stub.Ack, ack_request(job_id, lease_token, enqueue, result)).enqueued)
 
     def ack_batch(self, acks: Iterable[AckItem]) -> List[AckResult]:
         """Acks many jobs (``Job``s or ``(job_id, lease_token)`` pairs) in one
@@ -181,6 +188,37 @@ class Client:
         """Keeps the job for ``lease`` more from now; returns the new expiry."""
         resp = self._unary(self._stub.ExtendLease, extend_request(job_id, lease_token, lease))
         return _datetime(resp.lease_expires_at)
+
+    def report_progress(self, job_id: str, lease_token: str, fraction: float, message: str = "") -> None:
+        """Says how far a held job is (``ReportProgress``; on a Consume
+        stream, :meth:`leaseq.Job.progress` in a Worker coalesces reports
+        instead): ``fraction`` 0 to 1, ``message`` at most 256 bytes
+        (``ValueError`` naming the field, nothing sent). FAILED_PRECONDITION:
+        the lease token is not current; UNIMPLEMENTED: the broker predates
+        progress."""
+        check_progress(fraction, message)
+        req = pb.ReportProgressRequest(job_id=job_id, lease_token=lease_token, fraction=fraction, message=message)
+        self._unary(self._stub.ReportProgress, req)
+
+    def wait(self, job_id: str, timeout: Seconds = 3600) -> JobOutcome:
+        """Waits for the job to end (``WaitJob``: no polling) and returns how
+        it ended: completed with its result, dead, cancelled, or unknown
+        (see :class:`leaseq.JobOutcome`); at once for a job that already
+        ended. ``timeout``: more than 0, at most 1 hour; past it
+        :class:`leaseq.RpcError` DEADLINE_EXCEEDED. Needs the enqueue or
+        consume permission on the job's queue."""
+        req = wait_request(job_id, timeout)
+        # The broker ends the stream at `timeout`; the call's own deadline
+        # a little later only guards against a broker that went silent.
+        deadline = seconds(timeout) + 10.0
+        try:
+            for r in self._stub.WaitJob(req, metadata=self._conn.metadata, timeout=deadline):
+                outcome = _wait_outcome(r)
+                if outcome is not None:
+                    return outcome
+        except grpc.RpcError as e:
+            raise _from_grpc(e) from None
+        raise RpcError(grpc.StatusCode.UNAVAILABLE, f"wait: the stream ended without the outcome of job {job_id}")
 
     def subscribe(
         self,
@@ -309,10 +347,20 @@ class Consumer:
                 return
             yield job
 
-    def ack(self, job: Job, *, enqueue: Iterable[NewJob] = ()) -> List[str]:
+    def ack(self, job: Job, *, enqueue: Iterable[NewJob] = (), result: Optional[bytes] = None) -> List[str]:
         """As :meth:`AsyncConsumer.ack`: with ``enqueue``, follow-up jobs
-        (UNIMPLEMENTED from a broker without "ack.enqueue"); their ids."""
-        return self._loop.run(self._stream.ack(job, enqueue=enqueue))
+        (UNIMPLEMENTED from a broker without "ack.enqueue"); their ids.
+        ``result``: the job's result (UNIMPLEMENTED without "ack.result")."""
+        return self._loop.run(self._stream.ack(job, enqueue=enqueue, result=result))
+
+    def progress(self, job: Job, fraction: float, message: str = "") -> None:
+        """As :meth:`AsyncConsumer.progress`: with the stream's next write
+        (its errors raised here)."""
+
+        async def report() -> None:
+            self._stream.progress(job, fraction, message)
+
+        self._loop.run(report())
 
     def nack(
         self,

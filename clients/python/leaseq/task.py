@@ -7,7 +7,18 @@ import datetime as dt
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Optional, Type, TypeVar, Union
 
-from leaseq._types import DeadLetter, EnqueueResult, Job, NewJob, Seconds, from_json, to_json
+from leaseq._types import (
+    Ack,
+    DeadLetter,
+    EnqueueResult,
+    Job,
+    JobFailed,
+    JobOutcome,
+    NewJob,
+    Seconds,
+    from_json,
+    to_json,
+)
 
 if TYPE_CHECKING:
     from leaseq.aio import AsyncClient
@@ -116,6 +127,22 @@ class Task(Generic[P]):
             dedup_key=j.dedup_key, max_attempts=j.max_attempts, ttl=j.ttl, key=j.key,
         )  # fmt: skip
 
+    def submit(self, client: "Client", payload: P, **options: Any) -> JobHandle:
+        """Enqueues ``payload`` (``options`` as :meth:`enqueue`) and returns
+        a :class:`JobHandle` to wait for its result::
+
+            total = add.submit(client, Pair(2, 3)).result(timeout=30)
+
+        The handler's returned value is the result (sent as JSON)."""
+        r = self.enqueue(client, payload, **options)
+        return JobHandle(client, r.job_id, r.duplicate)
+
+    async def submit_async(self, client: "AsyncClient", payload: P, **options: Any) -> AsyncJobHandle:
+        """:meth:`submit` with a :class:`leaseq.AsyncClient`:
+        ``await (await task.submit_async(c, p)).result()``."""
+        r = await self.enqueue_async(client, payload, **options)
+        return AsyncJobHandle(client, r.job_id, r.duplicate)
+
     def decode(self, job: Job) -> P:
         """The job's payload as a ``payload_type``; raises
         :class:`leaseq.DeadLetter` (``payload is not a valid <type>: <why>``)
@@ -137,15 +164,69 @@ class Task(Generic[P]):
             async def handle_async(job: Job) -> Any:
                 payload = decode(job)
                 # The handler's return value (an Ack) is the worker's to read.
-                return await (call(payload, job) if with_job else call(payload))
+                return _as_result(await (call(payload, job) if with_job else call(payload)))
 
             return handle_async
 
         def handle(job: Job) -> Any:
             payload = decode(job)
-            return call(payload, job) if with_job else call(payload)
+            return _as_result(call(payload, job) if with_job else call(payload))
 
         return handle
+
+
+def _as_result(value: Any) -> Any:
+    """A task handler's return value as the worker reads it: None and an
+    :class:`Ack` as they are, anything else the job's result in JSON."""
+    if value is None or isinstance(value, Ack):
+        return value
+    return Ack(result=to_json(value))
+
+
+class JobHandle:
+    """A job enqueued by :meth:`Task.submit`: :meth:`result` waits for its
+    outcome (``WaitJob``, no polling), as Celery's ``AsyncResult.get``."""
+
+    def __init__(self, client: "Client", job_id: str, duplicate: bool = False) -> None:
+        self.client, self.job_id, self.duplicate = client, job_id, duplicate
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.job_id!r})"
+
+    def wait(self, timeout: Seconds = 3600) -> JobOutcome:
+        """How the job ended (:meth:`leaseq.Client.wait`)."""
+        return self.client.wait(self.job_id, timeout)
+
+    def result(self, timeout: Seconds = 3600, into: Optional[Type[Any]] = None) -> Any:
+        """Waits for the job and returns its result parsed as JSON (with
+        ``into``, made into that type, as :meth:`leaseq.Job.json`); None
+        when it completed without one. Raises :class:`leaseq.JobFailed`
+        when it ended otherwise (dead, cancelled, unknown) and
+        :class:`leaseq.RpcError` DEADLINE_EXCEEDED past ``timeout``."""
+        outcome = self.wait(timeout)
+        if not outcome.completed:
+            raise JobFailed(outcome)
+        return outcome.json(into) if into is not None else outcome.json()
+
+
+class AsyncJobHandle:
+    """:class:`JobHandle` for an :class:`leaseq.AsyncClient`
+    (:meth:`Task.submit_async`)."""
+
+    def __init__(self, client: "AsyncClient", job_id: str, duplicate: bool = False) -> None:
+        self.client, self.job_id, self.duplicate = client, job_id, duplicate
+
+    def __repr__(self) -> str:
+        return f"AsyncJobHandle({self.job_id!r})"
+
+    async def wait(self, timeout: Seconds = 3600) -> JobOutcome:
+        return await self.client.wait(self.job_id, timeout)
+
+    async def result(self, timeout: Seconds = 3600, into: Optional[Type[Any]] = None) -> Any:
+        outcome = await self.wait(timeout)
+        if not outcome.completed:
+            raise JobFailed(outcome)
+        return outcome.json(into) if into is not None else outcome.json()
 
 
 def _takes_two(fn: Callable[..., Any]) -> bool:
@@ -166,5 +247,5 @@ def _type_name(t: Any) -> str:
     return getattr(t, "__qualname__", None) or repr(t)
 
 
-__all__ = ["Task", "TaskHandler"]
+__all__ = ["AsyncJobHandle", "JobHandle", "Task", "TaskHandler"]
 

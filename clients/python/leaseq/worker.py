@@ -57,6 +57,9 @@ from leaseq import _tracing
 from leaseq._connection import TLS, Connection
 from leaseq._types import (
     ACK_ENQUEUE,
+    ACK_RESULT,
+    NO_PROGRESS,
+    PROGRESS,
     Ack,
     Cancelled,
     DeadLetter,
@@ -119,6 +122,13 @@ _SETTLE_TRIES = 5
 # take, by the handler's average: below it, waking another thread costs
 # more than running the jobs one after the other.
 _CHUNK_TIME = 2e-4
+
+
+def _no_result(n: int) -> str:
+    return (
+        'ack.result: the broker did not list "ack.result" in its first heartbeat (it predates '
+        f"results), so the ack and its {n}-byte result could not be sent together; nacked instead"
+    )
 
 
 def _no_follow_ups(n: int) -> str:
@@ -185,6 +195,13 @@ class WorkerStats:
     #: Jobs nacked instead of acked with follow-ups: the broker did not list
     #: "ack.enqueue" (or the handler also said ``Ack.settled_in_sql()``).
     follow_ups_refused: int = 0
+    #: Jobs nacked instead of acked with a result: the broker did not list
+    #: "ack.result".
+    results_refused: int = 0
+    #: Progress reports (``job.progress``) sent by ReportProgress (Subscribe)
+    #: that failed (the lease lost, the broker unreachable): logged at
+    #: DEBUG. (On a Consume stream the broker's refusals are not counted.)
+    progress_failed: int = 0
     #: Jobs their handlers settled in SQL (``Ack.settled_in_sql()``):
     #: nothing sent.
     settled_in_sql: int = 0
@@ -235,10 +252,10 @@ def _ack_of(job: Job, result: Any) -> _Outcome:
         return _ACK
     if result.in_sql:
         return _Outcome("sql", follow_ups=len(result.enqueue))
-    if not result.enqueue:
+    if not result.enqueue and not result.result:
         return _ACK
     try:
-        return _Outcome("ack", ack=ack_request(job.id, job.lease_token, result.enqueue))
+        return _Outcome("ack", ack=ack_request(job.id, job.lease_token, result.enqueue, result.result))
     except Exception as e:  # a follow-up the request cannot hold
         return _Outcome("nack", f"follow-ups: {e}")
 _OK = 0
@@ -307,6 +324,9 @@ class _Run:
     def __init__(self, worker: "Worker", job: Job, session: "_Session", entry: Optional[_Entry], extend_at: float):
         self.worker = worker
         self.job = job
+        # job.progress() reaches the worker through its session (not its
+        # run: a job -> run -> job cycle would leave every job to the GC).
+        job.__dict__["_progress_to"] = session
         self.session = session
         self.entry = entry
         #: When the lease keeper extends the lease next (loop time).
@@ -349,6 +369,22 @@ class _Session:
 
     def cancel(self) -> None:
         self.stream.cancel()
+
+    def report_progress(self, job: Job, fraction: float, message: str) -> None:
+        """``job.progress()``: from the handler, on the loop or a thread."""
+        if PROGRESS not in self.stream.features:
+            raise RpcError(grpc.StatusCode.UNIMPLEMENTED, NO_PROGRESS)
+        loop = self._w._loop
+        if loop is None:
+            return  # the worker has stopped
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._w._progress(self, job, fraction, message)
+        else:
+            loop.call_soon_threadsafe(self._w._progress, self, job, fraction, message)
 
     # Settles without waiting: the fast path where there is one, else a task
     # that awaits the slow one below.
@@ -670,6 +706,9 @@ class Worker:
         self._kick_armed = False
         self._burst = 1
         self._running: Set[_Run] = set()
+        # ReportProgress (Subscribe), by (job id, lease token): the report
+        # waiting while one is in flight (None: none waits).
+        self._progress_next: Dict[Tuple[str, str], Optional[Tuple[float, str]]] = {}
         self._busy = 0
         self._quiet: "Optional[asyncio.Future[None]]" = None
         self._tasks: "Set[asyncio.Task[Any]]" = set()
@@ -1404,11 +1443,19 @@ class Worker:
             else:
                 log.debug("job %s: settled in SQL by its handler; nothing sent", run.job.id)
             return
-        if outcome.ack is not None and ACK_ENQUEUE not in run.session.stream.features:
-            # Never an ack without its follow-ups: the job fails, and comes back.
-            self.stats.follow_ups_refused += 1
-            outcome = _Outcome("nack", _no_follow_ups(len(outcome.ack.enqueue)))
-            log.warning("job %s: %s", run.job.id, outcome.error)
+        ack = outcome.ack
+        if ack is not None:
+            features = run.session.stream.features
+            if ack.enqueue and ACK_ENQUEUE not in features:
+                # Never an ack without its follow-ups: the job fails, and comes back.
+                self.stats.follow_ups_refused += 1
+                outcome = _Outcome("nack", _no_follow_ups(len(ack.enqueue)))
+                log.warning("job %s: %s", run.job.id, outcome.error)
+            elif ack.result and ACK_RESULT not in features:
+                # Nor without its result.
+                self.stats.results_refused += 1
+                outcome = _Outcome("nack", _no_result(len(ack.result)))
+                log.warning("job %s: %s", run.job.id, outcome.error)
         run.outcome = outcome
         run.session.settle(run, outcome)
 
@@ -1469,6 +1516,40 @@ class Worker:
                     self._settle_failed(session, run, outcome, e, 0)
                     return
                 await asyncio.sleep(backoff.delay())
+
+    def _progress(self, session: _Session, job: Job, fraction: float, message: str) -> None:
+        """A handler's progress report, on the loop: on the Consume stream
+        (coalesced there), else by ReportProgress, one call at a time per
+        job with the latest report waiting."""
+        if job.is_cancelled():
+            return  # no longer the handler's job
+        if isinstance(session, _ConsumeSession) and session.alive:
+            try:
+                session._consumer.progress(job, fraction, message)
+                return
+            except RpcError:
+                pass  # half-closed or ended just now: a unary call
+        key = (job.id, job.lease_token)
+        busy = key in self._progress_next
+        self._progress_next[key] = (fraction, message)
+        if not busy:
+            self._spawn(self._progress_unary(session, key))
+
+    async def _progress_unary(self, session: _Session, key: Tuple[str, str]) -> None:
+        pending = self._progress_next
+        try:
+            while True:
+                report = pending.get(key)
+                if report is None:
+                    return
+                pending[key] = None  # in flight: a newer report waits here
+                try:
+                    await session._unary.report_progress(key[0], key[1], *report)
+                except RpcError as e:
+                    self.stats.progress_failed += 1
+                    log.debug("job %s: progress not written (%s: %s)", key[0], e.code_name, e.details())
+        finally:
+            pending.pop(key, None)
 
     def _enqueued(self, job: Job, ids: Sequence[str]) -> None:
         self.stats.follow_ups += len(ids)

@@ -162,6 +162,12 @@ def test_tasks_example(addr):
         assert dead.last_error.startswith("payload is not a valid Email: ") and "subject" in dead.last_error
 
 
+def test_results_example(addr):
+    q = queue_name()
+    out = run_example("results.py", addr, q)
+    assert out[-2:] == ["sum 5", "completed s3://thumbs/cat.png"]
+
+
 def test_testing_example_as_a_script_and_under_pytest(tmp_path):
     out = run_example("testing.py", "unused", "unused")
     assert out[-1] == "ok ['ada@example.com']"

@@ -86,8 +86,8 @@ pub use outcome::{Ack, BoxError, DeadLetter, HandlerError, Retry};
 pub use schedules::{CatchUp, Overlap, Schedule, ScheduleRun, ScheduleSpec, ScheduleUpdate};
 pub use stats::WorkerStats;
 pub use trace::TraceParent;
-pub use typed::{JSON, Task};
-pub use worker::{DEFAULT_CONCURRENCY, Next, Worker};
+pub use typed::{JSON, Task, json_result};
+pub use worker::{DEFAULT_CONCURRENCY, Next, Worker, progress};
 
 /// Largest message the client accepts from the broker. Matches the broker's
 /// default `--max-message-bytes`, so a delivery of any accepted payload fits.
@@ -307,12 +307,37 @@ impl Client {
             .ok_or_else(|| Status::internal("ExtendLease response without lease_expires_at"))
     }
 
+    /// Says how far a held job is (`ReportProgress`): `fraction` 0 to 1,
+    /// `message` at most 256 bytes; read back by `GetJob`. Checked here
+    /// first (`INVALID_ARGUMENT` naming the field, nothing sent);
+    /// `FAILED_PRECONDITION` when the lease token is not current,
+    /// `UNIMPLEMENTED` from a broker that predates progress.
+    pub async fn report_progress(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        fraction: f32,
+        message: &str,
+    ) -> Result<(), Status> {
+        check_progress(fraction, message)?;
+        self.queue
+            .clone()
+            .report_progress(pb::ReportProgressRequest {
+                job_id: job_id.to_owned(),
+                lease_token: lease_token.to_owned(),
+                fraction,
+                message: message.to_owned(),
+            })
+            .await?;
+        Ok(())
+    }
+
     /// Waits for a job to end (WaitJob) and returns its outcome: `state`
     /// is COMPLETED (with `result`), DEAD (with `dead_reason` and
-    /// `last_error`) or UNKNOWN (no live job and no record: acked without a
-    /// record, cancelled, purged, or never enqueued). `timeout` is at most
-    /// an hour (None: an hour); past it, `DEADLINE_EXCEEDED`. The broker
-    /// pushes the outcome: nothing polls on this side.
+    /// `last_error`), CANCELLED or UNKNOWN (no live job and no record:
+    /// acked without a record, purged, or never enqueued). `timeout` is at
+    /// most an hour (None: an hour); past it, `DEADLINE_EXCEEDED`. The
+    /// broker pushes the outcome: nothing polls on this side.
     pub async fn wait_job(
         &self,
         job_id: &str,
@@ -333,6 +358,28 @@ impl Client {
             .await?
             .ok_or_else(|| Status::internal("WaitJob ended without an outcome"))
     }
+}
+
+/// `Progress.message`'s limit, in bytes.
+pub const MAX_PROGRESS_MESSAGE: usize = 256;
+
+/// `INVALID_ARGUMENT` naming the field for a report the broker would refuse.
+pub(crate) fn check_progress(fraction: f32, message: &str) -> Result<(), Status> {
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(Status::invalid_argument(format!(
+            "fraction: must be 0 to 1, not {fraction}"
+        )));
+    }
+    if message.len() > MAX_PROGRESS_MESSAGE {
+        return Err(Status::invalid_argument(format!(
+            "message: is {} bytes, the limit is {MAX_PROGRESS_MESSAGE} bytes",
+            message.len()
+        )));
+    }
+    if message.contains('\0') {
+        return Err(Status::invalid_argument("message: must not contain NUL"));
+    }
+    Ok(())
 }
 
 /// A job to enqueue: `Job::new(queue, payload)` plus optional settings.

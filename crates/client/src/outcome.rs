@@ -110,6 +110,13 @@ impl StdError for DeadLetter {}
 ///   [`WorkerStats::follow_ups_refused`](crate::WorkerStats). Their ids are
 ///   not handed back to the handler or its middleware (the ack is sent
 ///   after both return); the worker logs them at DEBUG.
+/// - [`result`](Ack::result) (or [`Ack::json`]): the job's **result**
+///   (`AckRequest.result`, at most the broker's `--max-result-bytes`, 64 KiB
+///   by default), kept with its completed record and read back by
+///   [`Client::wait_job`](crate::Client::wait_job) and `GetJob`. Needs a
+///   broker that lists `"ack.result"`: against an older one the job is
+///   *nacked* with an error saying so (never acked without its result),
+///   and counted in [`WorkerStats::results_refused`](crate::WorkerStats).
 /// - [`settled_in_sql`](Ack::settled_in_sql): the handler settled the job
 ///   itself, with `leaseq.ack(job_id, lease_token)` (or `leaseq.nack`) in
 ///   its own database transaction, beside its effect: the worker sends
@@ -131,6 +138,7 @@ impl StdError for DeadLetter {}
 pub struct Ack {
     pub(crate) follow_ups: Vec<pb::EnqueueRequest>,
     pub(crate) in_sql: bool,
+    pub(crate) result: Vec<u8>,
 }
 
 // The requests hold no floating-point field: equality is an equivalence.
@@ -161,7 +169,25 @@ impl Ack {
         Ack {
             follow_ups: Vec::new(),
             in_sql: true,
+            result: Vec::new(),
         }
+    }
+
+    /// Sets the job's result (empty: none), sent with the ack.
+    pub fn result(mut self, result: impl Into<Vec<u8>>) -> Ack {
+        self.result = result.into();
+        self
+    }
+
+    /// An ack whose result is `value` as JSON (what
+    /// [`Task::enqueue_and_wait`](crate::Task::enqueue_and_wait) reads back).
+    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Ack, serde_json::Error> {
+        Ok(Ack::new().result(serde_json::to_vec(value)?))
+    }
+
+    /// The result's bytes (empty: none).
+    pub fn result_bytes(&self) -> &[u8] {
+        &self.result
     }
 
     /// The follow-up jobs, in order.

@@ -226,6 +226,9 @@ enum Outgoing {
     Ack(pb::AckRequest),
     Nack(pb::NackRequest),
     Extend(pb::ExtendLeaseRequest),
+    /// A progress report: no answer is waited for (the broker answers
+    /// only refusals); the latest of a job in one message replaces the rest.
+    Progress(pb::Progress),
 }
 
 impl Outgoing {
@@ -234,6 +237,10 @@ impl Outgoing {
             Outgoing::Ack(a) => req.acks.push(a),
             Outgoing::Nack(n) => req.nacks.push(n),
             Outgoing::Extend(x) => req.extends.push(x),
+            Outgoing::Progress(p) => match req.progress.iter_mut().find(|q| q.job_id == p.job_id) {
+                Some(q) => *q = p,
+                None => req.progress.push(p),
+            },
         }
     }
 }
@@ -366,18 +373,20 @@ impl Settler {
     }
 
     /// Acks the job, with its follow-ups (`AckRequest.enqueue`, only to a
-    /// broker that [`supports`](Settler::supports) `"ack.enqueue"`: the
-    /// caller checks); their ids, in order.
+    /// broker that [`supports`](Settler::supports) `"ack.enqueue"`) and its
+    /// result (only with `"ack.result"`: the caller checks both); the
+    /// follow-ups' ids, in order.
     pub async fn ack(
         &self,
         job: &Delivery,
         follow_ups: &[pb::EnqueueRequest],
+        result: &[u8],
     ) -> Result<Vec<String>, Status> {
         let req = pb::AckRequest {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
             enqueue: follow_ups.to_vec(),
-            result: Vec::new(),
+            result: result.to_vec(),
         };
         if let Some(r) = self
             .on_stream(pb::SettleOp::Ack, job, Outgoing::Ack(req.clone()))
@@ -385,9 +394,9 @@ impl Settler {
         {
             return r.map(|r| r.enqueued);
         }
-        if !follow_ups.is_empty() {
+        if !follow_ups.is_empty() || !result.is_empty() {
             // AckBatch refuses follow-ups (its results have no place for
-            // their ids): a unary Ack.
+            // their ids): a unary Ack; a result too (the batch stays plain).
             self.base
                 .stats
                 .settled_unary
@@ -404,6 +413,44 @@ impl Settler {
             .ack(&job.id, &job.lease_token)
             .await
             .map(|()| Vec::new())
+    }
+
+    /// A progress report of a job this stream delivered: with the stream's
+    /// next message (nothing waited for), or `ReportProgress` once the
+    /// stream is gone or on Subscribe. Checked first (`INVALID_ARGUMENT`
+    /// naming the field); `UNIMPLEMENTED` when the broker did not list
+    /// `"progress"`.
+    pub async fn progress(
+        &self,
+        (job_id, lease_token): (&str, &str),
+        fraction: f32,
+        message: &str,
+    ) -> Result<(), Status> {
+        crate::check_progress(fraction, message)?;
+        if !self.supports(leaseq_proto::features::PROGRESS) {
+            return Err(Status::unimplemented(
+                "progress: the broker did not list \"progress\" in its first heartbeat (it predates \
+                 progress reports): nothing was sent",
+            ));
+        }
+        if let Some(stream) = &self.stream {
+            let shared = stream.shared.lock().expect("poisoned");
+            if let Some(outbox) = &shared.outbox {
+                let msg = Outgoing::Progress(pb::Progress {
+                    job_id: job_id.to_owned(),
+                    lease_token: lease_token.to_owned(),
+                    fraction,
+                    message: message.to_owned(),
+                });
+                if outbox.send(msg).is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        self.base
+            .client
+            .report_progress(job_id, lease_token, fraction, message)
+            .await
     }
 
     /// Returns whether the job went to the dead letters.

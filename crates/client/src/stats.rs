@@ -29,6 +29,11 @@ pub struct WorkerStats {
     /// list `"ack.enqueue"` (or the handler also said
     /// [`settled_in_sql`](crate::Ack::settled_in_sql)).
     pub follow_ups_refused: AtomicU64,
+    /// Jobs nacked instead of acked with a result
+    /// ([`Ack::result`](crate::Ack::result)): the broker did not list
+    /// `"ack.result"` (or, not nacked, the handler also said
+    /// [`settled_in_sql`](crate::Ack::settled_in_sql)).
+    pub results_refused: AtomicU64,
     /// Jobs their handlers settled in SQL
     /// ([`Ack::settled_in_sql`](crate::Ack::settled_in_sql)): nothing sent.
     pub settled_in_sql: AtomicU64,

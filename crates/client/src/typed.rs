@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::Status;
 
-use crate::{Client, Delivery, Enqueued, Job};
+use crate::{Client, Delivery, Enqueued, Job, pb};
 
 /// The `content-type` of a JSON payload.
 pub const JSON: &str = "application/json";
@@ -116,5 +116,47 @@ impl<T: Serialize> Task<T> {
             .job(payload)
             .map_err(|e| Status::invalid_argument(format!("payload: {e}")))?;
         client.enqueue(job).await
+    }
+
+    /// Enqueues `payload` and waits (WaitJob, no polling) for its handler's
+    /// result, read as JSON into `R` (what a handler returning
+    /// `Ok(Ack::json(&value)?)` sent), as Celery's `AsyncResult.get()`.
+    /// `timeout` as [`Client::wait_job`] (`DEADLINE_EXCEEDED` past it). A
+    /// job that ended otherwise (dead, cancelled, unknown) is `ABORTED`,
+    /// naming how; a result that is not an `R`, `INTERNAL`.
+    pub async fn enqueue_and_wait<R: DeserializeOwned>(
+        &self,
+        client: &Client,
+        payload: &T,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<R, Status> {
+        let job = self.enqueue(client, payload).await?;
+        let outcome = client.wait_job(&job.job_id, timeout).await?;
+        json_result(&outcome)
+    }
+}
+
+/// A completed job's result read as JSON into `R`; `ABORTED` naming how the
+/// job ended when it did not complete.
+pub fn json_result<R: DeserializeOwned>(outcome: &pb::WaitJobResponse) -> Result<R, Status> {
+    match pb::WaitState::try_from(outcome.state) {
+        Ok(pb::WaitState::Completed) => serde_json::from_slice(&outcome.result).map_err(|e| {
+            Status::internal(format!(
+                "job {}: its result is not the JSON expected: {e}",
+                outcome.job_id
+            ))
+        }),
+        Ok(pb::WaitState::Dead) => Err(Status::aborted(format!(
+            "job {} is dead ({}): {}",
+            outcome.job_id, outcome.dead_reason, outcome.last_error
+        ))),
+        Ok(pb::WaitState::Cancelled) => Err(Status::aborted(format!(
+            "job {} was cancelled",
+            outcome.job_id
+        ))),
+        _ => Err(Status::aborted(format!(
+            "job {} is unknown (no live job and no record)",
+            outcome.job_id
+        ))),
     }
 }

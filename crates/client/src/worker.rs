@@ -818,6 +818,48 @@ enum Ran {
 
 /// One delivered job: wait for a permit, run the handler while keeping the
 /// lease alive, settle.
+/// The job a handler's task runs, for [`progress`].
+#[derive(Clone)]
+struct Current {
+    settler: Arc<Settler>,
+    job_id: String,
+    lease_token: String,
+}
+
+tokio::task_local! {
+    static CURRENT: Current;
+}
+
+/// Reports how far the running handler's job is (advice, read back by
+/// `GetJob`): `fraction` 0 to 1, `message` at most 256 bytes
+/// (`INVALID_ARGUMENT` naming the field, nothing sent). Call it from a
+/// [`Worker`]'s handler (its own task: not from a task it spawned,
+/// `FAILED_PRECONDITION` there). On a Consume stream the report goes with
+/// the stream's next message and nothing is waited for (the broker keeps
+/// the latest per job and writes a stream's at most once a second; a
+/// refusal, such as a lost lease, is not reported back); on Subscribe it is
+/// a `ReportProgress` call. `UNIMPLEMENTED`, nothing sent, from a broker
+/// that did not list `"progress"`.
+///
+/// ```no_run
+/// # use leaseq_client::{Delivery, progress};
+/// async fn resize(job: Delivery) -> anyhow::Result<()> {
+///     progress(0.5, "resized").await?;
+///     Ok(())
+/// }
+/// ```
+pub async fn progress(fraction: f32, message: &str) -> Result<(), Status> {
+    let Ok(current) = CURRENT.try_with(Current::clone) else {
+        return Err(Status::failed_precondition(
+            "progress: only inside a Worker's handler (its own task)",
+        ));
+    };
+    current
+        .settler
+        .progress((&current.job_id, &current.lease_token), fraction, message)
+        .await
+}
+
 async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
     WorkerStats::inc(&ctx.stats.delivered);
     let key = (job.id.clone(), job.lease_token.clone());
@@ -830,7 +872,7 @@ async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
     // The lease is extended from receipt on, not from the handler's start:
     // time spent waiting for a permit also runs against it.
     let ran = tokio::select! {
-        ran = run_handler(&ctx, job.clone()) => ran,
+        ran = run_handler(&ctx, &settler, job.clone()) => ran,
         () = keep_leased(&ctx, &settler, &job) => Ran::LeaseLost,
         () = cancelled.cancelled() => Ran::Cancelled,
     };
@@ -859,7 +901,7 @@ async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
 }
 
 /// Runs the queue's handler under a permit, within its timeout.
-async fn run_handler(ctx: &Ctx, job: Delivery) -> Ran {
+async fn run_handler(ctx: &Ctx, settler: &Arc<Settler>, job: Delivery) -> Ran {
     let Some(route) = ctx.routes.get(&job.queue) else {
         let error = format!("no handler for queue {:?} in this worker", job.queue);
         return Ran::Done(Outcome::nack(NackKind::Failed, &error));
@@ -874,7 +916,12 @@ async fn run_handler(ctx: &Ctx, job: Delivery) -> Ran {
     };
     // A task of its own so a panic becomes a Nack rather than a lost job;
     // aborted with this future (timeout, lost lease, grace elapsed).
-    let handler = (route.handler)(job).instrument(Span::current());
+    let current = Current {
+        settler: settler.clone(),
+        job_id: job.id.clone(),
+        lease_token: job.lease_token.clone(),
+    };
+    let handler = CURRENT.scope(current, (route.handler)(job).instrument(Span::current()));
     // The handler's task runs in this task's OpenTelemetry context: its
     // spans are children of the job's.
     #[cfg(feature = "otel")]
@@ -952,6 +999,11 @@ fn checked(ctx: &Ctx, settler: &Settler, outcome: Outcome) -> Option<Outcome> {
         return Some(outcome);
     };
     if ack.in_sql {
+        if !ack.result.is_empty() {
+            // leaseq.ack() in SQL takes no result: it is lost.
+            WorkerStats::inc(&ctx.stats.results_refused);
+            warn!("the handler settled its job in SQL and returned a result: it was not kept");
+        }
         if ack.follow_ups.is_empty() {
             WorkerStats::inc(&ctx.stats.settled_in_sql);
             debug!("settled in SQL by the handler; nothing sent");
@@ -979,6 +1031,17 @@ fn checked(ctx: &Ctx, settler: &Settler, outcome: Outcome) -> Option<Outcome> {
         warn!(%error, "follow-ups refused");
         return Some(Outcome::nack(NackKind::Failed, &error));
     }
+    if !ack.result.is_empty() && !settler.supports(leaseq_proto::features::ACK_RESULT) {
+        // Nor without its result.
+        WorkerStats::inc(&ctx.stats.results_refused);
+        let error = format!(
+            "ack.result: the broker did not list \"ack.result\" in its first heartbeat (it predates \
+             results), so the ack and its {}-byte result could not be sent together; nacked instead",
+            ack.result.len()
+        );
+        warn!(%error, "result refused");
+        return Some(Outcome::nack(NackKind::Failed, &error));
+    }
     Some(outcome)
 }
 
@@ -990,15 +1053,18 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
     let mut wait = Duration::from_millis(100);
     for attempt in 1..=SETTLE_TRIES {
         let r = match &outcome {
-            Outcome::Ack(ack) => settler.ack(job, &ack.follow_ups).await.map(|ids| {
-                if !ids.is_empty() {
-                    ctx.stats
-                        .follow_ups
-                        .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    debug!(follow_ups = ?ids, "follow-up jobs enqueued with the ack");
-                }
-                false
-            }),
+            Outcome::Ack(ack) => settler
+                .ack(job, &ack.follow_ups, &ack.result)
+                .await
+                .map(|ids| {
+                    if !ids.is_empty() {
+                        ctx.stats
+                            .follow_ups
+                            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        debug!(follow_ups = ?ids, "follow-up jobs enqueued with the ack");
+                    }
+                    false
+                }),
             Outcome::Nack(NackOutcome {
                 error,
                 retry_after,
