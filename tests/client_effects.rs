@@ -7,14 +7,10 @@
 //! tests/ack_enqueue.rs and tests/sql_ack.rs (kill -9 between every two
 //! steps of an SQL ack).
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::{TestBroker, TestDb, until};
-use leaseq_client::{Ack, Client, DeadLetter, Delivery, Job, Task, Worker, WorkerStats};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use leaseq_client::{Ack, Client, DeadLetter, Delivery, Job, Task, Worker};
 
 /// The crate's exactly_once example, compiled into this test.
 #[allow(dead_code)]
@@ -24,41 +20,7 @@ mod example {
 
 const S20: Duration = Duration::from_secs(20);
 
-/// A worker serving until [`Serving::stop`].
-struct Serving {
-    stop: oneshot::Sender<()>,
-    handle: JoinHandle<Result<(), tonic::Status>>,
-    stats: Arc<WorkerStats>,
-}
-
-impl Serving {
-    fn start(worker: Worker) -> Serving {
-        let stats = worker.stats();
-        let (stop, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(worker.serve(async move {
-            let _ = rx.await;
-        }));
-        Serving {
-            stop,
-            handle,
-            stats,
-        }
-    }
-
-    async fn stop(self) -> Arc<WorkerStats> {
-        let _ = self.stop.send(());
-        tokio::time::timeout(S20, self.handle)
-            .await
-            .expect("the worker stops")
-            .expect("the worker's task")
-            .expect("the worker ends cleanly");
-        self.stats
-    }
-}
-
-fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
-}
+use crate::common::serving::{Serving, n};
 
 async fn count(db: &TestDb, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()

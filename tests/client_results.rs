@@ -10,52 +10,16 @@
 //! tests/results.rs and tests/progress.rs.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::{TestBroker, TestDb, until};
 use leaseq_client::{
-    Ack, AdminClient, BoxError, Client, DeadLetter, Delivery, Job, Task, Worker, WorkerStats, pb,
+    Ack, AdminClient, BoxError, Client, DeadLetter, Delivery, Job, Task, Worker, pb,
 };
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 const S20: Duration = Duration::from_secs(20);
 
-struct Serving {
-    stop: oneshot::Sender<()>,
-    handle: JoinHandle<Result<(), tonic::Status>>,
-    stats: Arc<WorkerStats>,
-}
-
-impl Serving {
-    fn start(worker: Worker) -> Serving {
-        let stats = worker.stats();
-        let (stop, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(worker.serve(async move {
-            let _ = rx.await;
-        }));
-        Serving {
-            stop,
-            handle,
-            stats,
-        }
-    }
-
-    async fn stop(self) -> Arc<WorkerStats> {
-        let _ = self.stop.send(());
-        tokio::time::timeout(S20, self.handle)
-            .await
-            .expect("the worker stops")
-            .expect("the worker's task")
-            .expect("the worker ends cleanly");
-        self.stats
-    }
-}
-
-fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
-}
+use crate::common::serving::{Serving, n};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Pair {

@@ -18,6 +18,7 @@ pub mod history;
 pub mod load;
 pub mod pgproxy;
 pub mod pki;
+pub mod serving;
 pub mod slow;
 
 pub use broker::{BinaryBroker, Database, TestBroker, TestBrokerBuilder, free_addr, free_port};
