@@ -447,6 +447,15 @@ pub async fn consume_consumer(
                 s.close().await;
                 return;
             }
+            // Away long enough: home, even with deliveries queued (a
+            // consumer slower than its stream, as on a loaded host, always
+            // has some, and would otherwise never go back: the restarted
+            // broker then saw no ack for 15 s). The queued jobs are
+            // released with the stream.
+            if Instant::now() >= away.deadline() {
+                s.close().await;
+                break;
+            }
             let rec = match s.queued.pop_front() {
                 Some(rec) => rec,
                 None => {
