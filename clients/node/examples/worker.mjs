@@ -7,6 +7,7 @@ const client = new Client(process.env.LEASEQ_ADDR ?? '127.0.0.1:50051');
 const worker = new Worker(client, { concurrency: 8, timeoutMs: 30_000, graceMs: 10_000 });
 
 worker.handle(EMAILS, async (job, { signal }) => {
+  console.log(`${job.queue} ${job.id} attempt ${job.attempt}: started`);
   const { to, ms = 10 } = job.json();
   if (!to) return new DeadLetter('no recipient'); // returned or thrown, the same
   if (to.endsWith('.invalid')) throw new DeadLetter(`bad domain: ${to}`);

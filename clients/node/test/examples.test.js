@@ -136,7 +136,9 @@ test('examples/worker.mjs: outcomes, a timeout, and a graceful SIGTERM', { timeo
 
   // SIGTERM while a job runs: it finishes, is acked, and the worker exits 0.
   const last = await send('last@example.com', { ms: 1500 });
-  await eventually(async () => (await admin.getJob(last.jobId)).state === 'leased', 10000, 'job running');
+  // Its handler started (a job only leased may still be on its way to the
+  // worker: a stop releases it unrun).
+  await p.waitFor(new RegExp(`${last.jobId} attempt 1: started$`));
   p.child.kill('SIGTERM');
   assert.equal(await p.exit, 0, p.stderr);
   assert.ok(p.lines.some((l) => l.endsWith(`${last.jobId} attempt 1: ack`)), p.lines.join('\n'));
