@@ -176,15 +176,14 @@ impl Db {
     /// Whether `queue` has a job deliverable now (in a queue ordered by
     /// key: one its key does not hold back).
     pub fn has_ready(&self, queue: &QueueName) -> bool {
+        // The checker asks this of every stream at every step: one pass
+        // over each key's jobs, stopping at the answer (the simulation's
+        // own CPU was mostly here).
         if let Some(n) = self.conf(queue).walk_n {
-            let due = |id: &JobId| {
-                let r = &self.jobs[id];
-                r.state == State::Available && r.run_at <= self.now
-            };
             return self
                 .key_idx
                 .range((queue.clone(), 0)..=(queue.clone(), u32::MAX))
-                .any(|((_, key), ids)| ids.iter().any(due) && self.key_leases(queue, *key) < n);
+                .any(|(_, ids)| self.key_has_room_and_due(ids, n));
         }
         if self.conf(queue).key_n.is_none() {
             return self
@@ -193,9 +192,25 @@ impl Db {
                 .and_then(|s| s.first())
                 .is_some_and(|(at, _)| *at <= self.now);
         }
-        self.candidates(queue)
-            .into_iter()
-            .any(|id| self.key_allows(id))
+        self.candidates_iter(queue).any(|id| self.key_allows(*id))
+    }
+
+    /// Whether one key's jobs (`ids`) have one due while fewer than `n`
+    /// hold a live lease (`key_leases(..) < n`).
+    fn key_has_room_and_due(&self, ids: &BTreeSet<JobId>, n: i64) -> bool {
+        let (mut due, mut leased) = (false, 0);
+        for id in ids {
+            let r = &self.jobs[id];
+            if r.state == State::Available && r.run_at <= self.now {
+                due = true;
+            } else if r.state == State::Leased && r.expires > self.now {
+                leased += 1;
+                if leased >= n {
+                    return false;
+                }
+            }
+        }
+        due
     }
 
     /// lease.sql's key rule: a keyed job of a queue ordered by key may be
@@ -484,6 +499,10 @@ impl Db {
     /// An ordered queue's jobs that may be leasable now: available and
     /// due, unkeyed or among the first key_n of their key.
     fn candidates(&self, queue: &QueueName) -> Vec<JobId> {
+        self.candidates_iter(queue).copied().collect()
+    }
+
+    fn candidates_iter<'a>(&'a self, queue: &QueueName) -> impl Iterator<Item = &'a JobId> + 'a {
         let n = self.conf(queue).key_n.unwrap_or(1) as usize;
         let due = |id: &&JobId| {
             self.jobs
@@ -493,10 +512,10 @@ impl Db {
         let keyed = self
             .key_idx
             .range((queue.clone(), 0)..=(queue.clone(), u32::MAX))
-            .flat_map(|(_, ids)| ids.iter().take(n))
+            .flat_map(move |(_, ids)| ids.iter().take(n))
             .filter(due);
         let unkeyed = self.unkeyed.get(queue).into_iter().flatten().filter(due);
-        keyed.chain(unkeyed).copied().collect()
+        keyed.chain(unkeyed)
     }
 
     /// lease.sql (`limited`: through store/limits.rs, whose concurrency

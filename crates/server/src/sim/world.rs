@@ -2159,6 +2159,9 @@ impl World {
         let recent_fault = self.now < self.last_fault + bound;
         let now = self.now;
         let mut starving = Vec::new();
+        // Whether a queue has a job ready is the same for every stream of
+        // a step: asked once.
+        let mut ready_of: BTreeMap<QueueName, bool> = BTreeMap::new();
         for (c, con) in self.consumers.iter().enumerate() {
             let Some(s) = &con.stream else { continue };
             if s.half_closed || s.life != self.broker.life {
@@ -2176,7 +2179,10 @@ impl World {
                 {
                     continue;
                 }
-                let ready = free && self.db.has_ready(queue);
+                let ready = free
+                    && *ready_of
+                        .entry(queue.clone())
+                        .or_insert_with(|| self.db.has_ready(queue));
                 let key = (c, queue.clone());
                 if !ready {
                     self.stall.remove(&key);
