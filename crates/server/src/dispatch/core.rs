@@ -28,8 +28,15 @@ use crate::domain::{
 
 /// Most jobs one lease statement asks for.
 pub(crate) const MAX_ROUND_JOBS: i32 = 2000;
-/// Lease statements running at once.
-pub(crate) const MAX_ROUNDS_IN_FLIGHT: usize = 2;
+/// Lease statements running at once. A backlogged stream's drain is
+/// bound by them: each statement costs ~1.5 ms plus ~17 us a job in
+/// PostgreSQL, and at 2 one stream of credit 256 drained 33,000-34,000
+/// jobs/s against 37,000-39,000 at 4 (docs/BENCHMARKS.md, "One stream's
+/// drain").
+pub(crate) const MAX_ROUNDS_IN_FLIGHT: usize = 4;
+/// A stream joins a round planned while another is in flight only with at
+/// least this fraction (1/N) of its credit free.
+const SECOND_ROUND_SHARE: i32 = 4;
 /// A lease of ours on a job enqueued this long ago that none of our streams
 /// holds is a lost hand-over (`super::remote`), released at the next poll.
 pub(crate) const UNHEARD_AFTER: Duration = Duration::from_secs(1);
@@ -896,6 +903,14 @@ impl Core {
             // A stream holding a finished round's jobs joins no round until
             // its other round ends and they go out ([`Core::in_order`]).
             if credit <= 0 || !stream.held.is_empty() {
+                continue;
+            }
+            // Beside a round in flight, a stream joins only with a share
+            // of its credit worth a statement: a lease statement costs
+            // about 2 ms whatever its size (its commit), so rounds of the
+            // few credits each early ack returns took a slot that a full
+            // one needed (docs/BENCHMARKS.md, "One stream's drain").
+            if self.rounds_in_flight > 0 && credit < stream.max_in_flight / SECOND_ROUND_SHARE {
                 continue;
             }
             let ready = ready_queues(
@@ -2232,8 +2247,44 @@ mod tests {
         assert_ne!(round2.slots[0], first, "the next round starts elsewhere");
         assert!(
             c.plan_round(Instant::now()).is_none(),
-            "two rounds in flight at most"
+            "all the credit is asked for"
         );
+    }
+
+    /// No round starts past MAX_ROUNDS_IN_FLIGHT; beside one in flight, a
+    /// stream joins a new one only with a quarter of its credit free (the
+    /// few credits an early ack returns wait for company).
+    #[tokio::test(start_paused = true)]
+    async fn beside_a_round_in_flight_a_stream_joins_with_a_quarter_of_its_credit() {
+        let (mut c, _) = core();
+        c.open(1, sub(&["a"], 64));
+        c.reconcile_offers(Instant::now());
+        let first = c.plan_round(Instant::now()).expect("a round");
+        let jobs = everything(&first);
+        let d = c.finish_round(first, outcome(jobs.clone()), Instant::now());
+        assert_eq!(d.jobs.len(), 64);
+        let lease = |j: &Leased| (j.id, j.token);
+        // Nothing in flight: any credit makes a round.
+        c.acking(jobs[..4].iter().map(lease));
+        let second = c.plan_round(Instant::now()).expect("a round for 4");
+        assert_eq!(asks(&second), HashMap::from([("a".into(), 4)]));
+        // One in flight: 12 free credits (< 64 / 4) wait, 16 go.
+        c.acking(jobs[4..16].iter().map(lease));
+        assert!(c.plan_round(Instant::now()).is_none(), "12 credits wait");
+        c.acking(jobs[16..20].iter().map(lease));
+        let third = c.plan_round(Instant::now()).expect("16 credits go");
+        assert_eq!(asks(&third), HashMap::from([("a".into(), 16)]));
+        // Up to MAX_ROUNDS_IN_FLIGHT at once.
+        let mut n = 2;
+        for chunk in jobs[20..].chunks(16) {
+            c.acking(chunk.iter().map(lease));
+            match c.plan_round(Instant::now()) {
+                Some(_) => n += 1,
+                None => break,
+            }
+        }
+        assert_eq!(n, MAX_ROUNDS_IN_FLIGHT, "rounds in flight at most");
+        assert_eq!(c.rounds_in_flight(), MAX_ROUNDS_IN_FLIGHT);
     }
 
     /// Every job a round asked for: it comes back full.

@@ -470,12 +470,7 @@ impl Task {
             }
             fx.check.clear();
             for round in fx.rounds.drain(..) {
-                trace!("lease round started");
-                let (clusters, me) = (self.clusters.clone(), self.me.clone());
-                tokio::spawn(async move {
-                    let result = lease_everywhere(&clusters, &round).await;
-                    me.send(Msg::In(Input::Leased(round, result)));
-                });
+                self.start_round(round);
             }
             if std::mem::take(&mut fx.sweep) {
                 let (store, me) = (self.store.clone(), self.me.clone());
@@ -502,6 +497,25 @@ impl Task {
             }
             fx.drained = drained;
         }
+    }
+
+    /// Runs a lease round's statement in a task of its own; its result
+    /// comes back as an input. Each round's size and time are logged at
+    /// debug (what docs/BENCHMARKS.md, "One stream's drain", measured).
+    fn start_round(&self, round: Round) {
+        trace!("lease round started");
+        let (clusters, me) = (self.clusters.clone(), self.me.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = lease_everywhere(&clusters, &round).await;
+            debug!(
+                asked = round.wants.iter().map(|w| i64::from(w.n)).sum::<i64>(),
+                leased = result.as_ref().map_or(0, |o| o.jobs.len()),
+                us = started.elapsed().as_micros() as u64,
+                "lease round finished"
+            );
+            me.send(Msg::In(Input::Leased(round, result)));
+        });
     }
 
     /// Tells the other replicas what our idle streams offer now.
