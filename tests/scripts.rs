@@ -193,3 +193,48 @@ fn every_bench_script_is_in_its_readme() {
         "not in scripts/bench/README.md (as a link [NAME](NAME)): {missing:?}"
     );
 }
+
+/// A benchmark script under `set -e` whose own process died before the
+/// end still stops everything else it started: the cleanup (an EXIT trap)
+/// once stopped at the first `kill` of a pid already gone, and left the
+/// older processes running (four brokers and their clusters, found half
+/// an hour after a script had failed). Real bash, real processes: two
+/// `sleep`s spawned, the newer killed by the script, then the script ends.
+#[test]
+fn a_set_e_script_whose_process_died_still_stops_the_others() {
+    let out_dir = std::env::temp_dir().join(format!("leaseq-libsh-{}", std::process::id()));
+    let script = format!(
+        r#"set -euo pipefail
+. "{lib}"
+bench_init "{out}"
+spawn "$OUT/a.log" sleep 300
+echo "$SPAWNED" >"$OUT/older.pid"
+spawn "$OUT/b.log" sleep 300
+kill -KILL "$SPAWNED"
+wait "$SPAWNED" 2>/dev/null || true
+"#,
+        lib = repo().join("scripts/bench/lib.sh").display(),
+        out = out_dir.display(),
+    );
+    let status = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .status()
+        .expect("bash");
+    let pid: i32 = std::fs::read_to_string(out_dir.join("older.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ");
+    if alive {
+        // SAFETY: kill(2) on the sleep this test's script started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+    assert!(!alive, "the older process ({pid}) was left running");
+    assert!(status.success(), "the script's exit: {status}");
+}

@@ -470,6 +470,10 @@ bench_cleanup() {
     # Once: a second Ctrl-C does not cut the cleanup short.
     trap - EXIT
     trap '' INT TERM
+    # Every step runs, whatever the script's `set -e`: the kill of a pid
+    # already gone fails, and once ended the cleanup there, leaving the
+    # older processes running (tests/scripts.rs).
+    set +e
     stop_all
     rabbit_stop
     for d in "${BENCH_CLUSTERS[@]}"; do pg_stop "$d" || left=1; done
