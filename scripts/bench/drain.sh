@@ -10,6 +10,10 @@
 # CPU over the drain (/proc/PID/stat of the broker, and of the postmaster
 # and its children).
 #
+# With WITH_BENCH=1, each round first runs `leaseq bench --duration 10`
+# (4 Consume streams of credit 256 and producers: the stream figure the
+# Rust SDK's worker is compared with, issue 36) on the same broker.
+#
 # With ROUNDS_LOG=1 the brokers run with `leaseq_server::dispatch=debug`:
 # their log has a line per lease round (`lease round finished`: jobs
 # asked, jobs leased, microseconds from the statement's start to its
@@ -18,7 +22,7 @@
 #
 #   usage: scripts/bench/drain.sh OUTDIR
 #   env:   BINS (default: target/release/leaseq), CREDITS="256 1024",
-#          REPS=2, JOBS=60000, ROUNDS_LOG, RUST_WORKER (a noop_worker
+#          REPS=2, JOBS=60000, WITH_BENCH, ROUNDS_LOG, RUST_WORKER (a noop_worker
 #          built elsewhere; otherwise built here, nice)
 #   needs: clients/setup.sh python (fill.py runs in its venv)
 set -euo pipefail
@@ -56,6 +60,10 @@ for rep in $(seq "$REPS"); do
             BIN=$bin embedded_broker "b-$name-$rep"
         fi
         BIN=$bin warm "$A" 10
+        if [ -n "${WITH_BENCH:-}" ]; then
+            run_json bench "$bin" bench --json --addr "$A" --duration 10 &&
+                log "$name round $rep bench: $(python3 -c 'import json, sys; print(round(json.loads(sys.argv[1])["jobs_per_s"]))' "$LINE") jobs/s"
+        fi
         since=$(date -u +%H:%M:%S.%3N)
         for credit in $CREDITS; do
             q=drain-$rep-$credit
