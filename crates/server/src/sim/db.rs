@@ -13,7 +13,9 @@ use std::sync::Arc;
 use chrono::{DateTime, TimeZone, Utc};
 use uuid::Uuid;
 
-use crate::domain::{AckReq, ClusterId, ExtendReq, Failed, JobId, LeaseToken, QueueName, Settled};
+use crate::domain::{
+    AckReq, ClusterId, ExtendReq, Failed, FastMap, JobId, LeaseToken, QueueName, Settled,
+};
 use crate::domain::{Cap, Due, Extended, FailReq, HandoffTo, LeaseOutcome, Leased, Wake, Want};
 
 /// Database time: milliseconds since the simulation began.
@@ -69,7 +71,10 @@ pub struct Db {
     pub now: Ms,
     /// Every live job (read freely; changed only through `put` / `take`,
     /// which keep the indexes below).
-    pub jobs: BTreeMap<JobId, Row>,
+    /// By id: a hash map, looked up at every step of the checker (a
+    /// BTreeMap's key comparisons were the simulation's largest cost);
+    /// nothing iterates it but `World::cancel_job`, which sorts the ids.
+    pub jobs: FastMap<JobId, Row>,
     /// Available jobs per queue in delivery order (`jobs_ready`).
     ready_idx: BTreeMap<QueueName, BTreeSet<(i32, Ms, JobId)>>,
     /// Available jobs per queue by run_at.

@@ -52,7 +52,6 @@ mod tests {
 
     /// Runs `n` seeds from `first` (the environment may say otherwise).
     fn seeds(first: u64) {
-        yield_to_the_suite();
         let seconds = env("LEASEQ_SIM_SECONDS").unwrap_or(SECONDS);
         if let Some(seed) = env("LEASEQ_SIM_SEED") {
             if first != 0 {
@@ -82,18 +81,6 @@ mod tests {
             total.add(&out);
         }
         eprintln!("SIM {n} seeds of {seconds} s from {first}: {total}");
-    }
-
-    /// Lowers this thread's priority (nice 10): the seeds are pure CPU
-    /// with no deadline, and on 2 cores they ran beside the suite's
-    /// longest tests (the builds of tests/client.rs and tests/image.rs),
-    /// slowing them, where they can as well use what those leave idle.
-    fn yield_to_the_suite() {
-        // SAFETY: setpriority(2) on the calling thread (who = 0 under
-        // Linux's per-thread nice); a failure leaves the priority as it was.
-        unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, 0, 10);
-        }
     }
 
     #[test]

@@ -1608,7 +1608,8 @@ impl World {
             let t = self.rng.random_range(200..1500);
             self.after(t, Ev::CancelJob);
         }
-        let ids: Vec<JobId> = self.db.jobs.keys().copied().collect();
+        let mut ids: Vec<JobId> = self.db.jobs.keys().copied().collect();
+        ids.sort_unstable();
         if ids.is_empty() || self.broker.dead {
             return;
         }
