@@ -128,9 +128,14 @@ async fn a_retry_and_an_expired_lease_keep_their_place_at_the_head() {
     let mut short = subscribe(&mut c, &["retry"], 10, Some(secs(1))).await;
     let d = next_delivery(&mut short, S5).await;
     assert_eq!(payload_of(&d), "k3");
-    // Not acked: after its 1 s lease, k3 again (attempt 2), and only then k4.
+    // Not acked: after its 1 s lease, k3 again, and only then k4. Attempt
+    // 2, or later on a loaded host: a 1 s lease can end before its
+    // delivery leaves the broker, which then drops it (never sent past its
+    // lease) and the job comes back once more, still first of its key
+    // (a clean-checkout run saw attempt 3).
     let d = next_delivery(&mut short, secs(10)).await;
-    assert_eq!((payload_of(&d).as_str(), job_of(&d).attempt), ("k3", 2));
+    assert_eq!(payload_of(&d), "k3");
+    assert!(job_of(&d).attempt >= 2, "attempt {}", job_of(&d).attempt);
     ack(&mut c, &d).await.unwrap();
     let d = next_delivery(&mut short, S5).await;
     assert_eq!(payload_of(&d), "k4");
