@@ -136,6 +136,7 @@ impl Server {
             DispatchConfig {
                 heartbeat_interval: cfg.heartbeat_interval,
                 poll_interval: cfg.poll_interval,
+                max_rounds_in_flight: DispatchConfig::rounds_for_pool(cfg.pool_size),
             },
         );
         let (connections, listens) = listen(&cfg, &clusters, databases).await?;

@@ -239,6 +239,9 @@ pub(crate) struct Core {
     retry_at: Option<Instant>,
     draining: bool,
     rounds_in_flight: usize,
+    /// At most this many rounds at once (MAX_ROUNDS_IN_FLIGHT or fewer:
+    /// [`super::DispatchConfig::max_rounds_in_flight`]).
+    max_rounds: usize,
     /// Rotating start among streams (fairness across streams).
     next_stream: usize,
     offers: Offers,
@@ -327,6 +330,7 @@ impl Core {
             retry_at: None,
             draining: false,
             rounds_in_flight: 0,
+            max_rounds: MAX_ROUNDS_IN_FLIGHT,
             next_stream: 0,
             offers,
             dirty: FastSet::default(),
@@ -391,6 +395,11 @@ impl Core {
 
     pub fn is_draining(&self) -> bool {
         self.draining
+    }
+
+    /// Lease statements at once from now on (1 to MAX_ROUNDS_IN_FLIGHT).
+    pub fn set_max_rounds(&mut self, n: usize) {
+        self.max_rounds = n.clamp(1, MAX_ROUNDS_IN_FLIGHT);
     }
 
     pub fn rounds_in_flight(&self) -> usize {
@@ -879,8 +888,7 @@ impl Core {
         if let Some(part) = self.next_part.take() {
             return Some(part);
         }
-        if self.draining || self.retry_at.is_some() || self.rounds_in_flight >= MAX_ROUNDS_IN_FLIGHT
-        {
+        if self.draining || self.retry_at.is_some() || self.rounds_in_flight >= self.max_rounds {
             return None;
         }
         let mut wants = Vec::new();
@@ -2249,6 +2257,27 @@ mod tests {
             c.plan_round(Instant::now()).is_none(),
             "all the credit is asked for"
         );
+    }
+
+    /// Half the hot connections, 1 to 4: a small pool keeps connections
+    /// for settles and enqueues.
+    #[test]
+    fn rounds_in_flight_follow_the_pool() {
+        let r = super::super::DispatchConfig::rounds_for_pool;
+        assert_eq!([r(1), r(3), r(4), r(6), r(10), r(40)], [1, 1, 1, 2, 4, 4]);
+        let (mut c, _) = core();
+        c.set_max_rounds(1);
+        for id in 0..2 {
+            c.open(id, sub(&["a"], 16));
+        }
+        c.reconcile_offers(Instant::now());
+        // One round takes both streams (under the round cap): no second.
+        assert!(c.plan_round(Instant::now()).is_some());
+        c.open(5, sub(&["b"], 16));
+        c.reconcile_offers(Instant::now());
+        assert!(c.plan_round(Instant::now()).is_none(), "one round at most");
+        c.set_max_rounds(2);
+        assert!(c.plan_round(Instant::now()).is_some(), "b's round, at 2");
     }
 
     /// No round starts past MAX_ROUNDS_IN_FLIGHT; beside one in flight, a

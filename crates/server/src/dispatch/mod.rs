@@ -73,6 +73,19 @@ pub struct DispatchConfig {
     /// Every queue with streams is looked at this often even without a
     /// wake-up (covers notifications lost while LISTEN reconnected).
     pub poll_interval: Duration,
+    /// Lease statements at once: at most `MAX_ROUNDS_IN_FLIGHT` (4), and
+    /// at most half the hot path's connections, so that settles and
+    /// enqueues always find one ([`DispatchConfig::rounds_for_pool`]).
+    pub max_rounds_in_flight: usize,
+}
+
+impl DispatchConfig {
+    /// The lease statements at once a broker of `pool_size` connections
+    /// runs: half its hot connections, 1 to `MAX_ROUNDS_IN_FLIGHT` (4 with
+    /// the default pool of 10, 1 with a pool of 4).
+    pub fn rounds_for_pool(pool_size: u32) -> usize {
+        (crate::store::hot_connections(pool_size) as usize / 2).clamp(1, core::MAX_ROUNDS_IN_FLIGHT)
+    }
 }
 
 /// What the dispatcher task hears: the machine's inputs, and the few that
@@ -155,6 +168,7 @@ impl Dispatcher {
         );
         let store = clusters.home().clone();
         let mut core = Core::new(cfg.poll_interval, offers.clone(), Instant::now());
+        core.set_max_rounds(cfg.max_rounds_in_flight);
         if clusters.is_single() {
             // Hand-off across replicas (remote.rs): over several clusters a
             // queue's jobs may move between them, so it stays local there.

@@ -218,14 +218,22 @@ pub async fn open(url: &str, pool_size: u32) -> Result<(PgPool, Conns), sqlx::Er
     open_with(url, pool_size, Session::default()).await
 }
 
+/// Of `pool_size` connections, how many the hot path gets ([`Conns`]:
+/// group-commit statements and lease rounds); the rest (one, or two from a
+/// pool of 4) serve admin and maintenance.
+pub fn hot_connections(pool_size: u32) -> u32 {
+    let aux = if pool_size <= 3 { 1 } else { 2 };
+    pool_size.saturating_sub(aux).max(1)
+}
+
 /// [`open`] with the session settings given.
 pub(crate) async fn open_with(
     url: &str,
     pool_size: u32,
     session: Session,
 ) -> Result<(PgPool, Conns), sqlx::Error> {
-    let aux = if pool_size <= 3 { 1 } else { 2 };
-    let hot = pool_size.saturating_sub(aux).max(1);
+    let hot = hot_connections(pool_size);
+    let aux = pool_size.saturating_sub(hot).max(1);
     let target = crate::pgconn::connect_options(url)?;
     let pool = pool_options(&target, aux)
         .min_connections(1)
