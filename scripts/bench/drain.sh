@@ -8,7 +8,8 @@
 # line per drain: the worker's JSON (rate from first delivery to last
 # handler completion, its CPU per job) with the broker's and PostgreSQL's
 # CPU over the drain (/proc/PID/stat of the broker, and of the postmaster
-# and its children).
+# and its children). Each round's broker also runs the raw-SQL baseline
+# (`leaseq bench --scenario baseline`, 10 s) first: the sitting's anchor.
 #
 # With WITH_BENCH=1, each round first runs `leaseq bench --duration 10`
 # (4 Consume streams of credit 256 and producers: the stream figure the
@@ -60,6 +61,11 @@ for rep in $(seq "$REPS"); do
             BIN=$bin embedded_broker "b-$name-$rep"
         fi
         BIN=$bin warm "$A" 10
+        # The sitting's anchor: raw SQL (one statement a batch of 100 to
+        # enqueue, lease and delete) on this cluster, as every sitting has.
+        run_json baseline "$bin" bench --json --scenario baseline --database-url "$U" \
+            --batch 100 --duration "$(secs 10)" --postgres-pid "$PM" &&
+            log "$name round $rep raw SQL baseline: $(python3 -c 'import json, sys; print(round(json.loads(sys.argv[1])["jobs_per_s"]))' "$LINE") jobs/s"
         if [ -n "${WITH_BENCH:-}" ]; then
             run_json bench "$bin" bench --json --addr "$A" --duration 10 &&
                 log "$name round $rep bench: $(python3 -c 'import json, sys; print(round(json.loads(sys.argv[1])["jobs_per_s"]))' "$LINE") jobs/s"
