@@ -30,9 +30,9 @@ use crate::domain::{
 pub(crate) const MAX_ROUND_JOBS: i32 = 2000;
 /// Lease statements running at once. A backlogged stream's drain is
 /// bound by them: each statement costs ~1.5 ms plus ~17 us a job in
-/// PostgreSQL, and at 2 one stream of credit 256 drained 33,000-34,000
-/// jobs/s against 37,000-39,000 at 4 (docs/BENCHMARKS.md, "One stream's
-/// drain").
+/// PostgreSQL; one stream of credit 256 drained 12 % faster at 4 than at
+/// 2 in two sittings, and no faster in a third (docs/BENCHMARKS.md, "One
+/// stream's drain").
 pub(crate) const MAX_ROUNDS_IN_FLIGHT: usize = 4;
 /// A stream joins a round planned while another is in flight only with at
 /// least this fraction (1/N) of its credit free.
