@@ -214,6 +214,15 @@ impl QueueService for Floor {
         Err(Status::unimplemented("not part of the floor"))
     }
 
+    type ProduceStream = Boxed<pb::ProduceResponse>;
+
+    async fn produce(
+        &self,
+        _: Request<Streaming<pb::ProduceRequest>>,
+    ) -> Result<Response<Self::ProduceStream>, Status> {
+        Err(Status::unimplemented("not part of the floor"))
+    }
+
     type WaitJobStream = Boxed<pb::WaitJobResponse>;
 
     async fn wait_job(

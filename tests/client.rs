@@ -833,6 +833,16 @@ impl QueueService for Proxy {
         Err(Status::unimplemented("leaseq.v1.QueueService/WaitJob"))
     }
 
+    type ProduceStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ProduceResponse, Status>>;
+
+    async fn produce(
+        &self,
+        r: Request<Streaming<pb::ProduceRequest>>,
+    ) -> Result<Response<Self::ProduceStream>, Status> {
+        self.produce_through(r).await
+    }
+
     type ConsumeStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::ConsumeResponse, Status>>;
 
@@ -892,6 +902,58 @@ impl QueueService for Proxy {
                         let _ = resp_tx.send(Err(s)).await;
                         return;
                     }
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            resp_rx,
+        )))
+    }
+}
+
+/// Produce through the [`Proxy`]: passed on, its messages counted; with
+/// `consume: false` (a broker from before Consume, older still than
+/// Produce) UNIMPLEMENTED.
+impl Proxy {
+    async fn produce_through(
+        &self,
+        r: Request<Streaming<pb::ProduceRequest>>,
+    ) -> Result<
+        Response<tokio_stream::wrappers::ReceiverStream<Result<pb::ProduceResponse, Status>>>,
+        Status,
+    > {
+        self.calls.add("Produce", 1);
+        if !self.consume {
+            return Err(Status::unimplemented("leaseq.v1.QueueService/Produce"));
+        }
+        let (req_tx, req_rx) = mpsc::channel(16);
+        let (calls, mut inbound) = (self.calls.clone(), r.into_inner());
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                calls.add("Produce.messages", 1);
+                if req_tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut upstream = self
+            .upstream
+            .clone()
+            .produce(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+            .await?
+            .into_inner();
+        let (resp_tx, resp_rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            loop {
+                let m = upstream.message().await;
+                let end = !matches!(m, Ok(Some(_)));
+                let item = match m {
+                    Ok(Some(m)) => Ok(m),
+                    Ok(None) => return,
+                    Err(s) => Err(s),
+                };
+                if resp_tx.send(item).await.is_err() || end {
+                    return;
                 }
             }
         });
@@ -1092,6 +1154,84 @@ async fn a_broker_without_consume_gets_subscribe_and_ack_batch() {
     assert_eq!(n(&stats.settled_batched), 22);
     assert_eq!(n(&stats.settled_unary), 1);
     assert_eq!(n(&stats.subscribe_streams), 1);
+    broker.stop().await;
+}
+
+/// `Client::enqueue` sends its jobs on one Produce stream shared by the
+/// client's clones: 40 concurrent enqueues from two clones are one call of
+/// 40 messages, no Enqueue, each answered with its own job; after the
+/// broker behind it restarts (the stream broken), the next enqueue opens a
+/// new stream. Against a broker without Produce (UNIMPLEMENTED, the proxy
+/// playing an older broker) the same enqueues go as unary Enqueue calls,
+/// after one refused Produce, and the jobs are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_enqueues_share_one_produce_stream_or_fall_back_to_enqueue() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    for (newer, queue) in [(true, "produce-new"), (false, "produce-old")] {
+        let (proxy, calls) = start_proxy(addr, newer).await;
+        let client = Client::connect(format!("http://{proxy}")).await.unwrap();
+        let clone = client.clone();
+        let sent = futures::future::join_all((0..40).map(|i| {
+            let c = if i % 2 == 0 { &client } else { &clone };
+            c.enqueue(Job::new(queue, format!("p{i}")))
+        }))
+        .await;
+        let ids: HashSet<String> = sent
+            .into_iter()
+            .map(|r| r.expect("enqueued").job_id)
+            .collect();
+        assert_eq!(ids.len(), 40, "one job each");
+        let n: i64 = sqlx::query_scalar("select count(*) from leaseq.jobs where queue = $1")
+            .bind(queue)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 40);
+        let c = calls.summary();
+        assert_eq!(calls.get("Produce"), 1, "{c}");
+        if newer {
+            assert_eq!(calls.get("Produce.messages"), 40, "{c}");
+            assert_eq!(calls.get("Enqueue"), 0, "{c}");
+        } else {
+            assert_eq!(calls.get("Produce.messages"), 0, "{c}");
+            assert_eq!(calls.get("Enqueue"), 40, "{c}");
+            // Told once: the later ones go straight to Enqueue.
+            client.enqueue(Job::new(queue, "later")).await.unwrap();
+            assert_eq!(calls.get("Produce"), 1, "{}", calls.summary());
+            assert_eq!(calls.get("Enqueue"), 41, "{}", calls.summary());
+        }
+    }
+    broker.stop().await;
+
+    // A broker restart breaks the stream: the next enqueue opens another.
+    let direct_addr = free_addr();
+    let broker = TestBroker::on(&db).addr(direct_addr).start().await;
+    let client = Client::connect(format!("http://{direct_addr}"))
+        .await
+        .unwrap();
+    client
+        .enqueue(Job::new("produce-restart", "a"))
+        .await
+        .unwrap();
+    broker.stop().await;
+    let broker = TestBroker::on(&db).addr(direct_addr).start().await;
+    let mut again = None;
+    for _ in 0..50 {
+        match client.enqueue(Job::new("produce-restart", "b")).await {
+            Ok(e) => {
+                again = Some(e);
+                break;
+            }
+            // The broken stream's answer, or the reconnection under way.
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(again.is_some(), "an enqueue after the restart succeeds");
     broker.stop().await;
 }
 

@@ -724,6 +724,14 @@ impl QueueService for FakeBroker {
         ))
     }
 
+    type ProduceStream = Stream<pb::ProduceResponse>;
+    async fn produce(
+        &self,
+        _: Request<Streaming<pb::ProduceRequest>>,
+    ) -> Result<Response<Self::ProduceStream>, Status> {
+        self.refuse("Produce")
+    }
+
     type WaitJobStream = Stream<pb::WaitJobResponse>;
     async fn wait_job(
         &self,

@@ -41,6 +41,7 @@ mod migrate_cli;
 mod pg_connect;
 mod plans;
 mod process;
+mod produce;
 mod progress;
 mod release;
 mod results;

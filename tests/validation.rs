@@ -763,6 +763,76 @@ async fn enqueue_bad_input_table() {
     .await;
 }
 
+/// Enqueue's table again, every row a message on one Produce stream: each
+/// refused job is answered with the unary call's status, its field named
+/// inside `job` (`job.queue: ...`), the stream goes on to the next row,
+/// and nothing changes. A message past --max-message-bytes ends a stream
+/// (tests/produce.rs), so those rows are left to the unary table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_bad_input_table() {
+    use tokio::sync::Mutex;
+    type Stream = (
+        tokio::sync::mpsc::UnboundedSender<pb::ProduceRequest>,
+        Streaming<pb::ProduceResponse>,
+        u64,
+    );
+    let stream: std::sync::Arc<Mutex<Option<Stream>>> = Default::default();
+    let rows: Vec<Row<pb::EnqueueRequest>> = enqueue_rows("held", "accepted")
+        .into_iter()
+        .map(|r| Row {
+            want: match r.want {
+                Want::Starts(code, text) => Want::Starts(code, format!("job.{text}")),
+                Want::Err(code, text) => Want::Err(code, text),
+                ok => ok,
+            },
+            ..r
+        })
+        .collect();
+    let rows_n = rows.len();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = answered.clone();
+    check_table(
+        "Produce",
+        |_| rows,
+        move |mut c, r| {
+            let stream = stream.clone();
+            let count = count.clone();
+            async move {
+                let mut guard = stream.lock().await;
+                if guard.is_none() {
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    let answers = c
+                        .produce(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+                        .await?
+                        .into_inner();
+                    *guard = Some((tx, answers, 0));
+                }
+                let (tx, answers, next) = guard.as_mut().expect("opened above");
+                *next += 1;
+                let id = *next;
+                tx.send(pb::ProduceRequest { id, job: Some(r) })
+                    .map_err(|_| Status::internal("the request side closed"))?;
+                let a = answers
+                    .message()
+                    .await?
+                    .ok_or_else(|| Status::internal("the Produce stream ended"))?;
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if a.id != id {
+                    return Err(Status::internal(format!("answer {} to request {id}", a.id)));
+                }
+                match a.code {
+                    0 if a.enqueued.as_ref().is_some_and(|e| !e.job_id.is_empty()) => Ok(()),
+                    0 => Err(Status::internal("OK without the job's id")),
+                    code => Err(Status::new(Code::from(code), a.message)),
+                }
+            }
+        },
+    )
+    .await;
+    // Every row went over the one stream.
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), rows_n);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_batch_bad_input_table() {
     let batch = |jobs: Vec<pb::EnqueueRequest>| pb::EnqueueBatchRequest { jobs };

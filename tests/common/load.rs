@@ -845,6 +845,13 @@ async fn produce(
     keys: usize,
 ) {
     let clients: Vec<Client> = addrs.iter().map(|a| lazy_client(*a)).collect();
+    // Every other job (the odd `n`) goes through the Rust SDK's
+    // `Client::enqueue`: a message on its long-lived Produce stream, which
+    // the faults break and the SDK opens again.
+    let streams: Vec<leaseq_client::Client> = addrs
+        .iter()
+        .map(|a| leaseq_client::Client::connect_lazy(format!("http://{a}")).expect("an address"))
+        .collect();
     let mut tick = tokio::time::interval(pace);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for n in 0..max {
@@ -864,20 +871,31 @@ async fn produce(
         } else {
             String::new()
         };
-        let r = timeout(
-            Duration::from_secs(10),
-            c.enqueue(pb::EnqueueRequest {
-                queue,
-                payload: payload.clone().into_bytes(),
-                key,
-                ..Default::default()
-            }),
-        )
-        .await;
+        let r = if n % 2 == 1 {
+            let mut job = leaseq_client::Job::new(queue, payload.clone().into_bytes());
+            if !key.is_empty() {
+                job = job.key(key);
+            }
+            timeout(Duration::from_secs(10), streams[broker].enqueue(job))
+                .await
+                .map(|r| r.map(|e| e.job_id))
+        } else {
+            timeout(
+                Duration::from_secs(10),
+                c.enqueue(pb::EnqueueRequest {
+                    queue,
+                    payload: payload.clone().into_bytes(),
+                    key,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map(|r| r.map(|resp| resp.into_inner().job_id))
+        };
         match r {
             // Through one address (a balancer, say) the broker is not known.
-            Ok(Ok(resp)) if single => history.enqueue_ok(&payload, &resp.into_inner().job_id),
-            Ok(Ok(resp)) => history.enqueue_ok_via(&payload, &resp.into_inner().job_id, broker),
+            Ok(Ok(id)) if single => history.enqueue_ok(&payload, &id),
+            Ok(Ok(id)) => history.enqueue_ok_via(&payload, &id, broker),
             Ok(Err(s)) => history.enqueue_err(&payload, s.code()),
             Err(_) => history.enqueue_err(&payload, Code::DeadlineExceeded),
         }

@@ -7,6 +7,7 @@ import { checkProgress, JobFailedError, LeaseqError, resultBytes } from './error
 import { Connection, type ConnectionOptions } from './connection';
 import { JobStream, type ConsumeOptions } from './consumer';
 import { duration, timestamp, toDate, type PbTime } from './proto';
+import { Producer } from './produce';
 import { Rpc, type NackReq } from './rpc';
 import { withTraceContext } from './tracing';
 
@@ -121,6 +122,7 @@ export class Client {
   /** @internal */
   readonly _conn: Connection;
   readonly #propagate: boolean;
+  readonly #producer: Producer;
 
   /**
    * @param address `host:port` (plaintext, or TLS when `tls` is given),
@@ -134,11 +136,19 @@ export class Client {
     this._conn = new Connection(address, { ...opts, channelOptions });
     this._rpc = new Rpc(this._conn, opts.callTimeoutMs);
     this.#propagate = opts.propagateTrace ?? true;
+    this.#producer = new Producer(this._rpc);
   }
 
-  /** Adds one job; resolves once it is committed. */
+  /**
+   * Adds one job; resolves once it is committed. The jobs go as messages
+   * on one Produce stream (opened by the first enqueue, half-closed after
+   * 200 ms without one awaited); a unary Enqueue each against a broker
+   * without it. A rejection with UNAVAILABLE (the stream broke) leaves the
+   * job enqueued or not, as for any call whose answer was lost: give it a
+   * dedupKey to send it again safely.
+   */
   async enqueue(queue: string, payload: Buffer | Uint8Array | string = Buffer.alloc(0), opts: EnqueueOptions = {}): Promise<EnqueueResult> {
-    const resp = await this._rpc.unary<EnqueueResult>('Enqueue', enqueueRequest({ ...opts, queue, payload }, this.#propagate));
+    const resp = await this.#producer.enqueue(enqueueRequest({ ...opts, queue, payload }, this.#propagate), this._rpc.callTimeoutMs);
     return { jobId: resp.jobId, duplicate: resp.duplicate, replaced: resp.replaced };
   }
 
@@ -265,6 +275,7 @@ export class Client {
 
   /** Closes the channel (after sending acks still waiting to be batched). */
   close(): void {
+    this.#producer.close();
     this._rpc.close(); // starts the AckBatch call, which the close lets finish
     this._conn.close();
   }

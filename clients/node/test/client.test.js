@@ -4,7 +4,9 @@ const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { after, before, test } = require('node:test');
 const { Client, status } = require('@leaseq/client');
-const { suiteBroker, queueName, firstDelivery } = require('../harness/helpers');
+const { suiteBroker, queueName, firstDelivery, callCounter } = require('../harness/helpers');
+const { spawnSync } = require('node:child_process');
+const path = require('node:path');
 
 let broker;
 let client;
@@ -27,6 +29,32 @@ test('enqueue then delivery carries every field', { timeout: 30000 }, async () =
   assert.deepEqual([job.priority, job.attempt, job.lastError], [3, 1, '']);
   assert.ok(job.leaseToken);
   assert.ok(job.leaseExpiresAt > job.enqueuedAt);
+});
+
+test('enqueue: concurrent jobs are messages on one Produce stream; a refused one names its field alone', { timeout: 30000 }, async () => {
+  const calls = callCounter();
+  const c = new Client(broker.addr, { interceptors: [calls.interceptor] });
+  try {
+    const q = queueName();
+    const sent = await Promise.all(Array.from({ length: 50 }, (_, i) => c.enqueue(q, `p${i}`)));
+    assert.equal(new Set(sent.map((r) => r.jobId)).size, 50);
+    await assert.rejects(c.enqueue('bad queue', 'x'), (e) => e.code === status.INVALID_ARGUMENT && /job\.queue/.test(e.details));
+    const after = await c.enqueue(q, 'after');
+    assert.ok(after.jobId);
+    assert.deepEqual(calls.counts, { Produce: 1 });
+  } finally {
+    c.close();
+  }
+});
+
+test('enqueue: a script that never calls close() still exits (the idle stream is half-closed)', { timeout: 30000 }, () => {
+  const script = `const { Client } = require(${JSON.stringify(path.resolve(__dirname, '..'))});
+    new Client(${JSON.stringify(broker.addr)}).enqueue('idle-exit', 'x').then((r) => console.log(r.jobId));`;
+  const t0 = Date.now();
+  const r = spawnSync(process.execPath, ['-e', script], { timeout: 15000, encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /^[0-9a-f-]{36}\n$/);
+  assert.ok(Date.now() - t0 < 10000, `exited after ${Date.now() - t0} ms`);
 });
 
 test('dedup key returns the live job', { timeout: 30000 }, async () => {

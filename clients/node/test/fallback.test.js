@@ -24,6 +24,22 @@ after(async () => {
   await broker.stop();
 });
 
+test('enqueue(): UNIMPLEMENTED Produce falls back to unary Enqueue, told once', { timeout: 30000 }, async () => {
+  const calls = callCounter();
+  const c = new Client(proxy.addr, { interceptors: [calls.interceptor] });
+  try {
+    const q = queueName();
+    const sent = await Promise.all(Array.from({ length: 10 }, (_, i) => c.enqueue(q, `p${i}`)));
+    assert.equal(new Set(sent.map((r) => r.jobId)).size, 10);
+    await c.enqueue(q, 'later');
+    assert.deepEqual(calls.counts, { Produce: 1, Enqueue: 11 });
+    const info = await admin.getQueue(q);
+    assert.equal(info.stats.available, 11);
+  } finally {
+    c.close();
+  }
+});
+
 test('consume(): UNIMPLEMENTED Consume falls back to Subscribe + AckBatch', { timeout: 30000 }, async () => {
   const calls = callCounter();
   const log = quietLog();

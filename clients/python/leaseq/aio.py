@@ -25,7 +25,7 @@ from typing import (
 
 import grpc
 
-from leaseq import _tracing
+from leaseq import _produce, _tracing
 from leaseq._connection import TLS, Connection
 from leaseq._types import (
     AckItem,
@@ -93,6 +93,7 @@ class AsyncClient:
         self._timeout = timeout
         self._channel = self._conn.aio_channel()
         self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self._producer = _produce.AsyncProducer(self._stub, self._conn.metadata)
 
     @classmethod
     def from_connection(cls, conn: Connection, *, timeout: Optional[float] = None) -> "AsyncClient":
@@ -101,6 +102,7 @@ class AsyncClient:
         self._conn, self._timeout = conn, timeout
         self._channel = conn.aio_channel()
         self._stub = pb_grpc.QueueServiceStub(self._channel)  # type: ignore[no-untyped-call,unused-ignore]
+        self._producer = _produce.AsyncProducer(self._stub, conn.metadata)
         return self
 
     @property
@@ -114,6 +116,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        await self._producer.close()
         await self._channel.close()
 
     async def _unary(self, method: Any, request: Any) -> Any:
@@ -149,7 +152,11 @@ class AsyncClient:
             queue, payload, headers or {}, priority, delay, run_at, dedup_key, max_attempts, ttl, key,
             unique_for, on_duplicate,
         )
-        resp = await self._unary(self._stub.Enqueue, job.to_request(_tracing.inject()))
+        req = job.to_request(_tracing.inject())
+        try:
+            resp = await self._producer.enqueue(req, self._timeout)
+        except _produce.Unsupported:
+            resp = await self._unary(self._stub.Enqueue, req)
         return EnqueueResult(resp.job_id, resp.duplicate, resp.replaced)
 
     async def enqueue_batch(self, jobs: Iterable[NewJob]) -> List[EnqueueResult]:

@@ -140,6 +140,29 @@ def test_bad_queue_name_is_invalid_argument(addr, queue):
     run(body())
 
 
+def test_async_enqueues_share_one_produce_stream(addr):
+    """AsyncClient.enqueue sends its jobs on one Produce stream: 50 at once
+    are 50 jobs, a refused one names its field (``job.queue``) and the
+    stream goes on, and close() half-closes it."""
+
+    async def body():
+        q = queue_name()
+        async with AsyncClient(addr) as c:
+            sent = await asyncio.gather(*(c.enqueue(q, str(i)) for i in range(50)))
+            assert len({r.job_id for r in sent}) == 50
+            stream = c._producer._stream
+            assert stream is not None and len(stream.pending) == 0
+            with pytest.raises(RpcError) as e:
+                await c.enqueue("bad name", b"x")
+            assert e.value.code_name == "INVALID_ARGUMENT"
+            assert e.value.details().startswith("job.queue")
+            await c.enqueue(q, "after")
+            assert c._producer._stream is stream, "one stream throughout"
+            assert not c._producer.unsupported
+
+    run(body())
+
+
 def test_rpc_error_is_also_a_grpc_error(addr):
     import grpc
 

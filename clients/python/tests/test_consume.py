@@ -214,3 +214,36 @@ def test_worker_falls_back_to_subscribe_when_consume_is_unimplemented(addr):
     finally:
         server.stop(None)
         upstream.close()
+
+
+def test_async_enqueue_falls_back_to_unary_when_produce_is_unimplemented(addr):
+    """The proxy knows no Produce either (a broker from before it):
+    AsyncClient.enqueue is answered UNIMPLEMENTED once, then every job goes
+    as a unary Enqueue; all of them are enqueued."""
+    upstream = grpc.insecure_channel(addr)
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers((_NoConsumeProxy(upstream),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+
+        async def body():
+            q = queue_name()
+            async with AsyncClient(f"127.0.0.1:{port}") as c:
+                sent = await asyncio.gather(*(c.enqueue(q, str(i)) for i in range(10)))
+                assert len({r.job_id for r in sent}) == 10
+                await c.enqueue(q, "later")
+                assert c._producer.unsupported
+            async with AsyncClient(addr) as direct:
+                n = 0
+                async with direct.consume(q, max_in_flight=20) as s:
+                    async for d in s:
+                        await s.ack(d)
+                        n += 1
+                        if n == 11:
+                            break
+                assert n == 11
+
+        run(body())
+    finally:
+        server.stop(None)

@@ -58,6 +58,7 @@ mod consumer;
 #[cfg(feature = "otel")]
 pub mod otel;
 mod outcome;
+mod produce;
 mod schedules;
 mod session;
 mod stats;
@@ -101,6 +102,8 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 pub struct Client {
     channel: ClientChannel,
     queue: QueueServiceClient<ClientChannel>,
+    /// The Produce stream single enqueues go on (shared by the clones).
+    producer: std::sync::Arc<produce::Producer>,
 }
 
 impl fmt::Debug for Client {
@@ -167,7 +170,11 @@ impl Client {
         let queue = QueueServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        Client { channel, queue }
+        Client {
+            channel,
+            queue,
+            producer: Default::default(),
+        }
     }
 
     /// The underlying channel (with the token, if any), for other services
@@ -187,16 +194,32 @@ impl Client {
     }
     /// Adds one job; returns once it is committed.
     ///
+    /// The jobs go on one Produce stream shared by the client's clones
+    /// (opened by the first enqueue), so concurrent enqueues cost a message
+    /// each rather than a call; against a broker without Produce, each is a
+    /// unary Enqueue. If the stream breaks before the answer (the broker
+    /// restarted), the error is UNAVAILABLE and the job may or may not be
+    /// enqueued, as with any call whose answer was lost: give it a
+    /// `dedup_key` to send it again safely.
+    ///
     /// With the `otel` feature, the current OpenTelemetry span's context goes
     /// into the job's headers unless the job has a `traceparent` already.
     pub async fn enqueue(&self, job: Job) -> Result<Enqueued, Status> {
-        let resp = self
-            .queue
-            .clone()
-            .enqueue(job.into_pb())
-            .await?
-            .into_inner();
-        Ok(Enqueued::from(resp))
+        let req = job.into_pb();
+        // A copy for Enqueue until a broker has answered on a stream.
+        let copy = (!self.producer.confirmed()).then(|| req.clone());
+        match self.producer.enqueue(&self.queue, req).await {
+            produce::Sent::Answered(r) => r,
+            produce::Sent::Unsupported(unsent) => {
+                let Some(req) = unsent.map(|b| *b).or(copy) else {
+                    return Err(Status::unavailable(
+                        "the broker stopped serving Produce (an older broker?); the job was not enqueued: send it again",
+                    ));
+                };
+                let resp = self.queue.clone().enqueue(req).await?.into_inner();
+                Ok(Enqueued::from(resp))
+            }
+        }
     }
 
     /// Adds many jobs atomically (all or none). Results are in request order.

@@ -4,7 +4,6 @@
 //! are the dispatcher's.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -36,8 +35,9 @@ pub struct Broker {
     /// so a cluster that is down fails only its own callers
     /// (docs/SCALING.md). One database: one lane, as before.
     lanes: HashMap<ClusterId, Lane>,
-    /// Set at the first moment of a drain: new streams are refused.
-    draining: AtomicBool,
+    /// Cancelled at the first moment of a drain: new streams are refused,
+    /// Produce streams stop reading.
+    draining: tokio_util::sync::CancellationToken,
     /// How long a Consume stream's ack may wait for company.
     ack_linger: std::time::Duration,
 }
@@ -133,7 +133,7 @@ impl Broker {
             clusters,
             dispatcher,
             lanes,
-            draining: AtomicBool::new(false),
+            draining: tokio_util::sync::CancellationToken::new(),
             ack_linger,
         })
     }
@@ -409,13 +409,18 @@ impl Broker {
     }
 
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        self.draining.is_cancelled()
+    }
+
+    /// Resolves once a drain has begun.
+    pub async fn drain_started(&self) {
+        self.draining.cancelled().await
     }
 
     /// Refuses new streams, then releases every unsettled job and ends every
     /// stream with UNAVAILABLE.
     pub async fn drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
+        self.draining.cancel();
         self.dispatcher.drain().await;
     }
 }

@@ -21,7 +21,8 @@
 //! Consume stream's messages are different: the handler takes each charge
 //! ([`CallCharges::take`]) and holds it until the message's settles have
 //! been answered and their results sent, so a client that does not read its
-//! responses stops being read once its connection's budget is used.
+//! responses stops being read once its connection's budget is used. A
+//! Produce stream's likewise, until each job's answer is sent.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -105,8 +106,12 @@ pub fn check_settings(cfg: &Config) -> anyhow::Result<()> {
 
 /// gRPC's message prefix: a compression flag and a big-endian u32 length.
 const PREFIX: usize = 5;
-/// The one method whose handler takes its messages' charges.
-const CONSUME: &str = "/leaseq.v1.QueueService/Consume";
+/// The methods whose handlers take their messages' charges (and hold each
+/// until the message is answered).
+const HANDOFF: [&str; 2] = [
+    "/leaseq.v1.QueueService/Consume",
+    "/leaseq.v1.QueueService/Produce",
+];
 /// Answered on a connection over `--max-connections` (probes keep working).
 const HEALTH: &str = "/grpc.health.v1.Health/";
 
@@ -172,7 +177,7 @@ where
         }
         let call = Arc::new(Call {
             conn,
-            handoff: req.uri().path() == CONSUME,
+            handoff: HANDOFF.contains(&req.uri().path()),
             max_message: self.max_message,
             state: Mutex::new(CallState::default()),
         });
@@ -204,7 +209,8 @@ struct Call {
     /// None when the request did not come through
     /// [`crate::conn_limit::Admission`]: only the message size applies.
     conn: Option<Arc<Conn>>,
-    /// Consume: every message's charge waits for the handler to take it.
+    /// Consume and Produce: every message's charge waits for the handler
+    /// to take it.
     handoff: bool,
     max_message: usize,
     state: Mutex<CallState>,

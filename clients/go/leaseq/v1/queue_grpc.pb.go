@@ -64,6 +64,24 @@ type QueueServiceClient interface {
 	// users): written at once, one statement per call. FAILED_PRECONDITION
 	// when the token is not the job's current lease (nothing is written).
 	ReportProgress(ctx context.Context, in *ReportProgressRequest, opts ...grpc.CallOption) (*ReportProgressResponse, error)
+	// Enqueue on a stream, for producers that enqueue one job at a time: each
+	// request is one job, answered by one response with the request's `id`
+	// once the job is committed (or refused), exactly what the unary Enqueue
+	// would have answered. Requests are enqueued concurrently: responses come
+	// in the order the jobs commit, not in the order sent (match them by
+	// `id`). A job refused (an invalid field, a permission, a database
+	// error) is answered with its status and the stream goes on. A stream has
+	// at most 1,024 jobs under way; past that the broker reads its next
+	// request when one is answered. When the client half-closes, the jobs
+	// sent are answered, then the stream ends with OK; when the broker drains
+	// (shutdown), it reads no more, answers the jobs under way, and ends the
+	// stream with UNAVAILABLE. A job whose answer never came (the stream
+	// broke) may or may not be enqueued, as for an unanswered Enqueue: send
+	// it again with a `dedup_key` to be sure of one copy. It saves the
+	// per-call cost of a unary call (headers, a new HTTP/2 stream) on both
+	// sides; the SDKs' single enqueue uses it, falling back to Enqueue on a
+	// broker without it (UNIMPLEMENTED).
+	Produce(ctx context.Context, opts ...grpc.CallOption) (QueueService_ProduceClient, error)
 }
 
 type queueServiceClient struct {
@@ -232,6 +250,37 @@ func (c *queueServiceClient) ReportProgress(ctx context.Context, in *ReportProgr
 	return out, nil
 }
 
+func (c *queueServiceClient) Produce(ctx context.Context, opts ...grpc.CallOption) (QueueService_ProduceClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_QueueService_serviceDesc.Streams[3], "/leaseq.v1.QueueService/Produce", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &queueServiceProduceClient{stream}
+	return x, nil
+}
+
+type QueueService_ProduceClient interface {
+	Send(*ProduceRequest) error
+	Recv() (*ProduceResponse, error)
+	grpc.ClientStream
+}
+
+type queueServiceProduceClient struct {
+	grpc.ClientStream
+}
+
+func (x *queueServiceProduceClient) Send(m *ProduceRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *queueServiceProduceClient) Recv() (*ProduceResponse, error) {
+	m := new(ProduceResponse)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // QueueServiceServer is the server API for QueueService service.
 // All implementations must embed UnimplementedQueueServiceServer
 // for forward compatibility
@@ -283,6 +332,24 @@ type QueueServiceServer interface {
 	// users): written at once, one statement per call. FAILED_PRECONDITION
 	// when the token is not the job's current lease (nothing is written).
 	ReportProgress(context.Context, *ReportProgressRequest) (*ReportProgressResponse, error)
+	// Enqueue on a stream, for producers that enqueue one job at a time: each
+	// request is one job, answered by one response with the request's `id`
+	// once the job is committed (or refused), exactly what the unary Enqueue
+	// would have answered. Requests are enqueued concurrently: responses come
+	// in the order the jobs commit, not in the order sent (match them by
+	// `id`). A job refused (an invalid field, a permission, a database
+	// error) is answered with its status and the stream goes on. A stream has
+	// at most 1,024 jobs under way; past that the broker reads its next
+	// request when one is answered. When the client half-closes, the jobs
+	// sent are answered, then the stream ends with OK; when the broker drains
+	// (shutdown), it reads no more, answers the jobs under way, and ends the
+	// stream with UNAVAILABLE. A job whose answer never came (the stream
+	// broke) may or may not be enqueued, as for an unanswered Enqueue: send
+	// it again with a `dedup_key` to be sure of one copy. It saves the
+	// per-call cost of a unary call (headers, a new HTTP/2 stream) on both
+	// sides; the SDKs' single enqueue uses it, falling back to Enqueue on a
+	// broker without it (UNIMPLEMENTED).
+	Produce(QueueService_ProduceServer) error
 	mustEmbedUnimplementedQueueServiceServer()
 }
 
@@ -319,6 +386,9 @@ func (UnimplementedQueueServiceServer) WaitJob(*WaitJobRequest, QueueService_Wai
 }
 func (UnimplementedQueueServiceServer) ReportProgress(context.Context, *ReportProgressRequest) (*ReportProgressResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReportProgress not implemented")
+}
+func (UnimplementedQueueServiceServer) Produce(QueueService_ProduceServer) error {
+	return status.Errorf(codes.Unimplemented, "method Produce not implemented")
 }
 func (UnimplementedQueueServiceServer) mustEmbedUnimplementedQueueServiceServer() {}
 
@@ -527,6 +597,32 @@ func _QueueService_ReportProgress_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueueService_Produce_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(QueueServiceServer).Produce(&queueServiceProduceServer{stream})
+}
+
+type QueueService_ProduceServer interface {
+	Send(*ProduceResponse) error
+	Recv() (*ProduceRequest, error)
+	grpc.ServerStream
+}
+
+type queueServiceProduceServer struct {
+	grpc.ServerStream
+}
+
+func (x *queueServiceProduceServer) Send(m *ProduceResponse) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *queueServiceProduceServer) Recv() (*ProduceRequest, error) {
+	m := new(ProduceRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 var _QueueService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "leaseq.v1.QueueService",
 	HandlerType: (*QueueServiceServer)(nil),
@@ -576,6 +672,12 @@ var _QueueService_serviceDesc = grpc.ServiceDesc{
 			StreamName:    "WaitJob",
 			Handler:       _QueueService_WaitJob_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Produce",
+			Handler:       _QueueService_Produce_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "leaseq/v1/queue.proto",

@@ -249,6 +249,26 @@ class NackResponse(_message.Message):
     dead_lettered: bool
     def __init__(self, dead_lettered: bool = ...) -> None: ...
 
+class ProduceRequest(_message.Message):
+    __slots__ = ["id", "job"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    job: EnqueueRequest
+    def __init__(self, id: _Optional[int] = ..., job: _Optional[_Union[EnqueueRequest, _Mapping]] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ["code", "enqueued", "id", "message"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    enqueued: EnqueueResponse
+    id: int
+    message: str
+    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., enqueued: _Optional[_Union[EnqueueResponse, _Mapping]] = ...) -> None: ...
+
 class Progress(_message.Message):
     __slots__ = ["fraction", "job_id", "lease_token", "message"]
     FRACTION_FIELD_NUMBER: _ClassVar[int]

@@ -67,6 +67,11 @@ class QueueServiceStub(object):
                 request_serializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.SerializeToString,
                 response_deserializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.FromString,
                 )
+        self.Produce = channel.stream_stream(
+                '/leaseq.v1.QueueService/Produce',
+                request_serializer=leaseq_dot_v1_dot_queue__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=leaseq_dot_v1_dot_queue__pb2.ProduceResponse.FromString,
+                )
 
 
 class QueueServiceServicer(object):
@@ -172,6 +177,29 @@ class QueueServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Produce(self, request_iterator, context):
+        """Enqueue on a stream, for producers that enqueue one job at a time: each
+        request is one job, answered by one response with the request's `id`
+        once the job is committed (or refused), exactly what the unary Enqueue
+        would have answered. Requests are enqueued concurrently: responses come
+        in the order the jobs commit, not in the order sent (match them by
+        `id`). A job refused (an invalid field, a permission, a database
+        error) is answered with its status and the stream goes on. A stream has
+        at most 1,024 jobs under way; past that the broker reads its next
+        request when one is answered. When the client half-closes, the jobs
+        sent are answered, then the stream ends with OK; when the broker drains
+        (shutdown), it reads no more, answers the jobs under way, and ends the
+        stream with UNAVAILABLE. A job whose answer never came (the stream
+        broke) may or may not be enqueued, as for an unanswered Enqueue: send
+        it again with a `dedup_key` to be sure of one copy. It saves the
+        per-call cost of a unary call (headers, a new HTTP/2 stream) on both
+        sides; the SDKs' single enqueue uses it, falling back to Enqueue on a
+        broker without it (UNIMPLEMENTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +252,11 @@ def add_QueueServiceServicer_to_server(servicer, server):
                     servicer.ReportProgress,
                     request_deserializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.FromString,
                     response_serializer=leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.SerializeToString,
+            ),
+            'Produce': grpc.stream_stream_rpc_method_handler(
+                    servicer.Produce,
+                    request_deserializer=leaseq_dot_v1_dot_queue__pb2.ProduceRequest.FromString,
+                    response_serializer=leaseq_dot_v1_dot_queue__pb2.ProduceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -405,5 +438,22 @@ class QueueService(object):
         return grpc.experimental.unary_unary(request, target, '/leaseq.v1.QueueService/ReportProgress',
             leaseq_dot_v1_dot_queue__pb2.ReportProgressRequest.SerializeToString,
             leaseq_dot_v1_dot_queue__pb2.ReportProgressResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Produce(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/leaseq.v1.QueueService/Produce',
+            leaseq_dot_v1_dot_queue__pb2.ProduceRequest.SerializeToString,
+            leaseq_dot_v1_dot_queue__pb2.ProduceResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -3,5 +3,6 @@
 
 pub mod admin;
 pub mod consume;
+pub mod produce;
 pub mod queue;
 pub mod schedules;

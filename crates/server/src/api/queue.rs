@@ -121,7 +121,7 @@ pub(super) fn follow_ups(
     Ok(jobs)
 }
 
-fn enqueued(e: crate::domain::Enqueued) -> pb::EnqueueResponse {
+pub(super) fn enqueued(e: crate::domain::Enqueued) -> pb::EnqueueResponse {
     pb::EnqueueResponse {
         job_id: e.job_id.to_string(),
         duplicate: e.duplicate,
@@ -403,5 +403,33 @@ impl QueueService for QueueApi {
         );
         let stream = Traced::new(stream, self.traces.clone(), "Consume");
         Ok(self.served_here(Limited::new(stream, permit)))
+    }
+
+    type ProduceStream = super::produce::ProduceStream;
+
+    #[instrument(level = "debug", skip_all)]
+    async fn produce(
+        &self,
+        request: Request<tonic::Streaming<pb::ProduceRequest>>,
+    ) -> Result<Response<Self::ProduceStream>, Status> {
+        let who = Identity::of(&request)?;
+        // Any queue's enqueue permission opens it; each job is checked
+        // against its own queue.
+        who.require_somewhere(Action::Enqueue)?;
+        if self.broker.is_draining() {
+            return Err(Error::Draining.into());
+        }
+        let caller = self.traces.caller(request.metadata());
+        let charges = request.extensions().get::<CallCharges>().cloned();
+        let budget = StreamBudget::new(charges, None, None);
+        Ok(Response::new(super::produce::start(
+            self.broker.clone(),
+            self.limits,
+            self.traces.clone(),
+            who,
+            caller,
+            budget,
+            request.into_inner(),
+        )))
     }
 }

@@ -1,0 +1,215 @@
+//! `QueueService.Produce`: enqueues on a stream, one job per request, each
+//! answered by a response with the request's id once the job is committed
+//! (or refused), as the unary Enqueue would have answered it.
+//!
+//! A task reads the requests. Each job is validated and authorised on its
+//! own (a refused one is answered with its status, naming the field, and
+//! the stream goes on) and handed to the same group-commit batcher as the
+//! unary Enqueue, in a task of its own: jobs of one stream share
+//! statements with each other and with everyone else's, and are answered
+//! as they commit. At most [`MAX_PENDING`] jobs of a stream are under way;
+//! past it the next request is read when one is answered. Each message's
+//! charge on its connection's request budget (`crate::request_limit`) is
+//! held until its answer is handed to the response, and the next message is
+//! read only once the connection has room, as on a Consume stream: a client
+//! that does not read its answers stops being read.
+//!
+//! When the client half-closes, the jobs sent are answered, then the stream
+//! ends with OK. When the broker drains, no more requests are read, the jobs
+//! under way are answered, and the stream ends with UNAVAILABLE. A message
+//! past a limit ends the stream with its status. An enqueue already started
+//! runs to its end whatever becomes of the stream (the batcher detaches it):
+//! a job answered nowhere may be committed, as with an Enqueue whose client
+//! went away.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+use opentelemetry::trace::SpanContext;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tonic::{Status, Streaming};
+
+use crate::auth::{Action, Identity};
+use crate::broker::Broker;
+use crate::config::RequestLimits;
+use crate::conn_limit::RequestCharge;
+use crate::domain::NewJob;
+use crate::error::Error;
+use crate::pb;
+use crate::request_limit::StreamBudget;
+use crate::telemetry::Traces;
+
+/// Jobs one stream may have under way; past it the stream's next request is
+/// read only when one is answered.
+pub const MAX_PENDING: usize = 1024;
+/// Answers waiting to be sent, per stream.
+const ANSWERS_BACKLOG: usize = 256;
+
+/// An answer (or the status that ends the stream), with the charge of the
+/// message it answers: the connection's budget counts a message until its
+/// answer is sent.
+type Outgoing = (
+    Result<pb::ProduceResponse, Status>,
+    Option<Arc<RequestCharge>>,
+);
+
+/// Starts the stream: the reader task, and the response it feeds.
+pub(super) fn start(
+    broker: Arc<Broker>,
+    limits: RequestLimits,
+    traces: Traces,
+    who: Identity,
+    caller: Option<SpanContext>,
+    budget: StreamBudget,
+    requests: Streaming<pb::ProduceRequest>,
+) -> ProduceStream {
+    let (tx, rx) = mpsc::channel(ANSWERS_BACKLOG);
+    let reader = Reader {
+        broker,
+        limits,
+        traces,
+        who,
+        caller,
+        budget,
+        answers: tx,
+        pending: JoinSet::new(),
+    };
+    tokio::spawn(reader.run(requests));
+    ProduceStream { answers: rx }
+}
+
+struct Reader {
+    broker: Arc<Broker>,
+    limits: RequestLimits,
+    traces: Traces,
+    who: Identity,
+    /// The trace context of the stream's opening (its metadata).
+    caller: Option<SpanContext>,
+    budget: StreamBudget,
+    answers: mpsc::Sender<Outgoing>,
+    /// Enqueues under way (their answers go to `answers` when done).
+    pending: JoinSet<()>,
+}
+
+impl Reader {
+    async fn run(mut self, mut requests: Streaming<pb::ProduceRequest>) {
+        let broker = self.broker.clone();
+        loop {
+            while self.pending.len() >= MAX_PENDING {
+                self.pending.join_next().await;
+            }
+            tokio::select! {
+                biased;
+                // A drain: read no more, answer what was sent, then end
+                // with UNAVAILABLE.
+                () = broker.drain_started() => {
+                    while self.pending.join_next().await.is_some() {}
+                    let _ = self.answers.send((Err(Error::Draining.into()), None)).await;
+                    return;
+                }
+                msg = async {
+                    self.budget.room().await;
+                    requests.message().await
+                } => match msg {
+                    Ok(Some(msg)) => {
+                        let charge = self.budget.next();
+                        self.apply(msg, charge);
+                    }
+                    // Half-close: answer what was sent, then end with OK.
+                    Ok(None) => break,
+                    // A message past a limit (the stream ends with its
+                    // status), or the client is gone. The enqueues under
+                    // way run to their end.
+                    Err(status) => {
+                        let _ = self.answers.send((Err(status), None)).await;
+                        self.pending.detach_all();
+                        return;
+                    }
+                },
+                Some(_) = self.pending.join_next(), if !self.pending.is_empty() => {}
+            }
+        }
+        while self.pending.join_next().await.is_some() {}
+    }
+
+    /// Validates and authorises one request's job, then enqueues it in a
+    /// task of its own; its answer (an error at once) goes to the response.
+    fn apply(&mut self, msg: pb::ProduceRequest, charge: Option<Arc<RequestCharge>>) {
+        let id = msg.id;
+        let parsed = msg
+            .job
+            .ok_or_else(|| Error::invalid("job", "a job is required"))
+            .and_then(|j| NewJob::parse(j, &self.limits).map_err(|e| e.in_field("job")))
+            .and_then(|job| {
+                self.who
+                    .require(Action::Enqueue, [&job.queue])
+                    .map(|()| job)
+            });
+        let tx = self.answers.clone();
+        let job = match parsed {
+            Ok(job) => job,
+            Err(e) => {
+                self.pending
+                    .spawn(async move { answer(&tx, id, Err(e), charge).await });
+                return;
+            }
+        };
+        let span = self.traces.enqueue("Produce", self.caller.as_ref(), &job);
+        let broker = self.broker.clone();
+        self.pending.spawn(async move {
+            let result = broker
+                .enqueue(vec![job])
+                .await
+                .and_then(|mut r| r.pop().ok_or(Error::Internal("enqueue lost its result")));
+            span.enqueued(result.as_ref());
+            answer(&tx, id, result, charge).await;
+        });
+    }
+}
+
+async fn answer(
+    tx: &mpsc::Sender<Outgoing>,
+    id: u64,
+    result: crate::error::Result<crate::domain::Enqueued>,
+    charge: Option<Arc<RequestCharge>>,
+) {
+    let resp = match result {
+        Ok(e) => pb::ProduceResponse {
+            id,
+            code: 0,
+            message: String::new(),
+            enqueued: Some(super::queue::enqueued(e)),
+        },
+        Err(e) => {
+            let status = Status::from(e);
+            pb::ProduceResponse {
+                id,
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+                enqueued: None,
+            }
+        }
+    };
+    let _ = tx.send((Ok(resp), charge)).await;
+}
+
+/// The response of one Produce call: the answers, in the order the jobs
+/// were settled; it ends when the reader is done (OK) or with the status
+/// the reader sent.
+pub struct ProduceStream {
+    answers: mpsc::Receiver<Outgoing>,
+}
+
+impl Stream for ProduceStream {
+    type Item = Result<pb::ProduceResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        // The charge is dropped here: its answer is on its way.
+        self.answers
+            .poll_recv(cx)
+            .map(|o| o.map(|(answer, _charge)| answer))
+    }
+}
