@@ -109,7 +109,8 @@ async fn payload_of(db: &TestDb, id: &str) -> Option<Vec<u8>> {
 /// Many jobs in flight on one stream, good and bad interleaved, with ids
 /// the client chose (not in order): every job is answered once under its
 /// id; each OK names a committed job with that request's payload, each bad
-/// one is refused alone naming `job.<field>` and changes nothing, and a
+/// one is refused alone with Enqueue's message (`queue: ...`, or `job:` for
+/// a request without one) and changes nothing, and a
 /// dedup key answers the live job as Enqueue does. A half-close then ends
 /// the stream with OK once all is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,7 +144,7 @@ async fn each_job_is_answered_by_its_id_once_committed() {
             None => {
                 assert_eq!(Code::from(a.code), Code::InvalidArgument, "{a:?}");
                 assert!(
-                    a.message.starts_with("job.queue:") || a.message.starts_with("job:"),
+                    a.message.starts_with("queue:") || a.message.starts_with("job:"),
                     "{a:?}"
                 );
                 assert!(a.enqueued.is_none());

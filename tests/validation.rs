@@ -765,7 +765,7 @@ async fn enqueue_bad_input_table() {
 
 /// Enqueue's table again, every row a message on one Produce stream: each
 /// refused job is answered with the unary call's status, its field named
-/// inside `job` (`job.queue: ...`), the stream goes on to the next row,
+/// as Enqueue names it (`queue: ...`), the stream goes on to the next row,
 /// and nothing changes. A message past --max-message-bytes ends a stream
 /// (tests/produce.rs), so those rows are left to the unary table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -777,17 +777,7 @@ async fn produce_bad_input_table() {
         u64,
     );
     let stream: std::sync::Arc<Mutex<Option<Stream>>> = Default::default();
-    let rows: Vec<Row<pb::EnqueueRequest>> = enqueue_rows("held", "accepted")
-        .into_iter()
-        .map(|r| Row {
-            want: match r.want {
-                Want::Starts(code, text) => Want::Starts(code, format!("job.{text}")),
-                Want::Err(code, text) => Want::Err(code, text),
-                ok => ok,
-            },
-            ..r
-        })
-        .collect();
+    let rows: Vec<Row<pb::EnqueueRequest>> = enqueue_rows("held", "accepted");
     let rows_n = rows.len();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = answered.clone();

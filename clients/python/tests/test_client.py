@@ -142,7 +142,7 @@ def test_bad_queue_name_is_invalid_argument(addr, queue):
 
 def test_async_enqueues_share_one_produce_stream(addr):
     """AsyncClient.enqueue sends its jobs on one Produce stream: 50 at once
-    are 50 jobs, a refused one names its field (``job.queue``) and the
+    are 50 jobs, a refused one names its field as Enqueue does and the
     stream goes on, and close() half-closes it."""
 
     async def body():
@@ -155,7 +155,7 @@ def test_async_enqueues_share_one_produce_stream(addr):
             with pytest.raises(RpcError) as e:
                 await c.enqueue("bad name", b"x")
             assert e.value.code_name == "INVALID_ARGUMENT"
-            assert e.value.details().startswith("job.queue")
+            assert e.value.details().startswith("queue:")
             await c.enqueue(q, "after")
             assert c._producer._stream is stream, "one stream throughout"
             assert not c._producer.unsupported

@@ -280,7 +280,8 @@ type ProduceResponse struct {
 	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The gRPC status code the unary Enqueue would have returned: 0 (OK) when
 	// the job is committed (`enqueued` says which), else its error (e.g. 3
-	// INVALID_ARGUMENT with `message` naming the field, `job.queue: ...`).
+	// INVALID_ARGUMENT with `message` naming the field as Enqueue does,
+	// `queue: ...`; a request without a job: `job: ...`).
 	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
 	// Empty when `code` is 0.
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`

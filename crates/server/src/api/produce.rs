@@ -3,7 +3,8 @@
 //! (or refused), as the unary Enqueue would have answered it.
 //!
 //! A task reads the requests. Each job is validated and authorised on its
-//! own (a refused one is answered with its status, naming the field, and
+//! own (a refused one is answered with the unary call's status and message,
+//! naming the field as Enqueue does, and
 //! the stream goes on) and handed to the same group-commit batcher as the
 //! unary Enqueue, in a task of its own: jobs of one stream share
 //! statements with each other and with everyone else's, and are answered
@@ -142,7 +143,9 @@ impl Reader {
         let parsed = msg
             .job
             .ok_or_else(|| Error::invalid("job", "a job is required"))
-            .and_then(|j| NewJob::parse(j, &self.limits).map_err(|e| e.in_field("job")))
+            // Named as Enqueue names them (`queue: ...`): an answer is what
+            // the unary call would have said.
+            .and_then(|j| NewJob::parse(j, &self.limits))
             .and_then(|job| {
                 self.who
                     .require(Action::Enqueue, [&job.queue])
