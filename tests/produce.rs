@@ -205,6 +205,39 @@ async fn a_message_past_the_size_limit_ends_the_stream() {
     broker.stop().await;
 }
 
+/// A call with a deadline (`grpc-timeout`) ends at it with
+/// DEADLINE_EXCEEDED, though its client keeps it open: the jobs answered
+/// before are in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_at_its_deadline() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut req = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+    req.set_timeout(Duration::from_millis(400));
+    let opened = Instant::now();
+    let answers = c.produce(req).await.expect("Produce opens").into_inner();
+    let mut p = Producer {
+        tx: Some(tx),
+        answers,
+    };
+    p.send(1, Some(job("deadline-q", "a")));
+    let id = enqueued_id(&p.answers(1, S5).await[&1]);
+    let (more, end) = p.end(S5).await;
+    assert!(more.is_empty(), "{more:?}");
+    let s = end.expect_err("the deadline ends the call");
+    assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+    let took = opened.elapsed();
+    assert!(
+        took >= Duration::from_millis(350) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(payload_of(&db, &id).await.is_some());
+    drop(p);
+    broker.stop().await;
+}
+
 /// A token that may enqueue to `emails*` only: it opens a stream, its jobs
 /// for `emails-x` are enqueued and one for `orders` is refused alone with
 /// PERMISSION_DENIED; a token that may only consume cannot open one; no

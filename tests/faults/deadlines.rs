@@ -1,8 +1,8 @@
 //! Client deadlines and cancellations on every RPC of the queue service,
 //! under load, with the strict checker. Every production gRPC client sets
 //! deadlines, and every database is sometimes slow: here impatient clients
-//! call Enqueue, EnqueueBatch, Ack, Nack, ExtendLease, and open Subscribe
-//! and Consume streams, each call either with a deadline of 1 to 300 ms
+//! call Enqueue, EnqueueBatch, Ack, Nack, ExtendLease, and open Produce
+//! (three jobs each), Subscribe and Consume streams, each call either with a deadline of 1 to 300 ms
 //! (`grpc-timeout`, which the broker enforces as well) or cancelled by the
 //! client dropping it after as long (an HTTP/2 reset the broker sees), and
 //! drop their streams after up to 1.5 s; meanwhile the jobs table is
@@ -128,6 +128,7 @@ impl Tally {
         for rpc in [
             "Enqueue",
             "EnqueueBatch",
+            "Produce",
             "Ack",
             "Nack",
             "ExtendLease",
@@ -140,7 +141,14 @@ impl Tally {
                 }
             }
         }
-        for rpc in ["Enqueue", "EnqueueBatch", "Ack", "Nack", "ExtendLease"] {
+        for rpc in [
+            "Enqueue",
+            "EnqueueBatch",
+            "Produce",
+            "Ack",
+            "Nack",
+            "ExtendLease",
+        ] {
             if self.get(rpc, "cut while locked") == 0 {
                 out.push(format!("{rpc} cut while locked"));
             }
@@ -193,6 +201,54 @@ async fn impatient_producer(
                     }
                 }
                 Err(s) => payloads.iter().for_each(|p| h.enqueue_err(p, s.code())),
+            }
+        } else if n % 4 == 2 {
+            // A Produce stream of three jobs, half-closed after them, cut
+            // like any call: each job answered OK is recorded enqueued,
+            // each unanswered one as the call's error (maybe enqueued).
+            let payloads: Vec<String> = (0..3).map(|k| format!("ip{seed}-{n:05}-{k}")).collect();
+            let (tx, rx) = mpsc::channel(4);
+            for (i, p) in payloads.iter().enumerate() {
+                let req = pb::ProduceRequest {
+                    id: i as u64,
+                    job: Some(job(QUEUE, p)),
+                };
+                tx.send(req).await.expect("the channel holds four");
+            }
+            drop(tx);
+            let answers: Arc<Mutex<HashMap<u64, pb::ProduceResponse>>> = Arc::default();
+            let heard = answers.clone();
+            let mut pc = c.clone();
+            let r = cut
+                .run(async move {
+                    let mut s = pc
+                        .produce(cut.request(ReceiverStream::new(rx)))
+                        .await?
+                        .into_inner();
+                    while let Some(a) = s.message().await? {
+                        heard.lock().unwrap().insert(a.id, a);
+                    }
+                    Ok(())
+                })
+                .await;
+            let answers = answers.lock().unwrap().clone();
+            let r = match r {
+                Ok(()) if answers.len() < payloads.len() => {
+                    panic!("a Produce stream ended OK with {answers:?} for 3 jobs")
+                }
+                r => r,
+            };
+            tally.record("Produce", cut, &r, locked);
+            let unanswered = r.as_ref().err().map_or(Code::Unknown, |s| s.code());
+            for (i, p) in payloads.iter().enumerate() {
+                match answers.get(&(i as u64)) {
+                    Some(a) if a.code == 0 => {
+                        let id = &a.enqueued.as_ref().expect("OK carries the job").job_id;
+                        h.enqueue_ok(p, id);
+                    }
+                    Some(a) => h.enqueue_err(p, Code::from(a.code)),
+                    None => h.enqueue_err(p, unanswered),
+                }
             }
         } else {
             let payload = format!("ie{seed}-{n:05}");

@@ -75,7 +75,8 @@ type QueueServiceClient interface {
 	// request when one is answered. When the client half-closes, the jobs
 	// sent are answered, then the stream ends with OK; when the broker drains
 	// (shutdown), it reads no more, answers the jobs under way, and ends the
-	// stream with UNAVAILABLE. A job whose answer never came (the stream
+	// stream with UNAVAILABLE. A call's deadline (`grpc-timeout`) ends it
+	// with DEADLINE_EXCEEDED, whatever is under way. A job whose answer never came (the stream
 	// broke) may or may not be enqueued, as for an unanswered Enqueue: send
 	// it again with a `dedup_key` to be sure of one copy. It saves the
 	// per-call cost of a unary call (headers, a new HTTP/2 stream) on both
@@ -343,7 +344,8 @@ type QueueServiceServer interface {
 	// request when one is answered. When the client half-closes, the jobs
 	// sent are answered, then the stream ends with OK; when the broker drains
 	// (shutdown), it reads no more, answers the jobs under way, and ends the
-	// stream with UNAVAILABLE. A job whose answer never came (the stream
+	// stream with UNAVAILABLE. A call's deadline (`grpc-timeout`) ends it
+	// with DEADLINE_EXCEEDED, whatever is under way. A job whose answer never came (the stream
 	// broke) may or may not be enqueued, as for an unanswered Enqueue: send
 	// it again with a `dedup_key` to be sure of one copy. It saves the
 	// per-call cost of a unary call (headers, a new HTTP/2 stream) on both

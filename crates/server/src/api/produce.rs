@@ -18,7 +18,10 @@
 //! When the client half-closes, the jobs sent are answered, then the stream
 //! ends with OK. When the broker drains, no more requests are read, the jobs
 //! under way are answered, and the stream ends with UNAVAILABLE. A message
-//! past a limit ends the stream with its status. An enqueue already started
+//! past a limit ends the stream with its status. A call with a deadline
+//! (`grpc-timeout`) ends at it with DEADLINE_EXCEEDED, whatever is under
+//! way (tonic applies the header to the opening only; gRPC clients cancel
+//! the call at its deadline too). An enqueue already started
 //! runs to its end whatever becomes of the stream (the batcher detaches it):
 //! a job answered nowhere may be committed, as with an Enqueue whose client
 //! went away.
@@ -57,7 +60,30 @@ type Outgoing = (
     Option<Arc<RequestCharge>>,
 );
 
+/// The deadline a `grpc-timeout` header asks for (`<digits><unit>`, at most
+/// 8 digits, unit H, M, S, m, u or n: the gRPC over HTTP/2 spec); None
+/// without one or with one malformed.
+pub(super) fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    use std::time::Duration;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// Starts the stream: the reader task, and the response it feeds.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start(
     broker: Arc<Broker>,
     limits: RequestLimits,
@@ -65,6 +91,7 @@ pub(super) fn start(
     who: Identity,
     caller: Option<SpanContext>,
     budget: StreamBudget,
+    deadline: Option<tokio::time::Instant>,
     requests: Streaming<pb::ProduceRequest>,
 ) -> ProduceStream {
     let (tx, rx) = mpsc::channel(ANSWERS_BACKLOG);
@@ -77,6 +104,7 @@ pub(super) fn start(
         budget,
         answers: tx,
         pending: JoinSet::new(),
+        deadline,
     };
     tokio::spawn(reader.run(requests));
     ProduceStream { answers: rx }
@@ -93,17 +121,33 @@ struct Reader {
     answers: mpsc::Sender<Outgoing>,
     /// Enqueues under way (their answers go to `answers` when done).
     pending: JoinSet<()>,
+    /// The call's deadline (`grpc-timeout`), if it has one.
+    deadline: Option<tokio::time::Instant>,
 }
 
 impl Reader {
     async fn run(mut self, mut requests: Streaming<pb::ProduceRequest>) {
         let broker = self.broker.clone();
+        let deadline = self.deadline;
+        let past_deadline = async move {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(past_deadline);
         loop {
             while self.pending.len() >= MAX_PENDING {
-                self.pending.join_next().await;
+                tokio::select! {
+                    _ = self.pending.join_next() => {}
+                    () = &mut past_deadline => return self.past_deadline().await,
+                }
             }
             tokio::select! {
                 biased;
+                // The call's deadline: it ends now, with what is under
+                // way left to run to its end.
+                () = &mut past_deadline => return self.past_deadline().await,
                 // A drain: read no more, answer what was sent, then end
                 // with UNAVAILABLE.
                 () = broker.drain_started() => {
@@ -133,7 +177,21 @@ impl Reader {
                 Some(_) = self.pending.join_next(), if !self.pending.is_empty() => {}
             }
         }
-        while self.pending.join_next().await.is_some() {}
+        loop {
+            tokio::select! {
+                r = self.pending.join_next() => if r.is_none() { return },
+                () = &mut past_deadline => return self.past_deadline().await,
+            }
+        }
+    }
+
+    /// Ends the call with DEADLINE_EXCEEDED; the enqueues under way run to
+    /// their end (their jobs may be committed, as for any call cut by its
+    /// deadline).
+    async fn past_deadline(mut self) {
+        self.pending.detach_all();
+        let status = Status::deadline_exceeded("the call's deadline (grpc-timeout) passed");
+        let _ = self.answers.send((Err(status), None)).await;
     }
 
     /// Validates and authorises one request's job, then enqueues it in a
@@ -214,5 +272,31 @@ impl Stream for ProduceStream {
         self.answers
             .poll_recv(cx)
             .map(|o| o.map(|(answer, _charge)| answer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn parse(v: &str) -> Option<Duration> {
+        let mut m = tonic::metadata::MetadataMap::new();
+        m.insert("grpc-timeout", v.parse().unwrap());
+        grpc_timeout(&m)
+    }
+
+    #[test]
+    fn grpc_timeout_is_read_as_the_spec_writes_it() {
+        assert_eq!(parse("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(parse("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "1x", "-1S", "1.5S", "S1"] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
     }
 }

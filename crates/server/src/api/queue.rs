@@ -420,6 +420,8 @@ impl QueueService for QueueApi {
             return Err(Error::Draining.into());
         }
         let caller = self.traces.caller(request.metadata());
+        let deadline = super::produce::grpc_timeout(request.metadata())
+            .map(|d| tokio::time::Instant::now() + d);
         let charges = request.extensions().get::<CallCharges>().cloned();
         let budget = StreamBudget::new(charges, None, None);
         Ok(Response::new(super::produce::start(
@@ -429,6 +431,7 @@ impl QueueService for QueueApi {
             who,
             caller,
             budget,
+            deadline,
             request.into_inner(),
         )))
     }
