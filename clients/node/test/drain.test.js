@@ -61,3 +61,27 @@ test('drain and restart under load: nothing lost', { timeout: 90000 }, async () 
     await own.stop();
   }
 });
+
+test('enqueue: a drain ends the Produce stream; after the restart the next enqueue opens another', { timeout: 60000 }, async () => {
+  const own = await Broker.start();
+  const client = new Client(own.addr);
+  try {
+    const q = queueName('produce-restart');
+    // Jobs awaited on the stream while the drain ends it: each is answered
+    // (committed before the drain) or rejects UNAVAILABLE, none hangs.
+    await client.enqueue(q, 'before');
+    const inFlight = Array.from({ length: 20 }, (_, i) => client.enqueue(q, `during-${i}`).then(
+      () => 'ok',
+      (e) => (e.code === 14 ? 'unavailable' : `code ${e.code}`),
+    ));
+    assert.equal(await own.stop(), 0);
+    const outcomes = await Promise.all(inFlight);
+    assert.ok(outcomes.every((o) => o === 'ok' || o === 'unavailable'), outcomes.join());
+    await own.start(); // same port
+    const r = await retryUnavailable(() => client.enqueue(q, 'after'));
+    assert.ok(r.jobId);
+  } finally {
+    client.close();
+    await own.stop();
+  }
+});

@@ -226,3 +226,31 @@ def test_every_address_form_reaches_a_plaintext_broker(addr, monkeypatch):
         c.enqueue(q, b"LEASEQ_ADDR")
     # Every SDK's default: 16 handlers at once (the stream's credit).
     assert Worker(host_port)._max_in_flight == 16
+
+
+def test_async_enqueue_opens_a_new_stream_after_the_broker_restarts(private_broker):
+    """A drain ends the client's Produce stream (UNAVAILABLE to any job
+    waiting on it); the next enqueue, once the broker is back, opens a new
+    stream and succeeds."""
+
+    async def body():
+        q = queue_name()
+        async with AsyncClient(private_broker.addr) as c:
+            await c.enqueue(q, "before")
+            first = c._producer._stream
+            assert first is not None
+            assert await asyncio.to_thread(private_broker.stop) == 0
+            await asyncio.to_thread(private_broker.start)
+            for _ in range(100):
+                try:
+                    r = await c.enqueue(q, "after")
+                    break
+                except RpcError as e:
+                    assert e.code_name == "UNAVAILABLE", e
+                    await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("no enqueue succeeded after the restart")
+            assert r.job_id
+            assert c._producer._stream is not None and c._producer._stream is not first
+
+    run(body())
