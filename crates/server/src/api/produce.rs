@@ -4,9 +4,10 @@
 //!
 //! A task reads the requests. Each job is validated and authorised on its
 //! own (a refused one is answered with the unary call's status and message,
-//! naming the field as Enqueue does, and
-//! the stream goes on) and handed to the same group-commit batcher as the
-//! unary Enqueue, in a task of its own: jobs of one stream share
+//! naming the field as Enqueue does, and the stream goes on) and handed to
+//! the same group-commit batcher as the unary Enqueue, in a task of its own
+//! (polling them all in the reader's task instead measured no faster, with
+//! more context switches: docs/BENCHMARKS.md): jobs of one stream share
 //! statements with each other and with everyone else's, and are answered
 //! as they commit. At most [`MAX_PENDING`] jobs of a stream are under way;
 //! past it the next request is read when one is answered. Each message's
