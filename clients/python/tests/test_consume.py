@@ -179,71 +179,66 @@ class _NoConsumeProxy(grpc.GenericRpcHandler):
         return None  # Consume: UNIMPLEMENTED
 
 
-def test_worker_falls_back_to_subscribe_when_consume_is_unimplemented(addr):
+@pytest.fixture
+def old_broker(addr):
+    """The address of a :class:`_NoConsumeProxy` in front of the broker."""
     upstream = grpc.insecure_channel(addr)
     server = grpc.server(futures.ThreadPoolExecutor(8))
     server.add_generic_rpc_handlers((_NoConsumeProxy(upstream),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    try:
-
-        async def body():
-            q = queue_name()
-            proxy = f"127.0.0.1:{port}"
-            async with AsyncClient(proxy) as c:
-                with pytest.raises(RpcError) as e:
-                    await c.consume(q).opened()
-                assert e.value.code_name == "UNIMPLEMENTED"
-                await c.enqueue_batch([NewJob(q, str(i)) for i in range(5)])
-                w = Worker(proxy, max_in_flight=5, lease=5)
-
-                @w.handler(q)
-                async def handle(job: Job) -> None:
-                    if job.payload == b"0" and job.attempt == 1:
-                        raise RuntimeError("once")
-
-                task = asyncio.ensure_future(w.run_async(handle_signals=False))
-                while w.stats.acked < 5:
-                    await asyncio.sleep(0.02)
-                w.stop()
-                await task
-                assert w.transport == "subscribe"
-                assert (w.stats.settled_batched, w.stats.settled_unary, w.stats.nacked) == (5, 1, 1)
-
-        run(body())
-    finally:
-        server.stop(None)
-        upstream.close()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+    upstream.close()
 
 
-def test_async_enqueue_falls_back_to_unary_when_produce_is_unimplemented(addr):
+def test_worker_falls_back_to_subscribe_when_consume_is_unimplemented(old_broker):
+    async def body():
+        q = queue_name()
+        proxy = old_broker
+        async with AsyncClient(proxy) as c:
+            with pytest.raises(RpcError) as e:
+                await c.consume(q).opened()
+            assert e.value.code_name == "UNIMPLEMENTED"
+            await c.enqueue_batch([NewJob(q, str(i)) for i in range(5)])
+            w = Worker(proxy, max_in_flight=5, lease=5)
+
+            @w.handler(q)
+            async def handle(job: Job) -> None:
+                if job.payload == b"0" and job.attempt == 1:
+                    raise RuntimeError("once")
+
+            task = asyncio.ensure_future(w.run_async(handle_signals=False))
+            while w.stats.acked < 5:
+                await asyncio.sleep(0.02)
+            w.stop()
+            await task
+            assert w.transport == "subscribe"
+            assert (w.stats.settled_batched, w.stats.settled_unary, w.stats.nacked) == (5, 1, 1)
+
+    run(body())
+
+
+def test_async_enqueue_falls_back_to_unary_when_produce_is_unimplemented(addr, old_broker):
     """The proxy knows no Produce either (a broker from before it):
     AsyncClient.enqueue is answered UNIMPLEMENTED once, then every job goes
     as a unary Enqueue; all of them are enqueued."""
-    upstream = grpc.insecure_channel(addr)
-    server = grpc.server(futures.ThreadPoolExecutor(8))
-    server.add_generic_rpc_handlers((_NoConsumeProxy(upstream),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
 
-        async def body():
-            q = queue_name()
-            async with AsyncClient(f"127.0.0.1:{port}") as c:
-                sent = await asyncio.gather(*(c.enqueue(q, str(i)) for i in range(10)))
-                assert len({r.job_id for r in sent}) == 10
-                await c.enqueue(q, "later")
-                assert c._producer.unsupported
-            async with AsyncClient(addr) as direct:
-                n = 0
-                async with direct.consume(q, max_in_flight=20) as s:
-                    async for d in s:
-                        await s.ack(d)
-                        n += 1
-                        if n == 11:
-                            break
-                assert n == 11
+    async def body():
+        q = queue_name()
+        async with AsyncClient(old_broker) as c:
+            sent = await asyncio.gather(*(c.enqueue(q, str(i)) for i in range(10)))
+            assert len({r.job_id for r in sent}) == 10
+            await c.enqueue(q, "later")
+            assert c._producer.unsupported
+        async with AsyncClient(addr) as direct:
+            n = 0
+            async with direct.consume(q, max_in_flight=20) as s:
+                async for d in s:
+                    await s.ack(d)
+                    n += 1
+                    if n == 11:
+                        break
+            assert n == 11
 
-        run(body())
-    finally:
-        server.stop(None)
+    run(body())

@@ -402,6 +402,17 @@ impl StreamBudget {
         }
     }
 
+    /// The stream's next message, read once the connection has room for
+    /// one of the largest size, with its charge (held until the message is
+    /// answered); None at the client's half-close.
+    pub async fn read<T>(
+        &self,
+        requests: &mut tonic::Streaming<T>,
+    ) -> Result<Option<(T, Option<Arc<RequestCharge>>)>, Status> {
+        self.room().await;
+        Ok(requests.message().await?.map(|m| (m, self.next())))
+    }
+
     /// The charge of the message just read.
     pub fn next(&self) -> Option<Arc<RequestCharge>> {
         self.charges

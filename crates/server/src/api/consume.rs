@@ -332,12 +332,9 @@ impl Reader {
                     return;
                 }
                 // The next message once the connection has room for it.
-                msg = async {
-                    self.budget.room().await;
-                    requests.message().await
-                } => match msg {
-                    Ok(Some(msg)) => {
-                        self.charge = self.budget.next();
+                msg = self.budget.read(&mut requests) => match msg {
+                    Ok(Some((msg, charge))) => {
+                        self.charge = charge;
                         next = Some(msg);
                     }
                     // Half-close: finish what was sent, then end the stream.

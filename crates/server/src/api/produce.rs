@@ -156,14 +156,8 @@ impl Reader {
                     let _ = self.answers.send((Err(Error::Draining.into()), None)).await;
                     return;
                 }
-                msg = async {
-                    self.budget.room().await;
-                    requests.message().await
-                } => match msg {
-                    Ok(Some(msg)) => {
-                        let charge = self.budget.next();
-                        self.apply(msg, charge);
-                    }
+                msg = self.budget.read(&mut requests) => match msg {
+                    Ok(Some((msg, charge))) => self.apply(msg, charge),
                     // Half-close: answer what was sent, then end with OK.
                     Ok(None) => break,
                     // A message past a limit (the stream ends with its
