@@ -146,11 +146,10 @@ export class Producer {
       this.#idle = null;
     }
     const call = this.#call;
-    if (call && this.#pending.size === 0) {
-      this.#call = null;
-      call.end();
-    } else if (call) {
-      call.end();
-    }
+    if (!call) return;
+    // With answers awaited, the call stays current until it ends, so that
+    // they are resolved by it.
+    if (this.#pending.size === 0) this.#call = null;
+    call.end();
   }
 }
