@@ -28,12 +28,25 @@ struct Producer {
 
 impl Producer {
     async fn open(c: &mut Client) -> Producer {
+        let (tx, requests) = Producer::requests();
+        let answers = c.produce(requests).await.expect("Produce opens");
+        Producer::on(tx, answers.into_inner())
+    }
+
+    /// A request side, for a call opened by hand (a deadline, another
+    /// client type).
+    fn requests() -> (
+        mpsc::UnboundedSender<pb::ProduceRequest>,
+        tokio_stream::wrappers::UnboundedReceiverStream<pb::ProduceRequest>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let answers = c
-            .produce(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-            .await
-            .expect("Produce opens")
-            .into_inner();
+        (tx, tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+    }
+
+    fn on(
+        tx: mpsc::UnboundedSender<pb::ProduceRequest>,
+        answers: Streaming<pb::ProduceResponse>,
+    ) -> Producer {
         Producer {
             tx: Some(tx),
             answers,
@@ -213,15 +226,12 @@ async fn a_stream_ends_at_its_deadline() {
     let db = TestDb::new().await;
     let broker = TestBroker::start(&db).await;
     let mut c = broker.client().await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut req = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+    let (tx, requests) = Producer::requests();
+    let mut req = tonic::Request::new(requests);
     req.set_timeout(Duration::from_millis(400));
     let opened = Instant::now();
     let answers = c.produce(req).await.expect("Produce opens").into_inner();
-    let mut p = Producer {
-        tx: Some(tx),
-        answers,
-    };
+    let mut p = Producer::on(tx, answers);
     p.send(1, Some(job("deadline-q", "a")));
     let id = enqueued_id(&p.answers(1, S5).await[&1]);
     let (more, end) = p.end(S5).await;
@@ -262,16 +272,9 @@ async fn each_job_needs_the_enqueue_permission_on_its_queue() {
     };
 
     let mut c = broker.client_with(&token(PRODUCER)).await.unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let answers = c
-        .produce(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-        .await
-        .expect("Produce opens")
-        .into_inner();
-    let mut p = Producer {
-        tx: Some(tx),
-        answers,
-    };
+    let (tx, requests) = Producer::requests();
+    let answers = c.produce(requests).await.expect("Produce opens");
+    let mut p = Producer::on(tx, answers.into_inner());
     p.send(1, Some(job("emails-x", "a")));
     p.send(2, Some(job("orders", "b")));
     p.send(3, Some(job("emails-y", "c")));
@@ -291,11 +294,8 @@ async fn each_job_needs_the_enqueue_permission_on_its_queue() {
         (ClientSecurity::default(), Code::Unauthenticated),
     ] {
         let mut c = broker.client_with(&sec).await.unwrap();
-        let (_tx, rx) = mpsc::unbounded_channel::<pb::ProduceRequest>();
-        let s = c
-            .produce(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-            .await
-            .expect_err("refused");
+        let (_tx, requests) = Producer::requests();
+        let s = c.produce(requests).await.expect_err("refused");
         assert_eq!(s.code(), code, "{s:?}");
     }
     assert_eq!(db.live_jobs().await, 2);

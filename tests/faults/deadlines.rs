@@ -124,31 +124,24 @@ impl Tally {
     /// and cancelled; and mid-statement, each that writes cut while its
     /// statement waited on the table's lock.
     fn missing(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for rpc in [
+        // The RPCs that write (a statement that can wait on the lock).
+        const WRITES: [&str; 6] = [
             "Enqueue",
             "EnqueueBatch",
             "Produce",
             "Ack",
             "Nack",
             "ExtendLease",
-            "Subscribe",
-            "Consume",
-        ] {
+        ];
+        let mut out = Vec::new();
+        for rpc in WRITES.into_iter().chain(["Subscribe", "Consume"]) {
             for what in ["ok", "deadline", "cancelled"] {
                 if self.get(rpc, what) == 0 {
                     out.push(format!("{rpc} {what}"));
                 }
             }
         }
-        for rpc in [
-            "Enqueue",
-            "EnqueueBatch",
-            "Produce",
-            "Ack",
-            "Nack",
-            "ExtendLease",
-        ] {
+        for rpc in WRITES {
             if self.get(rpc, "cut while locked") == 0 {
                 out.push(format!("{rpc} cut while locked"));
             }

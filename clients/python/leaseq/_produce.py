@@ -62,6 +62,7 @@ class _AsyncStream:
         # grpc.aio takes one write at a time on a call.
         self.writing = asyncio.Lock()
         self.connected = False
+        self.reader: Optional["asyncio.Future[None]"] = None
 
 
 class AsyncProducer:
@@ -76,7 +77,7 @@ class AsyncProducer:
     def _open(self) -> _AsyncStream:
         s = _AsyncStream(self._stub.Produce(metadata=self._metadata))
         self._stream = s
-        s.reader = asyncio.ensure_future(self._read(s))  # type: ignore[attr-defined]
+        s.reader = asyncio.ensure_future(self._read(s))
         return s
 
     async def _read(self, s: _AsyncStream) -> None:
@@ -166,6 +167,8 @@ class AsyncProducer:
         except BaseException:  # noqa: BLE001 (already ended)
             pass
         try:
-            await asyncio.wait_for(asyncio.shield(s.reader), 5)  # type: ignore[attr-defined]
+            if s.reader is not None:
+                await asyncio.wait_for(asyncio.shield(s.reader), 5)
         except BaseException:  # noqa: BLE001
-            s.reader.cancel()  # type: ignore[attr-defined]
+            if s.reader is not None:
+                s.reader.cancel()

@@ -414,7 +414,7 @@ impl StreamBudget {
     }
 
     /// The charge of the message just read.
-    pub fn next(&self) -> Option<Arc<RequestCharge>> {
+    fn next(&self) -> Option<Arc<RequestCharge>> {
         self.charges
             .as_ref()
             .and_then(CallCharges::take)
