@@ -248,9 +248,6 @@ impl Settle {
     /// Retries while the database is unreachable; if it stays down the
     /// leases simply expire.
     pub async fn release(&self, leases: Vec<(JobId, LeaseToken)>, why: &str, refund: bool) {
-        if leases.is_empty() {
-            return;
-        }
         let reqs: Vec<FailReq> = leases
             .into_iter()
             .map(|(id, token)| FailReq {
@@ -262,6 +259,15 @@ impl Settle {
                 refund,
             })
             .collect();
+        self.release_all(reqs).await
+    }
+
+    /// Releases these leases in one statement, as they say (each its own
+    /// reason and refund), retrying as [`Settle::release`] does.
+    pub async fn release_all(&self, reqs: Vec<FailReq>) {
+        if reqs.is_empty() {
+            return;
+        }
         for attempt in 0..5u32 {
             match self.fail(&reqs, Ending::Released).await {
                 Ok(_) => return,

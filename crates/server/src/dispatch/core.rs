@@ -208,6 +208,31 @@ pub(crate) struct Handoff {
     pub sent: Instant,
 }
 
+/// A stream closed while lease rounds or hand-off claims were under way for
+/// it: until the last is back, one may still lease a job for it (released
+/// as an orphan, never delivered).
+struct Closing {
+    /// The jobs they may still lease for it: the credit rounds under way
+    /// reserved for it, and the claims on its offer not reported yet.
+    pending: i32,
+    /// Its client half-closed and waits for the end: what to release then,
+    /// with the jobs leased for it meanwhile (else released at once).
+    finish: Option<Finished>,
+}
+
+/// The end of a half-closed stream: the leases to release before its client
+/// hears that the stream is over (a client that saw OK finds none of its
+/// jobs still leased).
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub id: StreamId,
+    /// The leases it held and had not settled (but those acked on it).
+    pub unsettled: Vec<(JobId, LeaseToken)>,
+    /// Jobs leased for it after it closed, by a round or a hand-off that
+    /// was under way: never delivered.
+    pub undelivered: Vec<(JobId, LeaseToken)>,
+}
+
 /// Leased jobs to push into their streams, and leases nobody can take any
 /// more (their stream closed meanwhile) to release at once.
 #[derive(Debug, Default)]
@@ -264,12 +289,14 @@ pub(crate) struct Core {
     listed: Option<Vec<(JobId, LeaseToken)>>,
     /// Leases released as lost hand-overs, and when: never delivered.
     unheard: FastMap<JobId, (LeaseToken, Instant)>,
-    /// Closed streams that lease rounds under way still ask for, with the
-    /// credit those rounds reserved for them: until the last is back, a
-    /// round may still lease a job for the stream (released as an orphan).
-    closing: FastMap<StreamId, i32>,
+    /// Closed streams that lease rounds or hand-off claims under way may
+    /// still lease jobs for (see [`Closing`]).
+    closing: FastMap<StreamId, Closing>,
     /// Streams closed for good (see [`Core::take_ended`]).
     ended: Vec<StreamId>,
+    /// Half-closed streams whose leases may be released now, the end of
+    /// the stream with them (see [`Core::take_finished`]).
+    finished: Vec<Finished>,
     /// The second half of a round planned in two ([`Core::plan_round`]),
     /// counted in flight already: the next `plan_round` returns it.
     next_part: Option<Round>,
@@ -344,6 +371,7 @@ impl Core {
             unheard: FastMap::default(),
             closing: FastMap::default(),
             ended: Vec::new(),
+            finished: Vec::new(),
             next_part: None,
             epoch: now,
             db_clock: FastMap::default(),
@@ -448,19 +476,34 @@ impl Core {
     }
 
     /// A stream is gone. Returns its unsettled leases, to be released. It
-    /// ends ([`Core::take_ended`]) now, or when the rounds asking for it
-    /// are back.
-    pub fn close(&mut self, id: StreamId) -> Vec<(JobId, LeaseToken)> {
+    /// ends ([`Core::take_ended`]) now, or when the rounds and claims that
+    /// may still lease jobs for it are back.
+    ///
+    /// `finish`: its client half-closed and waits to hear that the stream
+    /// is over. Nothing is returned then: its leases, and the jobs those
+    /// rounds and claims lease for it, are released together once they are
+    /// back ([`Core::take_finished`]). Released at once instead, a job such
+    /// a round leased after the release went back only after the client had
+    /// seen OK (found by the simulation's check of a half-close).
+    pub fn close(&mut self, id: StreamId, finish: bool) -> Vec<(JobId, LeaseToken)> {
         let Some(stream) = self.streams.remove(&id) else {
+            if finish {
+                // Closed already (or drained): it ends with what is left.
+                let f = Finished {
+                    id,
+                    unsettled: Vec::new(),
+                    undelivered: Vec::new(),
+                };
+                match self.closing.get_mut(&id) {
+                    Some(c) if c.finish.is_none() => c.finish = Some(f),
+                    Some(_) => {}
+                    None => self.finished.push(f),
+                }
+            }
             return Vec::new();
         };
-        self.offers.close(id, &stream.queues);
+        let unclaimed = self.offers.close(id, &stream.queues);
         self.dirty.remove(&id);
-        if stream.reserved > 0 {
-            self.closing.insert(id, stream.reserved);
-        } else {
-            self.ended.push(id);
-        }
         if stream.published.credit > 0 {
             self.withdrawn.push(id);
         }
@@ -481,12 +524,67 @@ impl Core {
         // A lease acked on the stream is left to its ack: released now, it
         // could beat the ack to the row and have a valid ack refused (and
         // the job run again). Should the ack fail, the lease runs out.
-        stream
+        let unsettled: Vec<(JobId, LeaseToken)> = stream
             .inflight
             .iter()
             .filter(|(_, f)| !f.acking)
             .map(|(job, f)| (*job, f.token))
-            .collect()
+            .collect();
+        let claimed = stream.offered - unclaimed;
+        let pending = stream.reserved + claimed.max(0);
+        let (finish, leases) = if finish {
+            let f = Finished {
+                id,
+                unsettled,
+                undelivered: Vec::new(),
+            };
+            (Some(f), Vec::new())
+        } else {
+            (None, unsettled)
+        };
+        if pending > 0 {
+            self.closing.insert(id, Closing { pending, finish });
+        } else {
+            self.ended.push(id);
+            self.finished.extend(finish);
+        }
+        leases
+    }
+
+    /// Half-closed streams whose leases may be released now, ending them.
+    pub fn take_finished(&mut self) -> Vec<Finished> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// `n` jobs fewer may still be leased for a closed stream; true when
+    /// none may any more (then [`Core::closed_for_good`]).
+    fn less_pending(&mut self, sid: StreamId, n: i32) -> bool {
+        self.closing.get_mut(&sid).is_some_and(|c| {
+            c.pending -= n;
+            c.pending <= 0
+        })
+    }
+
+    /// Closed streams nothing may lease a job for any more end; those
+    /// half-closed may be released now ([`Core::take_finished`]).
+    fn closed_for_good(&mut self, ids: Vec<StreamId>) {
+        for sid in ids {
+            if let Some(c) = self.closing.remove(&sid) {
+                self.ended.push(sid);
+                self.finished.extend(c.finish);
+            }
+        }
+    }
+
+    /// A job leased for stream `sid` that it cannot take (gone, or the
+    /// lease too far gone to send): released at once, or with the rest of
+    /// a half-closed stream's leases.
+    fn orphan(&mut self, sid: StreamId, job: &Leased, out: &mut Delivered) {
+        let lease = (job.id, job.token);
+        match self.closing.get_mut(&sid).and_then(|c| c.finish.as_mut()) {
+            Some(f) => f.undelivered.push(lease),
+            None => out.orphans.push(lease),
+        }
     }
 
     /// The stream's credit changes to `max_in_flight` (Consume). Lowering it
@@ -1031,19 +1129,31 @@ impl Core {
         now: Instant,
     ) -> Delivered {
         self.rounds_in_flight -= 1;
+        let mut done = Vec::new();
         for w in &round.wants {
             let sid = round.slots[w.slot as usize];
             if let Some(stream) = self.streams.get_mut(&sid) {
                 stream.unreserve(&w.queue, w.n);
                 self.dirty.insert(sid);
-            } else if let Some(left) = self.closing.get_mut(&sid) {
-                *left -= w.n;
-                if *left <= 0 {
-                    self.closing.remove(&sid);
-                    self.ended.push(sid);
-                }
+            } else if self.less_pending(sid, w.n) {
+                done.push(sid);
             }
         }
+        // After the round's jobs went where they go (a closed stream's to
+        // its orphans).
+        let delivered = self.round_leased(round, result, now);
+        self.closed_for_good(done);
+        delivered
+    }
+
+    /// A finished round's outcome: what it tells of its queues, and its
+    /// jobs to their streams.
+    fn round_leased(
+        &mut self,
+        round: Round,
+        result: crate::error::Result<LeaseOutcome>,
+        now: Instant,
+    ) -> Delivered {
         let LeaseOutcome {
             jobs: leased,
             limited,
@@ -1181,10 +1291,13 @@ impl Core {
     /// The enqueue path reports its hand-off claims: unused credit returns,
     /// jobs inserted leased go to their streams.
     pub fn handed(&mut self, handoff: Handoff, now: Instant) -> Delivered {
+        let mut done = Vec::new();
         for claim in &handoff.claims {
             if let Some(stream) = self.streams.get_mut(&claim.stream) {
                 stream.offered -= 1;
                 self.dirty.insert(claim.stream);
+            } else if self.less_pending(claim.stream, 1) {
+                done.push(claim.stream);
             }
         }
         let jobs = handoff
@@ -1193,7 +1306,9 @@ impl Core {
             .map(|j| (handoff.claims[j.slot as usize].stream, j))
             .collect::<Vec<_>>();
         self.learn_db_clock(&jobs, now);
-        self.assign(jobs, now, handoff.sent)
+        let delivered = self.assign(jobs, now, handoff.sent);
+        self.closed_for_good(done);
+        delivered
     }
 
     /// Another replica inserted jobs leased to our streams (`super::remote`).
@@ -1226,7 +1341,7 @@ impl Core {
                 out.jobs.extend(d.jobs);
                 out.orphans.extend(d.orphans);
             } else {
-                out.orphans.push((job.id, job.token));
+                self.orphan(sid, &job, &mut out);
             }
         }
         out
@@ -1294,7 +1409,7 @@ impl Core {
         for (sid, job) in jobs {
             let send_by = started + Duration::from_millis(job.lease_ms as u64 * 3 / 4);
             if now >= send_by {
-                out.orphans.push((job.id, job.token));
+                self.orphan(sid, &job, &mut out);
                 continue;
             }
             if self
@@ -1308,7 +1423,7 @@ impl Core {
             if !self.streams.contains_key(&sid) {
                 // The stream closed meanwhile: the consumer never saw this
                 // job, so it goes back with its attempt.
-                out.orphans.push((job.id, job.token));
+                self.orphan(sid, &job, &mut out);
                 continue;
             }
             let id = job.id;
@@ -1367,6 +1482,7 @@ impl Core {
 
     /// Every lease our streams hold, to be released when draining; but
     /// those acked on their stream, left to their acks (see [`Core::close`]).
+    /// Half-closed streams still waiting for their end count too.
     pub fn unsettled(&self) -> Vec<(JobId, LeaseToken)> {
         let mut leases = Vec::new();
         for stream in self.streams.values() {
@@ -1375,6 +1491,9 @@ impl Core {
                     .filter(|(_, f)| !f.acking)
                     .map(|(id, f)| (*id, f.token)),
             );
+        }
+        for f in self.closing.values().filter_map(|c| c.finish.as_ref()) {
+            leases.extend(f.unsettled.iter().chain(&f.undelivered).copied());
         }
         leases
     }
@@ -1774,7 +1893,7 @@ mod tests {
         assert!(c.next_timer() <= Instant::now());
         c.fire_timers(Instant::now());
         assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 9)]);
-        c.close(1);
+        c.close(1, false);
         assert_eq!(credits(&c.reconcile_offers(Instant::now())), vec![(1, 0)]);
         // Draining withdraws every published offer.
         let (mut c, _) = publishing(3);
@@ -1959,7 +2078,7 @@ mod tests {
         // b is acked on the stream, then the stream closes before the ack
         // commits: b is left to its ack, not released.
         c.acking([(b.id, b.token)]);
-        assert_eq!(c.close(1), vec![]);
+        assert_eq!(c.close(1, false), vec![]);
     }
 
     /// A cancel of a lease is told to its stream, unless the stream's ack
@@ -2027,7 +2146,7 @@ mod tests {
         let held = d.jobs[0].1.id;
         c.reconcile_offers(Instant::now());
         let claim = offers.claim(&q("a"), false).unwrap();
-        let released = c.close(1);
+        let released = c.close(1, false);
         assert_eq!(released.iter().map(|l| l.0).collect::<Vec<_>>(), vec![held]);
         let late = job(0, "a");
         let d = c.handed(
@@ -2042,6 +2161,68 @@ mod tests {
         assert_eq!(d.orphans.len(), 1, "released, not lost");
     }
 
+    /// A half-close while a round and a hand-off claim are under way for
+    /// the stream: its leases wait for them, and go back together with the
+    /// jobs they lease for it, before its client hears the end.
+    #[tokio::test(start_paused = true)]
+    async fn a_half_closed_stream_ends_after_what_was_under_way_for_it_is_back() {
+        let (mut c, offers) = core();
+        c.open(1, sub(&["a"], 3));
+        c.reconcile_offers(Instant::now());
+        let round = c.plan_round(Instant::now()).unwrap();
+        let d = c.finish_round(round, outcome(vec![job(0, "a")]), Instant::now());
+        let held = (d.jobs[0].1.id, d.jobs[0].1.token);
+        c.reconcile_offers(Instant::now());
+        let claim = offers.claim(&q("a"), false).expect("offered");
+        // Jobs came: the offer not claimed goes back to a round.
+        c.wake_all(Instant::now());
+        c.reconcile_offers(Instant::now());
+        let round = c.plan_round(Instant::now()).unwrap();
+        assert!(c.close(1, true).is_empty(), "nothing released yet");
+        assert!(c.take_finished().is_empty(), "a round and a claim are out");
+        let late = job(0, "a");
+        let d = c.finish_round(round, outcome(vec![late.clone()]), Instant::now());
+        assert!(
+            d.jobs.is_empty() && d.orphans.is_empty(),
+            "kept for the end"
+        );
+        assert!(c.take_finished().is_empty(), "the claim is still out");
+        let handed = job(0, "a");
+        let d = c.handed(
+            Handoff {
+                claims: vec![claim],
+                leased: vec![handed.clone()],
+                sent: Instant::now(),
+            },
+            Instant::now(),
+        );
+        assert!(
+            d.jobs.is_empty() && d.orphans.is_empty(),
+            "kept for the end"
+        );
+        let f = c.take_finished();
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].id, f[0].unsettled.clone()), (1, vec![held]));
+        assert_eq!(
+            f[0].undelivered,
+            vec![(late.id, late.token), (handed.id, handed.token)]
+        );
+        assert_eq!(c.take_ended(), vec![1]);
+    }
+
+    /// With nothing under way a half-close ends at once, and one for a
+    /// stream already closed still ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_half_close_with_nothing_under_way_ends_at_once() {
+        let (mut c, _offers) = core();
+        c.open(1, sub(&["a"], 2));
+        assert!(c.close(1, true).is_empty());
+        let f = c.take_finished();
+        assert_eq!((f.len(), f[0].id), (1, 1));
+        assert!(c.close(1, true).is_empty());
+        assert_eq!(c.take_finished().len(), 1, "ends, with nothing to release");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stream_closed_during_a_round_ends_when_the_round_is_back() {
         let (mut c, _offers) = core();
@@ -2049,7 +2230,7 @@ mod tests {
         c.reconcile_offers(Instant::now());
         let round = c.plan_round(Instant::now()).unwrap();
         c.open(2, sub(&["b"], 2));
-        assert!(c.close(2).is_empty());
+        assert!(c.close(2, false).is_empty());
         assert_eq!(
             c.take_ended(),
             vec![2],
@@ -2059,7 +2240,7 @@ mod tests {
         c.wake_all(Instant::now());
         let second = c.plan_round(Instant::now()).unwrap();
         assert_eq!(second.slots, vec![1]);
-        assert!(c.close(1).is_empty());
+        assert!(c.close(1, false).is_empty());
         assert!(
             c.take_ended().is_empty(),
             "two rounds under way may still lease for 1"

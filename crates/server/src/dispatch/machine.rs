@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::StreamId;
-use super::core::{Core, Delivered, Handoff, Publish, Round};
-use crate::domain::{Due, LeaseOutcome, Leased, Wake};
+use super::core::{Core, Delivered, Finished, Handoff, Publish, Round};
+use crate::domain::{Due, FailReq, LeaseOutcome, Leased, Wake};
 use crate::domain::{JobId, LeaseToken, QueueName, Subscription};
 
 /// What happened, as the dispatcher hears of it.
@@ -69,8 +69,29 @@ pub(crate) struct Release {
     pub why: &'static str,
     /// The broker, not the consumer, let go: the attempt is given back.
     pub refund: bool,
+    /// Jobs leased for a half-closed stream after it closed, never
+    /// delivered: released in the same statement, as
+    /// [`CLOSED_BEFORE_DELIVERY`] with the attempt given back.
+    pub undelivered: Vec<(JobId, LeaseToken)>,
     /// The stream whose client half-closed it, waiting for this release.
     pub finish: Option<StreamId>,
+}
+
+impl Release {
+    /// What to set each job to: `fail.sql`'s requests, retry at once.
+    pub fn requests(&self) -> Vec<FailReq> {
+        let req = |(id, token): &(JobId, LeaseToken), why: &str, refund| FailReq {
+            id: *id,
+            token: *token,
+            error: why.to_owned(),
+            retry_after_ms: Some(0),
+            dead_letter: false,
+            refund,
+        };
+        (self.leases.iter().map(|l| req(l, self.why, self.refund)))
+            .chain((self.undelivered.iter()).map(|l| req(l, CLOSED_BEFORE_DELIVERY, true)))
+            .collect()
+    }
 }
 
 /// The end of a drain: release every lease our streams hold (attempt
@@ -116,21 +137,27 @@ pub(crate) struct Effects {
 }
 
 impl Effects {
-    fn release(
-        &mut self,
-        leases: Vec<(JobId, LeaseToken)>,
-        why: &'static str,
-        refund: bool,
-        finish: Option<StreamId>,
-    ) {
-        if !leases.is_empty() || finish.is_some() {
+    fn release(&mut self, leases: Vec<(JobId, LeaseToken)>, why: &'static str, refund: bool) {
+        if !leases.is_empty() {
             self.release.push(Release {
                 leases,
                 why,
                 refund,
-                finish,
+                undelivered: Vec::new(),
+                finish: None,
             });
         }
+    }
+
+    /// A half-closed stream's leases go back; then it ends.
+    fn finished(&mut self, f: Finished) {
+        self.release.push(Release {
+            leases: f.unsettled,
+            why: CLOSED_BEFORE_SETTLING,
+            refund: false,
+            undelivered: f.undelivered,
+            finish: Some(f.id),
+        });
     }
 }
 
@@ -176,8 +203,8 @@ impl Machine {
                 }
                 self.core.open(id, sub);
             }
-            Input::Closed(id) => self.close(id, None, fx),
-            Input::Finish(id) => self.close(id, Some(id), fx),
+            Input::Closed(id) => self.close(id, false, fx),
+            Input::Finish(id) => self.close(id, true, fx),
             Input::Credit(id, n) => self.core.set_credit(id, n),
             Input::Wake(wakes) => self.core.wake(wakes, now),
             Input::WakeAll => {
@@ -214,7 +241,7 @@ impl Machine {
             }
             Input::Unsent(sid, id, token) => {
                 if self.core.unsent(sid, id, token) {
-                    fx.release(vec![(id, token)], NOT_SENT_IN_TIME, true, None);
+                    fx.release(vec![(id, token)], NOT_SENT_IN_TIME, true);
                 }
             }
             Input::Drain => {
@@ -222,6 +249,9 @@ impl Machine {
                 self.core.begin_drain();
                 self.drain_asked = true;
             }
+        }
+        for f in self.core.take_finished() {
+            fx.finished(f);
         }
     }
 
@@ -252,7 +282,7 @@ impl Machine {
                 jobs = lost.len(),
                 "releasing jobs handed to this broker whose hand-over never arrived"
             );
-            fx.release(lost, NEVER_HEARD_OF, true, None);
+            fx.release(lost, NEVER_HEARD_OF, true);
         }
         fx.publish.extend(self.core.reconcile_offers(now));
         while let Some(round) = self.core.plan_round(now) {
@@ -275,15 +305,21 @@ impl Machine {
                 }
             }
         }
-        fx.release(delivered.orphans, CLOSED_BEFORE_DELIVERY, true, None);
+        fx.release(delivered.orphans, CLOSED_BEFORE_DELIVERY, true);
     }
 
     /// Forgets a stream: its outlet is closed, then its unsettled jobs
-    /// released (`finish`: its client waits to hear when).
-    fn close(&mut self, id: StreamId, finish: Option<StreamId>, fx: &mut Effects) {
-        let leases = self.core.close(id);
-        debug!(stream = id, unsettled = leases.len(), "stream closed");
+    /// released (`finish`: its client half-closed and waits to hear when;
+    /// see `Core::close`).
+    fn close(&mut self, id: StreamId, finish: bool, fx: &mut Effects) {
+        let leases = self.core.close(id, finish);
+        debug!(
+            stream = id,
+            unsettled = leases.len(),
+            finish,
+            "stream closed"
+        );
         fx.closed.push(id);
-        fx.release(leases, CLOSED_BEFORE_SETTLING, false, finish);
+        fx.release(leases, CLOSED_BEFORE_SETTLING, false);
     }
 }

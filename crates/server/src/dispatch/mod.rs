@@ -561,7 +561,7 @@ impl Task {
         let done = r.finish.and_then(|id| self.finishing.remove(&id));
         let settle = self.settle.clone();
         tokio::spawn(async move {
-            settle.release(r.leases, r.why, r.refund).await;
+            settle.release_all(r.requests()).await;
             if let Some(done) = done {
                 let _ = done.send(());
             }
@@ -585,6 +585,11 @@ impl Task {
                     "broker is shutting down; reconnect",
                 )));
             }
+        }
+        // Half-closed streams still waiting for their end (a round or claim
+        // was under way for them): their leases went with the drain's.
+        for (_, done) in self.finishing.drain() {
+            let _ = done.send(());
         }
         info!(released = n, "dispatcher drained");
     }

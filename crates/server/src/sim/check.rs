@@ -16,6 +16,10 @@
 //!   gets is OK exactly when the statement applied that (job, token);
 //! - **no delivery after its lease was released**: what a client reads
 //!   from its stream is its current lease;
+//! - **a half-closed stream ends OK only once its jobs are back**: no
+//!   lease taken for it (by a round or a hand-off, even one still under
+//!   way at the half-close) is current then, but those acked on it and
+//!   those released apart before the half-close (`World::check_finished`);
 //! - **no stream starved while jobs wait**: a stream with free credit and
 //!   a deliverable job of an unlimited queue it serves gets one within a
 //!   bound (faults aside), and at the end every job committed is acked or

@@ -19,7 +19,7 @@ use crate::dispatch::sim_seam::{
 };
 use crate::dispatch::{Claims, Offers, StreamId};
 use crate::domain::{AckReq, ExtendReq, JobId, LeaseToken, QueueName, Subscription};
-use crate::domain::{FailReq, HandoffTo, Leased, Wake};
+use crate::domain::{FailReq, FastMap, FastSet, HandoffTo, Leased, Wake};
 use crate::error::Error;
 use crate::settle::{ack_results, extend_results, nack_results, wakes_for};
 
@@ -274,6 +274,21 @@ struct World {
     enq_ok: BTreeSet<JobId>,
     /// Jobs CancelJob deleted (gone by design, not lost).
     cancelled: BTreeSet<JobId>,
+    /// The stream each lease the dispatcher heard of was taken for (a
+    /// round's slot, a hand-off's claim): what a half-close must give back
+    /// before its stream ends OK.
+    leased_for: FastMap<(JobId, LeaseToken), StreamId>,
+    /// Half-closed streams of this incarnation waiting for their end (from
+    /// when the dispatcher heard of it).
+    finishing: BTreeSet<StreamId>,
+    /// Those of them whose release (the one that ends them) is under way;
+    /// the others end after a drain's release (`Task::finish_drain`).
+    finish_sent: BTreeSet<StreamId>,
+    /// Leases a half-closed stream's end may leave current: acked on the
+    /// stream (left to the ack, which may have failed), released apart
+    /// before the half-close (sent too late, a lost hand-over), or by a
+    /// release that gave up.
+    excused: FastSet<(JobId, LeaseToken)>,
     /// (consumer, queue) → since when it has free credit and a job waits.
     stall: BTreeMap<(usize, QueueName), Ms>,
     /// The last fault (crash, drain, slow statement, failure): the stall
@@ -447,6 +462,10 @@ impl World {
             ack_ok: BTreeSet::new(),
             enq_ok: BTreeSet::new(),
             cancelled: BTreeSet::new(),
+            leased_for: FastMap::default(),
+            finishing: BTreeSet::new(),
+            finish_sent: BTreeSet::new(),
+            excused: FastSet::default(),
             stall: BTreeMap::new(),
             last_fault: 0,
             ending: false,
@@ -660,6 +679,7 @@ impl World {
                 woken.extend(w.iter().cloned());
             }
             say!(self, format!("dispatcher <- {}", brief(&input)));
+            self.note_leases(&input);
             let mut fx = Effects::default();
             self.broker.machine.input(input, now, &mut fx);
             self.apply(fx);
@@ -757,6 +777,20 @@ impl World {
                 }
             }
             for r in fx.release.drain(..) {
+                if let Some(sid) = r.finish {
+                    self.finish_sent.insert(sid);
+                } else {
+                    // Released apart from any half-close (its stream still
+                    // open, or dropped): it may commit after that stream
+                    // ended. What a half-closed stream gave back must come
+                    // with its end.
+                    for lease in r.leases.iter().chain(&r.undelivered) {
+                        let of = self.leased_for.get(lease);
+                        if of.is_none_or(|sid| !self.finishing.contains(sid)) {
+                            self.excused.insert(*lease);
+                        }
+                    }
+                }
                 self.op(OpKind::Release(r, 0), false);
             }
             for chunk in fx.check.chunks(5000) {
@@ -791,6 +825,7 @@ impl World {
                     leases: d.leases,
                     why: "broker shut down before the job was settled",
                     refund: true,
+                    undelivered: Vec::new(),
                     finish: None,
                 };
                 self.op(OpKind::Release(r, 0), false);
@@ -1207,7 +1242,7 @@ impl World {
                 }
             }
             OpKind::Release(r, attempt) => {
-                let reqs = fails(&r.leases, r.why, r.refund);
+                let reqs = r.requests();
                 let done = if applies {
                     self.db.fail(&reqs)
                 } else {
@@ -1228,6 +1263,12 @@ impl World {
                 if stale {
                     return;
                 }
+                if fate != Fate::Commit && attempt >= 4 {
+                    // Given up: these leases run out instead.
+                    for lease in r.leases.iter().chain(&r.undelivered) {
+                        self.excused.insert(*lease);
+                    }
+                }
                 if fate != Fate::Commit && attempt < 4 {
                     // settle::release tries again, 200 ms << attempt later;
                     // a half-closed stream's client waits for the end.
@@ -1240,9 +1281,20 @@ impl World {
                     self.settled(done.iter().map(|f| (f.broker, f.id, f.token)).collect());
                 }
                 if let Some(sid) = r.finish {
+                    self.check_finished(sid);
                     self.finished(sid);
                 }
                 if r.why.starts_with("broker shut down") {
+                    // Half-closed streams still waiting for their end end
+                    // after the drain's release (`Task::finish_drain`).
+                    let waiting: Vec<StreamId> = (self.finishing)
+                        .difference(&self.finish_sent)
+                        .copied()
+                        .collect();
+                    for sid in waiting {
+                        self.check_finished(sid);
+                        self.finished(sid);
+                    }
                     // The drain's streams end with UNAVAILABLE now.
                     let sids: Vec<StreamId> = self.broker.outlets.keys().copied().collect();
                     for sid in sids {
@@ -1571,8 +1623,65 @@ impl World {
         }
     }
 
+    /// Records which stream each lease the dispatcher hears of was taken
+    /// for, and which streams it heard half-close (see `check_finished`).
+    fn note_leases(&mut self, input: &Input) {
+        match input {
+            Input::Leased(round, Ok(o)) => {
+                for j in &o.jobs {
+                    let sid = round.slots[j.slot as usize];
+                    self.leased_for.insert((j.id, j.token), sid);
+                }
+            }
+            Input::Handed(h) => {
+                for j in &h.leased {
+                    let sid = h.claims[j.slot as usize].stream;
+                    self.leased_for.insert((j.id, j.token), sid);
+                }
+            }
+            // From here on what the stream gives back comes with its end.
+            Input::Finish(sid) => {
+                self.finishing.insert(*sid);
+            }
+            _ => {}
+        }
+    }
+
+    /// A half-closed stream ends OK: every lease taken for it is over by
+    /// now (settled, released, run out), but those excused (see
+    /// `World::excused`). A lease round or hand-off still under way when
+    /// the client half-closed leased jobs for it too: released only after
+    /// the end, the client saw OK while one of its jobs was still leased.
+    fn check_finished(&mut self, sid: StreamId) {
+        let now = self.now;
+        let mut mine: Vec<(JobId, LeaseToken)> = self
+            .leased_for
+            .iter()
+            .filter(|(_, s)| **s == sid)
+            .map(|(l, _)| *l)
+            .collect();
+        mine.sort_by_key(|(id, _)| *id);
+        for lease in mine {
+            self.leased_for.remove(&lease);
+            let (id, token) = lease;
+            let current = self.db.jobs.get(&id).is_some_and(|r| {
+                r.state == State::Leased && r.token == Some(token) && r.expires > now
+            });
+            if current && !self.excused.contains(&lease) {
+                self.anomaly(format!(
+                    "s{sid} ended OK after its half-close while {} (tok {}) was still \
+                     leased for it",
+                    jid(id),
+                    tok(token)
+                ));
+            }
+        }
+    }
+
     /// The release after a half-close is over: the stream ends OK.
     fn finished(&mut self, sid: StreamId) {
+        self.finishing.remove(&sid);
+        self.finish_sent.remove(&sid);
         self.stream_ended(sid, "OK after half-close");
     }
 
@@ -1980,6 +2089,10 @@ impl World {
                         self.input(input);
                     }
                 }
+                if consume {
+                    // Left to its ack by the stream's release.
+                    self.excused.insert((id, token));
+                }
                 let kind = OpKind::Ack(vec![(AckReq::new(id, token), origin)]);
                 if linger && self.cfg.linger_ms > 0 {
                     // Waits for company (`Batcher::call_lingering`).
@@ -2131,6 +2244,10 @@ impl World {
     fn restart(&mut self) {
         let life = self.broker.life + 1;
         say!(self, format!("broker restarts as g{life}"));
+        // Stream ids start again.
+        self.leased_for.clear();
+        self.finishing.clear();
+        self.finish_sent.clear();
         self.broker = Broker::start(life, &self.cfg, self.epoch, self.now);
         self.broker.id = self.broker_of(life);
         for c in 0..self.consumers.len() {
