@@ -11,6 +11,8 @@
 //!   one) are each answered for their own token;
 //! - a Consume stream's buffered deliveries are not sent once its jobs were
 //!   released (half-close, drain);
+//! - a half-closed Consume stream ends OK only once the jobs a lease round
+//!   under way at the half-close leased for it are back too;
 //! - a lock held on a limited queue's row does not hold back the jobs a
 //!   lease round already leased for other queues;
 //! - a lease answered to a broker that was frozen (SIGSTOP) past the
@@ -317,6 +319,67 @@ async fn deliveries_waiting_at_a_half_close_are_not_sent_after_the_release() {
         "{late} of {} deliveries arrived after their leases were released",
         ended.deliveries.len()
     );
+}
+
+/// A half-closed Consume stream answers OK only once every job leased for
+/// it is back, those a lease round still under way at the half-close
+/// leased for it too. Each round here acks the stream's jobs, and the
+/// half-close follows their results at once, while the round the acks'
+/// credit started is out. That round's jobs were released apart, after the
+/// OK: a worker that stopped found one of the jobs it never started still
+/// leased (CI, the Python worker's stop test; then the simulation's check
+/// of a half-close, docs/RELIABILITY.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_stream_ends_only_once_every_job_leased_for_it_is_back() {
+    const ROUNDS: usize = 60;
+    let db = TestDb::new().await;
+    let broker = TestBroker::start(&db).await;
+    let mut c = broker.client().await;
+    c.enqueue_batch(pb::EnqueueBatchRequest {
+        jobs: (0..ROUNDS * 8)
+            .map(|i| job("fin", &format!("j{i}")))
+            .collect(),
+    })
+    .await
+    .unwrap();
+    let mut left = Vec::new();
+    for round in 0..ROUNDS {
+        let consumer = format!("fin-{round}");
+        let mut first = opening(&["fin"], 4, Some(secs(30)), true);
+        first.subscribe.as_mut().unwrap().consumer = consumer.clone();
+        let mut s = Consumer::start(&mut c, first).await.expect("consume");
+        s.opened(S5).await.expect("opened");
+        let got = s.take(4, S5).await;
+        s.send(pb::ConsumeRequest {
+            acks: got.iter().map(ack_of).collect(),
+            ..Default::default()
+        })
+        .await;
+        let results = s.results(4, S5).await;
+        assert!(results.iter().all(|r| r.code == 0), "{results:?}");
+        s.half_close();
+        let ended = s.end(S5).await;
+        assert!(ended.status.is_ok(), "{:?}", ended.status);
+        let leased: i64 = sqlx::query_scalar(
+            "select count(*) from leaseq.jobs where state = 'leased' and leased_by = $1",
+        )
+        .bind(&consumer)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if leased > 0 {
+            left.push((round, leased));
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "(round, jobs still leased for its stream after its OK): {left:?}"
+    );
+    // Nothing was lost on the way: every job not acked is there to take.
+    eventually(S5, "the rest available", || async {
+        db.leased_in("fin").await == 0
+    })
+    .await;
 }
 
 /// The same at a drain: the deliveries waiting for a client that reads
