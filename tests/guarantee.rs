@@ -12,7 +12,8 @@
 //! - a Consume stream's buffered deliveries are not sent once its jobs were
 //!   released (half-close, drain);
 //! - a half-closed Consume stream ends OK only once the jobs a lease round
-//!   under way at the half-close leased for it are back too;
+//!   under way at the half-close leased for it are back too, and with
+//!   UNAVAILABLE when its release cannot commit;
 //! - a lock held on a limited queue's row does not hold back the jobs a
 //!   lease round already leased for other queues;
 //! - a lease answered to a broker that was frozen (SIGSTOP) past the
@@ -380,6 +381,41 @@ async fn a_half_closed_stream_ends_only_once_every_job_leased_for_it_is_back() {
         db.leased_in("fin").await == 0
     })
     .await;
+}
+
+/// A half-close whose release cannot commit (the broker's connections to
+/// PostgreSQL reset, new ones held) ends the stream with UNAVAILABLE, not
+/// OK: its jobs are still leased and come back only when their leases run
+/// out. The stream ended OK after the release had given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_close_whose_release_fails_ends_unavailable() {
+    let db = TestDb::new().await;
+    let proxy = crate::common::pgproxy::PgProxy::start(&db.url).await;
+    // A pool waits a second for a connection (`connect_timeout`).
+    let broker = TestBroker::on_url(&format!("{}&connect_timeout=1", proxy.url(&db.url)))
+        .start()
+        .await;
+    let mut c = broker.client().await;
+    for i in 0..3 {
+        enqueue(&mut c, "nofin", &format!("j{i}")).await;
+    }
+    let mut s = Consumer::start(&mut c, opening(&["nofin"], 3, Some(secs(60)), true))
+        .await
+        .expect("consume");
+    s.opened(S5).await.expect("opened");
+    s.take(3, S5).await;
+    proxy.hold_new(true);
+    proxy.reset_all();
+    s.half_close();
+    let ended = s.end(Duration::from_secs(30)).await;
+    let status = ended.status.expect_err("not OK: nothing was released");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("could not be released"),
+        "{status:?}"
+    );
+    assert_eq!(db.leased_in("nofin").await, 3, "still leased");
+    proxy.hold_new(false);
 }
 
 /// The same at a drain: the deliveries waiting for a client that reads

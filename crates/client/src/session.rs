@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::stats::WorkerStats;
 use crate::{Client, Delivery, Nack, pb, pb_duration, timestamp};
@@ -184,8 +184,10 @@ impl Session {
             .await;
             match ended {
                 Ok(Ok(())) => debug!("stream closed"),
+                // UNAVAILABLE: the broker could not release the stream's
+                // jobs; they come back when their leases run out.
                 Ok(Err(s)) => {
-                    debug!(code = ?s.code(), message = s.message(), "stream failed while closing")
+                    warn!(code = ?s.code(), message = s.message(), "stream failed while closing")
                 }
                 Err(_) => debug!(
                     ?limit,

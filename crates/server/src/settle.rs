@@ -246,8 +246,8 @@ impl Settle {
     /// Makes leases available again at once (retry 0), giving the attempt
     /// back when `refund` (the broker, not the consumer, ended them).
     /// Retries while the database is unreachable; if it stays down the
-    /// leases simply expire.
-    pub async fn release(&self, leases: Vec<(JobId, LeaseToken)>, why: &str, refund: bool) {
+    /// leases simply expire. Returns whether the release committed.
+    pub async fn release(&self, leases: Vec<(JobId, LeaseToken)>, why: &str, refund: bool) -> bool {
         let reqs: Vec<FailReq> = leases
             .into_iter()
             .map(|(id, token)| FailReq {
@@ -263,20 +263,26 @@ impl Settle {
     }
 
     /// Releases these leases in one statement, as they say (each its own
-    /// reason and refund), retrying as [`Settle::release`] does.
-    pub async fn release_all(&self, reqs: Vec<FailReq>) {
+    /// reason and refund), retrying as [`Settle::release`] does. Returns
+    /// whether the release committed (nothing to release: true).
+    pub async fn release_all(&self, reqs: Vec<FailReq>) -> bool {
         if reqs.is_empty() {
-            return;
+            return true;
         }
-        for attempt in 0..5u32 {
+        const ATTEMPTS: u32 = 5;
+        for attempt in 0..ATTEMPTS {
             match self.fail(&reqs, Ending::Released).await {
-                Ok(_) => return,
-                Err(e) => {
+                Ok(_) => return true,
+                Err(e) if attempt + 1 < ATTEMPTS => {
                     warn!(error = %e, attempt, "releasing leases failed; retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
                 }
+                Err(e) => {
+                    warn!(error = %e, "releasing leases failed; they come back when their leases run out");
+                }
             }
         }
+        false
     }
 
     /// Ends expired leases: each job is retried at once (or dead-lettered on

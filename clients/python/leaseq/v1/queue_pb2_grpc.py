@@ -144,7 +144,11 @@ class QueueServiceServicer(object):
         are those of Subscribe, except that an ack's credit can come back as the
         ack arrives, before it commits. When the client half-closes its side,
         the broker settles what it was sent, releases the stream's unsettled jobs
-        and ends the stream with OK. Deliveries may still arrive before the end
+        (and any a lease under way at the half-close took for it), then ends the
+        stream with OK: a client that saw OK finds none of them leased. When the
+        release cannot commit (the database is unreachable), the stream ends
+        UNAVAILABLE instead, and the jobs come back when their leases run out.
+        Deliveries may still arrive before the end
         (they crossed the half-close on the wire): their jobs were released,
         possibly leased again elsewhere; a client ignores them, as the SDKs do.
         """

@@ -11,7 +11,8 @@
 //!
 //! When the client half-closes, the stream takes no new jobs, every settle
 //! it sent is finished (and reported), then its unsettled jobs are released
-//! and the response ends with OK. A request the stream cannot go on after (a
+//! and the response ends with OK (UNAVAILABLE when the release could not
+//! commit: the jobs then come back when their leases run out). A request the stream cannot go on after (a
 //! second `subscribe`, a credit out of range) ends it with INVALID_ARGUMENT,
 //! and one past a limit (`--max-message-bytes`, the connection's request
 //! bytes or credit: `crate::conn_limit`) with RESOURCE_EXHAUSTED; its
@@ -373,8 +374,15 @@ impl Reader {
         dispatcher.set_credit(self.id, 0);
         while self.settles.join_next().await.is_some() {}
         // The response ends when this task drops its sender, so the client
-        // sees OK only after the release has committed.
-        dispatcher.finish(self.id).await;
+        // sees OK only after the release has committed; when it could not
+        // commit, UNAVAILABLE says so.
+        if !dispatcher.finish(self.id).await {
+            let status = Status::unavailable(
+                "the stream's unsettled jobs could not be released (the database could not \
+                 be reached): they come back when their leases run out",
+            );
+            let _ = self.results.send((Err(status), None)).await;
+        }
     }
 
     /// Validates and starts what one request asks for. An error here ends the

@@ -98,7 +98,7 @@ pub(crate) enum Msg {
     },
     /// Closed by its client (Consume half-close): the sender hears when
     /// the stream's unsettled jobs are released.
-    Finish(StreamId, oneshot::Sender<()>),
+    Finish(StreamId, oneshot::Sender<bool>),
     Credit(StreamId, u32),
     Drain(oneshot::Sender<()>),
     /// Jobs made available by this process (`Inbox::wake`): once taken
@@ -245,12 +245,15 @@ impl Dispatcher {
     }
 
     /// Ends a stream now: its unsettled jobs are released and its
-    /// deliveries end (without error). Returns once the release committed.
-    pub async fn finish(&self, id: StreamId) {
+    /// deliveries end (without error). Returns once the release is over:
+    /// whether it committed (false: the database could not be reached, or
+    /// the dispatcher is gone; the leases then run out).
+    pub async fn finish(&self, id: StreamId) -> bool {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Msg::Finish(id, tx)).is_ok() {
-            let _ = rx.await;
+        if self.tx.send(Msg::Finish(id, tx)).is_err() {
+            return false;
         }
+        rx.await.unwrap_or(false)
     }
 
     /// Jobs became available (delay 0) or will at `delay_ms`.
@@ -357,7 +360,7 @@ struct Task {
     /// Where each stream's deliveries go.
     txs: FastMap<StreamId, Outlet>,
     /// Clients that half-closed their streams, waiting for the release.
-    finishing: FastMap<StreamId, oneshot::Sender<()>>,
+    finishing: FastMap<StreamId, oneshot::Sender<bool>>,
     /// Who waits for the drain to finish (it runs once no round is in flight).
     drained: Option<oneshot::Sender<()>>,
 }
@@ -561,9 +564,9 @@ impl Task {
         let done = r.finish.and_then(|id| self.finishing.remove(&id));
         let settle = self.settle.clone();
         tokio::spawn(async move {
-            settle.release_all(r.requests()).await;
+            let released = settle.release_all(r.requests()).await;
             if let Some(done) = done {
-                let _ = done.send(());
+                let _ = done.send(released);
             }
         });
     }
@@ -575,7 +578,7 @@ impl Task {
             out.release();
         }
         let n = drained.leases.len();
-        self.settle
+        let released = (self.settle)
             .release(drained.leases, machine::SHUT_DOWN, true)
             .await;
         for id in drained.streams {
@@ -589,7 +592,7 @@ impl Task {
         // Half-closed streams still waiting for their end (a round or claim
         // was under way for them): their leases went with the drain's.
         for (_, done) in self.finishing.drain() {
-            let _ = done.send(());
+            let _ = done.send(released);
         }
         info!(released = n, "dispatcher drained");
     }

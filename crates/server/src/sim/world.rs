@@ -285,9 +285,9 @@ struct World {
     /// the others end after a drain's release (`Task::finish_drain`).
     finish_sent: BTreeSet<StreamId>,
     /// Leases a half-closed stream's end may leave current: acked on the
-    /// stream (left to the ack, which may have failed), released apart
-    /// before the half-close (sent too late, a lost hand-over), or by a
-    /// release that gave up.
+    /// stream (left to the ack, which may have failed), or released apart
+    /// before the half-close (sent too late, a lost hand-over; that release
+    /// may still be under way, or have given up).
     excused: FastSet<(JobId, LeaseToken)>,
     /// (consumer, queue) → since when it has free credit and a job waits.
     stall: BTreeMap<(usize, QueueName), Ms>,
@@ -1263,13 +1263,10 @@ impl World {
                 if stale {
                     return;
                 }
-                if fate != Fate::Commit && attempt >= 4 {
-                    // Given up: these leases run out instead.
-                    for lease in r.leases.iter().chain(&r.undelivered) {
-                        self.excused.insert(*lease);
-                    }
-                }
-                if fate != Fate::Commit && attempt < 4 {
+                // Nothing to release: no statement, nothing to fail.
+                let committed =
+                    fate == Fate::Commit || (r.leases.is_empty() && r.undelivered.is_empty());
+                if !committed && attempt < 4 {
                     // settle::release tries again, 200 ms << attempt later;
                     // a half-closed stream's client waits for the end.
                     let id = self.op(OpKind::Release(r, attempt + 1), false);
@@ -1280,21 +1277,25 @@ impl World {
                     self.wake(wakes_for(&done));
                     self.settled(done.iter().map(|f| (f.broker, f.id, f.token)).collect());
                 }
-                if let Some(sid) = r.finish {
-                    self.check_finished(sid);
-                    self.finished(sid);
-                }
+                // A half-closed stream ends OK once its release committed,
+                // UNAVAILABLE when it gave up (the leases run out then).
+                let mut ends: Vec<StreamId> = r.finish.into_iter().collect();
                 if r.why.starts_with("broker shut down") {
                     // Half-closed streams still waiting for their end end
                     // after the drain's release (`Task::finish_drain`).
-                    let waiting: Vec<StreamId> = (self.finishing)
-                        .difference(&self.finish_sent)
-                        .copied()
-                        .collect();
-                    for sid in waiting {
+                    ends.extend(self.finishing.difference(&self.finish_sent));
+                }
+                for sid in ends {
+                    if committed {
                         self.check_finished(sid);
                         self.finished(sid);
+                    } else {
+                        self.finishing.remove(&sid);
+                        self.finish_sent.remove(&sid);
+                        self.stream_ended(sid, "UNAVAILABLE: its release failed");
                     }
+                }
+                if r.why.starts_with("broker shut down") {
                     // The drain's streams end with UNAVAILABLE now.
                     let sids: Vec<StreamId> = self.broker.outlets.keys().copied().collect();
                     for sid in sids {
