@@ -226,6 +226,14 @@ struct Inner {
     /// Every error a client saw: (operation, code, local time).
     errors: Vec<(&'static str, Code, Duration)>,
     next_stream: u64,
+    /// Jobs still leased for a Consume stream when it had ended OK after
+    /// its half-close, as the database showed then (see
+    /// [`History::half_close_left`]).
+    half_close_left: Vec<String>,
+    /// Half-closes that ended OK and were checked so.
+    half_closes_checked: usize,
+    /// The database the consumers look at (set by `Load::watch`).
+    db: Option<sqlx::PgPool>,
     /// Schedules whose ticks the checker holds to one job each, by name.
     schedules: BTreeMap<String, Ticks>,
 }
@@ -501,6 +509,28 @@ impl History {
         self.with(|h| {
             let e = h.dropped.entry(stream).or_insert(t);
             *e = (*e).min(t);
+        });
+    }
+
+    /// The database the consumers may look at (their half-close check).
+    pub fn set_db(&self, pool: &sqlx::PgPool) {
+        self.with(|h| h.db = Some(pool.clone()));
+    }
+
+    pub fn db(&self) -> Option<sqlx::PgPool> {
+        self.with(|h| h.db.clone())
+    }
+
+    /// Consume stream `stream` ended OK after its half-close while the
+    /// database still showed `jobs` leased for it (none: it checked out).
+    pub fn half_close_left(&self, stream: u64, jobs: Vec<String>) {
+        self.with(|h| {
+            h.half_closes_checked += 1;
+            for job in jobs {
+                h.half_close_left.push(format!(
+                    "{job}: still leased for Consume call {stream}, which had ended OK"
+                ));
+            }
         });
     }
 
@@ -858,6 +888,8 @@ impl History {
         let db_min = |t: Duration| db_at_lagging(self.wall0_us, &h.db_offsets, t, JUMP_SLACK);
         let mut r = Report {
             bounds: h.bounds,
+            half_close_left: h.half_close_left.clone(),
+            half_closes_checked: h.half_closes_checked,
             ..Report::default()
         };
 
@@ -1981,6 +2013,11 @@ pub struct Report {
     pub tick_missed: Vec<String>,
     /// Jobs of a schedule naming a time that is not one of its ticks.
     pub tick_unscheduled: Vec<String>,
+    /// Consume streams that ended OK after their half-close while a job
+    /// leased for them by a lease round was still leased.
+    pub half_close_left: Vec<String>,
+    /// Half-closes that ended OK and were looked at in the database.
+    pub half_closes_checked: usize,
 }
 
 impl Report {
@@ -1995,7 +2032,7 @@ impl Report {
              dedup_inconsistent={} stalls={} keyed={} key_behind={} key_peak={} key_order={} \
              key_over_limit={} follow_ups={}/{} follow_up_missing={} follow_up_unapplied={} \
              follow_up_duplicated={} follow_up_ids={} ticks={} (late up to {:.2}s) tick_doubled={} tick_missed={} \
-             tick_unscheduled={} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
+             tick_unscheduled={} half_close_left={}/{} recovery_max_s={:.2} settle_max_s={:.2} (bound {:?}) stall_max_s={:.2} (bound {:?}) \
              wall_s={:.1} client_errors={:?}",
             self.enqueued,
             self.enqueue_unknown,
@@ -2044,6 +2081,8 @@ impl Report {
             self.tick_doubled.len(),
             self.tick_missed.len(),
             self.tick_unscheduled.len(),
+            self.half_close_left.len(),
+            self.half_closes_checked,
             self.recovery_max_s,
             self.settle_max_s,
             self.bounds.settle,
@@ -2055,7 +2094,7 @@ impl Report {
     }
 
     /// Every kind of anomaly and its instances, in a fixed order.
-    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 22] {
+    pub fn kinds(&self) -> [(&'static str, &Vec<String>); 23] {
         [
             ("lost", &self.lost),
             ("acked twice", &self.acked_twice),
@@ -2094,6 +2133,10 @@ impl Report {
             ("schedule tick with more than one job", &self.tick_doubled),
             ("schedule tick missed", &self.tick_missed),
             ("schedule job of no tick", &self.tick_unscheduled),
+            (
+                "half-closed stream ended OK with a job still leased for it",
+                &self.half_close_left,
+            ),
         ]
     }
 

@@ -529,10 +529,13 @@ fn checker_finds_every_planted_anomaly() {
         h.ready(Some(3));
     }
     p.ack(&full_d, 11.0);
+    // What a consumer saw in the database at its stream's OK end.
+    h.half_close_left(s1, vec!["half-left".into()]);
 
     let r = p.check();
     let mut names: Vec<&str> = jobs.to_vec();
     names.extend([
+        "half-left",
         "ghost",
         "planted",
         "key",
@@ -587,6 +590,10 @@ fn checker_finds_every_planted_anomaly() {
         ("schedule tick with more than one job", vec![]),
         ("schedule tick missed", vec![]),
         ("schedule job of no tick", vec![]),
+        (
+            "half-closed stream ended OK with a job still leased for it",
+            vec!["half-left"],
+        ),
     ];
     let want: Vec<(&str, Vec<String>)> = want
         .into_iter()
@@ -599,7 +606,7 @@ fn checker_finds_every_planted_anomaly() {
     assert_eq!(
         count,
         [
-            1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 2, 0, 0, 0, 0, 0, 0, 0
+            1, 1, 3, 2, 1, 1, 4, 2, 2, 1, 1, 3, 1, 1, 2, 0, 0, 0, 0, 0, 0, 0, 1
         ],
         "{r:#?}"
     );
@@ -628,7 +635,7 @@ fn checker_finds_every_planted_anomaly() {
             && r.lost[0].contains("ack of token l1 sent to broker 0: Refused"),
         "{r:#?}"
     );
-    assert_eq!(r.anomalies().len(), 15, "{:#?}", r.anomalies());
+    assert_eq!(r.anomalies().len(), 16, "{:#?}", r.anomalies());
 }
 
 /// A clean history: duplicates of every explanation, settles refused for a
@@ -1176,7 +1183,7 @@ fn checker_finds_follow_ups_and_ticks_broken() {
     assert_eq!(
         count,
         [
-            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 1, 2, 1, 1, 2
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 1, 2, 1, 1, 2, 0
         ],
         "{r:#?}"
     );
