@@ -166,8 +166,8 @@ async fn the_other_settle_statements_probe_the_key_per_id_even_when_planned_on_a
 
 /// The dispatcher's other statements over leaseq.jobs, planned generic on
 /// an empty, analysed table with the settings they run with, still reach
-/// jobs through an index condition: the lease statement (hot connections)
-/// through the queue's ready jobs, the key walk (lease_keys.sql: its lock
+/// jobs through an index condition: the lease statements (hot connections;
+/// lease_one.sql, a round of one want, too) through the queue's ready jobs, the key walk (lease_keys.sql: its lock
 /// and update once hash-joined a whole scan of the table, at every round),
 /// the lease check by key, the next-due lookup by queue. Before, the lease check's plan read all of jobs (or,
 /// with these settings, all of jobs_pkey) and the next-due lookup's every
@@ -184,6 +184,12 @@ async fn the_dispatchers_statements_read_jobs_by_index_even_when_planned_on_an_e
             "('{q}', '{0}', '{1}', '{1000}', '{0}', '{c}', \
              '00000000-0000-0000-0000-000000000000', false)"
                 .to_owned(),
+        ),
+        (
+            "set local enable_seqscan = off",
+            include_str!("../crates/server/src/store/sql/lease_one.sql"),
+            "(text, int8, int8, int4, text, uuid)",
+            "('q', 256, 1000, 0, 'c', '00000000-0000-0000-0000-000000000000')".to_owned(),
         ),
         (
             "set local enable_seqscan = off",

@@ -39,6 +39,22 @@ macro_rules! leased_row {
     }};
 }
 
+/// A row of lease.sql or lease_one.sql: a job leased, or (slot -1) a
+/// queue that must go to the limited path.
+macro_rules! lease_row {
+    ($store:expr, $r:expr) => {{
+        let r = $r;
+        if r.slot.is_some_and(|s| s < 0) {
+            let q = r.queue.as_deref().and_then(QueueName::parse);
+            Ok(LeaseRow::Limited(
+                q.ok_or(Error::Internal("bad queue name in db"))?,
+            ))
+        } else {
+            Ok(LeaseRow::Job(leased_row!($store, r)))
+        }
+    }};
+}
+
 pub(crate) mod admin;
 pub(crate) mod batch;
 pub(crate) mod conn;
@@ -1001,12 +1017,30 @@ impl Store {
 
     /// Runs lease.sql. With `include_limited` the caller holds the limited
     /// queues' row locks and has trimmed `wants` to what their limits allow.
+    /// A round of one want outside the limited path runs lease_one.sql, the
+    /// same lease in a leaner statement.
     async fn lease_rows<'e>(
         &self,
         exec: impl Executor<'e, Database = Postgres>,
         wants: &[Want],
         include_limited: bool,
     ) -> Result<Vec<LeaseRow>> {
+        if let [w] = wants
+            && !include_limited
+        {
+            let rows = sqlx::query_file!(
+                "src/store/sql/lease_one.sql",
+                w.queue.as_str(),
+                i64::from(w.n),
+                w.lease_ms,
+                w.slot,
+                &*w.consumer,
+                self.broker_id,
+            )
+            .fetch_all(exec)
+            .await?;
+            return rows.into_iter().map(|r| lease_row!(self, r)).collect();
+        }
         let mut queues = Vec::with_capacity(wants.len());
         let mut lo = Vec::with_capacity(wants.len());
         let mut hi = Vec::with_capacity(wants.len());
@@ -1037,17 +1071,7 @@ impl Store {
         )
         .fetch_all(exec)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                if r.slot.is_some_and(|s| s < 0) {
-                    let q = r.queue.as_deref().and_then(QueueName::parse);
-                    return Ok(LeaseRow::Limited(
-                        q.ok_or(Error::Internal("bad queue name in db"))?,
-                    ));
-                }
-                Ok(LeaseRow::Job(leased_row!(self, r)))
-            })
-            .collect()
+        rows.into_iter().map(|r| lease_row!(self, r)).collect()
     }
 
     /// Completes jobs whose token is current: deletes them, and keeps a
