@@ -8,7 +8,9 @@
 //!   sweep, a close it did not ask for) — but for a drained or crashed
 //!   broker's streams, named as such;
 //! - **credit is never created**: a stream's client never holds more jobs
-//!   than its credit;
+//!   than the most credit the stream has had (lowering a Consume stream's
+//!   credit takes nothing back), and at the end each stream's credit is
+//!   the last its client set, all of it free;
 //! - **an ack answered OK is never followed by a delivery of that job**;
 //! - **a valid ack is never refused**: an ack of a lease that was current
 //!   when sent and had not run out when its statement ran is answered OK;

@@ -15,7 +15,8 @@
 //! - **Models**: the database (`db.rs`, each statement applied at the
 //!   instant it commits, with its `.sql` file's semantics), the clients
 //!   (producers; consumers on Consume or Subscribe streams that ack, nack,
-//!   extend, let leases run out, close and half-close), the network, and
+//!   extend, let leases run out, change a Consume stream's credit, close
+//!   and half-close), the network, and
 //!   the task shell that carries the machine's effects out (as
 //!   `dispatch/mod.rs` does, effect by effect).
 //!
