@@ -391,7 +391,9 @@ export class Session implements Settler {
   /**
    * Graceful end: waits for the answers to settles already sent, then
    * half-closes a Consume stream (the broker releases the stream's unsettled
-   * jobs and ends it with OK) or cancels a Subscribe stream (same release).
+   * jobs and ends it with OK, or UNAVAILABLE when it could not: they come
+   * back when their leases run out) or cancels a Subscribe stream (same
+   * release).
    */
   async close(timeoutMs = 10000): Promise<void> {
     if (!this.#open) return;

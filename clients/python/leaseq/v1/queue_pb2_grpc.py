@@ -144,8 +144,10 @@ class QueueServiceServicer(object):
         are those of Subscribe, except that an ack's credit can come back as the
         ack arrives, before it commits. When the client half-closes its side,
         the broker settles what it was sent, releases the stream's unsettled jobs
-        (and any a lease under way at the half-close took for it), then ends the
-        stream with OK: a client that saw OK finds none of them leased. When the
+        (and any a lease under way on this broker at the half-close took for
+        it), then ends the stream with OK: a client that saw OK finds none of
+        them leased (a job another replica was handing to the stream as it
+        closed is released when that hand-over arrives). When the
         release cannot commit (the database is unreachable), the stream ends
         UNAVAILABLE instead, and the jobs come back when their leases run out.
         Deliveries may still arrive before the end
