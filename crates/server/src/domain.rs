@@ -847,6 +847,21 @@ pub struct FailReq {
     pub refund: bool,
 }
 
+impl FailReq {
+    /// A lease the broker ends itself (released, or run out): the job is
+    /// retried at once, its attempt given back when `refund`.
+    pub fn ended((id, token): (JobId, LeaseToken), why: &str, refund: bool) -> FailReq {
+        FailReq {
+            id,
+            token,
+            error: why.to_owned(),
+            retry_after_ms: Some(0),
+            dead_letter: false,
+            refund,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Extended {
     pub id: JobId,

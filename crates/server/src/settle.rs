@@ -248,16 +248,8 @@ impl Settle {
     /// Retries while the database is unreachable; if it stays down the
     /// leases simply expire. Returns whether the release committed.
     pub async fn release(&self, leases: Vec<(JobId, LeaseToken)>, why: &str, refund: bool) -> bool {
-        let reqs: Vec<FailReq> = leases
-            .into_iter()
-            .map(|(id, token)| FailReq {
-                id,
-                token,
-                error: why.to_owned(),
-                retry_after_ms: Some(0),
-                dead_letter: false,
-                refund,
-            })
+        let reqs = (leases.into_iter())
+            .map(|l| FailReq::ended(l, why, refund))
             .collect();
         self.release_all(reqs).await
     }
@@ -288,16 +280,8 @@ impl Settle {
     /// Ends expired leases: each job is retried at once (or dead-lettered on
     /// its last attempt, or when its ttl passed). Returns how many.
     pub async fn reap(&self, expired: Vec<(JobId, LeaseToken)>) -> Result<usize> {
-        let reqs: Vec<FailReq> = expired
-            .into_iter()
-            .map(|(id, token)| FailReq {
-                id,
-                token,
-                error: "lease expired".to_owned(),
-                retry_after_ms: Some(0),
-                dead_letter: false,
-                refund: false,
-            })
+        let reqs: Vec<FailReq> = (expired.into_iter())
+            .map(|l| FailReq::ended(l, "lease expired", false))
             .collect();
         Ok(self.fail(&reqs, Ending::Expired).await?.len())
     }

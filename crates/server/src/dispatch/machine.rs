@@ -80,16 +80,11 @@ pub(crate) struct Release {
 impl Release {
     /// What to set each job to: `fail.sql`'s requests, retry at once.
     pub fn requests(&self) -> Vec<FailReq> {
-        let req = |(id, token): &(JobId, LeaseToken), why: &str, refund| FailReq {
-            id: *id,
-            token: *token,
-            error: why.to_owned(),
-            retry_after_ms: Some(0),
-            dead_letter: false,
-            refund,
-        };
-        (self.leases.iter().map(|l| req(l, self.why, self.refund)))
-            .chain((self.undelivered.iter()).map(|l| req(l, CLOSED_BEFORE_DELIVERY, true)))
+        (self.leases.iter())
+            .map(|l| FailReq::ended(*l, self.why, self.refund))
+            .chain(
+                (self.undelivered.iter()).map(|l| FailReq::ended(*l, CLOSED_BEFORE_DELIVERY, true)),
+            )
             .collect()
     }
 }

@@ -2495,16 +2495,8 @@ enum Settle {
 }
 
 fn fails(leases: &[(JobId, LeaseToken)], why: &str, refund: bool) -> Vec<FailReq> {
-    leases
-        .iter()
-        .map(|(id, token)| FailReq {
-            id: *id,
-            token: *token,
-            error: why.to_owned(),
-            retry_after_ms: Some(0),
-            dead_letter: false,
-            refund,
-        })
+    (leases.iter())
+        .map(|l| FailReq::ended(*l, why, refund))
         .collect()
 }
 
