@@ -25,7 +25,8 @@
 //! - **no stream starved while jobs wait**: a stream with free credit and
 //!   a deliverable job of an unlimited queue it serves gets one within a
 //!   bound (faults aside), and at the end every job committed is acked or
-//!   dead-lettered, with no lease left.
+//!   dead-lettered, with no lease left, and every half-closed stream has
+//!   ended.
 
 use std::fmt;
 

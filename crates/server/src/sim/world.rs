@@ -2430,6 +2430,20 @@ impl World {
             ));
             return;
         }
+        // Every half-close ended: a stream whose release waited for a round
+        // or a claim that never came back would keep its jobs leased and
+        // its client waiting.
+        let unended: Vec<String> = (self.consumers.iter().enumerate())
+            .filter_map(|(c, con)| {
+                let s = con.stream.as_ref()?;
+                (s.half_closed && s.life == self.broker.life && !self.broker.dead)
+                    .then(|| format!("c{c}'s s{}", s.sid))
+            })
+            .collect();
+        if !unended.is_empty() {
+            self.anomaly(format!("half-closed streams never ended: {unended:?}"));
+            return;
+        }
         // Credit audit: with nothing in flight, every open stream holds no
         // lease, and offers all its credit, every unit of it claimable.
         let mut audit = Vec::new();
