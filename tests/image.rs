@@ -336,6 +336,12 @@ async fn the_image_build_stage_builds_from_its_copied_files_and_the_health_check
         .env("CARGO_TARGET_DIR", &target.0)
         .env("CARGO_NET_OFFLINE", "true")
         .env("CARGO_INCREMENTAL", "0")
+        // No debug info for the four crates it compiles: the replay checks
+        // that they build from the copied files (the image's own build is a
+        // release one), and the dependencies have none in the dev profile
+        // already, so the seeded ones stay fresh. 43 s of CPU with it, 36
+        // without, on an idle host.
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output();
