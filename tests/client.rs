@@ -327,6 +327,51 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
     second.stop().await;
 }
 
+/// The worker keeps leases from a task of its own, not from the job's: a
+/// handler that holds its thread (blocking work it should have given to
+/// `spawn_blocking`) still has its lease extended while it runs, on a
+/// runtime with another thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_holds_its_thread_keeps_its_lease() {
+    let db = TestDb::new().await;
+    let addr = free_addr();
+    let broker = TestBroker::on(&db).addr(addr).start().await;
+    let client = Client::connect(format!("http://{addr}")).await.unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lease = Duration::from_secs(1);
+    let blocking = Worker::new(client.clone(), ["blocking"]).lease(lease);
+    let stats = blocking.stats();
+    let worker = {
+        let calls = calls.clone();
+        Running::spawn(blocking, move |_d| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // Three leases without a single await.
+                std::thread::sleep(lease * 3);
+                Ok(())
+            }
+        })
+    };
+    client.enqueue(Job::new("blocking", "slow")).await.unwrap();
+    // A competitor gets the job if the lease ever lapses (the reaper runs
+    // every 200 ms).
+    let mut raw = crate::common::connect(addr).await;
+    let mut competitor = crate::common::subscribe(&mut raw, &["blocking"], 1, None).await;
+    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    assert!(
+        crate::common::try_next_delivery(&mut competitor, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "never redelivered"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(stats.lease_lost.load(Ordering::SeqCst), 0);
+    assert_eq!(stats.acked.load(Ordering::SeqCst), 1);
+    worker.stop(S10).await.expect("clean stop");
+    drop(competitor);
+    broker.stop().await;
+}
+
 #[tokio::test]
 async fn lease_is_extended_while_the_handler_runs() {
     let db = TestDb::new().await;

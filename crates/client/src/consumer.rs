@@ -199,6 +199,6 @@ impl ConsumerSettler {
 
     /// Keeps `job` leased for `lease` more.
     pub async fn extend(&self, job: &Delivery, lease: Duration) -> Result<(), Status> {
-        self.0.extend(job, lease).await
+        self.0.extend((&job.id, &job.lease_token), lease).await
     }
 }

@@ -311,10 +311,10 @@ impl Settler {
     async fn on_stream(
         &self,
         op: pb::SettleOp,
-        job: &Delivery,
+        held: (&str, &str),
         msg: Outgoing,
     ) -> Option<Result<pb::SettleResult, Status>> {
-        let rx = self.send(op, (&job.id, &job.lease_token), msg)?;
+        let rx = self.send(op, held, msg)?;
         self.base
             .stats
             .settled_on_stream
@@ -384,14 +384,15 @@ impl Settler {
         follow_ups: &[pb::EnqueueRequest],
         result: &[u8],
     ) -> Result<Vec<String>, Status> {
-        let req = pb::AckRequest {
+        let req = || pb::AckRequest {
             job_id: job.id.clone(),
             lease_token: job.lease_token.clone(),
             enqueue: follow_ups.to_vec(),
             result: result.to_vec(),
         };
+        let held = (job.id.as_str(), job.lease_token.as_str());
         if let Some(r) = self
-            .on_stream(pb::SettleOp::Ack, job, Outgoing::Ack(req.clone()))
+            .on_stream(pb::SettleOp::Ack, held, Outgoing::Ack(req()))
             .await
         {
             return r.map(|r| r.enqueued);
@@ -403,7 +404,7 @@ impl Settler {
                 .stats
                 .settled_unary
                 .fetch_add(1, Ordering::Relaxed);
-            let resp = self.base.client.queue_service().ack(req).await?;
+            let resp = self.base.client.queue_service().ack(req()).await?;
             return Ok(resp.into_inner().enqueued);
         }
         self.base
@@ -464,7 +465,8 @@ impl Settler {
             retry_after: options.retry_after.map(pb_duration),
             dead_letter: options.dead_letter,
         });
-        if let Some(r) = self.on_stream(pb::SettleOp::Nack, job, msg).await {
+        let held = (job.id.as_str(), job.lease_token.as_str());
+        if let Some(r) = self.on_stream(pb::SettleOp::Nack, held, msg).await {
             return r.map(|r| r.dead_lettered);
         }
         self.base
@@ -477,21 +479,28 @@ impl Settler {
             .await
     }
 
-    /// Keeps the job leased for `lease` more.
-    pub async fn extend(&self, job: &Delivery, lease: Duration) -> Result<(), Status> {
+    /// Keeps the job (its id and lease token) leased for `lease` more.
+    pub async fn extend(
+        &self,
+        (job_id, lease_token): (&str, &str),
+        lease: Duration,
+    ) -> Result<(), Status> {
         let msg = Outgoing::Extend(pb::ExtendLeaseRequest {
-            job_id: job.id.clone(),
-            lease_token: job.lease_token.clone(),
+            job_id: job_id.to_owned(),
+            lease_token: lease_token.to_owned(),
             lease: Some(pb_duration(lease)),
         });
-        if let Some(r) = self.on_stream(pb::SettleOp::Extend, job, msg).await {
+        if let Some(r) = self
+            .on_stream(pb::SettleOp::Extend, (job_id, lease_token), msg)
+            .await
+        {
             return r.map(|r| {
                 debug!(until = ?r.lease_expires_at.and_then(timestamp), "lease extended");
             });
         }
         self.base
             .client
-            .extend_lease(&job.id, &job.lease_token, lease)
+            .extend_lease(job_id, lease_token, lease)
             .await
             .map(|until| debug!(?until, "lease extended"))
     }

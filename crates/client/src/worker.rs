@@ -144,6 +144,9 @@ where
 /// - **Lease extension**: the worker asks for an explicit `lease` (default
 ///   30 s) and extends it by that much every half lease from delivery until
 ///   the handler returns, so a handler may run far longer than the lease.
+///   One task of the worker's keeps every job's lease (looking a tenth of a
+///   lease at a time for those due), so a handler that holds its thread
+///   still has its lease kept while another thread of the runtime is free.
 /// - **Graceful stop**: when `shutdown` completes, no new handler starts;
 ///   running handlers get `grace` (default 30 s) to finish and settle (the
 ///   stream stays open meanwhile); then any still running are cancelled,
@@ -538,7 +541,6 @@ impl Worker {
         Running {
             client: self.client.clone(),
             idle_timeout: self.idle_timeout,
-            ctx,
             base,
             sub,
             tasks: JoinSet::new(),
@@ -547,6 +549,8 @@ impl Worker {
             session: None,
             burst: self.burst,
             last_busy: tokio::time::Instant::now(),
+            _keeper: AbortOnDrop(tokio::spawn(keep_leases(ctx.clone()))),
+            ctx,
         }
     }
 }
@@ -572,6 +576,8 @@ struct Running {
     burst: Option<Duration>,
     /// The last delivery or handler end.
     last_busy: tokio::time::Instant,
+    /// [`keep_leases`], for as long as the worker runs.
+    _keeper: AbortOnDrop<()>,
 }
 
 impl Running {
@@ -708,7 +714,10 @@ impl Running {
         let span = job_span(&job);
         #[cfg(feature = "otel")]
         let otel_cx = crate::otel::handler_context(&job);
-        let task = process(self.ctx.clone(), settler, job).instrument(span);
+        // Boxed where it is made: the job's future is large (its handler's
+        // and its settle's), and moving it into the span, the context and
+        // the task's cell was a tenth of the worker's CPU.
+        let task = Box::pin(process(self.ctx.clone(), settler, job)).instrument(span);
         #[cfg(feature = "otel")]
         let task = opentelemetry::context::FutureExt::with_context(task, otel_cx);
         self.tasks.spawn(task);
@@ -772,23 +781,47 @@ struct Ctx {
     stop: CancellationToken,
     stats: Arc<WorkerStats>,
     lost_lease_level: Level,
-    /// Each job under way, by (id, lease token): cancelled when the broker
-    /// says its job was cancelled.
-    running: std::sync::Mutex<HashMap<(String, String), CancellationToken>>,
+    /// Each job from its receipt to its handler's end, by lease token: its
+    /// lease kept ([`keep_leases`]), and cancelled when the broker says
+    /// its job was cancelled or an extension is refused.
+    running: std::sync::Mutex<HashMap<String, Held>>,
+}
+
+/// A job in [`Ctx::running`].
+struct Held {
+    job_id: String,
+    settler: Arc<Settler>,
+    /// Its handler stops (the job task's `select!`).
+    cancel: CancellationToken,
+    /// Why `cancel` fired: an extension was refused (else the broker
+    /// cancelled the job).
+    lease_lost: bool,
+    /// When its next extension is due; None while one is under way.
+    extend_at: Option<tokio::time::Instant>,
 }
 
 impl Ctx {
     /// The broker cancelled this job (`CancelJob`): its handler stops.
     fn cancel(&self, c: &pb::Cancelled) {
         let running = self.running.lock().expect("poisoned");
-        if let Some(token) = running.get(&(c.job_id.clone(), c.lease_token.clone())) {
-            token.cancel();
+        if let Some(held) = running.get(&c.lease_token)
+            && held.job_id == c.job_id
+        {
+            held.cancel.cancel();
         }
     }
 }
 
-/// Removes a job from [`Ctx::running`] when its task ends.
-struct Registered<'a>(&'a Ctx, (String, String));
+/// A job's place in [`Ctx::running`], given up when its handler is done
+/// (or its task ends).
+struct Registered<'a>(&'a Ctx, String);
+
+impl Registered<'_> {
+    fn lease_lost(&self) -> bool {
+        let running = self.0.running.lock().expect("poisoned");
+        running.get(&self.1).is_some_and(|h| h.lease_lost)
+    }
+}
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
@@ -862,20 +895,30 @@ pub async fn progress(fraction: f32, message: &str) -> Result<(), Status> {
 
 async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
     WorkerStats::inc(&ctx.stats.delivered);
-    let key = (job.id.clone(), job.lease_token.clone());
     let cancelled = CancellationToken::new();
-    ctx.running
-        .lock()
-        .expect("poisoned")
-        .insert(key.clone(), cancelled.clone());
-    let _registered = Registered(&ctx, key);
-    // The lease is extended from receipt on, not from the handler's start:
+    // The lease is kept from receipt on, not from the handler's start:
     // time spent waiting for a permit also runs against it.
+    ctx.running.lock().expect("poisoned").insert(
+        job.lease_token.clone(),
+        Held {
+            job_id: job.id.clone(),
+            settler: settler.clone(),
+            cancel: cancelled.clone(),
+            lease_lost: false,
+            extend_at: Some(tokio::time::Instant::now() + ctx.lease / 2),
+        },
+    );
+    let registered = Registered(&ctx, job.lease_token.clone());
     let ran = tokio::select! {
         ran = run_handler(&ctx, &settler, job.clone()) => ran,
-        () = keep_leased(&ctx, &settler, &job) => Ran::LeaseLost,
-        () = cancelled.cancelled() => Ran::Cancelled,
+        () = cancelled.cancelled() => if registered.lease_lost() {
+            Ran::LeaseLost
+        } else {
+            Ran::Cancelled
+        },
     };
+    // Settling is not extended, nor cancelled.
+    drop(registered);
     #[cfg(feature = "otel")]
     match &ran {
         Ran::NotStarted => crate::otel::record(None, false),
@@ -914,27 +957,23 @@ async fn run_handler(ctx: &Ctx, settler: &Arc<Settler>, job: Delivery) -> Ran {
             Err(_) => return Ran::NotStarted,
         },
     };
-    // A task of its own so a panic becomes a Nack rather than a lost job;
-    // aborted with this future (timeout, lost lease, grace elapsed).
+    // Run in this job's task (in its span and OpenTelemetry context), a
+    // panic caught so that it becomes a Nack rather than a lost job; dropped
+    // with this future (timeout, lost lease, cancel, grace elapsed). Its
+    // lease is kept by [`keep_leases`], another task, so a handler that
+    // holds its thread does not hold back its own extensions.
     let current = Current {
         settler: settler.clone(),
         job_id: job.id.clone(),
         lease_token: job.lease_token.clone(),
     };
-    let handler = CURRENT.scope(current, (route.handler)(job).instrument(Span::current()));
-    // The handler's task runs in this task's OpenTelemetry context: its
-    // spans are children of the job's.
-    #[cfg(feature = "otel")]
-    let handler = opentelemetry::context::FutureExt::with_current_context(handler);
-    let mut task = AbortOnDrop(tokio::spawn(handler));
+    let handler = CatchUnwind(Box::pin(CURRENT.scope(current, (route.handler)(job))));
     let joined = match route.timeout {
-        None => (&mut task.0).await,
-        Some(limit) => match tokio::time::timeout(limit, &mut task.0).await {
+        None => handler.await,
+        Some(limit) => match tokio::time::timeout(limit, handler).await {
             Ok(joined) => joined,
             Err(_) => {
-                // Cancelled, and gone (its destructors run) before the nack.
-                task.0.abort();
-                let _ = (&mut task.0).await;
+                // Dropped (its destructors ran) before the nack.
                 WorkerStats::inc(&ctx.stats.timed_out);
                 return Ran::Done(Outcome::nack(
                     NackKind::Timeout,
@@ -946,21 +985,38 @@ async fn run_handler(ctx: &Ctx, settler: &Arc<Settler>, job: Delivery) -> Ran {
     Ran::Done(match joined {
         Ok(Ok(ack)) => Outcome::Ack(ack),
         Ok(Err(outcome)) => outcome,
-        Err(e) => Outcome::nack(
+        Err(p) => Outcome::nack(
             NackKind::Panic,
-            &match e.try_into_panic() {
-                Ok(p) => match p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                {
-                    Some(msg) => format!("handler panicked: {msg}"),
-                    None => "handler panicked".to_owned(),
-                },
-                Err(_) => "handler cancelled".to_owned(),
+            &match p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+            {
+                Some(msg) => format!("handler panicked: {msg}"),
+                None => "handler panicked".to_owned(),
             },
         ),
     })
+}
+
+/// A future's output, or the payload of a panic in its `poll` (the
+/// future is not polled again).
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(out)) => std::task::Poll::Ready(Ok(out)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
 }
 
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
@@ -971,23 +1027,60 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Extends the job's lease every half lease. Returns only when the lease is
-/// lost; otherwise it is dropped when the handler finishes.
-async fn keep_leased(ctx: &Ctx, settler: &Settler, job: &Delivery) {
-    let mut wait = ctx.lease / 2;
+/// Keeps the leases of every job in [`Ctx::running`]: each is extended by
+/// the worker's lease every half lease, from its receipt until its handler
+/// ends. A refused extension (FAILED_PRECONDITION: the lease is lost)
+/// cancels its handler; another failure is tried again a tenth of a lease
+/// later (at least 100 ms), with half the lease still left. One task and
+/// one timer for the whole worker, not one per job: it looks every tenth
+/// of a lease (50 ms to 1 s) for the extensions that are due.
+async fn keep_leases(ctx: Arc<Ctx>) {
+    let tick = (ctx.lease / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut extensions = JoinSet::new();
+    let mut ticks = tokio::time::interval(tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(wait).await;
-        match settler.extend(job, ctx.lease).await {
-            Ok(()) => wait = ctx.lease / 2,
-            Err(s) if s.code() == Code::FailedPrecondition => {
-                debug!(message = s.message(), "lease lost");
-                return;
-            }
-            Err(s) => {
-                // Half the lease is left: try again soon.
-                wait = (ctx.lease / 10).max(Duration::from_millis(100));
-                warn!(code = ?s.code(), message = s.message(), "lease extension failed; retrying");
-            }
+        tokio::select! {
+            _ = ticks.tick() => {}
+            Some(_) = extensions.join_next(), if !extensions.is_empty() => continue,
+        }
+        let now = tokio::time::Instant::now();
+        let due: Vec<(String, String, Arc<Settler>)> = {
+            let mut running = ctx.running.lock().expect("poisoned");
+            running
+                .iter_mut()
+                .filter(|(_, h)| h.extend_at.is_some_and(|at| at <= now))
+                .map(|(token, h)| {
+                    h.extend_at = None;
+                    (token.clone(), h.job_id.clone(), h.settler.clone())
+                })
+                .collect()
+        };
+        for (token, job_id, settler) in due {
+            let ctx = ctx.clone();
+            extensions.spawn(async move {
+                let r = settler.extend((&job_id, &token), ctx.lease).await;
+                let retry = (ctx.lease / 10).max(Duration::from_millis(100));
+                let mut running = ctx.running.lock().expect("poisoned");
+                let Some(held) = running.get_mut(&token) else {
+                    return; // its handler ended meanwhile
+                };
+                let now = tokio::time::Instant::now();
+                match r {
+                    Ok(()) => held.extend_at = Some(now + ctx.lease / 2),
+                    Err(s) if s.code() == Code::FailedPrecondition => {
+                        debug!(%job_id, message = s.message(), "lease lost");
+                        held.lease_lost = true;
+                        held.cancel.cancel();
+                    }
+                    Err(s) => {
+                        // Half the lease is left: try again soon.
+                        held.extend_at = Some(now + retry);
+                        warn!(%job_id, code = ?s.code(), message = s.message(),
+                            "lease extension failed; retrying");
+                    }
+                }
+            });
         }
     }
 }
