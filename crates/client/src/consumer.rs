@@ -169,7 +169,10 @@ impl ConsumerSettler {
     /// Acks `job` (on the stream; by a unary call once it is gone).
     /// `FAILED_PRECONDITION`: its lease is no longer current.
     pub async fn ack(&self, job: &Delivery) -> Result<(), Status> {
-        self.0.ack(job, &[], &[]).await.map(drop)
+        self.0
+            .ack((&job.id, &job.lease_token), &[], &[])
+            .await
+            .map(drop)
     }
 
     /// Acks `job` with follow-up jobs, enqueued in the ack's transaction
@@ -189,12 +192,14 @@ impl ConsumerSettler {
             ));
         }
         let reqs: Vec<_> = follow_ups.into_iter().map(crate::Job::into_pb).collect();
-        self.0.ack(job, &reqs, &[]).await
+        self.0.ack((&job.id, &job.lease_token), &reqs, &[]).await
     }
 
     /// Fails `job`; returns whether it went to the dead letters.
     pub async fn nack(&self, job: &Delivery, error: &str, options: &Nack) -> Result<bool, Status> {
-        self.0.nack(job, error, options).await
+        self.0
+            .nack((&job.id, &job.lease_token), error, options)
+            .await
     }
 
     /// Keeps `job` leased for `lease` more.

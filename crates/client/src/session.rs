@@ -14,7 +14,7 @@ use tonic::{Code, Status, Streaming};
 use tracing::{debug, warn};
 
 use crate::stats::WorkerStats;
-use crate::{Client, Delivery, Nack, pb, pb_duration, timestamp};
+use crate::{Client, Nack, pb, pb_duration, timestamp};
 
 /// Most settles in one ConsumeRequest: well under the broker's default
 /// per-list limit (1000).
@@ -380,17 +380,17 @@ impl Settler {
     /// follow-ups' ids, in order.
     pub async fn ack(
         &self,
-        job: &Delivery,
+        held: (&str, &str),
         follow_ups: &[pb::EnqueueRequest],
         result: &[u8],
     ) -> Result<Vec<String>, Status> {
+        let (job_id, lease_token) = held;
         let req = || pb::AckRequest {
-            job_id: job.id.clone(),
-            lease_token: job.lease_token.clone(),
+            job_id: job_id.to_owned(),
+            lease_token: lease_token.to_owned(),
             enqueue: follow_ups.to_vec(),
             result: result.to_vec(),
         };
-        let held = (job.id.as_str(), job.lease_token.as_str());
         if let Some(r) = self
             .on_stream(pb::SettleOp::Ack, held, Outgoing::Ack(req()))
             .await
@@ -413,7 +413,7 @@ impl Settler {
             .fetch_add(1, Ordering::Relaxed);
         self.base
             .acker
-            .ack(&job.id, &job.lease_token)
+            .ack(job_id, lease_token)
             .await
             .map(|()| Vec::new())
     }
@@ -457,15 +457,20 @@ impl Settler {
     }
 
     /// Returns whether the job went to the dead letters.
-    pub async fn nack(&self, job: &Delivery, error: &str, options: &Nack) -> Result<bool, Status> {
+    pub async fn nack(
+        &self,
+        held: (&str, &str),
+        error: &str,
+        options: &Nack,
+    ) -> Result<bool, Status> {
+        let (job_id, lease_token) = held;
         let msg = Outgoing::Nack(pb::NackRequest {
-            job_id: job.id.clone(),
-            lease_token: job.lease_token.clone(),
+            job_id: job_id.to_owned(),
+            lease_token: lease_token.to_owned(),
             error: error.to_owned(),
             retry_after: options.retry_after.map(pb_duration),
             dead_letter: options.dead_letter,
         });
-        let held = (job.id.as_str(), job.lease_token.as_str());
         if let Some(r) = self.on_stream(pb::SettleOp::Nack, held, msg).await {
             return r.map(|r| r.dead_lettered);
         }
@@ -475,7 +480,7 @@ impl Settler {
             .fetch_add(1, Ordering::Relaxed);
         self.base
             .client
-            .nack(&job.id, &job.lease_token, error, options.clone())
+            .nack(job_id, lease_token, error, options.clone())
             .await
     }
 

@@ -909,8 +909,10 @@ async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
         },
     );
     let registered = Registered(&ctx, job.lease_token.clone());
+    // What the settle needs; the handler takes the job.
+    let (job_id, lease_token) = (job.id.clone(), job.lease_token.clone());
     let ran = tokio::select! {
-        ran = run_handler(&ctx, &settler, job.clone()) => ran,
+        ran = run_handler(&ctx, &settler, job) => ran,
         () = cancelled.cancelled() => if registered.lease_lost() {
             Ran::LeaseLost
         } else {
@@ -939,7 +941,7 @@ async fn process(ctx: Arc<Ctx>, settler: Arc<Settler>, job: Delivery) {
                  handler cancelled, the job may be delivered again"
             );
         }
-        Ran::Done(outcome) => settle(&ctx, &settler, &job, outcome).await,
+        Ran::Done(outcome) => settle(&ctx, &settler, (&job_id, &lease_token), outcome).await,
     }
 }
 
@@ -1139,7 +1141,8 @@ fn checked(ctx: &Ctx, settler: &Settler, outcome: Outcome) -> Option<Outcome> {
 }
 
 /// Acks or nacks, retrying transient failures.
-async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) {
+/// `held`: the job's id and lease token.
+async fn settle(ctx: &Ctx, settler: &Settler, held: (&str, &str), outcome: Outcome) {
     let Some(outcome) = checked(ctx, settler, outcome) else {
         return;
     };
@@ -1147,7 +1150,7 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
     for attempt in 1..=SETTLE_TRIES {
         let r = match &outcome {
             Outcome::Ack(ack) => settler
-                .ack(job, &ack.follow_ups, &ack.result)
+                .ack(held, &ack.follow_ups, &ack.result)
                 .await
                 .map(|ids| {
                     if !ids.is_empty() {
@@ -1168,7 +1171,7 @@ async fn settle(ctx: &Ctx, settler: &Settler, job: &Delivery, outcome: Outcome) 
                     retry_after: *retry_after,
                     dead_letter: *dead_letter,
                 };
-                settler.nack(job, error, &options).await
+                settler.nack(held, error, &options).await
             }
         };
         match r {
