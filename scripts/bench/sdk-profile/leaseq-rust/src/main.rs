@@ -13,6 +13,11 @@
 //!       sleeps SLEEP_MS (`tokio::time::sleep`) works N jobs: the rate from
 //!       the first handler call to the last handler completion, and the
 //!       process's CPU over that window (as noop_worker.rs measures)
+//!   leaseq-rust-bench ceiling CONCURRENCY SLEEP_MS SECS
+//!       no leaseq: CONCURRENCY tasks each sleeping SLEEP_MS
+//!       (`tokio::time::sleep`) in a loop for SECS, the runtime's own
+//!       ceiling for the sleeping handler above
+//!       (scripts/bench/sleep-ceiling.sh)
 //!
 //! Not a test.
 
@@ -125,10 +130,45 @@ async fn worker(
     Ok(out)
 }
 
+/// `concurrency` tasks sleeping `sleep_ms` in a loop for `secs`: sleeps
+/// done a second, and that over the ideal (concurrency / sleep time).
+async fn ceiling(concurrency: u32, sleep_ms: f64, secs: f64) -> String {
+    let done = Arc::new(AtomicU64::new(0));
+    let pause = Duration::from_secs_f64(sleep_ms / 1000.0);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let (c0, mut tasks) = (cpu_s(), Vec::new());
+    for _ in 0..concurrency {
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                tokio::time::sleep(pause).await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let (secs, n) = (start.elapsed().as_secs_f64(), done.load(Ordering::Relaxed));
+    let ideal = f64::from(concurrency) * 1000.0 / sleep_ms;
+    format!(
+        r#"{{"lang": "rust", "sleep": "tokio::time::sleep", "concurrency": {concurrency}, "sleep_ms": {sleep_ms}, "rate": {:.0}, "ideal": {ideal:.0}, "of_ideal": {:.3}, "cpu_s": {:.2}}}"#,
+        n as f64 / secs,
+        n as f64 / secs / ideal,
+        cpu_s() - c0
+    )
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxErr> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: leaseq-rust-bench producer ADDR QUEUE N SECS [BYTES] | worker ADDR QUEUE N CONCURRENCY SLEEP_MS [CREDIT]";
+    let usage = "usage: leaseq-rust-bench producer ADDR QUEUE N SECS [BYTES] | worker ADDR QUEUE N CONCURRENCY SLEEP_MS [CREDIT] | ceiling CONCURRENCY SLEEP_MS SECS";
+    if args.len() == 5 && args[1] == "ceiling" {
+        let line = ceiling(args[2].parse()?, args[3].parse()?, args[4].parse()?).await;
+        println!("{line}");
+        return Ok(());
+    }
     if args.len() < 6 {
         return Err(usage.into());
     }
