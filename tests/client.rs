@@ -327,6 +327,24 @@ async fn worker_waits_for_the_broker_and_reconnects_after_drain_and_restart() {
     second.stop().await;
 }
 
+/// The queue's one job is gone (acked) within 10 s, `competitor` (a
+/// subscriber on its queue since the handler started) never got it, and
+/// the handler ran once.
+async fn acked_once_and_never_redelivered(
+    db: &TestDb,
+    competitor: &mut tonic::Streaming<pb::SubscribeResponse>,
+    calls: &AtomicUsize,
+) {
+    until(db, "select count(*) = 0 from leaseq.jobs", S10).await;
+    assert!(
+        crate::common::try_next_delivery(competitor, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "never redelivered"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// The worker keeps leases from a task of its own, not from the job's: a
 /// handler that holds its thread (blocking work it should have given to
 /// `spawn_blocking`) still has its lease extended while it runs, on a
@@ -357,14 +375,7 @@ async fn a_handler_that_holds_its_thread_keeps_its_lease() {
     // every 200 ms).
     let mut raw = crate::common::connect(addr).await;
     let mut competitor = crate::common::subscribe(&mut raw, &["blocking"], 1, None).await;
-    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
-    assert!(
-        crate::common::try_next_delivery(&mut competitor, Duration::from_millis(300))
-            .await
-            .is_none(),
-        "never redelivered"
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    acked_once_and_never_redelivered(&db, &mut competitor, &calls).await;
     assert_eq!(stats.lease_lost.load(Ordering::SeqCst), 0);
     assert_eq!(stats.acked.load(Ordering::SeqCst), 1);
     worker.stop(S10).await.expect("clean stop");
@@ -425,14 +436,7 @@ async fn lease_is_extended_while_the_handler_runs() {
         expires > first_expiry + chrono::Duration::seconds(1),
         "extended: {expires} vs {first_expiry}"
     );
-    until(&db, "select count(*) = 0 from leaseq.jobs", S10).await;
-    assert!(
-        crate::common::try_next_delivery(&mut competitor, Duration::from_millis(300))
-            .await
-            .is_none(),
-        "never redelivered"
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    acked_once_and_never_redelivered(&db, &mut competitor, &calls).await;
     worker.stop(S10).await.expect("clean stop");
     drop(competitor);
     broker.stop().await;
