@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::ControlFlow;
+use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -969,7 +971,7 @@ async fn run_handler(ctx: &Ctx, settler: &Arc<Settler>, job: Delivery) -> Ran {
         job_id: job.id.clone(),
         lease_token: job.lease_token.clone(),
     };
-    let handler = CatchUnwind(Box::pin(CURRENT.scope(current, (route.handler)(job))));
+    let handler = AssertUnwindSafe(CURRENT.scope(current, (route.handler)(job))).catch_unwind();
     let joined = match route.timeout {
         None => handler.await,
         Some(limit) => match tokio::time::timeout(limit, handler).await {
@@ -999,26 +1001,6 @@ async fn run_handler(ctx: &Ctx, settler: &Arc<Settler>, job: Delivery) -> Ran {
             },
         ),
     })
-}
-
-/// A future's output, or the payload of a panic in its `poll` (the
-/// future is not polled again).
-struct CatchUnwind<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
-
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let fut = self.0.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Ok(std::task::Poll::Ready(out)) => std::task::Poll::Ready(Ok(out)),
-            Err(panic) => std::task::Poll::Ready(Err(panic)),
-        }
-    }
 }
 
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
