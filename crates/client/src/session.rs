@@ -485,20 +485,14 @@ impl Settler {
     }
 
     /// Keeps the job (its id and lease token) leased for `lease` more.
-    pub async fn extend(
-        &self,
-        (job_id, lease_token): (&str, &str),
-        lease: Duration,
-    ) -> Result<(), Status> {
+    pub async fn extend(&self, held: (&str, &str), lease: Duration) -> Result<(), Status> {
+        let (job_id, lease_token) = held;
         let msg = Outgoing::Extend(pb::ExtendLeaseRequest {
             job_id: job_id.to_owned(),
             lease_token: lease_token.to_owned(),
             lease: Some(pb_duration(lease)),
         });
-        if let Some(r) = self
-            .on_stream(pb::SettleOp::Extend, (job_id, lease_token), msg)
-            .await
-        {
+        if let Some(r) = self.on_stream(pb::SettleOp::Extend, held, msg).await {
             return r.map(|r| {
                 debug!(until = ?r.lease_expires_at.and_then(timestamp), "lease extended");
             });
